@@ -1,0 +1,27 @@
+"""Test configuration: GPU tests carry @pytest.mark.gpu and are skipped without CUDA."""
+import os
+
+import pytest
+import torch
+
+
+def _cuda_ok() -> bool:
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_ok():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh on an H200)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def seed():
+    """A fresh seed per test run (printed so a failure can be replayed with GLM5_FASTPATH_TEST_SEED)."""
+    s = int(os.environ.get("GLM5_FASTPATH_TEST_SEED", torch.seed() % (2**31)))
+    print(f"seed={s}")
+    torch.manual_seed(s)
+    return s
