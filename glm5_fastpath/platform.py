@@ -1,0 +1,120 @@
+"""What this machine can run, and why not: GPU, compute capability, compiler, bindings, SGLang.
+
+Used by `glm5-fastpath info`, by the demo to pick the best available path, and (later) by the
+SGLang plugin to log which path each case takes.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import shutil
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PathStatus:
+    name: str
+    available: bool
+    why: str
+
+
+@dataclass
+class PlatformInfo:
+    torch_version: str
+    cuda_available: bool
+    gpu_name: str | None = None
+    capability: tuple[int, int] | None = None
+    num_sms: int | None = None
+    l2_bytes: int | None = None
+    nvcc: str | None = None
+    cuda_python: str | None = None
+    cutlass: str | None = None
+    sglang: str | None = None
+    deep_gemm: str | None = None
+    paths: list[PathStatus] = field(default_factory=list)
+
+    @property
+    def is_hopper(self) -> bool:
+        return self.capability is not None and self.capability[0] == 9
+
+
+def _dist_version(*names: str) -> str | None:
+    for n in names:
+        try:
+            return importlib.metadata.version(n)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _nvcc() -> str | None:
+    try:
+        from .jit.compiler import find_nvcc  # the JIT layer's own discovery order
+        return find_nvcc()
+    except Exception:  # noqa: BLE001 - info must never fail
+        return shutil.which("nvcc")
+
+
+def detect() -> PlatformInfo:
+    import torch
+
+    info = PlatformInfo(torch_version=torch.__version__, cuda_available=torch.cuda.is_available())
+    if info.cuda_available:
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.gpu_name, info.capability = p.name, (p.major, p.minor)
+        info.num_sms = p.multi_processor_count
+        info.l2_bytes = getattr(p, "L2_cache_size", None)
+    info.nvcc = _nvcc()
+    info.cuda_python = _dist_version("cuda-bindings", "cuda-python")
+    info.cutlass = _dist_version("nvidia-cutlass")
+    info.sglang = _dist_version("sglang")
+    info.deep_gemm = _dist_version("sgl-deep-gemm", "deep-gemm", "deep_gemm")
+    info.paths = _paths(info)
+    return info
+
+
+def _paths(i: PlatformInfo) -> list[PathStatus]:
+    out = [PathStatus("reference (pure PyTorch)", True, "always available (CPU or CUDA)")]
+    if not i.cuda_available:
+        kern_why = "no CUDA GPU visible"
+    elif not i.is_hopper:
+        kern_why = f"GPU {i.gpu_name} is sm_{i.capability[0]}{i.capability[1]}; the kernels target Hopper sm_90a"
+    elif i.nvcc is None:
+        kern_why = "nvcc not found (set CUDA_HOME or GLM5_FASTPATH_NVCC) — kernels are compiled just-in-time"
+    elif i.cuda_python is None:
+        kern_why = "cuda-python missing: pip install 'glm5-fastpath[kernels]'"
+    else:
+        kern_why = ""
+    ok = kern_why == ""
+    out.append(PathStatus("JIT kernels (A0 add+RMSNorm+FP8 quant)", ok, kern_why or f"sm_{i.capability[0]}{i.capability[1]}, nvcc {i.nvcc}"))
+    pending = [("prefix kernels B0..E2", "issue #3"), ("CMP executor", "issue #4"),
+               ("MegaRTP executor", "issue #5"), ("MegaMoE", "issue #6")]
+    for name, issue in pending:
+        out.append(PathStatus(name, False, f"not built yet ({issue})"))
+    if i.sglang is None:
+        out.append(PathStatus("SGLang plugin", False, "sglang not installed (pip install 'glm5-fastpath[sglang]'); plugin not built yet (issue #7)"))
+    else:
+        out.append(PathStatus("SGLang plugin", False, f"sglang {i.sglang} found; plugin not built yet (issue #7)"))
+    if i.deep_gemm is None:
+        out.append(PathStatus("stock baselines (DeepGEMM)", False, "sgl-deep-gemm not installed (pip install 'glm5-fastpath[baselines]')"))
+    else:
+        out.append(PathStatus("stock baselines (DeepGEMM)", i.cuda_available, f"sgl-deep-gemm {i.deep_gemm}" + ("" if i.cuda_available else ", but no GPU")))
+    return out
+
+
+def render(info: PlatformInfo) -> str:
+    lines = [f"torch        {info.torch_version}"]
+    if info.cuda_available:
+        cap = f"sm_{info.capability[0]}{info.capability[1]}" if info.capability else "?"
+        l2 = f", L2 {info.l2_bytes / 2**20:.0f} MiB" if info.l2_bytes else ""
+        lines.append(f"GPU          {info.gpu_name} ({cap}, {info.num_sms} SMs{l2})")
+    else:
+        lines.append("GPU          none (CUDA not available)")
+    lines += [f"nvcc         {info.nvcc or 'not found'}",
+              f"cuda-python  {info.cuda_python or 'not installed'}",
+              f"cutlass      {info.cutlass or 'not installed'}",
+              f"sglang       {info.sglang or 'not installed'}",
+              f"deep_gemm    {info.deep_gemm or 'not installed'}", "", "paths:"]
+    for p in info.paths:
+        lines.append(f"  [{'x' if p.available else ' '}] {p.name:42s} {p.why}")
+    return "\n".join(lines)
