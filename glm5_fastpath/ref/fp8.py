@@ -20,6 +20,15 @@ def cast_fp8(x: torch.Tensor) -> torch.Tensor:
     return x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
+def scale_of(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448 correctly rounded to fp32 on every device.
+
+    PyTorch on CUDA turns `tensor / python_scalar` into a multiply by the reciprocal (1 ulp off);
+    dividing in float64 and rounding once keeps CPU, CUDA and our kernels (IEEE fp32 division) equal.
+    """
+    return (amax.double() / FP8_MAX).float()
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -41,7 +50,7 @@ def quant_weight_block(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.T
     nb, kb = wp.shape[0] // block, wp.shape[1] // block
     blocks = wp.view(nb, block, kb, block)
     amax = blocks.abs().amax(dim=(1, 3))
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, scale_of(amax), torch.ones_like(amax))
     q = cast_fp8(blocks / scale[:, None, :, None]).view(nb * block, kb * block)[:n, :k].contiguous()
     return q, scale.contiguous()
 
@@ -63,7 +72,7 @@ def quant_act_per_token(x: torch.Tensor, group: int = FP8_BLOCK, eps: float = AC
     if k % group:
         raise ValueError(f"quant_act_per_token: K={k} is not a multiple of the group size {group}")
     xg = x.float().reshape(*x.shape[:-1], k // group, group)
-    s = xg.abs().amax(dim=-1).clamp_min(eps) / FP8_MAX
+    s = scale_of(xg.abs().amax(dim=-1).clamp_min(eps))
     q = cast_fp8(xg / s[..., None]).reshape(x.shape)
     return q, s
 
@@ -75,7 +84,7 @@ def dequant_act(x8: torch.Tensor, s: torch.Tensor, group: int = FP8_BLOCK) -> to
 
 def quant_per_row(x: torch.Tensor, floor: float = INDEX_QK_SCALE_FLOOR) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per row over the last dim: s = max(amax, floor)/448 (indexer q per (token, head), k per token)."""
-    s = x.float().abs().amax(dim=-1).clamp_min(floor) / FP8_MAX
+    s = scale_of(x.float().abs().amax(dim=-1).clamp_min(floor))
     return cast_fp8(x.float() / s[..., None]), s
 
 
