@@ -1,0 +1,18 @@
+// Arch guard and the few macros every device header of glm5_fastpath uses.
+//
+// Device headers under csrc/ are framework-free: raw pointers and plain integer types only,
+// no torch, no CUTLASS unless a kernel opts in. bf16 values travel as their raw 16-bit
+// patterns (uint16_t) and fp8 e4m3 values as bytes (uint8_t); csrc/common/convert.cuh
+// converts them with single PTX instructions.
+#pragma once
+
+#include <stdint.h>
+
+// NOTES: every kernel of this project targets Hopper (sm_90a) or newer; the PTX used here
+// (griddepcontrol, cvt.*.e4m3x2) does not exist before sm_90 / sm_89. Fail at compile time,
+// loudly, rather than emitting a cubin that traps at run time.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900)
+#error "glm5_fastpath kernels need sm_90 or newer (compile with -gencode=arch=compute_90a,code=sm_90a)"
+#endif
+
+#define GLM5_DEVICE __device__ __forceinline__

@@ -1,0 +1,116 @@
+"""The GLM5_FASTPATH_* environment variables of the kernel layer: one definition each.
+
+Every variable is read when it is used (not at import), so a test or a shell can change it
+between calls; a cubin already loaded in a process is not rebuilt when a variable changes.
+Flags accept 1/true/yes/on and 0/false/no/off/empty (case-insensitive); anything else raises.
+
+| Variable | Default | Effect |
+|---|---|---|
+| `GLM5_FASTPATH_CACHE_DIR` | `~/.cache/glm5_fastpath/jit` | Root of the JIT cache; cubins go to `<root>/<arch>/<kernel>.<key>/`. |
+| `GLM5_FASTPATH_DISABLE_CACHE` | off | Ignore the disk cache: compile into a temporary directory on every first use in a process. |
+| `GLM5_FASTPATH_NVCC` | unset | Path of the nvcc to use; checked before `CUDA_HOME/bin/nvcc`, `PATH`, `/usr/local/cuda/bin/nvcc` and the `nvidia-cuda-nvcc` wheel. |
+| `GLM5_FASTPATH_CSRC` | the package's `csrc/` | Directory holding the kernel sources (`csrc/`), e.g. a checkout being edited. |
+| `GLM5_FASTPATH_CUTLASS_DIR` | the `nvidia-cutlass` wheel | CUTLASS/CuTe include directory, for kernels that use CuTe (the first kernels do not). |
+| `GLM5_FASTPATH_JIT_VERBOSE` | off | Print every compile command, its compiler output, and every cache hit, to stderr. |
+| `GLM5_FASTPATH_JIT_KEEP` | off | Keep PTX and the other nvcc intermediates (`--keep`) plus SASS (`cuobjdump -sass`, when found) in `keep/` next to the cubin. Part of the cache key. |
+| `GLM5_FASTPATH_PTXAS_VERBOSE` | off | Compile with `-Xptxas -v` (registers, shared memory, spills) and print that report, also on cache hits. Part of the cache key. |
+| `GLM5_FASTPATH_LINEINFO` | off | Compile with `-lineinfo` (source lines in compute-sanitizer / ncu). Part of the cache key. |
+| `GLM5_FASTPATH_PRINT_CONFIGS` | off | Print each kernel configuration choice (threads, tiles, ...) once per problem descriptor. |
+| `GLM5_FASTPATH_DISABLE_PDL` | off | Launch every kernel without the Programmatic Dependent Launch attribute (for bisecting). |
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    kind: str  # "flag" | "path"
+    default: str
+    doc: str
+
+
+_VARS: tuple[EnvVar, ...] = (
+    EnvVar("GLM5_FASTPATH_CACHE_DIR", "path", "~/.cache/glm5_fastpath/jit", "Root of the JIT cache."),
+    EnvVar("GLM5_FASTPATH_DISABLE_CACHE", "flag", "0", "Ignore the disk cache."),
+    EnvVar("GLM5_FASTPATH_NVCC", "path", "", "Path of the nvcc to use."),
+    EnvVar("GLM5_FASTPATH_CSRC", "path", "", "Directory holding the kernel sources."),
+    EnvVar("GLM5_FASTPATH_CUTLASS_DIR", "path", "", "CUTLASS/CuTe include directory."),
+    EnvVar("GLM5_FASTPATH_JIT_VERBOSE", "flag", "0", "Print compile commands, compiler output and cache hits."),
+    EnvVar("GLM5_FASTPATH_JIT_KEEP", "flag", "0", "Keep PTX/SASS/intermediates next to the cubin."),
+    EnvVar("GLM5_FASTPATH_PTXAS_VERBOSE", "flag", "0", "Compile with -Xptxas -v and print the report."),
+    EnvVar("GLM5_FASTPATH_LINEINFO", "flag", "0", "Compile with -lineinfo."),
+    EnvVar("GLM5_FASTPATH_PRINT_CONFIGS", "flag", "0", "Print kernel configuration choices once each."),
+    EnvVar("GLM5_FASTPATH_DISABLE_PDL", "flag", "0", "Launch without the PDL attribute."),
+)
+VARS: Mapping[str, EnvVar] = {v.name: v for v in _VARS}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _spec(name: str) -> EnvVar:
+    try:
+        return VARS[name]
+    except KeyError:
+        raise KeyError(f"{name} is not a documented glm5_fastpath variable; known: {sorted(VARS)}") from None
+
+
+def flag(name: str) -> bool:
+    """Value of a documented flag variable; an unparseable value raises ValueError."""
+    spec = _spec(name)
+    if spec.kind != "flag":
+        raise TypeError(f"{name} is a {spec.kind} variable, not a flag")
+    raw = os.environ.get(name, spec.default).strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{name}={os.environ.get(name)!r}: expected one of 1/true/yes/on or 0/false/no/off")
+
+
+def path(name: str) -> str | None:
+    """Value of a documented path variable with ~ expanded; None when unset or empty."""
+    spec = _spec(name)
+    if spec.kind != "path":
+        raise TypeError(f"{name} is a {spec.kind} variable, not a path")
+    raw = os.environ.get(name, "").strip()
+    return os.path.expanduser(raw) if raw else None
+
+
+def default_of(name: str) -> str:
+    return _spec(name).default
+
+
+# ---- configuration printing (GLM5_FASTPATH_PRINT_CONFIGS) -------------------------------------
+
+_printed: set[tuple[str, Any]] = set()
+_printed_lock = threading.Lock()
+
+
+def print_config(op: str, descriptor: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+    """Print `op`'s chosen config once per descriptor when GLM5_FASTPATH_PRINT_CONFIGS is on.
+
+    descriptor: the problem (shapes, dtypes) that determined the choice; config: the choice.
+    """
+    if not flag("GLM5_FASTPATH_PRINT_CONFIGS"):
+        return
+    key = (op, tuple(sorted(descriptor.items())))
+    with _printed_lock:
+        if key in _printed:
+            return
+        _printed.add(key)
+    d = ", ".join(f"{k}={v}" for k, v in descriptor.items())
+    c = ", ".join(f"{k}={v}" for k, v in config.items())
+    print(f"[glm5_fastpath.config] {op}({d}) -> {c}", file=sys.stderr, flush=True)
+
+
+def verbose(msg: str) -> None:
+    """One line to stderr when GLM5_FASTPATH_JIT_VERBOSE is on."""
+    if flag("GLM5_FASTPATH_JIT_VERBOSE"):
+        print(f"[glm5_fastpath.jit] {msg}", file=sys.stderr, flush=True)

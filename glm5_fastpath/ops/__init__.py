@@ -1,0 +1,28 @@
+"""glm5_fastpath custom ops (torch.library namespace `glm5_fastpath`) backed by the JIT kernels.
+
+Importing this package registers the ops and their fake (meta) implementations; it needs
+neither a GPU nor cuda-python. The first call on a GPU compiles (or takes from the disk cache)
+and loads the kernel; `precompile()` does that ahead of time, e.g. when the SGLang plugin loads.
+Missing cuda-python raises ImportError with: pip install 'glm5-fastpath[kernels]'.
+
+| Python | torch.ops | kernel source |
+|---|---|---|
+| add_rmsnorm_quant | glm5_fastpath.add_rmsnorm_quant, glm5_fastpath.add_rmsnorm_quant_out | csrc/attn_pre/a0_add_rmsnorm_quant.{cuh,cu} |
+"""
+from __future__ import annotations
+
+from . import add_rmsnorm_quant as _a0
+from .add_rmsnorm_quant import A0Result, add_rmsnorm_quant
+
+
+def precompile(hidden_size: int = 6144, device: object = None) -> None:
+    """Compile and load every kernel the ops need for this model width on `device` (default: current)."""
+    _a0.precompile((hidden_size,), device)
+
+
+def compile_check_specs() -> list:
+    """Every KernelSpec variant the ops launch, for scripts/compile_check.py."""
+    return list(_a0.compile_check_specs())
+
+
+__all__ = ["A0Result", "add_rmsnorm_quant", "compile_check_specs", "precompile"]
