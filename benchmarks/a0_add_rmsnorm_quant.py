@@ -23,7 +23,6 @@ import datetime as _dt
 import json
 import math
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from glm5_fastpath.bench.meta import git_commit  # noqa: E402
 from glm5_fastpath.ops import add_rmsnorm_quant  # noqa: E402
 
 BW_FLOOR = 4.27e12
@@ -53,17 +53,6 @@ def a0_torch(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 def bytes_moved(m: int, h: int) -> int:
     g = h // 128
     return 2 * m * h * 2 + h * 2 + m * h * 2 + m * h * 2 + m * h + m * g * 4
-
-
-def git_commit() -> str:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return (sha or "unknown") + ("-dirty" if dirty else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 def time_graph(fn, n_launch: int, replays: int) -> list[float]:

@@ -65,7 +65,7 @@ def _kernel_impls(info: PlatformInfo, cfg: Glm5Config, say: Callable[[str], None
     eps = cfg.rms_norm_eps
 
     def a0(ins):
-        x, r, x8, xs = add_rmsnorm_quant(ins["hidden"], ins["residual"].clone(), ins["input_norm"], eps)
+        x, r, x8, xs = add_rmsnorm_quant(ins["hidden"], ins["residual"].clone(), ins["w.input_norm"], eps)
         return {"x_bf16": x, "residual_out": r, "x_fp8": x8, "x_scale": xs}
     return {"A0": a0}
 

@@ -3,7 +3,7 @@
 # markdown into OUTDIR (flat, at most ~8 files, so it comes back from a lent machine intact).
 #   usage: scripts/gpu_check.sh OUTDIR [pytest -k expression]
 # Needs: torch with CUDA, nvcc, cuda-python (cuda-bindings), pytest, safetensors. No network, no install:
-# the checkout is put on PYTHONPATH.
+# the checkout is put on PYTHONPATH. A copy without .git (a lent machine) takes the commit from GLM5_FASTPATH_COMMIT.
 set -uo pipefail
 out=${1:?usage: $0 OUTDIR [pytest -k expr]}
 sel=${2:-}
@@ -15,7 +15,7 @@ status=0
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
 step "environment"
-{ date -u; git rev-parse HEAD 2>/dev/null || echo "commit: unknown"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
+{ date -u; echo "commit: ${GLM5_FASTPATH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
   python3 -m glm5_fastpath.cli info; } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 

@@ -1,0 +1,1 @@
+"""Benchmark support shared by every benchmark: run metadata (GPU, date, commit), timing helpers later."""
