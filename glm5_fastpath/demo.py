@@ -126,7 +126,8 @@ def run_demo(cfg: Glm5Config, *, layer: int | None = None, batch: int = 4, kv_le
 
 
 def render(res: DemoResult) -> str:
-    lines = [f"| op | path | time here (us) | MB moved | H200 floor (us) @4.27 TB/s |", "|---|---|---:|---:|---:|"]
+    lines = ["time here = host-timed eager calls (incl. launch and Python overhead); kernel timings come from the benchmarks.",
+             "", "| op | path | time here (us) | MB moved | H200 floor (us) @4.27 TB/s |", "|---|---|---:|---:|---:|"]
     tot_t = tot_b = 0.0
     for c in res.costs:
         t = res.times_us.get(c.name, float("nan"))

@@ -23,7 +23,7 @@ step "compile check (sm_90a, ptxas report)"
 python3 scripts/compile_check.py --json "$out/compile.json" --cache-dir "$GLM5_FASTPATH_CACHE_DIR" || status=1
 
 step "GPU tests"
-python3 -m pytest -m gpu -q -rs -p no:cacheprovider ${sel:+-k "$sel"} 2>&1 | tee "$out/gpu-tests.log"
+python3 -m pytest -m gpu -v -rs -p no:cacheprovider ${sel:+-k "$sel"} 2>&1 | tee "$out/gpu-tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 step "benchmarks"
