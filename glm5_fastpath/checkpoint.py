@@ -38,8 +38,9 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from . import tokenizer as _tok
-from .config import FP8_BLOCK, Glm5Config, QuantConfig, small_config
-from .weights import LayerWeights, TensorSpec, assemble_layer, generate_tensor, layer_tensor_specs, model_tensor_specs
+from .config import Glm5Config, QuantConfig, small_config
+from .weights import (LayerWeights, TensorSpec, assemble_layer, generate_tensor, layer_tensor_specs, model_tensor_specs,
+                      stored_layout)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -87,16 +88,7 @@ class StoredTensor:
 
 def stored_tensors(spec: TensorSpec) -> list[StoredTensor]:
     """The tensors `weights.generate_tensor(spec, seed)` returns, without generating them."""
-    if spec.kind == "fp8":
-        n, k = spec.shape
-        scale = (-(-n // FP8_BLOCK), -(-k // FP8_BLOCK))
-        return [StoredTensor(spec.name, torch.float8_e4m3fn, spec.shape),
-                StoredTensor(spec.name.removesuffix("weight") + "weight_scale_inv", torch.float32, scale)]
-    if spec.kind in ("bf16", "norm", "ln_bias"):
-        return [StoredTensor(spec.name, torch.bfloat16, spec.shape)]
-    if spec.kind == "bias":
-        return [StoredTensor(spec.name, torch.float32, spec.shape)]
-    raise ValueError(f"unknown tensor kind {spec.kind!r} for {spec.name}")
+    return [StoredTensor(name, dtype, shape) for name, dtype, shape in stored_layout(spec)]
 
 
 def checkpoint_tensor_specs(cfg: Glm5Config) -> list[TensorSpec]:

@@ -318,7 +318,7 @@ def prefix_costs(cfg: Glm5Config, M: int, kv_lens: int | Sequence[int], *, share
     add(_op("A0.norm", f"fused_add_rmsnorm({H}) [input_layernorm]", 5 * H * M, BF16 * H,
             [("h_prev", M * BF16 * H), ("resid_in", M * BF16 * H)],
             [("resid", M * BF16 * H), ("x", M * BF16 * H)]))
-    add(_op("A0.quant", f"per_token_group_quant_fp8(x,128) [SGLang: separate]", 2 * H * M, 0,
+    add(_op("A0.quant", "per_token_group_quant_fp8(x,128) [SGLang: separate]", 2 * H * M, 0,
             [("x", M * BF16 * H)], [("x8", M * x8)]))
     N_a = c.qkv_a_out
     add(_op("B0.gemm", f"QKV-A fp8 GEMM K={H} N={N_a} (DeepGEMM)", 2 * N_a * H * M, fp8_block_weight_bytes(N_a, H),

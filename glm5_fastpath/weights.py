@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .config import Glm5Config
+from .config import FP8_BLOCK, Glm5Config
 from .ref.fp8 import dequant_weight_block, quant_weight_block
 
 BF16 = torch.bfloat16
@@ -195,22 +195,34 @@ def _generator(seed: int, name: str) -> torch.Generator:
     return g
 
 
+# What each kind of tensor is stored as (fp8 weights add an fp32 <name>_scale_inv).
+_KIND_DTYPE = {"bf16": BF16, "norm": BF16, "ln_bias": BF16, "bias": torch.float32, "fp8": torch.float8_e4m3fn}
+
+
+def stored_layout(spec: TensorSpec) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """(name, dtype, shape) of what generate_tensor(spec) returns / a checkpoint stores, without generating."""
+    if spec.kind not in _KIND_DTYPE:
+        raise ValueError(f"unknown tensor kind {spec.kind!r} for {spec.name}")
+    out = [(spec.name, _KIND_DTYPE[spec.kind], spec.shape)]
+    if spec.kind == "fp8":
+        n, k = spec.shape
+        out.append((spec.name.removesuffix("weight") + "weight_scale_inv", torch.float32,
+                    (-(-n // FP8_BLOCK), -(-k // FP8_BLOCK))))
+    return out
+
+
 def generate_tensor(spec: TensorSpec, seed: int) -> dict[str, torch.Tensor]:
     """Deterministic random tensor(s) for one spec, in checkpoint dtypes (fp8 adds <name>_scale_inv)."""
+    layout = stored_layout(spec)
     g = _generator(seed, spec.name)
     if spec.kind == "norm":
-        return {spec.name: (1.0 + spec.std * torch.randn(spec.shape, generator=g)).to(BF16)}
-    if spec.kind == "bias":
-        return {spec.name: (spec.std * torch.randn(spec.shape, generator=g)).float()}
-    if spec.kind == "ln_bias":
-        return {spec.name: (spec.std * torch.randn(spec.shape, generator=g)).to(BF16)}
-    w = spec.std * torch.randn(spec.shape, generator=g)
-    if spec.kind == "bf16":
-        return {spec.name: w.to(BF16)}
+        w = 1.0 + spec.std * torch.randn(spec.shape, generator=g)
+    else:
+        w = spec.std * torch.randn(spec.shape, generator=g)
     if spec.kind == "fp8":
         w8, s = quant_weight_block(w)
-        return {spec.name: w8, spec.name.removesuffix("weight") + "weight_scale_inv": s}
-    raise ValueError(f"unknown tensor kind {spec.kind!r} for {spec.name}")
+        return {layout[0][0]: w8, layout[1][0]: s}
+    return {spec.name: w.to(layout[0][1])}
 
 
 # ---- assembling runtime weights from named tensors ---------------------------------------------------

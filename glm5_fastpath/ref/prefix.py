@@ -271,7 +271,7 @@ def d0_q_b(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w: AttnWeights,
     """
     op = "D0 q_b"
     c = cfg
-    h, nope, r = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim
+    h, nope = c.num_attention_heads, c.qk_nope_head_dim
     _check_act_fp8(op, "q_lora_fp8", q_lora_fp8, q_lora_scale, None, c.q_lora_rank)
     m = q_lora_fp8.shape[0]
     _check_fp8_linear(op, "q_b", w.q_b, h * c.qk_head_dim, c.q_lora_rank)
