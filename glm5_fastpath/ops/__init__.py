@@ -5,24 +5,35 @@ neither a GPU nor cuda-python. The first call on a GPU compiles (or takes from t
 and loads the kernel; `precompile()` does that ahead of time, e.g. when the SGLang plugin loads.
 Missing cuda-python raises ImportError with: pip install 'glm5-fastpath[kernels]'.
 
+Each prefix op has the signature of its reference in glm5_fastpath.ref.prefix, so tests and
+benchmarks swap one for the other.
+
 | Python | torch.ops | kernel source |
 |---|---|---|
-| add_rmsnorm_quant | glm5_fastpath.add_rmsnorm_quant, glm5_fastpath.add_rmsnorm_quant_out | csrc/attn_pre/a0_add_rmsnorm_quant.{cuh,cu} |
+| add_rmsnorm_quant (A0) | glm5_fastpath.add_rmsnorm_quant, glm5_fastpath.add_rmsnorm_quant_out | csrc/attn_pre/a0_add_rmsnorm_quant.{cuh,cu} |
+| e2_topk (E2) | glm5_fastpath.e2_topk, glm5_fastpath.e2_topk_out | csrc/attn_pre/e2_topk.{cuh,cu} |
 """
 from __future__ import annotations
 
+# Submodules first: the re-exported functions below shadow some submodule names.
 from . import add_rmsnorm_quant as _a0
+from . import e2_topk as _e2
 from .add_rmsnorm_quant import A0Result, add_rmsnorm_quant
+from .e2_topk import e2_topk
+
+_MODULES = (_a0, _e2)
 
 
 def precompile(hidden_size: int = 6144, device: object = None) -> None:
     """Compile and load every kernel the ops need for this model width on `device` (default: current)."""
     _a0.precompile((hidden_size,), device)
+    for m in _MODULES[1:]:
+        m.precompile(device)
 
 
 def compile_check_specs() -> list:
     """Every KernelSpec variant the ops launch, for scripts/compile_check.py."""
-    return list(_a0.compile_check_specs())
+    return [s for m in _MODULES for s in m.compile_check_specs()]
 
 
-__all__ = ["A0Result", "add_rmsnorm_quant", "compile_check_specs", "precompile"]
+__all__ = ["A0Result", "add_rmsnorm_quant", "compile_check_specs", "e2_topk", "precompile"]

@@ -1,0 +1,311 @@
+"""D2: W_UK absorption + MLA k_pe RoPE + latent KV-cache store, as a torch.library custom op.
+
+Math (the reference is glm5_fastpath.ref.prefix.d2_absorb_and_kv_store):
+
+    q_lat[m, h, :]           = bf16_rn( q_nope[m, h, :] . w_kc[h] )             bf16 x bf16, fp32 accumulation
+    kv_cache[out_cache_loc[m]] = [ c_kv[m] | bf16_rn(rope(k_pe[m], positions[m])) ]
+
+RoPE is GPT-J interleaved with cos/sin = fp32(cos/sin(float64(pos) * inv_freq)), inv_freq the
+float64 table of ref/rope.py (computed once per (dim, theta) on the host with the same expression),
+and fp32 products/sums without FMA contraction, so the stored rows are bitwise the reference's.
+
+Inputs: q_nope [M, heads, nope] bf16, c_kv [M, kv_lora] bf16, k_pe [M, rope] bf16, w.w_kc
+[heads, nope, kv_lora] bf16 (all contiguous), positions and out_cache_loc [M] (both int64, or both
+int32), kv_cache [num_slots, kv_lora + rope] bf16 contiguous, written in place at the M target rows
+only. 0 <= M <= 256. Dims: GLM-5 (nope 192, kv_lora 512, rope 64, 64 heads) and the small preset
+(64, 128, 32, 4 heads); in general nope a multiple of 32 up to 256, kv_lora a multiple of 128, rope
+even up to 64.
+
+Not validated on the host (that would need a device-to-host sync, which CUDA graphs forbid): the
+slots' range and uniqueness. A slot outside [0, num_slots) is skipped by the kernel (nothing is
+written for that token); duplicate slots race (one of the rows wins), as in SGLang's store.
+
+Kernel (csrc/attn_pre/d2_absorb_kv_store.{cuh,cu}): one CTA per (head, 128-column latent tile),
+64 x 4 = 256 CTAs for GLM-5. Eight warps stream the 192 x 128 bf16 weight tile (48 KB) into shared
+memory with cp.async before griddepcontrol.wait (PDL) and multiply it, as the MMA's A operand via
+ldmatrix.trans (swapAB: latent on M, tokens on N), with the tokens' q_nope rows read straight from
+global/L2 into B fragments; fp32 accumulation, bf16 output. A ninth warp per CTA stores the KV row
+of token blockIdx.x (if < M). Two variants by M: 1 m16 tile per warp (M <= 32) or 2 (M > 32).
+
+Why bf16 W_UK, and what an FP8 W_UK would take (the design article allows "FP8 re-quantized per
+head if it is faster at equal accuracy"). SGLang's H200 path holds w_kc in bf16 (kv_b_proj is
+dequantized at load: w_kc[h][k, n] = bf16_rn(e4m3[448h + k, n] * s[(448h + k) // 128, n // 128]),
+spec section 2), and this op matches that reference. FP8 storage would move 12.6 MB -> 6.3 MB of
+weights (14.0 -> 7.7 MB at M=16 with activations, ~1.5 us less at 4.27 TB/s). Two ways, not equal:
+- W8A8 (FP8 MMA): q_nope must be quantized to e4m3 as well (1x128 groups: ~2-3 % rms error per
+  element, straight into every attention logit), and a naive per-head re-quantization of the bf16
+  w_kc on a new 128x128 grid adds a second e4m3 rounding (another ~2-3 %). Not equal accuracy.
+- W8A16, lossless: keep kv_b's checkpoint e4m3 bytes and scales. Within one D2 tile (head h, 128
+  latent columns = one checkpoint column block) the scale varies only along K, in at most 3 row
+  groups (448h is 0 or 64 mod 128), so the kernel can rebuild bf16_rn(e4m3 * s) in registers,
+  bit-identical to SGLang's load-time dequant, and keep the bf16 MMA: same q_lat bit for bit, half
+  the weight bytes, a few ALU ops per weight. It needs AttnWeights to carry the FP8 kv_b (today it
+  carries w_kc bf16 only), so it is left as the next step; this op implements bf16 (the SGLang
+  semantics, and the only form the current weight structures provide).
+
+Op: torch.ops.glm5_fastpath.d2_absorb_kv_store(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc,
+kv_cache, rope_theta, pdl=True) -> q_lat (mutates kv_cache). Python entry point with the reference's
+signature: d2_absorb_and_kv_store(q_nope, c_kv, k_pe, w, positions, out_cache_loc, kv_cache, cfg,
+*, pdl=True).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ..jit import KernelSpec, env
+
+OP = "glm5_fastpath.d2_absorb_and_kv_store"
+SOURCE = "attn_pre/d2_absorb_kv_store.cu"
+FUNCTION = "glm5_d2_absorb_kv_store"
+MAX_TOKENS = 256
+N_TILE = 128  # latent columns per CTA (D2AbsorbTile::kNTile)
+GEMM_THREADS = 256
+THREADS = GEMM_THREADS + 32  # + the KV warp
+SMALL_M_MAX = 32  # M <= 32: one m16 tile per warp, else two
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+@dataclass(frozen=True)
+class D2Config:
+    nope: int
+    kv_lora: int
+    rope: int
+    mt: int  # m16 latent tiles per warp
+    nt: int = 4  # n8 token tiles per warp pass
+
+    @property
+    def n_tiles(self) -> int:
+        return self.kv_lora // N_TILE
+
+    @property
+    def smem_bytes(self) -> int:
+        """D2AbsorbTile::kSmemBytes: the weight tile + 8 per-warp staging tiles (pitch kMT*32 + 16 B)."""
+        return self.nope * N_TILE * 2 + 8 * (self.nt * 8) * (self.mt * 32 + 16)
+
+    @functools.cached_property
+    def spec(self) -> KernelSpec:
+        return KernelSpec(FUNCTION, source=SOURCE, defines=(
+            ("GLM5_D2_NOPE", str(self.nope)), ("GLM5_D2_KV_LORA", str(self.kv_lora)), ("GLM5_D2_ROPE", str(self.rope)),
+            ("GLM5_D2_MT", str(self.mt)), ("GLM5_D2_NT", str(self.nt))))
+
+
+def _fail(msg: str) -> ValueError:
+    return ValueError(f"{OP}: {msg}")
+
+
+def config_for(nope: int, kv_lora: int, rope: int, m: int) -> D2Config:
+    if nope <= 0 or nope % 32 or nope > 256:
+        raise _fail(f"qk_nope_head_dim={nope} is not supported: a multiple of 32, at most 256 (GLM-5: 192)")
+    if kv_lora <= 0 or kv_lora % N_TILE:
+        raise _fail(f"kv_lora_rank={kv_lora} is not supported: a multiple of {N_TILE} (GLM-5: 512)")
+    if rope <= 0 or rope % 2 or rope > 64:
+        raise _fail(f"qk_rope_head_dim={rope} is not supported: even, at most 64 (GLM-5: 64)")
+    return D2Config(int(nope), int(kv_lora), int(rope), 1 if m <= SMALL_M_MAX else 2)
+
+
+# ---- validation (shared by the real and the fake implementation) ---------------------------------
+
+def _check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], dim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d) for d in dtypes)
+        raise _fail(f"{name} must be {want}, got {t.dtype}")
+    if t.dim() != dim:
+        raise _fail(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise _fail(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
+    return t
+
+
+def _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta) -> D2Config:
+    bf = (torch.bfloat16,)
+    _check_tensor("q_nope", q_nope, bf, 3)
+    _check_tensor("c_kv", c_kv, bf, 2)
+    _check_tensor("k_pe", k_pe, bf, 2)
+    _check_tensor("w_kc", w_kc, bf, 3)
+    _check_tensor("positions", positions, _INDEX_DTYPES, 1)
+    _check_tensor("out_cache_loc", out_cache_loc, _INDEX_DTYPES, 1)
+    _check_tensor("kv_cache", kv_cache, bf, 2)
+    m, heads, nope = q_nope.shape
+    if tuple(w_kc.shape[:2]) != (heads, nope):
+        raise _fail(f"w_kc must be [heads={heads}, nope={nope}, kv_lora], got {tuple(w_kc.shape)}")
+    kv_lora = w_kc.shape[2]
+    if tuple(c_kv.shape) != (m, kv_lora):
+        raise _fail(f"c_kv must be [M={m}, kv_lora={kv_lora}], got {tuple(c_kv.shape)}")
+    if k_pe.shape[0] != m:
+        raise _fail(f"k_pe must be [M={m}, rope], got {tuple(k_pe.shape)}")
+    rope = k_pe.shape[1]
+    for name, t in (("positions", positions), ("out_cache_loc", out_cache_loc)):
+        if t.shape[0] != m:
+            raise _fail(f"{name} must be [M={m}], got {tuple(t.shape)}")
+    if positions.dtype != out_cache_loc.dtype:
+        raise _fail(f"positions ({positions.dtype}) and out_cache_loc ({out_cache_loc.dtype}) must have the same dtype")
+    if kv_cache.shape[1] != kv_lora + rope:
+        raise _fail(f"kv_cache must be [num_slots, kv_lora + rope = {kv_lora + rope}], got {tuple(kv_cache.shape)}")
+    if m > MAX_TOKENS:
+        raise _fail(f"M={m} tokens exceeds the supported maximum of {MAX_TOKENS} (decode batch)")
+    if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or not math.isfinite(rope_theta) \
+            or rope_theta <= 0:
+        raise _fail(f"rope_theta must be a finite float > 0, got {rope_theta!r}")
+    devices = {t.device for t in (q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache)}
+    if len(devices) != 1:
+        raise _fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    return config_for(int(nope), int(kv_lora), int(rope), int(m))
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+_capability_ok: dict[int, bool] = {}
+
+
+def _check_device(ins: dict[str, torch.Tensor], kv_cache: torch.Tensor) -> None:
+    dev = kv_cache.device
+    if dev.type != "cuda":
+        raise _fail(f"tensors must be on a CUDA device, got {dev}")
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    ok = _capability_ok.get(idx)
+    if ok is None:
+        major, minor = torch.cuda.get_device_capability(idx)
+        ok = _capability_ok[idx] = major >= 9
+        if not ok:
+            raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is sm_{major}{minor}")
+    elif not ok:
+        raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is older")
+    for name, t in list(ins.items()) + [("kv_cache", kv_cache)]:
+        if t.numel() and t.data_ptr() % 16:
+            raise _fail(f"{name} data must be 16-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")
+    for name, t in ins.items():
+        if _overlaps(kv_cache, t):
+            raise _fail(f"kv_cache overlaps input {name} in memory")
+
+
+# ---- RoPE table, kernels (cached per device) ------------------------------------------------------
+
+_lock = threading.Lock()
+_inv_freq: dict[tuple[int, int, float], torch.Tensor] = {}
+_kernels: dict[tuple[D2Config, int], object] = {}
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def inv_freq_table(dim: int, theta: float) -> torch.Tensor:
+    """float64 [dim/2] on the CPU, the exact expression of glm5_fastpath.ref.rope.rope_cos_sin."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+def _inv_freq_on(device: torch.device, dim: int, theta: float) -> torch.Tensor:
+    key = (_device_index(device), dim, float(theta))
+    t = _inv_freq.get(key)
+    if t is None:
+        with _lock:
+            t = _inv_freq.get(key)
+            if t is None:
+                t = _inv_freq[key] = inv_freq_table(dim, float(theta)).to(torch.device("cuda", key[0]))
+    return t
+
+
+def _kernel(cfg: D2Config, device: torch.device):
+    idx = _device_index(device)
+    k = _kernels.get((cfg, idx))
+    if k is None:
+        env.print_config("d2_absorb_kv_store", {"nope": cfg.nope, "kv_lora": cfg.kv_lora, "rope": cfg.rope,
+                                                "M": f"<={SMALL_M_MAX}" if cfg.mt == 1 else f">{SMALL_M_MAX}"},
+                         {"threads": THREADS, "m16_tiles_per_warp": cfg.mt, "n8_tiles_per_pass": cfg.nt,
+                          "smem": cfg.smem_bytes, "grid": f"heads*{cfg.n_tiles}"})
+        from ..jit.runtime import get_kernel
+        k = _kernels[(cfg, idx)] = get_kernel(cfg.spec, device=torch.device("cuda", idx))
+    return k
+
+
+def _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_lat) -> tuple:
+    """The kernel's parameter list, in csrc/attn_pre/d2_absorb_kv_store.cu order (checked at load)."""
+    m, heads, _ = q_nope.shape
+    return (q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_lat,
+            ctypes.c_int64(kv_cache.shape[0]), ctypes.c_int32(m), ctypes.c_int32(heads),
+            ctypes.c_int32(1 if positions.dtype == torch.int64 else 0))
+
+
+def _launch(cfg: D2Config, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, q_lat,
+            pdl: bool) -> None:
+    _check_device({"q_nope": q_nope, "c_kv": c_kv, "k_pe": k_pe, "w_kc": w_kc, "positions": positions,
+                   "out_cache_loc": out_cache_loc, "q_lat": q_lat}, kv_cache)
+    m, heads, _ = q_nope.shape
+    if m == 0:
+        return
+    kernel = _kernel(cfg, q_nope.device)
+    inv_freq = _inv_freq_on(q_nope.device, cfg.rope, rope_theta)
+    kernel.launch((heads * cfg.n_tiles, 1, 1), (THREADS, 1, 1),
+                  _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_lat),
+                  smem=cfg.smem_bytes, pdl=pdl)
+
+
+# ---- custom op --------------------------------------------------------------------------------------
+
+@torch.library.custom_op("glm5_fastpath::d2_absorb_kv_store", mutates_args=("kv_cache",))
+def _d2_absorb_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, w_kc: torch.Tensor,
+                        positions: torch.Tensor, out_cache_loc: torch.Tensor, kv_cache: torch.Tensor,
+                        rope_theta: float, pdl: bool = True) -> torch.Tensor:
+    cfg = _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta)
+    m, heads, _ = q_nope.shape
+    q_lat = torch.empty((m, heads, cfg.kv_lora), dtype=torch.bfloat16, device=q_nope.device)
+    _launch(cfg, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, q_lat, pdl)
+    return q_lat
+
+
+@_d2_absorb_kv_store.register_fake
+def _d2_absorb_kv_store_fake(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, pdl=True):
+    cfg = _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta)
+    m, heads, _ = q_nope.shape
+    return q_nope.new_empty((m, heads, cfg.kv_lora))
+
+
+def d2_absorb_and_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, w, positions: torch.Tensor,
+                           out_cache_loc: torch.Tensor, kv_cache: torch.Tensor, cfg, *, pdl: bool = True) -> torch.Tensor:
+    """q_lat [M, heads, kv_lora] bf16; writes kv_cache rows out_cache_loc IN PLACE (ref.prefix.d2_absorb_and_kv_store).
+
+    w: glm5_fastpath.weights.AttnWeights (only w.w_kc is read); cfg: Glm5Config (dims and rope_theta).
+    """
+    w_kc = getattr(w, "w_kc", None)
+    _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, getattr(cfg, "rope_theta", None))
+    h, nope, r, kvl = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+    got = (q_nope.shape[1], q_nope.shape[2], k_pe.shape[1], w_kc.shape[2])
+    if got != (h, nope, r, kvl):
+        raise _fail(f"tensor dims (heads, nope, rope, kv_lora) = {got} do not match the config's {(h, nope, r, kvl)}")
+    return torch.ops.glm5_fastpath.d2_absorb_kv_store(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache,
+                                                      float(cfg.rope_theta), pdl)
+
+
+def precompile(device: object = None, dims: tuple[tuple[int, int, int, float], ...] = ((192, 512, 64, 1e6),)) -> None:
+    """Compile (or fetch from cache) and load both M variants for these (nope, kv_lora, rope, rope_theta) on
+    `device`, and upload the RoPE table, ahead of first use (and outside any CUDA-graph capture)."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    for nope, kvl, r, theta in dims:
+        for m in (1, MAX_TOKENS):
+            _kernel(config_for(nope, kvl, r, m), dev)
+        _inv_freq_on(dev, r, theta)
+
+
+def compile_check_specs() -> list[KernelSpec]:
+    """GLM-5 (192, 512, 64) and the small preset (64, 128, 32), each in both M variants."""
+    return [config_for(n, k, r, m).spec for n, k, r in ((192, 512, 64), (64, 128, 32)) for m in (1, MAX_TOKENS)]

@@ -1,0 +1,751 @@
+"""Skinny block-scaled FP8 GEMMs for decode (M <= 256 tokens) with fused epilogues.
+
+Kernel: csrc/attn_pre/fp8_gemm_skinny.{cuh,cu} (one source, compile-time token block / stages /
+epilogue). Math of every GEMM (spec/glm5_layer.md section 5):
+
+    y[m, n] = sum_g xs[m, g] * S[n // 128, g] * sum_{k in group g} x8[m, k] * W8[n, k]
+
+fp32 accumulation with per-128-K-group promotion; the GEMM output is rounded to bf16 once.
+
+| Python (signature = glm5_fastpath.ref.prefix) | torch.ops.glm5_fastpath | epilogue |
+|---|---|---|
+| fp8_gemm_skinny(x8, xs, w: Fp8Linear) -> y [M,N] bf16 | fp8_gemm_skinny | bf16(y) |
+| b0_qkv_a(x_fp8, x_scale, w, cfg) -> dict | fp8_qkv_a | q_a / kv_a RMSNorm, q_lora 1x128 quant, raw k_pe |
+| d0_q_b(q_lora_fp8, q_lora_scale, w, positions, cfg) -> (q_nope, q_pe) | fp8_q_b_rope | RoPE on the trailing rope dims of each head |
+| d1_indexer_q(q_lora_fp8, q_lora_scale, w_raw, idx, positions, cfg) -> (q8, s, head_w) | fp8_indexer_q | RoPE leading dims, per-(token, head) quant, head weights |
+| b1_indexer_k(x_bf16, x_fp8, x_scale, idx, positions, out_cache_loc, index_k_cache, cfg, gemm="fp8") -> (k8, s) | fp8_indexer_k | LayerNorm, RoPE, quant, index-K cache store (cache mutated) |
+
+Design (details in the .cuh header): swapAB mma.sync m16n8k32 e4m3 (weight rows on the MMA M side,
+tokens on N), 128 weight rows per CTA, a cp.async ring of 16 KB weight stages issued before
+griddepcontrol.wait (PDL), split-K with fp32 partials in a workspace and a self-resetting
+per-tile arrival counter (the last CTA reduces in split order: deterministic) — no second kernel.
+B0's row norms need whole rows: a second per-token-block counter lets the last n tile of a
+token block normalise its rows (one warp per token).
+
+Config (`config_for`): per (M, N, K, epilogue) a small cost model over token block (8..64) and
+split count picks the grid; GLM5_FASTPATH_PRINT_CONFIGS prints it.
+
+Workspaces: split-K partials and counters live in a per-(device, op, N, K) buffer, zeroed once and
+kept zero at rest by the kernel (graph-replay safe). Two launches of the same op with the same
+(N, K) must not run concurrently on different streams. RoPE cos/sin come from a per-(device, dim,
+theta, max_position_embeddings) fp32 table built with glm5_fastpath.ref.rope.rope_cos_sin (bitwise the
+reference's values); positions outside it fall back to the same float64 formula on the device.
+Call precompile(cfg=...) before CUDA-graph capture so tables and workspaces exist.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import FP8_BLOCK, INDEX_K_PAGE_TOKENS, INDEXER_K_NORM_EPS, Glm5Config
+from ..jit import KernelSpec, env
+
+SOURCE = "attn_pre/fp8_gemm_skinny.cu"
+FUNCTION = "glm5_fp8_gemm_skinny"
+FP8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+MAX_M = 256
+BLOCK_N = 128
+THREADS = 256
+TOKEN_BLOCKS = (8, 16, 32, 64)
+STAGES = {8: 6, 16: 6, 32: 5, 64: 4}  # cp.async ring depth per token block (smem <= ~120 KB)
+MAX_SPLITS = 64
+WORKSPACE_CAP_BYTES = 32 << 20
+
+EPI_PLAIN, EPI_QKV_A, EPI_Q_B, EPI_IDX_Q, EPI_IDX_K = 0, 1, 2, 3, 4
+EPI_NAMES = {EPI_PLAIN: "fp8_gemm_skinny", EPI_QKV_A: "b0_qkv_a", EPI_Q_B: "d0_q_b",
+             EPI_IDX_Q: "d1_indexer_q", EPI_IDX_K: "b1_indexer_k"}
+
+if FP8_BLOCK != 128 or INDEX_K_PAGE_TOKENS != 64:
+    raise ImportError("glm5_fastpath.fp8_gemm: csrc/attn_pre/fp8_gemm_skinny.cuh hard-codes 128-wide FP8 blocks and "
+                      f"64-token index-K pages; config says {FP8_BLOCK} / {INDEX_K_PAGE_TOKENS}")
+
+
+class Fp8GemmInputError(ValueError):
+    """An fp8_gemm op got an input of the wrong dtype / shape / device / size."""
+
+
+def _op_name(epi: int) -> str:
+    return f"glm5_fastpath.{EPI_NAMES[epi]}"
+
+
+def _fail(epi: int, msg: str) -> Fp8GemmInputError:
+    return Fp8GemmInputError(f"{_op_name(epi)}: {msg}")
+
+
+# ---- configuration --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """One launch: token block tm, K splits, ring depth; grid = (tiles_n, splits, tiles_m)."""
+
+    epi: int
+    m: int
+    n: int
+    k: int
+    tm: int
+    splits: int
+    stages: int
+
+    @property
+    def groups(self) -> int:
+        return self.k // 128
+
+    @property
+    def gmax(self) -> int:
+        return -(-self.groups // self.splits)
+
+    @property
+    def tiles_n(self) -> int:
+        return -(-self.n // BLOCK_N)
+
+    @property
+    def tiles_m(self) -> int:
+        return -(-self.m // self.tm)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.tiles_n, self.splits, self.tiles_m)
+
+    @property
+    def ctas(self) -> int:
+        return self.tiles_n * self.splits * self.tiles_m
+
+    @property
+    def smem_bytes(self) -> int:
+        """SkinnySmem<tm, stages>::bytes(gmax) of the .cuh (keep in sync)."""
+        off_red = self.stages * 128 * 128 + self.stages * self.tm * 128
+        off_ws = off_red + 3 * 8 * self.tm * 4 + 16
+        off_xs = off_ws + (self.gmax * 4 + 15) // 16 * 16
+        return off_xs + self.gmax * self.tm * 4
+
+    @property
+    def partial_floats(self) -> int:
+        return 0 if self.splits == 1 else self.tiles_n * self.tiles_m * self.splits * BLOCK_N * self.tm
+
+    @property
+    def counter_ints(self) -> int:
+        return self.tiles_n * self.tiles_m + self.tiles_m
+
+    def spec(self) -> KernelSpec:
+        return kernel_spec(self.tm, self.stages, self.epi)
+
+    def describe(self) -> dict[str, Any]:
+        return {"tm": self.tm, "splits": self.splits, "stages": self.stages, "grid": self.grid,
+                "ctas": self.ctas, "smem": self.smem_bytes, "k_per_cta": self.k // self.splits,
+                "est_us": round(estimate_us(self), 2)}
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_spec(tm: int, stages: int, epi: int) -> KernelSpec:
+    return KernelSpec(FUNCTION, source=SOURCE, defines=(("GLM5_SKINNY_TM", str(tm)),
+                                                        ("GLM5_SKINNY_STAGES", str(stages)),
+                                                        ("GLM5_SKINNY_EPI", str(epi))))
+
+
+# Cost model constants (H200). Rough on purpose: they only rank candidates.
+_HBM_BW = 4.27e12          # B/s, whole chip
+_L2_BW = 9.0e12            # B/s, whole chip, re-reads of weights by other token blocks
+_LATENCY_S = 0.8e-6        # HBM round trip under load
+_SM_L2_BW = 80e9           # B/s one SM reading from L2 (split-K reduction, row epilogue)
+_MMA_FLOPS_PER_SM = 7.0e12  # mma.sync e4m3 per SM (about half the wgmma peak)
+_FIXED_S = 1.5e-6          # launch, prologue, epilogue latency chain
+_SPLIT_FIXED_S = 0.4e-6    # fence + atomic + dependent L2 round trip of a split-K finish
+
+
+def estimate_us(c: SkinnyConfig, num_sms: int = 132) -> float:
+    """Rough time of one launch in microseconds (for ranking configs, not a prediction)."""
+    waves = -(-c.ctas // num_sms)
+    k_cta = c.k / c.splits
+    w_cta = BLOCK_N * k_cta + c.tm * k_cta
+    inflight = (c.stages - 1) * (BLOCK_N + c.tm) * 128
+    per_sm_bw = min(inflight / _LATENCY_S, _HBM_BW / min(c.ctas, num_sms))
+    t_stream = max(c.n * c.k / _HBM_BW, waves * w_cta / per_sm_bw)
+    t_l2 = (c.tiles_m - 1) * c.n * c.k / _L2_BW
+    t_mma = waves * 2.0 * BLOCK_N * c.tm * k_cta / _MMA_FLOPS_PER_SM
+    t = max(t_stream + t_l2, t_mma) + _FIXED_S
+    if c.splits > 1:
+        t += _SPLIT_FIXED_S + c.splits * BLOCK_N * c.tm * 4 / _SM_L2_BW
+    if c.epi == EPI_QKV_A:  # the last n tile of a token block normalises kTM rows (read + write)
+        t += _SPLIT_FIXED_S + min(c.m, c.tm) * c.n * 2 * 2 / (_SM_L2_BW * min(8, max(1, min(c.m, c.tm))) / 2)
+    return t * 1e6
+
+
+_configs: dict[tuple, SkinnyConfig] = {}
+_config_lock = threading.Lock()
+
+
+def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132) -> SkinnyConfig:
+    """Pick (token block, splits) for an [m, k] x [n, k]^T GEMM with epilogue `epi`.
+
+    Candidates: token block 8/16/32/64 (tokens beyond the block use more CTAs: weights then come
+    from L2 for the extra token blocks) and K splits 1..min(K/128, 64). Pruned: workspace above
+    WORKSPACE_CAP_BYTES; token blocks larger than needed (a block of 64 for 8 tokens only wastes
+    MMA and smem). The cost model (estimate_us) ranks the rest; ties go to fewer CTAs.
+    """
+    key = (m, n, k, epi, num_sms)
+    cfg = _configs.get(key)
+    if cfg is not None:
+        return cfg
+    if m < 1 or m > MAX_M:
+        raise _fail(epi, f"M={m} tokens is not supported (1..{MAX_M})")
+    if k % 128 or k <= 0:
+        raise _fail(epi, f"K={k} must be a positive multiple of 128")
+    if n <= 0 or n % 2:
+        raise _fail(epi, f"N={n} must be a positive even number")
+    g = k // 128
+    best: tuple[float, int, SkinnyConfig] | None = None
+    for tm in TOKEN_BLOCKS:
+        if tm > 8 and tm // 2 >= m:
+            continue  # a smaller block holds every token
+        for s in range(1, min(g, MAX_SPLITS) + 1):
+            c = SkinnyConfig(epi, m, n, k, tm, s, STAGES[tm])
+            if c.partial_floats * 4 > WORKSPACE_CAP_BYTES:
+                continue
+            t = estimate_us(c, num_sms)
+            cand = (t, c.ctas, c)
+            if best is None or cand[:2] < best[:2]:
+                best = cand
+    assert best is not None
+    cfg = best[2]
+    with _config_lock:
+        _configs[key] = cfg
+    return cfg
+
+
+def _max_workspace(n: int, k: int, epi: int, num_sms: int) -> tuple[int, int]:
+    """(partial floats, counter ints) enough for every M in 1..MAX_M."""
+    pf, ci = 0, 0
+    for m in range(1, MAX_M + 1):
+        c = config_for(m, n, k, epi, num_sms)
+        pf, ci = max(pf, c.partial_floats), max(ci, c.counter_ints)
+    return pf, ci
+
+
+# ---- kernel parameters (ABI of SkinnyParams in fp8_gemm_skinny.cuh) -------------------------------
+
+class _Params(ctypes.Structure):
+    _fields_ = [
+        ("w", ctypes.c_void_p), ("w_scale", ctypes.c_void_p), ("x", ctypes.c_void_p), ("x_scale", ctypes.c_void_p),
+        ("partials", ctypes.c_void_p), ("counters", ctypes.c_void_p),
+        ("out_a", ctypes.c_void_p), ("out_b", ctypes.c_void_p), ("out_c", ctypes.c_void_p),
+        ("out_fp8", ctypes.c_void_p), ("out_scale", ctypes.c_void_p), ("out_head_w", ctypes.c_void_p),
+        ("cache", ctypes.c_void_p),
+        ("norm_a", ctypes.c_void_p), ("norm_b", ctypes.c_void_p), ("ln_w", ctypes.c_void_p), ("ln_b", ctypes.c_void_p),
+        ("w_raw", ctypes.c_void_p), ("positions", ctypes.c_void_p), ("slots", ctypes.c_void_p),
+        ("rope_table", ctypes.c_void_p),
+        ("rope_table_len", ctypes.c_int64), ("rope_theta", ctypes.c_double),
+        ("M", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("splits", ctypes.c_int32),
+        ("tiles_n", ctypes.c_int32), ("tiles_m", ctypes.c_int32),
+        ("dim_a", ctypes.c_int32), ("dim_b", ctypes.c_int32), ("rope_dim", ctypes.c_int32), ("flags", ctypes.c_int32),
+        ("eps", ctypes.c_float), ("head_w_scale", ctypes.c_float),
+    ]
+
+
+PARAMS_BYTES = ctypes.sizeof(_Params)  # 21*8 + 2*8 + 12*4 = 232
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+# ---- per-device state: kernels, workspaces, rope tables ---------------------------------------------
+
+_state_lock = threading.RLock()
+_kernels: dict[tuple, Any] = {}
+_workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_rope_tables: dict[tuple, torch.Tensor] = {}
+_capability_ok: dict[int, bool] = {}
+_num_sms: dict[int, int] = {}
+
+
+def _dev_index(dev: torch.device) -> int:
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+def _sms(dev: torch.device) -> int:
+    idx = _dev_index(dev)
+    n = _num_sms.get(idx)
+    if n is None:
+        n = _num_sms[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
+def _check_capability(epi: int, dev: torch.device) -> None:
+    if dev.type != "cuda":
+        raise _fail(epi, f"tensors must be on a CUDA device, got {dev}")
+    idx = _dev_index(dev)
+    ok = _capability_ok.get(idx)
+    if ok is None:
+        major, minor = torch.cuda.get_device_capability(idx)
+        ok = _capability_ok[idx] = major >= 9
+        if not ok:
+            raise RuntimeError(f"{_op_name(epi)}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is sm_{major}{minor}")
+    elif not ok:
+        raise RuntimeError(f"{_op_name(epi)}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is older")
+
+
+def _kernel(cfg: SkinnyConfig, dev: torch.device):
+    key = (cfg.tm, cfg.stages, cfg.epi, _dev_index(dev))
+    k = _kernels.get(key)
+    if k is None:
+        from ..jit.runtime import get_kernel
+        with _state_lock:
+            k = _kernels.get(key)
+            if k is None:
+                k = _kernels[key] = get_kernel(cfg.spec(), device=dev)
+    return k
+
+
+def _capturing() -> bool:
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except Exception:  # noqa: BLE001 - no CUDA
+        return False
+
+
+def _workspace(epi: int, n: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (_dev_index(dev), epi, n, k)
+    ws = _workspaces.get(key)
+    if ws is None:
+        with _state_lock:
+            ws = _workspaces.get(key)
+            if ws is None:
+                if _capturing():
+                    raise RuntimeError(f"{_op_name(epi)}: no split-K workspace for N={n}, K={k} on {dev} yet; run the op "
+                                       "once eagerly or call glm5_fastpath.ops.fp8_gemm.precompile(cfg=...) before CUDA-graph capture")
+                pf, ci = _max_workspace(n, k, epi, _sms(dev))
+                partials = torch.empty(max(pf, 4), dtype=torch.float32, device=dev)
+                counters = torch.zeros(max(ci, 4), dtype=torch.int32, device=dev)
+                ws = _workspaces[key] = (partials, counters)
+    return ws
+
+
+def rope_table(rope_dim: int, theta: float, length: int, device) -> torch.Tensor:
+    """[length, rope_dim/2, 2] fp32 (cos, sin) of positions 0..length-1, exactly ref.rope.rope_cos_sin's values."""
+    dev = torch.device(device)
+    key = (_dev_index(dev) if dev.type == "cuda" else -1, rope_dim, float(theta), int(length))
+    t = _rope_tables.get(key)
+    if t is None:
+        with _state_lock:
+            t = _rope_tables.get(key)
+            if t is None:
+                if _capturing():
+                    raise RuntimeError("glm5_fastpath.fp8_gemm: the RoPE table is built outside CUDA-graph capture; run the op "
+                                       "once eagerly or call glm5_fastpath.ops.fp8_gemm.precompile(cfg=...) first")
+                from ..ref.rope import rope_cos_sin
+                cos, sin = rope_cos_sin(torch.arange(length, device=dev), rope_dim, theta)
+                t = _rope_tables[key] = torch.stack((cos, sin), dim=-1).contiguous()
+    return t
+
+
+# ---- validation -----------------------------------------------------------------------------------
+
+def _check_tensor(epi: int, name: str, t: object, dtype: torch.dtype | tuple, shape: tuple) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise _fail(epi, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dts = dtype if isinstance(dtype, tuple) else (dtype,)
+    if t.dtype not in dts:
+        want = " or ".join(str(d).replace("torch.", "") for d in dts)
+        raise _fail(epi, f"{name} must be {want}, got {str(t.dtype).replace('torch.', '')}")
+    ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape))
+    if not ok:
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise _fail(epi, f"{name} must have shape {want}, got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise _fail(epi, f"{name} must be contiguous, got strides {t.stride()} for shape {list(t.shape)}")
+    return t
+
+
+_INDEX = (torch.int32, torch.int64)
+
+
+def _check_gemm(epi: int, x8, xs, w, ws) -> tuple[int, int, int]:
+    _check_tensor(epi, "x_fp8", x8, FP8, (None, None))
+    m, k = x8.shape
+    _check_tensor(epi, "weight", w, FP8, (None, k))
+    n = w.shape[0]
+    if k % 128 or k == 0:
+        raise _fail(epi, f"K={k} must be a positive multiple of 128 (1x128 activation groups)")
+    _check_tensor(epi, "x_scale", xs, torch.float32, (m, k // 128))
+    _check_tensor(epi, "weight scale_inv", ws, torch.float32, (-(-n // 128), k // 128))
+    if m > MAX_M:
+        raise _fail(epi, f"M={m} tokens exceeds the decode limit {MAX_M} of the skinny GEMM")
+    if n % 2:
+        raise _fail(epi, f"N={n} must be even")
+    return m, n, k
+
+
+def _same_device(epi: int, *ts: torch.Tensor | None) -> torch.device:
+    devs = {t.device for t in ts if t is not None}
+    if len(devs) != 1:
+        raise _fail(epi, f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    return next(iter(devs))
+
+
+def _check_aligned(epi: int, *named: tuple[str, torch.Tensor]) -> None:
+    for name, t in named:
+        if t.numel() and t.data_ptr() % 16:
+            raise _fail(epi, f"{name} data must be 16-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")
+
+
+def _launch(epi: int, cfg: SkinnyConfig, dev: torch.device, p: _Params, pdl: bool) -> None:
+    kernel = _kernel(cfg, dev)
+    env.print_config(EPI_NAMES[epi], {"M": cfg.m, "N": cfg.n, "K": cfg.k}, cfg.describe())
+    kernel.launch(cfg.grid, (THREADS, 1, 1), [p], smem=cfg.smem_bytes, pdl=pdl)
+
+
+def _base_params(epi: int, cfg: SkinnyConfig, x8, xs, w, ws, dev) -> _Params:
+    p = _Params()
+    p.w, p.w_scale, p.x, p.x_scale = _ptr(w), _ptr(ws), _ptr(x8), _ptr(xs)
+    if cfg.splits > 1 or epi == EPI_QKV_A:
+        partials, counters = _workspace(epi, cfg.n, cfg.k, dev)
+        p.partials, p.counters = _ptr(partials), _ptr(counters)
+    p.M, p.N, p.K, p.splits = cfg.m, cfg.n, cfg.k, cfg.splits
+    p.tiles_n, p.tiles_m = cfg.tiles_n, cfg.tiles_m
+    return p
+
+
+def _prepare(epi: int, x8, xs, w, ws, extra: tuple = ()) -> tuple[SkinnyConfig | None, torch.device]:
+    m, n, k = _check_gemm(epi, x8, xs, w, ws)
+    dev = _same_device(epi, x8, xs, w, ws, *extra)
+    if m == 0:
+        return None, dev
+    _check_capability(epi, dev)
+    _check_aligned(epi, ("x_fp8", x8), ("weight", w))
+    return config_for(m, n, k, epi, _sms(dev)), dev
+
+
+def _rope_args(epi: int, positions: torch.Tensor, table: torch.Tensor, rope_dim: int, m: int) -> int:
+    _check_tensor(epi, "positions", positions, _INDEX, (m,))
+    _check_tensor(epi, "rope_table", table, torch.float32, (None, rope_dim // 2, 2))
+    return 1 if positions.dtype == torch.int64 else 0
+
+
+# ---- custom ops ---------------------------------------------------------------------------------------
+
+@torch.library.custom_op("glm5_fastpath::fp8_gemm_skinny", mutates_args=())
+def _fp8_gemm_skinny_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
+                        pdl: bool = True) -> torch.Tensor:
+    cfg, dev = _prepare(EPI_PLAIN, x8, xs, w, ws)
+    y = torch.empty(x8.shape[0], w.shape[0], dtype=BF16, device=x8.device)
+    if cfg is None:
+        return y
+    p = _base_params(EPI_PLAIN, cfg, x8, xs, w, ws, dev)
+    p.out_a = _ptr(y)
+    _launch(EPI_PLAIN, cfg, dev, p, pdl)
+    return y
+
+
+@_fp8_gemm_skinny_op.register_fake
+def _(x8, xs, w, ws, pdl=True):
+    m, n, _ = _check_gemm(EPI_PLAIN, x8, xs, w, ws)
+    return x8.new_empty((m, n), dtype=BF16)
+
+
+def _check_qkv_a_dims(q: int, kv: int, r: int, n: int) -> None:
+    e = EPI_QKV_A
+    if q + kv + r != n:
+        raise _fail(e, f"weight has N={n} rows but q_lora_rank + kv_lora_rank + rope = {q}+{kv}+{r}")
+    if q % 128 or not 0 < q <= 2048:
+        raise _fail(e, f"q_lora_rank={q} is not supported: a multiple of 128 up to 2048")
+    if kv % 8 or not 0 < kv <= 512:
+        raise _fail(e, f"kv_lora_rank={kv} is not supported: a multiple of 8 up to 512")
+    if r % 2 or r <= 0:
+        raise _fail(e, f"rope dim {r} must be positive and even")
+
+
+@torch.library.custom_op("glm5_fastpath::fp8_qkv_a", mutates_args=())
+def _fp8_qkv_a_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, q_norm: torch.Tensor,
+                  kv_norm: torch.Tensor, q_lora_rank: int, kv_lora_rank: int, rope_dim: int, eps: float,
+                  pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    e = EPI_QKV_A
+    outs = _qkv_a_outputs(x8, w, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim)
+    cfg, dev = _prepare(e, x8, xs, w, ws, (q_norm, kv_norm))
+    if cfg is None:
+        return outs
+    _check_aligned(e, ("q_norm", q_norm), ("kv_norm", kv_norm))
+    q_lora, q8, qs, c_kv, k_pe = outs
+    p = _base_params(e, cfg, x8, xs, w, ws, dev)
+    p.out_a, p.out_b, p.out_c, p.out_fp8, p.out_scale = _ptr(q_lora), _ptr(c_kv), _ptr(k_pe), _ptr(q8), _ptr(qs)
+    p.norm_a, p.norm_b = _ptr(q_norm), _ptr(kv_norm)
+    p.dim_a, p.dim_b, p.rope_dim, p.eps = q_lora_rank, kv_lora_rank, rope_dim, eps
+    _launch(e, cfg, dev, p, pdl)
+    return outs
+
+
+def _qkv_a_outputs(x8, w, q_norm, kv_norm, q, kv, r):
+    e = EPI_QKV_A
+    _check_qkv_a_dims(q, kv, r, w.shape[0])
+    _check_tensor(e, "q_a_norm", q_norm, BF16, (q,))
+    _check_tensor(e, "kv_a_norm", kv_norm, BF16, (kv,))
+    m = x8.shape[0]
+    kw = dict(device=x8.device)
+    return (x8.new_empty((m, q), dtype=BF16), x8.new_empty((m, q), dtype=FP8),
+            x8.new_empty((m, q // 128), dtype=torch.float32), x8.new_empty((m, kv), dtype=BF16),
+            torch.empty((m, r), dtype=BF16, **kw))
+
+
+@_fp8_qkv_a_op.register_fake
+def _(x8, xs, w, ws, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim, eps, pdl=True):
+    _check_gemm(EPI_QKV_A, x8, xs, w, ws)
+    return _qkv_a_outputs(x8, w, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim)
+
+
+def _check_q_b_dims(n: int, heads: int, nope: int, r: int) -> None:
+    e = EPI_Q_B
+    if heads * (nope + r) != n:
+        raise _fail(e, f"weight has N={n} rows but heads * (nope + rope) = {heads}*({nope}+{r})")
+    if nope % 2 or r % 2 or r <= 0:
+        raise _fail(e, f"nope dim {nope} and rope dim {r} must be even (rope > 0)")
+
+
+@torch.library.custom_op("glm5_fastpath::fp8_q_b_rope", mutates_args=())
+def _fp8_q_b_rope_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, positions: torch.Tensor,
+                     rope_table: torch.Tensor, heads: int, nope_dim: int, rope_dim: int, rope_theta: float,
+                     pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    e = EPI_Q_B
+    _check_q_b_dims(w.shape[0], heads, nope_dim, rope_dim)
+    m = x8.shape[0]
+    q_nope = x8.new_empty((m, heads, nope_dim), dtype=BF16)
+    q_pe = x8.new_empty((m, heads, rope_dim), dtype=BF16)
+    cfg, dev = _prepare(e, x8, xs, w, ws, (positions, rope_table))
+    flags = _rope_args(e, positions, rope_table, rope_dim, m)
+    if cfg is None:
+        return q_nope, q_pe
+    p = _base_params(e, cfg, x8, xs, w, ws, dev)
+    p.out_a, p.out_b = _ptr(q_nope), _ptr(q_pe)
+    p.positions, p.rope_table, p.rope_table_len, p.rope_theta = _ptr(positions), _ptr(rope_table), rope_table.shape[0], rope_theta
+    p.dim_a, p.dim_b, p.rope_dim, p.flags = nope_dim + rope_dim, nope_dim, rope_dim, flags
+    _launch(e, cfg, dev, p, pdl)
+    return q_nope, q_pe
+
+
+@_fp8_q_b_rope_op.register_fake
+def _(x8, xs, w, ws, positions, rope_table, heads, nope_dim, rope_dim, rope_theta, pdl=True):
+    m, n, _ = _check_gemm(EPI_Q_B, x8, xs, w, ws)
+    _check_q_b_dims(n, heads, nope_dim, rope_dim)
+    return x8.new_empty((m, heads, nope_dim), dtype=BF16), x8.new_empty((m, heads, rope_dim), dtype=BF16)
+
+
+def _check_head_dims(epi: int, n: int, heads: int, d: int, r: int) -> None:
+    if heads * d != n:
+        raise _fail(epi, f"weight has N={n} rows but heads * head_dim = {heads}*{d}")
+    if d % 16 or 128 % d:
+        raise _fail(epi, f"head_dim={d} is not supported: one of 16, 32, 64, 128 (a head must sit in one 128-row tile)")
+    if r % 2 or not 0 < r <= d:
+        raise _fail(epi, f"rope dim {r} must be even and in (0, head_dim={d}]")
+
+
+@torch.library.custom_op("glm5_fastpath::fp8_indexer_q", mutates_args=())
+def _fp8_indexer_q_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, w_raw: torch.Tensor,
+                      positions: torch.Tensor, rope_table: torch.Tensor, heads: int, head_dim: int, rope_dim: int,
+                      head_w_scale: float, rope_theta: float, pdl: bool = True
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    e = EPI_IDX_Q
+    _check_head_dims(e, w.shape[0], heads, head_dim, rope_dim)
+    m = x8.shape[0]
+    _check_tensor(e, "w_raw", w_raw, BF16, (m, heads))
+    q8 = x8.new_empty((m, heads, head_dim), dtype=FP8)
+    qs = x8.new_empty((m, heads), dtype=torch.float32)
+    hw = x8.new_empty((m, heads), dtype=torch.float32)
+    cfg, dev = _prepare(e, x8, xs, w, ws, (w_raw, positions, rope_table))
+    flags = _rope_args(e, positions, rope_table, rope_dim, m)
+    if cfg is None:
+        return q8, qs, hw
+    p = _base_params(e, cfg, x8, xs, w, ws, dev)
+    p.out_fp8, p.out_scale, p.out_head_w, p.w_raw = _ptr(q8), _ptr(qs), _ptr(hw), _ptr(w_raw)
+    p.positions, p.rope_table, p.rope_table_len, p.rope_theta = _ptr(positions), _ptr(rope_table), rope_table.shape[0], rope_theta
+    p.dim_a, p.dim_b, p.rope_dim, p.flags, p.head_w_scale = head_dim, heads, rope_dim, flags, head_w_scale
+    _launch(e, cfg, dev, p, pdl)
+    return q8, qs, hw
+
+
+@_fp8_indexer_q_op.register_fake
+def _(x8, xs, w, ws, w_raw, positions, rope_table, heads, head_dim, rope_dim, head_w_scale, rope_theta, pdl=True):
+    m, n, _ = _check_gemm(EPI_IDX_Q, x8, xs, w, ws)
+    _check_head_dims(EPI_IDX_Q, n, heads, head_dim, rope_dim)
+    return (x8.new_empty((m, heads, head_dim), dtype=FP8), x8.new_empty((m, heads), dtype=torch.float32),
+            x8.new_empty((m, heads), dtype=torch.float32))
+
+
+@torch.library.custom_op("glm5_fastpath::fp8_indexer_k", mutates_args=("index_k_cache",))
+def _fp8_indexer_k_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, ln_w: torch.Tensor,
+                      ln_b: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor,
+                      index_k_cache: torch.Tensor, rope_table: torch.Tensor, rope_dim: int, eps: float,
+                      rope_theta: float, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    e = EPI_IDX_K
+    d = w.shape[0]
+    _check_head_dims(e, d, 1, d, rope_dim)
+    m = x8.shape[0]
+    _check_tensor(e, "k_norm_weight", ln_w, torch.float32, (d,))
+    _check_tensor(e, "k_norm_bias", ln_b, torch.float32, (d,))
+    _check_tensor(e, "out_cache_loc", out_cache_loc, _INDEX, (m,))
+    _check_tensor(e, "index_k_cache", index_k_cache, torch.uint8, (None, INDEX_K_PAGE_TOKENS * (d + 4)))
+    k8 = x8.new_empty((m, d), dtype=FP8)
+    ks = x8.new_empty((m,), dtype=torch.float32)
+    cfg, dev = _prepare(e, x8, xs, w, ws, (ln_w, ln_b, positions, out_cache_loc, index_k_cache, rope_table))
+    flags = _rope_args(e, positions, rope_table, rope_dim, m)
+    if cfg is None:
+        return k8, ks
+    if index_k_cache.data_ptr() % 4:
+        raise _fail(e, "index_k_cache must be 4-byte aligned (fp32 scales are stored in place)")
+    if out_cache_loc.dtype == torch.int64:
+        flags |= 2
+    p = _base_params(e, cfg, x8, xs, w, ws, dev)
+    p.out_fp8, p.out_scale, p.cache, p.ln_w, p.ln_b = _ptr(k8), _ptr(ks), _ptr(index_k_cache), _ptr(ln_w), _ptr(ln_b)
+    p.positions, p.slots = _ptr(positions), _ptr(out_cache_loc)
+    p.rope_table, p.rope_table_len, p.rope_theta = _ptr(rope_table), rope_table.shape[0], rope_theta
+    p.dim_a, p.rope_dim, p.flags, p.eps = d, rope_dim, flags, eps
+    _launch(e, cfg, dev, p, pdl)
+    return k8, ks
+
+
+@_fp8_indexer_k_op.register_fake
+def _(x8, xs, w, ws, ln_w, ln_b, positions, out_cache_loc, index_k_cache, rope_table, rope_dim, eps, rope_theta,
+      pdl=True):
+    m, d, _ = _check_gemm(EPI_IDX_K, x8, xs, w, ws)
+    _check_head_dims(EPI_IDX_K, d, 1, d, rope_dim)
+    return x8.new_empty((m, d), dtype=FP8), x8.new_empty((m,), dtype=torch.float32)
+
+
+# ---- Python entry points (signatures = glm5_fastpath.ref.prefix) -------------------------------------
+
+def _cfg_check(epi: int, cfg: object) -> Glm5Config:
+    if not isinstance(cfg, Glm5Config):
+        raise _fail(epi, f"cfg must be a Glm5Config, got {type(cfg).__name__}")
+    return cfg
+
+
+def _table_for(cfg: Glm5Config, device: torch.device) -> torch.Tensor:
+    return rope_table(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.max_position_embeddings, device)
+
+
+def fp8_gemm_skinny(x8: torch.Tensor, xs: torch.Tensor, w, *, pdl: bool = True) -> torch.Tensor:
+    """y [M, N] bf16 = bf16(block-scaled FP8 GEMM); w is an Fp8Linear (weight [N,K] e4m3, scale_inv fp32)."""
+    weight, scale = _unpack_linear(EPI_PLAIN, "w", w)
+    return torch.ops.glm5_fastpath.fp8_gemm_skinny(x8, xs, weight, scale, pdl)
+
+
+def _unpack_linear(epi: int, name: str, lin) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (hasattr(lin, "weight") and hasattr(lin, "scale_inv")):
+        raise _fail(epi, f"{name} must be an Fp8Linear (weight, scale_inv), got {type(lin).__name__}")
+    return lin.weight, lin.scale_inv
+
+
+def b0_qkv_a(x_fp8: torch.Tensor, x_scale: torch.Tensor, w, cfg: Glm5Config, *, pdl: bool = True
+             ) -> dict[str, torch.Tensor]:
+    """QKV-A GEMM + q_a / kv_a RMSNorm + q_lora 1x128 quant in one kernel (ref.prefix.b0_qkv_a)."""
+    e = EPI_QKV_A
+    c = _cfg_check(e, cfg)
+    weight, scale = _unpack_linear(e, "w.qkv_a", w.qkv_a)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[1] != c.hidden_size:
+        raise _fail(e, f"w.qkv_a has K={weight.shape[-1]} but hidden_size is {c.hidden_size}")
+    q_lora, q8, qs, c_kv, k_pe = torch.ops.glm5_fastpath.fp8_qkv_a(
+        x_fp8, x_scale, weight, scale, w.q_a_norm, w.kv_a_norm, c.q_lora_rank, c.kv_lora_rank, c.qk_rope_head_dim,
+        float(c.rms_norm_eps), pdl)
+    return {"q_lora": q_lora, "q_lora_fp8": q8, "q_lora_scale": qs, "c_kv": c_kv, "k_pe": k_pe}
+
+
+def d0_q_b(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w, positions: torch.Tensor, cfg: Glm5Config,
+           *, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """q_b_proj GEMM + interleaved RoPE of the trailing rope dims of each head (ref.prefix.d0_q_b)."""
+    e = EPI_Q_B
+    c = _cfg_check(e, cfg)
+    weight, scale = _unpack_linear(e, "w.q_b", w.q_b)
+    table = _table_for(c, positions.device if isinstance(positions, torch.Tensor) else q_lora_fp8.device)
+    return torch.ops.glm5_fastpath.fp8_q_b_rope(q_lora_fp8, q_lora_scale, weight, scale, positions, table,
+                                               c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
+                                               float(c.rope_theta), pdl)
+
+
+def d1_indexer_q(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w_raw: torch.Tensor, idx,
+                 positions: torch.Tensor, cfg: Glm5Config, *, pdl: bool = True
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """wq_b GEMM + RoPE (leading dims) + per-(token, head) FP8 quant + head weights (ref.prefix.d1_indexer_q)."""
+    e = EPI_IDX_Q
+    c = _cfg_check(e, cfg)
+    if idx is None:
+        raise _fail(e, "idx (IndexerWeights) is None: this layer has no indexer (GLM-5.2 shared layer)")
+    weight, scale = _unpack_linear(e, "idx.wq_b", idx.wq_b)
+    table = _table_for(c, positions.device if isinstance(positions, torch.Tensor) else q_lora_fp8.device)
+    head_w_scale = float(torch.tensor(c.index_weight_scale, dtype=torch.float32))  # torch casts the scalar to fp32
+    return torch.ops.glm5_fastpath.fp8_indexer_q(q_lora_fp8, q_lora_scale, weight, scale, w_raw, positions, table,
+                                                c.index_n_heads, c.index_head_dim, c.qk_rope_head_dim, head_w_scale,
+                                                float(c.rope_theta), pdl)
+
+
+def b1_indexer_k(x_bf16: torch.Tensor | None, x_fp8: torch.Tensor, x_scale: torch.Tensor, idx,
+                 positions: torch.Tensor, out_cache_loc: torch.Tensor, index_k_cache: torch.Tensor,
+                 cfg: Glm5Config, gemm: str = "fp8", *, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """wk GEMM + LayerNorm + RoPE + per-token quant + paged index-K cache store (ref.prefix.b1_indexer_k).
+
+    Only gemm="fp8" (x_fp8 / x_scale read, x_bf16 ignored). out_cache_loc must hold distinct valid
+    slots (not checked on the device; the reference checks it with a host sync)."""
+    e = EPI_IDX_K
+    c = _cfg_check(e, cfg)
+    if gemm != "fp8":
+        raise _fail(e, f"only gemm='fp8' is implemented by the kernel, got {gemm!r} (use glm5_fastpath.ref.prefix for 'bf16')")
+    if idx is None:
+        raise _fail(e, "idx (IndexerWeights) is None: this layer has no indexer (GLM-5.2 shared layer)")
+    weight, scale = _unpack_linear(e, "idx.wk", idx.wk)
+    if isinstance(weight, torch.Tensor) and weight.shape[0] != c.index_head_dim:
+        raise _fail(e, f"idx.wk has {weight.shape[0]} rows but index_head_dim is {c.index_head_dim}")
+    table = _table_for(c, positions.device if isinstance(positions, torch.Tensor) else x_fp8.device)
+    return torch.ops.glm5_fastpath.fp8_indexer_k(x_fp8, x_scale, weight, scale, idx.k_norm_weight, idx.k_norm_bias,
+                                                positions, out_cache_loc, index_k_cache, table, c.qk_rope_head_dim,
+                                                float(INDEXER_K_NORM_EPS), float(c.rope_theta), pdl)
+
+
+# ---- precompile / compile check ------------------------------------------------------------------------
+
+def _glm_shapes(cfg: Glm5Config) -> list[tuple[int, int, int]]:
+    """(epi, N, K) of the four fused GEMMs of a config."""
+    c = cfg
+    return [(EPI_QKV_A, c.qkv_a_out, c.hidden_size),
+            (EPI_Q_B, c.num_attention_heads * c.qk_head_dim, c.q_lora_rank),
+            (EPI_IDX_Q, c.index_n_heads * c.index_head_dim, c.q_lora_rank),
+            (EPI_IDX_K, c.index_head_dim, c.hidden_size)]
+
+
+def _variants(cfg: Glm5Config, num_sms: int = 132) -> set[tuple[int, int, int]]:
+    out: set[tuple[int, int, int]] = set()
+    for epi, n, k in _glm_shapes(cfg):
+        for m in range(1, MAX_M + 1):
+            c = config_for(m, n, k, epi, num_sms)
+            out.add((c.tm, c.stages, c.epi))
+            if epi in (EPI_QKV_A, EPI_IDX_K):  # the plain op at the same K-heavy shapes
+                c = config_for(m, n, k, EPI_PLAIN, num_sms)
+                out.add((c.tm, c.stages, c.epi))
+    return out
+
+
+def precompile(cfg: Glm5Config | None = None, device: object = None) -> None:
+    """Compile + load every kernel variant the GLM-5 shapes use for M in 1..256, and allocate the
+    workspaces and the RoPE table on `device` (call before CUDA-graph capture)."""
+    cfg = cfg or Glm5Config.preset("glm5")
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    sms = _sms(dev)
+    for tm, stages, epi in sorted(_variants(cfg, sms)):
+        _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages), dev)
+    for epi, n, k in _glm_shapes(cfg):
+        _workspace(epi, n, k, dev)
+        _workspace(EPI_PLAIN, n, k, dev)
+    _table_for(cfg, dev)
+
+
+def compile_check_specs() -> list[KernelSpec]:
+    """Every launcher variant: all token blocks x epilogues at their stage counts."""
+    return [kernel_spec(tm, STAGES[tm], epi) for epi in EPI_NAMES for tm in TOKEN_BLOCKS]
+
+
+__all__ = ["Fp8GemmInputError", "SkinnyConfig", "b0_qkv_a", "b1_indexer_k", "compile_check_specs", "config_for",
+           "d0_q_b", "d1_indexer_q", "estimate_us", "fp8_gemm_skinny", "precompile", "rope_table"]
