@@ -191,6 +191,8 @@ def _check_inputs(q_fp8, head_w, index_k_cache, seq_lens, block_table) -> E1Conf
 
 
 def _check_max_ctx(max_ctx: object, block_table: torch.Tensor) -> int:
+    if isinstance(max_ctx, torch.SymInt):  # symbolic under torch.compile: checked when it runs
+        return max_ctx
     if isinstance(max_ctx, bool) or not isinstance(max_ctx, int):
         raise _fail(f"max_ctx must be an int, got {type(max_ctx).__name__}")
     cap = block_table.shape[1] * PAGE
@@ -367,18 +369,19 @@ def e1_indexer_logits(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: 
     pps = 0 if pages_per_split is None else plan_pages_per_split(1, 1, 1, pages_per_split)
     if out is not None:
         width = _check_out(out, q_fp8.shape[0], q_fp8.device)
-        if max_ctx is not None and max_ctx != width:
+        if max_ctx is not None and (isinstance(max_ctx, bool) or max_ctx != width):
             raise _fail(f"max_ctx={max_ctx} but out has {width} columns")
         torch.ops.glm5_fastpath.e1_indexer_logits_out(q_fp8, head_w, index_k_cache, seq_lens, block_table, out, pps,
                                                       pdl, meta_before_wait)
         return out
     if max_ctx is None:
         max_ctx = _host_max_ctx(seq_lens, block_table)
+    _check_max_ctx(max_ctx, block_table)
     return torch.ops.glm5_fastpath.e1_indexer_logits(q_fp8, head_w, index_k_cache, seq_lens, block_table, max_ctx, pps,
                                                      pdl, meta_before_wait)
 
 
-def precompile(configs: tuple[tuple[int, int], ...] = ((32, 128),), device: object = None) -> None:
+def precompile(device: object = None, configs: tuple[tuple[int, int], ...] = ((32, 128),)) -> None:
     """Compile (or fetch from cache) and load the kernels for these (heads, dim) on `device`."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:

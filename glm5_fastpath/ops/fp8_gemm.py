@@ -153,7 +153,8 @@ def kernel_spec(tm: int, stages: int, epi: int) -> KernelSpec:
 _HBM_BW = 4.27e12          # B/s, whole chip
 _L2_BW = 9.0e12            # B/s, whole chip, re-reads of weights by other token blocks
 _LATENCY_S = 0.8e-6        # HBM round trip under load
-_SM_L2_BW = 80e9           # B/s one SM reading from L2 (split-K reduction, row epilogue)
+_SM_L2_BW = 150e9          # B/s one SM reading from L2 (split-K reduction, row epilogue)
+_SM_MAX_BW = 45e9          # B/s one SM streaming from HBM at best (its load queue, not the chip, limits it)
 _MMA_FLOPS_PER_SM = 7.0e12  # mma.sync e4m3 per SM (about half the wgmma peak)
 _FIXED_S = 1.5e-6          # launch, prologue, epilogue latency chain
 _SPLIT_FIXED_S = 0.4e-6    # fence + atomic + dependent L2 round trip of a split-K finish
@@ -163,10 +164,11 @@ def estimate_us(c: SkinnyConfig, num_sms: int = 132) -> float:
     """Rough time of one launch in microseconds (for ranking configs, not a prediction)."""
     waves = -(-c.ctas // num_sms)
     k_cta = c.k / c.splits
-    w_cta = BLOCK_N * k_cta + c.tm * k_cta
-    inflight = (c.stages - 1) * (BLOCK_N + c.tm) * 128
-    per_sm_bw = min(inflight / _LATENCY_S, _HBM_BW / min(c.ctas, num_sms))
-    t_stream = max(c.n * c.k / _HBM_BW, waves * w_cta / per_sm_bw)
+    w_cta = BLOCK_N * k_cta  # from HBM (first token block) or L2
+    x_cta = c.tm * k_cta     # activations: always L2 hits, but they occupy the SM's load path too
+    inflight = (c.stages - 1) * BLOCK_N * 128
+    per_sm_bw = min(inflight / _LATENCY_S, _SM_MAX_BW, _HBM_BW / min(c.ctas, num_sms))
+    t_stream = max(c.n * c.k / _HBM_BW, waves * (w_cta / per_sm_bw + x_cta / _SM_L2_BW))
     t_l2 = (c.tiles_m - 1) * c.n * c.k / _L2_BW
     t_mma = waves * 2.0 * BLOCK_N * c.tm * k_cta / _MMA_FLOPS_PER_SM
     t = max(t_stream + t_l2, t_mma) + _FIXED_S

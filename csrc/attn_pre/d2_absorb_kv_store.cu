@@ -1,0 +1,64 @@
+// Standalone D2 kernel: W_UK absorption + k_pe RoPE + MLA latent KV store.
+// One CTA per (head, 128-column latent tile): 8 GEMM warps (D2AbsorbTile) + 1 KV warp
+// (D2KvStoreWarp, tokens blockIdx.x, blockIdx.x + gridDim.x, ...). Compile-time configuration
+// (in the JIT cache key):
+//   GLM5_D2_NOPE     qk_nope_head_dim (multiple of 32, <= 256; 192 for GLM-5, 64 small preset)
+//   GLM5_D2_KV_LORA  kv_lora_rank (multiple of 128; 512 for GLM-5, 128 small preset)
+//   GLM5_D2_ROPE     qk_rope_head_dim (even, <= 64; 64 for GLM-5, 32 small preset)
+//   GLM5_D2_MT       m16 latent tiles per warp (1: M <= 32, 2: larger M)
+//   GLM5_D2_NT       n8 token tiles per warp pass
+// Launch: grid (heads * KV_LORA / 128, 1, 1), block (288, 1, 1), dynamic shared memory
+// D2Tile::kSmemBytes (needs the >48 KB opt-in); PDL-ready.
+#include "d2_absorb_kv_store.cuh"
+
+#ifndef GLM5_D2_NOPE
+#define GLM5_D2_NOPE 192
+#endif
+#ifndef GLM5_D2_KV_LORA
+#define GLM5_D2_KV_LORA 512
+#endif
+#ifndef GLM5_D2_ROPE
+#define GLM5_D2_ROPE 64
+#endif
+#ifndef GLM5_D2_MT
+#define GLM5_D2_MT 1
+#endif
+#ifndef GLM5_D2_NT
+#define GLM5_D2_NT 4
+#endif
+
+using D2Tile = glm5::attn_pre::D2AbsorbTile<GLM5_D2_NOPE, GLM5_D2_KV_LORA, GLM5_D2_MT, GLM5_D2_NT, /*barrier*/ 1>;
+using D2Kv = glm5::attn_pre::D2KvStoreWarp<GLM5_D2_KV_LORA, GLM5_D2_ROPE>;
+constexpr int kD2Threads = D2Tile::kThreads + 32;
+
+// Parameter order and types are the ABI the Python launcher packs (glm5_fastpath/ops/d2_absorb.py,
+// _kernel_args); the runtime checks sizes against the cubin at load.
+extern "C" __global__ void __launch_bounds__(kD2Threads, 2)
+glm5_d2_absorb_kv_store(const uint16_t* __restrict__ q_nope,  // [M, heads, NOPE] bf16
+                        const uint16_t* __restrict__ w_kc,    // [heads, NOPE, KV_LORA] bf16
+                        const uint16_t* __restrict__ c_kv,    // [M, KV_LORA] bf16
+                        const uint16_t* __restrict__ k_pe,    // [M, ROPE] bf16
+                        const void* positions,                // [M] int64 or int32 (idx64)
+                        const void* out_cache_loc,            // [M] int64 or int32 (idx64)
+                        const double* __restrict__ inv_freq,  // [ROPE / 2] float64
+                        uint16_t* kv_cache,                   // [num_slots, KV_LORA + ROPE] bf16, rows written in place
+                        uint16_t* __restrict__ q_lat,         // [M, heads, KV_LORA] bf16
+                        int64_t num_slots, int32_t num_tokens, int32_t num_heads, int32_t idx64) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    const int tid = threadIdx.x;
+    const int head = blockIdx.x / D2Tile::kNTiles, ntile = blockIdx.x % D2Tile::kNTiles;
+
+    // Prologue that does not depend on the previous kernel: stream this CTA's weight tile into smem.
+    if (tid < D2Tile::kThreads) D2Tile::issue_weight_copies(smem, w_kc, head, ntile, tid);
+
+    glm5::ptx::griddep_launch_dependents();
+    glm5::ptx::griddep_wait();  // q_nope, c_kv, k_pe (and the cache rows) only after this
+
+    if (tid >= D2Tile::kThreads) {  // the KV warp: no barrier of the GEMM warps involves it
+        for (int tok = blockIdx.x; tok < num_tokens; tok += gridDim.x)
+            D2Kv::run(c_kv, k_pe, positions, out_cache_loc, idx64, inv_freq, kv_cache, num_slots, tok, tid & 31);
+        return;
+    }
+    const glm5::attn_pre::D2Ptrs p{q_nope, q_lat, num_tokens, num_heads};
+    D2Tile::run(smem, p, head, ntile, tid);
+}

@@ -1,0 +1,281 @@
+// D2 tiles: W_UK absorption q_lat[m, h, :] = bf16(q_nope[m, h, :] . w_kc[h]) (bf16 operands, fp32
+// accumulation), plus the MLA k_pe RoPE and latent KV-cache store of the same step.
+//
+// Framework-free (raw pointers, bf16 as uint16_t patterns): the standalone launcher
+// (d2_absorb_kv_store.cu) runs one CTA per (head, 128-column latent tile); a persistent megakernel
+// can hand the same 256-thread group one tile at a time and give the KV store to any spare warp.
+//
+// ---- D2AbsorbTile: one (head h, latent columns [128j, 128j+128)) tile ---------------------------------
+// swapAB: q_lat^T[n, m] = sum_k w_kc[h][k, n] * q_nope[m, h, k]: the weight tile is the MMA's A
+// (M side = 128 latent columns = 8 m16 tiles), the tokens are N (n8 tiles), K = kNope (192).
+//
+// Weights. The 192 x 128 bf16 tile (48 KB, rows 256 B apart in smem) is streamed with cp.async,
+// one commit group per 32-row K block, all issued before griddepcontrol.wait. Each 16-byte chunk c
+// of row k is stored at chunk c ^ swz(k), swz(k) = ((k >> 3) & 3) << 1 | (k & 1); with the row
+// order below, the 8 row addresses of every ldmatrix matrix then hit 8 distinct 16-byte bank
+// groups (conflict free). The A fragments come from ldmatrix.x4.trans (w_kc is n-contiguous, the
+// MMA wants A row-major in k).
+//
+// Tokens. B fragments are read straight from global memory, 16 bytes per lane: lane (g, t) loads
+// q_nope[token g][k0 + 8t .. k0 + 8t + 7] of the 32-column block k0. As in C0, the MMA's logical k
+// is a permutation of the physical column: step s in {0, 1} uses columns 8t+4s+{0,1} as logical
+// 2t+{0,1} (b0) and 8t+4s+2+{0,1} as logical 2t+8+{0,1} (b1); the ldmatrix row addresses apply the
+// same permutation to the weight rows, so A and B agree and each step covers 16 distinct columns.
+//
+// Warps. 8 warps = kMGroups x kTGroups: warp w owns latent m16 tiles [(w % kMGroups) * kMT, +kMT)
+// and every kTGroups-th chunk of kNT*8 tokens starting at chunk w / kMGroups. kMT = 1 (8 x 1) suits
+// M <= 32 (every warp busy, one pass); kMT = 2 (4 x 2) halves the B fragment traffic for larger M.
+// The first pass waits for the weight K blocks one by one (cp.async.wait_group + a named barrier
+// over the 256 GEMM threads), so the MMAs of early blocks overlap the arrival of later ones.
+//
+// Epilogue: fp32 -> bf16 (round to nearest even) into a per-warp smem staging tile [token][latent],
+// then 16-byte stores of whole token rows (kMT*32 contiguous bytes each).
+//
+// ---- D2KvStoreWarp: one token's KV row, by one warp --------------------------------------------------
+// kv_cache[slot] = [c_kv (kKvLora bf16) | rope(k_pe) (kRope bf16)], slot = out_cache_loc[m]. RoPE is
+// GPT-J interleaved: pair i = (k_pe[2i], k_pe[2i+1]), angle = double(pos) * inv_freq[i] (inv_freq is
+// the float64 table of ref/rope.py, passed in), cos/sin computed in double and rounded to fp32, then
+//   out[2i] = x0*c - x1*s, out[2i+1] = x1*c + x0*s
+// in fp32 with every product and sum rounded separately (no FMA: the reference's torch ops) and the
+// result rounded to bf16. A slot outside [0, num_slots) is skipped (nothing is written).
+#pragma once
+
+#include "../common/arch.cuh"
+#include "../common/convert.cuh"
+#include "../common/mma_bf16_sm80.cuh"
+#include "../common/pdl.cuh"
+#include "../common/vec_io.cuh"
+
+namespace glm5 {
+namespace attn_pre {
+
+struct D2Ptrs {
+    const uint16_t* q_nope;  // [M, heads, kNope] bf16 (the producer's output)
+    uint16_t* q_lat;         // [M, heads, kKvLora] bf16
+    int32_t num_tokens;      // M
+    int32_t num_heads;       // heads (token stride of q_nope / q_lat)
+};
+
+template <int kNope, int kKvLora, int kMT, int kNT, int kBarrierId = 1>
+struct D2AbsorbTile {
+    static constexpr int kThreads = 256;
+    static constexpr int kWarps = kThreads / 32;
+    static constexpr int kNTile = 128;                    // latent columns per tile
+    static constexpr int kNTiles = kKvLora / kNTile;      // tiles per head
+    static constexpr int kKBlocks = kNope / 32;           // 32-row K blocks (= cp.async groups)
+    static constexpr int kRowBytes = kNTile * 2;          // 256
+    static constexpr int kWBytes = kNope * kRowBytes;     // 48 KB for GLM-5
+    static constexpr int kMGroups = 8 / kMT;
+    static constexpr int kTGroups = kWarps / kMGroups;
+    static constexpr int kChunkTok = kNT * 8;
+    static constexpr int kStagePitch = kMT * 32 + 16;     // bytes per token row of the staging tile
+    static constexpr int kStageBytes = kChunkTok * kStagePitch;
+    static constexpr int kSmemBytes = kWBytes + kWarps * kStageBytes;
+    static constexpr int kCopiesPerThread = 32 * (kRowBytes / 16) / kThreads;  // per K block
+
+    static_assert(kNope % 32 == 0 && kKBlocks >= 1 && kKBlocks <= 8, "nope dim: a multiple of 32, at most 256");
+    static_assert(kKvLora % kNTile == 0, "kv_lora_rank must be a multiple of 128");
+    static_assert(kMT == 1 || kMT == 2 || kMT == 4 || kMT == 8, "m16 tiles per warp must divide 8");
+    static_assert(kNT >= 1 && kNT <= 8, "n8 tiles per chunk");
+    static_assert(kCopiesPerThread * kThreads == 32 * (kRowBytes / 16), "K block copy must split evenly");
+
+    static GLM5_DEVICE int swz(int k) { return (((k >> 3) & 3) << 1) | (k & 1); }
+
+    // Issue the cp.async copies of w_kc[head][:, 128*ntile : +128] into smem, one commit group per K
+    // block. All 256 threads call this (before griddepcontrol.wait: weights are never written).
+    static GLM5_DEVICE void issue_weight_copies(uint8_t* smem, const uint16_t* __restrict__ w_kc, int head, int ntile,
+                                                int tid) {
+        const uint32_t base = ptx::smem_addr(smem);
+        const uint16_t* src0 = w_kc + static_cast<int64_t>(head) * kNope * kKvLora + ntile * kNTile;
+#pragma unroll
+        for (int kb = 0; kb < kKBlocks; ++kb) {
+#pragma unroll
+            for (int i = 0; i < kCopiesPerThread; ++i) {
+                const int c = tid + i * kThreads;
+                const int row = kb * 32 + (c >> 4), ch = c & 15;
+                ptx::cp_async_16(base + row * kRowBytes + ((ch ^ swz(row)) << 4),
+                                 src0 + static_cast<int64_t>(row) * kKvLora + ch * 8);
+            }
+            ptx::cp_async_commit();
+        }
+    }
+
+    static GLM5_DEVICE uint32_t word(const ptx::u32x4& v, int w) {
+        return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+    }
+
+    // Byte offset (inside the weight smem) of this lane's ldmatrix row for m16 tile `mtile`
+    // (0..7 within the 128 columns), K block kb, MMA step s. Matrix i = lane / 8 (bit 0: upper 8
+    // columns, bit 1: logical k + 8), row r = lane % 8 = logical k (mod 8) of the matrix.
+    static GLM5_DEVICE int a_offset(int lane, int mtile, int kb, int s) {
+        const int i = lane >> 3, r = lane & 7;
+        const int kl = 8 * (r >> 1) + 4 * s + 2 * (i >> 1) + (r & 1);
+        const int ch = 2 * mtile + (i & 1);
+        return (kb * 32 + kl) * kRowBytes + ((ch ^ swz(kl)) << 4);
+    }
+
+    static GLM5_DEVICE void load_b(ptx::u32x4 (&b)[kNT], const uint16_t* q_lane, int64_t tok_stride, int tok0, int ntv,
+                                   int num_tokens, int g, int kb) {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+            const int tok = tok0 + nt * 8 + g;
+            if (nt < ntv) {
+                b[nt] = tok < num_tokens ? ptx::ld_global_v4(q_lane + tok * tok_stride + kb * 32) : ptx::u32x4{0u, 0u, 0u, 0u};
+            }
+        }
+    }
+
+    // The 256 GEMM threads (tid in [0, 256)) call this after issue_weight_copies and griddepcontrol.wait.
+    static GLM5_DEVICE void run(uint8_t* smem, const D2Ptrs& p, int head, int ntile, int tid) {
+        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        const int mg = warp % kMGroups, tg = warp / kMGroups;
+        const int m = p.num_tokens;
+        const int nchunks = (m + kChunkTok - 1) / kChunkTok;
+        const int npasses = (nchunks + kTGroups - 1) / kTGroups;
+        const uint32_t wbase = ptx::smem_addr(smem);
+        uint8_t* stage = smem + kWBytes + warp * kStageBytes;
+        const int64_t tok_stride = static_cast<int64_t>(p.num_heads) * kNope;
+        const uint16_t* q_lane = p.q_nope + static_cast<int64_t>(head) * kNope + 8 * t;
+
+        int a_off[2][kMT];
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) a_off[s][mt] = a_offset(lane, mg * kMT + mt, 0, s);
+
+        for (int pass = 0; pass < npasses; ++pass) {
+            const int tok0 = (pass * kTGroups + tg) * kChunkTok;
+            const int ntv = tok0 < m ? min(kNT, (m - tok0 + 7) / 8) : 0;  // n8 tiles holding a token (warp-uniform)
+
+            float acc[kMT][kNT][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+
+            ptx::u32x4 bcur[kNT], bnext[kNT];
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) bcur[nt] = bnext[nt] = ptx::u32x4{0u, 0u, 0u, 0u};
+            load_b(bcur, q_lane, tok_stride, tok0, ntv, m, g, 0);
+
+#pragma unroll
+            for (int kb = 0; kb < kKBlocks; ++kb) {
+                if (pass == 0) {  // CTA-uniform: every warp runs pass 0
+                    ptx::cp_async_wait_n(kKBlocks - 1 - kb);  // a constant once unrolled
+                    ptx::named_barrier_sync<kBarrierId, kThreads>();
+                }
+                if (kb + 1 < kKBlocks) load_b(bnext, q_lane, tok_stride, tok0, ntv, m, g, kb + 1);
+                if (ntv > 0) {
+#pragma unroll
+                    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+                        for (int mt = 0; mt < kMT; ++mt) {
+                            uint32_t a[4];
+                            ptx::ldmatrix_x4_trans(a, wbase + a_off[s][mt] + kb * 32 * kRowBytes);
+#pragma unroll
+                            for (int nt = 0; nt < kNT; ++nt) {
+                                if (nt < ntv)
+                                    ptx::mma_m16n8k16_bf16(acc[mt][nt], a[0], a[1], a[2], a[3], word(bcur[nt], 2 * s),
+                                                           word(bcur[nt], 2 * s + 1));
+                            }
+                        }
+                    }
+                }
+                if (kb + 1 < kKBlocks) {
+#pragma unroll
+                    for (int nt = 0; nt < kNT; ++nt) bcur[nt] = bnext[nt];
+                }
+            }
+
+            if (ntv == 0) continue;  // warp-uniform; no barrier below
+            // epilogue: C fragments -> staging [token][latent] bf16 -> 16-byte rows of q_lat
+            uint16_t* st = reinterpret_cast<uint16_t*>(stage);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) {
+                    const int n = mt * 16 + g, tk = nt * 8 + 2 * t;
+                    const uint32_t lo = ptx::f32x2_to_bf16x2_rn(acc[mt][nt][0], acc[mt][nt][1]);  // (n, tk), (n, tk+1)
+                    const uint32_t hi = ptx::f32x2_to_bf16x2_rn(acc[mt][nt][2], acc[mt][nt][3]);  // (n+8, tk), (n+8, tk+1)
+                    constexpr int P = kStagePitch / 2;
+                    st[tk * P + n] = static_cast<uint16_t>(lo & 0xffffu);
+                    st[(tk + 1) * P + n] = static_cast<uint16_t>(lo >> 16);
+                    st[tk * P + n + 8] = static_cast<uint16_t>(hi & 0xffffu);
+                    st[(tk + 1) * P + n + 8] = static_cast<uint16_t>(hi >> 16);
+                }
+            }
+            __syncwarp();
+            constexpr int kChunksPerRow = kMT * 2;  // 16-byte chunks per staged token row
+            uint16_t* out_col = p.q_lat + static_cast<int64_t>(head) * kKvLora + ntile * kNTile + mg * kMT * 16;
+#pragma unroll
+            for (int i = lane; i < kChunkTok * kChunksPerRow; i += 32) {
+                const int tk = i / kChunksPerRow, c = i % kChunksPerRow;
+                const int tok = tok0 + tk;
+                if (tok < m) {
+                    const ptx::u32x4 v = *reinterpret_cast<const ptx::u32x4*>(stage + tk * kStagePitch + c * 16);
+                    ptx::st_global_v4(out_col + static_cast<int64_t>(tok) * p.num_heads * kKvLora + c * 8, v);
+                }
+            }
+            __syncwarp();
+        }
+    }
+};
+
+template <int kKvLora, int kRope>
+struct D2KvStoreWarp {
+    static constexpr int kRow = kKvLora + kRope;            // bf16 per cache row
+    static constexpr int kCkvChunks = kKvLora * 2 / 16;     // 16-byte chunks of c_kv
+    static constexpr int kCkvIters = (kCkvChunks + 31) / 32;
+    static constexpr int kPairs = kRope / 2;
+
+    static_assert(kKvLora % 8 == 0 && (kRow * 2) % 16 == 0, "rows must be whole 16-byte chunks");
+    static_assert(kRope % 2 == 0 && kPairs <= 32, "rope dims: even, at most 64 (one pair per lane)");
+
+    // One warp stores token `token`'s row. positions / out_cache_loc are int64 (idx64 != 0) or int32.
+    static GLM5_DEVICE void run(const uint16_t* __restrict__ c_kv, const uint16_t* __restrict__ k_pe,
+                                const void* positions, const void* out_cache_loc, int idx64,
+                                const double* __restrict__ inv_freq, uint16_t* kv_cache, int64_t num_slots, int token,
+                                int lane) {
+        int64_t pos, slot;
+        if (idx64) {
+            pos = ptx::ld_global_s64(static_cast<const int64_t*>(positions) + token);
+            slot = ptx::ld_global_s64(static_cast<const int64_t*>(out_cache_loc) + token);
+        } else {
+            pos = ptx::ld_global_s32(static_cast<const int32_t*>(positions) + token);
+            slot = ptx::ld_global_s32(static_cast<const int32_t*>(out_cache_loc) + token);
+        }
+        ptx::u32x4 ckv[kCkvIters];
+#pragma unroll
+        for (int j = 0; j < kCkvIters; ++j) {
+            const int c = lane + 32 * j;
+            if (c < kCkvChunks) ckv[j] = ptx::ld_global_v4(c_kv + static_cast<int64_t>(token) * kKvLora + c * 8);
+        }
+        uint32_t kp = 0;
+        double freq = 0.0;
+        if (lane < kPairs) {
+            kp = ptx::ld_global_u32(k_pe + static_cast<int64_t>(token) * kRope + 2 * lane);
+            freq = inv_freq[lane];
+        }
+        if (slot < 0 || slot >= num_slots) return;  // warp-uniform
+        uint16_t* row = kv_cache + slot * kRow;
+#pragma unroll
+        for (int j = 0; j < kCkvIters; ++j) {
+            const int c = lane + 32 * j;
+            if (c < kCkvChunks) ptx::st_global_v4(row + c * 8, ckv[j]);
+        }
+        if (lane < kPairs) {
+            double sd, cd;
+            sincos(static_cast<double>(pos) * freq, &sd, &cd);
+            const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
+            const float x0 = ptx::bf16lo_to_f32(kp), x1 = ptx::bf16hi_to_f32(kp);
+            const float o0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+            const float o1 = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
+            ptx::st_global_u32(row + kKvLora + 2 * lane, ptx::f32x2_to_bf16x2_rn(o0, o1));
+        }
+    }
+};
+
+}  // namespace attn_pre
+}  // namespace glm5

@@ -1,0 +1,120 @@
+// Warp-level bf16 tensor-core MMA (mma.sync m16n8k16), ldmatrix, cp.async and the few L2-coherent
+// memory ops the split-K kernels need: one PTX instruction per function.
+//
+// Fragment layouts of mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 (PTX ISA, "Matrix fragments for
+// mma.m16n8k16"), lane = 4*g + t (g = lane/4 in 0..7, t = lane%4 in 0..3); each 32-bit register
+// holds two bf16, the lower-indexed element in the low half:
+//   A (16x16, row = M, col = K):  a0 = A[g][2t..2t+1]    a1 = A[g+8][2t..2t+1]
+//                                 a2 = A[g][2t+8..2t+9]  a3 = A[g+8][2t+8..2t+9]
+//   B (16x8,  row = K, col = N):  b0 = B[2t..2t+1][g]    b1 = B[2t+8..2t+9][g]
+//   C (16x8, fp32):               c0 = C[g][2t]  c1 = C[g][2t+1]  c2 = C[g+8][2t]  c3 = C[g+8][2t+1]
+// ldmatrix.x4(.trans): lanes 8i..8i+7 give the 8 row addresses (16 bytes each) of matrix i; lane
+// (g, t) receives in register i the pair M_i[g][2t..2t+1], or with .trans M_i[2t][g], M_i[2t+1][g].
+//
+// NOTES: these instructions exist since sm_80 and are what a skinny (decode-M) GEMM wants on Hopper:
+// the operands are tiny and the kernels are bound by the weight stream, not by tensor-core issue.
+#pragma once
+
+#include "arch.cuh"
+#include "vec_io.cuh"
+
+namespace glm5 {
+namespace ptx {
+
+// D = A * B + D, fp32 accumulators in place.
+GLM5_DEVICE void mma_m16n8k16_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                   uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+GLM5_DEVICE uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// Four transposed 8x8 b16 matrices from shared memory (see the header comment for the layout).
+GLM5_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_row_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_row_addr)
+                 : "memory");
+}
+
+// 16-byte global -> shared copy that bypasses L1 (cp.async.cg); completes per commit group.
+GLM5_DEVICE void cp_async_16(uint32_t smem_dst, const void* gmem_src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_dst), "l"(gmem_src) : "memory");
+}
+
+GLM5_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Wait until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+GLM5_DEVICE void cp_async_wait() {
+    static_assert(kPending >= 0 && kPending <= 7, "cp.async.wait_group takes a small immediate");
+    asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// The same with a run-time count (a switch over the immediates; folds away when n is a constant
+// after unrolling).
+GLM5_DEVICE void cp_async_wait_n(int n) {
+    switch (n) {
+        case 0: cp_async_wait<0>(); break;
+        case 1: cp_async_wait<1>(); break;
+        case 2: cp_async_wait<2>(); break;
+        case 3: cp_async_wait<3>(); break;
+        case 4: cp_async_wait<4>(); break;
+        case 5: cp_async_wait<5>(); break;
+        case 6: cp_async_wait<6>(); break;
+        default: cp_async_wait<7>(); break;
+    }
+}
+
+// 16-byte load straight from L2 (.cg: never a stale L1 line): for data other CTAs of the same grid
+// wrote (split-K partials), read after the arrival counter said they are complete.
+GLM5_DEVICE float4 ld_global_cg_f32x4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
+GLM5_DEVICE void st_global_cg_f32x4(float* p, const float4& v) {
+    asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+}
+
+// Device-scope acq_rel fetch-and-add on an arrival counter (orders this CTA's earlier partial
+// stores, made visible by the preceding fence + barrier, before the increment).
+GLM5_DEVICE uint32_t atomic_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
+    uint32_t old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+GLM5_DEVICE void st_relaxed_gpu_u32(uint32_t* p, uint32_t v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// 4-byte global load / store (one bf16 pair).
+GLM5_DEVICE uint32_t ld_global_u32(const void* p) {
+    uint32_t v;
+    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+GLM5_DEVICE void st_global_u32(void* p, uint32_t v) { asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory"); }
+
+GLM5_DEVICE int64_t ld_global_s64(const int64_t* p) {
+    int64_t v;
+    asm volatile("ld.global.s64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+}
+
+GLM5_DEVICE int32_t ld_global_s32(const int32_t* p) {
+    int32_t v;
+    asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+}  // namespace ptx
+}  // namespace glm5

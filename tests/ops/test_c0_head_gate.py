@@ -1,0 +1,326 @@
+"""C0 head gate w_raw = bf16(x . weights_proj^T): the custom op against the reference.
+
+GPU tests (marked gpu) need an sm_90 GPU, nvcc and cuda-bindings; the CPU tests check argument
+validation, the fake implementation and (without a GPU) the kernel's fragment layout: a Python
+emulation of its per-lane 16-byte loads, K permutation, mma.sync fragments, cross-warp scratch and
+split-K reduction reproduces x . W^T exactly.
+
+What is compared, and why each bar is where it is:
+- w_raw vs ref.prefix.c0_head_gate (fp32 accumulation, bf16 out): kind "bf16", and tighter: every
+  element within one bf16 ulp of the reference (both round an fp32 sum of the same 6144 products,
+  in different orders), except elements below 1e-3 of the output's rms (cancellation); at most 2 %
+  of the elements differ at all.
+- Determinism: the split-K reduction has a fixed order, so repeated calls (and PDL on/off) agree
+  bit for bit, and the arrival counters return to zero (checked through the cached workspace).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from glm5_fastpath.config import Glm5Config
+from glm5_fastpath.ops.c0_head_gate import C0Config, c0_head_gate, config_for
+from glm5_fastpath.ref.prefix import c0_head_gate as ref_c0
+from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_no_poison, poison_
+
+OP = "c0_head_gate"
+BF16 = torch.bfloat16
+M_VALUES = [1, 2, 3, 8, 16, 31, 64, 128, 256]
+
+
+def make_x(m: int, h: int, seed: int, device: str = "cuda") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, h, generator=g) * (1 + 3 * torch.rand(1, h, generator=g) ** 8)  # a few large channels
+    if m >= 3:
+        x[2].zero_()  # an all-zero token: w_raw row exactly 0
+    return x.to(BF16).to(device)
+
+
+def _ordered_bf16(t: torch.Tensor) -> torch.Tensor:
+    b = t.detach().cpu().contiguous().view(torch.int16).to(torch.int32)
+    mag = b & 0x7FFF
+    return torch.where(b < 0, -mag, mag)
+
+
+def check_w_raw(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, ctx: str, max_frac: float = 0.02) -> None:
+    assert_no_poison(OP, out, names=["w_raw"])
+    ref = ref_c0(x.cpu(), w.cpu())
+    assert_close(OP, out, ref, kind="bf16", context=ctx)
+    o, r = out.detach().cpu(), ref
+    ulps = (_ordered_bf16(o) - _ordered_bf16(r)).abs()
+    rms = r.double().pow(2).mean().sqrt().item()
+    tiny = r.double().abs() < 1e-3 * rms
+    bad = (ulps > 1) & ~tiny
+    assert not bad.any(), (f"{OP} [{ctx}]: {int(bad.sum())} elements differ from the reference by more than one bf16 "
+                           f"ulp, first at {bad.nonzero()[:4].tolist()}")
+    frac = (ulps > 0).double().mean().item()
+    assert frac <= max_frac, f"{OP} [{ctx}]: {frac:.4f} of the elements differ from the reference (> {max_frac})"
+
+
+# ---- CPU: the kernel's fragment layout, emulated -------------------------------------------------------
+
+def _mma(a, b, c):
+    """mma.m16n8k16 on per-lane fragments: a [32][4][2], b [32][2][2], c [32][4] -> new c (float64)."""
+    A = torch.zeros(16, 16, dtype=torch.float64)
+    B = torch.zeros(16, 8, dtype=torch.float64)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for e in range(2):
+            A[g, 2 * t + e], A[g + 8, 2 * t + e] = a[lane][0][e], a[lane][1][e]
+            A[g, 2 * t + 8 + e], A[g + 8, 2 * t + 8 + e] = a[lane][2][e], a[lane][3][e]
+            B[2 * t + e, g], B[2 * t + 8 + e, g] = b[lane][0][e], b[lane][1][e]
+    C = A @ B
+    return [[c[l][0] + C[l >> 2, 2 * (l & 3)].item(), c[l][1] + C[l >> 2, 2 * (l & 3) + 1].item(),
+             c[l][2] + C[(l >> 2) + 8, 2 * (l & 3)].item(), c[l][3] + C[(l >> 2) + 8, 2 * (l & 3) + 1].item()]
+            for l in range(32)]
+
+
+@pytest.mark.parametrize("hidden, heads, m", [(512, 4, 5), (512, 32, 11)])
+def test_fragment_layout_emulation(hidden, heads, m):
+    """Mirror of C0HeadGateTile::load_weights / run: per-lane 16-byte rows, MMA steps, scratch, splits."""
+    torch.manual_seed(0)
+    x = torch.randn(m, hidden, dtype=torch.float64)
+    w = torch.randn(heads, hidden, dtype=torch.float64)
+    splits, tok_tile = hidden // 256, 32
+
+    def wrow(row, col):  # load_weights: rows >= heads are zeros
+        return w[row, col:col + 8] if row < heads else torch.zeros(8, dtype=torch.float64)
+
+    def xrow(tok, col):
+        return x[tok, col:col + 8] if tok < m else torch.zeros(8, dtype=torch.float64)
+
+    partial = torch.zeros(splits, tok_tile, heads, dtype=torch.float64)
+    for split in range(splits):
+        scratch = torch.zeros(8, tok_tile, 36, dtype=torch.float64)
+        for warp in range(8):
+            acc = {(mt, nt): [[0.0] * 4 for _ in range(32)] for mt in range(2) for nt in range(4)}
+            col = [split * 256 + warp * 32 + 8 * (l & 3) for l in range(32)]  # C0HeadGateTile::column
+            u = {(mt, hh): [wrow(mt * 16 + hh * 8 + (l >> 2), col[l]) for l in range(32)] for mt in range(2) for hh in range(2)}
+            xv = {nt: [xrow(nt * 8 + (l >> 2), col[l]) for l in range(32)] for nt in range(4)}
+            word = lambda v, i: (v[2 * i].item(), v[2 * i + 1].item())  # noqa: E731
+            for s in range(2):
+                for mt in range(2):
+                    a = [[word(u[(mt, 0)][l], 2 * s), word(u[(mt, 1)][l], 2 * s), word(u[(mt, 0)][l], 2 * s + 1),
+                          word(u[(mt, 1)][l], 2 * s + 1)] for l in range(32)]
+                    for nt in range(4):
+                        b = [[word(xv[nt][l], 2 * s), word(xv[nt][l], 2 * s + 1)] for l in range(32)]
+                        acc[(mt, nt)] = _mma(a, b, acc[(mt, nt)])
+            for (mt, nt), c in acc.items():  # red[tk][h], pitch 36
+                for l in range(32):
+                    h, tk = mt * 16 + (l >> 2), nt * 8 + 2 * (l & 3)
+                    scratch[warp, tk, h], scratch[warp, tk + 1, h] = c[l][0], c[l][1]
+                    scratch[warp, tk, h + 8], scratch[warp, tk + 1, h + 8] = c[l][2], c[l][3]
+            # the lanes' scratch stores of one instruction hit 32 distinct banks
+            for mt in range(2):
+                banks = {((nt * 8 + 2 * (l & 3)) * 36 + mt * 16 + (l >> 2)) % 32 for l in range(32) for nt in [0]}
+                assert len(banks) == 32
+        partial[split] = scratch.sum(0)[:, :heads]
+    out = partial.sum(0)[:m]
+    want = x @ w.t()
+    assert torch.allclose(out, want, rtol=1e-12, atol=1e-12), (out - want).abs().max()
+
+
+def test_configs():
+    assert config_for(6144, 32) == C0Config(6144, 32) and config_for(6144, 32).splits == 24
+    assert config_for(512, 4).splits == 2
+    for h, n in ((6000, 32), (0, 32), (256 * 65, 32)):
+        with pytest.raises(ValueError, match="hidden size"):
+            config_for(h, n)
+    for n in (0, 2, 6, 36):
+        with pytest.raises(ValueError, match="indexer heads"):
+            config_for(6144, n)
+
+
+# ---- CPU: validation and fake implementation ---------------------------------------------------------
+
+@pytest.mark.parametrize("x, w, match", [
+    (torch.zeros(4, 512), torch.zeros(4, 512, dtype=BF16), "x_bf16 must be torch.bfloat16"),
+    (torch.zeros(4, 512, dtype=BF16), torch.zeros(4, 512), "weights_proj must be torch.bfloat16"),
+    (torch.zeros(4, 512, dtype=BF16), torch.zeros(4, 256, dtype=BF16), "weights_proj has 256 columns"),
+    (torch.zeros(512, 4, dtype=BF16).t(), torch.zeros(4, 512, dtype=BF16), "x_bf16 must be contiguous"),
+    (torch.zeros(1, 4, 512, dtype=BF16), torch.zeros(4, 512, dtype=BF16), "x_bf16 must be 2-D"),
+    (torch.zeros(257, 512, dtype=BF16), torch.zeros(4, 512, dtype=BF16), "exceeds the supported maximum of 256"),
+    (torch.zeros(4, 384, dtype=BF16), torch.zeros(4, 384, dtype=BF16), "multiple of 256"),
+    (torch.zeros(4, 512, dtype=BF16), torch.zeros(6, 512, dtype=BF16), "indexer heads"),
+    (torch.zeros(4, 512, dtype=BF16), torch.zeros(4, 512, dtype=BF16), "CUDA device"),
+])
+def test_bad_inputs_raise_naming_the_op(x, w, match):
+    with pytest.raises(ValueError, match=match) as ei:
+        c0_head_gate(x, w)
+    assert "glm5_fastpath.c0_head_gate" in str(ei.value)
+
+
+def test_fake_shapes_and_compile_meta():
+    x = torch.empty(7, 6144, dtype=BF16, device="meta")
+    w = torch.empty(32, 6144, dtype=BF16, device="meta")
+    out = torch.ops.glm5_fastpath.c0_head_gate(x, w, True)
+    assert tuple(out.shape) == (7, 32) and out.dtype == BF16
+    got = torch.compile(lambda a, b: c0_head_gate(a, b), backend="aot_eager", fullgraph=True)(x, w)
+    assert tuple(got.shape) == (7, 32)
+
+
+# ---- GPU -------------------------------------------------------------------------------------------------
+
+GLM5 = Glm5Config.preset("glm5")
+SMALL = Glm5Config.preset("small")
+
+
+@pytest.fixture(scope="module")
+def glm5_weights_proj():
+    from glm5_fastpath.weights import random_layer
+    return random_layer(GLM5, 3, 4321, device="cuda").attn.indexer.weights_proj
+
+
+@pytest.fixture(scope="module")
+def small_weights_proj():
+    from glm5_fastpath.weights import random_layer
+    return random_layer(SMALL, 0, 77, device="cuda").attn.indexer.weights_proj
+
+
+@pytest.fixture
+def no_pdl_override(monkeypatch):
+    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
+
+
+def _counters_are_zero():
+    import importlib
+    mod = importlib.import_module("glm5_fastpath.ops.c0_head_gate")  # the module, not a re-exported function
+    for ws in mod._workspaces.values():
+        assert int(ws.counters.abs().sum()) == 0, f"arrival counters not reset: {ws.counters.tolist()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", M_VALUES)
+def test_matches_reference_glm5(m, seed, glm5_weights_proj, no_pdl_override):
+    x = make_x(m, 6144, seed + m)
+    out = c0_head_gate(x, glm5_weights_proj)
+    torch.cuda.synchronize()
+    check_w_raw(x, glm5_weights_proj, out, f"glm5 {m=} {seed=}")
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 64, 256])
+def test_matches_reference_small_preset(m, seed, small_weights_proj):
+    x = make_x(m, SMALL.hidden_size, seed + m)
+    out = c0_head_gate(x, small_weights_proj)
+    torch.cuda.synchronize()
+    check_w_raw(x, small_weights_proj, out, f"small {m=} {seed=}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 100, 256])
+def test_deterministic_and_pdl_off(m, seed, glm5_weights_proj):
+    x = make_x(m, 6144, seed)
+    outs = [c0_head_gate(x, glm5_weights_proj) for _ in range(3)] + [c0_head_gate(x, glm5_weights_proj, pdl=False)]
+    torch.cuda.synchronize()
+    for o in outs[1:]:
+        assert_equal(OP, o, outs[0], context=f"run to run {m=}")
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+def test_empty_batch_and_errors(glm5_weights_proj):
+    out = c0_head_gate(torch.empty(0, 6144, dtype=BF16, device="cuda"), glm5_weights_proj)
+    assert tuple(out.shape) == (0, 32)
+    x = make_x(4, 6144, 0)
+    with pytest.raises(ValueError, match="one device"):
+        c0_head_gate(x, glm5_weights_proj.cpu())
+    buf = torch.empty(4 * 6144 + 8, dtype=BF16, device="cuda")
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        c0_head_gate(buf[1:1 + 4 * 6144].view(4, 6144), glm5_weights_proj)
+
+
+# ---- PDL ------------------------------------------------------------------------------------------------
+
+PDL_PRODUCER = r"""
+#include "common/pdl.cuh"
+// Lets its dependents launch at once, spins spin_ns, then copies src -> dst (16-byte vectors).
+extern "C" __global__ void c0_test_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
+                                                  unsigned long long spin_ns) {
+    glm5::ptx::griddep_launch_dependents();
+    const uint64_t t0 = glm5::ptx::globaltimer_ns();
+    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
+    }
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+"""
+SPIN_NS = 50_000
+
+
+def _producer():
+    from glm5_fastpath.jit import KernelSpec, get_kernel
+    return get_kernel(KernelSpec("c0_test_producer", code=PDL_PRODUCER, functions=("c0_test_spin_then_copy",)))
+
+
+def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
+    n_vec = src.numel() * src.element_size() // 16
+    producer.launch((8, 1, 1), (256, 1, 1), [src, dst, ctypes.c_int64(n_vec), ctypes.c_uint64(SPIN_NS)], pdl=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+def test_waits_for_the_late_producer_under_pdl(m, seed, glm5_weights_proj, no_pdl_override):
+    """The producer (A0's stand-in) spins ~50 us, then writes x; C0 launched with PDL right behind it
+    loads its weights early but must read only the fresh x. Two C0 launches back to back also check
+    that a PDL-overlapped second launch does not race the first on the shared workspace."""
+    producer = _producer()
+    x_true = make_x(m, 6144, seed)
+    x = torch.full_like(x_true, 7.0)
+    c0_head_gate(x_true, glm5_weights_proj)  # compile + load first
+    for _ in range(3):
+        x.fill_(7.0)
+        torch.cuda.synchronize()
+        _produce(producer, x_true, x)
+        out = c0_head_gate(x, glm5_weights_proj, pdl=True)
+        out2 = c0_head_gate(x, glm5_weights_proj, pdl=True)
+        torch.cuda.synchronize()
+        check_w_raw(x_true, glm5_weights_proj, out, f"PDL after producer {m=}")
+        assert_equal(OP, out2, out, context="second PDL launch")
+    _counters_are_zero()
+
+
+# ---- CUDA graphs ----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 77])
+def test_cuda_graph_capture_and_replay(m, seed, glm5_weights_proj, no_pdl_override):
+    producer = _producer()
+    x_src = make_x(m, 6144, seed)
+    static_x = torch.empty_like(x_src)
+    c0_head_gate(x_src, glm5_weights_proj)  # warm up (compile, load, workspace) outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        _produce(producer, x_src, static_x)
+        out = c0_head_gate(static_x, glm5_weights_proj, pdl=True)
+        out2 = c0_head_gate(static_x, glm5_weights_proj, pdl=True)
+    for step in range(3):
+        x_src.copy_(make_x(m, 6144, seed + 100 + step))
+        poison_(out)
+        poison_(out2)
+        static_x.fill_(7.0)
+        g.replay()
+        torch.cuda.synchronize()
+        check_w_raw(x_src, glm5_weights_proj, out, f"graph replay {step} {m=}")
+        assert_equal(OP, out2, out, context="second captured launch")
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+def test_opcheck_fake(seed, glm5_weights_proj):
+    x = make_x(4, 6144, seed)
+    torch.library.opcheck(torch.ops.glm5_fastpath.c0_head_gate.default, (x, glm5_weights_proj, True),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.gpu
+def test_kernel_resources_report():
+    from glm5_fastpath.jit import get_kernel
+    k = get_kernel(config_for(6144, 32).spec)
+    assert k.local_bytes == 0, k
+    assert k.param_sizes is None or k.param_sizes == (8, 8, 8, 8, 8, 4), k.param_sizes
+    assert 0 < k.num_regs <= 128 and k.max_threads >= 256, k
