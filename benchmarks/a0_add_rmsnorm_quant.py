@@ -22,7 +22,6 @@ import argparse
 import datetime as _dt
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from glm5_fastpath.bench.meta import git_commit  # noqa: E402
+from glm5_fastpath.bench.timing import l2_cache_bytes, time_launches  # noqa: E402
 from glm5_fastpath.ops import add_rmsnorm_quant  # noqa: E402
 
 BW_FLOOR = 4.27e12
@@ -55,31 +55,6 @@ def bytes_moved(m: int, h: int) -> int:
     return 2 * m * h * 2 + h * 2 + m * h * 2 + m * h * 2 + m * h + m * g * 4
 
 
-def time_graph(fn, n_launch: int, replays: int) -> list[float]:
-    """Capture fn(i) for i < n_launch in one graph; return per-launch microseconds of each replay."""
-    for i in range(min(n_launch, 3)):  # warm-up outside capture (compile, load, autotune)
-        fn(i)
-    torch.cuda.synchronize()
-    keep = []
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n_launch):
-            keep.append(fn(i))  # keep outputs alive: each launch writes its own memory
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(replays):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / n_launch)
-    del g, keep
-    return times
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for the JSON and markdown results")
@@ -95,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
-    l2 = int(getattr(props, "L2_cache_size", 60 * 2**20) or 60 * 2**20)
+    l2 = l2_cache_bytes(dev)
     h = args.hidden
     ms = [int(x) for x in args.m.split(",") if x]
 
@@ -153,9 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         res_m = {"M": m, "H": h, "bytes": nbytes, "floor_us": floor_us, "launches_per_graph": n_launch,
                  "buffer_sets": n_sets, "agreement": agree}
         for name, fn in variants.items():
-            t = time_graph(fn, n_launch, args.replays)
-            res_m[name] = {"median_us": statistics.median(t), "min_us": min(t),
-                           "p90_us": sorted(t)[int(0.9 * (len(t) - 1))]}
+            t = time_launches(fn, n_launch, device=dev, replays=args.replays, warmup=3)
+            res_m[name] = {"median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us, "method": t.method}
         rows.append(res_m)
         print(f"M={m:4d}: ours(PDL) {res_m['ours_pdl']['median_us']:7.2f} us  ours(noPDL) "
               f"{res_m['ours_nopdl']['median_us']:7.2f} us  baseline {res_m['baseline']['median_us']:7.2f} us  "

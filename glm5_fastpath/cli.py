@@ -1,4 +1,4 @@
-"""The `glm5-fastpath` command: info, make-checkpoint, demo."""
+"""The `glm5-fastpath` command: info, make-checkpoint, demo, bench."""
 from __future__ import annotations
 
 import argparse
@@ -53,6 +53,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_prefix_ops(args: argparse.Namespace) -> int:
+    from .bench.prefix_ops import options_from_args, run_bench
+
+    run_bench(options_from_args(args))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="glm5-fastpath", description="Fast GLM-5 decode on NVIDIA Hopper (SGLang plugin).")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -79,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", help="auto | cpu | cuda")
     s.add_argument("--repeat", type=int, default=3, help="timed repetitions per op (first is warm-up)")
     s.set_defaults(fn=_cmd_demo)
+
+    s = sub.add_parser("bench", help="benchmarks (on an H200: ours vs the stock SGLang kernels vs the floor)")
+    bsub = s.add_subparsers(dest="bench", required=True)
+    b = bsub.add_parser("prefix-ops", help="every attention-prefix op A0..E2: ours, stock, bytes floor")
+    from .bench.prefix_ops import add_arguments as _bench_prefix_args
+
+    _bench_prefix_args(b)
+    b.set_defaults(fn=_cmd_bench_prefix_ops)
     return p
 
 

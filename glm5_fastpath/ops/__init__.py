@@ -13,6 +13,7 @@ benchmarks swap one for the other.
 | add_rmsnorm_quant (A0) | glm5_fastpath.add_rmsnorm_quant, glm5_fastpath.add_rmsnorm_quant_out | csrc/attn_pre/a0_add_rmsnorm_quant.{cuh,cu} |
 | c0_head_gate (C0) | glm5_fastpath.c0_head_gate | csrc/attn_pre/c0_head_gate.{cuh,cu} |
 | d2_absorb_and_kv_store (D2) | glm5_fastpath.d2_absorb_kv_store | csrc/attn_pre/d2_absorb_kv_store.{cuh,cu} |
+| fp8_gemm_skinny, b0_qkv_a (B0), d0_q_b (D0), d1_indexer_q (D1), b1_indexer_k (B1) | glm5_fastpath.fp8_gemm_skinny, fp8_qkv_a, fp8_q_b_rope, fp8_indexer_q, fp8_indexer_k | csrc/attn_pre/fp8_gemm_skinny.{cuh,cu} |
 | e1_indexer_logits (E1) | glm5_fastpath.e1_indexer_logits, glm5_fastpath.e1_indexer_logits_out | csrc/attn_pre/e1_indexer_logits.{cuh,cu} |
 | e2_topk (E2) | glm5_fastpath.e2_topk, glm5_fastpath.e2_topk_out | csrc/attn_pre/e2_topk.{cuh,cu} |
 """
@@ -24,21 +25,29 @@ from . import c0_head_gate as _c0
 from . import d2_absorb as _d2
 from . import e1_indexer_logits as _e1
 from . import e2_topk as _e2
+from . import fp8_gemm as _fp8
 from .add_rmsnorm_quant import A0Result, add_rmsnorm_quant
 from .c0_head_gate import c0_head_gate
 from .d2_absorb import d2_absorb_and_kv_store
 from .e1_indexer_logits import e1_indexer_logits
 from .e2_topk import e2_topk
+from .fp8_gemm import b0_qkv_a, b1_indexer_k, d0_q_b, d1_indexer_q, fp8_gemm_skinny
 
-_MODULES = (_a0, _c0, _d2, _e1, _e2)
+_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8)
 
 
-def precompile(hidden_size: int = 6144, device: object = None) -> None:
-    """Compile and load every kernel the ops need for this model width on `device` (default: current)."""
-    _a0.precompile((hidden_size,), device)
-    _c0.precompile(device, ((hidden_size, 32),))
-    for m in (_d2, _e1, _e2):
-        m.precompile(device)
+def precompile(cfg=None, device: object = None) -> None:
+    """Compile and load every kernel the ops need for `cfg` (default GLM-5) on `device` (default: current),
+    and allocate their workspaces / RoPE tables: call before CUDA-graph capture, never inside it."""
+    from ..config import Glm5Config
+
+    c = cfg or Glm5Config.preset("glm5")
+    _a0.precompile((c.hidden_size,), device)
+    _c0.precompile(device, ((c.hidden_size, c.index_n_heads),))
+    _d2.precompile(device, ((c.qk_nope_head_dim, c.kv_lora_rank, c.qk_rope_head_dim, c.rope_theta),))
+    _e1.precompile(device, ((c.index_n_heads, c.index_head_dim),))
+    _e2.precompile(device)
+    _fp8.precompile(device, c)
 
 
 def compile_check_specs() -> list:
@@ -46,6 +55,7 @@ def compile_check_specs() -> list:
     return [s for m in _MODULES for s in m.compile_check_specs()]
 
 
-__all__ = ["A0Result", "add_rmsnorm_quant", "c0_head_gate", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
+__all__ = ["A0Result", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
+           "fp8_gemm_skinny", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
            "e2_topk",
            "precompile"]

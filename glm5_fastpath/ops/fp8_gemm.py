@@ -728,7 +728,7 @@ def _variants(cfg: Glm5Config, num_sms: int = 132) -> set[tuple[int, int, int]]:
     return out
 
 
-def precompile(cfg: Glm5Config | None = None, device: object = None) -> None:
+def precompile(device: object = None, cfg: Glm5Config | None = None) -> None:
     """Compile + load every kernel variant the GLM-5 shapes use for M in 1..256, and allocate the
     workspaces and the RoPE table on `device` (call before CUDA-graph capture)."""
     cfg = cfg or Glm5Config.preset("glm5")

@@ -1,0 +1,38 @@
+// Standalone launcher of the skinny FP8 GEMM tile (fp8_gemm_skinny.cuh): one CTA per
+// (n tile of 128 weight rows, K split, token block). Compile-time configuration (part of the JIT
+// cache key), chosen per (M, N, K) by glm5_fastpath/ops/fp8_gemm.py:
+//   GLM5_SKINNY_TM       tokens per CTA: 8, 16, 32 or 64
+//   GLM5_SKINNY_STAGES   cp.async ring depth (stages - 1 K groups of 16 KB weights in flight)
+//   GLM5_SKINNY_EPI      epilogue: 0 plain, 1 B0 qkv_a, 2 D0 q_b, 3 D1 indexer q, 4 B1 indexer k
+// Launch: grid (tiles_n, splits, tiles_m), block 256, dynamic smem SkinnySmem<TM, STAGES>::bytes(gmax);
+// PDL-ready (weights are prefetched before griddepcontrol.wait).
+#include "fp8_gemm_skinny.cuh"
+
+#ifndef GLM5_SKINNY_TM
+#define GLM5_SKINNY_TM 16
+#endif
+#ifndef GLM5_SKINNY_STAGES
+#define GLM5_SKINNY_STAGES 5
+#endif
+#ifndef GLM5_SKINNY_EPI
+#define GLM5_SKINNY_EPI 0
+#endif
+
+using SkinnyTile = glm5::attn_pre::skinny::SkinnyGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES, GLM5_SKINNY_EPI>;
+
+extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kThreads, 1)
+glm5_fp8_gemm_skinny(const glm5::attn_pre::skinny::SkinnyParams p) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    const int tid = threadIdx.x;
+    const auto c = SkinnyTile::coord(p, blockIdx.x, blockIdx.y, blockIdx.z);
+
+    // Independent of the previous kernel: weight stages + weight scales start streaming now.
+    SkinnyTile::prologue(p, c, smem, tid);
+    glm5::ptx::griddep_launch_dependents();
+    // Activations, their scales and every epilogue input may be the previous kernel's output.
+    glm5::ptx::griddep_wait();
+
+    float acc[SkinnyTile::kNT][4];
+    if (!SkinnyTile::mainloop(p, c, smem, tid, acc)) return;  // another split finishes this tile
+    SkinnyTile::epilogue(p, c, smem, tid, acc);
+}

@@ -1,0 +1,727 @@
+// Skinny block-scaled FP8 GEMM for decode (M <= 256 tokens) with fused epilogues.
+//
+//   y[m, n] = sum_g xs[m, g] * S[n / 128, g] * sum_{k in group g} x8[m, k] * W8[n, k]
+//
+// x8 [M, K] e4m3 + xs [M, K/128] fp32 (1x128 activation groups), W8 [N, K] e4m3 + S [ceil(N/128),
+// K/128] fp32 (128x128 weight blocks); fp32 accumulation with "promotion": every 128-wide K group
+// is summed on the tensor cores into a fresh fp32 partial, which is then scaled by xs*S and added
+// to the fp32 accumulator (spec/glm5_layer.md section 5).
+//
+// Framework-free (raw pointers; bf16 as uint16_t, e4m3 as bytes), so the tile functions can run
+// from the standalone launcher (fp8_gemm_skinny.cu) or, later, from a persistent megakernel.
+//
+// ---- Decomposition --------------------------------------------------------------------------
+// swapAB: weight rows sit on the MMA M side (16 per warp, 128 per CTA = one weight-scale block
+// row), tokens on the MMA N side (n8 tiles; kTM = 8/16/32/64 tokens per CTA), so a 1-token decode
+// wastes no weight bandwidth, only idle MMA columns. A CTA owns (n tile of 128 weight rows,
+// K split s, token block of kTM): grid = (tiles_n, splits, tiles_m). 256 threads = 8 warps; warp w
+// owns weight rows 16w .. 16w+15 of the tile for all kTM tokens.
+//
+// ---- Pipeline -------------------------------------------------------------------------------
+// One stage = one 128-wide K group: 128 x 128 B of weights (16 KB) + kTM x 128 B of activations,
+// fetched with 16-byte cp.async.cg into a kStages-deep ring (kStages-1 groups in flight ahead of
+// the MMA). The weight stages of the prologue and the weight scales are issued BEFORE
+// griddepcontrol.wait (they are not the previous kernel's output), so under PDL the HBM stream
+// starts while the producer finishes; activations and their scales are loaded after the wait.
+//
+// ---- Fragment trick (no ldmatrix, no permute) ------------------------------------------------
+// mma.m16n8k32 pairs A k-indices and B k-indices per thread; any k permutation applied to both
+// gives the same dot product. Thread (g = lane/4, t = lane%4) takes the 16 contiguous bytes
+// [16t, 16t+16) of a 64-byte K chunk for its A rows and its B token: bytes 0-7 feed one MMA,
+// bytes 8-15 the next. So every fragment is one 16-byte ld.shared.
+// MMA row g is weight row 2g and MMA row g+8 is weight row 2g+1 (of the warp's 16): each thread
+// then holds features (2f, 2f+1) for tokens (2t, 2t+1) of each n8 tile — the pair an interleaved
+// (GPT-J) RoPE rotates, and a 4-byte bf16x2 store.
+// Shared-memory tiles are 128-byte rows with the 16-byte chunk index XOR-swizzled so the 8-lane
+// phases of a 16-byte ld.shared hit 32 distinct banks: weights by bit 1 of the row (lanes of one
+// phase read rows 4q and 4q+2), activations by bit 0 (rows 2q and 2q+1).
+//
+// ---- Split-K and the epilogue ---------------------------------------------------------------
+// With splits > 1 every CTA writes its fp32 partial tile to a workspace in fragment order (each
+// thread a float4 per n8 tile: fully coalesced), fences, and bumps a per-output-tile arrival
+// counter; the LAST CTA to arrive resets the counter to 0 (so CUDA-graph replays need no memset),
+// sums all partials in split order 0..S-1 (a fixed order: the result is bitwise deterministic
+// whichever CTA arrives last), and runs the epilogue. No second kernel.
+//
+// Epilogues (kEpi):
+//   kEpiPlain      y = bf16(acc) [M, N].
+//   kEpiQkvA (B0)  bf16(acc) -> q_lora / c_kv buffers (raw) and k_pe (final); then a second-level
+//                  per-token-block counter over the n tiles: the last tile CTA to finish a token
+//                  block runs the row epilogue for its kTM tokens (RMSNorm of q_lora and c_kv in
+//                  place, 1x128 FP8 quant of q_lora). Rows need every n tile, hence the counter.
+//   kEpiQb (D0)    bf16(acc) -> q_nope, and interleaved RoPE on the trailing rope dims of each head
+//                  -> q_pe (bf16).
+//   kEpiIdxQ (D1)  bf16(acc), RoPE on the leading rope dims (kept fp32), per-(token, head) FP8 quant
+//                  (s = max(amax, 1e-4)/448), head_w = (fp32(w_raw) * c) * s. A head (<= 128
+//                  rows) lies inside one n tile, so the amax is a CTA reduction.
+//   kEpiIdxK (B1)  bf16(acc) -> LayerNorm (fp32 affine) -> RoPE leading dims -> bf16 -> per-token
+//                  FP8 quant (floor 1e-4) -> k8, scale, and the paged index-K cache store.
+// Elementwise epilogue math uses explicit _rn intrinsics in the reference's operation order (no
+// FMA contraction), so RoPE / affine results match the PyTorch reference bit for bit given the
+// same inputs; only reduction orders (GEMM sums, norms) differ.
+#pragma once
+
+#include "../common/arch.cuh"
+#include "../common/convert.cuh"
+#include "../common/pdl.cuh"
+#include "../common/ptx_cp_async.cuh"
+#include "../common/ptx_mma_fp8.cuh"
+#include "../common/vec_io.cuh"
+
+namespace glm5 {
+namespace attn_pre {
+namespace skinny {
+
+constexpr int kBlockN = 128;      // weight rows per CTA = one weight-scale block row
+constexpr int kBlockK = 128;      // K per stage = one scale group
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kWStageBytes = kBlockN * kBlockK;
+constexpr int kIndexKPage = 64;   // tokens per index-K cache page
+
+enum : int { kEpiPlain = 0, kEpiQkvA = 1, kEpiQb = 2, kEpiIdxQ = 3, kEpiIdxK = 4 };
+
+// Launch parameters. Field order is the ABI of glm5_fastpath/ops/fp8_gemm.py (_Params, a
+// ctypes.Structure): 8-byte fields first, then 4-byte fields, total a multiple of 8.
+struct SkinnyParams {
+    // GEMM operands
+    const uint8_t* w;          // [N, K] e4m3 row-major
+    const float* w_scale;      // [ceil(N/128), K/128] fp32
+    const uint8_t* x;          // [M, K] e4m3 row-major
+    const float* x_scale;      // [M, K/128] fp32 row-major
+    float* partials;           // split-K workspace (fp32), >= tiles_n*tiles_m*splits*128*kTM floats
+    int* counters;             // [tiles_n*tiles_m] split arrivals, then [tiles_m] row arrivals (B0); zero at rest
+    // outputs (by epilogue)
+    uint16_t* out_a;           // plain: y [M,N]; B0: q_lora [M,Q]; D0: q_nope [M,H,nope]
+    uint16_t* out_b;           // B0: c_kv [M,KV]; D0: q_pe [M,H,R]
+    uint16_t* out_c;           // B0: k_pe [M,R]
+    uint8_t* out_fp8;          // B0: q_lora_fp8 [M,Q]; D1: q8 [M,H,D]; B1: k8 [M,D]
+    float* out_scale;          // B0: q_lora_scale [M,Q/128]; D1: q_scale [M,H]; B1: k_scale [M]
+    float* out_head_w;         // D1: head_w [M,H]
+    uint8_t* cache;            // B1: index-K cache [pages, 64*(D+4)] bytes
+    // epilogue inputs
+    const uint16_t* norm_a;    // B0: q_a_norm [Q] bf16
+    const uint16_t* norm_b;    // B0: kv_a_norm [KV] bf16
+    const float* ln_w;         // B1: k_norm weight [D] fp32
+    const float* ln_b;         // B1: k_norm bias [D] fp32
+    const uint16_t* w_raw;     // D1: [M,H] bf16
+    const void* positions;     // [M] int32 / int64 (flags bit 0)
+    const void* slots;         // B1: out_cache_loc [M] int32 / int64 (flags bit 1)
+    const float* rope_table;   // [rope_table_len, R/2, 2] fp32 (cos, sin) of positions 0..len-1
+    int64_t rope_table_len;
+    double rope_theta;         // for positions outside the table (float64 fallback)
+    int32_t M, N, K, splits;
+    int32_t tiles_n, tiles_m;
+    int32_t dim_a;             // B0: q_lora_rank; D0/D1: head dim (nope+rope / index head dim); B1: head dim
+    int32_t dim_b;             // B0: kv_lora_rank; D0: nope dim; D1: heads
+    int32_t rope_dim;          // R (B0: k_pe width)
+    int32_t flags;             // bit 0: positions int64; bit 1: slots int64
+    float eps;                 // B0: rms eps; B1: LayerNorm eps
+    float head_w_scale;        // D1: n_heads^-0.5 * head_dim^-0.5
+};
+
+GLM5_DEVICE uint32_t swz_w(int row, int chunk) { return static_cast<uint32_t>(row * 128 + ((chunk ^ (((row >> 1) & 1) << 2)) << 4)); }
+GLM5_DEVICE uint32_t swz_x(int row, int chunk) { return static_cast<uint32_t>(row * 128 + ((chunk ^ ((row & 1) << 2)) << 4)); }
+
+GLM5_DEVICE float bf16_round(float v) { return ptx::bf16lo_to_f32(ptx::f32x2_to_bf16x2_rn(v, 0.0f)); }
+
+// Shared-memory carve-up of one CTA (dynamic smem, 128-byte aligned base).
+template <int kTM, int kStages>
+struct SkinnySmem {
+    static constexpr int kXStageBytes = kTM * kBlockK;
+    static constexpr int kOffW = 0;
+    static constexpr int kOffX = kOffW + kStages * kWStageBytes;
+    static constexpr int kOffRed = kOffX + kStages * kXStageBytes;    // float[3][kWarps][kTM]
+    static constexpr int kRedFloats = kWarps * kTM;
+    static constexpr int kOffFlag = kOffRed + 3 * kRedFloats * 4;     // int
+    static constexpr int kOffWs = kOffFlag + 16;                      // float[gmax]
+    __host__ __device__ static constexpr int off_xs(int gmax) { return kOffWs + (gmax * 4 + 15) / 16 * 16; }
+    __host__ __device__ static constexpr int bytes(int gmax) { return off_xs(gmax) + gmax * kTM * 4; }
+};
+
+template <int kTM, int kStages, int kEpi>
+struct SkinnyGemmTile {
+    static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64, "token block: 8, 16, 32 or 64");
+    static_assert(kStages >= 2 && kStages <= 8, "2..8 stages (cp.async.wait_group immediates)");
+    static constexpr int kNT = kTM / 8;  // n8 MMA tiles per warp
+    using Smem = SkinnySmem<kTM, kStages>;
+
+    // Where a CTA sits in the problem.
+    struct Coord {
+        int tile_n, split, tile_m;
+        int g_begin, nk;  // first K group and number of K groups of this split
+        int gmax;         // ceil(G / splits): smem sizing
+    };
+
+    static GLM5_DEVICE Coord coord(const SkinnyParams& p, int tile_n, int split, int tile_m) {
+        const int G = p.K / kBlockK;
+        Coord c;
+        c.tile_n = tile_n;
+        c.split = split;
+        c.tile_m = tile_m;
+        c.g_begin = static_cast<int>((static_cast<int64_t>(split) * G) / p.splits);
+        c.nk = static_cast<int>((static_cast<int64_t>(split + 1) * G) / p.splits) - c.g_begin;
+        c.gmax = (G + p.splits - 1) / p.splits;
+        return c;
+    }
+
+    // ---- loads ----------------------------------------------------------------------------
+    static GLM5_DEVICE void load_w_stage(const SkinnyParams& p, const Coord& c, uint32_t s_w, int stage, int slot,
+                                         int tid) {
+        const int n0 = c.tile_n * kBlockN;
+        const int64_t kbyte = static_cast<int64_t>(c.g_begin + stage) * kBlockK;
+        const uint32_t base = s_w + slot * kWStageBytes;
+#pragma unroll
+        for (int i = 0; i < kWStageBytes / 16 / kThreads; ++i) {
+            const int ch = tid + i * kThreads;
+            const int r = ch >> 3, cc = ch & 7;
+            const int row = n0 + r;
+            const bool ok = row < p.N;
+            const uint8_t* src = p.w + (static_cast<int64_t>(ok ? row : 0) * p.K + kbyte + cc * 16);
+            ptx::cp_async_16(base + swz_w(r, cc), src, ok ? 16u : 0u);
+        }
+    }
+
+    static GLM5_DEVICE void load_x_stage(const SkinnyParams& p, const Coord& c, uint32_t s_x, int stage, int slot,
+                                         int tid) {
+        const int m0 = c.tile_m * kTM;
+        const int64_t kbyte = static_cast<int64_t>(c.g_begin + stage) * kBlockK;
+        const uint32_t base = s_x + slot * Smem::kXStageBytes;
+#pragma unroll
+        for (int ch = tid; ch < kTM * 8; ch += kThreads) {
+            const int r = ch >> 3, cc = ch & 7;
+            const int tok = m0 + r;
+            const bool ok = tok < p.M;
+            const uint8_t* src = p.x + (static_cast<int64_t>(ok ? tok : 0) * p.K + kbyte + cc * 16);
+            ptx::cp_async_16(base + swz_x(r, cc), src, ok ? 16u : 0u);
+        }
+    }
+
+    // Before griddepcontrol.wait: weight stages 0..kStages-2 (one commit group each) and the
+    // weight scales of this split. Nothing here reads the previous kernel's output.
+    static GLM5_DEVICE void prologue(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid) {
+        const uint32_t s_w = ptx::smem_addr(smem + Smem::kOffW);
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) {
+            if (s < c.nk) load_w_stage(p, c, s_w, s, s, tid);
+            ptx::cp_async_commit();
+        }
+        float* s_ws = reinterpret_cast<float*>(smem + Smem::kOffWs);
+        const int G = p.K / kBlockK;
+        for (int i = tid; i < c.nk; i += kThreads) s_ws[i] = __ldg(p.w_scale + static_cast<int64_t>(c.tile_n) * G + c.g_begin + i);
+    }
+
+    // After griddepcontrol.wait: activations, the K loop, split-K reduction. Returns false when
+    // this CTA is not the one that finishes the tile (it then has nothing more to do).
+    static GLM5_DEVICE bool mainloop(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+                                     float (&acc)[kNT][4]) {
+        const int lane = tid & 31, warp = tid >> 5;
+        const int g = lane >> 2, t = lane & 3;
+        const uint32_t s_w = ptx::smem_addr(smem + Smem::kOffW);
+        const uint32_t s_x = ptx::smem_addr(smem + Smem::kOffX);
+        const float* s_ws = reinterpret_cast<const float*>(smem + Smem::kOffWs);
+        float* s_xs = reinterpret_cast<float*>(smem + Smem::off_xs(c.gmax));
+        const int G = p.K / kBlockK;
+        const int m0 = c.tile_m * kTM;
+
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s)
+            if (s < c.nk) load_x_stage(p, c, s_x, s, s, tid);
+        ptx::cp_async_commit();
+        for (int i = tid; i < c.nk * kTM; i += kThreads) {
+            const int gi = i / kTM, r = i % kTM;
+            const int tok = m0 + r;
+            s_xs[i] = tok < p.M ? p.x_scale[static_cast<int64_t>(tok) * G + c.g_begin + gi] : 0.0f;
+        }
+
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+
+        // Row offsets (bytes) of this thread's fragments inside a stage.
+        const int ra0 = warp * 16 + 2 * g;  // weight row 2g of the warp -> MMA row g
+        const int ra1 = ra0 + 1;            // weight row 2g+1 -> MMA row g+8
+
+        for (int it = 0; it < c.nk; ++it) {
+            // Groups committed so far: (kStages-1) weight groups + 1 activation group + it loop groups.
+            // Stage it is complete once at most min(it, kStages-2) groups are pending.
+            ptx::cp_async_wait_dyn(it < kStages - 2 ? it : kStages - 2);
+            __syncthreads();  // stage `it` visible to all warps; slot (it-1) % kStages free
+            {
+                const int nxt = it + kStages - 1;
+                if (nxt < c.nk) {
+                    const int slot = nxt % kStages;
+                    load_w_stage(p, c, s_w, nxt, slot, tid);
+                    load_x_stage(p, c, s_x, nxt, slot, tid);
+                }
+                ptx::cp_async_commit();
+            }
+            const int slot = it % kStages;
+            const uint32_t w_st = s_w + slot * kWStageBytes;
+            const uint32_t x_st = s_x + slot * Smem::kXStageBytes;
+
+            float part[kNT][4];
+#pragma unroll
+            for (int j = 0; j < kNT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) part[j][e] = 0.0f;
+
+#pragma unroll
+            for (int kc = 0; kc < 2; ++kc) {  // two 64-byte K chunks per 128-byte stage row
+                const int chunk = kc * 4 + t;
+                uint32_t a0[4], a1[4];
+                ptx::lds_v4(w_st + swz_w(ra0, chunk), a0[0], a0[1], a0[2], a0[3]);
+                ptx::lds_v4(w_st + swz_w(ra1, chunk), a1[0], a1[1], a1[2], a1[3]);
+#pragma unroll
+                for (int j = 0; j < kNT; ++j) {
+                    uint32_t b[4];
+                    ptx::lds_v4(x_st + swz_x(j * 8 + g, chunk), b[0], b[1], b[2], b[3]);
+                    ptx::mma_m16n8k32_e4m3(part[j], a0[0], a1[0], a0[1], a1[1], b[0], b[1]);
+                    ptx::mma_m16n8k32_e4m3(part[j], a0[2], a1[2], a0[3], a1[3], b[2], b[3]);
+                }
+            }
+            // Promotion: acc += partial * (xs[token, g] * S[tile, g]).
+            const float ws = s_ws[it];
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+                const float s0 = s_xs[it * kTM + j * 8 + 2 * t] * ws;
+                const float s1 = s_xs[it * kTM + j * 8 + 2 * t + 1] * ws;
+                acc[j][0] = fmaf(part[j][0], s0, acc[j][0]);
+                acc[j][1] = fmaf(part[j][1], s1, acc[j][1]);
+                acc[j][2] = fmaf(part[j][2], s0, acc[j][2]);
+                acc[j][3] = fmaf(part[j][3], s1, acc[j][3]);
+            }
+        }
+        ptx::cp_async_wait<0>();  // nothing may be in flight into smem when the CTA moves on / exits
+
+        if (p.splits == 1) return true;
+
+        // ---- split-K: publish the partial, count arrivals; the last CTA reduces ----
+        const int tile = c.tile_m * p.tiles_n + c.tile_n;
+        const int64_t tile_base = static_cast<int64_t>(tile) * p.splits;
+        float* mine = p.partials + ((((tile_base + c.split) * kWarps + warp) * kNT) * 32 + lane) * 4;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+            ptx::st_cg_f32x4(mine + j * 32 * 4, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
+        __threadfence();
+        __syncthreads();
+        int* s_flag = reinterpret_cast<int*>(smem + Smem::kOffFlag);
+        if (tid == 0) {
+            const int old = atomicAdd(p.counters + tile, 1);
+            const int last = old == p.splits - 1;
+            if (last) atomicExch(p.counters + tile, 0);  // self-reset for the next launch / graph replay
+            *s_flag = last;
+        }
+        __syncthreads();
+        if (!*s_flag) return false;
+        __threadfence();
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+        for (int s = 0; s < p.splits; ++s) {  // fixed order: deterministic
+            const float* src = p.partials + ((((tile_base + s) * kWarps + warp) * kNT) * 32 + lane) * 4;
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+                const float4 v = ptx::ld_cg_f32x4(src + j * 32 * 4);
+                acc[j][0] += v.x;
+                acc[j][1] += v.y;
+                acc[j][2] += v.z;
+                acc[j][3] += v.w;
+            }
+        }
+        return true;
+    }
+
+    // ---- epilogue helpers -----------------------------------------------------------------
+    // acc[j][e]: feature f = tile_n*128 + 16*warp + 2g + (e >> 1), token m = tile_m*kTM + 8j + 2t + (e & 1).
+
+    static GLM5_DEVICE int64_t load_index(const void* base, bool is64, int i) {
+        return is64 ? reinterpret_cast<const int64_t*>(base)[i] : static_cast<int64_t>(reinterpret_cast<const int32_t*>(base)[i]);
+    }
+
+    // (cos, sin) of rope pair i at position pos: the host table (bitwise the reference's values),
+    // or the reference formula in float64 for positions outside it.
+    static GLM5_DEVICE float2 rope_cs(const SkinnyParams& p, int64_t pos, int i) {
+        if (pos >= 0 && pos < p.rope_table_len)
+            return __ldg(reinterpret_cast<const float2*>(p.rope_table) + (pos * (p.rope_dim / 2) + i));
+        const double inv = 1.0 / pow(p.rope_theta, static_cast<double>(2 * i) / static_cast<double>(p.rope_dim));
+        const double ang = static_cast<double>(pos) * inv;
+        return make_float2(static_cast<float>(cos(ang)), static_cast<float>(sin(ang)));
+    }
+
+    // out[2i] = x0*c - x1*s, out[2i+1] = x1*c + x0*s (each product rounded, as the reference).
+    static GLM5_DEVICE void rope_pair(float& x0, float& x1, float2 cs) {
+        const float o0 = __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
+        const float o1 = __fadd_rn(__fmul_rn(x1, cs.x), __fmul_rn(x0, cs.y));
+        x0 = o0;
+        x1 = o1;
+    }
+
+    // Per token of the CTA: reduce v[j][e] (e = token parity) over the 16 features of each warp
+    // (lanes with the same t), then over warps [w0, w0 + nw) through smem buffer `buf`.
+    template <bool kMax>
+    static GLM5_DEVICE void cta_reduce(float (&v)[kNT][2], float* red, int w0, int nw, int tid) {
+        const int lane = tid & 31, warp = tid >> 5, t = lane & 3;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float x = v[j][e];
+#pragma unroll
+                for (int off = 4; off < 32; off <<= 1) {
+                    const float y = __shfl_xor_sync(0xffffffffu, x, off);
+                    x = kMax ? fmaxf(x, y) : x + y;
+                }
+                v[j][e] = x;
+            }
+        if ((lane >> 2) == 0) {
+#pragma unroll
+            for (int j = 0; j < kNT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) red[warp * kTM + j * 8 + 2 * t + e] = v[j][e];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float x = red[w0 * kTM + j * 8 + 2 * t + e];
+                for (int w = 1; w < nw; ++w) {
+                    const float y = red[(w0 + w) * kTM + j * 8 + 2 * t + e];
+                    x = kMax ? fmaxf(x, y) : x + y;
+                }
+                v[j][e] = x;
+            }
+    }
+
+    // ---- epilogues ------------------------------------------------------------------------
+    static GLM5_DEVICE void epilogue(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+                                     float (&acc)[kNT][4]) {
+        if constexpr (kEpi == kEpiPlain) {
+            epi_plain(p, c, tid, acc);
+        } else if constexpr (kEpi == kEpiQkvA) {
+            epi_qkv_a(p, c, smem, tid, acc);
+        } else if constexpr (kEpi == kEpiQb) {
+            epi_q_b(p, c, tid, acc);
+        } else if constexpr (kEpi == kEpiIdxQ) {
+            epi_idx_q(p, c, smem, tid, acc);
+        } else {
+            epi_idx_k(p, c, smem, tid, acc);
+        }
+    }
+
+    static GLM5_DEVICE void epi_plain(const SkinnyParams& p, const Coord& c, int tid, float (&acc)[kNT][4]) {
+        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        const int f = c.tile_n * kBlockN + warp * 16 + 2 * g;
+        if (f >= p.N) return;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int m = c.tile_m * kTM + j * 8 + 2 * t + e;
+                if (m < p.M)
+                    *reinterpret_cast<uint32_t*>(p.out_a + static_cast<int64_t>(m) * p.N + f) =
+                        ptx::f32x2_to_bf16x2_rn(acc[j][e], acc[j][e + 2]);
+            }
+    }
+
+    // B0, part 1 (every tile): raw bf16 GEMM output to q_lora / c_kv (normalised in place later)
+    // and k_pe (final). Part 2 (the last tile of a token block): the row epilogue.
+    static GLM5_DEVICE void epi_qkv_a(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+                                      float (&acc)[kNT][4]) {
+        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        const int Q = p.dim_a, KV = p.dim_b, R = p.rope_dim;
+        const int f = c.tile_n * kBlockN + warp * 16 + 2 * g;
+        if (f < p.N) {
+#pragma unroll
+            for (int j = 0; j < kNT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int64_t m = c.tile_m * kTM + j * 8 + 2 * t + e;
+                    if (m >= p.M) continue;
+                    const uint32_t v = ptx::f32x2_to_bf16x2_rn(acc[j][e], acc[j][e + 2]);
+                    uint16_t* dst = f < Q ? p.out_a + m * Q + f
+                                  : f < Q + KV ? p.out_b + m * KV + (f - Q)
+                                               : p.out_c + m * R + (f - Q - KV);
+                    *reinterpret_cast<uint32_t*>(dst) = v;
+                }
+        }
+        // Second-level arrival: the last n tile of this token block runs the row epilogue.
+        __threadfence();
+        __syncthreads();
+        int* s_flag = reinterpret_cast<int*>(smem + Smem::kOffFlag);
+        if (tid == 0) {
+            int* cnt = p.counters + p.tiles_n * p.tiles_m + c.tile_m;
+            const int old = atomicAdd(cnt, 1);
+            const int last = old == p.tiles_n - 1;
+            if (last) atomicExch(cnt, 0);
+            *s_flag = last;
+        }
+        __syncthreads();
+        if (!*s_flag) return;
+        __threadfence();
+        const int m_end = min(p.M, (c.tile_m + 1) * kTM);
+        for (int m = c.tile_m * kTM + warp; m < m_end; m += kWarps) qkv_a_row(p, m, lane);
+    }
+
+    // One token row of B0 by one warp: q_lora = RMSNorm(raw q) (in place), c_kv = RMSNorm(raw kv)
+    // (in place), q_lora_fp8 / q_lora_scale = 1x128 quant of the bf16 q_lora.
+    // Vector v (8 bf16) of a row belongs to lane v % 32; a 128-column group = 16 vectors = a half warp.
+    static constexpr int kMaxQVecsPerLane = 8;   // q_lora_rank <= 2048
+    static constexpr int kMaxKvVecsPerLane = 2;  // kv_lora_rank <= 512
+
+    static GLM5_DEVICE void qkv_a_row(const SkinnyParams& p, int64_t m, int lane) {
+        const int Q = p.dim_a, KV = p.dim_b;
+        const int nq = Q / 8, nkv = KV / 8;
+        uint16_t* qrow = p.out_a + m * Q;
+        uint16_t* kvrow = p.out_b + m * KV;
+        uint32_t qv[kMaxQVecsPerLane][4], kv[kMaxKvVecsPerLane][4];
+        float ssq = 0.0f, ssk = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kMaxQVecsPerLane; ++i) {
+            const int v = i * 32 + lane;
+            if (v < nq) ptx::ld_cg_v4(qrow + v * 8, qv[i][0], qv[i][1], qv[i][2], qv[i][3]);
+            else qv[i][0] = qv[i][1] = qv[i][2] = qv[i][3] = 0u;
+        }
+#pragma unroll
+        for (int i = 0; i < kMaxKvVecsPerLane; ++i) {
+            const int v = i * 32 + lane;
+            if (v < nkv) ptx::ld_cg_v4(kvrow + v * 8, kv[i][0], kv[i][1], kv[i][2], kv[i][3]);
+            else kv[i][0] = kv[i][1] = kv[i][2] = kv[i][3] = 0u;
+        }
+#pragma unroll
+        for (int i = 0; i < kMaxQVecsPerLane; ++i)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const float a = ptx::bf16lo_to_f32(qv[i][w]), b = ptx::bf16hi_to_f32(qv[i][w]);
+                ssq = fmaf(a, a, ssq);
+                ssq = fmaf(b, b, ssq);
+            }
+#pragma unroll
+        for (int i = 0; i < kMaxKvVecsPerLane; ++i)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const float a = ptx::bf16lo_to_f32(kv[i][w]), b = ptx::bf16hi_to_f32(kv[i][w]);
+                ssk = fmaf(a, a, ssk);
+                ssk = fmaf(b, b, ssk);
+            }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            ssq += __shfl_xor_sync(0xffffffffu, ssq, off);
+            ssk += __shfl_xor_sync(0xffffffffu, ssk, off);
+        }
+        const float rq = 1.0f / sqrtf(ssq / static_cast<float>(Q) + p.eps);
+        const float rk = 1.0f / sqrtf(ssk / static_cast<float>(KV) + p.eps);
+
+        uint8_t* q8row = p.out_fp8 + m * Q;
+        float* qsrow = p.out_scale + m * (Q / 128);
+#pragma unroll
+        for (int i = 0; i < kMaxQVecsPerLane; ++i) {
+            if (i * 32 >= nq) break;  // warp-uniform
+            const int v = i * 32 + lane;
+            const bool ok = v < nq;
+            float y[8];
+            float amax = 0.0f;
+            ptx::u32x4 out;
+            uint32_t* ow = &out.x;
+            if (ok) {
+                const ptx::u32x4 gm = ptx::ld_global_nc_v4(p.norm_a + v * 8);
+                const uint32_t* gw = &gm.x;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    const float a = __fmul_rn(__fmul_rn(ptx::bf16lo_to_f32(qv[i][w]), rq), ptx::bf16lo_to_f32(gw[w]));
+                    const float b = __fmul_rn(__fmul_rn(ptx::bf16hi_to_f32(qv[i][w]), rq), ptx::bf16hi_to_f32(gw[w]));
+                    ow[w] = ptx::f32x2_to_bf16x2_rn(a, b);
+                    y[2 * w] = ptx::bf16lo_to_f32(ow[w]);
+                    y[2 * w + 1] = ptx::bf16hi_to_f32(ow[w]);
+                    amax = fmaxf(amax, fmaxf(fabsf(y[2 * w]), fabsf(y[2 * w + 1])));
+                }
+                ptx::st_global_v4(qrow + v * 8, out);
+            } else {
+#pragma unroll
+                for (int w = 0; w < 8; ++w) y[w] = 0.0f;
+            }
+#pragma unroll
+            for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+            const float s = fmaxf(amax, 1e-10f) / 448.0f;
+            if (ok) {
+                uint32_t q[2];
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    const uint32_t lo = ptx::f32x2_to_e4m3x2_satfinite(y[4 * w] / s, y[4 * w + 1] / s);
+                    const uint32_t hi = ptx::f32x2_to_e4m3x2_satfinite(y[4 * w + 2] / s, y[4 * w + 3] / s);
+                    q[w] = lo | (hi << 16);
+                }
+                ptx::st_global_v2(q8row + v * 8, q[0], q[1]);
+                if ((lane & 15) == 0) qsrow[v / 16] = s;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kMaxKvVecsPerLane; ++i) {
+            const int v = i * 32 + lane;
+            if (v >= nkv) continue;
+            const ptx::u32x4 gm = ptx::ld_global_nc_v4(p.norm_b + v * 8);
+            const uint32_t* gw = &gm.x;
+            ptx::u32x4 out;
+            uint32_t* ow = &out.x;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const float a = __fmul_rn(__fmul_rn(ptx::bf16lo_to_f32(kv[i][w]), rk), ptx::bf16lo_to_f32(gw[w]));
+                const float b = __fmul_rn(__fmul_rn(ptx::bf16hi_to_f32(kv[i][w]), rk), ptx::bf16hi_to_f32(gw[w]));
+                ow[w] = ptx::f32x2_to_bf16x2_rn(a, b);
+            }
+            ptx::st_global_v4(kvrow + v * 8, out);
+        }
+    }
+
+    // D0: q = bf16(acc) viewed [M, H, hd]; dims < nope -> q_nope; dims >= nope -> RoPE -> q_pe.
+    static GLM5_DEVICE void epi_q_b(const SkinnyParams& p, const Coord& c, int tid, float (&acc)[kNT][4]) {
+        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        const int hd = p.dim_a, nope = p.dim_b, R = p.rope_dim;
+        const int H = p.N / hd;
+        const int f = c.tile_n * kBlockN + warp * 16 + 2 * g;
+        if (f >= p.N) return;
+        const int head = f / hd, d = f - head * hd;
+        const bool rope = d >= nope;
+        const bool pos64 = p.flags & 1;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int64_t m = c.tile_m * kTM + j * 8 + 2 * t + e;
+                if (m >= p.M) continue;
+                float x0 = bf16_round(acc[j][e]), x1 = bf16_round(acc[j][e + 2]);
+                if (rope) {
+                    rope_pair(x0, x1, rope_cs(p, load_index(p.positions, pos64, static_cast<int>(m)), (d - nope) >> 1));
+                    *reinterpret_cast<uint32_t*>(p.out_b + (m * H + head) * R + (d - nope)) = ptx::f32x2_to_bf16x2_rn(x0, x1);
+                } else {
+                    *reinterpret_cast<uint32_t*>(p.out_a + (m * H + head) * nope + d) = ptx::f32x2_to_bf16x2_rn(x0, x1);
+                }
+            }
+    }
+
+    // D1: q = bf16(acc) viewed [M, H, D]; RoPE on dims < R in fp32 (no rounding after);
+    // per (token, head) s = max(amax, 1e-4)/448, q8 = e4m3(q / s); head_w = (fp32(w_raw) * c) * s.
+    static GLM5_DEVICE void epi_idx_q(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+                                      float (&acc)[kNT][4]) {
+        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        const int D = p.dim_a, H = p.dim_b, R = p.rope_dim;
+        const int f = c.tile_n * kBlockN + warp * 16 + 2 * g;  // N = H*D is a multiple of 128 (checked on the host)
+        const int head = f / D, d = f - head * D;
+        const bool pos64 = p.flags & 1;
+        float x[kNT][4];
+        float am[kNT][2];
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int m = c.tile_m * kTM + j * 8 + 2 * t + e;
+                float x0 = bf16_round(acc[j][e]), x1 = bf16_round(acc[j][e + 2]);
+                if (d < R && m < p.M) rope_pair(x0, x1, rope_cs(p, load_index(p.positions, pos64, m), d >> 1));
+                x[j][e] = x0;
+                x[j][e + 2] = x1;
+                am[j][e] = fmaxf(fabsf(x0), fabsf(x1));
+            }
+        const int wph = D / 16;  // warps per head
+        float* red = reinterpret_cast<float*>(smem + Smem::kOffRed);
+        cta_reduce<true>(am, red, (warp / wph) * wph, wph, tid);
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int64_t m = c.tile_m * kTM + j * 8 + 2 * t + e;
+                if (m >= p.M) continue;
+                const float s = fmaxf(am[j][e], 1e-4f) / 448.0f;
+                const uint16_t q = ptx::f32x2_to_e4m3x2_satfinite(x[j][e] / s, x[j][e + 2] / s);
+                *reinterpret_cast<uint16_t*>(p.out_fp8 + (m * H + head) * D + d) = q;
+                if (d == 0) {
+                    const float wr = ptx::bf16lo_to_f32(static_cast<uint32_t>(p.w_raw[m * H + head]));
+                    p.out_scale[m * H + head] = s;
+                    p.out_head_w[m * H + head] = __fmul_rn(__fmul_rn(wr, p.head_w_scale), s);
+                }
+            }
+    }
+
+    // B1: key = bf16(acc) [M, D] (N = D <= 128: one tile); LayerNorm (fp32 affine); RoPE on dims < R;
+    // bf16; s = max(amax, 1e-4)/448; k8 = e4m3(k / s); store k8, s and the index-K cache entry.
+    static GLM5_DEVICE void epi_idx_k(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+                                      float (&acc)[kNT][4]) {
+        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        const int D = p.dim_a, R = p.rope_dim;
+        const int nw = D / 16;  // warps holding real features
+        const int d = warp * 16 + 2 * g;
+        const bool pos64 = p.flags & 1, slot64 = p.flags & 2;
+        float* red = reinterpret_cast<float*>(smem + Smem::kOffRed);
+        float x[kNT][4];
+        float r[kNT][2];
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                x[j][e] = bf16_round(acc[j][e]);
+                x[j][e + 2] = bf16_round(acc[j][e + 2]);
+                r[j][e] = __fadd_rn(x[j][e], x[j][e + 2]);
+            }
+        cta_reduce<false>(r, red, 0, nw, tid);  // warps >= nw hold zeros and are not summed
+        float mean[kNT][2];
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                mean[j][e] = r[j][e] / static_cast<float>(D);
+                const float d0 = __fsub_rn(x[j][e], mean[j][e]), d1 = __fsub_rn(x[j][e + 2], mean[j][e]);
+                r[j][e] = __fadd_rn(__fmul_rn(d0, d0), __fmul_rn(d1, d1));
+            }
+        cta_reduce<false>(r, red + Smem::kRedFloats, 0, nw, tid);
+        const bool live = warp < nw;
+        float lw0 = 0.f, lw1 = 0.f, lb0 = 0.f, lb1 = 0.f;
+        if (live) {
+            lw0 = p.ln_w[d];
+            lw1 = p.ln_w[d + 1];
+            lb0 = p.ln_b[d];
+            lb1 = p.ln_b[d + 1];
+        }
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int m = c.tile_m * kTM + j * 8 + 2 * t + e;
+                const float rstd = 1.0f / sqrtf(r[j][e] / static_cast<float>(D) + p.eps);
+                float k0 = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[j][e], mean[j][e]), rstd), lw0), lb0);
+                float k1 = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[j][e + 2], mean[j][e]), rstd), lw1), lb1);
+                if (live && d < R && m < p.M) rope_pair(k0, k1, rope_cs(p, load_index(p.positions, pos64, m), d >> 1));
+                k0 = live ? bf16_round(k0) : 0.0f;
+                k1 = live ? bf16_round(k1) : 0.0f;
+                x[j][e] = k0;
+                x[j][e + 2] = k1;
+                r[j][e] = fmaxf(fabsf(k0), fabsf(k1));
+            }
+        cta_reduce<true>(r, red + 2 * Smem::kRedFloats, 0, nw, tid);
+        if (!live) return;
+        const int64_t page_bytes = static_cast<int64_t>(kIndexKPage) * (D + 4);
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int m = c.tile_m * kTM + j * 8 + 2 * t + e;
+                if (m >= p.M) continue;
+                const float s = fmaxf(r[j][e], 1e-4f) / 448.0f;
+                const uint16_t q = ptx::f32x2_to_e4m3x2_satfinite(x[j][e] / s, x[j][e + 2] / s);
+                *reinterpret_cast<uint16_t*>(p.out_fp8 + static_cast<int64_t>(m) * D + d) = q;
+                const int64_t slot = load_index(p.slots, slot64, m);
+                uint8_t* page = p.cache + (slot / kIndexKPage) * page_bytes;
+                const int64_t off = slot % kIndexKPage;
+                *reinterpret_cast<uint16_t*>(page + off * D + d) = q;
+                if (d == 0) {
+                    p.out_scale[m] = s;
+                    *reinterpret_cast<float*>(page + static_cast<int64_t>(kIndexKPage) * D + off * 4) = s;
+                }
+            }
+    }
+};
+
+}  // namespace skinny
+}  // namespace attn_pre
+}  // namespace glm5

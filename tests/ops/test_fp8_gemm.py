@@ -1,0 +1,525 @@
+"""Skinny FP8 GEMM family (glm5_fastpath.ops.fp8_gemm) against glm5_fastpath.ref.
+
+CPU tests (top): the config heuristic, the kernel ABI size, input validation and the fake
+implementations. GPU tests (marked gpu): every op against the reference with the same FP8 inputs
+at the GLM-5 dims and M in {1, 2, 3, 8, 16, 31, 64, 128, 256}, into poisoned outputs; split-K
+determinism; the index-K cache changes only at the target slots; PDL with a late producer;
+CUDA-graph capture + replay with changing inputs; the small preset; error cases.
+
+Bars: GEMM outputs and everything rounded to bf16 -> kind "bf16" (the kernel sums in another
+order than torch, so a rare bf16 rounding flips); FP8 outputs are compared dequantized against the
+reference's dequantized FP8 with kind "fp8_same_quant" (a flipped bf16 / fp32 input may move one
+e4m3 ulp); the untouched cache bytes must be bitwise equal.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib
+
+import pytest
+import torch
+
+from glm5_fastpath.config import Glm5Config
+from glm5_fastpath.ref import fp8 as rfp8
+from glm5_fastpath.ref import prefix as ref
+from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_no_poison, poison_
+
+F = importlib.import_module("glm5_fastpath.ops.fp8_gemm")
+BF16 = torch.bfloat16
+FP8 = torch.float8_e4m3fn
+M_VALUES = [1, 2, 3, 8, 16, 31, 64, 128, 256]
+GLM5 = Glm5Config.preset("glm5")
+SMALL = Glm5Config.preset("small")
+
+
+# ---- CPU: heuristic ---------------------------------------------------------------------------------
+
+def _shapes(cfg):
+    return [(F.EPI_QKV_A, cfg.qkv_a_out, cfg.hidden_size), (F.EPI_Q_B, cfg.num_attention_heads * cfg.qk_head_dim, cfg.q_lora_rank),
+            (F.EPI_IDX_Q, cfg.index_n_heads * cfg.index_head_dim, cfg.q_lora_rank), (F.EPI_IDX_K, cfg.index_head_dim, cfg.hidden_size),
+            (F.EPI_PLAIN, cfg.qkv_a_out, cfg.hidden_size), (F.EPI_PLAIN, 128, cfg.hidden_size)]
+
+
+@pytest.mark.parametrize("cfg", [GLM5, SMALL], ids=["glm5", "small"])
+def test_config_valid_for_every_m(cfg):
+    for epi, n, k in _shapes(cfg):
+        for m in range(1, 257):
+            c = F.config_for(m, n, k, epi)
+            ctx = f"{epi=} {m=} {n=} {k=} -> {c}"
+            assert c.tm in F.TOKEN_BLOCKS and c.tiles_m * c.tm >= m, ctx
+            assert 1 <= c.splits <= k // 128 and c.gmax * c.splits >= k // 128, ctx
+            assert c.smem_bytes <= 227 * 1024, ctx
+            assert c.partial_floats * 4 <= F.WORKSPACE_CAP_BYTES, ctx
+            assert c.stages == F.STAGES[c.tm], ctx
+            assert c.tm == 8 or c.tm // 2 < m, ctx  # never a block twice too large
+
+
+def test_config_choices_glm5_decode():
+    """The choices the performance reasoning relies on (M=16, 132 SMs)."""
+    qkv = F.config_for(16, 2624, 6144, F.EPI_QKV_A)
+    assert qkv.tm == 16 and qkv.splits >= 4 and 84 <= qkv.ctas <= 132, qkv.describe()
+    qb = F.config_for(16, 16384, 2048, F.EPI_Q_B)
+    assert qb.splits == 1 and qb.ctas == 128, qb.describe()
+    wq = F.config_for(16, 4096, 2048, F.EPI_IDX_Q)
+    assert wq.splits >= 3 and wq.ctas >= 96, wq.describe()
+    wk = F.config_for(16, 128, 6144, F.EPI_IDX_K)
+    assert wk.splits >= 8, wk.describe()
+    one = F.config_for(1, 2624, 6144, F.EPI_PLAIN)
+    assert one.tm == 8, one.describe()
+
+
+def test_print_configs(monkeypatch, capsys):
+    monkeypatch.setenv("GLM5_FASTPATH_PRINT_CONFIGS", "1")
+    from glm5_fastpath.jit import env
+    c = F.config_for(5, 2624, 6144, F.EPI_PLAIN)
+    env.print_config("fp8_gemm_skinny", {"M": 5, "N": 2624, "K": 6144, "test": id(c)}, c.describe())
+    assert "tm=" in capsys.readouterr().err
+
+
+def test_params_abi_size():
+    assert F.PARAMS_BYTES == 232 and ctypes.sizeof(F._Params) % 8 == 0
+
+
+def test_smem_formula_matches_header():
+    c = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 6, 6)
+    assert c.gmax == 8
+    assert c.smem_bytes == 6 * 16384 + 6 * 16 * 128 + 3 * 8 * 16 * 4 + 16 + 32 + 8 * 16 * 4
+
+
+# ---- CPU: validation + fake -------------------------------------------------------------------------
+
+def _cpu_gemm_inputs(m=4, n=256, k=512):
+    x8 = torch.zeros(m, k, dtype=FP8)
+    xs = torch.ones(m, k // 128)
+    w = torch.zeros(n, k, dtype=FP8)
+    ws = torch.ones(-(-n // 128), k // 128)
+    return x8, xs, w, ws
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda x8, xs, w, ws: (x8.float(), xs, w, ws), "x_fp8 must be float8_e4m3fn"),
+    (lambda x8, xs, w, ws: (x8, xs[:, :2].contiguous(), w, ws), "x_scale must have shape"),
+    (lambda x8, xs, w, ws: (x8, xs, w[:, :384].contiguous(), ws), "weight must have shape"),
+    (lambda x8, xs, w, ws: (x8, xs, w, ws[:1]), "scale_inv must have shape"),
+    (lambda x8, xs, w, ws: (torch.zeros(300, 512, dtype=FP8), torch.ones(300, 4), w, ws), "exceeds the decode limit"),
+    (lambda x8, xs, w, ws: (x8, xs.t().contiguous().t(), w, ws), "must be contiguous"),
+    (lambda x8, xs, w, ws: (x8, xs, w, ws), "CUDA device"),
+])
+def test_bad_inputs_raise_naming_the_op(mutate, match):
+    x8, xs, w, ws = mutate(*_cpu_gemm_inputs())
+    with pytest.raises(ValueError, match=match) as ei:
+        F.fp8_gemm_skinny(x8, xs, rfp8_linear(w, ws))
+    assert "glm5_fastpath.fp8_gemm_skinny" in str(ei.value)
+
+
+def rfp8_linear(w, ws):
+    from glm5_fastpath.weights import Fp8Linear
+    return Fp8Linear(w, ws)
+
+
+def test_config_rejects_bad_problem():
+    with pytest.raises(ValueError, match="M=0"):
+        F.config_for(0, 128, 128)
+    with pytest.raises(ValueError, match="K=100"):
+        F.config_for(1, 128, 100)
+    with pytest.raises(ValueError, match="N=7"):
+        F.config_for(1, 7, 128)
+
+
+def test_b1_rejects_bf16_gemm_and_missing_indexer():
+    x8, xs, _, _ = _cpu_gemm_inputs(k=512)
+    pos = torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="only gemm='fp8'"):
+        F.b1_indexer_k(None, x8, xs, object(), pos, pos, torch.zeros(1, 64 * 68, dtype=torch.uint8), SMALL, gemm="bf16")
+    with pytest.raises(ValueError, match="no indexer"):
+        F.b1_indexer_k(None, x8, xs, None, pos, pos, torch.zeros(1, 64 * 68, dtype=torch.uint8), SMALL)
+    with pytest.raises(ValueError, match="no indexer"):
+        F.d1_indexer_q(x8, xs, torch.zeros(4, 4, dtype=BF16), None, pos, SMALL)
+
+
+def test_dims_checks():
+    with pytest.raises(ValueError, match="head_dim=96"):
+        F._check_head_dims(F.EPI_IDX_Q, 96 * 4, 4, 96, 32)
+    with pytest.raises(ValueError, match="q_lora_rank=200"):
+        F._check_qkv_a_dims(200, 128, 32, 360)
+
+
+def test_fake_shapes_meta():
+    m, c = 5, GLM5
+    dev = "meta"
+    x8 = torch.empty(m, c.hidden_size, dtype=FP8, device=dev)
+    xs = torch.empty(m, c.hidden_size // 128, device=dev)
+    w = torch.empty(c.qkv_a_out, c.hidden_size, dtype=FP8, device=dev)
+    ws = torch.empty(21, 48, device=dev)
+    y = torch.ops.glm5_fastpath.fp8_gemm_skinny(x8, xs, w, ws, True)
+    assert tuple(y.shape) == (m, c.qkv_a_out) and y.dtype == BF16
+    outs = torch.ops.glm5_fastpath.fp8_qkv_a(x8, xs, w, ws, torch.empty(2048, dtype=BF16, device=dev),
+                                             torch.empty(512, dtype=BF16, device=dev), 2048, 512, 64, 1e-5, True)
+    assert [tuple(o.shape) for o in outs] == [(m, 2048), (m, 2048), (m, 16), (m, 512), (m, 64)]
+    ql8 = torch.empty(m, 2048, dtype=FP8, device=dev)
+    qls = torch.empty(m, 16, device=dev)
+    pos = torch.empty(m, dtype=torch.int64, device=dev)
+    tab = torch.empty(10, 32, 2, device=dev)
+    qn, qp = torch.ops.glm5_fastpath.fp8_q_b_rope(ql8, qls, torch.empty(16384, 2048, dtype=FP8, device=dev),
+                                                  torch.empty(128, 16, device=dev), pos, tab, 64, 192, 64, 1e6, True)
+    assert tuple(qn.shape) == (m, 64, 192) and tuple(qp.shape) == (m, 64, 64)
+    q8, s, hw = torch.ops.glm5_fastpath.fp8_indexer_q(ql8, qls, torch.empty(4096, 2048, dtype=FP8, device=dev),
+                                                      torch.empty(32, 16, device=dev), torch.empty(m, 32, dtype=BF16, device=dev),
+                                                      pos, tab, 32, 128, 64, 0.0156, 1e6, True)
+    assert tuple(q8.shape) == (m, 32, 128) and tuple(s.shape) == (m, 32) and tuple(hw.shape) == (m, 32)
+
+
+# ---- GPU fixtures ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def layer():
+    from glm5_fastpath.weights import random_layer
+    return random_layer(GLM5, 3, 1234, device="cuda")
+
+
+@pytest.fixture(scope="module")
+def small_layer():
+    from glm5_fastpath.weights import random_layer
+    return random_layer(SMALL, 1, 99, device="cuda")
+
+
+@pytest.fixture
+def no_pdl_override(monkeypatch):
+    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
+
+
+def make_x(m, cfg, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, cfg.hidden_size, generator=g) * (1 + 3 * torch.rand(1, cfg.hidden_size, generator=g) ** 8)
+    x = x.to(BF16).cuda()
+    x8, xs = rfp8.quant_act_per_token(x)
+    return x, x8, xs
+
+
+def make_positions(m, cfg, seed, dtype=torch.int64):
+    g = torch.Generator().manual_seed(seed + 1)
+    pos = torch.randint(0, cfg.max_position_embeddings, (m,), generator=g)
+    if m >= 3:
+        pos[1] = 0
+        pos[2] = cfg.max_position_embeddings + 12345  # outside the table: float64 fallback on the device
+    return pos.to(dtype).cuda()
+
+
+def q_lora_inputs(m, cfg, lw, seed):
+    _, x8, xs = make_x(m, cfg, seed)
+    r = ref.b0_qkv_a(x8, xs, lw.attn, cfg)
+    return r["q_lora_fp8"], r["q_lora_scale"]
+
+
+def deq_rows(q8, s):
+    return q8.float() * s.unsqueeze(-1).float()
+
+
+# ---- GPU: each op vs the reference ---------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", M_VALUES)
+def test_plain_gemm_matches_reference(m, layer, no_pdl_override):
+    c = GLM5
+    _, x8, xs = make_x(m, c, 10 + m)
+    for lin, name in ((layer.attn.qkv_a, "qkv_a"), (layer.attn.q_b, "q_b"), (layer.attn.indexer.wk, "wk")):
+        if lin.weight.shape[1] != x8.shape[1]:
+            x8b, xsb = q_lora_inputs(m, c, layer, 20 + m)
+        else:
+            x8b, xsb = x8, xs
+        y = F.fp8_gemm_skinny(x8b, xsb, lin)
+        want = rfp8.block_fp8_linear(x8b, xsb, lin.weight, lin.scale_inv)
+        torch.cuda.synchronize()
+        assert_no_poison("fp8_gemm_skinny", y, names=[name])
+        assert_close("fp8_gemm_skinny", y, want.to(BF16), kind="bf16", context=f"{name} {m=}")
+        assert_close("fp8_gemm_skinny", y.float(), want, tol=5e-3, context=f"{name} {m=} vs fp32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [3, 16, 64, 256])
+def test_split_k_deterministic_and_pdl_off_equal(m, layer):
+    _, x8, xs = make_x(m, GLM5, 30 + m)
+    for lin in (layer.attn.qkv_a, layer.attn.indexer.wk):
+        a = F.fp8_gemm_skinny(x8, xs, lin)
+        b = F.fp8_gemm_skinny(x8, xs, lin)
+        c = F.fp8_gemm_skinny(x8, xs, lin, pdl=False)
+        torch.cuda.synchronize()
+        assert_equal("fp8_gemm_skinny", a, b, context=f"run twice {m=}")
+        assert_equal("fp8_gemm_skinny", a, c, context=f"pdl off {m=}")
+
+
+def check_b0(got, want, ctx):
+    assert set(got) == set(want)
+    assert_no_poison("b0_qkv_a", *got.values(), names=list(got))
+    for k in ("q_lora", "c_kv", "k_pe"):
+        assert got[k].dtype == BF16 and got[k].shape == want[k].shape
+        assert_close("b0_qkv_a", got[k], want[k], kind="bf16", context=f"{ctx} {k}")
+    assert_close("b0_qkv_a", got["q_lora_scale"], want["q_lora_scale"], kind="fp8_same_quant", context=f"{ctx} scale")
+    assert_close("b0_qkv_a", rfp8.dequant_act(got["q_lora_fp8"], got["q_lora_scale"]),
+                 rfp8.dequant_act(want["q_lora_fp8"], want["q_lora_scale"]), kind="fp8_same_quant", context=f"{ctx} fp8")
+    # the fp8 must be the exact quantization of the kernel's own bf16 q_lora
+    q8, qs = rfp8.quant_act_per_token(got["q_lora"])
+    assert_close("b0_qkv_a", got["q_lora_scale"], qs, tol=1e-7, context=f"{ctx} own scale")
+    assert_close("b0_qkv_a", rfp8.dequant_act(got["q_lora_fp8"], got["q_lora_scale"]), rfp8.dequant_act(q8, qs),
+                 tol=1e-3, context=f"{ctx} own quant")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", M_VALUES)
+def test_b0_qkv_a(m, layer, no_pdl_override):
+    _, x8, xs = make_x(m, GLM5, 40 + m)
+    got = F.b0_qkv_a(x8, xs, layer.attn, GLM5)
+    want = ref.b0_qkv_a(x8, xs, layer.attn, GLM5)
+    torch.cuda.synchronize()
+    check_b0(got, want, f"{m=}")
+    again = F.b0_qkv_a(x8, xs, layer.attn, GLM5)
+    for k in got:
+        assert_equal("b0_qkv_a", again[k], got[k], context=f"deterministic {k} {m=}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", M_VALUES)
+def test_d0_q_b(m, layer, no_pdl_override):
+    ql8, qls = q_lora_inputs(m, GLM5, layer, 50 + m)
+    pos = make_positions(m, GLM5, m)
+    qn, qp = F.d0_q_b(ql8, qls, layer.attn, pos, GLM5)
+    rn, rp = ref.d0_q_b(ql8, qls, layer.attn, pos, GLM5)
+    torch.cuda.synchronize()
+    assert_no_poison("d0_q_b", qn, qp, names=["q_nope", "q_pe"])
+    assert qn.shape == rn.shape and qp.shape == rp.shape and qn.dtype == qp.dtype == BF16
+    assert_close("d0_q_b", qn, rn, kind="bf16", context=f"q_nope {m=}")
+    assert_close("d0_q_b", qp, rp, kind="bf16", context=f"q_pe {m=}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", M_VALUES)
+def test_d1_indexer_q(m, layer, no_pdl_override):
+    ql8, qls = q_lora_inputs(m, GLM5, layer, 60 + m)
+    pos = make_positions(m, GLM5, m, torch.int32 if m % 2 else torch.int64)
+    w_raw = (torch.randn(m, GLM5.index_n_heads, generator=torch.Generator().manual_seed(m)) * 3).to(BF16).cuda()
+    q8, s, hw = F.d1_indexer_q(ql8, qls, w_raw, layer.attn.indexer, pos, GLM5)
+    r8, rs, rhw = ref.d1_indexer_q(ql8, qls, w_raw, layer.attn.indexer, pos, GLM5)
+    torch.cuda.synchronize()
+    assert_no_poison("d1_indexer_q", q8, s, hw, names=["q8", "q_scale", "head_w"])
+    assert q8.shape == r8.shape and q8.dtype == FP8 and s.shape == rs.shape and hw.shape == rhw.shape
+    assert_close("d1_indexer_q", s, rs, kind="fp8_same_quant", context=f"scale {m=}")
+    assert_close("d1_indexer_q", hw, rhw, kind="fp8_same_quant", context=f"head_w {m=}")
+    assert_close("d1_indexer_q", deq_rows(q8, s), deq_rows(r8, rs), kind="fp8_same_quant", context=f"q {m=}")
+    # head_w = (w_raw * c) * s exactly, given the kernel's own s
+    c32 = torch.tensor(GLM5.index_weight_scale, dtype=torch.float32).item()
+    assert_equal("d1_indexer_q", hw, (w_raw.float() * c32) * s, context=f"head_w from own scale {m=}")
+
+
+def make_cache(m, cfg, seed):
+    g = torch.Generator().manual_seed(seed)
+    pages = 2 * m + 3
+    cache = torch.randint(0, 256, (pages, cfg.index_k_page_bytes), generator=g, dtype=torch.uint8).cuda()
+    slots = torch.randperm(pages * 64, generator=g)[:m].cuda()
+    return cache, slots
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", M_VALUES)
+def test_b1_indexer_k(m, layer, no_pdl_override):
+    c = GLM5
+    x, x8, xs = make_x(m, c, 70 + m)
+    pos = make_positions(m, c, m)
+    cache, slots = make_cache(m, c, m)
+    slots = slots.to(torch.int32) if m % 2 else slots
+    cache_ref = cache.clone()
+    before = cache.clone()
+    k8, ks = F.b1_indexer_k(x, x8, xs, layer.attn.indexer, pos, slots, cache, c)
+    r8, rs = ref.b1_indexer_k(x, x8, xs, layer.attn.indexer, pos, slots, cache_ref, c)
+    torch.cuda.synchronize()
+    assert_no_poison("b1_indexer_k", k8, ks, names=["k8", "k_scale"])
+    assert k8.shape == r8.shape and k8.dtype == FP8 and ks.shape == rs.shape
+    assert_close("b1_indexer_k", ks, rs, kind="fp8_same_quant", context=f"scale {m=}")
+    assert_close("b1_indexer_k", deq_rows(k8, ks), deq_rows(r8, rs), kind="fp8_same_quant", context=f"k {m=}")
+    # only the target slots changed, and they hold exactly this call's k8 / scale
+    ck8, cks = rfp8.index_k_cache_load(cache, slots, c.index_head_dim)
+    assert_equal("b1_indexer_k", ck8, k8, context=f"cache k8 {m=}")
+    assert_equal("b1_indexer_k", cks, ks, context=f"cache scale {m=}")
+    touched = torch.zeros_like(cache, dtype=torch.bool)
+    pg, off = slots.long() // 64, slots.long() % 64
+    d = c.index_head_dim
+    cols = torch.cat([off[:, None] * d + torch.arange(d, device="cuda"), 64 * d + off[:, None] * 4 + torch.arange(4, device="cuda")], 1)
+    touched[pg[:, None], cols] = True
+    assert_equal("b1_indexer_k", cache[~touched], before[~touched], context=f"untouched cache bytes {m=}")
+
+
+# ---- GPU: small preset -----------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 40])
+def test_small_preset_all_ops(m, small_layer):
+    c, lw = SMALL, small_layer
+    x, x8, xs = make_x(m, c, m)
+    check_b0(F.b0_qkv_a(x8, xs, lw.attn, c), ref.b0_qkv_a(x8, xs, lw.attn, c), f"small {m=}")
+    ql8, qls = q_lora_inputs(m, c, lw, m)
+    pos = make_positions(m, c, m)
+    for a, b in zip(F.d0_q_b(ql8, qls, lw.attn, pos, c), ref.d0_q_b(ql8, qls, lw.attn, pos, c)):
+        assert_close("d0_q_b", a, b, kind="bf16", context=f"small {m=}")
+    w_raw = torch.randn(m, c.index_n_heads).to(BF16).cuda()
+    q8, s, hw = F.d1_indexer_q(ql8, qls, w_raw, lw.attn.indexer, pos, c)
+    r8, rs, rhw = ref.d1_indexer_q(ql8, qls, w_raw, lw.attn.indexer, pos, c)
+    assert_close("d1_indexer_q", deq_rows(q8, s), deq_rows(r8, rs), kind="fp8_same_quant", context=f"small {m=}")
+    assert_close("d1_indexer_q", hw, rhw, kind="fp8_same_quant", context=f"small head_w {m=}")
+    cache, slots = make_cache(m, c, m)
+    cache_ref = cache.clone()
+    k8, ks = F.b1_indexer_k(x, x8, xs, lw.attn.indexer, pos, slots, cache, c)
+    r8, rs = ref.b1_indexer_k(x, x8, xs, lw.attn.indexer, pos, slots, cache_ref, c)
+    torch.cuda.synchronize()
+    assert_close("b1_indexer_k", deq_rows(k8, ks), deq_rows(r8, rs), kind="fp8_same_quant", context=f"small {m=}")
+    y = F.fp8_gemm_skinny(x8, xs, lw.attn.qkv_a)  # N = 416: a ragged last n tile
+    assert_close("fp8_gemm_skinny", y, rfp8.block_fp8_linear(x8, xs, lw.attn.qkv_a.weight, lw.attn.qkv_a.scale_inv).to(BF16),
+                 kind="bf16", context=f"small plain {m=}")
+
+
+@pytest.mark.gpu
+def test_empty_batch(layer):
+    _, x8, xs = make_x(0, GLM5, 0)
+    assert tuple(F.fp8_gemm_skinny(x8, xs, layer.attn.qkv_a).shape) == (0, 2624)
+    out = F.b0_qkv_a(x8, xs, layer.attn, GLM5)
+    assert tuple(out["q_lora_scale"].shape) == (0, 16)
+
+
+# ---- GPU: PDL late producer --------------------------------------------------------------------------------
+
+PDL_PRODUCER = r"""
+#include "common/pdl.cuh"
+extern "C" __global__ void fp8_gemm_test_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
+                                                        unsigned long long spin_ns) {
+    glm5::ptx::griddep_launch_dependents();
+    const uint64_t t0 = glm5::ptx::globaltimer_ns();
+    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
+    }
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+"""
+
+
+def _producer():
+    from glm5_fastpath.jit import KernelSpec, get_kernel
+    return get_kernel(KernelSpec("fp8_gemm_test_producer", code=PDL_PRODUCER, functions=("fp8_gemm_test_spin_then_copy",)))
+
+
+def _produce(prod, src: torch.Tensor, dst: torch.Tensor, spin_ns: int = 50_000) -> None:
+    n_vec = src.numel() * src.element_size() // 16
+    prod.launch((8, 1, 1), (256, 1, 1), [src.view(torch.uint8), dst.view(torch.uint8), ctypes.c_int64(n_vec),
+                                         ctypes.c_uint64(spin_ns)], pdl=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+def test_pdl_late_producer(m, layer, no_pdl_override):
+    prod = _producer()
+    c = GLM5
+    x, x8_true, xs = make_x(m, c, 80 + m)
+    want_y = F.fp8_gemm_skinny(x8_true, xs, layer.attn.qkv_a)
+    want_b0 = F.b0_qkv_a(x8_true, xs, layer.attn, c)
+    pos = make_positions(m, c, m)
+    cache, slots = make_cache(m, c, m)
+    want_k8, _ = F.b1_indexer_k(x, x8_true, xs, layer.attn.indexer, pos, slots, cache.clone(), c)
+    x8 = torch.empty_like(x8_true)
+    for _ in range(3):
+        x8.view(torch.uint8).fill_(0x38)  # stale: all 1.0 until the producer overwrites it
+        torch.cuda.synchronize()
+        _produce(prod, x8_true, x8)
+        y = F.fp8_gemm_skinny(x8, xs, layer.attn.qkv_a, pdl=True)
+        torch.cuda.synchronize()
+        assert_equal("fp8_gemm_skinny", y, want_y, context=f"PDL late producer {m=}")
+        x8.view(torch.uint8).fill_(0x38)
+        torch.cuda.synchronize()
+        _produce(prod, x8_true, x8)
+        got = F.b0_qkv_a(x8, xs, layer.attn, c)
+        torch.cuda.synchronize()
+        for k in got:
+            assert_equal("b0_qkv_a", got[k], want_b0[k], context=f"PDL late producer {k} {m=}")
+        x8.view(torch.uint8).fill_(0x38)
+        torch.cuda.synchronize()
+        _produce(prod, x8_true, x8)
+        k8, _ = F.b1_indexer_k(x, x8, xs, layer.attn.indexer, pos, slots, cache, c)
+        torch.cuda.synchronize()
+        assert_equal("b1_indexer_k", k8, want_k8, context=f"PDL late producer {m=}")
+
+
+# ---- GPU: CUDA graphs -------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [4, 16, 64])
+def test_cuda_graph_replay_with_changing_inputs(m, layer, no_pdl_override):
+    c = GLM5
+    F.precompile(cfg=c)
+    x0, x8_0, xs_0 = make_x(m, c, 90)
+    sx8, sxs = x8_0.clone(), xs_0.clone()
+    pos = make_positions(m, c, 5)
+    cache, slots = make_cache(m, c, 5)
+    w_raw = torch.randn(m, c.index_n_heads).to(BF16).cuda()
+    # warm up (compile, workspaces, rope table) outside capture
+    F.b0_qkv_a(sx8, sxs, layer.attn, c)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = F.fp8_gemm_skinny(sx8, sxs, layer.attn.qkv_a)
+        b0 = F.b0_qkv_a(sx8, sxs, layer.attn, c)
+        qn, qp = F.d0_q_b(b0["q_lora_fp8"], b0["q_lora_scale"], layer.attn, pos, c)
+        q8, qs, hw = F.d1_indexer_q(b0["q_lora_fp8"], b0["q_lora_scale"], w_raw, layer.attn.indexer, pos, c)
+        k8, ks = F.b1_indexer_k(None, sx8, sxs, layer.attn.indexer, pos, slots, cache, c)
+    for step in range(3):
+        x, x8, xs = make_x(m, c, 100 + step)
+        sx8.copy_(x8)
+        sxs.copy_(xs)
+        for t in (y, qn, qp, qs, hw, k8, ks, *b0.values()):
+            poison_(t)
+        g.replay()
+        torch.cuda.synchronize()
+        ctx = f"graph replay {step} {m=}"
+        assert_close("fp8_gemm_skinny", y, rfp8.block_fp8_linear(x8, xs, layer.attn.qkv_a.weight, layer.attn.qkv_a.scale_inv).to(BF16),
+                     kind="bf16", context=ctx)
+        want = ref.b0_qkv_a(x8, xs, layer.attn, c)
+        check_b0(b0, want, ctx)
+        rn, rp = ref.d0_q_b(b0["q_lora_fp8"], b0["q_lora_scale"], layer.attn, pos, c)
+        assert_close("d0_q_b", qn, rn, kind="bf16", context=ctx)
+        assert_close("d0_q_b", qp, rp, kind="bf16", context=ctx)
+        r8, rs, rhw = ref.d1_indexer_q(b0["q_lora_fp8"], b0["q_lora_scale"], w_raw, layer.attn.indexer, pos, c)
+        assert_close("d1_indexer_q", deq_rows(q8, qs), deq_rows(r8, rs), kind="fp8_same_quant", context=ctx)
+        cache_ref = cache.clone()
+        rk8, rks = ref.b1_indexer_k(None, x8, xs, layer.attn.indexer, pos, slots, cache_ref, c)
+        assert_close("b1_indexer_k", deq_rows(k8, ks), deq_rows(rk8, rks), kind="fp8_same_quant", context=ctx)
+
+
+# ---- GPU: errors and resources --------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_error_cases(layer, monkeypatch):
+    c = GLM5
+    _, x8, xs = make_x(4, c, 0)
+    buf = torch.empty(4 * 6144 + 16, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        F.fp8_gemm_skinny(buf[8:8 + 4 * 6144].view(FP8).view(4, 6144), xs, layer.attn.qkv_a)
+    with pytest.raises(ValueError, match="one device"):
+        F.fp8_gemm_skinny(x8, xs.cpu(), layer.attn.qkv_a)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        F.fp8_gemm_skinny(x8, xs, layer.attn.q_b)  # K = 2048 weight with a K = 6144 activation
+    pos = make_positions(4, c, 0)
+    with pytest.raises(ValueError, match="positions must have shape"):
+        F.d0_q_b(*q_lora_inputs(4, c, layer, 0), layer.attn, pos[:2], c)
+    cache, slots = make_cache(4, c, 0)
+    with pytest.raises(ValueError, match="index_k_cache must have shape"):
+        F.b1_indexer_k(None, x8, xs, layer.attn.indexer, pos, slots, cache[:, :100].contiguous(), c)
+    monkeypatch.setattr(F, "_capability_ok", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (8, 0))
+    with pytest.raises(RuntimeError, match="Hopper"):
+        F.fp8_gemm_skinny(x8, xs, layer.attn.qkv_a)
+
+
+@pytest.mark.gpu
+def test_kernel_resources():
+    from glm5_fastpath.jit import get_kernel
+    for spec in F.compile_check_specs():
+        k = get_kernel(spec)
+        epi = int(dict(spec.defines)["GLM5_SKINNY_EPI"])
+        # the RoPE epilogues call double sin/cos whose rare slow path (|angle| huge) keeps a small stack
+        assert k.local_bytes <= (64 if epi in (F.EPI_Q_B, F.EPI_IDX_Q, F.EPI_IDX_K) else 0), k
+        assert k.param_sizes is None or k.param_sizes == (F.PARAMS_BYTES,), k.param_sizes
