@@ -324,8 +324,10 @@ def _logical_to_pages(seq_lens: torch.Tensor, block_table: torch.Tensor, ctx: in
 
 
 def e1_indexer_logits(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: torch.Tensor,
-                      seq_lens: torch.Tensor, block_table: torch.Tensor, cfg: Glm5Config) -> torch.Tensor:
-    """-> logits [M, max_ctx] fp32, max_ctx = max(seq_lens) (no 256-alignment padding, unlike DeepGEMM).
+                      seq_lens: torch.Tensor, block_table: torch.Tensor, cfg: Glm5Config, *,
+                      max_ctx: int | None = None) -> torch.Tensor:
+    """-> logits [M, max_ctx] fp32, max_ctx = max(seq_lens) unless given (a fixed width, as a CUDA-graph
+    caller passes it; it must cover every row); no 256-alignment padding, unlike DeepGEMM.
 
     logits[m, t] = s_k[t] * sum_h head_w[m, h] * ReLU(sum_d q8[m, h, d] * k8[t, d]) for t < seq_lens[m],
     where logical token t of row m lives at physical slot block_table[m, t // 64] * 64 + t % 64;
@@ -339,7 +341,10 @@ def e1_indexer_logits(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: 
     _check(op, "head_w", head_w, torch.float32, (m, hi))
     _check(op, "index_k_cache", index_k_cache, torch.uint8, (None, fp8.index_k_page_bytes(d)))
     _check_block_table(op, seq_lens, block_table, m, index_k_cache.shape[0])
-    ctx = int(seq_lens.max()) if m else 0
+    longest = int(seq_lens.max()) if m else 0
+    if max_ctx is not None and max_ctx < longest:
+        raise _fail(op, f"max_ctx={max_ctx} is shorter than the longest row ({longest})")
+    ctx = longest if max_ctx is None else max_ctx
     valid, page, row = _logical_to_pages(seq_lens, block_table, ctx)
     k8_pages, s_pages = fp8.index_k_cache_views(index_k_cache, d)
     # gather as bytes (fp8 advanced indexing is not supported on every backend), then reinterpret

@@ -525,3 +525,20 @@ def test_validation_errors_name_op_and_problem(seed):
     logits = torch.full((2, int(b["seq_lens"].max())), float("nan"))
     with pytest.raises(P.PrefixInputError, match="E2 .*NaN"):
         P.e2_topk(logits, b["seq_lens"], b["block_table"], cfg.index_topk)
+
+
+def test_e1_fixed_width_max_ctx(seed):
+    """A fixed logits width (what a CUDA-graph caller passes) pads with -inf and must cover every row."""
+    from glm5_fastpath.ref.prefix import PrefixInputError, e1_indexer_logits
+    from glm5_fastpath.testing.decode_step import make_decode_step
+
+    cfg = Glm5Config.preset("small")
+    step = make_decode_step(cfg, [70, 130], seed=seed)
+    q8 = (torch.randn(2, cfg.index_n_heads, cfg.index_head_dim)).to(torch.float8_e4m3fn)
+    hw = torch.rand(2, cfg.index_n_heads)
+    base = e1_indexer_logits(q8, hw, step.index_k_cache, step.seq_lens, step.block_table, cfg)
+    wide = e1_indexer_logits(q8, hw, step.index_k_cache, step.seq_lens, step.block_table, cfg, max_ctx=150)
+    assert wide.shape == (2, 150) and base.shape == (2, 130)
+    assert torch.equal(wide[:, :130], base) and torch.isneginf(wide[:, 130:]).all()
+    with pytest.raises(PrefixInputError, match="max_ctx=100"):
+        e1_indexer_logits(q8, hw, step.index_k_cache, step.seq_lens, step.block_table, cfg, max_ctx=100)
