@@ -17,7 +17,7 @@ import torch
 from . import cost
 from .config import Glm5Config
 from .graph.eager import run_eager
-from .graph.prefix_graph import build_prefix_graph, prefix_env
+from .graph.prefix_graph import build_prefix_graph, op_impls, prefix_env
 from .platform import PlatformInfo, detect
 from .ref.attn_core import attention_core
 from .ref.moe import dense_mlp_forward, moe_forward
@@ -53,21 +53,31 @@ def _timer(device: torch.device, times: dict[str, float], repeat: int) -> Callab
     return hook
 
 
-def _kernel_impls(info: PlatformInfo, cfg: Glm5Config, say: Callable[[str], None]) -> dict:
-    """Per-op kernels that can run here (replacing the reference in the eager graph)."""
+def _kernel_impls(info: PlatformInfo, cfg: Glm5Config, say: Callable[[str], None]) -> tuple[dict, set[str]]:
+    """Per-op kernels that can run here (replacing the reference in the eager graph). An op whose kernel
+    raises falls back to the reference for the rest of the run, and the demo says so."""
     if not all(p.available for p in info.paths if p.name.startswith("JIT kernels")):
-        return {}
+        return {}, set()
     try:
-        from .ops import add_rmsnorm_quant
+        from . import ops
     except Exception as e:  # noqa: BLE001 - the demo falls back to the reference, and says so
-        say(f"A0 kernel unavailable ({e}); using the reference")
-        return {}
-    eps = cfg.rms_norm_eps
+        say(f"kernels unavailable ({e}); using the reference")
+        return {}, set()
+    kernels = op_impls(cfg, ops)
+    refs = op_impls(cfg, None)
+    failed: set[str] = set()
 
-    def a0(ins):
-        x, r, x8, xs = add_rmsnorm_quant(ins["hidden"], ins["residual"].clone(), ins["w.input_norm"], eps)
-        return {"x_bf16": x, "residual_out": r, "x_fp8": x8, "x_scale": xs}
-    return {"A0": a0}
+    def guarded(name):
+        def run(ins):
+            if name not in failed:
+                try:
+                    return kernels[name](ins)
+                except Exception as e:  # noqa: BLE001
+                    failed.add(name)
+                    say(f"{name}: kernel failed ({type(e).__name__}: {e}); using the reference")
+            return refs[name](ins)
+        return run
+    return {name: guarded(name) for name in kernels}, failed
 
 
 def run_demo(cfg: Glm5Config, *, layer: int | None = None, batch: int = 4, kv_len: int = 4096, seed: int = 0,
@@ -91,12 +101,13 @@ def run_demo(cfg: Glm5Config, *, layer: int | None = None, batch: int = 4, kv_le
     env = prefix_env(graph, hidden=step.hidden, residual=step.residual, positions=step.positions,
                      out_cache_loc=step.out_cache_loc, seq_lens=step.seq_lens, block_table=step.block_table,
                      w=weights.attn, kv_cache=step.kv_cache, index_k_cache=step.index_k_cache)
-    impls = _kernel_impls(info, cfg, say) if dev.type == "cuda" else {}
-    path = {op: ("kernel" if op in impls else f"reference ({dev.type})") for op in graph.topo_order()}
+    impls, failed = _kernel_impls(info, cfg, say) if dev.type == "cuda" else ({}, set())
     times: dict[str, float] = {}
     hook = _timer(dev, times, repeat)
     say(f"running the attention prefix (M={batch}, KV={kv_len} per sequence) on {dev.type}...")
     out = run_eager(graph, env, impls=impls, hook=hook)
+    path = {op: ("kernel" if op in impls and op not in failed else f"reference ({dev.type})")
+            for op in graph.topo_order()}
 
     say("running the attention core (sparse MLA, W_UV, o_proj) and the post-attention norm...")
     attn_out = hook("attn_core", lambda: attention_core(out["q_lat"], out["q_pe"], out["kv_cache_written"],

@@ -132,9 +132,13 @@ def _fp8_wdefs(prefix: str, n: int, k: int) -> list[TensorDef]:
 # ---- the graph --------------------------------------------------------------------------------------------
 
 def build_prefix_graph(cfg: Glm5Config, full_indexer: bool = True, tiling: PrefixTiling = PrefixTiling(),
-                       indexer_k_gemm: str = "fp8") -> OpGraph:
+                       indexer_k_gemm: str = "fp8", impl=None) -> OpGraph:
     """The prefix graph; full_indexer=False is a GLM-5.2 shared layer (no C0/B1/D1/E1/E2; topk_slots
-    becomes a caller-supplied input: the previous full layer's top-k)."""
+    becomes a caller-supplied input: the previous full layer's top-k).
+
+    impl: the namespace the ops call (default the reference, glm5_fastpath.ref.prefix); any namespace
+    with the same function names and signatures works, e.g. glm5_fastpath.ops (the kernels)."""
+    impl = P if impl is None else impl
     if indexer_k_gemm not in ("fp8", "bf16"):
         raise GraphError(f"indexer_k_gemm must be 'fp8' or 'bf16', got {indexer_k_gemm!r}")
     c, tp = cfg, tiling
@@ -186,40 +190,40 @@ def build_prefix_graph(cfg: Glm5Config, full_indexer: bool = True, tiling: Prefi
 
     # ---- refs: adapters from named tensors to the reference ops ----
     def ref_a0(i):
-        x, r, x8, xs = P.a0_add_rmsnorm_quant(i["hidden"], i["residual"], i["w.input_norm"], c.rms_norm_eps)
+        x, r, x8, xs = impl.a0_add_rmsnorm_quant(i["hidden"], i["residual"], i["w.input_norm"], c.rms_norm_eps)
         return {"x_bf16": x, "residual_out": r, "x_fp8": x8, "x_scale": xs}
 
     def ref_b0(i):
-        return P.b0_qkv_a(i["x_fp8"], i["x_scale"], _weights_view(i), c)
+        return impl.b0_qkv_a(i["x_fp8"], i["x_scale"], _weights_view(i), c)
 
     def ref_c0(i):
-        return {"w_raw": P.c0_head_gate(i["x_bf16"], i["w.indexer.weights_proj"])}
+        return {"w_raw": impl.c0_head_gate(i["x_bf16"], i["w.indexer.weights_proj"])}
 
     def ref_b1(i):
-        k8, s = P.b1_indexer_k(i.get("x_bf16"), i.get("x_fp8"), i.get("x_scale"), _weights_view(i).indexer,
+        k8, s = impl.b1_indexer_k(i.get("x_bf16"), i.get("x_fp8"), i.get("x_scale"), _weights_view(i).indexer,
                                i["positions"], i["out_cache_loc"], i["index_k_cache"], c, gemm=indexer_k_gemm)
         return {"index_k_fp8": k8, "index_k_scale": s, "index_k_cache_written": i["index_k_cache"]}
 
     def ref_d1(i):
-        q8, s, hw = P.d1_indexer_q(i["q_lora_fp8"], i["q_lora_scale"], i["w_raw"], _weights_view(i).indexer,
+        q8, s, hw = impl.d1_indexer_q(i["q_lora_fp8"], i["q_lora_scale"], i["w_raw"], _weights_view(i).indexer,
                                    i["positions"], c)
         return {"index_q_fp8": q8, "index_q_scale": s, "head_w": hw}
 
     def ref_d0(i):
-        q_nope, q_pe = P.d0_q_b(i["q_lora_fp8"], i["q_lora_scale"], _weights_view(i), i["positions"], c)
+        q_nope, q_pe = impl.d0_q_b(i["q_lora_fp8"], i["q_lora_scale"], _weights_view(i), i["positions"], c)
         return {"q_nope": q_nope, "q_pe": q_pe}
 
     def ref_d2(i):
-        q_lat = P.d2_absorb_and_kv_store(i["q_nope"], i["c_kv"], i["k_pe"], _weights_view(i), i["positions"],
+        q_lat = impl.d2_absorb_and_kv_store(i["q_nope"], i["c_kv"], i["k_pe"], _weights_view(i), i["positions"],
                                          i["out_cache_loc"], i["kv_cache"], c)
         return {"q_lat": q_lat, "kv_cache_written": i["kv_cache"]}
 
     def ref_e1(i):
-        return {"logits": P.e1_indexer_logits(i["index_q_fp8"], i["head_w"], i["index_k_cache_written"],
+        return {"logits": impl.e1_indexer_logits(i["index_q_fp8"], i["head_w"], i["index_k_cache_written"],
                                               i["seq_lens"], i["block_table"], c)}
 
     def ref_e2(i):
-        return {"topk_slots": P.e2_topk(i["logits"], i["seq_lens"], i["block_table"], TOPK)}
+        return {"topk_slots": impl.e2_topk(i["logits"], i["seq_lens"], i["block_table"], TOPK)}
 
     # ---- tiles ----
     def tiles_a0(ctx: ShapeContext) -> list[Tile]:
@@ -400,3 +404,9 @@ def prefix_env(graph: OpGraph, *, hidden: torch.Tensor, residual: torch.Tensor, 
     env.update(weight_tensors(w))
     need = set(graph.external_tensors())
     return {k: v for k, v in env.items() if k in need}
+
+
+def op_impls(cfg: Glm5Config, impl, *, full_indexer: bool = True, indexer_k_gemm: str = "fp8") -> dict:
+    """Per-op callables (named tensors in -> named tensors out) bound to `impl`, for run_eager(impls=...)."""
+    g = build_prefix_graph(cfg, full_indexer=full_indexer, indexer_k_gemm=indexer_k_gemm, impl=impl)
+    return {name: op.ref for name, op in g.ops.items()}

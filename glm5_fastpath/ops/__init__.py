@@ -33,6 +33,9 @@ from .e1_indexer_logits import e1_indexer_logits
 from .e2_topk import e2_topk
 from .fp8_gemm import b0_qkv_a, b1_indexer_k, d0_q_b, d1_indexer_q, fp8_gemm_skinny
 
+# The reference's name for A0 (same signature), so `ops` can stand in for `ref.prefix` as a namespace.
+a0_add_rmsnorm_quant = add_rmsnorm_quant
+
 _MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8)
 
 
@@ -55,7 +58,7 @@ def compile_check_specs() -> list:
     return [s for m in _MODULES for s in m.compile_check_specs()]
 
 
-__all__ = ["A0Result", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
+__all__ = ["A0Result", "a0_add_rmsnorm_quant", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
            "fp8_gemm_skinny", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
            "e2_topk",
            "precompile"]
