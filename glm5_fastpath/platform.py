@@ -86,8 +86,10 @@ def _paths(i: PlatformInfo) -> list[PathStatus]:
     else:
         kern_why = ""
     ok = kern_why == ""
-    out.append(PathStatus("JIT kernels (A0 add+RMSNorm+FP8 quant)", ok, kern_why or f"sm_{i.capability[0]}{i.capability[1]}, nvcc {i.nvcc}"))
-    pending = [("prefix kernels B0..E2", "issue #3"), ("CMP executor", "issue #4"),
+    out.append(PathStatus("JIT kernels (attention prefix ops A0..E2)", ok,
+                          kern_why or f"sm_{i.capability[0]}{i.capability[1]}, nvcc {i.nvcc}; correct on H200, "
+                                      "tuning toward the bytes floor in progress (issue #3)"))
+    pending = [("CMP executor", "issue #4"),
                ("MegaRTP executor", "issue #5"), ("MegaMoE", "issue #6")]
     for name, issue in pending:
         out.append(PathStatus(name, False, f"not built yet ({issue})"))
