@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run the GPU test subset and the kernel benchmarks on an H200 in one go; collect logs, JSON and
-# markdown into OUTDIR (flat, at most ~8 files, so it comes back from a lent machine intact).
+# markdown into OUTDIR (on a lent machine, tar OUTDIR into one file: only a few files come back).
+# The stock baseline needs sgl-deep-gemm 0.1.3 + apache-tvm-ffi 0.1.9 on PYTHONPATH (offline:
+# pip install --no-index --no-deps --target /tmp/site <wheels>); without them its GEMM rows fall back.
 #   usage: scripts/gpu_check.sh OUTDIR [pytest -k expression]
 # Needs: torch with CUDA, nvcc, cuda-python (cuda-bindings), pytest, safetensors. No network, no install:
 # the checkout is put on PYTHONPATH. A copy without .git (a lent machine) takes the commit from GLM5_FASTPATH_COMMIT.
@@ -31,6 +33,9 @@ for b in benchmarks/*.py; do
   name=$(basename "$b" .py)
   python3 "$b" --out "$out/$name" 2>&1 | tee "$out/$name.log" || status=1
 done
+
+step "bench prefix-ops (ours vs stock, every prefix op)"
+python3 -m glm5_fastpath.cli bench prefix-ops --out "$out/prefix_ops" 2>&1 | tail -60 || status=1
 
 step "demo (one decode layer through the best available path)"
 python3 -m glm5_fastpath.cli demo --batch 16 --kv-len 8192 --repeat 5 2>&1 | tee "$out/demo.txt" || status=1

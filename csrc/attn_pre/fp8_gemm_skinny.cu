@@ -17,10 +17,20 @@
 #ifndef GLM5_SKINNY_EPI
 #define GLM5_SKINNY_EPI 0
 #endif
+// Tuning / diagnostics (benchmarks/fp8_gemm_sweep.py); the defaults are the production kernel.
+//   GLM5_SKINNY_MINB     __launch_bounds__ min CTAs per SM (2: registers capped at 128 per thread)
+//   GLM5_SKINNY_DIAG     0 off; 1 loads only; 2 no split-K reduce; 3 no loads in the K loop (see .cuh)
+#ifndef GLM5_SKINNY_MINB
+#define GLM5_SKINNY_MINB 1
+#endif
+#ifndef GLM5_SKINNY_DIAG
+#define GLM5_SKINNY_DIAG 0
+#endif
 
-using SkinnyTile = glm5::attn_pre::skinny::SkinnyGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES, GLM5_SKINNY_EPI>;
+using SkinnyTile =
+    glm5::attn_pre::skinny::SkinnyGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES, GLM5_SKINNY_EPI, GLM5_SKINNY_DIAG>;
 
-extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kThreads, 1)
+extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kThreads, GLM5_SKINNY_MINB)
 glm5_fp8_gemm_skinny(const glm5::attn_pre::skinny::SkinnyParams p) {
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x;

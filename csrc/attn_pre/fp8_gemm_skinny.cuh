@@ -139,10 +139,21 @@ struct SkinnySmem {
     __host__ __device__ static constexpr int bytes(int gmax) { return off_xs(gmax) + gmax * kTM * 4; }
 };
 
-template <int kTM, int kStages, int kEpi>
+// Diagnostic variants (benchmarks/fp8_gemm_sweep.py only; kDiag = 0 is the real kernel). Results
+// are NOT the GEMM; every variant ends in the plain bf16 store so nothing is optimised away.
+//   kDiagLoadsOnly  cp.async ring + waits + barriers; per stage one ld.shared word per thread feeds
+//                   acc (no MMA, no promotion); no split-K reduce (split 0 stores).
+//   kDiagNoReduce   full mainloop; the split-K publish / counter / reduce is skipped (split 0 stores).
+//   kDiagNoLoads    the K loop re-reads the prologue's stages (no cp.async in the loop): MMA +
+//                   promotion + barriers cost; split 0 stores.
+enum : int { kDiagOff = 0, kDiagLoadsOnly = 1, kDiagNoReduce = 2, kDiagNoLoads = 3 };
+
+template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff>
 struct SkinnyGemmTile {
     static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64, "token block: 8, 16, 32 or 64");
     static_assert(kStages >= 2 && kStages <= 8, "2..8 stages (cp.async.wait_group immediates)");
+    static_assert(kDiag == kDiagOff || kEpi == kEpiPlain, "diagnostic variants use the plain epilogue");
+    static_assert(kDiag >= kDiagOff && kDiag <= kDiagNoLoads, "diagnostic mode 0..3");
     static constexpr int kNT = kTM / 8;  // n8 MMA tiles per warp
     using Smem = SkinnySmem<kTM, kStages>;
 
@@ -250,16 +261,24 @@ struct SkinnyGemmTile {
             __syncthreads();  // stage `it` visible to all warps; slot (it-1) % kStages free
             {
                 const int nxt = it + kStages - 1;
-                if (nxt < c.nk) {
+                if (kDiag != kDiagNoLoads && nxt < c.nk) {
                     const int slot = nxt % kStages;
                     load_w_stage(p, c, s_w, nxt, slot, tid);
                     load_x_stage(p, c, s_x, nxt, slot, tid);
                 }
                 ptx::cp_async_commit();
             }
-            const int slot = it % kStages;
+            const int slot = kDiag == kDiagNoLoads ? it % (kStages - 1) : it % kStages;
             const uint32_t w_st = s_w + slot * kWStageBytes;
             const uint32_t x_st = s_x + slot * Smem::kXStageBytes;
+            if constexpr (kDiag == kDiagLoadsOnly) {
+                uint32_t a, b, cc, d;
+                ptx::lds_v4(w_st + tid * 16, a, b, cc, d);
+                acc[0][0] += __uint_as_float((a ^ b ^ cc ^ d) & 0x3f7fffffu);
+                acc[0][1] += __uint_as_float(*reinterpret_cast<const uint32_t*>(smem + Smem::kOffX + slot * Smem::kXStageBytes
+                                                                                + (tid % (kTM * 32)) * 4) & 0x3f7fffffu);
+                continue;
+            }
 
             float part[kNT][4];
 #pragma unroll
@@ -296,6 +315,7 @@ struct SkinnyGemmTile {
         ptx::cp_async_wait<0>();  // nothing may be in flight into smem when the CTA moves on / exits
 
         if (p.splits == 1) return true;
+        if constexpr (kDiag != kDiagOff) return c.split == 0 || acc[0][0] == 1234.5f;  // keep the work alive
 
         // ---- split-K: publish the partial, count arrivals; the last CTA reduces ----
         const int tile = c.tile_m * p.tiles_n + c.tile_n;

@@ -92,6 +92,8 @@ class SkinnyConfig:
     tm: int
     splits: int
     stages: int
+    minb: int = 1   # __launch_bounds__ min CTAs per SM (tuning knob; 1 = production)
+    diag: int = 0   # diagnostic kernel variant (benchmarks only; 0 = the real kernel)
 
     @property
     def groups(self) -> int:
@@ -134,19 +136,26 @@ class SkinnyConfig:
         return self.tiles_n * self.tiles_m + self.tiles_m
 
     def spec(self) -> KernelSpec:
-        return kernel_spec(self.tm, self.stages, self.epi)
+        return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag)
 
     def describe(self) -> dict[str, Any]:
-        return {"tm": self.tm, "splits": self.splits, "stages": self.stages, "grid": self.grid,
+        return {"tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb, "diag": self.diag,
+                "grid": self.grid,
                 "ctas": self.ctas, "smem": self.smem_bytes, "k_per_cta": self.k // self.splits,
                 "est_us": round(estimate_us(self), 2)}
 
 
+DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* of the .cuh (benchmarks only)
+
+
 @functools.lru_cache(maxsize=None)
-def kernel_spec(tm: int, stages: int, epi: int) -> KernelSpec:
-    return KernelSpec(FUNCTION, source=SOURCE, defines=(("GLM5_SKINNY_TM", str(tm)),
-                                                        ("GLM5_SKINNY_STAGES", str(stages)),
-                                                        ("GLM5_SKINNY_EPI", str(epi))))
+def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0) -> KernelSpec:
+    defines = [("GLM5_SKINNY_TM", str(tm)), ("GLM5_SKINNY_STAGES", str(stages)), ("GLM5_SKINNY_EPI", str(epi))]
+    if minb != 1:  # defaults stay out of the defines: the production cache keys do not change
+        defines.append(("GLM5_SKINNY_MINB", str(minb)))
+    if diag != 0:
+        defines.append(("GLM5_SKINNY_DIAG", str(diag)))
+    return KernelSpec(FUNCTION, source=SOURCE, defines=tuple(defines))
 
 
 # Cost model constants (H200). Rough on purpose: they only rank candidates.
@@ -181,6 +190,45 @@ def estimate_us(c: SkinnyConfig, num_sms: int = 132) -> float:
 
 _configs: dict[tuple, SkinnyConfig] = {}
 _config_lock = threading.Lock()
+
+# Benchmark / tuning hook (never set in production): when not None, every op launched by this
+# thread uses this (tm, splits, stages, minb, diag) instead of config_for's choice. Set it with
+# `forced_config(...)`; the public op signatures do not change.
+_forced = threading.local()
+
+
+class forced_config:
+    """Context manager: ops launched inside use token block tm, `splits` K splits, `stages` ring
+    stages, launch-bounds min CTAs/SM `minb` and diagnostic variant `diag` (DIAG_*; plain op only).
+    For benchmarks/fp8_gemm_sweep.py. Validated at launch (splits <= K/128, smem <= 227 KB)."""
+
+    def __init__(self, tm: int, splits: int, stages: int, minb: int = 1, diag: int = 0):
+        if tm not in TOKEN_BLOCKS or not 2 <= stages <= 8 or splits < 1 or minb not in (1, 2) or diag not in (0, 1, 2, 3):
+            raise ValueError(f"forced_config: bad {tm=} {splits=} {stages=} {minb=} {diag=}")
+        self.knobs = (tm, splits, stages, minb, diag)
+
+    def __enter__(self) -> "forced_config":
+        self._prev = getattr(_forced, "knobs", None)
+        _forced.knobs = self.knobs
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _forced.knobs = self._prev
+
+
+def _forced_config_for(m: int, n: int, k: int, epi: int) -> SkinnyConfig | None:
+    knobs = getattr(_forced, "knobs", None)
+    if knobs is None:
+        return None
+    tm, splits, stages, minb, diag = knobs
+    if diag and epi != EPI_PLAIN:
+        raise _fail(epi, "forced_config: diagnostic variants exist for the plain GEMM only")
+    if splits > k // 128:
+        raise _fail(epi, f"forced_config: {splits=} > K/128 = {k // 128}")
+    c = SkinnyConfig(epi, m, n, k, tm, splits, stages, minb, diag)
+    if c.smem_bytes > 227 * 1024:
+        raise _fail(epi, f"forced_config: {c.smem_bytes} B of shared memory > 227 KB")
+    return c
 
 
 def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132) -> SkinnyConfig:
@@ -294,7 +342,7 @@ def _check_capability(epi: int, dev: torch.device) -> None:
 
 
 def _kernel(cfg: SkinnyConfig, dev: torch.device):
-    key = (cfg.tm, cfg.stages, cfg.epi, _dev_index(dev))
+    key = (cfg.tm, cfg.stages, cfg.epi, cfg.minb, cfg.diag, _dev_index(dev))
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
@@ -312,9 +360,21 @@ def _capturing() -> bool:
         return False
 
 
-def _workspace(epi: int, n: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _workspace(epi: int, n: int, k: int, dev: torch.device, need: tuple[int, int] = (0, 0)
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """need: (partial floats, counter ints) a forced config needs beyond the heuristic's maximum
+    (grows the buffers, outside capture only; never happens without forced_config)."""
     key = (_dev_index(dev), epi, n, k)
     ws = _workspaces.get(key)
+    if ws is not None and (ws[0].numel() < need[0] or ws[1].numel() < need[1]):
+        with _state_lock:
+            if _capturing():
+                raise RuntimeError(f"{_op_name(epi)}: forced config needs a larger split-K workspace; launch it once "
+                                   "eagerly before CUDA-graph capture")
+            pf, ci = max(ws[0].numel(), need[0]), max(ws[1].numel(), need[1])
+            torch.cuda.synchronize(dev)
+            ws = _workspaces[key] = (torch.empty(pf, dtype=torch.float32, device=dev),
+                                     torch.zeros(ci, dtype=torch.int32, device=dev))
     if ws is None:
         with _state_lock:
             ws = _workspaces.get(key)
@@ -323,6 +383,7 @@ def _workspace(epi: int, n: int, k: int, dev: torch.device) -> tuple[torch.Tenso
                     raise RuntimeError(f"{_op_name(epi)}: no split-K workspace for N={n}, K={k} on {dev} yet; run the op "
                                        "once eagerly or call glm5_fastpath.ops.fp8_gemm.precompile(cfg=...) before CUDA-graph capture")
                 pf, ci = _max_workspace(n, k, epi, _sms(dev))
+                pf, ci = max(pf, need[0]), max(ci, need[1])
                 partials = torch.empty(max(pf, 4), dtype=torch.float32, device=dev)
                 counters = torch.zeros(max(ci, 4), dtype=torch.int32, device=dev)
                 ws = _workspaces[key] = (partials, counters)
@@ -403,11 +464,17 @@ def _launch(epi: int, cfg: SkinnyConfig, dev: torch.device, p: _Params, pdl: boo
     kernel.launch(cfg.grid, (THREADS, 1, 1), [p], smem=cfg.smem_bytes, pdl=pdl)
 
 
+def diag_specs() -> list[KernelSpec]:
+    """The tuning / diagnostic variants the sweep uses (compile check only; not production)."""
+    return [kernel_spec(tm, STAGES[tm], EPI_PLAIN, 1, d) for d in (1, 2, 3) for tm in TOKEN_BLOCKS] + \
+           [kernel_spec(tm, STAGES[tm], EPI_PLAIN, 2, 0) for tm in TOKEN_BLOCKS]
+
+
 def _base_params(epi: int, cfg: SkinnyConfig, x8, xs, w, ws, dev) -> _Params:
     p = _Params()
     p.w, p.w_scale, p.x, p.x_scale = _ptr(w), _ptr(ws), _ptr(x8), _ptr(xs)
     if cfg.splits > 1 or epi == EPI_QKV_A:
-        partials, counters = _workspace(epi, cfg.n, cfg.k, dev)
+        partials, counters = _workspace(epi, cfg.n, cfg.k, dev, (cfg.partial_floats, cfg.counter_ints))
         p.partials, p.counters = _ptr(partials), _ptr(counters)
     p.M, p.N, p.K, p.splits = cfg.m, cfg.n, cfg.k, cfg.splits
     p.tiles_n, p.tiles_m = cfg.tiles_n, cfg.tiles_m
@@ -421,7 +488,8 @@ def _prepare(epi: int, x8, xs, w, ws, extra: tuple = ()) -> tuple[SkinnyConfig |
         return None, dev
     _check_capability(epi, dev)
     _check_aligned(epi, ("x_fp8", x8), ("weight", w))
-    return config_for(m, n, k, epi, _sms(dev)), dev
+    forced = _forced_config_for(m, n, k, epi)
+    return (forced if forced is not None else config_for(m, n, k, epi, _sms(dev))), dev
 
 
 def _rope_args(epi: int, positions: torch.Tensor, table: torch.Tensor, rope_dim: int, m: int) -> int:
@@ -749,5 +817,6 @@ def compile_check_specs() -> list[KernelSpec]:
     return [kernel_spec(tm, STAGES[tm], epi) for epi in EPI_NAMES for tm in TOKEN_BLOCKS]
 
 
-__all__ = ["Fp8GemmInputError", "SkinnyConfig", "b0_qkv_a", "b1_indexer_k", "compile_check_specs", "config_for",
-           "d0_q_b", "d1_indexer_q", "estimate_us", "fp8_gemm_skinny", "precompile", "rope_table"]
+__all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig", "b0_qkv_a", "b1_indexer_k", "compile_check_specs", "config_for",
+           "d0_q_b", "d1_indexer_q", "diag_specs", "estimate_us", "forced_config", "fp8_gemm_skinny", "precompile",
+           "rope_table"]

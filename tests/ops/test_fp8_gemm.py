@@ -137,6 +137,46 @@ def test_b1_rejects_bf16_gemm_and_missing_indexer():
         F.d1_indexer_q(x8, xs, torch.zeros(4, 4, dtype=BF16), None, pos, SMALL)
 
 
+def test_tuning_knobs_default_to_the_production_kernel():
+    c = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 6, 6)
+    assert (c.minb, c.diag) == (1, 0)
+    assert c.spec() == F.kernel_spec(16, 6, F.EPI_PLAIN)  # no MINB / DIAG defines: cache keys unchanged
+    assert {k for k, _ in c.spec().defines} == {"GLM5_SKINNY_TM", "GLM5_SKINNY_STAGES", "GLM5_SKINNY_EPI"}
+    d = dict(F.kernel_spec(8, 4, F.EPI_PLAIN, 2, F.DIAG_LOADS_ONLY).defines)
+    assert d["GLM5_SKINNY_MINB"] == "2" and d["GLM5_SKINNY_DIAG"] == "1"
+
+
+def test_forced_config_hook():
+    assert F._forced_config_for(16, 2624, 6144, F.EPI_PLAIN) is None
+    with F.forced_config(32, 4, 3, minb=2, diag=F.DIAG_NO_REDUCE):
+        c = F._forced_config_for(16, 2624, 6144, F.EPI_PLAIN)
+        assert (c.tm, c.splits, c.stages, c.minb, c.diag, c.m) == (32, 4, 3, 2, 2, 16)
+        with pytest.raises(ValueError, match="plain GEMM only"):
+            F._forced_config_for(16, 2624, 6144, F.EPI_QKV_A)
+        with F.forced_config(8, 1, 6):  # nests, restores
+            assert F._forced_config_for(1, 128, 6144, F.EPI_IDX_K).tm == 8
+        assert F._forced_config_for(1, 128, 6144, F.EPI_PLAIN).tm == 32
+    assert F._forced_config_for(16, 2624, 6144, F.EPI_PLAIN) is None
+    with F.forced_config(8, 17, 4), pytest.raises(ValueError, match="splits"):
+        F._forced_config_for(1, 4096, 2048, F.EPI_PLAIN)
+    with pytest.raises(ValueError):
+        F.forced_config(12, 1, 4)
+
+
+def test_diag_variants_compile(tmp_path, monkeypatch):
+    """The sweep's diagnostic / minb=2 variants build for sm_90a (needs nvcc, not a GPU)."""
+    from glm5_fastpath.jit import NvccNotFoundError, compile_kernel, find_nvcc
+    try:
+        find_nvcc()
+    except NvccNotFoundError:
+        pytest.skip("nvcc not found")
+    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "jit"))
+    specs = [F.kernel_spec(tm, F.STAGES[tm], F.EPI_PLAIN, 1, d) for d in (1, 2, 3) for tm in (8, 64)]
+    specs += [F.kernel_spec(32, 4, F.EPI_PLAIN, 2, 0), F.kernel_spec(16, 3, F.EPI_QKV_A, 2, 0)]
+    for spec in specs:
+        assert compile_kernel(spec, "sm_90a").cubin, spec.describe()
+
+
 def test_dims_checks():
     with pytest.raises(ValueError, match="head_dim=96"):
         F._check_head_dims(F.EPI_IDX_Q, 96 * 4, 4, 96, 32)
