@@ -14,7 +14,9 @@ Phases (each writes its records as it goes; the JSON is rewritten after every ph
      without the reduce), no loads in the K loop (MMA + promotion + barriers only); plus the best
      config with PDL on. At M=1 the loads-only variant also over the splits x stages grid (tm=8).
   C  the fused op of each shape (B0 / D0 / D1 / B1) at the heuristic config, the best plain config
-     and the best plain config of each other token block (epilogue / row-tail cost vs tm).
+     and the best plain config of each other token block (epilogue / row-tail cost vs tm); for B0
+     also split mode (plain GEMM at config_for's EPI_PLAIN choice, and at the best plain config,
+     then the b0_row_norms row kernel), PDL off and on.
 
 Timing: glm5_fastpath.bench.timing.time_launches (CUDA-graph replays), weights rotated over enough
 distinct sets to exceed 2x L2 per replay; activations random (never zeros). Floor = (weights +
@@ -138,6 +140,15 @@ class Fused:
         self.cache = torch.zeros(pages, 64 * (d + 4), dtype=torch.uint8, device=dev)
         self.slots = torch.randperm(pages * 64, device=dev, generator=gen)[:m].to(torch.int64)
 
+    def split(self, i: int, pdl: bool = False):
+        """B0 split mode: plain GEMM [M, 2624] bf16, then the row kernel (both with `pdl`)."""
+        cs, c = self.c, self.cfgm
+        w, ws = cs.w[i % cs.sets], cs.ws[i % cs.sets]
+        o = torch.ops.glm5_fastpath
+        qkv = o.fp8_gemm_skinny(cs.x8, cs.xs, w, ws, pdl)
+        return o.b0_row_norms(qkv, self.q_norm, self.kv_norm, c.q_lora_rank, c.kv_lora_rank, c.qk_rope_head_dim,
+                              float(c.rms_norm_eps), pdl)
+
     def __call__(self, i: int, pdl: bool = False):
         cs, c = self.c, self.cfgm
         w, ws = cs.w[i % cs.sets], cs.ws[i % cs.sets]
@@ -215,6 +226,10 @@ def main() -> int:
     print(f"compiled {len(specs)} variants in {t_compile:.1f} s ({len(comp_err)} failed)", flush=True)
     for s, e in comp_err.items():
         print(f"  compile failed {s}: {e}", flush=True)
+    try:  # B0 split mode's row kernel (phase C); a failure only loses the C_split records
+        F._row_kernel(cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, dev)
+    except Exception as e:  # noqa: BLE001
+        print(f"  b0_row_norms kernel failed to load: {type(e).__name__}: {str(e)[:400]}", flush=True)
 
     bw = measure_copy_bandwidth(dev, 1 << 30, 10)
     bps = bw["bytes_per_s"]
@@ -335,6 +350,15 @@ def main() -> int:
                 continue
             seen.add(bk)
             run(case, "C_fused", fused, bk, case.epi, at=label)
+        if case.epi == F.EPI_QKV_A:  # B0 split mode: the plain GEMM's config (forced = config_for's) + row kernel
+            pk = heur(case, F.EPI_PLAIN)
+            run(case, "C_split", fused.split, pk, F.EPI_PLAIN, at="heuristic")
+            run(case, "C_split", fused.split, pk, F.EPI_PLAIN, pdl=True, at="heuristic")
+            if key in best:
+                b = best[key]
+                bk = (b["tm"], b["splits"], b["stages"], b["minb"])
+                if bk != pk:
+                    run(case, "C_split", fused.split, bk, F.EPI_PLAIN, pdl=True, at="best")
     write()
 
     md = summarize(meta, records, cases, best, bps)
@@ -388,6 +412,17 @@ def summarize(meta, records, cases, best, bps) -> str:
         per = ", ".join(f"{r['tm']}/{r['splits']}/{r['stages']}: {r['us']:.1f}" for r in rs if r.get("at", "").startswith("best_tm"))
         b = best.get(key)
         lines.append(f"| {case.name} | {case.m} | {us(h)} | {us(hp)} | {us(fb)} | {per} | {us(b)} |")
+    lines += ["", "## B0 fused vs split (us; split = plain GEMM + b0_row_norms)", "",
+              "| M | fused heuristic | fused heuristic+PDL | split heuristic | split heuristic+PDL | split best plain+PDL |",
+              "|---|---|---|---|---|---|"]
+    for key, case in cases.items():
+        if case.epi != F.EPI_QKV_A:
+            continue
+        rs = [r for r in records if r["shape"] == case.name and r["M"] == case.m and "us" in r]
+        pick = lambda ph, at, pdl: next((r for r in rs if r["phase"] == ph and r.get("at") == at and r["pdl"] == pdl), None)  # noqa: E731
+        lines.append(f"| {case.m} | {us(pick('C_fused', 'heuristic', False))} | {us(pick('C_fused', 'heuristic', True))} | "
+                     f"{us(pick('C_split', 'heuristic', False))} | {us(pick('C_split', 'heuristic', True))} | "
+                     f"{us(pick('C_split', 'best', True))} |")
     lines += ["", "## Streaming (loads only, tm=8, M=1): us by splits x stages", ""]
     for key, case in cases.items():
         rs = [r for r in records if r["shape"] == case.name and r["M"] == case.m and r["phase"] == "B_stream" and "us" in r]

@@ -17,6 +17,7 @@ Flags accept 1/true/yes/on and 0/false/no/off/empty (case-insensitive); anything
 | `GLM5_FASTPATH_LINEINFO` | off | Compile with `-lineinfo` (source lines in compute-sanitizer / ncu). Part of the cache key. |
 | `GLM5_FASTPATH_PRINT_CONFIGS` | off | Print each kernel configuration choice (threads, tiles, ...) once per problem descriptor. |
 | `GLM5_FASTPATH_DISABLE_PDL` | off | Launch every kernel without the Programmatic Dependent Launch attribute (for bisecting). |
+| `GLM5_FASTPATH_B0_MODE` | unset | B0 (`b0_qkv_a`) implementation when the call passes no `mode`: `fused` (one kernel) or `split` (plain GEMM + row kernel); unset = `glm5_fastpath.ops.fp8_gemm.B0_DEFAULT_MODE`. |
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from typing import Any, Mapping
 @dataclass(frozen=True)
 class EnvVar:
     name: str
-    kind: str  # "flag" | "path"
+    kind: str  # "flag" | "path" | "text"
     default: str
     doc: str
 
@@ -47,6 +48,7 @@ _VARS: tuple[EnvVar, ...] = (
     EnvVar("GLM5_FASTPATH_LINEINFO", "flag", "0", "Compile with -lineinfo."),
     EnvVar("GLM5_FASTPATH_PRINT_CONFIGS", "flag", "0", "Print kernel configuration choices once each."),
     EnvVar("GLM5_FASTPATH_DISABLE_PDL", "flag", "0", "Launch without the PDL attribute."),
+    EnvVar("GLM5_FASTPATH_B0_MODE", "text", "", "B0 implementation: fused / split (unset: the module default)."),
 )
 VARS: Mapping[str, EnvVar] = {v.name: v for v in _VARS}
 
@@ -81,6 +83,15 @@ def path(name: str) -> str | None:
         raise TypeError(f"{name} is a {spec.kind} variable, not a path")
     raw = os.environ.get(name, "").strip()
     return os.path.expanduser(raw) if raw else None
+
+
+def text(name: str) -> str | None:
+    """Value of a documented text variable, stripped; None when unset or empty (the caller validates it)."""
+    spec = _spec(name)
+    if spec.kind != "text":
+        raise TypeError(f"{name} is a {spec.kind} variable, not a text variable")
+    raw = os.environ.get(name, "").strip()
+    return raw or None
 
 
 def default_of(name: str) -> str:

@@ -14,6 +14,7 @@ benchmarks swap one for the other.
 | c0_head_gate (C0) | glm5_fastpath.c0_head_gate | csrc/attn_pre/c0_head_gate.{cuh,cu} |
 | d2_absorb_and_kv_store (D2) | glm5_fastpath.d2_absorb_kv_store | csrc/attn_pre/d2_absorb_kv_store.{cuh,cu} |
 | fp8_gemm_skinny, b0_qkv_a (B0), d0_q_b (D0), d1_indexer_q (D1), b1_indexer_k (B1) | glm5_fastpath.fp8_gemm_skinny, fp8_qkv_a, fp8_q_b_rope, fp8_indexer_q, fp8_indexer_k | csrc/attn_pre/fp8_gemm_skinny.{cuh,cu} |
+| b0_qkv_a(..., mode="split") (B0 split: plain GEMM + row kernel) | glm5_fastpath.fp8_gemm_skinny, b0_row_norms | csrc/attn_pre/fp8_gemm_skinny.{cuh,cu}, csrc/attn_pre/b0_row_norms.{cuh,cu} |
 | e1_indexer_logits (E1) | glm5_fastpath.e1_indexer_logits, glm5_fastpath.e1_indexer_logits_out | csrc/attn_pre/e1_indexer_logits.{cuh,cu} |
 | e2_topk (E2) | glm5_fastpath.e2_topk, glm5_fastpath.e2_topk_out | csrc/attn_pre/e2_topk.{cuh,cu} |
 """

@@ -11,6 +11,7 @@ fp32 accumulation with per-128-K-group promotion; the GEMM output is rounded to 
 |---|---|---|
 | fp8_gemm_skinny(x8, xs, w: Fp8Linear) -> y [M,N] bf16 | fp8_gemm_skinny | bf16(y) |
 | b0_qkv_a(x_fp8, x_scale, w, cfg) -> dict | fp8_qkv_a | q_a / kv_a RMSNorm, q_lora 1x128 quant, raw k_pe |
+| b0_qkv_a(..., mode="split") | fp8_gemm_skinny + b0_row_norms | plain GEMM, then a row kernel (csrc/attn_pre/b0_row_norms.{cuh,cu}) |
 | d0_q_b(q_lora_fp8, q_lora_scale, w, positions, cfg) -> (q_nope, q_pe) | fp8_q_b_rope | RoPE on the trailing rope dims of each head |
 | d1_indexer_q(q_lora_fp8, q_lora_scale, w_raw, idx, positions, cfg) -> (q8, s, head_w) | fp8_indexer_q | RoPE leading dims, per-(token, head) quant, head weights |
 | b1_indexer_k(x_bf16, x_fp8, x_scale, idx, positions, out_cache_loc, index_k_cache, cfg, gemm="fp8") -> (k8, s) | fp8_indexer_k | LayerNorm, RoPE, quant, index-K cache store (cache mutated) |
@@ -20,7 +21,10 @@ tokens on N), 128 weight rows per CTA, a cp.async ring of 16 KB weight stages is
 griddepcontrol.wait (PDL), split-K with fp32 partials in a workspace and a self-resetting
 per-tile arrival counter (the last CTA reduces in split order: deterministic) — no second kernel.
 B0's row norms need whole rows: a second per-token-block counter lets the last n tile of a
-token block normalise its rows (one warp per token).
+token block normalise its rows (one warp per token). B0 has a second implementation, mode="split":
+the plain GEMM writes bf16 [M, q_lora + kv_lora + rope], then a row kernel (one CTA per token,
+launched with PDL, norm weights loaded before griddepcontrol.wait) does the same row epilogue.
+mode=None takes GLM5_FASTPATH_B0_MODE when set, else B0_DEFAULT_MODE.
 
 Config (`config_for`): per (M, N, K, epilogue) a small cost model over token block (8..64) and
 split count picks the grid; GLM5_FASTPATH_PRINT_CONFIGS prints it.
@@ -36,9 +40,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
+import json
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -231,6 +236,34 @@ def _forced_config_for(m: int, n: int, k: int, epi: int) -> SkinnyConfig | None:
     return c
 
 
+# Measured best configs (benchmarks/fp8_gemm_sweep.py), per arch and SM count; the heuristic below
+# covers every shape / M the table does not (and other GPUs). Entries: the smallest m_max >= M wins.
+TUNED_TABLE = Path(__file__).with_name("tuned") / "fp8_gemm_sm90_132sm.json"
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned_entries(num_sms: int) -> dict[tuple[str, int, int], list[dict]]:
+    try:
+        table = json.loads(TUNED_TABLE.read_text())
+    except FileNotFoundError:
+        return {}
+    if table.get("num_sms") != num_sms:
+        return {}
+    out: dict[tuple[str, int, int], list[dict]] = {}
+    for e in table["entries"]:
+        out.setdefault((e["epi"], e["n"], e["k"]), []).append(e)
+    for v in out.values():
+        v.sort(key=lambda e: e["m_max"])
+    return out
+
+
+def _tuned_config(m: int, n: int, k: int, epi: int, num_sms: int) -> SkinnyConfig | None:
+    for e in _tuned_entries(num_sms).get((EPI_NAMES[epi], n, k), ()):
+        if m <= e["m_max"]:
+            return SkinnyConfig(epi, m, n, k, e["tm"], e["splits"], e["stages"], e.get("minb", 1))
+    return None
+
+
 def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132) -> SkinnyConfig:
     """Pick (token block, splits) for an [m, k] x [n, k]^T GEMM with epilogue `epi`.
 
@@ -249,6 +282,11 @@ def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132)
         raise _fail(epi, f"K={k} must be a positive multiple of 128")
     if n <= 0 or n % 2:
         raise _fail(epi, f"N={n} must be a positive even number")
+    tuned = _tuned_config(m, n, k, epi, num_sms)
+    if tuned is not None:
+        with _config_lock:
+            _configs[key] = tuned
+        return tuned
     g = k // 128
     best: tuple[float, int, SkinnyConfig] | None = None
     for tm in TOKEN_BLOCKS:
@@ -568,6 +606,114 @@ def _(x8, xs, w, ws, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim, eps, 
     return _qkv_a_outputs(x8, w, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim)
 
 
+# ---- B0 split mode: plain GEMM + row kernel (csrc/attn_pre/b0_row_norms.{cuh,cu}) -------------------
+
+B0_MODES = ("fused", "split")
+B0_DEFAULT_MODE = "fused"  # what b0_qkv_a uses when neither `mode` nor GLM5_FASTPATH_B0_MODE says
+B0_MODE_ENV = "GLM5_FASTPATH_B0_MODE"
+ROW_SOURCE = "attn_pre/b0_row_norms.cu"
+ROW_FUNCTION = "glm5_b0_row_norms"
+
+
+def b0_mode(mode: str | None = None) -> str:
+    """The B0 implementation a call uses: `mode` when given, else GLM5_FASTPATH_B0_MODE (read now),
+    else B0_DEFAULT_MODE. Anything but "fused" / "split" raises Fp8GemmInputError (a ValueError)."""
+    if mode is None:
+        raw = env.text(B0_MODE_ENV)
+        if raw is not None:
+            if raw.lower() not in B0_MODES:
+                raise _fail(EPI_QKV_A, f"{B0_MODE_ENV}={raw!r}: expected one of {', '.join(B0_MODES)}")
+            return raw.lower()
+        mode = B0_DEFAULT_MODE
+    if not isinstance(mode, str) or mode not in B0_MODES:
+        raise _fail(EPI_QKV_A, f"mode={mode!r}: expected one of {', '.join(B0_MODES)} (or None)")
+    return mode
+
+
+def _row_threads(q: int, kv: int, r: int) -> int:
+    """Threads per CTA of the row kernel: one 16-byte vector of the larger part per thread, a
+    multiple of 32 in 32..256 (GLM-5: 256; small preset: 32)."""
+    vecs = max(q // 8, (kv + r) // 8)
+    return min(256, max(32, -(-vecs // 32) * 32))
+
+
+def _check_row_dims(q: int, kv: int, r: int) -> None:
+    _check_qkv_a_dims(q, kv, r, q + kv + r)
+    if r % 8:
+        raise _fail(EPI_QKV_A, f"mode='split' needs the rope dim to be a multiple of 8 (16-byte rows), got {r}")
+
+
+@functools.lru_cache(maxsize=None)
+def row_norms_spec(q: int, kv: int, r: int) -> KernelSpec:
+    """The row kernel of B0 split mode for q_lora_rank q, kv_lora_rank kv, rope dim r."""
+    return KernelSpec(ROW_FUNCTION, source=ROW_SOURCE,
+                      defines=(("GLM5_B0N_Q", str(q)), ("GLM5_B0N_KV", str(kv)), ("GLM5_B0N_R", str(r)),
+                               ("GLM5_B0N_THREADS", str(_row_threads(q, kv, r)))))
+
+
+def _row_specs() -> list[KernelSpec]:
+    out = []
+    for name in ("glm5", "small"):
+        c = Glm5Config.preset(name)
+        out.append(row_norms_spec(c.q_lora_rank, c.kv_lora_rank, c.qk_rope_head_dim))
+    return out
+
+
+def _row_kernel(q: int, kv: int, r: int, dev: torch.device):
+    key = ("b0_row_norms", q, kv, r, _dev_index(dev))
+    k = _kernels.get(key)
+    if k is None:
+        from ..jit.runtime import get_kernel
+        with _state_lock:
+            k = _kernels.get(key)
+            if k is None:
+                k = _kernels[key] = get_kernel(row_norms_spec(q, kv, r), device=dev)
+    return k
+
+
+def _row_outputs(qkv, q_norm, kv_norm, q: int, kv: int, r: int):
+    e = EPI_QKV_A
+    _check_row_dims(q, kv, r)
+    _check_tensor(e, "qkv", qkv, BF16, (None, q + kv + r))
+    _check_tensor(e, "q_a_norm", q_norm, BF16, (q,))
+    _check_tensor(e, "kv_a_norm", kv_norm, BF16, (kv,))
+    m = qkv.shape[0]
+    return (qkv.new_empty((m, q), dtype=BF16), qkv.new_empty((m, q), dtype=FP8),
+            qkv.new_empty((m, q // 128), dtype=torch.float32), qkv.new_empty((m, kv), dtype=BF16),
+            qkv.new_empty((m, r), dtype=BF16))
+
+
+@torch.library.custom_op("glm5_fastpath::b0_row_norms", mutates_args=())
+def _b0_row_norms_op(qkv: torch.Tensor, q_norm: torch.Tensor, kv_norm: torch.Tensor, q_lora_rank: int,
+                     kv_lora_rank: int, rope_dim: int, eps: float, pdl: bool = True
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """B0's row epilogue on the plain GEMM's bf16 output qkv [M, q+kv+r] -> (q_lora, q_lora_fp8,
+    q_lora_scale [M, q/128] row-major, c_kv, k_pe), the outputs (and layouts) of fp8_qkv_a."""
+    e = EPI_QKV_A
+    outs = _row_outputs(qkv, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim)
+    dev = _same_device(e, qkv, q_norm, kv_norm)
+    m = qkv.shape[0]
+    if m == 0:
+        return outs
+    if m >= 2**31:
+        raise _fail(e, f"M={m} rows exceeds the grid limit 2^31-1")
+    _check_capability(e, dev)
+    _check_aligned(e, ("qkv", qkv), ("q_a_norm", q_norm), ("kv_a_norm", kv_norm))
+    q_lora, q8, qs, c_kv, k_pe = outs
+    threads = _row_threads(q_lora_rank, kv_lora_rank, rope_dim)
+    kernel = _row_kernel(q_lora_rank, kv_lora_rank, rope_dim, dev)
+    env.print_config("b0_row_norms", {"M": m, "Q": q_lora_rank, "KV": kv_lora_rank, "R": rope_dim},
+                     {"threads": threads, "grid": "M CTAs"})
+    kernel.launch((m, 1, 1), (threads, 1, 1),
+                  (qkv, q_norm, kv_norm, q_lora, q8, qs, c_kv, k_pe, ctypes.c_int32(m), ctypes.c_float(eps)), pdl=pdl)
+    return outs
+
+
+@_b0_row_norms_op.register_fake
+def _(qkv, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim, eps, pdl=True):
+    return _row_outputs(qkv, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim)
+
+
 def _check_q_b_dims(n: int, heads: int, nope: int, r: int) -> None:
     e = EPI_Q_B
     if heads * (nope + r) != n:
@@ -709,17 +855,30 @@ def _unpack_linear(epi: int, name: str, lin) -> tuple[torch.Tensor, torch.Tensor
     return lin.weight, lin.scale_inv
 
 
-def b0_qkv_a(x_fp8: torch.Tensor, x_scale: torch.Tensor, w, cfg: Glm5Config, *, pdl: bool = True
-             ) -> dict[str, torch.Tensor]:
-    """QKV-A GEMM + q_a / kv_a RMSNorm + q_lora 1x128 quant in one kernel (ref.prefix.b0_qkv_a)."""
+def b0_qkv_a(x_fp8: torch.Tensor, x_scale: torch.Tensor, w, cfg: Glm5Config, *, pdl: bool = True,
+             mode: str | None = None) -> dict[str, torch.Tensor]:
+    """QKV-A GEMM + q_a / kv_a RMSNorm + q_lora 1x128 quant (ref.prefix.b0_qkv_a).
+
+    mode "fused": one kernel (the last n tile of a token block runs the row epilogue); "split": the
+    plain GEMM into a bf16 [M, q+kv+rope] buffer, then the row kernel (PDL, same stream). None:
+    GLM5_FASTPATH_B0_MODE when set, else B0_DEFAULT_MODE (see b0_mode)."""
     e = EPI_QKV_A
     c = _cfg_check(e, cfg)
+    use = b0_mode(mode)
     weight, scale = _unpack_linear(e, "w.qkv_a", w.qkv_a)
     if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[1] != c.hidden_size:
         raise _fail(e, f"w.qkv_a has K={weight.shape[-1]} but hidden_size is {c.hidden_size}")
-    q_lora, q8, qs, c_kv, k_pe = torch.ops.glm5_fastpath.fp8_qkv_a(
-        x_fp8, x_scale, weight, scale, w.q_a_norm, w.kv_a_norm, c.q_lora_rank, c.kv_lora_rank, c.qk_rope_head_dim,
-        float(c.rms_norm_eps), pdl)
+    q, kv, r, eps = c.q_lora_rank, c.kv_lora_rank, c.qk_rope_head_dim, float(c.rms_norm_eps)
+    if use == "split":
+        _check_row_dims(q, kv, r)
+        if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+            _check_qkv_a_dims(q, kv, r, weight.shape[0])
+        qkv = torch.ops.glm5_fastpath.fp8_gemm_skinny(x_fp8, x_scale, weight, scale, pdl)
+        q_lora, q8, qs, c_kv, k_pe = torch.ops.glm5_fastpath.b0_row_norms(qkv, w.q_a_norm, w.kv_a_norm, q, kv, r,
+                                                                          eps, pdl)
+    else:
+        q_lora, q8, qs, c_kv, k_pe = torch.ops.glm5_fastpath.fp8_qkv_a(
+            x_fp8, x_scale, weight, scale, w.q_a_norm, w.kv_a_norm, q, kv, r, eps, pdl)
     return {"q_lora": q_lora, "q_lora_fp8": q8, "q_lora_scale": qs, "c_kv": c_kv, "k_pe": k_pe}
 
 
@@ -784,15 +943,16 @@ def _glm_shapes(cfg: Glm5Config) -> list[tuple[int, int, int]]:
             (EPI_IDX_K, c.index_head_dim, c.hidden_size)]
 
 
-def _variants(cfg: Glm5Config, num_sms: int = 132) -> set[tuple[int, int, int]]:
-    out: set[tuple[int, int, int]] = set()
+def _variants(cfg: Glm5Config, num_sms: int = 132) -> set[tuple[int, int, int, int]]:
+    """(tm, stages, epi, minb) of every kernel the GLM-5 shapes launch for M in 1..MAX_M."""
+    out: set[tuple[int, int, int, int]] = set()
     for epi, n, k in _glm_shapes(cfg):
         for m in range(1, MAX_M + 1):
             c = config_for(m, n, k, epi, num_sms)
-            out.add((c.tm, c.stages, c.epi))
+            out.add((c.tm, c.stages, c.epi, c.minb))
             if epi in (EPI_QKV_A, EPI_IDX_K):  # the plain op at the same K-heavy shapes
                 c = config_for(m, n, k, EPI_PLAIN, num_sms)
-                out.add((c.tm, c.stages, c.epi))
+                out.add((c.tm, c.stages, c.epi, c.minb))
     return out
 
 
@@ -804,19 +964,24 @@ def precompile(device: object = None, cfg: Glm5Config | None = None) -> None:
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     sms = _sms(dev)
-    for tm, stages, epi in sorted(_variants(cfg, sms)):
-        _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages), dev)
+    for tm, stages, epi, minb in sorted(_variants(cfg, sms)):
+        _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb), dev)
     for epi, n, k in _glm_shapes(cfg):
         _workspace(epi, n, k, dev)
         _workspace(EPI_PLAIN, n, k, dev)
     _table_for(cfg, dev)
+    if cfg.qk_rope_head_dim % 8 == 0:  # B0 split mode's row kernel (its plain GEMM variants are above)
+        _row_kernel(cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, dev)
 
 
 def compile_check_specs() -> list[KernelSpec]:
     """Every launcher variant: all token blocks x epilogues at their stage counts."""
-    return [kernel_spec(tm, STAGES[tm], epi) for epi in EPI_NAMES for tm in TOKEN_BLOCKS]
+    base = {(tm, STAGES[tm], epi, 1) for epi in EPI_NAMES for tm in TOKEN_BLOCKS}
+    tuned = {(e["tm"], e["stages"], epi, e.get("minb", 1)) for epi, name in EPI_NAMES.items()
+             for (ename, _, _), es in _tuned_entries(132).items() if ename == name for e in es}
+    return [kernel_spec(tm, st, epi, minb=mb) for tm, st, epi, mb in sorted(base | tuned)] + _row_specs()
 
 
-__all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig", "b0_qkv_a", "b1_indexer_k", "compile_check_specs", "config_for",
+__all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig", "B0_DEFAULT_MODE", "B0_MODES", "b0_mode", "b0_qkv_a", "b1_indexer_k", "compile_check_specs", "config_for",
            "d0_q_b", "d1_indexer_q", "diag_specs", "estimate_us", "forced_config", "fp8_gemm_skinny", "precompile",
            "rope_table"]

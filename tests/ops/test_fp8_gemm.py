@@ -50,21 +50,30 @@ def test_config_valid_for_every_m(cfg):
             assert 1 <= c.splits <= k // 128 and c.gmax * c.splits >= k // 128, ctx
             assert c.smem_bytes <= 227 * 1024, ctx
             assert c.partial_floats * 4 <= F.WORKSPACE_CAP_BYTES, ctx
-            assert c.stages == F.STAGES[c.tm], ctx
-            assert c.tm == 8 or c.tm // 2 < m, ctx  # never a block twice too large
+            assert 3 <= c.stages <= F.STAGES[c.tm], ctx
 
 
 def test_config_choices_glm5_decode():
-    """The choices the performance reasoning relies on (M=16, 132 SMs)."""
-    qkv = F.config_for(16, 2624, 6144, F.EPI_QKV_A)
-    assert qkv.tm == 16 and qkv.splits >= 4 and 84 <= qkv.ctas <= 132, qkv.describe()
-    qb = F.config_for(16, 16384, 2048, F.EPI_Q_B)
-    assert qb.splits == 1 and qb.ctas == 128, qb.describe()
-    wq = F.config_for(16, 4096, 2048, F.EPI_IDX_Q)
-    assert wq.splits >= 3 and wq.ctas >= 96, wq.describe()
-    wk = F.config_for(16, 128, 6144, F.EPI_IDX_K)
-    assert wk.splits >= 8, wk.describe()
-    one = F.config_for(1, 2624, 6144, F.EPI_PLAIN)
+    """On 132 SMs the measured table decides (tests the lookup, not the numbers); elsewhere the heuristic."""
+    import json
+
+    table = json.loads(F.TUNED_TABLE.read_text())
+    assert table["num_sms"] == 132 and table["entries"]
+    for e in table["entries"]:
+        epi = {v: k for k, v in F.EPI_NAMES.items()}[e["epi"]]
+        for m in (e["m_max"], max(1, e["m_max"] // 2)):
+            smaller = [x["m_max"] for x in table["entries"] if (x["epi"], x["n"], x["k"]) == (e["epi"], e["n"], e["k"])
+                       and x["m_max"] >= m]
+            if min(smaller) != e["m_max"]:
+                continue  # m falls into a smaller bucket
+            c = F.config_for(m, e["n"], e["k"], epi)
+            assert (c.tm, c.splits, c.stages, c.minb) == (e["tm"], e["splits"], e["stages"], e.get("minb", 1)), (e, m)
+    # past the table's largest bucket, and on another SM count, the cost-model heuristic picks
+    qkv = F.config_for(200, 2624, 6144, F.EPI_QKV_A)
+    assert qkv.stages == F.STAGES[qkv.tm]
+    other = F.config_for(16, 2624, 6144, F.EPI_QKV_A, num_sms=114)
+    assert other.stages == F.STAGES[other.tm] and other.tm == 16, other.describe()
+    one = F.config_for(1, 2624, 6144, F.EPI_PLAIN, num_sms=114)
     assert one.tm == 8, one.describe()
 
 
@@ -175,6 +184,75 @@ def test_diag_variants_compile(tmp_path, monkeypatch):
     specs += [F.kernel_spec(32, 4, F.EPI_PLAIN, 2, 0), F.kernel_spec(16, 3, F.EPI_QKV_A, 2, 0)]
     for spec in specs:
         assert compile_kernel(spec, "sm_90a").cubin, spec.describe()
+
+
+# ---- CPU: B0 mode selection (fused / split) --------------------------------------------------------------
+
+def test_b0_mode_selection(monkeypatch):
+    monkeypatch.delenv("GLM5_FASTPATH_B0_MODE", raising=False)
+    assert F.B0_MODES == ("fused", "split") and F.B0_DEFAULT_MODE in F.B0_MODES
+    assert F.b0_mode() == F.B0_DEFAULT_MODE
+    monkeypatch.setattr(F, "B0_DEFAULT_MODE", "split")
+    assert F.b0_mode() == "split"
+    monkeypatch.setenv("GLM5_FASTPATH_B0_MODE", "Fused")  # read at call time, case-insensitive
+    assert F.b0_mode() == "fused"
+    monkeypatch.setenv("GLM5_FASTPATH_B0_MODE", "")  # empty = unset
+    assert F.b0_mode() == "split"
+    monkeypatch.setenv("GLM5_FASTPATH_B0_MODE", "split")
+    assert F.b0_mode("fused") == "fused"  # an explicit mode wins over the variable
+    monkeypatch.setenv("GLM5_FASTPATH_B0_MODE", "two_kernels")
+    with pytest.raises(ValueError, match="GLM5_FASTPATH_B0_MODE='two_kernels'") as ei:
+        F.b0_mode()
+    assert "glm5_fastpath.b0_qkv_a" in str(ei.value)
+    monkeypatch.delenv("GLM5_FASTPATH_B0_MODE")
+    for bad in ("Split", "", 1):
+        with pytest.raises(ValueError, match="mode=") as ei:
+            F.b0_mode(bad)
+        assert "glm5_fastpath.b0_qkv_a" in str(ei.value)
+
+
+def _meta_b0_weights(c):
+    from types import SimpleNamespace
+    dev = "meta"
+    lin = rfp8_linear(torch.empty(c.qkv_a_out, c.hidden_size, dtype=FP8, device=dev),
+                      torch.empty(-(-c.qkv_a_out // 128), c.hidden_size // 128, device=dev))
+    return SimpleNamespace(qkv_a=lin, q_a_norm=torch.empty(c.q_lora_rank, dtype=BF16, device=dev),
+                           kv_a_norm=torch.empty(c.kv_lora_rank, dtype=BF16, device=dev))
+
+
+@pytest.mark.parametrize("cfg", [GLM5, SMALL], ids=["glm5", "small"])
+def test_b0_modes_fake_shapes_meta(cfg, monkeypatch):
+    monkeypatch.delenv("GLM5_FASTPATH_B0_MODE", raising=False)
+    m, c = 5, cfg
+    x8 = torch.empty(m, c.hidden_size, dtype=FP8, device="meta")
+    xs = torch.empty(m, c.hidden_size // 128, device="meta")
+    w = _meta_b0_weights(c)
+    want = {"q_lora": ((m, c.q_lora_rank), BF16), "q_lora_fp8": ((m, c.q_lora_rank), FP8),
+            "q_lora_scale": ((m, c.q_lora_rank // 128), torch.float32), "c_kv": ((m, c.kv_lora_rank), BF16),
+            "k_pe": ((m, c.qk_rope_head_dim), BF16)}
+    for mode in F.B0_MODES:
+        out = F.b0_qkv_a(x8, xs, w, c, mode=mode)
+        assert {k: (tuple(v.shape), v.dtype) for k, v in out.items()} == want, mode
+        assert out["q_lora_scale"].stride() == (c.q_lora_rank // 128, 1), mode  # row-major in both modes
+    monkeypatch.setenv("GLM5_FASTPATH_B0_MODE", "bogus")
+    with pytest.raises(ValueError, match="glm5_fastpath.b0_qkv_a: GLM5_FASTPATH_B0_MODE='bogus'"):
+        F.b0_qkv_a(x8, xs, w, c)
+    qkv = torch.empty(m, c.qkv_a_out, dtype=BF16, device="meta")
+    outs = torch.ops.glm5_fastpath.b0_row_norms(qkv, w.q_a_norm, w.kv_a_norm, c.q_lora_rank, c.kv_lora_rank,
+                                                c.qk_rope_head_dim, 1e-5, True)
+    assert [tuple(o.shape) for o in outs] == [v[0] for v in want.values()]
+    with pytest.raises(ValueError, match="qkv must have shape"):
+        torch.ops.glm5_fastpath.b0_row_norms(qkv[:, 1:], w.q_a_norm, w.kv_a_norm, c.q_lora_rank, c.kv_lora_rank,
+                                             c.qk_rope_head_dim, 1e-5, True)
+
+
+def test_b0_row_kernel_specs():
+    specs = {dict(s.defines)["GLM5_B0N_Q"]: s for s in F.compile_check_specs() if s.name == F.ROW_FUNCTION}
+    assert set(specs) == {"2048", "256"}
+    assert dict(specs["2048"].defines)["GLM5_B0N_THREADS"] == "256"
+    assert dict(specs["256"].defines)["GLM5_B0N_THREADS"] == "32"
+    with pytest.raises(ValueError, match="multiple of 8"):
+        F._check_row_dims(256, 128, 36)
 
 
 def test_dims_checks():
@@ -305,16 +383,49 @@ def check_b0(got, want, ctx):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fused", "split"])
 @pytest.mark.parametrize("m", M_VALUES)
-def test_b0_qkv_a(m, layer, no_pdl_override):
+def test_b0_qkv_a(m, mode, layer, no_pdl_override):
     _, x8, xs = make_x(m, GLM5, 40 + m)
-    got = F.b0_qkv_a(x8, xs, layer.attn, GLM5)
+    got = F.b0_qkv_a(x8, xs, layer.attn, GLM5, mode=mode)
     want = ref.b0_qkv_a(x8, xs, layer.attn, GLM5)
     torch.cuda.synchronize()
-    check_b0(got, want, f"{m=}")
-    again = F.b0_qkv_a(x8, xs, layer.attn, GLM5)
+    check_b0(got, want, f"{mode} {m=}")
+    again = F.b0_qkv_a(x8, xs, layer.attn, GLM5, mode=mode)
     for k in got:
-        assert_equal("b0_qkv_a", again[k], got[k], context=f"deterministic {k} {m=}")
+        assert_equal("b0_qkv_a", again[k], got[k], context=f"deterministic {mode} {k} {m=}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 16, 256])
+def test_b0_row_norms_exact_on_the_gemm_output(m, layer, no_pdl_override):
+    """Split mode's row kernel alone: given the same bf16 GEMM output, q_lora / c_kv are the reference
+    RMSNorm up to the sum order (bf16 bar), k_pe is a bitwise copy, and the FP8 is the exact
+    quantization of the kernel's own q_lora; pdl on/off and the env variable agree bitwise."""
+    c = GLM5
+    _, x8, xs = make_x(m, c, 45 + m)
+    qkv = F.fp8_gemm_skinny(x8, xs, layer.attn.qkv_a)
+    q, kv, r = c.q_lora_rank, c.kv_lora_rank, c.qk_rope_head_dim
+    outs = torch.ops.glm5_fastpath.b0_row_norms(qkv, layer.attn.q_a_norm, layer.attn.kv_a_norm, q, kv, r,
+                                                float(c.rms_norm_eps), True)
+    torch.cuda.synchronize()
+    got = dict(zip(("q_lora", "q_lora_fp8", "q_lora_scale", "c_kv", "k_pe"), outs))
+    assert_no_poison("b0_row_norms", *outs, names=list(got))
+    assert_close("b0_row_norms", got["q_lora"], ref._rmsnorm_bf16(qkv[:, :q], layer.attn.q_a_norm, c.rms_norm_eps),
+                 kind="bf16", context=f"q_lora {m=}")
+    assert_close("b0_row_norms", got["c_kv"], ref._rmsnorm_bf16(qkv[:, q:q + kv], layer.attn.kv_a_norm, c.rms_norm_eps),
+                 kind="bf16", context=f"c_kv {m=}")
+    assert_equal("b0_row_norms", got["k_pe"], qkv[:, q + kv:], context=f"k_pe {m=}")
+    q8, qs = rfp8.quant_act_per_token(got["q_lora"])
+    assert_close("b0_row_norms", got["q_lora_scale"], qs, tol=1e-7, context=f"own scale {m=}")
+    assert_close("b0_row_norms", rfp8.dequant_act(got["q_lora_fp8"], got["q_lora_scale"]), rfp8.dequant_act(q8, qs),
+                 tol=1e-3, context=f"own quant {m=}")
+
+    off = torch.ops.glm5_fastpath.b0_row_norms(qkv, layer.attn.q_a_norm, layer.attn.kv_a_norm, q, kv, r,
+                                               float(c.rms_norm_eps), False)
+    torch.cuda.synchronize()
+    for a, b, k in zip(outs, off, got):
+        assert_equal("b0_row_norms", a, b, context=f"pdl off {k} {m=}")
 
 
 @pytest.mark.gpu
@@ -394,7 +505,8 @@ def test_b1_indexer_k(m, layer, no_pdl_override):
 def test_small_preset_all_ops(m, small_layer):
     c, lw = SMALL, small_layer
     x, x8, xs = make_x(m, c, m)
-    check_b0(F.b0_qkv_a(x8, xs, lw.attn, c), ref.b0_qkv_a(x8, xs, lw.attn, c), f"small {m=}")
+    for mode in ("fused", "split"):
+        check_b0(F.b0_qkv_a(x8, xs, lw.attn, c, mode=mode), ref.b0_qkv_a(x8, xs, lw.attn, c), f"small {mode} {m=}")
     ql8, qls = q_lora_inputs(m, c, lw, m)
     pos = make_positions(m, c, m)
     for a, b in zip(F.d0_q_b(ql8, qls, lw.attn, pos, c), ref.d0_q_b(ql8, qls, lw.attn, pos, c)):
@@ -419,8 +531,9 @@ def test_small_preset_all_ops(m, small_layer):
 def test_empty_batch(layer):
     _, x8, xs = make_x(0, GLM5, 0)
     assert tuple(F.fp8_gemm_skinny(x8, xs, layer.attn.qkv_a).shape) == (0, 2624)
-    out = F.b0_qkv_a(x8, xs, layer.attn, GLM5)
-    assert tuple(out["q_lora_scale"].shape) == (0, 16)
+    for mode in ("fused", "split"):
+        out = F.b0_qkv_a(x8, xs, layer.attn, GLM5, mode=mode)
+        assert tuple(out["q_lora_scale"].shape) == (0, 16) and tuple(out["k_pe"].shape) == (0, 64), mode
 
 
 # ---- GPU: PDL late producer --------------------------------------------------------------------------------
@@ -457,7 +570,10 @@ def test_pdl_late_producer(m, layer, no_pdl_override):
     c = GLM5
     x, x8_true, xs = make_x(m, c, 80 + m)
     want_y = F.fp8_gemm_skinny(x8_true, xs, layer.attn.qkv_a)
-    want_b0 = F.b0_qkv_a(x8_true, xs, layer.attn, c)
+    want_b0 = F.b0_qkv_a(x8_true, xs, layer.attn, c, mode="fused")
+    want_b0_split = F.b0_qkv_a(x8_true, xs, layer.attn, c, mode="split")
+    qkv_true = want_y.clone()  # the plain GEMM's output = the split mode's intermediate
+    qkv = torch.empty_like(qkv_true)
     pos = make_positions(m, c, m)
     cache, slots = make_cache(m, c, m)
     want_k8, _ = F.b1_indexer_k(x, x8_true, xs, layer.attn.indexer, pos, slots, cache.clone(), c)
@@ -472,10 +588,26 @@ def test_pdl_late_producer(m, layer, no_pdl_override):
         x8.view(torch.uint8).fill_(0x38)
         torch.cuda.synchronize()
         _produce(prod, x8_true, x8)
-        got = F.b0_qkv_a(x8, xs, layer.attn, c)
+        got = F.b0_qkv_a(x8, xs, layer.attn, c, mode="fused")
         torch.cuda.synchronize()
         for k in got:
             assert_equal("b0_qkv_a", got[k], want_b0[k], context=f"PDL late producer {k} {m=}")
+        x8.view(torch.uint8).fill_(0x38)
+        torch.cuda.synchronize()
+        _produce(prod, x8_true, x8)
+        got = F.b0_qkv_a(x8, xs, layer.attn, c, mode="split")
+        torch.cuda.synchronize()
+        for k in got:
+            assert_equal("b0_qkv_a", got[k], want_b0_split[k], context=f"PDL late producer split {k} {m=}")
+        # the row kernel itself behind a late producer of its bf16 input
+        qkv.fill_(1.0)
+        torch.cuda.synchronize()
+        _produce(prod, qkv_true, qkv)
+        outs = torch.ops.glm5_fastpath.b0_row_norms(qkv, layer.attn.q_a_norm, layer.attn.kv_a_norm, c.q_lora_rank,
+                                                    c.kv_lora_rank, c.qk_rope_head_dim, float(c.rms_norm_eps), True)
+        torch.cuda.synchronize()
+        for k, o in zip(("q_lora", "q_lora_fp8", "q_lora_scale", "c_kv", "k_pe"), outs):
+            assert_equal("b0_row_norms", o, want_b0_split[k], context=f"PDL late producer row kernel {k} {m=}")
         x8.view(torch.uint8).fill_(0x38)
         torch.cuda.synchronize()
         _produce(prod, x8_true, x8)
@@ -502,7 +634,8 @@ def test_cuda_graph_replay_with_changing_inputs(m, layer, no_pdl_override):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         y = F.fp8_gemm_skinny(sx8, sxs, layer.attn.qkv_a)
-        b0 = F.b0_qkv_a(sx8, sxs, layer.attn, c)
+        b0 = F.b0_qkv_a(sx8, sxs, layer.attn, c, mode="fused")
+        b0s = F.b0_qkv_a(sx8, sxs, layer.attn, c, mode="split")
         qn, qp = F.d0_q_b(b0["q_lora_fp8"], b0["q_lora_scale"], layer.attn, pos, c)
         q8, qs, hw = F.d1_indexer_q(b0["q_lora_fp8"], b0["q_lora_scale"], w_raw, layer.attn.indexer, pos, c)
         k8, ks = F.b1_indexer_k(None, sx8, sxs, layer.attn.indexer, pos, slots, cache, c)
@@ -510,7 +643,7 @@ def test_cuda_graph_replay_with_changing_inputs(m, layer, no_pdl_override):
         x, x8, xs = make_x(m, c, 100 + step)
         sx8.copy_(x8)
         sxs.copy_(xs)
-        for t in (y, qn, qp, qs, hw, k8, ks, *b0.values()):
+        for t in (y, qn, qp, qs, hw, k8, ks, *b0.values(), *b0s.values()):
             poison_(t)
         g.replay()
         torch.cuda.synchronize()
@@ -519,6 +652,7 @@ def test_cuda_graph_replay_with_changing_inputs(m, layer, no_pdl_override):
                      kind="bf16", context=ctx)
         want = ref.b0_qkv_a(x8, xs, layer.attn, c)
         check_b0(b0, want, ctx)
+        check_b0(b0s, want, f"{ctx} split")
         rn, rp = ref.d0_q_b(b0["q_lora_fp8"], b0["q_lora_scale"], layer.attn, pos, c)
         assert_close("d0_q_b", qn, rn, kind="bf16", context=ctx)
         assert_close("d0_q_b", qp, rp, kind="bf16", context=ctx)
@@ -559,6 +693,10 @@ def test_kernel_resources():
     from glm5_fastpath.jit import get_kernel
     for spec in F.compile_check_specs():
         k = get_kernel(spec)
+        if spec.name == F.ROW_FUNCTION:  # B0 split mode's row kernel: no stack, 10 parameters
+            assert k.local_bytes == 0, k
+            continue
+
         epi = int(dict(spec.defines)["GLM5_SKINNY_EPI"])
         # the RoPE epilogues call double sin/cos whose rare slow path (|angle| huge) keeps a small stack
         assert k.local_bytes <= (64 if epi in (F.EPI_Q_B, F.EPI_IDX_Q, F.EPI_IDX_K) else 0), k
