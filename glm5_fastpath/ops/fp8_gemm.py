@@ -609,7 +609,7 @@ def _(x8, xs, w, ws, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim, eps, 
 # ---- B0 split mode: plain GEMM + row kernel (csrc/attn_pre/b0_row_norms.{cuh,cu}) -------------------
 
 B0_MODES = ("fused", "split")
-B0_DEFAULT_MODE = "fused"  # what b0_qkv_a uses when neither `mode` nor GLM5_FASTPATH_B0_MODE says
+B0_DEFAULT_MODE = "split"  # what b0_qkv_a uses when neither `mode` nor GLM5_FASTPATH_B0_MODE says
 B0_MODE_ENV = "GLM5_FASTPATH_B0_MODE"
 ROW_SOURCE = "attn_pre/b0_row_norms.cu"
 ROW_FUNCTION = "glm5_b0_row_norms"
