@@ -48,6 +48,7 @@ from typing import NamedTuple
 import torch
 
 from ..config import ACT_QUANT_EPS, FP8_BLOCK, FP8_MAX
+from ._device import require_hopper
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.add_rmsnorm_quant"
@@ -164,23 +165,12 @@ def _check_inputs(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     return config_for(int(h))
 
 
-_capability_ok: dict[int, bool] = {}
 
 
 def _check_device(*ts: torch.Tensor) -> None:
     """Real-launch checks: a CUDA sm_90+ device and 16-byte aligned rows (16-byte loads/stores)."""
     dev = ts[0].device
-    if dev.type != "cuda":
-        raise _fail(f"tensors must be on a CUDA device, got {dev}")
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    ok = _capability_ok.get(idx)
-    if ok is None:
-        major, minor = torch.cuda.get_device_capability(idx)
-        ok = _capability_ok[idx] = major >= 9
-        if not ok:
-            raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is sm_{major}{minor}")
-    elif not ok:
-        raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is older")
+    require_hopper(OP, dev, _fail)
     for t in ts:
         if t.numel() and t.data_ptr() % 16:
             raise _fail(f"tensor data must be 16-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._device import device_index as _device_index, require_hopper
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.c0_head_gate"
@@ -108,22 +109,11 @@ def _check_inputs(x: torch.Tensor, weights_proj: torch.Tensor) -> C0Config:
     return config_for(int(h), int(heads))
 
 
-_capability_ok: dict[int, bool] = {}
 
 
 def _check_device(*ts: torch.Tensor) -> None:
     dev = ts[0].device
-    if dev.type != "cuda":
-        raise _fail(f"tensors must be on a CUDA device, got {dev}")
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    ok = _capability_ok.get(idx)
-    if ok is None:
-        major, minor = torch.cuda.get_device_capability(idx)
-        ok = _capability_ok[idx] = major >= 9
-        if not ok:
-            raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is sm_{major}{minor}")
-    elif not ok:
-        raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is older")
+    require_hopper(OP, dev, _fail)
     for t in ts:
         if t.numel() and t.data_ptr() % 16:
             raise _fail(f"tensor data must be 16-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")
@@ -142,8 +132,6 @@ _workspaces: dict[tuple[int, int, int], _Workspace] = {}
 _kernels: dict[tuple[C0Config, int], object] = {}
 
 
-def _device_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _workspace(cfg: C0Config, device: torch.device) -> _Workspace:

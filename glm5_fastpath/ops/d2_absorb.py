@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._device import device_index as _device_index, require_hopper
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.d2_absorb_and_kv_store"
@@ -172,22 +173,11 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
-_capability_ok: dict[int, bool] = {}
 
 
 def _check_device(ins: dict[str, torch.Tensor], kv_cache: torch.Tensor) -> None:
     dev = kv_cache.device
-    if dev.type != "cuda":
-        raise _fail(f"tensors must be on a CUDA device, got {dev}")
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    ok = _capability_ok.get(idx)
-    if ok is None:
-        major, minor = torch.cuda.get_device_capability(idx)
-        ok = _capability_ok[idx] = major >= 9
-        if not ok:
-            raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is sm_{major}{minor}")
-    elif not ok:
-        raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is older")
+    require_hopper(OP, dev, _fail)
     for name, t in list(ins.items()) + [("kv_cache", kv_cache)]:
         if t.numel() and t.data_ptr() % 16:
             raise _fail(f"{name} data must be 16-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")
@@ -203,8 +193,6 @@ _inv_freq: dict[tuple[int, int, float], torch.Tensor] = {}
 _kernels: dict[tuple[D2Config, int], object] = {}
 
 
-def _device_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def inv_freq_table(dim: int, theta: float) -> torch.Tensor:

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import INDEX_K_PAGE_TOKENS, Glm5Config
+from ._device import device_index as _device_index, require_hopper
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.e1_indexer_logits"
@@ -228,28 +229,15 @@ def _host_max_ctx(seq_lens: torch.Tensor, block_table: torch.Tensor) -> int:
 
 # ---- device checks and launch ---------------------------------------------------------------------
 
-_capability_ok: dict[int, bool] = {}
 _num_sms: dict[int, int] = {}
 
 
-def _device_index(dev: torch.device) -> int:
-    return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
 def _check_device(q_fp8, head_w, index_k_cache, seq_lens, block_table, logits) -> int:
     """Real-launch checks: a CUDA sm_90+ device, aligned data. Returns the device's SM count."""
     dev = q_fp8.device
-    if dev.type != "cuda":
-        raise _fail(f"tensors must be on a CUDA device, got {dev}")
-    idx = _device_index(dev)
-    ok = _capability_ok.get(idx)
-    if ok is None:
-        major, minor = torch.cuda.get_device_capability(idx)
-        ok = _capability_ok[idx] = major >= 9
-        if not ok:
-            raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is sm_{major}{minor}")
-    elif not ok:
-        raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is older")
+    idx = require_hopper(OP, dev, _fail)
     for name, t, align in (("q_fp8", q_fp8, 16), ("index_k_cache", index_k_cache, 16), ("head_w", head_w, 4),
                            ("seq_lens", seq_lens, 4), ("block_table", block_table, 4), ("logits", logits, 4)):
         if t.numel() and t.data_ptr() % align:

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._device import require_hopper
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.e2_topk"
@@ -146,23 +147,12 @@ def _check_out(logits: torch.Tensor, topk: int, out: object) -> None:
         raise _fail(f"out is on {out.device} but logits is on {logits.device}")
 
 
-_capability_ok: dict[int, bool] = {}
 
 
 def _check_device(*ts: torch.Tensor) -> None:
     """Real-launch checks: a CUDA sm_90+ device."""
     dev = ts[0].device
-    if dev.type != "cuda":
-        raise _fail(f"tensors must be on a CUDA device, got {dev}")
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    ok = _capability_ok.get(idx)
-    if ok is None:
-        major, minor = torch.cuda.get_device_capability(idx)
-        ok = _capability_ok[idx] = major >= 9
-        if not ok:
-            raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is sm_{major}{minor}")
-    elif not ok:
-        raise RuntimeError(f"{OP}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is older")
+    require_hopper(OP, dev, _fail)
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from ..config import FP8_BLOCK, INDEX_K_PAGE_TOKENS, INDEXER_K_NORM_EPS, Glm5Config
+from ._device import device_index as _dev_index, require_hopper
 from ..jit import KernelSpec, env
 
 SOURCE = "attn_pre/fp8_gemm_skinny.cu"
@@ -349,12 +350,9 @@ _state_lock = threading.RLock()
 _kernels: dict[tuple, Any] = {}
 _workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 _rope_tables: dict[tuple, torch.Tensor] = {}
-_capability_ok: dict[int, bool] = {}
 _num_sms: dict[int, int] = {}
 
 
-def _dev_index(dev: torch.device) -> int:
-    return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
 def _sms(dev: torch.device) -> int:
@@ -366,17 +364,7 @@ def _sms(dev: torch.device) -> int:
 
 
 def _check_capability(epi: int, dev: torch.device) -> None:
-    if dev.type != "cuda":
-        raise _fail(epi, f"tensors must be on a CUDA device, got {dev}")
-    idx = _dev_index(dev)
-    ok = _capability_ok.get(idx)
-    if ok is None:
-        major, minor = torch.cuda.get_device_capability(idx)
-        ok = _capability_ok[idx] = major >= 9
-        if not ok:
-            raise RuntimeError(f"{_op_name(epi)}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is sm_{major}{minor}")
-    elif not ok:
-        raise RuntimeError(f"{_op_name(epi)}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is older")
+    require_hopper(_op_name(epi), dev, lambda msg: _fail(epi, msg))
 
 
 def _kernel(cfg: SkinnyConfig, dev: torch.device):

@@ -452,8 +452,7 @@ def test_gpu_error_cases(monkeypatch):
         e1_indexer_logits(q_off, w, c, s, b, GLM5, max_ctx=128)
     with pytest.raises(ValueError, match="one device"):
         e1_indexer_logits(q, w.cpu(), c, s, b, GLM5, max_ctx=128)
-    e1 = importlib.import_module("glm5_fastpath.ops.e1_indexer_logits")
-    monkeypatch.setattr(e1, "_capability_ok", {})
+    monkeypatch.setattr(importlib.import_module("glm5_fastpath.ops._device"), "_capability_ok", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (8, 0))
     with pytest.raises(RuntimeError, match="Hopper"):
         e1_indexer_logits(q, w, c, s, b, GLM5, max_ctx=128)

@@ -516,8 +516,7 @@ def test_empty_batch_and_gpu_errors():
         e2_topk(logits, seq.cpu(), bt, k)
     with pytest.raises(ValueError, match="overlaps input logits"):
         e2_topk(logits, seq, bt, 16, out=_overlapping_out(logits))
-    e2 = importlib.import_module("glm5_fastpath.ops.e2_topk")
-    e2._capability_ok.clear()
+    importlib.import_module("glm5_fastpath.ops._device")._capability_ok.clear()
     orig = torch.cuda.get_device_capability
     try:
         torch.cuda.get_device_capability = lambda *a, **kw: (8, 0)
@@ -525,7 +524,7 @@ def test_empty_batch_and_gpu_errors():
             e2_topk(logits, seq, bt, k)
     finally:
         torch.cuda.get_device_capability = orig
-        e2._capability_ok.clear()
+        importlib.import_module("glm5_fastpath.ops._device")._capability_ok.clear()
 
 
 def _overlapping_out(logits: torch.Tensor) -> torch.Tensor:

@@ -682,7 +682,7 @@ def test_gpu_error_cases(layer, monkeypatch):
     cache, slots = make_cache(4, c, 0)
     with pytest.raises(ValueError, match="index_k_cache must have shape"):
         F.b1_indexer_k(None, x8, xs, layer.attn.indexer, pos, slots, cache[:, :100].contiguous(), c)
-    monkeypatch.setattr(F, "_capability_ok", {})
+    monkeypatch.setattr(importlib.import_module("glm5_fastpath.ops._device"), "_capability_ok", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (8, 0))
     with pytest.raises(RuntimeError, match="Hopper"):
         F.fp8_gemm_skinny(x8, xs, layer.attn.qkv_a)
