@@ -164,7 +164,13 @@ def b0_qkv_a(x_fp8: torch.Tensor, x_scale: torch.Tensor, w: AttnWeights, cfg: Gl
     _check_fp8_linear(op, "qkv_a", w.qkv_a, c.qkv_a_out, c.hidden_size)
     _check(op, "q_a_norm", w.q_a_norm, BF16, (c.q_lora_rank,))
     _check(op, "kv_a_norm", w.kv_a_norm, BF16, (c.kv_lora_rank,))
-    qkv = _fp8_gemm_bf16(x_fp8, x_scale, w.qkv_a)
+    return b0_row_epilogue(_fp8_gemm_bf16(x_fp8, x_scale, w.qkv_a), w, cfg)
+
+
+def b0_row_epilogue(qkv: torch.Tensor, w: AttnWeights, cfg: Glm5Config) -> dict[str, torch.Tensor]:
+    """B0 after its K reduction: qkv [M, q_lora + kv_lora + rope] bf16 -> q_a/kv_a RMSNorm, q_lora quant
+    (also the reduce role of a split-K B0, glm5_fastpath/attn_pre/megartp)."""
+    c = cfg
     q_end, kv_end = c.q_lora_rank, c.q_lora_rank + c.kv_lora_rank
     q_lora = _rmsnorm_bf16(qkv[:, :q_end], w.q_a_norm, c.rms_norm_eps)
     c_kv = _rmsnorm_bf16(qkv[:, q_end:kv_end], w.kv_a_norm, c.rms_norm_eps)
@@ -220,12 +226,18 @@ def b1_indexer_k(x_bf16: torch.Tensor | None, x_fp8: torch.Tensor | None, x_scal
         key = _fp8_gemm_bf16(x_fp8, x_scale, idx.wk)
     else:
         key = _bf16_gemm(x_bf16, idx.wk.dequant().to(BF16))
+    return b1_key_epilogue(key, idx, positions, out_cache_loc, index_k_cache, cfg)
+
+
+def b1_key_epilogue(key: torch.Tensor, idx: IndexerWeights, positions: torch.Tensor, out_cache_loc: torch.Tensor,
+                    index_k_cache: torch.Tensor, cfg: Glm5Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """B1 after its K reduction: key [M, D_i] bf16 -> LayerNorm, RoPE, quant, index-K cache store (in place)."""
     kf = key.float()
     mean = kf.mean(-1, keepdim=True)
     var = (kf - mean).pow(2).mean(-1, keepdim=True)
     k = (kf - mean) * torch.rsqrt(var + INDEXER_K_NORM_EPS) * idx.k_norm_weight + idx.k_norm_bias
-    r = c.qk_rope_head_dim
-    cos, sin = _rope_cs(positions, c)
+    r = cfg.qk_rope_head_dim
+    cos, sin = _rope_cs(positions, cfg)
     k = torch.cat([apply_rope_interleaved(k[:, :r], cos, sin), k[:, r:]], dim=-1).to(BF16)
     k8, s = fp8.quant_per_row(k, INDEX_QK_SCALE_FLOOR)
     fp8.index_k_cache_store(index_k_cache, out_cache_loc, k8, s)
@@ -252,11 +264,18 @@ def d1_indexer_q(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w_raw: to
     _check_fp8_linear(op, "wq_b", idx.wq_b, hi * d, c.q_lora_rank)
     _check(op, "positions", positions, shape=(m,), dtypes=_INDEX_DTYPES)
     q = _fp8_gemm_bf16(q_lora_fp8, q_lora_scale, idx.wq_b).view(m, hi, d)
-    r = c.qk_rope_head_dim
-    cos, sin = _rope_cs(positions, c)
+    return d1_head_epilogue(q, w_raw, positions, cfg)
+
+
+def d1_head_epilogue(q: torch.Tensor, w_raw: torch.Tensor, positions: torch.Tensor, cfg: Glm5Config
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """D1 after its K reduction, per (token, head): q [M, h, D_i] bf16 (any subset of heads, w_raw [M, h]
+    the same heads) -> RoPE, per-head quant, head weights."""
+    r = cfg.qk_rope_head_dim
+    cos, sin = _rope_cs(positions, cfg)
     qf = torch.cat([apply_rope_interleaved(q[..., :r], cos, sin), q[..., r:].float()], dim=-1)
     q8, s_q = fp8.quant_per_row(qf, INDEX_QK_SCALE_FLOOR)
-    head_w = w_raw.float() * c.index_weight_scale * s_q
+    head_w = w_raw.float() * cfg.index_weight_scale * s_q
     return q8, s_q, head_w
 
 

@@ -1,0 +1,1 @@
+"""Attention-prefix executors beyond the per-op kernels (MegaRTP: the persistent-megakernel plan)."""

@@ -1,0 +1,123 @@
+"""TaskGraph -> KernelPlan: the instruction tensor [num_sms, max_queue_len, 32] int32 (NOOP padded),
+the counter layout, the spec table, workspace shapes and the OperandPtrTable.
+
+Counter layout (one uint32 array the kernel zeroes once, never per step): events [0, num_events),
+then reduce counters [num_events, num_counters). Waits target epoch x threshold (isa.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+from ...config import Glm5Config
+from ...graph.op_graph import GraphError, OpGraph, ShapeContext
+from .isa import INSTR_WORDS, NOOP, Instruction, Opcode, decode, encode
+from .operands import OperandTable, workspace_name
+from .scheduler import estimate_makespan, list_schedule, round_robin, task_costs_us
+from .taskgraph import Pair, TaskGraph, build_taskgraph, family_of
+
+H200_SMS = 132
+SCHEDULERS = ("list", "round_robin")
+
+
+@dataclass
+class KernelPlan:
+    taskgraph: TaskGraph
+    ops: list[str]  # operand row -> op
+    queues: list[list[int]]  # per SM: task ids in execution order
+    instructions: torch.Tensor  # [num_sms, max_queue_len, 32] int32
+    specs: list[tuple]  # spec id -> (family, widths...)
+    workspaces: dict[str, tuple[int, ...]]  # name -> fp32 shape
+    operands: OperandTable
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def graph(self) -> OpGraph:
+        return self.taskgraph.graph
+
+    @property
+    def num_events(self) -> int:
+        return len(self.taskgraph.events)
+
+    @property
+    def num_counters(self) -> int:
+        return self.num_events + len(self.taskgraph.reduce_groups)
+
+    def reduce_counter(self, group: int) -> int:
+        return self.num_events + group
+
+    def decoded(self, sm: int, pos: int) -> Instruction:
+        return decode(self.instructions[sm, pos])
+
+    def alloc_workspaces(self, device=None) -> dict[str, torch.Tensor]:
+        """fp32 split-K workspaces (every slice is written before it is read each step: no zeroing needed)."""
+        return {n: torch.empty(s, dtype=torch.float32, device=device) for n, s in self.workspaces.items()}
+
+    def rebind(self, tensors: Mapping[str, torch.Tensor]) -> OperandTable:
+        """New buffers / caches / weights: only the OperandPtrTable changes, never `instructions`."""
+        return self.operands.rebind(tensors)
+
+
+def _instruction(tg: TaskGraph, task_id: int, row: int, spec: int, n_events: int) -> Instruction:
+    t = tg.tasks[task_id]
+    waits = tuple((e, tg.events[e].threshold) for e in tg.waits[task_id])
+    signals = tuple((e, 1, tg.events[e].publication) for e in tg.signals[task_id])
+    red, target = -1, 0
+    if t.reduce_group is not None:
+        red, target = n_events + t.reduce_group, len(tg.reduce_groups[t.reduce_group].tasks)
+    return Instruction(int(Opcode[family_of(t.op).name]), spec, row, t.tile.index, red, target, waits, signals,
+                       t.payload)
+
+
+def _workspaces(tg: TaskGraph) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for op in tg.graph.ops:
+        fam = family_of(op)
+        if fam.split_k:
+            splits = 1 + max(dict(zip(fam.payload, t.payload))["k_split"] for t in tg.tasks_of(op))
+            out[workspace_name(op)] = (splits, tg.ctx.M, int(tg.graph.tensors[fam.weight].shape[0]))
+    return out
+
+
+def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_SMS, scheduler: str = "list"
+                        ) -> KernelPlan:
+    if scheduler not in SCHEDULERS:
+        raise GraphError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
+    costs = task_costs_us(tg, cfg, num_sms)
+    queues = {"list": lambda: list_schedule(tg, costs, num_sms), "round_robin": lambda: round_robin(tg, num_sms)}
+    chosen = queues[scheduler]()
+    ops = [op for op in tg.graph.topo_order()]
+    rows = {op: i for i, op in enumerate(ops)}
+    spec_ids: dict[tuple, int] = {}
+    for t in tg.tasks:
+        spec_ids.setdefault(family_of(t.op).spec_key(t.payload), len(spec_ids))
+    max_len = max(1, max(len(q) for q in chosen))
+    words = torch.tensor(encode(NOOP), dtype=torch.int32).repeat(num_sms, max_len, 1)
+    for sm, queue in enumerate(chosen):
+        for pos, tid in enumerate(queue):
+            t = tg.tasks[tid]
+            spec = spec_ids[family_of(t.op).spec_key(t.payload)]
+            words[sm, pos] = torch.tensor(encode(_instruction(tg, tid, rows[t.op], spec, len(tg.events))),
+                                          dtype=torch.int32)
+    assert words.shape[-1] == INSTR_WORDS
+    makespans = {name: estimate_makespan(tg, fn(), costs) for name, fn in queues.items()}
+    stats = {"tasks": len(tg.tasks), "tiles": tg.tile_counts(), "events": len(tg.events),
+             "reduce_counters": len(tg.reduce_groups), "num_sms": num_sms, "max_queue_len": max_len,
+             "scheduler": scheduler, "est_makespan_us": makespans, "critical_path_us": _critical_path(tg, costs),
+             "max_epoch": (2**32 - 1) // max([e.threshold for e in tg.events] +
+                                             [len(g.tasks) for g in tg.reduce_groups] + [1])}
+    return KernelPlan(tg, ops, chosen, words, sorted(spec_ids, key=spec_ids.get), _workspaces(tg),
+                      OperandTable(tg.graph, ops), stats)
+
+
+def _critical_path(tg: TaskGraph, costs) -> float:
+    from .scheduler import critical_path_priority
+    return max(critical_path_priority(tg, costs), default=0.0)
+
+
+def build_plan(graph: OpGraph, ctx: ShapeContext, cfg: Glm5Config, *, num_sms: int = H200_SMS,
+               scheduler: str = "list", policies: Mapping[Pair, str] | None = None) -> KernelPlan:
+    """OpGraph -> TaskGraph -> KernelPlan for one step shape (re-plan when M / KV lengths change)."""
+    return plan_from_taskgraph(build_taskgraph(graph, ctx, policies), cfg, num_sms=num_sms, scheduler=scheduler)
