@@ -1,4 +1,4 @@
-"""The `glm5-fastpath` command: info, make-checkpoint, demo, bench."""
+"""The `glm5-fastpath` command: info, make-checkpoint, demo, bench, dashboard."""
 from __future__ import annotations
 
 import argparse
@@ -60,6 +60,13 @@ def _cmd_bench_prefix_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from .dashboard.server import serve
+
+    serve(args.metrics_url, host=args.host, port=args.port)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="glm5-fastpath", description="Fast GLM-5 decode on NVIDIA Hopper (SGLang plugin).")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -94,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_prefix_args(b)
     b.set_defaults(fn=_cmd_bench_prefix_ops)
+
+    s = sub.add_parser("dashboard", help="local web page with live latency charts from an SGLang /metrics endpoint")
+    s.add_argument("--metrics-url", required=True, help="Prometheus endpoint, e.g. http://127.0.0.1:30000/metrics")
+    s.add_argument("--port", type=int, default=8088)
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
+    s.set_defaults(fn=_cmd_dashboard)
     return p
 
 

@@ -93,10 +93,11 @@ def _paths(i: PlatformInfo) -> list[PathStatus]:
                ("MegaRTP executor", "issue #5"), ("MegaMoE", "issue #6")]
     for name, issue in pending:
         out.append(PathStatus(name, False, f"not built yet ({issue})"))
+    routes = "wired (--enable-glm5-fastpath), but routes nothing yet: every layer calls SGLang's own path until the executors exist"
     if i.sglang is None:
-        out.append(PathStatus("SGLang plugin", False, "sglang not installed (pip install 'glm5-fastpath[sglang]'); plugin not built yet (issue #7)"))
+        out.append(PathStatus("SGLang plugin", False, f"sglang not installed (pip install 'glm5-fastpath[sglang]'); {routes}"))
     else:
-        out.append(PathStatus("SGLang plugin", False, f"sglang {i.sglang} found; plugin not built yet (issue #7)"))
+        out.append(PathStatus("SGLang plugin", False, f"sglang {i.sglang} found; {routes}"))
     if i.deep_gemm is None:
         out.append(PathStatus("stock baselines (DeepGEMM)", False, "sgl-deep-gemm not installed (pip install 'glm5-fastpath[baselines]')"))
     else:

@@ -1,0 +1,182 @@
+"""install(model_runner): decide whether and how glm5_fastpath routes the loaded model, then patch it.
+
+Runs inside the SGLang scheduler (TP worker) process, from the ModelRunner.load_model AFTER hook
+(plugin.py), i.e. after the weights are loaded and before the KV pool is sized and the decode CUDA
+graphs are captured; or, on SGLang releases without the plugin group (0.5.14), from the external
+model package (models/). Steps:
+
+1. facts: plain values read from the runner / model (architecture, draft worker, GPU, quantisation,
+   TP/EP/DP/PP layout) -> decision.check_model. Any refusal is logged once with its reason and the
+   model is left untouched (SGLang's path for everything).
+2. the selection table (--glm5-fastpath-config / GLM5_FASTPATH_CONFIG, else the shipped default for
+   the GPU): logged, exported as glm5_fastpath_selected_info.
+3. kernels the table needs are compiled (or loaded from the JIT cache) now, with progress in the log,
+   never inside the first request. TODAY the table selects no built executor, so nothing is compiled.
+4. patch.py wraps each layer's prefix and MoE seams and model_runner.forward (path counts, step time).
+
+WHAT IS ROUTED TODAY: nothing. The prefix executors (CMP / MegaRTP) and MegaMoE are not built
+(issues #4-#6); every wrapper calls SGLang's original method, so enabling the plugin does not change
+results. The metrics and the once-per-reason log lines are real.
+
+Supported layout today: TP1 only (no EP, no DP attention, no PP): our prefix ops are written for all
+64 heads on one GPU. TP8 (H_local = 8) needs the per-rank head split in the executors first.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ... import selection
+from . import decision
+from .decision import STOCK, ModelFacts, Refusal, check_model
+
+logger = logging.getLogger("glm5_fastpath")
+ENV_SWITCH = "GLM5_FASTPATH"
+ENV_CONFIG = "GLM5_FASTPATH_CONFIG"
+_MARK = "_glm5_fastpath_install"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "") == "1"
+
+
+@dataclass
+class InstallReport:
+    installed: bool
+    refusal: Refusal | None = None
+    table: Any = None
+    patched: dict = field(default_factory=dict)
+    compiled: bool = False
+
+
+# ---- facts ---------------------------------------------------------------------------------------------
+def _quant(hf_config: Any, quant_method: str | None) -> tuple[str | None, tuple | None]:
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is not None and not isinstance(qc, dict):
+        qc = getattr(qc, "to_dict", lambda: {})()
+    qc = qc or {}
+    method = quant_method or qc.get("quant_method")
+    block = qc.get("weight_block_size")
+    return method, (tuple(block) if block else None)
+
+
+def _gpu() -> tuple[str | None, tuple[int, int] | None]:
+    from ...platform import detect
+
+    info = detect()
+    return info.gpu_name, info.capability
+
+
+def facts_from_model_runner(mr: Any, gpu: tuple | None = None) -> ModelFacts:
+    mc = getattr(mr, "model_config", None)
+    hf = getattr(mc, "hf_config", None)
+    sa = getattr(mr, "server_args", None)
+    archs = getattr(hf, "architectures", None) or [None]
+    method, block = _quant(hf, getattr(mc, "quantization", None))
+    name, cap = gpu if gpu is not None else _gpu()
+
+    def sa_int(attr: str) -> int:
+        v = getattr(sa, attr, None)
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) else 1
+
+    return ModelFacts(architecture=archs[0], is_draft_worker=bool(getattr(mr, "is_draft_worker", False)),
+                      gpu_name=name, capability=cap, quant_method=method, weight_block_size=block,
+                      tp_size=int(getattr(mr, "tp_size", None) or sa_int("tp_size")), ep_size=sa_int("ep_size"),
+                      dp_size=sa_int("dp_size"), pp_size=sa_int("pp_size"),
+                      enable_dp_attention=bool(getattr(sa, "enable_dp_attention", False)))
+
+
+def facts_from_model(model: Any, tp_size: int = 1, gpu: tuple | None = None) -> ModelFacts:
+    """For the external-model-package seam, where there is no ModelRunner."""
+    hf = getattr(model, "config", None)
+    qc = getattr(model, "quant_config", None)
+    method, block = _quant(hf, getattr(qc, "get_name", lambda: None)() if qc is not None else None)
+    if block is None and qc is not None and getattr(qc, "weight_block_size", None):
+        block = tuple(qc.weight_block_size)
+    name, cap = gpu if gpu is not None else _gpu()
+    archs = getattr(hf, "architectures", None) or [type(model).__name__]
+    return ModelFacts(architecture=archs[0], is_draft_worker=False, gpu_name=name, capability=cap,
+                      quant_method=method, weight_block_size=block, tp_size=tp_size)
+
+
+# ---- install -------------------------------------------------------------------------------------------
+def _effective_rows(table) -> list[tuple[int, str, str]]:
+    bp, bm = decision.BUILT_PREFIX, decision.BUILT_MOE
+    return [(b.tokens, b.prefix if b.prefix in bp else STOCK, b.moe if b.moe in bm else STOCK)
+            for b in table.buckets]
+
+
+def _precompile(model_cfg: Any, metrics: Any, log: logging.Logger) -> None:
+    from ...config import Glm5Config
+    from ... import ops
+
+    cfg = None
+    try:
+        cfg = Glm5Config.from_dict(model_cfg.to_dict()) if model_cfg is not None else None
+    except Exception as e:  # noqa: BLE001 - fall back to the GLM-5 preset, say so
+        log.info("glm5_fastpath: kernel shapes from the GLM-5 preset (%s)", e)
+    log.info("glm5_fastpath: compiling / loading kernels for the selected buckets "
+             "(first run compiles with nvcc and caches; later runs load from the cache)...")
+    t0 = time.perf_counter()
+    ops.precompile(cfg)
+    dt = time.perf_counter() - t0
+    if metrics is not None:
+        metrics.observe_jit("attn_prefix_ops", dt)
+    log.info("glm5_fastpath: kernels ready in %.1f s", dt)
+
+
+def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metrics: Any = "default",
+                  log: logging.Logger = logger) -> InstallReport:
+    from .patch import Router, StepTimer, patch_layers, patch_step
+
+    prev = model.__dict__.get(_MARK) if hasattr(model, "__dict__") else None
+    if prev is not None:
+        return prev
+    refusal = check_model(facts)
+    if refusal is not None:
+        log.info("glm5_fastpath: not routing this model: %s; every forward pass stays on SGLang's path",
+                 refusal.message())
+        rep = InstallReport(False, refusal)
+        model.__dict__[_MARK] = rep
+        return rep
+    table = selection.resolve(facts.gpu_name, os.environ.get(ENV_CONFIG) or None)
+    if metrics == "default":
+        from ...metrics import get_metrics
+
+        metrics = get_metrics()
+    rows = _effective_rows(table)
+    if metrics is not None:
+        metrics.set_selected(rows)
+    log.info("glm5_fastpath: selection table %s (largest bucket %d): %s", table.source, table.largest,
+             ", ".join(f"{b.tokens}:{b.prefix}/{b.moe}" for b in table.buckets))
+    needs_kernels = any(p != STOCK for _, p, _ in rows)
+    if needs_kernels:
+        _precompile(getattr(model, "config", None), metrics, log)
+    else:
+        log.info("glm5_fastpath: no glm5_fastpath executor is built yet (issues #4-#6): every bucket runs "
+                 "SGLang's own kernels; nothing to compile")
+    router = Router(table, metrics, log)
+    patched = patch_layers(model, router)
+    if model_runner is not None:
+        timer = None
+        if metrics is not None:
+            import torch
+
+            ev = (lambda: torch.cuda.Event(enable_timing=True)) if torch.cuda.is_available() else None
+            timer = StepTimer(metrics, ev)
+        patch_step(model_runner, router, timer)
+    routed = sorted({x for _, p, m in rows for x in (p, m) if x != STOCK})
+    log.info("glm5_fastpath: installed on %d prefix seams and %d MoE layers; %s", patched["prefix"], patched["moe"],
+             f"executors in use: {', '.join(routed)}" if routed else
+             "every bucket calls SGLang's original methods (no executor built yet)")
+    rep = InstallReport(True, None, table, patched, needs_kernels)
+    model.__dict__[_MARK] = rep
+    return rep
+
+
+def install(model_runner: Any) -> InstallReport:
+    """Entry from the ModelRunner.load_model AFTER hook (scheduler process)."""
+    return install_model(model_runner.model, facts_from_model_runner(model_runner), model_runner=model_runner)

@@ -1,0 +1,36 @@
+"""GlmMoeDsaForCausalLM for SGLANG_EXTERNAL_MODEL_PACKAGE (see the package docstring)."""
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.models.glm4_moe import GlmMoeDsaForCausalLM as _StockGlmMoeDsa
+
+logger = logging.getLogger("glm5_fastpath")
+
+
+def _tp_size() -> int:
+    try:
+        from sglang.srt.distributed import get_tensor_model_parallel_world_size
+
+        return int(get_tensor_model_parallel_world_size())
+    except Exception:  # noqa: BLE001 - not initialised (tests): assume TP1
+        return 1
+
+
+def maybe_install(model) -> None:
+    from ..install import enabled, facts_from_model, install_model
+
+    if enabled():
+        install_model(model, facts_from_model(model, tp_size=_tp_size()))
+
+
+class GlmMoeDsaForCausalLM(_StockGlmMoeDsa):
+    """SGLang's GlmMoeDsaForCausalLM + glm5_fastpath install after loading (idempotent)."""
+
+    def post_load_weights(self, *args, **kwargs):
+        out = super().post_load_weights(*args, **kwargs)
+        maybe_install(self)
+        return out
+
+
+EntryClass = [GlmMoeDsaForCausalLM]

@@ -1,0 +1,91 @@
+"""Pure routing decisions: every refusal reason of check_model and every fallback reason of route_step."""
+import dataclasses
+
+import pytest
+
+from glm5_fastpath.integrations.sglang import decision as d
+from glm5_fastpath.selection import parse
+
+GOOD = d.ModelFacts(architecture="GlmMoeDsaForCausalLM", gpu_name="NVIDIA H200", capability=(9, 0),
+                    quant_method="fp8", weight_block_size=(128, 128))
+TABLE = parse({"version": 1, "buckets": [{"tokens": t, "prefix": "stock", "moe": "stock"} for t in (1, 2, 4, 8, 16)]})
+
+
+def test_good_model_is_accepted():
+    assert d.check_model(GOOD) is None
+    assert d.check_model(dataclasses.replace(GOOD, capability=(10, 0))) is None  # >= sm_90
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(architecture="DeepseekV3ForCausalLM"), "architecture"),
+    (dict(architecture=None), "architecture"),
+    (dict(is_draft_worker=True), "draft_worker"),
+    (dict(capability=None, gpu_name=None), "gpu_arch"),
+    (dict(capability=(8, 0), gpu_name="NVIDIA A100"), "gpu_arch"),
+    (dict(quant_method=None, weight_block_size=None), "quantization"),
+    (dict(quant_method="fp8", weight_block_size=None), "quantization"),
+    (dict(quant_method="awq"), "quantization"),
+    (dict(tp_size=8), "parallel_layout"),
+    (dict(ep_size=8), "parallel_layout"),
+    (dict(dp_size=2), "parallel_layout"),
+    (dict(pp_size=2), "parallel_layout"),
+    (dict(enable_dp_attention=True), "parallel_layout"),
+])
+def test_each_refusal_reason(change, reason):
+    r = d.check_model(dataclasses.replace(GOOD, **change))
+    assert r is not None and r.reason == reason
+    assert d.REASONS[reason] in r.message()
+
+
+@pytest.mark.parametrize("mode,m,reason,bucket", [
+    ("DECODE", 1, "table_selects_stock", 1),
+    ("DECODE", 3, "table_selects_stock", 4),
+    ("DECODE", 16, "table_selects_stock", 16),
+    ("DECODE", 17, "above_largest_bucket", None),
+    ("DECODE", 0, "empty_batch", None),
+    ("EXTEND", 4, "prefill_extend", None),
+    ("MIXED", 4, "prefill_extend", None),
+    ("SPLIT_PREFILL", 4, "prefill_extend", None),
+    ("DRAFT_EXTEND_V2", 4, "prefill_extend", None),
+    ("TARGET_VERIFY", 4, "target_verify", None),
+    ("IDLE", 0, "idle", None),
+    (None, 4, "unknown_mode", None),
+    ("SOMETHING_NEW", 4, "unknown_mode", None),
+])
+def test_route_step_reasons(mode, m, reason, bucket):
+    r = d.route_step(mode, m, TABLE)
+    assert (r.reason, r.bucket, r.prefix, r.moe, r.path) == (reason, bucket, "stock", "stock", "stock")
+    assert r.reason in d.REASONS
+
+
+def test_unbuilt_executor_falls_back_and_built_one_is_used():
+    t = parse({"version": 1, "buckets": [{"tokens": 8, "prefix": "cmp", "moe": "megamoe:m8"}]})
+    r = d.route_step("DECODE", 5, t)
+    assert (r.prefix, r.moe, r.reason, r.path) == ("stock", "stock", "executor_not_built", "stock")
+    assert (r.wanted_prefix, r.wanted_moe) == ("cmp", "megamoe:m8")
+    r = d.route_step("DECODE", 5, t, built_prefix=frozenset({"cmp"}), built_moe=frozenset({"megamoe:m8"}))
+    assert (r.prefix, r.moe, r.reason, r.path, r.bucket_label) == ("cmp", "megamoe:m8", "selected", "fast", "8")
+    r = d.route_step("DECODE", 5, t, built_prefix=frozenset({"cmp"}))
+    assert (r.prefix, r.moe, r.reason, r.path) == ("cmp", "stock", "executor_not_built", "fast")
+
+
+def test_nothing_is_built_today():
+    assert d.BUILT_PREFIX == frozenset() and d.BUILT_MOE == frozenset()
+
+
+def test_log_lines():
+    r = d.route_step("DECODE", 16, TABLE)
+    assert d.component_log_line("prefix", r) == "glm5_fastpath: bucket 16 -> stock (prefix executor not built yet)"
+    assert d.component_log_line("moe", r) == "glm5_fastpath: bucket 16 -> stock (MoE executor not built yet)"
+    t = parse({"version": 1, "buckets": [{"tokens": 8, "prefix": "megartp", "moe": "stock"}]})
+    assert d.component_log_line("prefix", d.route_step("DECODE", 2, t)) == \
+        "glm5_fastpath: bucket 8 -> stock (prefix executor megartp not built yet)"
+    line = d.component_log_line("prefix", d.route_step("EXTEND", 300, TABLE))
+    assert line.startswith("glm5_fastpath: prefill_extend M=300 -> stock (prefix: prefill")
+    assert "above the largest bucket" in d.component_log_line("moe", d.route_step("DECODE", 99, TABLE))
+    assert d.step_log_line(d.route_step("TARGET_VERIFY", 4, TABLE)).startswith("glm5_fastpath: target_verify M=4 step -> stock")
+
+
+def test_once_log():
+    o = d.OnceLog()
+    assert o.first("prefix", 16, "x") and not o.first("prefix", 16, "x") and o.first("moe", 16, "x")
