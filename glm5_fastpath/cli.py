@@ -67,6 +67,23 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .attn_pre.megartp import build_plan, dump, validate
+    from .config import Glm5Config
+    from .graph.op_graph import ShapeContext
+    from .graph.prefix_graph import build_prefix_graph
+
+    cfg = Glm5Config.preset(args.preset)
+    layer = args.layer if args.layer is not None else 0
+    graph = build_prefix_graph(cfg, full_indexer=cfg.is_full_indexer_layer(layer))
+    ctx = (ShapeContext.shared_kv(args.m, args.kv_len) if args.shared_kv
+           else ShapeContext.independent([args.kv_len] * args.m))
+    plan = build_plan(graph, ctx, cfg, num_sms=args.num_sms, scheduler=args.scheduler)
+    validate(plan)
+    print(dump(plan) if args.dump else "\n".join(dump(plan).splitlines()[:2]))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="glm5-fastpath", description="Fast GLM-5 decode on NVIDIA Hopper (SGLang plugin).")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -101,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_prefix_args(b)
     b.set_defaults(fn=_cmd_bench_prefix_ops)
+
+    s = sub.add_parser("plan", help="build, validate and print the MegaRTP instruction plan of the prefix (host side)")
+    s.add_argument("--preset", choices=("glm5", "glm5.2", "small"), default="glm5")
+    s.add_argument("--layer", type=int, default=None, help="layer index (GLM-5.2 shared layers drop the indexer)")
+    s.add_argument("--m", type=int, default=16, help="decode tokens")
+    s.add_argument("--kv-len", type=int, default=8192)
+    s.add_argument("--shared-kv", action="store_true", help="all tokens share one KV sequence (the design article's case)")
+    s.add_argument("--num-sms", type=int, default=132)
+    s.add_argument("--scheduler", choices=("list", "round_robin"), default="list")
+    s.add_argument("--dump", action="store_true", help="print every SM's instruction queue")
+    s.set_defaults(fn=_cmd_plan)
 
     s = sub.add_parser("dashboard", help="local web page with live latency charts from an SGLang /metrics endpoint")
     s.add_argument("--metrics-url", required=True, help="Prometheus endpoint, e.g. http://127.0.0.1:30000/metrics")

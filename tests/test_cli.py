@@ -45,3 +45,11 @@ def test_make_checkpoint_then_demo_from_it(tmp_path, capsys):
 def test_console_script_module_entry():
     r = subprocess.run([sys.executable, "-m", "glm5_fastpath.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "make-checkpoint" in r.stdout and "demo" in r.stdout
+
+
+def test_plan_command_builds_and_validates(capsys):
+    assert main(["plan", "--shared-kv", "--m", "16", "--kv-len", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "tasks=748" in out and "events=75" in out
+    assert main(["plan", "--preset", "small", "--m", "3", "--kv-len", "300", "--dump"]) == 0
+    assert "SM 0:" in capsys.readouterr().out
