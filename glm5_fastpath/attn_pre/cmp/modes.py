@@ -1,0 +1,156 @@
+"""Execution modes of the CMP executor and where each kernel waits for its producers (PDL).
+
+A mode is three switches, so the benchmark can charge each mechanism separately
+(design article section 7, "PDL收益拆解"):
+
+| mode | streams | PDL launch attribute | requested wait point |
+|---|---|---|---|
+| serial | one | off | - |
+| serial_pdl | one | on | after_prefetch |
+| multistream | branches | off | - |
+| multistream_pdl_entry | branches | on | entry |
+| multistream_pdl_prologue | branches | on | after_prologue |
+| full | branches | on | after_prefetch |
+
+Wait points (where the consumer kernel executes griddepcontrol.wait), earliest first:
+- entry: first instruction; the early launch buys only the scheduling / handoff latency;
+- after_prologue: after the generic prologue (barrier init, descriptor / metadata loads);
+- after_prefetch: after the prologue AND the weight prefetch (static operands streamed before the wait).
+
+`NATIVE_WAIT_POINTS` records where each of our kernels (glm5_fastpath.ops, csrc/attn_pre) waits
+when launched with pdl=True. A mode asking for a LATER point than a kernel's native one gets the
+native one (that kernel has nothing more to do before its wait, e.g. E2 has no weights). A mode
+asking for an EARLIER point needs a kernel flag that moves the wait: E1 has one
+(meta_before_wait=False moves the metadata reads and the L2 page prefetch after the wait); any op
+whose Python entry point accepts `pdl_wait=` ("entry" | "after_prologue" | "after_prefetch") is
+taken to have one too. Today no other op does, so the entry / prologue modes raise
+NotImplementedError naming the ops that lack the flag (see `resolve_wait_points`): the entry vs
+prologue vs prefetch decomposition cannot be measured on these kernels until csrc/common/pdl.cuh
+grows a compile-time wait-point switch (e.g. a GLM5_PDL_WAIT_AT template parameter placing
+griddep_wait() at kernel entry / after the prologue / after the weight ring fill) and each op
+exposes it as `pdl_wait=`.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+WAIT_POINTS = ("entry", "after_prologue", "after_prefetch")
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    multistream: bool
+    pdl: bool
+    wait_point: str | None  # requested wait point (None when pdl is off)
+
+    def __post_init__(self) -> None:
+        if self.pdl != (self.wait_point is not None):
+            raise ValueError(f"mode {self.name}: a wait point is given exactly when PDL is on")
+        if self.wait_point is not None and self.wait_point not in WAIT_POINTS:
+            raise ValueError(f"mode {self.name}: wait point {self.wait_point!r} not in {WAIT_POINTS}")
+
+
+MODES: dict[str, Mode] = {m.name: m for m in (
+    Mode("serial", False, False, None),
+    Mode("serial_pdl", False, True, "after_prefetch"),
+    Mode("multistream", True, False, None),
+    Mode("multistream_pdl_entry", True, True, "entry"),
+    Mode("multistream_pdl_prologue", True, True, "after_prologue"),
+    Mode("full", True, True, "after_prefetch"),
+)}
+# the order the benchmark decomposes the gain in (each step adds one mechanism)
+DECOMPOSITION = ("serial", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full")
+
+# where each kernel waits when launched with pdl=True (read from csrc/attn_pre/*.cu)
+NATIVE_WAIT_POINTS: dict[str, str] = {
+    "A0": "after_prefetch",  # norm weight loaded, then wait (a0_add_rmsnorm_quant.cu)
+    "B0": "after_prefetch",  # weight cp.async ring filled before the wait (fp8_gemm_skinny.cuh)
+    "C0": "after_prefetch",  # weights_proj tile loaded before the wait (c0_head_gate.cu)
+    "B1": "after_prefetch",  # fp8_gemm_skinny (indexer-K epilogue)
+    "D1": "after_prefetch",  # fp8_gemm_skinny (indexer-Q epilogue)
+    "D0": "after_prefetch",  # fp8_gemm_skinny (q_b RoPE epilogue)
+    "D2": "after_prefetch",  # 48 KB W_UK tile cp.async before the wait (d2_absorb_kv_store.cu)
+    "E1": "after_prefetch",  # meta_before_wait=True: block table + L2 page prefetch before the wait
+    "E2": "after_prologue",  # zeroes its histograms, then waits; nothing static to prefetch
+}
+# the entry point each op of the prefix graph calls (graph/prefix_graph.py adapters)
+OP_FUNCTIONS: dict[str, str] = {
+    "A0": "a0_add_rmsnorm_quant", "B0": "b0_qkv_a", "C0": "c0_head_gate", "B1": "b1_indexer_k",
+    "D1": "d1_indexer_q", "D0": "d0_q_b", "D2": "d2_absorb_and_kv_store", "E1": "e1_indexer_logits",
+    "E2": "e2_topk",
+}
+
+
+def get_mode(mode: str | Mode) -> Mode:
+    if isinstance(mode, Mode):
+        return mode
+    if mode not in MODES:
+        raise ValueError(f"unknown CMP mode {mode!r}; choose one of {list(MODES)}")
+    return MODES[mode]
+
+
+def _accepts(fn: Any, kw: str) -> bool:
+    try:
+        return kw in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def wait_support(impl: Any, ops: list[str]) -> dict[str, frozenset[str]]:
+    """Per op: the wait points its kernel can be launched with, given the namespace `impl`."""
+    out: dict[str, frozenset[str]] = {}
+    for op in ops:
+        native = NATIVE_WAIT_POINTS[op]
+        pts = {native}
+        fn = getattr(impl, OP_FUNCTIONS[op], None)
+        if fn is not None and _accepts(fn, "pdl_wait"):
+            pts |= set(WAIT_POINTS)
+        if op == "E1" and fn is not None and _accepts(fn, "meta_before_wait"):
+            pts.add("after_prologue")
+        out[op] = frozenset(pts)
+    return out
+
+
+@dataclass(frozen=True)
+class WaitPlan:
+    """The realized wait point of one op and the call arguments that realize it."""
+
+    op: str
+    requested: str | None
+    realized: str | None
+    kwargs: Mapping[str, Any]
+
+
+def resolve_wait_points(mode: Mode, ops: list[str], support: Mapping[str, frozenset[str]]) -> dict[str, WaitPlan]:
+    """-> per op the wait point it will really use and the kwargs for its entry point (besides pdl=).
+
+    Raises NotImplementedError naming every op that cannot wait as early as the mode asks."""
+    plans: dict[str, WaitPlan] = {}
+    missing: list[str] = []
+    for op in ops:
+        if not mode.pdl:
+            plans[op] = WaitPlan(op, None, None, {})
+            continue
+        want, native = mode.wait_point, NATIVE_WAIT_POINTS[op]
+        rank = WAIT_POINTS.index
+        if rank(want) >= rank(native):  # nothing more to do before the wait than the kernel already does
+            kw = {"meta_before_wait": True} if op == "E1" else {}
+            plans[op] = WaitPlan(op, want, native, kw)
+        elif want in support.get(op, frozenset()):
+            if op == "E1" and want == "after_prologue" and "entry" not in support[op]:
+                kw = {"meta_before_wait": False}
+            else:
+                kw = {"pdl_wait": want}
+            plans[op] = WaitPlan(op, want, want, kw)
+        else:
+            missing.append(op)
+    if missing:
+        raise NotImplementedError(
+            f"CMP mode {mode.name!r} needs kernels that wait at {mode.wait_point!r}, but {missing} only wait "
+            f"after their weight prefetch: add a wait-point switch to csrc/common/pdl.cuh / each kernel and expose "
+            f"it as `pdl_wait=` on " + ", ".join(f"glm5_fastpath.ops.{OP_FUNCTIONS[o]}" for o in missing)
+            + " (E1 can already move its metadata reads after the wait: meta_before_wait=False)")
+    return plans

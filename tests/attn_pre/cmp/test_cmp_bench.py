@@ -1,0 +1,18 @@
+"""CMP bench: the derived columns and the markdown (CPU, on a synthetic report)."""
+from glm5_fastpath.attn_pre.cmp import bench
+
+
+def test_derive_and_render():
+    row = {"M": 16, "bytes": 95e6, "floor_us": 22.0, "sets": 2, "covers_l2": True,
+           "modes": {"serial": {"median_us": 60.0}, "multistream": {"median_us": 45.0},
+                     "multistream_pdl_entry": {"not_implemented": "needs pdl_wait"}, "full": {"median_us": 33.0}},
+           "stock": {"median_us": 66.0}}
+    bench._derive(row)
+    assert row["modes"]["full"]["speedup_vs_stock"] == 2.0
+    assert row["modes"]["full"]["time_over_floor"] == 1.5
+    assert [s["mode"] for s in row["decomposition"]] == ["serial", "multistream", "full"]
+    assert row["decomposition"][1]["saved_us"] == 15.0
+    rep = {"config": "glm5", "kv_len": 8192, "device": "fake", "modes": ["serial", "multistream",
+           "multistream_pdl_entry", "full"], "copy_bandwidth": {"bytes_per_s": 4.27e12}, "rows": [row]}
+    md = bench.render_markdown(rep)
+    assert "| 16 |" in md and "n/i" in md and "needs pdl_wait" in md and "2.00" in md

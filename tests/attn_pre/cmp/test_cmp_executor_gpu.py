@@ -1,0 +1,204 @@
+"""CmpExecutor on the H200: graph replay == eager run of the same kernels (bitwise) and == the reference
+graph (FP8 tolerances), every bucket and M below it; 1000 replays with changing inputs; a late producer
+captured before the prefix under PDL; cache rebinding."""
+import ctypes
+
+import pytest
+import torch
+
+from glm5_fastpath.attn_pre.cmp.executor import CmpExecutor
+from glm5_fastpath.config import Glm5Config
+from glm5_fastpath.graph import build_prefix_graph, prefix_env, run_eager
+from glm5_fastpath.testing.decode_step import make_decode_step
+from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_topk_sets
+from glm5_fastpath.weights import random_layer
+
+pytestmark = pytest.mark.gpu
+
+CFG = Glm5Config.preset("glm5")
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MODES = ("serial", "multistream", "serial_pdl", "full")
+N_SEQ = 256
+OUTS = ("residual_out", "q_pe", "q_lat", "topk_slots", "x_fp8", "q_lora", "head_w", "logits")
+
+
+@pytest.fixture(scope="module")
+def layer():
+    return random_layer(CFG, 3, seed=11, device="cuda")
+
+
+@pytest.fixture(scope="module")
+def step():
+    """N_SEQ sequences of mixed lengths; one spare page is the padding page."""
+    lens = [257 + (i * 523) % 3000 for i in range(N_SEQ)]
+    s = make_decode_step(CFG, lens, seed=5, device="cuda", spare_pages=2)
+    used = set(s.block_table[s.block_table >= 0].tolist())
+    s.pad_page = min(set(range(s.index_k_cache.shape[0])) - used)
+    return s
+
+
+def _rows(s, idx):
+    return {"hidden": s.hidden[idx], "residual": s.residual[idx], "positions": s.positions[idx],
+            "out_cache_loc": s.out_cache_loc[idx], "seq_lens": s.seq_lens[idx], "block_table": s.block_table[idx]}
+
+
+def _executor(layer, s, mode, buckets=BUCKETS, kv=None, ik=None):
+    return CmpExecutor(CFG, layer, "cuda", buckets=buckets, mode=mode, kv_cache=s.kv_cache if kv is None else kv,
+                       index_k_cache=s.index_k_cache if ik is None else ik, max_pages=s.block_table.shape[1],
+                       pad_slot=s.pad_page * 64)
+
+
+def _padded(ex, r, bucket):
+    """The step padded to the bucket exactly as staging does (for the bit-exact eager comparison)."""
+    m = r["hidden"].shape[0]
+    st = ex.staging
+    out = {}
+    for n, t in r.items():
+        pad = st.buf[n][m:bucket].clone() if n != "block_table" else torch.full(
+            (bucket - m, t.shape[1]), st.pad_page, dtype=t.dtype, device=t.device)
+        out[n] = torch.cat([t, pad]) if bucket > m else t
+    out["out_cache_loc"][m:] = st.pad_slot + torch.arange(m, bucket, device="cuda") % 64
+    return out
+
+
+def _check_vs_eager(ex, out, r, s, ctx):
+    m = r["hidden"].shape[0]
+    b = ex.bucket_for(m)
+    kv, ik = s.kv_cache.clone(), s.index_k_cache.clone()
+    kv[r["out_cache_loc"]] = float("nan")  # the eager run must write these rows itself
+    e = ex.eager(**_padded(ex, r, b), kv_cache=kv, index_k_cache=ik)
+    for n in OUTS:
+        assert_equal(f"cmp {n}", out[n], e[n][:m], context=ctx)
+    loc = r["out_cache_loc"]
+    assert_equal("cmp kv rows", s.kv_cache[loc], kv[loc], context=ctx)
+    assert_equal("cmp index-k pages", s.index_k_cache[loc // 64], ik[loc // 64], context=ctx)
+
+
+def _check_vs_reference(out, r, s, layer, ctx):
+    g = build_prefix_graph(CFG)
+    kv, ik = s.kv_cache.clone(), s.index_k_cache.clone()
+    ref = run_eager(g, prefix_env(g, w=layer.attn, kv_cache=kv, index_k_cache=ik, **r))
+    assert_close("cmp q_lat", out["q_lat"], ref["q_lat"], kind="fp8_same_quant", context=ctx)
+    assert_close("cmp q_pe", out["q_pe"], ref["q_pe"], kind="fp8_same_quant", context=ctx)
+    assert_close("cmp residual_out", out["residual_out"], ref["residual_out"], kind="fp32", context=ctx)
+    assert_close("cmp head_w", out["head_w"], ref["head_w"], kind="fp8_same_quant", context=ctx)
+    loc = r["out_cache_loc"]
+    assert_close("cmp kv rows", s.kv_cache[loc], kv[loc], kind="fp8_same_quant", context=ctx)
+    assert_topk_sets("cmp topk_slots", out["topk_slots"], ref["topk_slots"], min_overlap=0.98)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_bucket_and_m_below(layer, step, mode):
+    ex = _executor(layer, step, mode)
+    for b in BUCKETS:
+        for m in sorted({b, max(1, b - 1), max(1, b // 2 + 1)}):
+            if m > b or (m < b and ex.bucket_for(m) != b):
+                continue
+            idx = torch.randperm(N_SEQ, device="cuda")[:m]
+            r = _rows(step, idx)
+            out = ex.run(**r, all_tensors=True)
+            torch.cuda.synchronize()
+            ctx = f"mode={mode} bucket={b} M={m}"
+            _check_vs_eager(ex, out, r, step, ctx)
+            if mode == "full":
+                _check_vs_reference(out, r, step, layer, ctx)
+    assert ex.captures == len(BUCKETS)
+
+
+def test_modes_agree_bitwise(layer, step):
+    r = _rows(step, torch.arange(16, device="cuda"))
+    outs = {}
+    for mode in MODES:
+        outs[mode] = {k: v.clone() for k, v in _executor(layer, step, mode, buckets=(16,)).run(**r, all_tensors=True).items()}
+    for mode in MODES[1:]:
+        for n in OUTS:
+            assert_equal(f"{mode} vs serial {n}", outs[mode][n], outs["serial"][n])
+
+
+def test_1000_replays_with_changing_inputs(layer, step):
+    ex = _executor(layer, step, "full", buckets=(8, 16, 64))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for i in range(1000):
+        m = (1, 5, 16, 37, 64)[i % 5]
+        idx = torch.randperm(N_SEQ, device="cuda", generator=g)[:m]
+        r = _rows(step, idx)
+        r["hidden"] = r["hidden"] * (1 + 0.01 * (i % 7))  # new values every step
+        out = ex.run(**r, all_tensors=True)
+        if i % 100 == 0 or i == 999:
+            torch.cuda.synchronize()
+            _check_vs_eager(ex, out, r, step, f"replay {i} M={m}")
+    assert ex.captures == 3
+
+
+PRODUCER = r"""
+#include "common/pdl.cuh"
+// Lets its dependents launch at once, spins spin_ns, then copies src -> dst (16-byte vectors).
+extern "C" __global__ void cmp_test_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
+                                                   unsigned long long spin_ns) {
+    glm5::ptx::griddep_launch_dependents();
+    const uint64_t t0 = glm5::ptx::globaltimer_ns();
+    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
+    }
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+"""
+
+
+def test_late_producer_inside_the_graph(layer, step):
+    """A producer that lets dependents launch, spins 50 us, then writes A0's input is captured right before
+    the prefix (A0 launched with PDL behind it): the prefix must see the produced hidden state."""
+    from glm5_fastpath.jit import KernelSpec, get_kernel
+
+    prod = get_kernel(KernelSpec("cmp_test_producer", code=PRODUCER, functions=("cmp_test_spin_then_copy",)))
+    ex = _executor(layer, step, "full", buckets=(16,))
+    r = _rows(step, torch.arange(16, device="cuda"))
+    ex.run(**r)  # capture the bucket once (the warm-up happens there)
+    src = r["hidden"].clone()
+    static_hidden = ex.staging.buf["hidden"][:16]
+    ex.staging.load({**r, "hidden": torch.full_like(src, 7.0)}, 16)  # poison what A0 would read too early
+    ex.staging.buf["hidden"][:16].fill_(7.0)
+    n_vec = src.numel() * src.element_size() // 16
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        prod.launch((8, 1, 1), (256, 1, 1), [src, static_hidden, ctypes.c_int64(n_vec), ctypes.c_uint64(50_000)], pdl=False)
+        env = ex.enqueue(16)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        prod.launch((8, 1, 1), (256, 1, 1), [src, static_hidden, ctypes.c_int64(n_vec), ctypes.c_uint64(50_000)], pdl=False)
+        env = ex.enqueue(16)
+    for _ in range(3):
+        static_hidden.fill_(7.0)
+        g.replay()
+        torch.cuda.synchronize()
+        out = {n: env[n][:16] for n in OUTS}
+        _check_vs_eager(ex, out, r, step, "late producer")
+
+
+def test_rebinding_caches(layer, step):
+    ex = _executor(layer, step, "full", buckets=(4,), kv=step.kv_cache.clone(), ik=step.index_k_cache.clone())
+    r = _rows(step, torch.arange(3, device="cuda"))
+    ex.run(**r)
+    assert ex.captures == 1
+    kv2, ik2 = step.kv_cache.clone(), step.index_k_cache.clone()
+    old_kv = ex.kv_cache
+    before = old_kv.clone()
+    ex.rebind(kv_cache=kv2, index_k_cache=ik2)
+    r2 = _rows(step, torch.arange(3, 6, device="cuda"))
+    out = ex.run(**r2, all_tensors=True)
+    torch.cuda.synchronize()
+    assert ex.captures == 2
+    assert torch.equal(old_kv, before)  # the old pool is untouched
+    s2 = type("S", (), {})()
+    s2.kv_cache, s2.index_k_cache = kv2, ik2
+    _check_vs_eager(ex, out, r2, s2, "after rebind")
+    bt = r2.pop("block_table")
+    ex.rebind(block_table=bt)
+    out2 = ex.run(**r2, all_tensors=True)
+    torch.cuda.synchronize()
+    assert ex.captures == 2
+    r2["block_table"] = bt
+    _check_vs_eager(ex, out2, r2, s2, "bound block table")

@@ -1,0 +1,70 @@
+"""CMP modes: validation, and which wait points the kernels can realize (entry / prologue need a flag)."""
+import types
+
+import pytest
+
+from glm5_fastpath.attn_pre.cmp import MODES, get_mode
+from glm5_fastpath.attn_pre.cmp.modes import OP_FUNCTIONS, Mode, resolve_wait_points, wait_support
+from glm5_fastpath.config import small_config
+from glm5_fastpath.graph import build_prefix_graph
+
+ORDER = build_prefix_graph(small_config()).topo_order()
+
+
+def test_mode_table():
+    assert set(MODES) == {"serial", "serial_pdl", "multistream", "multistream_pdl_entry",
+                          "multistream_pdl_prologue", "full"}
+    assert MODES["full"] == Mode("full", True, True, "after_prefetch")
+    assert not MODES["serial"].pdl and not MODES["serial"].multistream
+    with pytest.raises(ValueError, match="unknown CMP mode"):
+        get_mode("fastest")
+    with pytest.raises(ValueError):
+        Mode("bad", True, True, None)
+    with pytest.raises(ValueError):
+        Mode("bad", True, True, "somewhere")
+
+
+def test_entry_and_prologue_need_a_kernel_flag():
+    from glm5_fastpath import ops
+
+    sup = wait_support(ops, ORDER)
+    with pytest.raises(NotImplementedError, match="pdl_wait") as e:
+        resolve_wait_points(MODES["multistream_pdl_entry"], ORDER, sup)
+    for op in ("A0", "B0", "C0", "B1", "D1", "D0", "D2", "E1", "E2"):
+        assert f"'{op}'" in str(e.value)
+    with pytest.raises(NotImplementedError) as e:
+        resolve_wait_points(MODES["multistream_pdl_prologue"], ORDER, sup)
+    msg = str(e.value)
+    assert "'D2'" in msg and "'E1'" not in msg and "'E2'" not in msg  # E1: meta_before_wait; E2: native
+    for m in ("serial", "serial_pdl", "multistream", "full"):
+        resolve_wait_points(MODES[m], ORDER, sup)
+
+
+def _fake_ns_with_flag():
+    def fn(*a, pdl=True, pdl_wait="after_prefetch", **k):
+        return None
+    return types.SimpleNamespace(**{name: fn for name in OP_FUNCTIONS.values()})
+
+
+def test_flagged_kernels_enable_entry_and_prologue():
+    ns = _fake_ns_with_flag()
+    for mode, want in (("multistream_pdl_entry", "entry"), ("multistream_pdl_prologue", "after_prologue")):
+        plans = resolve_wait_points(MODES[mode], ORDER, wait_support(ns, ORDER))
+        assert plans["B0"].kwargs == {"pdl_wait": want} and plans["B0"].realized == want
+        # E2 waits after its prologue natively: a prologue request needs no flag
+        if want == "after_prologue":
+            assert plans["E2"].kwargs == {} and plans["E2"].realized == "after_prologue"
+
+
+def test_executor_rejects_unrealizable_mode_at_construction():
+    from glm5_fastpath.attn_pre.cmp.executor import CmpExecutor
+    from glm5_fastpath.weights import random_layer
+
+    cfg = small_config()
+    w = random_layer(cfg, 1, seed=0)
+    with pytest.raises(NotImplementedError, match="pdl_wait"):
+        CmpExecutor(cfg, w, "cpu", mode="multistream_pdl_entry")
+    with pytest.raises(ValueError, match="unknown CMP mode"):
+        CmpExecutor(cfg, w, "cpu", mode="nope")
+    with pytest.raises(ValueError, match="CUDA"):
+        CmpExecutor(cfg, w, "cpu", mode="serial", capture=True)
