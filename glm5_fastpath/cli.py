@@ -60,6 +60,12 @@ def _cmd_bench_prefix_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_offline(args: argparse.Namespace) -> int:
+    from .bench.offline import options_from_args, run_bench
+
+    return run_bench(options_from_args(args))
+
+
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from .dashboard.server import serve
 
@@ -118,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_prefix_args(b)
     b.set_defaults(fn=_cmd_bench_prefix_ops)
+    b = bsub.add_parser("offline", help="SGLang offline Engine, stock vs fastpath: tok/s, TTFT/ITL, speedup")
+    from .bench.offline import add_arguments as _bench_offline_args
+
+    _bench_offline_args(b)
+    b.set_defaults(fn=_cmd_bench_offline)
 
     s = sub.add_parser("plan", help="build, validate and print the MegaRTP instruction plan of the prefix (host side)")
     s.add_argument("--preset", choices=("glm5", "glm5.2", "small"), default="glm5")

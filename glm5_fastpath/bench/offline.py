@@ -1,0 +1,786 @@
+"""`glm5-fastpath bench offline`: SGLang's offline Engine, stock vs glm5_fastpath, same prompts (issues #7, #9).
+
+Parent (this CLI, no sglang / torch import): validates the options, makes the seeded random token-id
+prompts, and for each mode starts a FRESH worker process
+
+    python -m glm5_fastpath.bench.offline worker CONFIG.json
+
+whose environment carries the switch (GLM5_FASTPATH=1 for "fastpath", unset for "stock") and, on SGLang
+releases without the `sglang.srt.plugins` group (0.5.14), SGLANG_EXTERNAL_MODEL_PACKAGE pointing at our
+`GlmMoeDsaForCausalLM` subclass. The worker calls `load_plugins()` when that exists, builds one
+`Engine` (skip_tokenizer_init, decode CUDA graphs for exactly the measured batch sizes), optionally gives
+every MoE router N(0, 0.02) weights and a zero correction bias (`update_weights_from_tensor`), and per
+batch size B runs:
+
+1. a warm-up `generate` of B prompts with a few output tokens;
+2. the timed pass: `num_prompts / B` calls of `generate` with B prompts each, greedy, ignore_eos,
+   `output_len` new tokens -> output tok/s = generated tokens / wall time of those calls (prefill of
+   the short prompts included); TTFT / per-request ITL from the response meta_info when SGLang gives
+   `first_token_latency` / `e2e_latency`, else not reported from this pass;
+3. a streamed pass (B concurrent `async_generate(stream=True)`) -> per-token wall-clock TTFT and ITL.
+
+It writes `mode-<mode>.json` into --out. The parent then merges every `mode-*.json` with the same
+run key found in --out (so stock and fastpath can run in separate 10-minute commands) into
+`offline.json`, `offline.md` and `offline.png` (if matplotlib is present), with the speedup, the greedy
+token agreement of the first request of each batch, and the decode-step bytes floor
+(`cost.layer_summary` of every layer + lm_head, at 4.27 TB/s, uniform-routing expected experts).
+
+Distinct experts per layer are NOT measured (SGLang exposes no routing through the Engine API); the
+report gives the uniform-routing expectation that the floor uses and says so.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+MODES = ("stock", "fastpath")
+SEAMS = ("auto", "plugin", "external-model-package")
+EXTERNAL_PACKAGE = "glm5_fastpath.integrations.sglang.models"
+ENV_SWITCH = "GLM5_FASTPATH"
+ENV_EXTERNAL = "SGLANG_EXTERNAL_MODEL_PACKAGE"
+PLUGIN_MIN_VERSION = (0, 5, 23)  # first SGLang with the sglang.srt.plugins entry-point group
+ROUTER_STD = 0.02
+WARMUP_TOKENS = 4
+FIRST_TOKENS_KEPT = 32
+H200_COPY_BW = 4.27e12
+
+# sm90 arguments that avoid FA3 and tilelang (header of shared/tools/sglang-h200-wheels.sh).
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {
+    "tp_size": 1,
+    "attention_backend": "dsa",
+    "dsa_prefill_backend": "flashmla_sparse",
+    "dsa_decode_backend": "flashmla_sparse",
+    "kv_cache_dtype": "bfloat16",
+    "grammar_backend": "none",
+    "disable_prefill_cuda_graph": True,
+    "skip_tokenizer_init": True,
+}
+DEFAULT_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}
+# decode-graph sizes: whichever of these ServerArgs fields exist get the measured batch sizes / their max
+GRAPH_LIST_KEYS = ("cuda_graph_bs_decode", "cuda_graph_bs")
+GRAPH_MAX_KEYS = ("cuda_graph_max_bs_decode", "cuda_graph_max_bs")
+
+
+# ---- options -----------------------------------------------------------------------------------------
+
+@dataclass
+class OfflineOptions:
+    model: str
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 16, 32])
+    input_len: int = 128
+    output_len: int = 128
+    num_prompts: int | None = None  # per batch size; None -> one call of B prompts
+    load_format: str = "auto"
+    randomize_routers: bool = False
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    out: str = "benchmarks/results/offline"
+    dry_run: bool = False
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    seam: str = "auto"
+    stream_pass: bool = True
+    timeout_s: int = 3600
+
+    def prompts_per_batch(self, b: int) -> int:
+        return self.num_prompts if self.num_prompts is not None else b
+
+
+def _int_list(s: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if not vals:
+        raise argparse.ArgumentTypeError("empty list")
+    return vals
+
+
+def _mode_list(s: str) -> list[str]:
+    vals = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [v for v in vals if v not in MODES]
+    if bad or not vals:
+        raise argparse.ArgumentTypeError(f"modes must be from {','.join(MODES)}, got {s!r}")
+    return list(dict.fromkeys(vals))
+
+
+def parse_value(v: str) -> Any:
+    """Engine-arg value: JSON when it parses (true, 3, 0.8, [1,2], "x"), else the string."""
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError:
+        return v
+
+
+def parse_engine_args(items: Sequence[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for it in items or ():
+        if "=" not in it:
+            raise ValueError(f"--engine-arg {it!r}: expected KEY=VALUE")
+        k, v = it.split("=", 1)
+        k = k.strip().lstrip("-").replace("-", "_")
+        if not k.isidentifier():
+            raise ValueError(f"--engine-arg {it!r}: {k!r} is not a ServerArgs field name")
+        out[k] = parse_value(v)
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model dir with config.json (real or synthetic checkpoint)")
+    p.add_argument("--batch-sizes", type=_int_list, default=[1, 16, 32], help="comma list (default 1,16,32)")
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens (random ids)")
+    p.add_argument("--output-len", type=int, default=128, help="generated tokens per request (ignore_eos)")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="prompts per batch size, sent B at a time (multiple of every B; default B)")
+    p.add_argument("--load-format", choices=("auto", "dummy"), default="auto")
+    p.add_argument("--randomize-routers", action="store_true",
+                   help="give MoE routers N(0,0.02) weights + zero correction bias (realistic routing with dummy weights)")
+    p.add_argument("--modes", type=_mode_list, default=list(MODES), help="comma list of stock,fastpath")
+    p.add_argument("--out", default="benchmarks/results/offline", help="output dir (JSON, markdown, PNG)")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the worker commands; import no sglang")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="override/add an Engine (ServerArgs) argument; VALUE parsed as JSON if it parses")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seam", choices=SEAMS, default="auto",
+                   help="how fastpath mode reaches SGLang: plugin entry point (>=0.5.23) or external model package")
+    p.add_argument("--no-stream-pass", dest="stream_pass", action="store_false",
+                   help="skip the streamed TTFT/ITL pass")
+    p.add_argument("--timeout", dest="timeout_s", type=int, default=3600, help="per-mode worker timeout (s)")
+
+
+def options_from_args(a: argparse.Namespace) -> OfflineOptions:
+    return OfflineOptions(model=a.model, batch_sizes=list(a.batch_sizes), input_len=a.input_len,
+                          output_len=a.output_len, num_prompts=a.num_prompts, load_format=a.load_format,
+                          randomize_routers=a.randomize_routers, modes=list(a.modes), out=a.out, dry_run=a.dry_run,
+                          engine_args=parse_engine_args(a.engine_arg), seed=a.seed, seam=a.seam,
+                          stream_pass=a.stream_pass, timeout_s=a.timeout_s)
+
+
+def read_model_config(model: str) -> dict:
+    p = Path(model) / "config.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"--model {model}: no config.json there")
+    try:
+        d = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{p}: top level must be a JSON object")
+    return d
+
+
+def validate(o: OfflineOptions) -> dict:
+    """Raise ValueError / FileNotFoundError with a clear message; return the model's config.json."""
+    if not o.batch_sizes or any(b < 1 for b in o.batch_sizes):
+        raise ValueError(f"--batch-sizes must be positive integers, got {o.batch_sizes}")
+    if len(set(o.batch_sizes)) != len(o.batch_sizes):
+        raise ValueError(f"--batch-sizes has duplicates: {o.batch_sizes}")
+    if o.input_len < 1 or o.output_len < 2:
+        raise ValueError(f"--input-len must be >= 1 and --output-len >= 2 (got {o.input_len}, {o.output_len})")
+    if o.num_prompts is not None:
+        if o.num_prompts < 1:
+            raise ValueError(f"--num-prompts must be >= 1, got {o.num_prompts}")
+        bad = [b for b in o.batch_sizes if o.num_prompts % b]
+        if bad:
+            raise ValueError(f"--num-prompts {o.num_prompts} is not a multiple of batch size(s) {bad}: "
+                             "prompts are sent B at a time so that decode runs at exactly batch B")
+    if not o.modes or any(m not in MODES for m in o.modes):
+        raise ValueError(f"--modes must be from {MODES}, got {o.modes}")
+    if o.load_format not in ("auto", "dummy"):
+        raise ValueError(f"--load-format must be auto or dummy, got {o.load_format!r}")
+    if o.seam not in SEAMS:
+        raise ValueError(f"--seam must be one of {SEAMS}, got {o.seam!r}")
+    for k in ("model_path", "load_format"):
+        if k in o.engine_args:
+            raise ValueError(f"--engine-arg {k}: use --model / --load-format instead")
+    cfg = read_model_config(o.model)
+    if o.load_format == "auto" and not any(Path(o.model).glob("*.safetensors")):
+        raise ValueError(f"--model {o.model} holds no *.safetensors; use --load-format dummy for a config-only dir")
+    vocab = cfg.get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 2:
+        raise ValueError(f"{o.model}/config.json: vocab_size missing or invalid")
+    if o.randomize_routers and not router_tensor_names(cfg):
+        raise ValueError("--randomize-routers: the model config has no MoE layer")
+    return cfg
+
+
+# ---- prompts, routers, engine args -----------------------------------------------------------------------
+
+def make_prompts(n: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """n prompts of input_len token ids, deterministic in seed; ids avoid the lowest 10 and the top 1% of
+    the vocabulary (where GLM tokenizers keep their special tokens)."""
+    lo, hi = min(10, vocab_size - 1), max(min(10, vocab_size - 1) + 1, int(vocab_size * 0.99))
+    rng = random.Random(f"glm5-offline-{seed}-{input_len}-{vocab_size}")
+    return [[rng.randrange(lo, hi) for _ in range(input_len)] for _ in range(n)]
+
+
+def moe_layers(cfg: dict) -> list[int]:
+    n = int(cfg.get("num_hidden_layers", 0))
+    k = int(cfg.get("first_k_dense_replace", 0) or 0)
+    freq = int(cfg.get("moe_layer_freq", 1) or 1)
+    if not cfg.get("n_routed_experts"):
+        return []
+    return [i for i in range(n) if i >= k and i % freq == 0]
+
+
+def router_tensor_names(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of the router tensors update_weights_from_tensor replaces, MoE layers only."""
+    e, h = int(cfg.get("n_routed_experts") or 0), int(cfg.get("hidden_size") or 0)
+    out = []
+    for i in moe_layers(cfg):
+        out.append((f"model.layers.{i}.mlp.gate.weight", (e, h)))
+        out.append((f"model.layers.{i}.mlp.gate.e_score_correction_bias", (e,)))
+    return out
+
+
+def engine_kwargs(o: OfflineOptions) -> dict[str, Any]:
+    """Engine kwargs before filtering against the installed ServerArgs (the worker drops unknown DEFAULT keys
+    that the release lacks, e.g. cuda_graph_bs_decode on 0.5.23; user --engine-arg keys are never dropped)."""
+    bs = sorted(o.batch_sizes)
+    kw: dict[str, Any] = {"model_path": os.path.abspath(o.model), "load_format": o.load_format,
+                          "random_seed": o.seed, "max_running_requests": max(bs)}
+    kw.update(DEFAULT_ENGINE_ARGS)
+    for k in GRAPH_LIST_KEYS:
+        kw[k] = bs
+    for k in GRAPH_MAX_KEYS:
+        kw[k] = max(bs)
+    kw["context_length"] = o.input_len + o.output_len + 16
+    kw.update(o.engine_args)
+    return kw
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def installed_sglang_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def resolve_seam(seam: str, sglang_version: str | None) -> str:
+    if seam != "auto":
+        return seam
+    if sglang_version and _version_tuple(sglang_version) >= PLUGIN_MIN_VERSION:
+        return "plugin"
+    return "external-model-package"
+
+
+def mode_env(mode: str, seam: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of a worker: the parent's, the sm90 defaults, and the mode's switch."""
+    env = dict(os.environ if base is None else base)
+    for k, v in DEFAULT_ENV.items():
+        env.setdefault(k, v)
+    env.pop(ENV_SWITCH, None)
+    env.pop(ENV_EXTERNAL, None)
+    if mode == "fastpath":
+        env[ENV_SWITCH] = "1"
+        if seam == "external-model-package":
+            env[ENV_EXTERNAL] = EXTERNAL_PACKAGE
+    return env
+
+
+def run_key(o: OfflineOptions) -> str:
+    """Identifies comparable runs: same model, prompts, lengths, batch sizes, load format, routers, engine args."""
+    d = {"model": os.path.abspath(o.model), "bs": sorted(o.batch_sizes), "in": o.input_len, "out": o.output_len,
+         "n": o.num_prompts, "lf": o.load_format, "rr": o.randomize_routers, "seed": o.seed,
+         "ea": sorted(o.engine_args.items(), key=lambda kv: kv[0])}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def worker_config(o: OfflineOptions, mode: str, seam: str, cfg: dict) -> dict:
+    out = Path(o.out).resolve()
+    return {
+        "mode": mode, "seam": seam, "run_key": run_key(o), "engine_kwargs": engine_kwargs(o),
+        "user_engine_keys": sorted(o.engine_args), "batch_sizes": sorted(o.batch_sizes),
+        "prompts_per_batch": {str(b): o.prompts_per_batch(b) for b in sorted(o.batch_sizes)},
+        "input_len": o.input_len, "output_len": o.output_len, "seed": o.seed,
+        "prompts_file": str(out / "prompts.json"), "randomize_routers": o.randomize_routers,
+        "router_tensors": [[n, list(s)] for n, s in router_tensor_names(cfg)] if o.randomize_routers else [],
+        "stream_pass": o.stream_pass, "result_file": str(out / f"mode-{mode}.json"),
+    }
+
+
+def worker_command(config_path: str) -> list[str]:
+    return [sys.executable, "-m", "glm5_fastpath.bench.offline", "worker", config_path]
+
+
+def plan(o: OfflineOptions, sglang_version: str | None = None) -> list[dict]:
+    """Per mode: {mode, command, env (only the keys we set/unset), config} — no side effects."""
+    cfg = validate(o)
+    seam = resolve_seam(o.seam, sglang_version)
+    out = []
+    for mode in o.modes:
+        env = mode_env(mode, seam, base={})
+        wc = worker_config(o, mode, seam, cfg)
+        cpath = str(Path(o.out).resolve() / f"worker-{mode}.json")
+        shown_env = {k: env.get(k) for k in (ENV_SWITCH, ENV_EXTERNAL, *DEFAULT_ENV)}
+        out.append({"mode": mode, "command": worker_command(cpath), "config_path": cpath, "env": shown_env,
+                    "config": wc})
+    return out
+
+
+def render_plan(steps: list[dict], sglang_version: str | None) -> str:
+    lines = [f"bench offline --dry-run: {len(steps)} worker process(es), sglang installed here: {sglang_version or 'no'}"]
+    for s in steps:
+        unset = [f"-u {k}" for k, v in s["env"].items() if v is None]
+        env = " ".join(unset + [f"{k}={shlex.quote(v)}" for k, v in s["env"].items() if v is not None])
+        lines.append(f"\n[{s['mode']}] env {env} {' '.join(shlex.quote(c) for c in s['command'])}")
+        cfg = dict(s["config"])
+        cfg["router_tensors"] = f"{len(cfg['router_tensors'])} tensors" + (
+            f" ({cfg['router_tensors'][0][0]} ...)" if cfg["router_tensors"] else "")
+        lines.append(json.dumps(cfg, sort_keys=True))
+    return "\n".join(lines)
+
+
+# ---- statistics and the report (pure) --------------------------------------------------------------------
+
+def percentiles(xs: Sequence[float], ps: Sequence[int] = (50, 90, 99)) -> dict[str, float] | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    out = {}
+    for p in ps:
+        pos = (len(s) - 1) * p / 100
+        lo = int(pos)
+        hi = min(lo + 1, len(s) - 1)
+        out[f"p{p}"] = s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    out["mean"] = sum(s) / len(s)
+    return out
+
+
+def floor_per_batch(cfg_dict: dict, batch_sizes: Sequence[int], kv_len: int) -> dict[int, dict]:
+    """Decode-step bytes floor (all layers + lm_head, uniform-routing expected experts) per batch size."""
+    from ..config import Glm5Config
+    from ..cost import expected_distinct_experts, layer_summary
+
+    cfg = Glm5Config.from_dict(cfg_dict, "<model config.json>")
+    out = {}
+    for m in batch_sizes:
+        b = sum(layer_summary(cfg, m, kv_len, layer=i).bytes for i in range(cfg.num_hidden_layers))
+        b += cfg.vocab_size * cfg.hidden_size * 2  # lm_head (bf16)
+        t = b / H200_COPY_BW
+        out[m] = {"bytes_per_step": b, "floor_step_us": t * 1e6, "floor_tok_s": m / t,
+                  "expected_distinct_experts_per_moe_layer":
+                      expected_distinct_experts(m, cfg.n_routed_experts, cfg.num_experts_per_tok)}
+    return out
+
+
+def first_divergence(a: Sequence[int] | None, b: Sequence[int] | None) -> int | None:
+    """Index of the first differing token (None if equal over the shorter length or missing)."""
+    if not a or not b:
+        return None
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None
+
+
+def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | None = None,
+                 meta: dict | None = None) -> dict:
+    """Combine per-mode worker results into the report dict (rows per batch size)."""
+    bss = sorted({int(b) for r in mode_results.values() for b in r.get("batches", {})})
+    rows = []
+    for b in bss:
+        row: dict[str, Any] = {"batch": b}
+        for mode, r in mode_results.items():
+            br = r.get("batches", {}).get(str(b), {})
+            row[mode] = {k: br.get(k) for k in ("output_tok_s", "ttft_ms", "itl_ms", "latency_source", "error",
+                                                 "wall_s", "output_tokens")}
+        s = (row.get("stock") or {}).get("output_tok_s")
+        f = (row.get("fastpath") or {}).get("output_tok_s")
+        row["speedup"] = (f / s) if (s and f) else None
+        if floors and b in floors:
+            fl = floors[b]
+            row["floor_tok_s"] = fl["floor_tok_s"]
+            row["floor_step_us"] = fl["floor_step_us"]
+            row["expected_distinct_experts"] = fl["expected_distinct_experts_per_moe_layer"]
+            for mode in mode_results:
+                t = row[mode].get("output_tok_s")
+                row[mode]["pct_of_floor"] = 100 * t / fl["floor_tok_s"] if t else None
+        if "stock" in mode_results and "fastpath" in mode_results:
+            a = mode_results["stock"].get("batches", {}).get(str(b), {}).get("first_tokens")
+            c = mode_results["fastpath"].get("batches", {}).get(str(b), {}).get("first_tokens")
+            row["greedy_first_divergence"] = first_divergence(a, c)
+            row["greedy_compared_tokens"] = min(len(a), len(c)) if a and c else 0
+        rows.append(row)
+    return {"meta": meta or {}, "modes": {m: {k: v for k, v in r.items() if k != "batches"}
+                                         for m, r in mode_results.items()},
+            "rows": rows,
+            "distinct_experts_per_layer": "not measured (the Engine API exposes no routing); "
+                                          "expected_distinct_experts is the uniform-routing value the floor uses"}
+
+
+def _f(x: Any, nd: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def render_markdown(rep: dict) -> str:
+    modes = list(rep["modes"])
+    m = rep.get("meta", {})
+    lines = ["# Offline decode throughput: stock SGLang vs glm5_fastpath", ""]
+    for k in ("gpu", "date", "commit", "sglang_version", "model", "load_format", "randomize_routers",
+              "input_len", "output_len", "seam"):
+        if k in m:
+            lines.append(f"- {k}: {m[k]}")
+    lines.append("")
+    head = ["batch"]
+    for mo in modes:
+        head += [f"{mo} tok/s", f"{mo} % floor", f"{mo} TTFT p50 ms", f"{mo} ITL p50/p99 ms"]
+    head += ["speedup", "floor tok/s", "exp. experts/layer", "greedy 1st diff"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for r in rep["rows"]:
+        cells = [str(r["batch"])]
+        for mo in modes:
+            d = r.get(mo) or {}
+            if d.get("error"):
+                cells += [f"error: {d['error'][:60]}", "-", "-", "-"]
+                continue
+            ttft, itl = d.get("ttft_ms") or {}, d.get("itl_ms") or {}
+            cells += [_f(d.get("output_tok_s")), _f(d.get("pct_of_floor")), _f(ttft.get("p50"), 2),
+                      f"{_f(itl.get('p50'), 2)}/{_f(itl.get('p99'), 2)}"]
+        div = r.get("greedy_first_divergence")
+        cmp_n = r.get("greedy_compared_tokens")
+        greedy = "-" if not cmp_n else ("same" if div is None else str(div)) + f" (of {cmp_n})"
+        cells += [_f(r.get("speedup"), 2) + ("x" if r.get("speedup") else ""), _f(r.get("floor_tok_s")),
+                  _f(r.get("expected_distinct_experts")), greedy]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "tok/s: generated tokens / wall time of the timed generate calls (B prompts per call, prefill "
+              "included). % floor: of the decode-step bytes floor (all layers + lm_head at 4.27 TB/s, "
+              "uniform-routing expected experts). TTFT/ITL: streamed pass (wall clock per token) when present, "
+              "else engine meta_info.", f"Distinct experts per layer: {rep['distinct_experts_per_layer']}."]
+    for mo, info in rep["modes"].items():
+        if info.get("dropped_engine_args"):
+            lines.append(f"- {mo}: engine args not in this SGLang's ServerArgs, dropped: {info['dropped_engine_args']}")
+        if info.get("error"):
+            lines.append(f"- {mo}: worker error: {info['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(rep: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # noqa: BLE001 - optional
+        return False
+    rows = rep["rows"]
+    xs = [r["batch"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mo in rep["modes"]:
+        ys = [(r.get(mo) or {}).get("output_tok_s") for r in rows]
+        ax.plot(xs, [y if y else float("nan") for y in ys], marker="o", label=mo)
+    if any(r.get("floor_tok_s") for r in rows):
+        ax.plot(xs, [r.get("floor_tok_s") or float("nan") for r in rows], ls="--", color="grey", label="bytes floor")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("output tok/s")
+    ax.set_xscale("log", base=2)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    ax.set_title("GLM-5 offline decode, " + str(rep.get("meta", {}).get("gpu", "")))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_outputs(rep: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "offline.json", out / "offline.md"]
+    paths[0].write_text(json.dumps(rep, indent=2, sort_keys=True, default=str) + "\n")
+    paths[1].write_text(render_markdown(rep))
+    if write_plot(rep, out / "offline.png"):
+        paths.append(out / "offline.png")
+    return paths
+
+
+def load_mode_results(out: Path, key: str) -> tuple[dict[str, dict], list[str]]:
+    res, skipped = {}, []
+    for mode in MODES:
+        p = out / f"mode-{mode}.json"
+        if not p.is_file():
+            continue
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            skipped.append(f"{p.name} (unreadable)")
+            continue
+        if d.get("run_key") != key:
+            skipped.append(f"{p.name} (other run settings)")
+            continue
+        res[mode] = d
+    return res, skipped
+
+
+# ---- parent ------------------------------------------------------------------------------------------
+
+def run_bench(o: OfflineOptions) -> int:
+    ver = installed_sglang_version()
+    steps = plan(o, ver)
+    if o.dry_run:
+        print(render_plan(steps, ver))
+        return 0
+    cfg = read_model_config(o.model)
+    out = Path(o.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    n = max(o.prompts_per_batch(b) for b in o.batch_sizes)
+    (out / "prompts.json").write_text(json.dumps(make_prompts(n, o.input_len, cfg["vocab_size"], o.seed)))
+    rc = 0
+    for s in steps:
+        Path(s["config_path"]).write_text(json.dumps(s["config"], indent=2))
+        env = mode_env(s["mode"], s["config"]["seam"])
+        log = out / f"worker-{s['mode']}.log"
+        print(f"[{s['mode']}] {' '.join(s['command'])}  (log: {log})", flush=True)
+        t0 = time.perf_counter()
+        with open(log, "w") as lf:
+            try:
+                p = subprocess.run(s["command"], env=env, stdout=lf, stderr=subprocess.STDOUT, timeout=o.timeout_s)
+                code = p.returncode
+            except subprocess.TimeoutExpired:
+                code = 124
+        print(f"[{s['mode']}] exit {code} after {time.perf_counter() - t0:.0f} s", flush=True)
+        if code != 0:
+            rc = 1
+            rp = Path(s["config"]["result_file"])
+            if not rp.is_file():  # worker died before writing: record why
+                tail = log.read_text(errors="replace")[-2000:]
+                rp.write_text(json.dumps({"mode": s["mode"], "run_key": s["config"]["run_key"],
+                                          "error": f"worker exit {code}; log tail: {tail}", "batches": {}}))
+    results, skipped = load_mode_results(out, run_key(o))
+    for sk in skipped:
+        print(f"ignoring {sk}")
+    from .meta import git_commit, utc_now
+
+    first = next(iter(results.values()), {})
+    meta = {"gpu": first.get("gpu"), "date": utc_now(), "commit": git_commit(),
+            "sglang_version": first.get("sglang_version") or ver, "model": os.path.abspath(o.model),
+            "load_format": o.load_format, "randomize_routers": o.randomize_routers, "input_len": o.input_len,
+            "output_len": o.output_len, "seam": first.get("seam"), "batch_sizes": sorted(o.batch_sizes),
+            "num_layers": cfg.get("num_hidden_layers"), "moe_layers": moe_layers(cfg)}
+    try:
+        floors = floor_per_batch(cfg, sorted(o.batch_sizes), o.input_len + o.output_len // 2)
+    except Exception as e:  # noqa: BLE001 - a config our parser rejects: report without the floor
+        print(f"no bytes floor: {e}")
+        floors = None
+    rep = build_report(results, floors=floors, meta=meta)
+    for p in write_outputs(rep, out):
+        print(f"wrote {p}")
+    print(render_markdown(rep))
+    return rc
+
+
+# ---- worker (runs in its own process; imports sglang) ------------------------------------------------------
+
+def _filter_engine_kwargs(kw: dict, user_keys: Sequence[str]) -> tuple[dict, list[str]]:
+    import dataclasses
+
+    from sglang.srt.server_args import ServerArgs
+
+    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    dropped = [k for k in kw if k not in names and k not in user_keys]
+    unknown_user = [k for k in user_keys if k not in names]
+    if unknown_user:
+        raise ValueError(f"--engine-arg: not ServerArgs fields in this SGLang: {unknown_user}")
+    return {k: v for k, v in kw.items() if k not in dropped}, dropped
+
+
+def _meta_latency(outs: list[dict]) -> tuple[list[float], list[float]]:
+    ttft, itl = [], []
+    for o in outs:
+        mi = o.get("meta_info", {}) or {}
+        f, e, n = mi.get("first_token_latency"), mi.get("e2e_latency"), mi.get("completion_tokens")
+        if isinstance(f, (int, float)):
+            ttft.append(1e3 * f)
+            if isinstance(e, (int, float)) and isinstance(n, int) and n > 1:
+                itl.append(1e3 * (e - f) / (n - 1))
+    return ttft, itl
+
+
+def _stream_pass(engine, prompts, sp) -> tuple[list[float], list[float]]:
+    import asyncio
+
+    async def one(ids):
+        t0 = time.perf_counter()
+        last, prev_n, ttft, gaps = t0, 0, None, []
+        gen = await engine.async_generate(input_ids=ids, sampling_params=sp, stream=True)
+        async for chunk in gen:
+            now = time.perf_counter()
+            n = int((chunk.get("meta_info") or {}).get("completion_tokens", prev_n + 1))
+            new = max(n - prev_n, 0)
+            if new:
+                if ttft is None:
+                    ttft = now - t0
+                    new -= 1
+                    if new:
+                        gaps += [0.0] * new
+                else:
+                    gaps += [(now - last) / new] * new
+                last, prev_n = now, n
+        return ttft, gaps
+
+    async def all_():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    loop = getattr(engine, "loop", None) or asyncio.new_event_loop()
+    res = loop.run_until_complete(all_())
+    ttft = [1e3 * t for t, _ in res if t is not None]
+    itl = [1e3 * g for _, gs in res for g in gs]
+    return ttft, itl
+
+
+def _randomize_routers(engine, names: list, seed: int) -> int:
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1234)
+    tensors = []
+    for name, shape in names:
+        if name.endswith("e_score_correction_bias"):
+            tensors.append((name, torch.zeros(tuple(shape), dtype=torch.float32)))
+        else:
+            tensors.append((name, (torch.randn(tuple(shape), generator=g) * ROUTER_STD).to(torch.bfloat16)))
+    engine.update_weights_from_tensor(named_tensors=tensors, flush_cache=True)
+    return len(tensors) // 2
+
+
+def _gpu_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def worker_main(config_path: str) -> int:
+    c = json.loads(Path(config_path).read_text())
+    res: dict[str, Any] = {"mode": c["mode"], "run_key": c["run_key"], "seam": c["seam"],
+                           "sglang_version": installed_sglang_version(), "gpu": _gpu_name(),
+                           "env": {k: os.environ.get(k) for k in (ENV_SWITCH, ENV_EXTERNAL, *DEFAULT_ENV)},
+                           "batches": {}}
+    rpath = Path(c["result_file"])
+
+    def save():
+        rpath.write_text(json.dumps(res, indent=2, default=str))
+
+    engine = None
+    try:
+        try:  # SGLang >= 0.5.23: entry-point plugins (ours registers hooks; GLM5_FASTPATH is the switch)
+            from sglang.srt.plugins import load_plugins
+
+            load_plugins()
+            res["plugins_loaded"] = True
+        except ImportError:
+            res["plugins_loaded"] = False
+        from sglang.srt.entrypoints.engine import Engine
+
+        kw, dropped = _filter_engine_kwargs(c["engine_kwargs"], c["user_engine_keys"])
+        res["engine_args"], res["dropped_engine_args"] = kw, dropped
+        t0 = time.perf_counter()
+        engine = Engine(**kw)
+        res["startup_s"] = time.perf_counter() - t0
+        if c["randomize_routers"]:
+            res["routers_randomized_layers"] = _randomize_routers(engine, c["router_tensors"], c["seed"])
+        save()
+        prompts = json.loads(Path(c["prompts_file"]).read_text())
+        for b in c["batch_sizes"]:
+            br: dict[str, Any] = {"batch": b}
+            res["batches"][str(b)] = br
+            try:
+                n = c["prompts_per_batch"][str(b)]
+                sp = {"temperature": 0.0, "max_new_tokens": c["output_len"], "ignore_eos": True}
+                engine.generate(input_ids=prompts[:b], sampling_params={**sp, "max_new_tokens": WARMUP_TOKENS})
+                outs, wall = [], 0.0
+                for w in range(n // b):
+                    t = time.perf_counter()
+                    o = engine.generate(input_ids=prompts[w * b:(w + 1) * b], sampling_params=sp)
+                    wall += time.perf_counter() - t
+                    outs += o if isinstance(o, list) else [o]
+                ntok = sum(int((o.get("meta_info") or {}).get("completion_tokens", len(o.get("output_ids", []))))
+                           for o in outs)
+                br.update(output_tokens=ntok, wall_s=wall, output_tok_s=ntok / wall if wall else None,
+                          first_tokens=list(outs[0].get("output_ids", []))[:FIRST_TOKENS_KEPT] if outs else None,
+                          meta_keys=sorted((outs[0].get("meta_info") or {}).keys()) if outs else [])
+                ttft, itl = _meta_latency(outs)
+                br["latency_source"] = "meta_info" if ttft else "none"
+                if c["stream_pass"]:
+                    sttft, sitl = _stream_pass(engine, prompts[:b], sp)
+                    if sttft:
+                        ttft, itl, br["latency_source"] = sttft, sitl, "stream wall-clock"
+                br["ttft_ms"], br["itl_ms"] = percentiles(ttft), percentiles(itl)
+            except Exception as e:  # noqa: BLE001 - record, go on with the next batch size
+                br["error"] = f"{type(e).__name__}: {e}"
+            save()
+        return 0 if not any("error" in v for v in res["batches"].values()) else 1
+    except Exception as e:  # noqa: BLE001
+        import traceback
+
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()[-4000:]
+        return 1
+    finally:
+        save()
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+# ---- synthetic model dir for --load-format dummy --------------------------------------------------------
+
+def write_dummy_model(out_dir: str, *, layers: int = 8, dense_layers: int = 1, preset: str = "glm5") -> Path:
+    """config.json + tokenizer (no weights) of a GLM-5-shaped model at full per-layer dims with
+    `dense_layers` dense layers then MoE layers (issue #9's 1 dense + 7 MoE)."""
+    from ..checkpoint import checkpoint_config, write_model_files
+
+    if not 0 <= dense_layers < layers:
+        raise ValueError(f"dense_layers must be in [0, layers), got {dense_layers} of {layers}")
+    cfg = checkpoint_config(preset, layers=layers).replace(first_k_dense_replace=dense_layers)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_model_files(out, cfg)
+    return out
+
+
+def _main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m glm5_fastpath.bench.offline")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("worker", help="(internal) one mode's Engine run")
+    w.add_argument("config")
+    d = sub.add_parser("make-dummy-model", help="config.json + tokenizer for --load-format dummy")
+    d.add_argument("dir")
+    d.add_argument("--layers", type=int, default=8)
+    d.add_argument("--dense-layers", type=int, default=1)
+    d.add_argument("--preset", choices=("glm5", "glm5.2"), default="glm5")
+    a = p.parse_args(argv)
+    if a.cmd == "worker":
+        return worker_main(a.config)
+    print(write_dummy_model(a.dir, layers=a.layers, dense_layers=a.dense_layers, preset=a.preset))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

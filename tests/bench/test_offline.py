@@ -1,0 +1,194 @@
+"""`bench offline` on CPU: validation, --dry-run, prompts, router names, report (no sglang, no GPU)."""
+import json
+import sys
+
+import pytest
+
+from glm5_fastpath.bench import offline as off
+from glm5_fastpath.cli import build_parser, main
+
+
+def _model(tmp_path, **over):
+    cfg = {"architectures": ["GlmMoeDsaForCausalLM"], "num_hidden_layers": 4, "first_k_dense_replace": 1,
+           "moe_layer_freq": 1, "n_routed_experts": 8, "hidden_size": 32, "vocab_size": 1000}
+    cfg.update(over)
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def _opts(tmp_path, *extra):
+    a = build_parser().parse_args(["bench", "offline", "--model", str(_model(tmp_path)), "--load-format", "dummy",
+                                   "--out", str(tmp_path / "out"), *extra])
+    return off.options_from_args(a)
+
+
+def test_cli_defaults_and_engine_args(tmp_path):
+    o = _opts(tmp_path, "--engine-arg", "mem_fraction_static=0.8", "--engine-arg", "enable-foo=true",
+              "--engine-arg", "cuda_graph_bs=[1,2]")
+    assert o.batch_sizes == [1, 16, 32] and o.input_len == 128 and o.output_len == 128 and o.modes == ["stock", "fastpath"]
+    assert o.engine_args == {"mem_fraction_static": 0.8, "enable_foo": True, "cuda_graph_bs": [1, 2]}
+    kw = off.engine_kwargs(o)
+    assert kw["cuda_graph_bs"] == [1, 2]  # user override wins
+    assert kw["attention_backend"] == "dsa" and kw["dsa_decode_backend"] == "flashmla_sparse"
+    assert kw["disable_prefill_cuda_graph"] is True and kw["skip_tokenizer_init"] is True
+    assert kw["cuda_graph_max_bs_decode"] == 32 and kw["kv_cache_dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--batch-sizes", "0,4"], "positive"),
+    (["--batch-sizes", "4,4"], "duplicates"),
+    (["--num-prompts", "24", "--batch-sizes", "1,16"], "not a multiple"),
+    (["--output-len", "1"], "output-len"),
+    (["--engine-arg", "model_path=/x"], "--model"),
+])
+def test_validation_errors(tmp_path, extra, msg):
+    with pytest.raises(ValueError, match=msg):
+        off.validate(_opts(tmp_path, *extra))
+
+
+def test_validation_model_dir(tmp_path, capsys):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        off.validate(off.OfflineOptions(model=str(tmp_path / "nope")))
+    o = _opts(tmp_path)
+    o.load_format = "auto"
+    with pytest.raises(ValueError, match="safetensors"):
+        off.validate(o)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{")
+    assert main(["bench", "offline", "--model", str(bad), "--dry-run", "--load-format", "dummy"]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_bad_cli_values_exit():
+    for argv in (["--modes", "stock,turbo"], ["--batch-sizes", "a,b"], ["--load-format", "pt"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", "offline", "--model", "m", *argv])
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        off.parse_engine_args(["novalue"])
+
+
+def test_dry_run_prints_commands_and_env_without_sglang(tmp_path, capsys):
+    m = _model(tmp_path)
+    before = set(sys.modules)
+    rc = main(["bench", "offline", "--model", str(m), "--load-format", "dummy", "--randomize-routers", "--dry-run",
+               "--batch-sizes", "1,8", "--out", str(tmp_path / "o"), "--seam", "external-model-package"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert not any(k == "sglang" or k.startswith("sglang.") or k == "torch.cuda" for k in set(sys.modules) - before)
+    stock, fast = out.split("[stock]")[1].split("[fastpath]")
+    assert "-u GLM5_FASTPATH" in stock and "-u SGLANG_EXTERNAL_MODEL_PACKAGE" in stock
+    assert "GLM5_FASTPATH=1" in fast and f"SGLANG_EXTERNAL_MODEL_PACKAGE={off.EXTERNAL_PACKAGE}" in fast
+    for part in (stock, fast):
+        assert "-m glm5_fastpath.bench.offline worker" in part
+        assert "SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0" in part
+        assert '"cuda_graph_bs": [1, 8]' in part and '"load_format": "dummy"' in part
+    assert not (tmp_path / "o").exists()  # dry run writes nothing
+
+
+def test_plan_env_per_mode_and_seam(tmp_path):
+    o = _opts(tmp_path)
+    steps = off.plan(o, sglang_version="0.5.23")
+    env = {s["mode"]: s["env"] for s in steps}
+    assert env["fastpath"]["GLM5_FASTPATH"] == "1" and env["fastpath"]["SGLANG_EXTERNAL_MODEL_PACKAGE"] is None
+    assert env["stock"]["GLM5_FASTPATH"] is None
+    assert off.resolve_seam("auto", "0.5.14") == "external-model-package"
+    assert off.resolve_seam("auto", None) == "external-model-package"
+    assert off.resolve_seam("auto", "0.5.23.post1") == "plugin"
+    full = off.mode_env("stock", "plugin", base={"GLM5_FASTPATH": "1", "PATH": "/bin"})
+    assert "GLM5_FASTPATH" not in full and full["PATH"] == "/bin"
+
+
+def test_prompts_deterministic():
+    a = off.make_prompts(4, 16, 1000, seed=3)
+    assert a == off.make_prompts(4, 16, 1000, seed=3)
+    assert a != off.make_prompts(4, 16, 1000, seed=4)
+    assert len(a) == 4 and all(len(p) == 16 for p in a)
+    assert all(10 <= t < 990 for p in a for t in p)
+    assert off.make_prompts(2, 16, 1000, 3) == a[:2]  # fewer prompts = a prefix of the same stream
+
+
+def test_router_tensor_names_moe_layers_only():
+    cfg = {"num_hidden_layers": 5, "first_k_dense_replace": 2, "n_routed_experts": 256, "hidden_size": 6144}
+    names = off.router_tensor_names(cfg)
+    assert [n for n, _ in names] == [f"model.layers.{i}.mlp.gate.{t}" for i in (2, 3, 4)
+                                     for t in ("weight", "e_score_correction_bias")]
+    assert names[0][1] == (256, 6144) and names[1][1] == (256,)
+    assert off.moe_layers({**cfg, "moe_layer_freq": 2}) == [2, 4]
+    assert off.router_tensor_names({**cfg, "n_routed_experts": 0}) == []
+
+
+def test_run_key_stable_and_sensitive(tmp_path):
+    o = _opts(tmp_path)
+    k = off.run_key(o)
+    assert k == off.run_key(_opts(tmp_path))
+    o.output_len = 64
+    assert off.run_key(o) != k
+
+
+def _fake(mode, tps, toks):
+    return {"mode": mode, "run_key": "k", "gpu": "NVIDIA H200", "seam": "external-model-package",
+            "batches": {str(b): {"output_tok_s": t, "ttft_ms": {"p50": 20.0, "p90": 25.0, "p99": 30.0},
+                                 "itl_ms": {"p50": 3.0, "p90": 3.5, "p99": 4.0}, "latency_source": "stream wall-clock",
+                                 "first_tokens": toks} for b, t in tps.items()}}
+
+
+def test_report_json_markdown_from_fake_results(tmp_path):
+    res = {"stock": _fake("stock", {1: 277.0, 16: 1703.0}, [1, 2, 3, 4]),
+           "fastpath": _fake("fastpath", {1: 554.0, 16: 2044.0}, [1, 2, 9, 4])}
+    cfg = json.loads((_model(tmp_path)).joinpath("config.json").read_text())
+    floors = {1: {"floor_tok_s": 700.0, "floor_step_us": 1428.0, "expected_distinct_experts_per_moe_layer": 8.0},
+              16: {"floor_tok_s": 2200.0, "floor_step_us": 7272.0, "expected_distinct_experts_per_moe_layer": 102.0}}
+    rep = off.build_report(res, floors=floors, meta={"gpu": "NVIDIA H200", "commit": "abc", "date": "d",
+                                                     "sglang_version": "0.5.14", "moe_layers": off.moe_layers(cfg)})
+    r1, r16 = rep["rows"]
+    assert r1["batch"] == 1 and r1["speedup"] == pytest.approx(2.0)
+    assert r16["speedup"] == pytest.approx(2044 / 1703)
+    assert r1["stock"]["pct_of_floor"] == pytest.approx(100 * 277 / 700)
+    assert r1["greedy_first_divergence"] == 2 and r1["greedy_compared_tokens"] == 4
+    assert "not measured" in rep["distinct_experts_per_layer"]
+    paths = off.write_outputs(rep, tmp_path / "o")
+    j = json.loads((tmp_path / "o" / "offline.json").read_text())
+    assert j["rows"][0]["speedup"] == pytest.approx(2.0) and j["meta"]["sglang_version"] == "0.5.14"
+    md = (tmp_path / "o" / "offline.md").read_text()
+    assert "| 1 | 277.0 | 39.6 | 20.00 | 3.00/4.00 | 554.0 |" in md and "2.00x" in md and "2 (of 4)" in md
+    assert paths[0].name == "offline.json"
+
+
+def test_report_with_error_and_single_mode():
+    res = {"stock": {"mode": "stock", "batches": {"8": {"error": "RuntimeError: boom"}}}}
+    rep = off.build_report(res)
+    assert rep["rows"][0]["speedup"] is None and "greedy_first_divergence" not in rep["rows"][0]
+    assert "error: RuntimeError: boom" in off.render_markdown(rep)
+
+
+def test_merge_mode_files_by_run_key(tmp_path):
+    (tmp_path / "mode-stock.json").write_text(json.dumps({"run_key": "k", "batches": {}}))
+    (tmp_path / "mode-fastpath.json").write_text(json.dumps({"run_key": "other", "batches": {}}))
+    got, skipped = off.load_mode_results(tmp_path, "k")
+    assert list(got) == ["stock"] and skipped == ["mode-fastpath.json (other run settings)"]
+
+
+def test_percentiles_and_floor():
+    p = off.percentiles([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert p["p50"] == 3.0 and p["mean"] == 3.0 and p["p99"] == pytest.approx(4.96)
+    assert off.percentiles([]) is None
+    from glm5_fastpath.config import Glm5Config
+
+    cfg = Glm5Config.preset("glm5").replace(num_hidden_layers=8, first_k_dense_replace=1, num_nextn_predict_layers=0)
+    fl = off.floor_per_batch(cfg.to_hf_dict(), [1, 16], 192)
+    # issue 9: the stock engine's 277 tok/s at batch 1 was ~42 % of this floor (8-layer model, 1 dense + 7 MoE)
+    assert 0.3 < 277 / fl[1]["floor_tok_s"] < 0.5
+    assert fl[16]["expected_distinct_experts_per_moe_layer"] > fl[1]["expected_distinct_experts_per_moe_layer"] == 8
+
+
+def test_write_dummy_model(tmp_path):
+    d = off.write_dummy_model(str(tmp_path / "m"), layers=3, dense_layers=1)
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 3 and cfg["first_k_dense_replace"] == 1 and cfg["hidden_size"] == 6144
+    assert off.moe_layers(cfg) == [1, 2]
+    assert (d / "tokenizer.json").is_file() and not list(d.glob("*.safetensors"))
+    with pytest.raises(ValueError):
+        off.write_dummy_model(str(tmp_path / "m2"), layers=2, dense_layers=2)
