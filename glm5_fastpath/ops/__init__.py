@@ -15,6 +15,7 @@ benchmarks swap one for the other.
 | d2_absorb_and_kv_store (D2) | glm5_fastpath.d2_absorb_kv_store | csrc/attn_pre/d2_absorb_kv_store.{cuh,cu} |
 | fp8_gemm_skinny, b0_qkv_a (B0), d0_q_b (D0), d1_indexer_q (D1), b1_indexer_k (B1) | glm5_fastpath.fp8_gemm_skinny, fp8_qkv_a, fp8_q_b_rope, fp8_indexer_q, fp8_indexer_k | csrc/attn_pre/fp8_gemm_skinny.{cuh,cu} |
 | b0_qkv_a(..., mode="split") (B0 split: plain GEMM + row kernel) | glm5_fastpath.fp8_gemm_skinny, b0_row_norms | csrc/attn_pre/fp8_gemm_skinny.{cuh,cu}, csrc/attn_pre/b0_row_norms.{cuh,cu} |
+| moe_route, moe_route_scaled (MoE router) | glm5_fastpath.moe_router | csrc/moe/router.{cuh,cu} |
 | e1_indexer_logits (E1) | glm5_fastpath.e1_indexer_logits, glm5_fastpath.e1_indexer_logits_out | csrc/attn_pre/e1_indexer_logits.{cuh,cu} |
 | e2_topk (E2) | glm5_fastpath.e2_topk, glm5_fastpath.e2_topk_out | csrc/attn_pre/e2_topk.{cuh,cu} |
 """
@@ -27,17 +28,19 @@ from . import d2_absorb as _d2
 from . import e1_indexer_logits as _e1
 from . import e2_topk as _e2
 from . import fp8_gemm as _fp8
+from . import moe_router as _moe_router
 from .add_rmsnorm_quant import A0Result, add_rmsnorm_quant
 from .c0_head_gate import c0_head_gate
 from .d2_absorb import d2_absorb_and_kv_store
 from .e1_indexer_logits import e1_indexer_logits
 from .e2_topk import e2_topk
 from .fp8_gemm import b0_qkv_a, b1_indexer_k, d0_q_b, d1_indexer_q, fp8_gemm_skinny
+from .moe_router import moe_route, moe_route_scaled
 
 # The reference's name for A0 (same signature), so `ops` can stand in for `ref.prefix` as a namespace.
 a0_add_rmsnorm_quant = add_rmsnorm_quant
 
-_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8)
+_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _moe_router)
 
 
 def precompile(cfg=None, device: object = None) -> None:
@@ -52,6 +55,7 @@ def precompile(cfg=None, device: object = None) -> None:
     _e1.precompile(device, ((c.index_n_heads, c.index_head_dim),))
     _e2.precompile(device)
     _fp8.precompile(device, c)
+    _moe_router.precompile(device, ((c.hidden_size, c.n_routed_experts, c.num_experts_per_tok),))
 
 
 def compile_check_specs() -> list:
@@ -60,6 +64,6 @@ def compile_check_specs() -> list:
 
 
 __all__ = ["A0Result", "a0_add_rmsnorm_quant", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
-           "fp8_gemm_skinny", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
+           "fp8_gemm_skinny", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
            "e2_topk",
            "precompile"]

@@ -1,0 +1,53 @@
+// Standalone MoE router kernel: one CTA of 256 threads per (K chunk, 32-expert group, 32-token tile),
+// calling the tile function of router.cuh. Compile-time configuration (in the JIT cache key):
+//   GLM5_ROUTER_HIDDEN   K = hidden size (multiple of 256; 6144 for GLM-5, 512 for the small preset)
+//   GLM5_ROUTER_EXPERTS  N = routed experts (a multiple of 32, or a multiple of 4 up to 32; 256 / 16)
+//   GLM5_ROUTER_TOPK     experts per token (8 / 4)
+// Launch: grid (HIDDEN / 256, EXPERTS / 32 (or 1), ceil(M / 32)), block (256, 1, 1), no dynamic shared
+// memory; M <= 256. PDL-ready: the gate weights are loaded before griddepcontrol.wait.
+#include "router.cuh"
+
+#ifndef GLM5_ROUTER_HIDDEN
+#define GLM5_ROUTER_HIDDEN 6144
+#endif
+#ifndef GLM5_ROUTER_EXPERTS
+#define GLM5_ROUTER_EXPERTS 256
+#endif
+#ifndef GLM5_ROUTER_TOPK
+#define GLM5_ROUTER_TOPK 8
+#endif
+
+using RouterTile = glm5::moe::RouterTile<GLM5_ROUTER_HIDDEN, GLM5_ROUTER_EXPERTS, GLM5_ROUTER_TOPK>;
+
+// Parameter order and types are the ABI the Python launcher packs (glm5_fastpath/ops/moe_router.py,
+// _kernel_args); the runtime checks sizes against the cubin at load.
+extern "C" __global__ void __launch_bounds__(RouterTile::kThreads)
+glm5_moe_router(const uint16_t* __restrict__ h,       // [M, HIDDEN] bf16
+                const uint16_t* __restrict__ gate,    // [EXPERTS, HIDDEN] bf16
+                const float* __restrict__ bias,       // [EXPERTS] fp32
+                float* __restrict__ logits,           // [M, EXPERTS] fp32
+                int32_t* __restrict__ topk_ids,       // [M, TOPK] int32
+                float* __restrict__ topk_weights,     // [M, TOPK] fp32
+                float* __restrict__ scaled_weights,   // [M, TOPK] fp32 or nullptr
+                float* __restrict__ partials,         // workspace fp32
+                uint32_t* __restrict__ counters,      // workspace uint32 [kCounterWords], zero between launches
+                int32_t num_tokens,
+                float routed_scaling) {
+    __shared__ __align__(16) float scratch[RouterTile::kScratchFloats];
+    const int tid = threadIdx.x;
+    const int split = blockIdx.x, group = blockIdx.y;
+
+    // Prologue that does not depend on the previous kernel: this lane's gate-weight fragments.
+    RouterTile::Weights wr;
+    RouterTile::load_weights(wr, gate, split, group, tid);
+
+    glm5::ptx::griddep_launch_dependents();
+    // h, the outputs and the workspace are touched only after this.
+    glm5::ptx::griddep_wait();
+
+    const int tile = blockIdx.z;
+    if (tile * RouterTile::kTokTile >= num_tokens) return;  // whole CTA leaves together
+    const glm5::moe::RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
+                                  partials, counters, num_tokens, routed_scaling};
+    RouterTile::run(wr, p, split, group, tile, scratch, tid);
+}

@@ -1,0 +1,294 @@
+// MoE router tile: logits[M, kExperts] = fp32(h[M, kHidden] . W_g[kExperts, kHidden]^T) (bf16 operands,
+// fp32 accumulation), then per token the noaux_tc top-k of GLM-5 / DeepSeek-V3 (n_group = topk_group = 1):
+//
+//   s = sigmoid(l) (fp32, expf + IEEE division)      choice = s + bias (fp32)
+//   ids = top-kTopK of choice, by descending choice, exact ties: the lower expert id first
+//   w   = s[ids] / (sum_j s[ids_j] + 1e-20)          (UNBIASED scores; sum in selection order)
+//   scaled = w * routed_scaling_factor               (optional, one fp32 multiply per weight)
+//
+// This is glm5_fastpath.ref.moe.route: the reference returns w WITHOUT the routed scaling factor (it
+// applies x2.5 in the combine, as SGLang's moe_sum_reduce does); `scaled` is offered for a consumer that
+// folds the factor into the routing weight instead (then its combine must not multiply again).
+//
+// Framework-free (raw pointers, bf16 as uint16_t) so a persistent MoE kernel can run the same tile.
+//
+// Work decomposition. The GEMM is C0's (csrc/attn_pre/c0_head_gate.cuh) with N = kExperts instead of
+// 32: a CTA of 256 threads owns one K chunk of 256 columns (kSplits = kHidden/256; 24 for GLM-5), one
+// group of 32 experts (kGroups = kExperts/32; 8 for GLM-5) and one tile of 32 tokens. The weight
+// fragments, their per-lane 16-byte column mapping and the K permutation are C0HeadGateTile's own
+// (Weights / load_weights / word / column, reused through #include with kHeads = the group size and
+// the weight pointer advanced to the group's first row); see that header for the fragment layout.
+//
+// Reduction, deterministic, in two arrival levels (fixed summation orders, so bitwise reproducible):
+//   1. in-CTA: 8 warps' fp32 accumulators -> shared scratch -> summed in warp order -> the CTA's partial
+//      [32 tokens][32 experts] to the workspace;
+//   2. the last of the kSplits CTAs of a (token tile, expert group) to arrive (counter per pair) sums the
+//      partials in split order and writes those 32 columns of `logits` (fp32);
+//   3. the last of the kGroups level-2 CTAs of a token tile to arrive (counter per tile) runs the top-k
+//      epilogue for the tile's tokens: warp w takes tokens w, w+8, ...; lane L holds experts L + 32j.
+// Each last CTA resets its counter to 0 (no memset per launch; CUDA-graph replays reuse the workspace).
+//
+// Workspace: partials fp32 [tiles][kGroups][kSplits][32][32] and counters uint32
+// [tiles * kGroups] (level 1) + [tiles] (level 2), zero-initialised once. Every workspace / h / output
+// access follows griddepcontrol.wait (done by the caller), so a PDL-overlapped next launch cannot race.
+#pragma once
+
+#include <math.h>
+
+#include "../attn_pre/c0_head_gate.cuh"
+#include "../common/arch.cuh"
+#include "../common/mma_bf16_sm80.cuh"
+#include "../common/pdl.cuh"
+#include "../common/vec_io.cuh"
+
+namespace glm5 {
+namespace moe {
+
+struct RouterPtrs {
+    const uint16_t* h;        // [M, kHidden] bf16 (the producer's output)
+    const float* bias;        // [kExperts] fp32 e_score_correction_bias
+    float* logits;            // [M, kExperts] fp32
+    int32_t* topk_ids;        // [M, kTopK] int32
+    float* topk_weights;      // [M, kTopK] fp32, normalised, without the routed scaling factor
+    float* scaled_weights;    // [M, kTopK] fp32 = topk_weights * routed_scaling, or nullptr
+    float* partials;          // workspace [tiles][kGroups][kSplits][32][32] fp32
+    uint32_t* counters;       // workspace [tiles * kGroups + tiles] uint32, 0 between launches
+    int32_t num_tokens;       // M
+    float routed_scaling;     // routed_scaling_factor (2.5 for GLM-5)
+};
+
+template <int kHidden, int kExperts, int kTopK, int kBarrierId = 0>
+struct RouterTile {
+    static constexpr int kGroupExperts = kExperts < 32 ? kExperts : 32;  // experts per CTA (MMA M side)
+    static constexpr int kGroups = kExperts / kGroupExperts;
+    using Gemm = attn_pre::C0HeadGateTile<kHidden, kGroupExperts, kBarrierId>;  // fragment code reused
+    using Weights = typename Gemm::Weights;
+    static constexpr int kThreads = Gemm::kThreads;  // 256
+    static constexpr int kWarps = Gemm::kWarps;      // 8
+    static constexpr int kKChunk = Gemm::kKChunk;    // 256
+    static constexpr int kSplits = Gemm::kSplits;
+    static constexpr int kHeadTiles = Gemm::kHeadTiles;  // 2 m16 tiles (rows >= kGroupExperts are zero)
+    static constexpr int kNT = Gemm::kNT;                // 4 n8 token tiles
+    static constexpr int kTokTile = Gemm::kTokTile;      // 32
+    static constexpr int kRedPitch = Gemm::kRedPitch;    // 36
+    static constexpr int kRedWarpFloats = Gemm::kRedWarpFloats;
+    static constexpr int kQuads = kGroupExperts / 4;
+    static constexpr int kPartialFloatsPerSplit = kTokTile * kGroupExperts;
+    static constexpr int kScratchFloats = kWarps * kRedWarpFloats + 4;  // + the "last CTA" flag word
+    static constexpr int kPerLane = (kExperts + 31) / 32;               // experts per lane in the epilogue
+    static constexpr float kNormEps = 1e-20f;                           // ref.moe.NORM_EPS
+
+    static_assert(kExperts % kGroupExperts == 0, "experts: at most 32, or a multiple of 32");
+    static_assert(kGroupExperts % 4 == 0, "experts: a multiple of 4");
+    static_assert(kTopK >= 1 && kTopK <= 32 && kTopK <= kExperts, "top-k: 1..32 and at most the expert count");
+    static_assert(kPerLane <= 32, "taken-mask is one 32-bit word per lane");
+
+    static GLM5_DEVICE size_t partial_offset(int tile, int group) {
+        return (static_cast<size_t>(tile) * kGroups + group) * kSplits * kPartialFloatsPerSplit;
+    }
+
+    // This lane's weight fragments for (split, group): before griddepcontrol.wait (weights are never
+    // written by the preceding kernel).
+    static GLM5_DEVICE void load_weights(Weights& wr, const uint16_t* __restrict__ gate, int split, int group, int tid) {
+        Gemm::load_weights(wr, gate + static_cast<int64_t>(group) * kGroupExperts * kHidden, split, tid);
+    }
+
+    // All 256 threads call this for one (split, group, token tile); needs tile * 32 < M.
+    static GLM5_DEVICE void run(const Weights& wr, const RouterPtrs& p, int split, int group, int tile, float* scratch,
+                                int tid) {
+        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        const int tok_base = tile * kTokTile;
+        const int valid = min(kTokTile, p.num_tokens - tok_base);  // >= 1
+        const int col = Gemm::column(split, tid);
+
+        // 1. token fragments and the MMAs (C0's fragment mapping: experts on M, tokens on N)
+        ptx::u32x4 xv[kNT];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+            const int tok = tok_base + nt * 8 + g;
+            xv[nt] = (nt * 8 < valid && tok < p.num_tokens)
+                         ? ptx::ld_global_v4(p.h + static_cast<int64_t>(tok) * kHidden + col)
+                         : ptx::u32x4{0u, 0u, 0u, 0u};
+        }
+        float acc[kHeadTiles][kNT][4];
+#pragma unroll
+        for (int mt = 0; mt < kHeadTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+#pragma unroll
+            for (int mt = 0; mt < kHeadTiles; ++mt) {
+                if (mt * 16 >= kGroupExperts) continue;  // compile-time
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) {
+                    if (nt * 8 >= valid) continue;  // CTA-uniform
+                    ptx::mma_m16n8k16_bf16(acc[mt][nt], Gemm::word(wr.v[mt][0], 2 * s), Gemm::word(wr.v[mt][1], 2 * s),
+                                           Gemm::word(wr.v[mt][0], 2 * s + 1), Gemm::word(wr.v[mt][1], 2 * s + 1),
+                                           Gemm::word(xv[nt], 2 * s), Gemm::word(xv[nt], 2 * s + 1));
+                }
+            }
+        }
+
+        // 2. warp partials -> scratch [warp][token][expert] (pitch 36: 32 distinct banks per store)
+        float* red = scratch + warp * kRedWarpFloats;
+#pragma unroll
+        for (int mt = 0; mt < kHeadTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+                const int e = mt * 16 + g, tk = nt * 8 + 2 * t;
+                red[tk * kRedPitch + e] = acc[mt][nt][0];
+                red[(tk + 1) * kRedPitch + e] = acc[mt][nt][1];
+                red[tk * kRedPitch + e + 8] = acc[mt][nt][2];
+                red[(tk + 1) * kRedPitch + e + 8] = acc[mt][nt][3];
+            }
+        }
+        ptx::named_barrier_sync<kBarrierId, kThreads>();
+
+        // 3. the CTA's partial: the 8 warps summed in warp order -> workspace
+        float* part = p.partials + partial_offset(tile, group);
+        for (int i = tid; i < kTokTile * kQuads; i += kThreads) {
+            const int tk = i / kQuads, q = i % kQuads;
+            if (tk >= valid) continue;
+            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) {
+                const float4 v = *reinterpret_cast<const float4*>(scratch + w * kRedWarpFloats + tk * kRedPitch + 4 * q);
+                sum.x += v.x;
+                sum.y += v.y;
+                sum.z += v.z;
+                sum.w += v.w;
+            }
+            ptx::st_global_cg_f32x4(part + split * kPartialFloatsPerSplit + tk * kGroupExperts + 4 * q, sum);
+        }
+
+        // 4. level 1: the last CTA of (tile, group) sums the splits in split order -> logits columns
+        if (!arrive_last(p.counters + tile * kGroups + group, kSplits, scratch, tid)) return;
+        for (int i = tid; i < kTokTile * kQuads; i += kThreads) {
+            const int tk = i / kQuads, q = i % kQuads;
+            if (tk >= valid) continue;
+            const float* src = part + tk * kGroupExperts + 4 * q;
+            float4 v[kSplits];
+#pragma unroll
+            for (int s = 0; s < kSplits; ++s) v[s] = ptx::ld_global_cg_f32x4(src + s * kPartialFloatsPerSplit);
+            float4 sum = v[0];
+#pragma unroll
+            for (int s = 1; s < kSplits; ++s) {
+                sum.x += v[s].x;
+                sum.y += v[s].y;
+                sum.z += v[s].z;
+                sum.w += v[s].w;
+            }
+            ptx::st_global_cg_f32x4(p.logits + static_cast<int64_t>(tok_base + tk) * kExperts + group * kGroupExperts + 4 * q,
+                                    sum);
+        }
+
+        // 5. level 2: the last group CTA of the tile runs the top-k epilogue
+        if (kGroups > 1 && !arrive_last(p.counters + kLevel2Base + tile, kGroups, scratch, tid)) return;
+        topk_epilogue(p, tok_base, valid, warp, lane);
+    }
+
+    // Counter words: kMaxTiles * kGroups level-1 counters ([tile][group]), then kMaxTiles level-2 ones.
+    static constexpr int kMaxTiles = 8;  // 256 tokens / 32 (the op's maximum M)
+    static constexpr int kLevel2Base = kMaxTiles * kGroups;
+    static constexpr int kCounterWords = kLevel2Base + kMaxTiles;
+
+    // Every thread of the CTA calls this after writing its part; true in all threads of the CTA that
+    // arrives last (which also resets the counter for the next launch). Release/acquire: fence + barrier
+    // + acq_rel atomic on the way in, barrier + fence on the way out (as C0).
+    static GLM5_DEVICE bool arrive_last(uint32_t* counter, int expected, float* scratch, int tid) {
+        __threadfence();
+        ptx::named_barrier_sync<kBarrierId, kThreads>();
+        uint32_t* flag = reinterpret_cast<uint32_t*>(scratch + kWarps * kRedWarpFloats);
+        if (tid == 0) {
+            const uint32_t old = ptx::atomic_add_acq_rel_gpu(counter, 1u);
+            const uint32_t last = old == static_cast<uint32_t>(expected - 1);
+            if (last) ptx::st_relaxed_gpu_u32(counter, 0u);
+            *flag = last;
+        }
+        ptx::named_barrier_sync<kBarrierId, kThreads>();
+        const bool last = *flag != 0u;
+        // every thread has read the flag before anyone can rewrite it (the next arrive_last's barrier
+        // precedes tid 0's write)
+        if (last) __threadfence();
+        return last;
+    }
+
+    // (choice, id) a beats (choice, id) b: larger choice, or the same choice and the lower id.
+    static GLM5_DEVICE bool better(float ca, int ia, float cb, int ib) { return ca > cb || (ca == cb && ia < ib); }
+
+    static GLM5_DEVICE void topk_epilogue(const RouterPtrs& p, int tok_base, int valid, int warp, int lane) {
+        float bias[kPerLane];
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+            const int e = lane + 32 * j;
+            bias[j] = e < kExperts ? __ldg(p.bias + e) : 0.0f;
+        }
+        for (int tk = warp; tk < valid; tk += kWarps) {
+            const int64_t tok = tok_base + tk;
+            float score[kPerLane], choice[kPerLane];
+#pragma unroll
+            for (int j = 0; j < kPerLane; ++j) {
+                const int e = lane + 32 * j;
+                if (e < kExperts) {
+                    float l;
+                    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(l) : "l"(p.logits + tok * kExperts + e));
+                    score[j] = 1.0f / (1.0f + expf(-l));
+                    choice[j] = score[j] + bias[j];
+                } else {
+                    score[j] = 0.0f;
+                    choice[j] = -INFINITY;
+                }
+            }
+            uint32_t taken = 0u;
+            int my_id = 0;
+            float my_s = 0.0f, sum = 0.0f;
+#pragma unroll 1
+            for (int r = 0; r < kTopK; ++r) {
+                // this lane's best untaken (ascending j = ascending id, strict > keeps the lower id)
+                float bc = -INFINITY, bs = 0.0f;
+                int bid = 0x7fffffff;
+#pragma unroll
+                for (int j = 0; j < kPerLane; ++j) {
+                    const int e = lane + 32 * j;
+                    const bool ok = e < kExperts && !((taken >> j) & 1u);
+                    if (ok && (bid == 0x7fffffff || choice[j] > bc)) {
+                        bc = choice[j];
+                        bs = score[j];
+                        bid = e;
+                    }
+                }
+                // warp argmax (butterfly: every lane ends with the same winner)
+                float wc = bc;
+                int wid = bid;
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) {
+                    const float oc = __shfl_xor_sync(0xffffffffu, wc, off);
+                    const int oi = __shfl_xor_sync(0xffffffffu, wid, off);
+                    if (oi != 0x7fffffff && (wid == 0x7fffffff || better(oc, oi, wc, wid))) {
+                        wc = oc;
+                        wid = oi;
+                    }
+                }
+                const float ws = __shfl_sync(0xffffffffu, bs, wid & 31);  // the owner's local best is the winner
+                if ((wid & 31) == lane) taken |= 1u << (wid >> 5);
+                sum += ws;
+                if (lane == r) {
+                    my_id = wid;
+                    my_s = ws;
+                }
+            }
+            if (lane < kTopK) {
+                const float w = my_s / (sum + kNormEps);
+                p.topk_ids[tok * kTopK + lane] = my_id;
+                p.topk_weights[tok * kTopK + lane] = w;
+                if (p.scaled_weights != nullptr) p.scaled_weights[tok * kTopK + lane] = w * p.routed_scaling;
+            }
+        }
+    }
+};
+
+}  // namespace moe
+}  // namespace glm5

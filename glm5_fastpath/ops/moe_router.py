@@ -1,0 +1,283 @@
+"""MoE router: logits, sigmoid + correction-bias top-k and renormalised weights in one kernel, as a
+torch.library custom op (the reference is glm5_fastpath.ref.moe.route, same signature).
+
+Math (spec/glm5_layer.md section 6; n_group = topk_group = 1, so there is no group stage):
+
+    l[m, e]  = sum_k fp32(h[m, k]) * fp32(gate[e, k])          fp32 accumulation, written as `logits`
+    s        = sigmoid(l) (fp32)          choice = s + bias   (the bias only steers the selection)
+    ids      = top-k of choice by descending choice; exact ties: the lower expert id first
+    w        = s[ids] / (sum s[ids] + 1e-20)   (UNBIASED scores; norm_topk_prob)
+    scaled   = fp32(w * routed_scaling_factor)  (2.5 for GLM-5; only from moe_route_scaled)
+
+`topk_weights` is the reference's w WITHOUT routed_scaling_factor: like SGLang's moe_sum_reduce, the
+consumer applies x2.5 in the combine. `moe_route_scaled` additionally returns `scaled` = w * 2.5 (one
+fp32 multiply in the kernel, bitwise equal to torch's `w * 2.5`) for a consumer that folds the factor
+into the routing weight; such a consumer must NOT scale again in its combine (and the fused shared
+expert then takes weight 1.0, not 1/2.5).
+
+Inputs: h [M, H] bf16 contiguous, gate [E, H] bf16 contiguous, bias [E] fp32 contiguous, all on one
+sm_90+ device; H a multiple of 256 (GLM-5 6144, small preset 512); E a multiple of 32, or a multiple
+of 4 up to 32 (GLM-5 256, small 16); 1 <= top-k <= min(32, E); 0 <= M <= 256. cfg.norm_topk_prob must be
+True (GLM-5's setting; the kernel always renormalises). M is capped at 256 (decode batches): the
+split-K workspace holds 8 token tiles (6.3 MB of fp32 partials for GLM-5), and past 256 tokens every
+extra 32-token tile re-streams the 3.15 MB gate from L2, where a tiled GEMM (cuBLAS) plus a separate
+top-k kernel is the better tool.
+
+Kernel (csrc/moe/router.{cuh,cu}): grid (H/256 K chunks, E/32 expert groups, ceil(M/32) token
+tiles) of 256-thread CTAs running C0's split-K bf16 mma.sync tile (csrc/attn_pre/c0_head_gate.cuh) on
+32 experts; two levels of last-arriving-CTA reduction (splits -> logits columns, then expert groups
+-> the top-k epilogue of a token tile), in fixed orders: bitwise deterministic. The gate weights are
+loaded before griddepcontrol.wait (PDL), h and everything else after it. No host synchronisation:
+capture-safe in CUDA graphs.
+
+Workspace: one per (device, H, E, k): fp32 partials [8][E/32][H/256][32][32] + uint32 counters
+[8 * E/32 + 8], allocated and zeroed once on first use (or by precompile()). Counters return to zero at
+the end of every launch. As for C0, launches on one device must not run concurrently on two streams;
+a PDL-overlapped next launch on the same stream is safe.
+
+Ops: torch.ops.glm5_fastpath.moe_router(h, gate, bias, routed_scaling_factor, pdl=True)
+-> (topk_ids [M, k] int32, topk_weights [M, k] fp32, logits [M, E] fp32, scaled [M, k] fp32), functional,
+with a fake implementation. Python entry points: moe_route(h, gate, bias, cfg, *, pdl=True) ->
+(topk_ids, topk_weights, logits) and moe_route_scaled(...) -> (topk_ids, topk_weights, logits, scaled).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ._device import device_index as _device_index, require_hopper
+from ..jit import KernelSpec, env
+
+OP = "glm5_fastpath.moe_router"
+SOURCE = "moe/router.cu"
+FUNCTION = "glm5_moe_router"
+MAX_TOKENS = 256
+K_CHUNK = 256  # columns per CTA (RouterTile::kKChunk)
+TOK_TILE = 32  # tokens per CTA (RouterTile::kTokTile)
+GROUP = 32  # experts per CTA (RouterTile::kGroupExperts when E >= 32)
+THREADS = 256
+MAX_TILES = MAX_TOKENS // TOK_TILE  # RouterTile::kMaxTiles
+MAX_SPLITS = 64  # the C0 tile's static_assert (the last CTA holds one float4 per split in registers)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    hidden: int
+    experts: int
+    topk: int
+
+    @property
+    def splits(self) -> int:
+        return self.hidden // K_CHUNK
+
+    @property
+    def group_experts(self) -> int:
+        return min(GROUP, self.experts)
+
+    @property
+    def groups(self) -> int:
+        return self.experts // self.group_experts
+
+    @property
+    def partial_floats(self) -> int:
+        return MAX_TILES * self.groups * self.splits * TOK_TILE * self.group_experts
+
+    @property
+    def counter_words(self) -> int:  # RouterTile::kCounterWords
+        return MAX_TILES * self.groups + MAX_TILES
+
+    @functools.cached_property
+    def spec(self) -> KernelSpec:
+        return KernelSpec(FUNCTION, source=SOURCE,
+                          defines=(("GLM5_ROUTER_HIDDEN", str(self.hidden)), ("GLM5_ROUTER_EXPERTS", str(self.experts)),
+                                   ("GLM5_ROUTER_TOPK", str(self.topk))))
+
+
+def _fail(msg: str) -> ValueError:
+    return ValueError(f"{OP}: {msg}")
+
+
+def config_for(hidden: int, experts: int, topk: int) -> RouterConfig:
+    if hidden <= 0 or hidden % K_CHUNK or hidden // K_CHUNK > MAX_SPLITS:
+        raise _fail(f"hidden size H={hidden} is not supported: H must be a positive multiple of {K_CHUNK} "
+                    f"and at most {K_CHUNK * MAX_SPLITS} (GLM-5: 6144, small preset: 512)")
+    if experts < 4 or (experts > GROUP and experts % GROUP) or (experts <= GROUP and experts % 4):
+        raise _fail(f"{experts} routed experts are not supported: need a multiple of {GROUP}, or a multiple of 4 "
+                    f"up to {GROUP} (GLM-5: 256, small preset: 16)")
+    if topk < 1 or topk > min(32, experts):
+        raise _fail(f"top-k={topk} is not supported: need 1 <= top-k <= min(32, experts={experts}) (GLM-5: 8)")
+    return RouterConfig(int(hidden), int(experts), int(topk))
+
+
+# ---- validation (shared by the real and the fake implementation) ---------------------------------
+
+def _check_tensor(name: str, t: object, dtype: torch.dtype, dim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise _fail(f"{name} must be {dtype}, got {t.dtype}")
+    if t.dim() != dim:
+        raise _fail(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise _fail(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
+    return t
+
+
+def _check_inputs(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, topk: int) -> RouterConfig:
+    _check_tensor("h", h, torch.bfloat16, 2)
+    _check_tensor("gate", gate, torch.bfloat16, 2)
+    _check_tensor("bias (e_score_correction_bias)", bias, torch.float32, 1)
+    m, hid = h.shape
+    e, hg = gate.shape
+    if hg != hid:
+        raise _fail(f"gate has {hg} columns but h has H={hid} (gate must be [experts, H])")
+    if bias.shape[0] != e:
+        raise _fail(f"bias has {bias.shape[0]} entries but gate has {e} experts")
+    if m > MAX_TOKENS:
+        raise _fail(f"M={m} tokens exceeds the supported maximum of {MAX_TOKENS} (decode batch; use a tiled GEMM "
+                    "and a separate top-k for prefill)")
+    devs = {h.device, gate.device, bias.device}
+    if len(devs) != 1:
+        raise _fail(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    return config_for(int(hid), int(e), int(topk))
+
+
+def _check_cfg(h: torch.Tensor, cfg) -> int:
+    if not getattr(cfg, "norm_topk_prob", True):
+        raise _fail("cfg.norm_topk_prob=False is not supported (the kernel always renormalises; GLM-5 sets True)")
+    if int(getattr(cfg, "n_group", 1) or 1) != 1 or int(getattr(cfg, "topk_group", 1) or 1) != 1:
+        raise _fail("grouped top-k (n_group/topk_group > 1) is not supported (GLM-5 uses n_group = topk_group = 1)")
+    if isinstance(h, torch.Tensor) and h.dim() == 2 and h.shape[1] != cfg.hidden_size:
+        raise _fail(f"h has H={h.shape[1]} columns but cfg.hidden_size={cfg.hidden_size}")
+    return int(cfg.num_experts_per_tok)
+
+
+def _check_device(*ts: torch.Tensor) -> None:
+    dev = ts[0].device
+    require_hopper(OP, dev, _fail)
+    for t in ts:
+        if t.numel() and t.data_ptr() % 16:
+            raise _fail(f"tensor data must be 16-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")
+
+
+# ---- workspace and kernels (cached per device) ----------------------------------------------------
+
+@dataclass
+class _Workspace:
+    partials: torch.Tensor  # fp32 [MAX_TILES * groups * splits * 32 * group_experts]
+    counters: torch.Tensor  # int32 (uint32 in the kernel) [counter_words], zero between launches
+
+
+_lock = threading.Lock()
+_workspaces: dict[tuple[int, RouterConfig], _Workspace] = {}
+_kernels: dict[tuple[RouterConfig, int], object] = {}
+
+
+def _workspace(cfg: RouterConfig, device: torch.device) -> _Workspace:
+    idx = _device_index(device)
+    key = (idx, cfg)
+    ws = _workspaces.get(key)
+    if ws is None:
+        with _lock:
+            ws = _workspaces.get(key)
+            if ws is None:
+                dev = torch.device("cuda", idx)
+                ws = _Workspace(torch.empty(cfg.partial_floats, dtype=torch.float32, device=dev),
+                                torch.zeros(cfg.counter_words, dtype=torch.int32, device=dev))
+                _workspaces[key] = ws
+    return ws
+
+
+def _kernel(cfg: RouterConfig, device: torch.device):
+    idx = _device_index(device)
+    k = _kernels.get((cfg, idx))
+    if k is None:
+        env.print_config("moe_router", {"H": cfg.hidden, "experts": cfg.experts, "topk": cfg.topk},
+                         {"threads": THREADS, "k_chunk": K_CHUNK, "splits": cfg.splits, "groups": cfg.groups,
+                          "tok_tile": TOK_TILE, "grid": f"({cfg.splits}, {cfg.groups}, ceil(M/{TOK_TILE}))"})
+        from ..jit.runtime import get_kernel
+        k = _kernels[(cfg, idx)] = get_kernel(cfg.spec, device=torch.device("cuda", idx))
+    return k
+
+
+def _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws: _Workspace, rsf: float) -> tuple:
+    """The kernel's parameter list, in csrc/moe/router.cu order (checked at load)."""
+    return (h, gate, bias, logits, ids, weights, scaled, ws.partials, ws.counters,
+            ctypes.c_int32(h.shape[0]), ctypes.c_float(rsf))
+
+
+def _launch(cfg: RouterConfig, h, gate, bias, logits, ids, weights, scaled, rsf: float, pdl: bool) -> None:
+    _check_device(h, gate, bias, logits, ids, weights, scaled)
+    m = h.shape[0]
+    if m == 0:
+        return
+    kernel = _kernel(cfg, h.device)
+    ws = _workspace(cfg, h.device)
+    kernel.launch((cfg.splits, cfg.groups, -(-m // TOK_TILE)), (THREADS, 1, 1),
+                  _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws, rsf), pdl=pdl)
+
+
+# ---- custom op --------------------------------------------------------------------------------------
+
+def _outputs(h: torch.Tensor, cfg: RouterConfig):
+    m, dev = h.shape[0], h.device
+    return (torch.empty((m, cfg.topk), dtype=torch.int32, device=dev),
+            torch.empty((m, cfg.topk), dtype=torch.float32, device=dev),
+            torch.empty((m, cfg.experts), dtype=torch.float32, device=dev),
+            torch.empty((m, cfg.topk), dtype=torch.float32, device=dev))
+
+
+@torch.library.custom_op("glm5_fastpath::moe_router", mutates_args=())
+def _moe_router(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, topk: int, routed_scaling_factor: float,
+                pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    cfg = _check_inputs(h, gate, bias, topk)
+    ids, w, logits, scaled = _outputs(h, cfg)
+    _launch(cfg, h, gate, bias, logits, ids, w, scaled, float(routed_scaling_factor), pdl)
+    return ids, w, logits, scaled
+
+
+@_moe_router.register_fake
+def _moe_router_fake(h, gate, bias, topk, routed_scaling_factor, pdl=True):
+    cfg = _check_inputs(h, gate, bias, topk)
+    m = h.shape[0]
+    return (h.new_empty((m, cfg.topk), dtype=torch.int32), h.new_empty((m, cfg.topk), dtype=torch.float32),
+            h.new_empty((m, cfg.experts), dtype=torch.float32), h.new_empty((m, cfg.topk), dtype=torch.float32))
+
+
+def moe_route_scaled(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg, *, pdl: bool = True
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(topk_ids [M, k] int32, topk_weights [M, k] fp32 (no rsf), logits [M, E] fp32,
+    scaled [M, k] fp32 = topk_weights * cfg.routed_scaling_factor)."""
+    k = _check_cfg(h, cfg)
+    _check_inputs(h, gate, bias, k)  # before the dispatcher, so errors name this op even for odd inputs
+    return torch.ops.glm5_fastpath.moe_router(h, gate, bias, k, float(cfg.routed_scaling_factor), pdl)
+
+
+def moe_route(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg, *, pdl: bool = True
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ref.moe.route on the GPU: (topk_ids [M, k] int32 by descending choice, topk_weights [M, k] fp32
+    normalised WITHOUT routed_scaling_factor, logits [M, E] fp32)."""
+    ids, w, logits, _ = moe_route_scaled(h, gate, bias, cfg, pdl=pdl)
+    return ids, w, logits
+
+
+def precompile(device: object = None, shapes: tuple[tuple[int, int, int], ...] = ((6144, 256, 8),)) -> None:
+    """Compile (or fetch from cache) and load the kernel for these (H, experts, top-k) on `device`, and
+    allocate its workspace, ahead of first use (and outside any CUDA-graph capture)."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    for h, e, k in shapes:
+        cfg = config_for(h, e, k)
+        _kernel(cfg, dev)
+        _workspace(cfg, dev)
+
+
+def compile_check_specs() -> list[KernelSpec]:
+    """The variants scripts/compile_check.py builds: GLM-5 (6144, 256 experts, top-8) and the small
+    preset (512, 16 experts, top-4)."""
+    return [config_for(6144, 256, 8).spec, config_for(512, 16, 4).spec]

@@ -1,0 +1,463 @@
+"""MoE router (logits + sigmoid/bias top-k + renorm, one kernel) against glm5_fastpath.ref.moe.route.
+
+GPU tests (marked gpu) need an sm_90 GPU, nvcc and cuda-bindings. CPU tests: validation, the fake
+implementation, a compile of the two specs (no spills), and a Python mirror of the kernel's top-k
+epilogue (per-lane strided experts, butterfly argmax with the lower-id tie rule) against the reference.
+
+What is compared, and why each bar is where it is:
+- logits vs the reference's fp32 logits: both are fp32 sums of the same 6144 exact bf16 x bf16 products
+  in different orders (ours: mma.sync k16 steps, 8 warps, 24 splits; the reference: CPU BLAS), so the
+  per-element difference is bounded by c * u * sum_k |h_k w_k| with u = 2^-24; a random-walk estimate
+  gives c ~ sqrt(6144) ~ 80 (u * 80 = 4.7e-6), the worst case c = 6144 (3.7e-4). The bar is
+  2e-5 * sum_k |h_k w_k| per element (4x the estimate, 18x below the worst case) plus kind "fp32"
+  (1e-5) on the relative norm.
+- ids: exact against the reference (order included) except at near-ties: where the reference's k-th and
+  (k+1)-th choice scores are within 1e-5, the ids in that band are excluded from the set comparison;
+  where two neighbours inside the top-k are within 1e-5, only the set is compared. Independently the
+  ids must be exactly the stable top-k of the kernel's OWN logits (sigmoid + bias in fp32 on the host),
+  with the same 1e-5 band for the host-vs-device sigmoid (a few ulp).
+- weights: s_ref[ids_kernel] / (sum + 1e-20) recomputed from the reference's scores at the kernel's ids,
+  kind "fp32" (the only difference is the logits' summation order through sigmoid, < 1e-6 relative);
+  rows whose ids equal the reference's also against the reference's weights. `scaled` is bitwise
+  weights * 2.5.
+- Determinism: fixed reduction orders -> repeated calls (and PDL on/off) agree bit for bit; the arrival
+  counters return to zero.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from glm5_fastpath.config import Glm5Config
+from glm5_fastpath.ops import moe_router as R
+from glm5_fastpath.ops.moe_router import RouterConfig, config_for, moe_route, moe_route_scaled
+from glm5_fastpath.ref.moe import route as ref_route
+from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_no_poison, poison_
+
+OP = "moe_router"
+BF16 = torch.bfloat16
+M_VALUES = [1, 2, 3, 8, 16, 31, 64, 128, 256]
+GLM5 = Glm5Config.preset("glm5")
+SMALL = Glm5Config.preset("small")
+TIE_BAND = 1e-5
+
+
+def make_h(m: int, h: int, seed: int, device: str = "cuda") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, h, generator=g) * (1 + 3 * torch.rand(1, h, generator=g) ** 8)  # a few large channels
+    if m >= 3:
+        x[2].zero_()  # an all-zero token: logits 0, s = 0.5, selection by the bias alone
+    return x.to(BF16).to(device)
+
+
+# ---- checks -----------------------------------------------------------------------------------------------
+
+def _stable_topk(choice: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def _check_ids_against(ids: torch.Tensor, choice: torch.Tensor, k: int, ctx: str) -> None:
+    """ids [M, k] (int) vs the stable top-k of choice [M, E] (fp32/64), with the 1e-5 near-tie band."""
+    ref_ids = _stable_topk(choice, k)
+    cs = choice.gather(1, _stable_topk(choice, k + 1) if choice.shape[1] > k else ref_ids)
+    for r in range(ids.shape[0]):
+        got, want = ids[r].tolist(), ref_ids[r].tolist()
+        assert len(set(got)) == k and all(0 <= e < choice.shape[1] for e in got), f"{OP} [{ctx}] row {r}: bad ids {got}"
+        if got == want:
+            continue
+        c = choice[r].double()
+        kth = float(cs[r, k - 1])
+        band = {e for e in range(choice.shape[1]) if abs(float(c[e]) - kth) <= TIE_BAND}
+        if choice.shape[1] > k and float(cs[r, k - 1]) - float(cs[r, k]) > TIE_BAND:
+            band = set()
+        assert set(got) - band == set(want) - band, (f"{OP} [{ctx}] row {r}: ids {got} vs reference {want} "
+                                                     f"(boundary band {sorted(band)})")
+        assert set(got) <= set(want) | band, f"{OP} [{ctx}] row {r}: ids {got} outside top-{k} {want} + band {sorted(band)}"
+        # order: by descending choice, up to near-ties
+        cg = [float(c[e]) for e in got]
+        assert all(cg[i] >= cg[i + 1] - TIE_BAND for i in range(k - 1)), f"{OP} [{ctx}] row {r}: ids {got} not ordered ({cg})"
+
+
+def check_route(h, gate, bias, cfg, out, ctx: str, scaled=None) -> None:
+    ids, w, logits = out
+    k, E = cfg.num_experts_per_tok, cfg.n_routed_experts
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32 and logits.dtype == torch.float32
+    assert tuple(ids.shape) == (h.shape[0], k) and tuple(w.shape) == (h.shape[0], k) and tuple(logits.shape) == (h.shape[0], E)
+    assert_no_poison(OP, w, logits, names=["topk_weights", "logits"])
+    hc, gc, bc = h.cpu(), gate.cpu(), bias.cpu()
+    r_ids, r_w, r_logits = ref_route(hc, gc, bc, cfg)
+    lo, ids_c, w_c = logits.cpu(), ids.cpu().long(), w.cpu()
+    # logits
+    assert_close(OP, lo, r_logits, kind="fp32", context=f"logits {ctx}")
+    absdot = hc.double().abs() @ gc.double().abs().t()
+    bad = (lo.double() - r_logits.double()).abs() > 2e-5 * absdot + 1e-30
+    assert not bad.any(), f"{OP} [{ctx}]: {int(bad.sum())} logits beyond 2e-5 * sum|h w|, first at {bad.nonzero()[:4].tolist()}"
+    # ids: against the reference, and against the kernel's own logits
+    r_scores = torch.sigmoid(r_logits)
+    _check_ids_against(ids_c, r_scores + bc, k, f"vs reference {ctx}")
+    _check_ids_against(ids_c, torch.sigmoid(lo) + bc, k, f"vs own logits {ctx}")
+    # weights
+    sg = r_scores.gather(1, ids_c)
+    want_w = sg / (sg.sum(-1, keepdim=True) + 1e-20)
+    assert_close(OP, w_c, want_w, kind="fp32", context=f"weights at the kernel's ids {ctx}")
+    same = (ids_c == r_ids.long()).all(dim=1)
+    if same.any():
+        assert_close(OP, w_c[same], r_w[same], kind="fp32", context=f"weights vs reference {ctx}")
+    assert torch.allclose(w_c.double().sum(-1), torch.ones(w_c.shape[0], dtype=torch.float64), atol=1e-5)
+    if scaled is not None:
+        assert_equal(OP, scaled.cpu(), w_c * cfg.routed_scaling_factor, context=f"scaled {ctx}")
+
+
+def _counters_are_zero():
+    for ws in R._workspaces.values():
+        assert int(ws.counters.abs().sum()) == 0, f"arrival counters not reset: {ws.counters.tolist()}"
+
+
+# ---- CPU: the top-k epilogue, mirrored -----------------------------------------------------------------
+
+def _emulate_epilogue(logits: torch.Tensor, bias: torch.Tensor, k: int):
+    """Python mirror of RouterTile::topk_epilogue for one token (lane L owns experts L + 32j)."""
+    E = logits.shape[0]
+    per_lane = -(-E // 32)
+    score = torch.sigmoid(logits)
+    choice = score + bias
+    taken = [0] * 32
+    BIG = 0x7FFFFFFF
+    ids, ss = [], []
+    for _ in range(k):
+        loc = []
+        for lane in range(32):
+            bc, bs, bid = float("-inf"), 0.0, BIG
+            for j in range(per_lane):
+                e = lane + 32 * j
+                if e < E and not (taken[lane] >> j) & 1 and (bid == BIG or float(choice[e]) > bc):
+                    bc, bs, bid = float(choice[e]), float(score[e]), e
+            loc.append((bc, bid, bs))
+        win = [(c, i) for c, i, _ in loc]
+        off = 16
+        while off:
+            new = []
+            for lane in range(32):
+                wc, wid = win[lane]
+                oc, oi = win[lane ^ off]
+                if oi != BIG and (wid == BIG or oc > wc or (oc == wc and oi < wid)):
+                    wc, wid = oc, oi
+                new.append((wc, wid))
+            win, off = new, off >> 1
+        assert len(set(win)) == 1, "butterfly must leave every lane with the same winner"
+        wid = win[0][1]
+        taken[wid & 31] |= 1 << (wid >> 5)
+        ids.append(wid)
+        ss.append(loc[wid & 31][2])
+    s = torch.tensor(ss, dtype=torch.float32)
+    tot = torch.zeros((), dtype=torch.float32)
+    for v in s:  # selection order
+        tot = tot + v
+    return torch.tensor(ids, dtype=torch.int32), s / (tot + 1e-20)
+
+
+@pytest.mark.parametrize("E, k", [(256, 8), (16, 4), (64, 6)])
+def test_epilogue_emulation_matches_reference_with_ties(E, k):
+    torch.manual_seed(E + k)
+    for trial in range(6):
+        logits = torch.randn(E) * 2
+        bias = (torch.randn(E) * 0.01).float()
+        if trial % 2:  # exact ties: duplicated logits/bias, including across lanes and slots of one lane
+            for a, b in ((3, 3 + 32 % E), (5, 1), (E - 1, 0)):
+                logits[a], bias[a] = logits[b], bias[b]
+            logits[:: max(1, E // 8)] = 20.0
+            bias[:: max(1, E // 8)] = 0.0
+        ids, w = _emulate_epilogue(logits, bias, k)
+        # ref.moe.route's rule applied to these fp32 logits (route itself takes h and gate, not logits)
+        choice = torch.sigmoid(logits) + bias
+        want = torch.sort(choice, descending=True, stable=True).indices[:k]
+        assert ids.tolist() == want.tolist(), (trial, ids.tolist(), want.tolist())
+        sw = torch.sigmoid(logits)[want]
+        assert torch.allclose(w, sw / (sw.sum() + 1e-20), rtol=1e-6, atol=0)
+
+
+# ---- CPU: configs, validation, fake -------------------------------------------------------------------
+
+def test_configs():
+    c = config_for(6144, 256, 8)
+    assert c == RouterConfig(6144, 256, 8) and (c.splits, c.groups, c.group_experts) == (24, 8, 32)
+    assert c.counter_words == 72 and c.partial_floats * 4 == 6291456
+    s = config_for(512, 16, 4)
+    assert (s.splits, s.groups, s.group_experts) == (2, 1, 16)
+    for h in (6000, 0, 256 * 65):
+        with pytest.raises(ValueError, match="hidden size"):
+            config_for(h, 256, 8)
+    for e in (0, 2, 18, 48, 257):
+        with pytest.raises(ValueError, match="routed experts"):
+            config_for(6144, e, 8)
+    for k in (0, 33, 17):
+        with pytest.raises(ValueError, match="top-k"):
+            config_for(6144, 16 if k == 17 else 256, k)
+
+
+def _t(shape, dtype=BF16, device="cpu"):
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("h, gate, bias, match", [
+    (_t((4, 512), torch.float32), _t((16, 512)), _t(16, torch.float32), "h must be torch.bfloat16"),
+    (_t((4, 512)), _t((16, 512), torch.float32), _t(16, torch.float32), "gate must be torch.bfloat16"),
+    (_t((4, 512)), _t((16, 512)), _t(16, BF16), "bias .* must be torch.float32"),
+    (_t((4, 512)), _t((16, 256)), _t(16, torch.float32), "gate has 256 columns"),
+    (_t((4, 512)), _t((16, 512)), _t(8, torch.float32), "bias has 8 entries"),
+    (_t((512, 4)).t(), _t((16, 512)), _t(16, torch.float32), "h must be contiguous"),
+    (_t((1, 4, 512)), _t((16, 512)), _t(16, torch.float32), "h must be 2-D"),
+    (_t((257, 512)), _t((16, 512)), _t(16, torch.float32), "exceeds the supported maximum of 256"),
+    (_t((4, 512)), _t((16, 512)), _t(16, torch.float32), "CUDA device"),
+])
+def test_bad_inputs_raise_naming_the_op(h, gate, bias, match):
+    with pytest.raises(ValueError, match=match) as ei:
+        moe_route(h, gate, bias, SMALL)
+    assert "glm5_fastpath.moe_router" in str(ei.value)
+
+
+def test_bad_cfg_raise_naming_the_op():
+    h, g, b = _t((4, 512)), _t((16, 512)), _t(16, torch.float32)
+    for bad, match in ((SMALL.__class__.preset("glm5"), "cfg.hidden_size"),):
+        with pytest.raises(ValueError, match=match):
+            moe_route(h, g, b, bad)
+    import dataclasses
+    if dataclasses.is_dataclass(SMALL):
+        with pytest.raises(ValueError, match="norm_topk_prob"):
+            moe_route(h, g, b, dataclasses.replace(SMALL, norm_topk_prob=False))
+    with pytest.raises(ValueError, match="experts"):  # gate with 17 experts
+        moe_route(h, _t((17, 512)), _t(17, torch.float32), SMALL)
+
+
+def test_fake_shapes_and_compile_meta():
+    h = torch.empty(7, 6144, dtype=BF16, device="meta")
+    g = torch.empty(256, 6144, dtype=BF16, device="meta")
+    b = torch.empty(256, dtype=torch.float32, device="meta")
+    ids, w, lo, sc = torch.ops.glm5_fastpath.moe_router(h, g, b, 8, 2.5, True)
+    assert (tuple(ids.shape), ids.dtype) == ((7, 8), torch.int32)
+    assert (tuple(w.shape), w.dtype, tuple(lo.shape), lo.dtype, tuple(sc.shape)) == ((7, 8), torch.float32, (7, 256), torch.float32, (7, 8))
+    got = torch.compile(lambda a, c, d: moe_route(a, c, d, GLM5), backend="aot_eager", fullgraph=True)(h, g, b)
+    assert [tuple(t.shape) for t in got] == [(7, 8), (7, 8), (7, 256)]
+
+
+def test_compile_check_specs_build_without_spills(tmp_path, monkeypatch):
+    from glm5_fastpath.jit import NvccNotFoundError, compile_kernel, find_nvcc
+    specs = R.compile_check_specs()
+    assert [dict(s.defines)["GLM5_ROUTER_EXPERTS"] for s in specs] == ["256", "16"]
+    try:
+        find_nvcc()
+    except NvccNotFoundError:
+        pytest.skip("nvcc not found")
+    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
+    for spec in specs:
+        res = compile_kernel(spec, "sm_90a").resources()[R.FUNCTION]
+        assert res.spill_store_bytes == 0 and res.spill_load_bytes == 0 and res.stack_bytes == 0, res
+        assert 0 < res.registers <= 128, res  # 3 CTAs of 256 threads per SM at <= 85
+
+
+# ---- GPU -------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def glm5_router():
+    from glm5_fastpath.weights import random_layer
+    mlp = random_layer(GLM5, 3, 4321, device="cuda").mlp
+    return mlp.gate.contiguous(), mlp.e_score_correction_bias.contiguous()
+
+
+@pytest.fixture(scope="module")
+def small_router():
+    from glm5_fastpath.weights import random_layer
+    mlp = random_layer(SMALL, 3, 77, device="cuda").mlp
+    return mlp.gate.contiguous(), mlp.e_score_correction_bias.contiguous()
+
+
+@pytest.fixture
+def no_pdl_override(monkeypatch):
+    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
+
+
+def _poison_allocator(m: int, cfg) -> None:
+    """Fill the caching allocator's next blocks of the op's output sizes with poison, so an unwritten
+    output element shows up as NaN / INT_MIN."""
+    k, E = cfg.num_experts_per_tok, cfg.n_routed_experts
+    bufs = [torch.empty(m, k, dtype=torch.int32, device="cuda"), torch.empty(m, k, device="cuda"),
+            torch.empty(m, E, device="cuda"), torch.empty(m, k, device="cuda")]
+    for b in bufs:
+        poison_(b)
+    del bufs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", M_VALUES)
+def test_matches_reference_glm5(m, seed, glm5_router, no_pdl_override):
+    gate, bias = glm5_router
+    h = make_h(m, GLM5.hidden_size, seed + m)
+    _poison_allocator(m, GLM5)
+    ids, w, lo, sc = moe_route_scaled(h, gate, bias, GLM5)
+    torch.cuda.synchronize()
+    assert int(ids.min()) >= 0 and int(ids.max()) < GLM5.n_routed_experts, "unwritten / out-of-range ids"
+    check_route(h, gate, bias, GLM5, (ids, w, lo), f"glm5 {m=} {seed=}", scaled=sc)
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 64, 256])
+def test_matches_reference_small_preset(m, seed, small_router):
+    gate, bias = small_router
+    h = make_h(m, SMALL.hidden_size, seed + m)
+    _poison_allocator(m, SMALL)
+    out = moe_route(h, gate, bias, SMALL)
+    torch.cuda.synchronize()
+    check_route(h, gate, bias, SMALL, out, f"small {m=} {seed=}")
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+def test_exact_ties_lower_id_wins(seed, glm5_router):
+    """Experts 3, 7 (one CTA, rows 3 and 7 of its first m16 tile) and 250 (another CTA) get identical gate rows and bias, and a
+    bias large enough to be selected: they tie exactly and must come first in ascending id order."""
+    gate, bias = (t.clone() for t in glm5_router)
+    gate[7] = gate[3]
+    gate[250] = gate[3]
+    bias[[3, 7, 250]] = 5.0
+    h = make_h(16, GLM5.hidden_size, seed)
+    ids, w, lo = moe_route(h, gate, bias, GLM5)
+    torch.cuda.synchronize()
+    assert_equal(OP, lo[:, 7], lo[:, 3], context="identical gate rows give identical logits")
+    assert_equal(OP, lo[:, 250], lo[:, 3], context="identical gate rows give identical logits")
+    assert ids[:, :3].cpu().tolist() == [[3, 7, 250]] * 16, ids[:, :3].cpu().tolist()
+    r_ids, _, _ = ref_route(h.cpu(), gate.cpu(), bias.cpu(), GLM5)
+    assert r_ids[:, :3].tolist() == [[3, 7, 250]] * 16
+    check_route(h, gate, bias, GLM5, (ids, w, lo), "exact ties")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 100, 256])
+def test_deterministic_and_pdl_off(m, seed, glm5_router):
+    gate, bias = glm5_router
+    h = make_h(m, GLM5.hidden_size, seed)
+    outs = [moe_route_scaled(h, gate, bias, GLM5) for _ in range(3)] + [moe_route_scaled(h, gate, bias, GLM5, pdl=False)]
+    torch.cuda.synchronize()
+    for o in outs[1:]:
+        for a, b, name in zip(o, outs[0], ("ids", "weights", "logits", "scaled")):
+            assert_equal(OP, a, b, context=f"run to run {name} {m=}")
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+def test_empty_batch_and_errors(glm5_router):
+    gate, bias = glm5_router
+    ids, w, lo = moe_route(torch.empty(0, 6144, dtype=BF16, device="cuda"), gate, bias, GLM5)
+    assert [tuple(t.shape) for t in (ids, w, lo)] == [(0, 8), (0, 8), (0, 256)]
+    h = make_h(4, 6144, 0)
+    with pytest.raises(ValueError, match="one device"):
+        moe_route(h, gate.cpu(), bias, GLM5)
+    with pytest.raises(ValueError, match="one device"):
+        moe_route(h, gate, bias.cpu(), GLM5)
+    buf = torch.empty(4 * 6144 + 8, dtype=BF16, device="cuda")
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        moe_route(buf[1:1 + 4 * 6144].view(4, 6144), gate, bias, GLM5)
+    with pytest.raises(ValueError, match="exceeds the supported maximum"):
+        moe_route(torch.zeros(257, 6144, dtype=BF16, device="cuda"), gate, bias, GLM5)
+
+
+# ---- PDL ------------------------------------------------------------------------------------------------
+
+PDL_PRODUCER = r"""
+#include "common/pdl.cuh"
+// Lets its dependents launch at once, spins spin_ns, then copies src -> dst (16-byte vectors).
+extern "C" __global__ void moe_router_test_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
+                                                          unsigned long long spin_ns) {
+    glm5::ptx::griddep_launch_dependents();
+    const uint64_t t0 = glm5::ptx::globaltimer_ns();
+    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
+    }
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+"""
+SPIN_NS = 50_000
+
+
+def _producer():
+    from glm5_fastpath.jit import KernelSpec, get_kernel
+    return get_kernel(KernelSpec("moe_router_test_producer", code=PDL_PRODUCER,
+                                 functions=("moe_router_test_spin_then_copy",)))
+
+
+def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
+    n_vec = src.numel() * src.element_size() // 16
+    producer.launch((8, 1, 1), (256, 1, 1), [src, dst, ctypes.c_int64(n_vec), ctypes.c_uint64(SPIN_NS)], pdl=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+def test_waits_for_the_late_producer_under_pdl(m, seed, glm5_router, no_pdl_override):
+    """The producer (the post-attention norm's stand-in) spins ~50 us, then writes h; the router launched
+    with PDL right behind it loads the gate early but must read only the fresh h. Two router launches back
+    to back also check that a PDL-overlapped second launch does not race the first on the workspace."""
+    gate, bias = glm5_router
+    producer = _producer()
+    h_true = make_h(m, GLM5.hidden_size, seed)
+    h = torch.full_like(h_true, 7.0)
+    moe_route(h_true, gate, bias, GLM5)  # compile + load first
+    for _ in range(3):
+        h.fill_(7.0)
+        torch.cuda.synchronize()
+        _produce(producer, h_true, h)
+        out = moe_route(h, gate, bias, GLM5, pdl=True)
+        out2 = moe_route(h, gate, bias, GLM5, pdl=True)
+        torch.cuda.synchronize()
+        check_route(h_true, gate, bias, GLM5, out, f"PDL after producer {m=}")
+        for a, b in zip(out2, out):
+            assert_equal(OP, a, b, context="second PDL launch")
+    _counters_are_zero()
+
+
+# ---- CUDA graphs ----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 77])
+def test_cuda_graph_capture_and_replay(m, seed, glm5_router, no_pdl_override):
+    gate, bias = glm5_router
+    producer = _producer()
+    h_src = make_h(m, GLM5.hidden_size, seed)
+    static_h = torch.empty_like(h_src)
+    moe_route(h_src, gate, bias, GLM5)  # warm up (compile, load, workspace) outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        _produce(producer, h_src, static_h)
+        out = moe_route_scaled(static_h, gate, bias, GLM5, pdl=True)
+        out2 = moe_route_scaled(static_h, gate, bias, GLM5, pdl=True)
+    for step in range(3):
+        h_src.copy_(make_h(m, GLM5.hidden_size, seed + 100 + step))
+        for t in (*out, *out2):
+            poison_(t)
+        static_h.fill_(7.0)
+        g.replay()
+        torch.cuda.synchronize()
+        check_route(h_src, gate, bias, GLM5, out[:3], f"graph replay {step} {m=}", scaled=out[3])
+        for a, b in zip(out2, out):
+            assert_equal(OP, a, b, context="second captured launch")
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+def test_opcheck_fake(seed, glm5_router):
+    gate, bias = glm5_router
+    h = make_h(4, GLM5.hidden_size, seed)
+    torch.library.opcheck(torch.ops.glm5_fastpath.moe_router.default, (h, gate, bias, 8, 2.5, True),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.gpu
+def test_kernel_resources_report():
+    from glm5_fastpath.jit import get_kernel
+    k = get_kernel(config_for(6144, 256, 8).spec)
+    assert k.local_bytes == 0, k
+    assert k.param_sizes is None or k.param_sizes == (8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4), k.param_sizes
+    assert 0 < k.num_regs <= 128 and k.max_threads >= 256, k
