@@ -31,3 +31,24 @@ def require_hopper(op: str, dev: torch.device, fail: Callable[[str], Exception])
     elif not ok:
         raise RuntimeError(f"{op}: needs a Hopper (sm_90) or newer GPU; cuda:{idx} is older")
     return idx
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last+1) byte addresses a (possibly strided) tensor touches."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' byte ranges intersect (an output aliasing an input it still reads)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def require_aligned(fail: Callable[[str], Exception], named: dict[str, torch.Tensor], align: int = 16) -> None:
+    """16-byte vector loads/stores need 16-byte aligned data; a sliced view is the usual culprit."""
+    for name, t in named.items():
+        if t.numel() and t.data_ptr() % align:
+            raise fail(f"{name} data must be {align}-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")

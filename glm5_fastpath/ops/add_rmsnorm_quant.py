@@ -48,7 +48,7 @@ from typing import NamedTuple
 import torch
 
 from ..config import ACT_QUANT_EPS, FP8_BLOCK, FP8_MAX
-from ._device import require_hopper
+from ._device import overlaps as _overlaps, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.add_rmsnorm_quant"
@@ -171,22 +171,9 @@ def _check_device(*ts: torch.Tensor) -> None:
     """Real-launch checks: a CUDA sm_90+ device and 16-byte aligned rows (16-byte loads/stores)."""
     dev = ts[0].device
     require_hopper(OP, dev, _fail)
-    for t in ts:
-        if t.numel() and t.data_ptr() % 16:
-            raise _fail(f"tensor data must be 16-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")
+    require_aligned(_fail, {f"tensor {i}": t for i, t in enumerate(ts)})
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """[first, last+1) byte addresses a (possibly strided) tensor touches."""
-    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    (a0, a1), (b0, b1) = _span(a), _span(b)
-    return a0 < b1 and b0 < a1
 
 
 # ---- outputs and launch ---------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._device import device_index as _device_index, require_hopper
+from ._device import overlaps as _overlaps, device_index as _device_index, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.d2_absorb_and_kv_store"
@@ -161,16 +161,6 @@ def _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, 
     return config_for(int(nope), int(kv_lora), int(rope), int(m))
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    (a0, a1), (b0, b1) = _span(a), _span(b)
-    return a0 < b1 and b0 < a1
 
 
 
@@ -178,9 +168,7 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _check_device(ins: dict[str, torch.Tensor], kv_cache: torch.Tensor) -> None:
     dev = kv_cache.device
     require_hopper(OP, dev, _fail)
-    for name, t in list(ins.items()) + [("kv_cache", kv_cache)]:
-        if t.numel() and t.data_ptr() % 16:
-            raise _fail(f"{name} data must be 16-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")
+    require_aligned(_fail, {**ins, "kv_cache": kv_cache})
     for name, t in ins.items():
         if _overlaps(kv_cache, t):
             raise _fail(f"kv_cache overlaps input {name} in memory")

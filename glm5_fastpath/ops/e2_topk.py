@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._device import require_hopper
+from ._device import overlaps as _overlaps, require_hopper
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.e2_topk"
@@ -155,16 +155,6 @@ def _check_device(*ts: torch.Tensor) -> None:
     require_hopper(OP, dev, _fail)
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    (a0, a1), (b0, b1) = _span(a), _span(b)
-    return a0 < b1 and b0 < a1
 
 
 # ---- launch ---------------------------------------------------------------------------------------

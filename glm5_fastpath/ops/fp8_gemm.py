@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from ..config import FP8_BLOCK, INDEX_K_PAGE_TOKENS, INDEXER_K_NORM_EPS, Glm5Config
-from ._device import device_index as _dev_index, require_hopper
+from ._device import device_index as _dev_index, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
 SOURCE = "attn_pre/fp8_gemm_skinny.cu"
@@ -479,9 +479,7 @@ def _same_device(epi: int, *ts: torch.Tensor | None) -> torch.device:
 
 
 def _check_aligned(epi: int, *named: tuple[str, torch.Tensor]) -> None:
-    for name, t in named:
-        if t.numel() and t.data_ptr() % 16:
-            raise _fail(epi, f"{name} data must be 16-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")
+    require_aligned(lambda msg: _fail(epi, msg), dict(named))
 
 
 def _launch(epi: int, cfg: SkinnyConfig, dev: torch.device, p: _Params, pdl: bool) -> None:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._device import device_index as _device_index, require_hopper
+from ._device import device_index as _device_index, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.moe_router"
@@ -159,9 +159,7 @@ def _check_cfg(h: torch.Tensor, cfg) -> int:
 def _check_device(*ts: torch.Tensor) -> None:
     dev = ts[0].device
     require_hopper(OP, dev, _fail)
-    for t in ts:
-        if t.numel() and t.data_ptr() % 16:
-            raise _fail(f"tensor data must be 16-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")
+    require_aligned(_fail, {f"tensor {i}": t for i, t in enumerate(ts)})
 
 
 # ---- workspace and kernels (cached per device) ----------------------------------------------------
