@@ -1,6 +1,6 @@
 """What this machine can run, and why not: GPU, compute capability, compiler, bindings, SGLang.
 
-Used by `glm5-fastpath info`, by the demo to pick the best available path, and (later) by the
+Used by `glm5-fastpath info`, by the demo to pick the best available path, and by the
 SGLang plugin to log which path each case takes.
 """
 from __future__ import annotations
