@@ -185,8 +185,14 @@ struct RouterTile {
                                     sum);
         }
 
-        // 5. level 2: the last group CTA of the tile runs the top-k epilogue
-        if (kGroups > 1 && !arrive_last(p.counters + kLevel2Base + tile, kGroups, scratch, tid)) return;
+        // 5. level 2: the last group CTA of the tile runs the top-k epilogue. It reads logits rows other
+        // threads of this CTA just wrote: arrive_last's barrier orders them; with one group there is no
+        // level 2, so a plain CTA barrier must (without it warps 1..7 read unwritten rows).
+        if constexpr (kGroups > 1) {
+            if (!arrive_last(p.counters + kLevel2Base + tile, kGroups, scratch, tid)) return;
+        } else {
+            ptx::named_barrier_sync<kBarrierId, kThreads>();
+        }
         topk_epilogue(p, tok_base, valid, warp, lane);
     }
 
