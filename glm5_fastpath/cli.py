@@ -60,6 +60,12 @@ def _cmd_bench_prefix_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_prefix(args: argparse.Namespace) -> int:
+    from .attn_pre.cmp.bench import run
+
+    return run(args)
+
+
 def _cmd_bench_offline(args: argparse.Namespace) -> int:
     from .bench.offline import options_from_args, run_bench
 
@@ -124,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_prefix_args(b)
     b.set_defaults(fn=_cmd_bench_prefix_ops)
+    b = bsub.add_parser("prefix", help="the whole attention prefix per executor (stock, serial, CMP modes) per bucket")
+    from .attn_pre.cmp.bench import add_arguments as _bench_prefix_exec_args
+
+    _bench_prefix_exec_args(b)
+    b.set_defaults(fn=_cmd_bench_prefix)
     b = bsub.add_parser("offline", help="SGLang offline Engine, stock vs fastpath: tok/s, TTFT/ITL, speedup")
     from .bench.offline import add_arguments as _bench_offline_args
 

@@ -344,21 +344,55 @@ def render_markdown(rep: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m glm5_fastpath.attn_pre.cmp.bench", description=__doc__.split("\n")[0])
+# `--executors` of `glm5-fastpath bench prefix`: which rows to run. "cmp" is the whole decomposition
+# (every mode after serial); MegaRTP is issue #5's executor and has no device kernel yet.
+EXECUTOR_MODES = {"serial": ("serial",), "cmp": tuple(m for m in DEFAULT_MODES if m != "serial")}
+EXECUTORS = ("stock",) + tuple(EXECUTOR_MODES) + ("megartp",)
+
+
+def modes_for_executors(executors: Sequence[str]) -> tuple[list[str], bool]:
+    """(modes to run, whether to run the stock sequence) for an --executors list; unknown names raise."""
+    modes: list[str] = []
+    for e in executors:
+        if e not in EXECUTORS:
+            raise ValueError(f"bench prefix: unknown executor {e!r}; choose from {', '.join(EXECUTORS)}")
+        if e == "megartp":
+            raise ValueError("bench prefix: the MegaRTP executor has no device kernel yet (issue #5); "
+                             "its host-side plan is `glm5-fastpath plan`")
+        modes += [m for m in EXECUTOR_MODES.get(e, ()) if m not in modes]
+    return modes, "stock" in executors
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--config", default="glm5", help="preset name or config.json path")
-    p.add_argument("--modes", default=",".join(DEFAULT_MODES))
-    p.add_argument("--ms", default=",".join(map(str, DEFAULT_MS)))
-    p.add_argument("--kv-len", type=int, default=8192)
+    p.add_argument("--executors", default=None,
+                   help=f"comma list of {', '.join(EXECUTORS)} (default: stock,serial,cmp); overrides --modes")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"CMP modes to run: {', '.join(MODES)}")
+    p.add_argument("--ms", default=",".join(map(str, DEFAULT_MS)), help="token counts (one bucket each)")
+    p.add_argument("--kv-len", type=int, default=8192, help="context length of every sequence")
     p.add_argument("--replays", type=int, default=30)
-    p.add_argument("--max-sets", type=int, default=MAX_SETS)
+    p.add_argument("--max-sets", type=int, default=MAX_SETS, help="cap on rotated weight + cache copies")
     p.add_argument("--no-stock", action="store_true")
-    a = p.parse_args(argv)
+
+
+def run(a: argparse.Namespace) -> int:
     cfg = Glm5Config.preset(a.config) if not a.config.endswith(".json") else Glm5Config.from_file(a.config)
-    bench_prefix(cfg, [m for m in a.modes.split(",") if m], [int(x) for x in a.ms.split(",") if x], a.kv_len, a.out,
-                 replays=a.replays, max_sets=a.max_sets, stock=not a.no_stock)
+    modes, stock = [m for m in a.modes.split(",") if m], not a.no_stock
+    if a.executors:
+        modes, stock = modes_for_executors([e for e in a.executors.split(",") if e])
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"bench prefix: unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    bench_prefix(cfg, modes, [int(x) for x in a.ms.split(",") if x], a.kv_len, a.out,
+                 replays=a.replays, max_sets=a.max_sets, stock=stock)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m glm5_fastpath.attn_pre.cmp.bench", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
 """CMP bench: the derived columns and the markdown (CPU, on a synthetic report)."""
+import pytest
+
 from glm5_fastpath.attn_pre.cmp import bench
 
 
@@ -16,3 +18,22 @@ def test_derive_and_render():
            "multistream_pdl_entry", "full"], "copy_bandwidth": {"bytes_per_s": 4.27e12}, "rows": [row]}
     md = bench.render_markdown(rep)
     assert "| 16 |" in md and "n/i" in md and "needs pdl_wait" in md and "2.00" in md
+
+
+def test_executors_map_to_modes_and_stock():
+    from glm5_fastpath.attn_pre.cmp.bench import DEFAULT_MODES, modes_for_executors
+
+    modes, stock = modes_for_executors(["stock", "serial", "cmp"])
+    assert stock and modes == list(DEFAULT_MODES)
+    assert modes_for_executors(["serial"]) == (["serial"], False)
+    with pytest.raises(ValueError, match="MegaRTP"):
+        modes_for_executors(["megartp"])
+    with pytest.raises(ValueError, match="unknown executor"):
+        modes_for_executors(["fast"])
+
+
+def test_cli_bench_prefix_rejects_unknown_mode(capsys):
+    from glm5_fastpath.cli import main
+
+    assert main(["bench", "prefix", "--out", "/tmp/unused", "--modes", "serial,warp"]) == 2
+    assert "unknown mode" in capsys.readouterr().err
