@@ -66,6 +66,12 @@ def _cmd_bench_prefix(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from .tune import run
+
+    return run(args)
+
+
 def _cmd_bench_offline(args: argparse.Namespace) -> int:
     from .bench.offline import options_from_args, run_bench
 
@@ -140,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_offline_args(b)
     b.set_defaults(fn=_cmd_bench_offline)
+
+    s = sub.add_parser("tune", help="(GPU) time the prefix executors per token bucket and write a selection table")
+    from .tune import add_arguments as _tune_args
+
+    _tune_args(s)
+    s.set_defaults(fn=_cmd_tune)
 
     s = sub.add_parser("plan", help="build, validate and print the MegaRTP instruction plan of the prefix (host side)")
     s.add_argument("--preset", choices=("glm5", "glm5.2", "small"), default="glm5")

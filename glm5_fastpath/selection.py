@@ -10,18 +10,22 @@ are errors, so a typo never silently falls back to a default):
       "comment": "free text",            # optional
       "buckets": [                       # strictly increasing "tokens"
         {"tokens": 1,  "prefix": "stock", "moe": "stock"},
-        {"tokens": 16, "prefix": "cmp",   "moe": "megamoe:m16"},
+        {"tokens": 16, "prefix": "cmp",   "moe": "megamoe:m16", "cmp_mode": "multistream"},
         ...
       ]
     }
 
 prefix: one of PREFIX_EXECUTORS (cmp | megartp | stock). moe: "stock" or "megamoe:<config name>".
+cmp_mode (optional, default "full"): the CMP executor's mode for this bucket (attn_pre/cmp/modes.py:
+serial | serial_pdl | multistream | multistream_pdl_entry | multistream_pdl_prologue | full); the mode
+that measured fastest in `glm5-fastpath tune` (PDL does not win at every bucket).
 A decode step of M tokens uses the smallest bucket with tokens >= M; above the largest bucket the
 step stays on SGLang's path (reason "above_largest_bucket"). The choice is made on the host from the
 batch size, so each captured decode CUDA graph bakes exactly one bucket.
 
-TODAY the shipped defaults map every bucket to "stock": the executors are not built yet (issues
-#4-#6). Naming "cmp" etc. in a table is valid and is reported as "executor not built yet" at install.
+The shipped defaults map every bucket to "stock" until the plugin routes to our executors; a table
+measured on your GPU comes from `glm5-fastpath tune --out table.json` (glm5_fastpath/tune.py). Naming an
+executor the plugin cannot run yet is valid and is reported at install ("executor not built yet").
 """
 from __future__ import annotations
 
@@ -40,7 +44,11 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "configs" / "selection"
 DEFAULT_TABLE = "default.json"
 
 _TOP_KEYS = {"version", "gpu", "comment", "buckets"}
-_ENTRY_KEYS = {"tokens", "prefix", "moe"}
+_ENTRY_KEYS = {"tokens", "prefix", "moe", "cmp_mode"}
+_REQUIRED_ENTRY_KEYS = {"tokens", "prefix", "moe"}
+DEFAULT_CMP_MODE = "full"
+# attn_pre/cmp/modes.MODES (not imported: this module stays import-light for the plugin's register())
+CMP_MODES = ("serial", "serial_pdl", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full")
 
 
 class SelectionError(ValueError):
@@ -52,6 +60,7 @@ class BucketChoice:
     tokens: int  # bucket upper bound (inclusive)
     prefix: str
     moe: str
+    cmp_mode: str = DEFAULT_CMP_MODE  # used when prefix == "cmp"
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,9 @@ class SelectionTable:
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": SCHEMA_VERSION, "gpu": list(self.gpu), "comment": self.comment,
-                "buckets": [{"tokens": b.tokens, "prefix": b.prefix, "moe": b.moe} for b in self.buckets]}
+                "buckets": [{"tokens": b.tokens, "prefix": b.prefix, "moe": b.moe,
+                             **({"cmp_mode": b.cmp_mode} if b.cmp_mode != DEFAULT_CMP_MODE else {})}
+                            for b in self.buckets]}
 
 
 def _err(source: str, key: str, msg: str) -> SelectionError:
@@ -120,7 +131,7 @@ def parse(d: Any, source: str = "<dict>") -> SelectionTable:
         unknown = sorted(set(e) - _ENTRY_KEYS)
         if unknown:
             raise _err(source, f"{where}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(_ENTRY_KEYS))})")
-        for k in sorted(_ENTRY_KEYS - set(e)):
+        for k in sorted(_REQUIRED_ENTRY_KEYS - set(e)):
             raise _err(source, f"{where}.{k}", "missing")
         t = e["tokens"]
         if isinstance(t, bool) or not isinstance(t, int) or t <= 0:
@@ -132,7 +143,10 @@ def parse(d: Any, source: str = "<dict>") -> SelectionTable:
         moe = e["moe"]
         if not isinstance(moe, str) or not (moe == STOCK or MOE_CONFIG_RE.match(moe)):
             raise _err(source, f"{where}.moe", f"unknown MoE config {moe!r} (use 'stock' or 'megamoe:<config name>')")
-        out.append(BucketChoice(t, e["prefix"], moe))
+        cmp_mode = e.get("cmp_mode", DEFAULT_CMP_MODE)
+        if cmp_mode not in CMP_MODES:
+            raise _err(source, f"{where}.cmp_mode", f"unknown CMP mode {cmp_mode!r} (choose {' | '.join(CMP_MODES)})")
+        out.append(BucketChoice(t, e["prefix"], moe, cmp_mode))
     return SelectionTable(tuple(out), tuple(gpu), source, comment)
 
 
