@@ -1,30 +1,39 @@
 #!/usr/bin/env python3
-"""One-shot H200 sweep of the skinny FP8 GEMM family (glm5_fastpath.ops.fp8_gemm): configs + diagnostics.
+"""One-shot H200 sweep of the skinny FP8 GEMM family (glm5_fastpath.ops.fp8_gemm): both mainloops
+("mma": cp.async + mma.sync, "wgmma": TMA + wgmma), diagnostics, fused epilogues, and the tuned table.
 
 Shapes (GLM-5): QKV-A 2624x6144 (B0), q_b 16384x2048 (D0), wq_b 4096x2048 (D1), wk 128x6144 (B1);
-M in {1, 16, 64, 128}.
+M in {1, 16, 64, 128, 256}. Runs in about 5 minutes on one H200 (compile included).
 
 Phases (each writes its records as it goes; the JSON is rewritten after every phase):
-  A  plain GEMM (EPI_PLAIN, PDL off) over a grid: token block tm x K splits x ring stages x
-     launch-bounds min CTAs/SM (minb=2 only where 2 CTAs fit and the grid exceeds one wave).
-     Every config's output (weight set 0) is checked against a float64 reference (rel. err of the
-     max |y|); a wrong config is reported and never "best".
-  B  diagnostics at the heuristic config and at the best plain config of each (shape, M):
-     loads only (cp.async ring + waits; achieved streaming bandwidth), no split-K reduce (MMA path
-     without the reduce), no loads in the K loop (MMA + promotion + barriers only); plus the best
-     config with PDL on. At M=1 the loads-only variant also over the splits x stages grid (tm=8).
-  C  the fused op of each shape (B0 / D0 / D1 / B1) at the heuristic config, the best plain config
-     and the best plain config of each other token block (epilogue / row-tail cost vs tm); for B0
-     also split mode (plain GEMM at config_for's EPI_PLAIN choice, and at the best plain config,
-     then the b0_row_norms row kernel), PDL off and on.
+  0  probe (a subprocess): the wgmma kernel once per shape at M = 1 and 64 against a float64
+     reference. If it fails (wrong numbers, an error, or a trap that would kill this process's CUDA
+     context), the wgmma configs are left out of every phase and the report says why.
+  A  plain GEMM (EPI_PLAIN, PDL off) over a pruned grid per impl: token block (the smallest block
+     holding the tokens and half of it) x K splits (around the split count that fills the SMs) x
+     ring stages (mma: 3, 4; wgmma: 4, 6, 8, 10 capped at the K groups per split and at smem).
+     Every config's output is checked against a float64 reference; a wrong config is reported and
+     never "best". Each (shape, M) gets an equal time slice; candidates run in cost-model order.
+  B  diagnostics at the best config of each impl: loads only (the ring alone: achieved streaming
+     bandwidth), no split-K reduce, no loads in the K loop (MMA + promotion cost); the best config
+     with PDL on; and at M = 1 the wgmma loads-only ring over splits x stages (tm = 8): TB/s by
+     bytes in flight per SM.
+  C  the fused op of each shape (B0 / D0 / D1 / B1) at the default config (config_for) and at the
+     best plain config of each impl, PDL off; for B0 also split mode (plain GEMM at the best plain
+     config, then the b0_row_norms row kernel), PDL on.
+  T  the tuned table: per (epilogue, shape, M) the fastest correct measured config (plain: phase A;
+     fused: phase C), in the format of glm5_fastpath/ops/tuned/fp8_gemm_sm90_132sm.json (each entry
+     names its impl). Copy it there to make it the production choice.
 
 Timing: glm5_fastpath.bench.timing.time_launches (CUDA-graph replays), weights rotated over enough
 distinct sets to exceed 2x L2 per replay; activations random (never zeros). Floor = (weights +
 activations + bf16 output bytes) / measured device copy bandwidth.
 
     PYTHONPATH=$PWD GLM5_FASTPATH_CACHE_DIR=/tmp/jit python benchmarks/fp8_gemm_sweep.py --out /tmp/sweep
+    PYTHONPATH=$PWD GLM5_FASTPATH_CACHE_DIR=/tmp/jit python benchmarks/fp8_gemm_sweep.py --warm   # JIT cache only
 
-Writes DIR/fp8_gemm_sweep.json (every record) and DIR/fp8_gemm_sweep.md (summary tables).
+Writes DIR/fp8_gemm_sweep.json (every record), DIR/fp8_gemm_sweep.md (summary tables) and
+DIR/fp8_gemm_sm90_<sms>sm.json (the table).
 """
 from __future__ import annotations
 
@@ -33,6 +42,7 @@ import concurrent.futures as cf
 import datetime as _dt
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -49,9 +59,10 @@ from glm5_fastpath.ops import fp8_gemm as F  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
-MS = (1, 16, 64, 128)
+MS = (1, 16, 64, 128, 256)
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
-STAGES = (3, 4, 6, 8)
+MMA_STAGES = (3, 4)
+WG_STAGES = (4, 6, 8, 10)
 SHAPES = {  # name: (N, K, fused epilogue)
     "qkv_a": (2624, 6144, F.EPI_QKV_A),
     "q_b": (16384, 2048, F.EPI_Q_B),
@@ -59,41 +70,71 @@ SHAPES = {  # name: (N, K, fused epilogue)
     "wk": (128, 6144, F.EPI_IDX_K),
 }
 DIAG_NAMES = {0: "full", 1: "loads_only", 2: "no_reduce", 3: "no_loads"}
-SMEM_PER_SM = 228 * 1024
-SMEM_RESERVED = 1024
-REPLAYS = 12
+REPLAYS = 10
+OK_REL_ERR = 2e-2
+
+Knobs = tuple  # (impl, tm, splits, stages, minb)
 
 
-def tms_for(m: int) -> list[int]:
-    return [tm for tm in F.TOKEN_BLOCKS if (tm == 8 or tm // 2 < m) and -(-m // tm) <= 8]
+# ---- grid ---------------------------------------------------------------------------------------------
+
+def tms_for(m: int, impl: str, epi: int = F.EPI_PLAIN) -> list[int]:
+    """The smallest token block holding min(M, largest block) tokens, and half of it."""
+    blocks = F.token_blocks(impl, epi)
+    want = next((tm for tm in blocks if tm >= m), blocks[-1])
+    return [tm for tm in blocks if tm == want or (tm == want // 2 and tm >= 8 and m > 1)]
 
 
-def grid_for(m: int, n: int, k: int, sms: int) -> list[tuple[int, int, int, int]]:
-    """(tm, splits, stages, minb) candidates of the plain sweep."""
+def splits_for(n: int, k: int, m: int, tm: int, sms: int) -> list[int]:
+    """K splits around the count that fills the SMs (at most 5 values)."""
     g = k // 128
-    out = []
-    for tm in tms_for(m):
-        for s in SPLITS:
-            if s > g:
-                continue
-            c0 = F.SkinnyConfig(F.EPI_PLAIN, m, n, k, tm, s, 4)
-            if c0.ctas > 4 * sms or (c0.ctas < sms // 8 and s * 2 <= g and c0.tiles_n * c0.tiles_m * g >= sms // 8):
-                continue  # far beyond a few waves, or far below one wave while more splits exist
-            for st in STAGES:
-                c = F.SkinnyConfig(F.EPI_PLAIN, m, n, k, tm, s, st)
-                if c.smem_bytes > 227 * 1024 or (st > 4 and tm == 64 and st == 8):
-                    continue
-                out.append((tm, s, st, 1))
-                fits2 = 2 * (c.smem_bytes + SMEM_RESERVED) <= SMEM_PER_SM
-                if fits2 and c.ctas > sms and tm <= 32:
-                    out.append((tm, s, st, 2))
-    return out
+    tiles = -(-n // 128) * -(-m // tm)
+    if tiles * g <= sms:  # even one K group per CTA cannot fill the machine (wk): latency vs reduce cost
+        cands = [s for s in SPLITS if s <= g and s * 6 >= g]
+    else:
+        fill = sms / tiles
+        cands = [s for s in SPLITS if s <= g and fill / 2.5 <= s <= fill * 1.6]
+        if not cands:
+            cands = [min((s for s in SPLITS if s <= g), key=lambda s: abs(s - fill))]
+    if len(cands) > 5:  # keep both ends and the middle
+        idx = sorted({round(i * (len(cands) - 1) / 4) for i in range(5)})
+        cands = [cands[i] for i in idx]
+    return cands
 
+
+def grid_for(m: int, n: int, k: int, sms: int, impls: tuple[str, ...]) -> list[Knobs]:
+    """(impl, tm, splits, stages, minb) candidates of the plain sweep, cheapest estimate first per impl,
+    the impls interleaved (so a cut-off time slice still saw the best guesses of both)."""
+    per: dict[str, list[tuple[float, Knobs]]] = {}
+    for impl in impls:
+        out = []
+        for tm in tms_for(m, impl):
+            for s in splits_for(n, k, m, tm, sms):
+                gmax = -(-(k // 128) // s)
+                if impl == "wgmma":
+                    stages = sorted({max(2, min(st, gmax, F.wgmma_stages(tm, gmax))) for st in WG_STAGES})
+                else:
+                    stages = list(MMA_STAGES)
+                for st in stages:
+                    c = F.SkinnyConfig(F.EPI_PLAIN, m, n, k, tm, s, st, 1, 0, impl)
+                    if c.smem_bytes > F.SMEM_LIMIT or c.partial_floats * 4 > F.WORKSPACE_CAP_BYTES:
+                        continue
+                    out.append((F.estimate_us(c, sms), (impl, tm, s, st, 1)))
+        per[impl] = [kn for _, kn in sorted(out)]
+    merged: list[Knobs] = []
+    for i in range(max((len(v) for v in per.values()), default=0)):
+        for impl in impls:
+            if i < len(per[impl]):
+                merged.append(per[impl][i])
+    return merged
+
+
+# ---- cases -----------------------------------------------------------------------------------------------
 
 class Case:
     """Weights (rotated sets), activations and the float64 reference of one (shape, M)."""
 
-    def __init__(self, name: str, m: int, dev, l2: int, gen: torch.Generator, weights: dict):
+    def __init__(self, name: str, m: int, dev, gen: torch.Generator, weights: dict):
         self.name, self.m = name, m
         self.n, self.k, self.epi = SHAPES[name]
         n, k = self.n, self.k
@@ -109,11 +150,11 @@ class Case:
         return torch.ops.glm5_fastpath.fp8_gemm_skinny(self.x8, self.xs, self.w[i % self.sets], self.ws[i % self.sets], pdl)
 
 
-def make_weights(dev, l2: int, gen) -> dict:
+def make_weights(dev, l2: int, gen, shapes) -> dict:
     out = {}
-    for name, (n, k, _) in SHAPES.items():
-        set_bytes = n * k
-        plan = plan_rotation(set_bytes, l2, factor=2.0, min_launches=20, max_sets=256)
+    for name in shapes:
+        n, k, _ = SHAPES[name]
+        plan = plan_rotation(n * k, l2, factor=2.0, min_launches=20, max_sets=256)
         w, ws = [], []
         for _ in range(plan.sets):
             w.append((torch.randn(n, k, device=dev, generator=gen) * 0.5).to(FP8))
@@ -167,65 +208,159 @@ class Fused:
                                self.table, c.qk_rope_head_dim, float(INDEXER_K_NORM_EPS), float(c.rope_theta), pdl)
 
 
+# ---- phase 0: the wgmma probe (its own process) -----------------------------------------------------------
+
+def probe_main(shapes: list[str]) -> int:
+    """One wgmma launch per shape at M = 1 and 64 (default config) vs float64: prints one JSON line."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(7)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    res = {}
+    for name in shapes:
+        n, k, _ = SHAPES[name]
+        w = (torch.randn(n, k, device=dev, generator=gen) * 0.5).to(FP8)
+        ws = torch.rand(-(-n // 128), k // 128, device=dev, generator=gen) * 0.02 + 0.001
+        for m in (1, 64):
+            x8 = (torch.randn(m, k, device=dev, generator=gen) * 2).to(FP8)
+            xs = torch.rand(m, k // 128, device=dev, generator=gen) * 0.01 + 0.001
+            ref = ((x8.float() * xs.repeat_interleave(128, 1)).double()
+                   @ (w.float() * ws.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)).double().t()).float()
+            c = F.config_for(m, n, k, F.EPI_PLAIN, sms, "wgmma")
+            with F.forced_config(c.tm, c.splits, c.stages, impl="wgmma"):
+                y = torch.ops.glm5_fastpath.fp8_gemm_skinny(x8, xs, w, ws, False).float()
+            torch.cuda.synchronize(dev)
+            res[f"{name}/{m}"] = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+    ok = all(v < OK_REL_ERR for v in res.values())
+    print("PROBE " + json.dumps({"ok": ok, "rel_err": res}), flush=True)
+    return 0 if ok else 1
+
+
+def run_probe(shapes: list[str], timeout_s: float = 240.0) -> tuple[bool, str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--probe", "--shapes", ",".join(shapes), "--out", "/dev/null"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+    except subprocess.TimeoutExpired:
+        return False, f"probe timed out after {timeout_s:.0f} s (a hang in the wgmma kernel?)"
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("PROBE ")), None)
+    if r.returncode == 0 and line:
+        return True, line[6:]
+    tail = (r.stdout + r.stderr)[-1500:]
+    return False, f"probe exit {r.returncode}: {line[6:] if line else ''} {tail}"
+
+
+# ---- main ---------------------------------------------------------------------------------------------------
+
+def compile_all(specs: set, dev, comp_err: dict) -> float:
+    from glm5_fastpath.jit import compile_kernel
+    t0 = time.time()
+    todo = sorted(s for s in specs if s not in comp_err)
+    with cf.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 8)) as ex:
+        futs = {ex.submit(compile_kernel, F.kernel_spec(tm, st, epi, mb, d, impl), None, device=dev):
+                (impl, tm, st, epi, mb, d) for impl, tm, st, epi, mb, d in todo}
+        for f in cf.as_completed(futs):
+            try:
+                f.result()
+            except Exception as e:  # noqa: BLE001
+                comp_err[futs[f]] = f"{type(e).__name__}: {str(e)[:400]}"
+    dt = time.time() - t0
+    print(f"compiled {len(todo)} variants in {dt:.1f} s ({len(comp_err)} failed so far)", flush=True)
+    return dt
+
+
+def warm_main(arch: str = "sm_90a") -> int:
+    """Compile, in parallel and without a GPU, every kernel variant the ops and their GPU tests use
+    (both mainloops, the glm5 and small presets, M = 1..256, the compile-check and diagnostic
+    variants) into the JIT cache, so a fresh machine does not spend the test run in nvcc."""
+    from glm5_fastpath.jit import compile_kernel
+    specs = set(F.compile_check_specs()) | set(F.diag_specs())
+    for preset in ("glm5", "small"):
+        c = Glm5Config.preset(preset)
+        for impl in F.IMPLS:
+            for im, tm, st, epi, mb in F._variants(c, 132, impl):
+                specs.add(F.kernel_spec(tm, st, epi, mb, 0, im))
+    t0 = time.time()
+    fails = 0
+    with cf.ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 8)) as ex:
+        futs = {ex.submit(compile_kernel, s, arch): s for s in specs}
+        for f in cf.as_completed(futs):
+            try:
+                f.result()
+            except Exception as e:  # noqa: BLE001
+                fails += 1
+                print(f"compile failed: {futs[f].describe()}: {str(e)[:2000]}", flush=True)
+    print(f"warm: {len(specs)} variants for {arch} in {time.time() - t0:.1f} s, {fails} failed", flush=True)
+    return 1 if fails else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--budget-s", type=float, default=170.0, help="hard wall budget of the timing phases")
+    ap.add_argument("--out", type=Path, help="output directory (required unless --warm)")
+    ap.add_argument("--warm", action="store_true", help="only fill the JIT cache (parallel nvcc, no GPU needed) and exit")
+    ap.add_argument("--budget-s", type=float, default=200.0, help="wall budget of the timing phases A-C")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--impls", default=",".join(F.IMPLS), help="mainloops to sweep (mma, wgmma)")
+    ap.add_argument("--no-probe", action="store_true", help="skip the wgmma probe subprocess")
+    ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    shapes = [s for s in args.shapes.split(",") if s]
+    if args.warm:
+        return warm_main()
+    if args.out is None:
+        ap.error("--out is required")
+    if args.probe:
+        return probe_main(shapes)
     t_start = time.time()
-    deadline_a = t_start + 0.55 * args.budget_s
-    deadline_b = t_start + 0.75 * args.budget_s
-    deadline = t_start + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         print("fp8_gemm_sweep: needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    cc = tuple(torch.cuda.get_device_capability(dev))
     l2 = l2_cache_bytes(dev)
-    shapes = [s for s in args.shapes.split(",") if s]
     ms = [int(x) for x in args.ms.split(",") if x]
+    impls = tuple(i for i in args.impls.split(",") if i)
+    for i in impls:
+        if i not in F.IMPLS:
+            raise SystemExit(f"--impls: unknown impl {i!r} (known: {F.IMPLS})")
+    notes: list[str] = []
+    if "wgmma" in impls and not F.wgmma_supported(cc):
+        impls = tuple(i for i in impls if i != "wgmma")
+        notes.append(f"wgmma skipped: sm_{cc[0]}{cc[1]} has no wgmma")
     cfg = Glm5Config.preset("glm5")
     gen = torch.Generator(device=dev)
     gen.manual_seed(1234)
+    comp_err: dict = {}
 
-    # ---- compile every variant in parallel (nvcc subprocesses; the JIT cache is process-safe) ----
+    # ---- compile batch 1: plain grid + default configs (nvcc subprocesses, process-safe JIT cache) ----
+    grids = {(name, m): grid_for(m, SHAPES[name][0], SHAPES[name][1], sms, impls) for name in shapes for m in ms}
     specs = set()
-    grids = {}
-    for name in shapes:
+    for (name, m), grid in grids.items():
         n, k, epi = SHAPES[name]
-        for m in ms:
-            grids[(name, m)] = grid_for(m, n, k, sms)
-            for tm, s, st, mb in grids[(name, m)]:
-                specs.add((tm, st, F.EPI_PLAIN, mb, 0))
-            for tm in tms_for(m):
-                for st in STAGES:
-                    for d in (1, 2, 3):
-                        specs.add((tm, st, F.EPI_PLAIN, 1, d))
-                    specs.add((tm, st, epi, 1, 0))
-                    if tm <= 32:
-                        specs.add((tm, st, epi, 2, 0))
-            h = F.config_for(m, n, k, epi, sms)  # heuristic configs
-            specs.add((h.tm, h.stages, epi, 1, 0))
-            hp = F.config_for(m, n, k, F.EPI_PLAIN, sms)
-            specs.add((hp.tm, hp.stages, F.EPI_PLAIN, 1, 0))
-    specs = sorted(s for s in specs if F.SkinnyConfig(s[2], 1, 128, 128, s[0], 1, s[1]).smem_bytes <= 227 * 1024)
-    from glm5_fastpath.jit import compile_kernel
-    t0 = time.time()
-    comp_err = {}
-    with cf.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 8)) as ex:
-        futs = {ex.submit(compile_kernel, F.kernel_spec(*s), None, device=dev): s for s in specs}
-        for f in cf.as_completed(futs):
-            try:
-                f.result()
-            except Exception as e:  # noqa: BLE001
-                comp_err[futs[f]] = f"{type(e).__name__}: {str(e)[:400]}"
-    t_compile = time.time() - t0
-    print(f"compiled {len(specs)} variants in {t_compile:.1f} s ({len(comp_err)} failed)", flush=True)
-    for s, e in comp_err.items():
-        print(f"  compile failed {s}: {e}", flush=True)
+        for impl, tm, s, st, mb in grid:
+            specs.add((impl, tm, st, F.EPI_PLAIN, mb, 0))
+        for e in (epi, F.EPI_PLAIN):
+            h = F.config_for(m, n, k, e, sms, None, cc)
+            specs.add((h.impl, h.tm, h.stages, e, h.minb, 0))
+    if "wgmma" in impls:  # the probe's configs
+        for name in shapes:
+            n, k, _ = SHAPES[name]
+            for m in (1, 64):
+                c = F.config_for(m, n, k, F.EPI_PLAIN, sms, "wgmma", cc)
+                specs.add(("wgmma", c.tm, c.stages, F.EPI_PLAIN, 1, 0))
+    t_compile = compile_all(specs, dev, comp_err)
+
+    # ---- phase 0: probe the wgmma kernel in a subprocess (a trap there cannot kill this process) ----
+    probe = "skipped"
+    if "wgmma" in impls and not args.no_probe:
+        ok, probe = run_probe(shapes)
+        print(f"wgmma probe: {'ok' if ok else 'FAILED'}: {probe[:600]}", flush=True)
+        if not ok:
+            impls = tuple(i for i in impls if i != "wgmma")
+            notes.append(f"wgmma LEFT OUT: the probe failed: {probe[:1500]}")
+            grids = {key: [g for g in grid if g[0] != "wgmma"] for key, grid in grids.items()}
     try:  # B0 split mode's row kernel (phase C); a failure only loses the C_split records
         F._row_kernel(cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, dev)
     except Exception as e:  # noqa: BLE001
@@ -233,38 +368,43 @@ def main() -> int:
 
     bw = measure_copy_bandwidth(dev, 1 << 30, 10)
     bps = bw["bytes_per_s"]
-    weights = make_weights(dev, l2, gen)
+    weights = make_weights(dev, l2, gen, shapes)
     meta = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(dev),
-            "sms": sms, "l2_bytes": l2, "copy_bw": bw, "compile_s": t_compile, "variants": len(specs),
-            "compile_errors": {str(k): v for k, v in comp_err.items()},
-            "rotation": {k: v[3].to_dict() for k, v in weights.items()}}
+            "sms": sms, "cc": list(cc), "l2_bytes": l2, "copy_bw": bw, "compile_s": t_compile, "impls": list(impls),
+            "probe": probe, "notes": notes, "rotation": {k: v[3].to_dict() for k, v in weights.items()}}
     records: list[dict] = []
-    cases = {(name, m): Case(name, m, dev, l2, gen, weights) for name in shapes for m in ms}
+    cases = {(name, m): Case(name, m, dev, gen, weights) for name in shapes for m in ms}
     lost = [False]
+    t_phases = time.time()
+    deadline_a = t_phases + 0.55 * args.budget_s
+    deadline_b = t_phases + 0.75 * args.budget_s
+    deadline = t_phases + args.budget_s
 
     def write():
+        meta["compile_errors"] = {str(k): v for k, v in comp_err.items()}
         (args.out / "fp8_gemm_sweep.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1))
 
-    def run(case: Case, phase: str, fn, knobs, epi: int, diag: int = 0, pdl: bool = False, check: bool = False,
-            **extra) -> dict | None:
+    def run(case: Case, phase: str, fn, knobs: Knobs, epi: int, diag: int = 0, pdl: bool = False,
+            check: bool = False, **extra) -> dict | None:
         if lost[0]:
             return None
-        tm, s, st, mb = knobs
-        c = F.SkinnyConfig(epi, case.m, case.n, case.k, tm, s, st, mb, diag)
-        rec = {"phase": phase, "shape": case.name, "M": case.m, "epi": epi, "tm": tm, "splits": s, "stages": st,
-               "minb": mb, "diag": DIAG_NAMES[diag], "pdl": pdl, "ctas": c.ctas, "smem": c.smem_bytes, **extra}
-        if (tm, st, epi, mb, diag) in comp_err:
+        impl, tm, s, st, mb = knobs
+        c = F.SkinnyConfig(epi, case.m, case.n, case.k, tm, s, st, mb, diag, impl)
+        rec = {"phase": phase, "shape": case.name, "M": case.m, "epi": epi, "impl": impl, "tm": tm, "splits": s,
+               "stages": st, "minb": mb, "diag": DIAG_NAMES[diag], "pdl": pdl, "ctas": c.ctas, "smem": c.smem_bytes,
+               **extra}
+        if (impl, tm, st, epi, mb, diag) in comp_err:
             rec["error"] = "compile failed"
             records.append(rec)
             return rec
         try:
-            with F.forced_config(tm, s, st, mb, diag):
+            with F.forced_config(tm, s, st, mb, diag, impl):
                 if check:
                     y = fn(0, pdl).float()
                     torch.cuda.synchronize(dev)
                     err = float((y - case.ref).abs().max() / case.ref.abs().max().clamp_min(1e-30))
                     rec["rel_err"] = err
-                    rec["ok"] = bool(err < 2e-2)
+                    rec["ok"] = bool(err < OK_REL_ERR)
                 t = time_launches(lambda i: fn(i, pdl), case.plan.launches, device=dev, replays=REPLAYS, warmup=2)
         except CudaContextLost as e:
             rec["error"] = f"CUDA context lost: {e}"
@@ -281,94 +421,138 @@ def main() -> int:
         records.append(rec)
         return rec
 
-    def heur(case: Case, epi: int):
-        h = F.config_for(case.m, case.n, case.k, epi, sms)
-        return (h.tm, h.splits, h.stages, 1)
+    def knobs_of(r: dict) -> Knobs:
+        return (r["impl"], r["tm"], r["splits"], r["stages"], r["minb"])
 
-    # ---- phase A: plain grid -----------------------------------------------------------------------
-    best: dict[tuple, dict] = {}
-    best_tm: dict[tuple, dict] = {}
-    for key, case in cases.items():
-        hk = heur(case, F.EPI_PLAIN)
-        r = run(case, "A_heuristic", case.plain, hk, F.EPI_PLAIN, check=True)
-        grid = [g for g in grids[key] if g != hk]
-        for g in grid:
-            if time.time() > deadline_a:
+    def default_knobs(case: Case, epi: int) -> Knobs:
+        h = F.config_for(case.m, case.n, case.k, epi, sms, None, cc)
+        return (h.impl, h.tm, h.splits, h.stages, h.minb)
+
+    # ---- phase A: plain grid, an equal time slice per case -------------------------------------------
+    best: dict[tuple, dict] = {}          # (shape, M) -> fastest correct record
+    best_impl: dict[tuple, dict] = {}     # (shape, M, impl) -> fastest correct record of that impl
+    keys = list(cases)
+    for i, key in enumerate(keys):
+        case = cases[key]
+        slice_end = t_phases + (i + 1) * (deadline_a - t_phases) / len(keys)
+        hk = default_knobs(case, F.EPI_PLAIN)
+        h = run(case, "A_default", case.plain, hk, F.EPI_PLAIN, check=True) if hk[0] in impls else None
+        for g in grids[key]:
+            if time.time() > slice_end or lost[0]:
                 break
-            run(case, "A_grid", case.plain, g, F.EPI_PLAIN, check=True)
+            if g != hk:
+                run(case, "A_grid", case.plain, g, F.EPI_PLAIN, check=True)
         ok = [x for x in records if x["shape"] == case.name and x["M"] == case.m and x["phase"].startswith("A")
               and "us" in x and x.get("ok", True)]
         if ok:
             best[key] = min(ok, key=lambda x: x["us"])
-            for tm in {x["tm"] for x in ok}:
-                best_tm[key + (tm,)] = min((x for x in ok if x["tm"] == tm), key=lambda x: x["us"])
+            for impl in impls:
+                mine = [x for x in ok if x["impl"] == impl]
+                if mine:
+                    best_impl[key + (impl,)] = min(mine, key=lambda x: x["us"])
             b = best[key]
-            h = r if r and "us" in r else None
-            print(f"A {case.name:6s} M={case.m:3d}: heuristic {h['us'] if h else float('nan'):7.2f} us | best "
-                  f"{b['us']:7.2f} us tm={b['tm']} s={b['splits']} st={b['stages']} mb={b['minb']} "
-                  f"({b['tbps']:.2f} TB/s, x{b['x_floor']:.2f} floor) [{len(ok)} ok configs]", flush=True)
+            per = " | ".join(f"{impl} {best_impl[key + (impl,)]['us']:.2f}" for impl in impls if key + (impl,) in best_impl)
+            print(f"A {case.name:6s} M={case.m:3d}: default {h['us'] if h and 'us' in h else float('nan'):7.2f} us | "
+                  f"best {b['us']:7.2f} us {b['impl']} tm={b['tm']} s={b['splits']} st={b['stages']} "
+                  f"({b['tbps']:.2f} TB/s, x{b['x_floor']:.2f} floor) | {per} [{len(ok)} ok]", flush=True)
         if lost[0]:
             break
     write()
 
-    # ---- phase B: diagnostics ------------------------------------------------------------------------
+    # ---- compile batch 2: diagnostics + fused variants at the best configs ------------------------------
+    specs2 = set()
+    for key, case in cases.items():
+        for impl in impls:
+            b = best_impl.get(key + (impl,))
+            if b is None:
+                continue
+            for d in (1, 2, 3):
+                specs2.add((impl, b["tm"], b["stages"], F.EPI_PLAIN, 1, d))
+            if b["tm"] in F.token_blocks(impl, case.epi):
+                specs2.add((impl, b["tm"], b["stages"], case.epi, b["minb"], 0))
+        if case.m == 1 and "wgmma" in impls:
+            for st in (2, 4, 8):
+                specs2.add(("wgmma", 8, st, F.EPI_PLAIN, 1, 1))
+    t_compile2 = compile_all(specs2, dev, comp_err) if not lost[0] else 0.0
+    meta["compile2_s"] = t_compile2
+
+    # ---- phase B: diagnostics ------------------------------------------------------------------------------
     for key, case in cases.items():
         if lost[0] or time.time() > deadline_b:
             break
-        hk = heur(case, F.EPI_PLAIN)
-        knob_sets = [("heuristic", hk)]
         if key in best:
-            b = best[key]
-            bk = (b["tm"], b["splits"], b["stages"], b["minb"])
-            if bk != hk:
-                knob_sets.append(("best", bk))
-            run(case, "B_pdl", case.plain, bk, F.EPI_PLAIN, pdl=True, at="best")
-        for label, k in knob_sets:
+            run(case, "B_pdl", case.plain, knobs_of(best[key]), F.EPI_PLAIN, pdl=True, at="best")
+        for impl in impls:
+            b = best_impl.get(key + (impl,))
+            if b is None:
+                continue
             for d in (1, 2, 3):
-                run(case, "B_diag", case.plain, (k[0], k[1], k[2], 1), F.EPI_PLAIN, diag=d, at=label)
-        if case.m == 1:
-            for s in SPLITS:
-                for st in STAGES:
-                    if s <= case.k // 128 and time.time() < deadline_b:
-                        run(case, "B_stream", case.plain, (8, s, st, 1), F.EPI_PLAIN, diag=1)
+                run(case, "B_diag", case.plain, (impl, b["tm"], b["splits"], b["stages"], 1), F.EPI_PLAIN, diag=d,
+                    at=f"best_{impl}")
+        if case.m == 1 and "wgmma" in impls:
+            for s in splits_for(case.n, case.k, 1, 8, sms):
+                gmax = -(-(case.k // 128) // s)
+                for st in sorted({min(x, max(2, gmax)) for x in (2, 4, 8)}):
+                    if time.time() < deadline_b:
+                        run(case, "B_stream", case.plain, ("wgmma", 8, s, st, 1), F.EPI_PLAIN, diag=1)
     write()
 
-    # ---- phase C: fused ops ----------------------------------------------------------------------------
+    # ---- phase C: fused ops ------------------------------------------------------------------------------------
     for key, case in cases.items():
         if lost[0] or time.time() > deadline:
             break
         fused = Fused(case, cfg, dev, gen)
-        hk = heur(case, case.epi)
-        run(case, "C_fused", fused, hk, case.epi, at="heuristic")
-        run(case, "C_fused", fused, hk, case.epi, pdl=True, at="heuristic")
-        seen = {hk}
-        cands = ([("best", best[key])] if key in best else []) + \
-                [(f"best_tm{tm}", best_tm[key + (tm,)]) for tm in F.TOKEN_BLOCKS if key + (tm,) in best_tm]
-        for label, b in cands:
-            bk = (b["tm"], b["splits"], b["stages"], b["minb"])
-            if bk in seen:
+        seen = set()
+        cands = [("default", default_knobs(case, case.epi))]
+        cands += [(f"best_{impl}", knobs_of(best_impl[key + (impl,)])) for impl in impls if key + (impl,) in best_impl]
+        for label, kn in cands:
+            if kn in seen or kn[0] not in impls or kn[1] not in F.token_blocks(kn[0], case.epi):
                 continue
-            seen.add(bk)
-            run(case, "C_fused", fused, bk, case.epi, at=label)
-        if case.epi == F.EPI_QKV_A:  # B0 split mode: the plain GEMM's config (forced = config_for's) + row kernel
-            pk = heur(case, F.EPI_PLAIN)
-            run(case, "C_split", fused.split, pk, F.EPI_PLAIN, at="heuristic")
-            run(case, "C_split", fused.split, pk, F.EPI_PLAIN, pdl=True, at="heuristic")
-            if key in best:
-                b = best[key]
-                bk = (b["tm"], b["splits"], b["stages"], b["minb"])
-                if bk != pk:
-                    run(case, "C_split", fused.split, bk, F.EPI_PLAIN, pdl=True, at="best")
+            seen.add(kn)
+            run(case, "C_fused", fused, kn, case.epi, at=label)
+        if case.epi == F.EPI_QKV_A and key in best:  # B0 split mode: plain GEMM at the best config + row kernel
+            run(case, "C_split", fused.split, knobs_of(best[key]), F.EPI_PLAIN, pdl=True, at="best")
+            dk = default_knobs(case, F.EPI_PLAIN)
+            if dk != knobs_of(best[key]) and dk[0] in impls:
+                run(case, "C_split", fused.split, dk, F.EPI_PLAIN, pdl=True, at="default")
     write()
 
-    md = summarize(meta, records, cases, best, bps)
+    table = make_table(records, cases, best, sms, meta["device"])
+    tpath = args.out / f"fp8_gemm_sm90_{sms}sm.json"
+    tpath.write_text(json.dumps(table, indent=1) + "\n")
+    md = summarize(meta, records, cases, best, best_impl, impls, bps, table)
     (args.out / "fp8_gemm_sweep.md").write_text(md)
     print(md)
-    print(f"total {time.time() - t_start:.1f} s; wrote {args.out}/fp8_gemm_sweep.json and .md", flush=True)
+    print(f"total {time.time() - t_start:.1f} s; wrote {args.out}/fp8_gemm_sweep.json, .md and {tpath.name}", flush=True)
     return 1 if lost[0] else 0
 
 
-def summarize(meta, records, cases, best, bps) -> str:
+def make_table(records: list[dict], cases: dict, best: dict, sms: int, device: str) -> dict:
+    """Tuned-table JSON: per (epilogue, shape, M) the fastest correct config (plain: phase A; fused:
+    phase C without PDL, else the best plain config)."""
+    entries = []
+    for (name, m), case in sorted(cases.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        b = best.get((name, m))
+        if b is None:
+            continue
+        entries.append(_entry(F.EPI_NAMES[F.EPI_PLAIN], case, b))
+        fused = [r for r in records if r["shape"] == name and r["M"] == m and r["phase"] == "C_fused" and "us" in r
+                 and not r["pdl"]]
+        fb = min(fused, key=lambda r: r["us"]) if fused else b
+        if fb["tm"] in F.token_blocks(fb["impl"], case.epi):
+            entries.append(_entry(F.EPI_NAMES[case.epi], case, fb))
+    entries.sort(key=lambda e: (list(F.EPI_NAMES.values()).index(e["epi"]), -e["n"], e["k"], e["m_max"]))
+    return {"source": f"benchmarks/fp8_gemm_sweep.py on {device} ({sms} SMs), "
+                      f"{_dt.date.today().isoformat()}: fastest measured config per (epilogue, shape, M bucket)",
+            "arch": "sm_90", "num_sms": sms, "entries": entries}
+
+
+def _entry(epi_name: str, case: Case, r: dict) -> dict:
+    return {"epi": epi_name, "n": case.n, "k": case.k, "m_max": case.m, "impl": r["impl"], "tm": r["tm"],
+            "splits": r["splits"], "stages": r["stages"], "minb": r["minb"], "us": round(r["us"], 2)}
+
+
+def summarize(meta, records, cases, best, best_impl, impls, bps, table) -> str:
     def get(case, **kw):
         for r in records:
             if r["shape"] == case.name and r["M"] == case.m and "us" in r and all(r.get(a) == v for a, v in kw.items()):
@@ -378,64 +562,67 @@ def summarize(meta, records, cases, best, bps) -> str:
     def us(r):
         return f"{r['us']:.2f}" if r else "-"
 
+    def cfgs(r):
+        return f"{r['impl']} {r['tm']}/{r['splits']}/{r['stages']}" if r else "-"
+
     lines = [f"# fp8_gemm skinny sweep ({meta['device']}, {meta['date']})", "",
-             f"copy bandwidth {bps / 1e12:.3f} TB/s (floor = weight+act+out bytes / that); {meta['variants']} "
-             f"variants compiled in {meta['compile_s']:.0f} s; failed: {len(meta['compile_errors'])}", "",
-             "## Plain GEMM: heuristic vs best config; diagnostics at the best config (us)", "",
-             "| shape | M | floor | heuristic (tm/s/st) | best (tm/s/st/mb) | best us | TB/s | x floor | best+PDL | "
-             "loads only | no reduce | no loads (MMA) | bad configs |", "|" + "---|" * 13]
+             f"copy bandwidth {bps / 1e12:.3f} TB/s (floor = weight+act+out bytes / that); impls {', '.join(impls)}; "
+             f"compile {meta['compile_s']:.0f} + {meta.get('compile2_s', 0):.0f} s; compile failures: "
+             f"{len(meta['compile_errors'])}; wgmma probe: {str(meta['probe'])[:300]}", ""]
+    for n in meta["notes"]:
+        lines.append(f"**{n}**")
+    lines += ["", "## Plain GEMM (us): default config, best per impl, best overall; config = impl tm/splits/stages", "",
+              "| shape | M | floor | default | best mma | best wgmma | best | TB/s | x floor | target | best+PDL | bad |",
+              "|" + "---|" * 12]
     for key, case in cases.items():
         fl = case.bytes / bps * 1e6
-        h = get(case, phase="A_heuristic")
+        target = max(1.3 * fl, 2.5)
+        h = get(case, phase="A_default")
         b = best.get(key)
+        bm, bw = best_impl.get(key + ("mma",)), best_impl.get(key + ("wgmma",))
         bad = sum(1 for r in records if r["shape"] == case.name and r["M"] == case.m and r.get("ok") is False)
-        at = "best" if b and get(case, phase="B_diag", at="best") else "heuristic"
-        lines.append(
-            f"| {case.name} | {case.m} | {fl:.2f} | {us(h)} ({h['tm']}/{h['splits']}/{h['stages']}) | "
-            if h else f"| {case.name} | {case.m} | {fl:.2f} | - | ")
-        if b:
-            lines[-1] += (f"{b['tm']}/{b['splits']}/{b['stages']}/{b['minb']} | {b['us']:.2f} | {b['tbps']:.2f} | "
-                          f"{b['x_floor']:.2f} | {us(get(case, phase='B_pdl'))} | "
-                          f"{us(get(case, phase='B_diag', at=at, diag='loads_only'))} | "
-                          f"{us(get(case, phase='B_diag', at=at, diag='no_reduce'))} | "
-                          f"{us(get(case, phase='B_diag', at=at, diag='no_loads'))} | {bad} |")
-        else:
-            lines[-1] += "- | - | - | - | - | - | - | - | " + f"{bad} |"
-    lines += ["", "## Fused ops (us): heuristic config, best plain config, best plain config per token block", "",
-              "| shape | M | fused heuristic | fused heuristic+PDL | fused at best plain | per-tm (tm: us) | plain best |",
-              "|---|---|---|---|---|---|---|"]
+        lines.append(f"| {case.name} | {case.m} | {fl:.2f} | {us(h)} ({cfgs(h)}) | {us(bm)} ({cfgs(bm)}) | "
+                     f"{us(bw)} ({cfgs(bw)}) | {us(b)} | {b['tbps'] if b else 0:.2f} | {b['x_floor'] if b else 0:.2f} | "
+                     f"{target:.2f}{' ok' if b and b['us'] <= target else ''} | {us(get(case, phase='B_pdl'))} | {bad} |")
+    lines += ["", "## Diagnostics at each impl's best config (us): loads only = the ring alone (TB/s of weights), "
+              "no reduce, no loads (MMA + promotion)", "",
+              "| shape | M | impl | full | loads only | loads-only TB/s | no reduce | no loads |", "|---|---|---|---|---|---|---|---|"]
     for key, case in cases.items():
-        rs = [r for r in records if r["shape"] == case.name and r["M"] == case.m and r["phase"] == "C_fused" and "us" in r]
-        h = next((r for r in rs if r.get("at") == "heuristic" and not r["pdl"]), None)
-        hp = next((r for r in rs if r.get("at") == "heuristic" and r["pdl"]), None)
-        fb = next((r for r in rs if r.get("at") == "best"), None)
-        per = ", ".join(f"{r['tm']}/{r['splits']}/{r['stages']}: {r['us']:.1f}" for r in rs if r.get("at", "").startswith("best_tm"))
-        b = best.get(key)
-        lines.append(f"| {case.name} | {case.m} | {us(h)} | {us(hp)} | {us(fb)} | {per} | {us(b)} |")
-    lines += ["", "## B0 fused vs split (us; split = plain GEMM + b0_row_norms)", "",
-              "| M | fused heuristic | fused heuristic+PDL | split heuristic | split heuristic+PDL | split best plain+PDL |",
-              "|---|---|---|---|---|---|"]
-    for key, case in cases.items():
-        if case.epi != F.EPI_QKV_A:
-            continue
-        rs = [r for r in records if r["shape"] == case.name and r["M"] == case.m and "us" in r]
-        pick = lambda ph, at, pdl: next((r for r in rs if r["phase"] == ph and r.get("at") == at and r["pdl"] == pdl), None)  # noqa: E731
-        lines.append(f"| {case.m} | {us(pick('C_fused', 'heuristic', False))} | {us(pick('C_fused', 'heuristic', True))} | "
-                     f"{us(pick('C_split', 'heuristic', False))} | {us(pick('C_split', 'heuristic', True))} | "
-                     f"{us(pick('C_split', 'best', True))} |")
-    lines += ["", "## Streaming (loads only, tm=8, M=1): us by splits x stages", ""]
+        for impl in impls:
+            b = best_impl.get(key + (impl,))
+            if not b:
+                continue
+            lo = get(case, phase="B_diag", at=f"best_{impl}", diag="loads_only")
+            lines.append(f"| {case.name} | {case.m} | {impl} | {us(b)} | {us(lo)} | {lo['tbps'] if lo else 0:.2f} | "
+                         f"{us(get(case, phase='B_diag', at=f'best_{impl}', diag='no_reduce'))} | "
+                         f"{us(get(case, phase='B_diag', at=f'best_{impl}', diag='no_loads'))} |")
+    lines += ["", "## wgmma streaming (loads only, tm=8, M=1): us (TB/s) by splits/stages", ""]
     for key, case in cases.items():
         rs = [r for r in records if r["shape"] == case.name and r["M"] == case.m and r["phase"] == "B_stream" and "us" in r]
-        if not rs:
-            continue
-        best_s = min(rs, key=lambda r: r["us"])
-        lines.append(f"- {case.name}: best {best_s['us']:.2f} us ({best_s['tbps']:.2f} TB/s) at s={best_s['splits']} "
-                     f"st={best_s['stages']}; " + " ".join(f"{r['splits']}/{r['stages']}:{r['us']:.1f}" for r in rs))
+        if rs:
+            bs = min(rs, key=lambda r: r["us"])
+            lines.append(f"- {case.name}: best {bs['us']:.2f} us ({bs['tbps']:.2f} TB/s) at s={bs['splits']} "
+                         f"st={bs['stages']}; " + " ".join(f"{r['splits']}/{r['stages']}:{r['us']:.1f}({r['tbps']:.2f})"
+                                                          for r in rs))
+    lines += ["", "## Fused ops (us, PDL off)", "", "| shape | M | default | at best mma | at best wgmma | B0 split+PDL (best plain) |",
+              "|---|---|---|---|---|---|"]
+    for key, case in cases.items():
+        rs = [r for r in records if r["shape"] == case.name and r["M"] == case.m and r["phase"] == "C_fused" and "us" in r]
+        pick = lambda at: next((r for r in rs if r.get("at") == at), None)  # noqa: E731
+        sp = get(case, phase="C_split", at="best")
+        lines.append(f"| {case.name} | {case.m} | {us(pick('default'))} ({cfgs(pick('default'))}) | {us(pick('best_mma'))} | "
+                     f"{us(pick('best_wgmma'))} | {us(sp)} |")
+    lines += ["", f"## Tuned table ({len(table['entries'])} entries; copy fp8_gemm_sm90_{meta['sms']}sm.json to "
+              "glm5_fastpath/ops/tuned/)", "", "| epi | n | k | m_max | impl | tm | splits | stages | us |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for e in table["entries"]:
+        lines.append(f"| {e['epi']} | {e['n']} | {e['k']} | {e['m_max']} | {e['impl']} | {e['tm']} | {e['splits']} | "
+                     f"{e['stages']} | {e['us']} |")
     errs = [r for r in records if "error" in r or r.get("ok") is False]
     if errs:
         lines += ["", f"## Errors / wrong results ({len(errs)})", ""]
         for r in errs[:40]:
-            lines.append(f"- {r['phase']} {r['shape']} M={r['M']} tm={r['tm']} s={r['splits']} st={r['stages']} "
+            lines.append(f"- {r['phase']} {r['shape']} M={r['M']} {r['impl']} tm={r['tm']} s={r['splits']} st={r['stages']} "
                          f"mb={r['minb']} diag={r['diag']}: {r.get('error', 'rel_err=%.3g' % r.get('rel_err', -1))}")
     return "\n".join(lines) + "\n"
 

@@ -10,6 +10,13 @@
 // Framework-free (raw pointers; bf16 as uint16_t, e4m3 as bytes), so the tile functions can run
 // from the standalone launcher (fp8_gemm_skinny.cu) or, later, from a persistent megakernel.
 //
+// Two mainloops share everything after the K loop (SkinnyFinish: split-K publish / last-CTA
+// reduce and every epilogue, on the register layout described under "Fragment trick"):
+//   SkinnyGemmTile (this file)     cp.async ring + mma.sync m16n8k32 e4m3, 256 threads;
+//   WgmmaGemmTile (fp8_gemm_wgmma.cuh)  TMA ring + wgmma m64nNk32 e4m3 (sm_90a), 256 math threads
+//                                  + 1 producer warp; hands over in the same register layout.
+// The finish synchronises only the 256 consumer threads (named barrier 1, consumer_sync()).
+//
 // ---- Decomposition --------------------------------------------------------------------------
 // swapAB: weight rows sit on the MMA M side (16 per warp, 128 per CTA = one weight-scale block
 // row), tokens on the MMA N side (n8 tiles; kTM = 8/16/32/64 tokens per CTA), so a 1-token decode
@@ -148,176 +155,63 @@ struct SkinnySmem {
 //                   promotion + barriers cost; split 0 stores.
 enum : int { kDiagOff = 0, kDiagLoadsOnly = 1, kDiagNoReduce = 2, kDiagNoLoads = 3 };
 
-template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff>
-struct SkinnyGemmTile {
-    static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64, "token block: 8, 16, 32 or 64");
-    static_assert(kStages >= 2 && kStages <= 8, "2..8 stages (cp.async.wait_group immediates)");
-    static_assert(kDiag == kDiagOff || kEpi == kEpiPlain, "diagnostic variants use the plain epilogue");
-    static_assert(kDiag >= kDiagOff && kDiag <= kDiagNoLoads, "diagnostic mode 0..3");
-    static constexpr int kNT = kTM / 8;  // n8 MMA tiles per warp
-    using Smem = SkinnySmem<kTM, kStages>;
+// Scratch shared memory of the split-K finish and the epilogues (inside each mainloop's carve-up).
+struct Scratch {
+    float* red;  // float[3][kWarps][kTM]: cross-warp reductions of the epilogues
+    int* flag;   // one int: "this CTA finishes the tile / the token block"
+};
 
-    // Where a CTA sits in the problem.
-    struct Coord {
-        int tile_n, split, tile_m;
-        int g_begin, nk;  // first K group and number of K groups of this split
-        int gmax;         // ceil(G / splits): smem sizing
-    };
+// Where a CTA sits in the problem.
+struct Coord {
+    int tile_n, split, tile_m;
+    int g_begin, nk;  // first K group and number of K groups of this split
+    int gmax;         // ceil(G / splits): smem sizing
+};
 
-    static GLM5_DEVICE Coord coord(const SkinnyParams& p, int tile_n, int split, int tile_m) {
-        const int G = p.K / kBlockK;
-        Coord c;
-        c.tile_n = tile_n;
-        c.split = split;
-        c.tile_m = tile_m;
-        c.g_begin = static_cast<int>((static_cast<int64_t>(split) * G) / p.splits);
-        c.nk = static_cast<int>((static_cast<int64_t>(split + 1) * G) / p.splits) - c.g_begin;
-        c.gmax = (G + p.splits - 1) / p.splits;
-        return c;
+GLM5_DEVICE Coord make_coord(const SkinnyParams& p, int tile_n, int split, int tile_m) {
+    const int G = p.K / kBlockK;
+    Coord c;
+    c.tile_n = tile_n;
+    c.split = split;
+    c.tile_m = tile_m;
+    c.g_begin = static_cast<int>((static_cast<int64_t>(split) * G) / p.splits);
+    c.nk = static_cast<int>((static_cast<int64_t>(split + 1) * G) / p.splits) - c.g_begin;
+    c.gmax = (G + p.splits - 1) / p.splits;
+    return c;
+}
+
+// CTA barrier of the kThreads (= 256) consumer threads 0..255 only: named barrier 1, so a CTA may
+// hold extra warps (the wgmma mainloop's TMA producer warp) that never reach the epilogue. In
+// the 256-thread mma.sync kernel this is equivalent to __syncthreads().
+GLM5_DEVICE void consumer_sync() { ptx::named_barrier_sync<1, kThreads>(); }
+
+// Split-K finish + epilogues shared by both mainloops (mma.sync: SkinnyGemmTile below; wgmma:
+// fp8_gemm_wgmma.cuh). Input: the CTA's fp32 tile in the mma.sync fragment order, held by the
+// 256 consumer threads (8 warps): thread tid, warp = tid / 32, g = lane / 4, t = lane % 4 holds
+// acc[j][e] = y[feature tile_n*128 + 16*warp + 2g + (e >> 1)][token tile_m*kTM + 8j + 2t + (e & 1)].
+template <int kTM, int kEpi>
+struct SkinnyFinish {
+    static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64 || kTM == 128, "token block: 8..128");
+    static constexpr int kNT = kTM / 8;  // n8 tiles per warp
+    static constexpr int kRedFloats = kWarps * kTM;
+    static constexpr int kScratchBytes = 3 * kRedFloats * 4 + 16;  // red + flag
+
+    static GLM5_DEVICE Scratch scratch(uint8_t* base) {
+        Scratch s;
+        s.red = reinterpret_cast<float*>(base);
+        s.flag = reinterpret_cast<int*>(base + 3 * kRedFloats * 4);
+        return s;
     }
 
-    // ---- loads ----------------------------------------------------------------------------
-    static GLM5_DEVICE void load_w_stage(const SkinnyParams& p, const Coord& c, uint32_t s_w, int stage, int slot,
-                                         int tid) {
-        const int n0 = c.tile_n * kBlockN;
-        const int64_t kbyte = static_cast<int64_t>(c.g_begin + stage) * kBlockK;
-        const uint32_t base = s_w + slot * kWStageBytes;
-#pragma unroll
-        for (int i = 0; i < kWStageBytes / 16 / kThreads; ++i) {
-            const int ch = tid + i * kThreads;
-            const int r = ch >> 3, cc = ch & 7;
-            const int row = n0 + r;
-            const bool ok = row < p.N;
-            const uint8_t* src = p.w + (static_cast<int64_t>(ok ? row : 0) * p.K + kbyte + cc * 16);
-            ptx::cp_async_16(base + swz_w(r, cc), src, ok ? 16u : 0u);
-        }
-    }
-
-    static GLM5_DEVICE void load_x_stage(const SkinnyParams& p, const Coord& c, uint32_t s_x, int stage, int slot,
-                                         int tid) {
-        const int m0 = c.tile_m * kTM;
-        const int64_t kbyte = static_cast<int64_t>(c.g_begin + stage) * kBlockK;
-        const uint32_t base = s_x + slot * Smem::kXStageBytes;
-#pragma unroll
-        for (int ch = tid; ch < kTM * 8; ch += kThreads) {
-            const int r = ch >> 3, cc = ch & 7;
-            const int tok = m0 + r;
-            const bool ok = tok < p.M;
-            const uint8_t* src = p.x + (static_cast<int64_t>(ok ? tok : 0) * p.K + kbyte + cc * 16);
-            ptx::cp_async_16(base + swz_x(r, cc), src, ok ? 16u : 0u);
-        }
-    }
-
-    // Before griddepcontrol.wait: weight stages 0..kStages-2 (one commit group each) and the
-    // weight scales of this split. Nothing here reads the previous kernel's output.
-    static GLM5_DEVICE void prologue(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid) {
-        const uint32_t s_w = ptx::smem_addr(smem + Smem::kOffW);
-#pragma unroll
-        for (int s = 0; s < kStages - 1; ++s) {
-            if (s < c.nk) load_w_stage(p, c, s_w, s, s, tid);
-            ptx::cp_async_commit();
-        }
-        float* s_ws = reinterpret_cast<float*>(smem + Smem::kOffWs);
-        const int G = p.K / kBlockK;
-        for (int i = tid; i < c.nk; i += kThreads) s_ws[i] = __ldg(p.w_scale + static_cast<int64_t>(c.tile_n) * G + c.g_begin + i);
-    }
-
-    // After griddepcontrol.wait: activations, the K loop, split-K reduction. Returns false when
-    // this CTA is not the one that finishes the tile (it then has nothing more to do).
-    static GLM5_DEVICE bool mainloop(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
-                                     float (&acc)[kNT][4]) {
-        const int lane = tid & 31, warp = tid >> 5;
-        const int g = lane >> 2, t = lane & 3;
-        const uint32_t s_w = ptx::smem_addr(smem + Smem::kOffW);
-        const uint32_t s_x = ptx::smem_addr(smem + Smem::kOffX);
-        const float* s_ws = reinterpret_cast<const float*>(smem + Smem::kOffWs);
-        float* s_xs = reinterpret_cast<float*>(smem + Smem::off_xs(c.gmax));
-        const int G = p.K / kBlockK;
-        const int m0 = c.tile_m * kTM;
-
-#pragma unroll
-        for (int s = 0; s < kStages - 1; ++s)
-            if (s < c.nk) load_x_stage(p, c, s_x, s, s, tid);
-        ptx::cp_async_commit();
-        for (int i = tid; i < c.nk * kTM; i += kThreads) {
-            const int gi = i / kTM, r = i % kTM;
-            const int tok = m0 + r;
-            s_xs[i] = tok < p.M ? p.x_scale[static_cast<int64_t>(tok) * G + c.g_begin + gi] : 0.0f;
-        }
-
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-
-        // Row offsets (bytes) of this thread's fragments inside a stage.
-        const int ra0 = warp * 16 + 2 * g;  // weight row 2g of the warp -> MMA row g
-        const int ra1 = ra0 + 1;            // weight row 2g+1 -> MMA row g+8
-
-        for (int it = 0; it < c.nk; ++it) {
-            // Groups committed so far: (kStages-1) weight groups + 1 activation group + it loop groups.
-            // Stage it is complete once at most min(it, kStages-2) groups are pending.
-            ptx::cp_async_wait_dyn(it < kStages - 2 ? it : kStages - 2);
-            __syncthreads();  // stage `it` visible to all warps; slot (it-1) % kStages free
-            {
-                const int nxt = it + kStages - 1;
-                if (kDiag != kDiagNoLoads && nxt < c.nk) {
-                    const int slot = nxt % kStages;
-                    load_w_stage(p, c, s_w, nxt, slot, tid);
-                    load_x_stage(p, c, s_x, nxt, slot, tid);
-                }
-                ptx::cp_async_commit();
-            }
-            const int slot = kDiag == kDiagNoLoads ? it % (kStages - 1) : it % kStages;
-            const uint32_t w_st = s_w + slot * kWStageBytes;
-            const uint32_t x_st = s_x + slot * Smem::kXStageBytes;
-            if constexpr (kDiag == kDiagLoadsOnly) {
-                uint32_t a, b, cc, d;
-                ptx::lds_v4(w_st + tid * 16, a, b, cc, d);
-                acc[0][0] += __uint_as_float((a ^ b ^ cc ^ d) & 0x3f7fffffu);
-                acc[0][1] += __uint_as_float(*reinterpret_cast<const uint32_t*>(smem + Smem::kOffX + slot * Smem::kXStageBytes
-                                                                                + (tid % (kTM * 32)) * 4) & 0x3f7fffffu);
-                continue;
-            }
-
-            float part[kNT][4];
-#pragma unroll
-            for (int j = 0; j < kNT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) part[j][e] = 0.0f;
-
-#pragma unroll
-            for (int kc = 0; kc < 2; ++kc) {  // two 64-byte K chunks per 128-byte stage row
-                const int chunk = kc * 4 + t;
-                uint32_t a0[4], a1[4];
-                ptx::lds_v4(w_st + swz_w(ra0, chunk), a0[0], a0[1], a0[2], a0[3]);
-                ptx::lds_v4(w_st + swz_w(ra1, chunk), a1[0], a1[1], a1[2], a1[3]);
-#pragma unroll
-                for (int j = 0; j < kNT; ++j) {
-                    uint32_t b[4];
-                    ptx::lds_v4(x_st + swz_x(j * 8 + g, chunk), b[0], b[1], b[2], b[3]);
-                    ptx::mma_m16n8k32_e4m3(part[j], a0[0], a1[0], a0[1], a1[1], b[0], b[1]);
-                    ptx::mma_m16n8k32_e4m3(part[j], a0[2], a1[2], a0[3], a1[3], b[2], b[3]);
-                }
-            }
-            // Promotion: acc += partial * (xs[token, g] * S[tile, g]).
-            const float ws = s_ws[it];
-#pragma unroll
-            for (int j = 0; j < kNT; ++j) {
-                const float s0 = s_xs[it * kTM + j * 8 + 2 * t] * ws;
-                const float s1 = s_xs[it * kTM + j * 8 + 2 * t + 1] * ws;
-                acc[j][0] = fmaf(part[j][0], s0, acc[j][0]);
-                acc[j][1] = fmaf(part[j][1], s1, acc[j][1]);
-                acc[j][2] = fmaf(part[j][2], s0, acc[j][2]);
-                acc[j][3] = fmaf(part[j][3], s1, acc[j][3]);
-            }
-        }
-        ptx::cp_async_wait<0>();  // nothing may be in flight into smem when the CTA moves on / exits
-
+    // ---- split-K: publish the partial, count arrivals; the last CTA reduces --------------------
+    // Every split's CTA stores its fp32 tile in fragment order (a float4 per thread and n8 tile:
+    // coalesced), fences, and bumps the tile's arrival counter; the LAST to arrive resets the
+    // counter (graph replays need no memset) and sums the partials in split order 0..S-1
+    // (bitwise deterministic whichever CTA is last). Returns false in every other CTA.
+    static GLM5_DEVICE bool reduce_splits(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
+                                          float (&acc)[kNT][4]) {
         if (p.splits == 1) return true;
-        if constexpr (kDiag != kDiagOff) return c.split == 0 || acc[0][0] == 1234.5f;  // keep the work alive
-
-        // ---- split-K: publish the partial, count arrivals; the last CTA reduces ----
+        const int lane = tid & 31, warp = tid >> 5;
         const int tile = c.tile_m * p.tiles_n + c.tile_n;
         const int64_t tile_base = static_cast<int64_t>(tile) * p.splits;
         float* mine = p.partials + ((((tile_base + c.split) * kWarps + warp) * kNT) * 32 + lane) * 4;
@@ -325,15 +219,15 @@ struct SkinnyGemmTile {
         for (int j = 0; j < kNT; ++j)
             ptx::st_cg_f32x4(mine + j * 32 * 4, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
         __threadfence();
-        __syncthreads();
-        int* s_flag = reinterpret_cast<int*>(smem + Smem::kOffFlag);
+        consumer_sync();
+        int* s_flag = sc.flag;
         if (tid == 0) {
             const int old = atomicAdd(p.counters + tile, 1);
             const int last = old == p.splits - 1;
             if (last) atomicExch(p.counters + tile, 0);  // self-reset for the next launch / graph replay
             *s_flag = last;
         }
-        __syncthreads();
+        consumer_sync();
         if (!*s_flag) return false;
         __threadfence();
 #pragma unroll
@@ -380,7 +274,7 @@ struct SkinnyGemmTile {
     }
 
     // Per token of the CTA: reduce v[j][e] (e = token parity) over the 16 features of each warp
-    // (lanes with the same t), then over warps [w0, w0 + nw) through smem buffer `buf`.
+    // (lanes with the same t), then over warps [w0, w0 + nw) through the shared buffer `red`.
     template <bool kMax>
     static GLM5_DEVICE void cta_reduce(float (&v)[kNT][2], float* red, int w0, int nw, int tid) {
         const int lane = tid & 31, warp = tid >> 5, t = lane & 3;
@@ -402,7 +296,7 @@ struct SkinnyGemmTile {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) red[warp * kTM + j * 8 + 2 * t + e] = v[j][e];
         }
-        __syncthreads();
+        consumer_sync();
 #pragma unroll
         for (int j = 0; j < kNT; ++j)
 #pragma unroll
@@ -417,18 +311,18 @@ struct SkinnyGemmTile {
     }
 
     // ---- epilogues ------------------------------------------------------------------------
-    static GLM5_DEVICE void epilogue(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+    static GLM5_DEVICE void epilogue(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
                                      float (&acc)[kNT][4]) {
         if constexpr (kEpi == kEpiPlain) {
             epi_plain(p, c, tid, acc);
         } else if constexpr (kEpi == kEpiQkvA) {
-            epi_qkv_a(p, c, smem, tid, acc);
+            epi_qkv_a(p, c, sc, tid, acc);
         } else if constexpr (kEpi == kEpiQb) {
             epi_q_b(p, c, tid, acc);
         } else if constexpr (kEpi == kEpiIdxQ) {
-            epi_idx_q(p, c, smem, tid, acc);
+            epi_idx_q(p, c, sc, tid, acc);
         } else {
-            epi_idx_k(p, c, smem, tid, acc);
+            epi_idx_k(p, c, sc, tid, acc);
         }
     }
 
@@ -449,7 +343,7 @@ struct SkinnyGemmTile {
 
     // B0, part 1 (every tile): raw bf16 GEMM output to q_lora / c_kv (normalised in place later)
     // and k_pe (final). Part 2 (the last tile of a token block): the row epilogue.
-    static GLM5_DEVICE void epi_qkv_a(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+    static GLM5_DEVICE void epi_qkv_a(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
                                       float (&acc)[kNT][4]) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         const int Q = p.dim_a, KV = p.dim_b, R = p.rope_dim;
@@ -470,8 +364,8 @@ struct SkinnyGemmTile {
         }
         // Second-level arrival: the last n tile of this token block runs the row epilogue.
         __threadfence();
-        __syncthreads();
-        int* s_flag = reinterpret_cast<int*>(smem + Smem::kOffFlag);
+        consumer_sync();
+        int* s_flag = sc.flag;
         if (tid == 0) {
             int* cnt = p.counters + p.tiles_n * p.tiles_m + c.tile_m;
             const int old = atomicAdd(cnt, 1);
@@ -479,7 +373,7 @@ struct SkinnyGemmTile {
             if (last) atomicExch(cnt, 0);
             *s_flag = last;
         }
-        __syncthreads();
+        consumer_sync();
         if (!*s_flag) return;
         __threadfence();
         const int m_end = min(p.M, (c.tile_m + 1) * kTM);
@@ -624,7 +518,7 @@ struct SkinnyGemmTile {
 
     // D1: q = bf16(acc) viewed [M, H, D]; RoPE on dims < R in fp32 (no rounding after);
     // per (token, head) s = max(amax, 1e-4)/448, q8 = e4m3(q / s); head_w = (fp32(w_raw) * c) * s.
-    static GLM5_DEVICE void epi_idx_q(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+    static GLM5_DEVICE void epi_idx_q(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
                                       float (&acc)[kNT][4]) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         const int D = p.dim_a, H = p.dim_b, R = p.rope_dim;
@@ -645,7 +539,7 @@ struct SkinnyGemmTile {
                 am[j][e] = fmaxf(fabsf(x0), fabsf(x1));
             }
         const int wph = D / 16;  // warps per head
-        float* red = reinterpret_cast<float*>(smem + Smem::kOffRed);
+        float* red = sc.red;
         cta_reduce<true>(am, red, (warp / wph) * wph, wph, tid);
 #pragma unroll
         for (int j = 0; j < kNT; ++j)
@@ -666,14 +560,14 @@ struct SkinnyGemmTile {
 
     // B1: key = bf16(acc) [M, D] (N = D <= 128: one tile); LayerNorm (fp32 affine); RoPE on dims < R;
     // bf16; s = max(amax, 1e-4)/448; k8 = e4m3(k / s); store k8, s and the index-K cache entry.
-    static GLM5_DEVICE void epi_idx_k(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+    static GLM5_DEVICE void epi_idx_k(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
                                       float (&acc)[kNT][4]) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         const int D = p.dim_a, R = p.rope_dim;
         const int nw = D / 16;  // warps holding real features
         const int d = warp * 16 + 2 * g;
         const bool pos64 = p.flags & 1, slot64 = p.flags & 2;
-        float* red = reinterpret_cast<float*>(smem + Smem::kOffRed);
+        float* red = sc.red;
         float x[kNT][4];
         float r[kNT][2];
 #pragma unroll
@@ -694,7 +588,7 @@ struct SkinnyGemmTile {
                 const float d0 = __fsub_rn(x[j][e], mean[j][e]), d1 = __fsub_rn(x[j][e + 2], mean[j][e]);
                 r[j][e] = __fadd_rn(__fmul_rn(d0, d0), __fmul_rn(d1, d1));
             }
-        cta_reduce<false>(r, red + Smem::kRedFloats, 0, nw, tid);
+        cta_reduce<false>(r, red + kRedFloats, 0, nw, tid);
         const bool live = warp < nw;
         float lw0 = 0.f, lw1 = 0.f, lb0 = 0.f, lb1 = 0.f;
         if (live) {
@@ -718,7 +612,7 @@ struct SkinnyGemmTile {
                 x[j][e + 2] = k1;
                 r[j][e] = fmaxf(fabsf(k0), fabsf(k1));
             }
-        cta_reduce<true>(r, red + 2 * Smem::kRedFloats, 0, nw, tid);
+        cta_reduce<true>(r, red + 2 * kRedFloats, 0, nw, tid);
         if (!live) return;
         const int64_t page_bytes = static_cast<int64_t>(kIndexKPage) * (D + 4);
 #pragma unroll
@@ -739,6 +633,169 @@ struct SkinnyGemmTile {
                     *reinterpret_cast<float*>(page + static_cast<int64_t>(kIndexKPage) * D + off * 4) = s;
                 }
             }
+    }
+};
+
+template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff>
+struct SkinnyGemmTile {
+    static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64, "token block: 8, 16, 32 or 64");
+    static_assert(kStages >= 2 && kStages <= 8, "2..8 stages (cp.async.wait_group immediates)");
+    static_assert(kDiag == kDiagOff || kEpi == kEpiPlain, "diagnostic variants use the plain epilogue");
+    static_assert(kDiag >= kDiagOff && kDiag <= kDiagNoLoads, "diagnostic mode 0..3");
+    static constexpr int kNT = kTM / 8;  // n8 MMA tiles per warp
+    using Smem = SkinnySmem<kTM, kStages>;
+
+    using Finish = SkinnyFinish<kTM, kEpi>;
+
+    static GLM5_DEVICE Coord coord(const SkinnyParams& p, int tile_n, int split, int tile_m) {
+        return make_coord(p, tile_n, split, tile_m);
+    }
+
+    // ---- loads ----------------------------------------------------------------------------
+    static GLM5_DEVICE void load_w_stage(const SkinnyParams& p, const Coord& c, uint32_t s_w, int stage, int slot,
+                                         int tid) {
+        const int n0 = c.tile_n * kBlockN;
+        const int64_t kbyte = static_cast<int64_t>(c.g_begin + stage) * kBlockK;
+        const uint32_t base = s_w + slot * kWStageBytes;
+#pragma unroll
+        for (int i = 0; i < kWStageBytes / 16 / kThreads; ++i) {
+            const int ch = tid + i * kThreads;
+            const int r = ch >> 3, cc = ch & 7;
+            const int row = n0 + r;
+            const bool ok = row < p.N;
+            const uint8_t* src = p.w + (static_cast<int64_t>(ok ? row : 0) * p.K + kbyte + cc * 16);
+            ptx::cp_async_16(base + swz_w(r, cc), src, ok ? 16u : 0u);
+        }
+    }
+
+    static GLM5_DEVICE void load_x_stage(const SkinnyParams& p, const Coord& c, uint32_t s_x, int stage, int slot,
+                                         int tid) {
+        const int m0 = c.tile_m * kTM;
+        const int64_t kbyte = static_cast<int64_t>(c.g_begin + stage) * kBlockK;
+        const uint32_t base = s_x + slot * Smem::kXStageBytes;
+#pragma unroll
+        for (int ch = tid; ch < kTM * 8; ch += kThreads) {
+            const int r = ch >> 3, cc = ch & 7;
+            const int tok = m0 + r;
+            const bool ok = tok < p.M;
+            const uint8_t* src = p.x + (static_cast<int64_t>(ok ? tok : 0) * p.K + kbyte + cc * 16);
+            ptx::cp_async_16(base + swz_x(r, cc), src, ok ? 16u : 0u);
+        }
+    }
+
+    // Before griddepcontrol.wait: weight stages 0..kStages-2 (one commit group each) and the
+    // weight scales of this split. Nothing here reads the previous kernel's output.
+    static GLM5_DEVICE void prologue(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid) {
+        const uint32_t s_w = ptx::smem_addr(smem + Smem::kOffW);
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) {
+            if (s < c.nk) load_w_stage(p, c, s_w, s, s, tid);
+            ptx::cp_async_commit();
+        }
+        float* s_ws = reinterpret_cast<float*>(smem + Smem::kOffWs);
+        const int G = p.K / kBlockK;
+        for (int i = tid; i < c.nk; i += kThreads) s_ws[i] = __ldg(p.w_scale + static_cast<int64_t>(c.tile_n) * G + c.g_begin + i);
+    }
+
+    // After griddepcontrol.wait: activations, the K loop, split-K reduction. Returns false when
+    // this CTA is not the one that finishes the tile (it then has nothing more to do).
+    static GLM5_DEVICE bool mainloop(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+                                     float (&acc)[kNT][4]) {
+        const int lane = tid & 31, warp = tid >> 5;
+        const int g = lane >> 2, t = lane & 3;
+        const uint32_t s_w = ptx::smem_addr(smem + Smem::kOffW);
+        const uint32_t s_x = ptx::smem_addr(smem + Smem::kOffX);
+        const float* s_ws = reinterpret_cast<const float*>(smem + Smem::kOffWs);
+        float* s_xs = reinterpret_cast<float*>(smem + Smem::off_xs(c.gmax));
+        const int G = p.K / kBlockK;
+        const int m0 = c.tile_m * kTM;
+
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s)
+            if (s < c.nk) load_x_stage(p, c, s_x, s, s, tid);
+        ptx::cp_async_commit();
+        for (int i = tid; i < c.nk * kTM; i += kThreads) {
+            const int gi = i / kTM, r = i % kTM;
+            const int tok = m0 + r;
+            s_xs[i] = tok < p.M ? p.x_scale[static_cast<int64_t>(tok) * G + c.g_begin + gi] : 0.0f;
+        }
+
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+
+        // Row offsets (bytes) of this thread's fragments inside a stage.
+        const int ra0 = warp * 16 + 2 * g;  // weight row 2g of the warp -> MMA row g
+        const int ra1 = ra0 + 1;            // weight row 2g+1 -> MMA row g+8
+
+        for (int it = 0; it < c.nk; ++it) {
+            // Groups committed so far: (kStages-1) weight groups + 1 activation group + it loop groups.
+            // Stage it is complete once at most min(it, kStages-2) groups are pending.
+            ptx::cp_async_wait_dyn(it < kStages - 2 ? it : kStages - 2);
+            __syncthreads();  // stage `it` visible to all warps; slot (it-1) % kStages free
+            {
+                const int nxt = it + kStages - 1;
+                if (kDiag != kDiagNoLoads && nxt < c.nk) {
+                    const int slot = nxt % kStages;
+                    load_w_stage(p, c, s_w, nxt, slot, tid);
+                    load_x_stage(p, c, s_x, nxt, slot, tid);
+                }
+                ptx::cp_async_commit();
+            }
+            const int slot = kDiag == kDiagNoLoads ? it % (kStages - 1) : it % kStages;
+            const uint32_t w_st = s_w + slot * kWStageBytes;
+            const uint32_t x_st = s_x + slot * Smem::kXStageBytes;
+            if constexpr (kDiag == kDiagLoadsOnly) {
+                uint32_t a, b, cc, d;
+                ptx::lds_v4(w_st + tid * 16, a, b, cc, d);
+                acc[0][0] += __uint_as_float((a ^ b ^ cc ^ d) & 0x3f7fffffu);
+                acc[0][1] += __uint_as_float(*reinterpret_cast<const uint32_t*>(smem + Smem::kOffX + slot * Smem::kXStageBytes
+                                                                                + (tid % (kTM * 32)) * 4) & 0x3f7fffffu);
+                continue;
+            }
+
+            float part[kNT][4];
+#pragma unroll
+            for (int j = 0; j < kNT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) part[j][e] = 0.0f;
+
+#pragma unroll
+            for (int kc = 0; kc < 2; ++kc) {  // two 64-byte K chunks per 128-byte stage row
+                const int chunk = kc * 4 + t;
+                uint32_t a0[4], a1[4];
+                ptx::lds_v4(w_st + swz_w(ra0, chunk), a0[0], a0[1], a0[2], a0[3]);
+                ptx::lds_v4(w_st + swz_w(ra1, chunk), a1[0], a1[1], a1[2], a1[3]);
+#pragma unroll
+                for (int j = 0; j < kNT; ++j) {
+                    uint32_t b[4];
+                    ptx::lds_v4(x_st + swz_x(j * 8 + g, chunk), b[0], b[1], b[2], b[3]);
+                    ptx::mma_m16n8k32_e4m3(part[j], a0[0], a1[0], a0[1], a1[1], b[0], b[1]);
+                    ptx::mma_m16n8k32_e4m3(part[j], a0[2], a1[2], a0[3], a1[3], b[2], b[3]);
+                }
+            }
+            // Promotion: acc += partial * (xs[token, g] * S[tile, g]).
+            const float ws = s_ws[it];
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+                const float s0 = s_xs[it * kTM + j * 8 + 2 * t] * ws;
+                const float s1 = s_xs[it * kTM + j * 8 + 2 * t + 1] * ws;
+                acc[j][0] = fmaf(part[j][0], s0, acc[j][0]);
+                acc[j][1] = fmaf(part[j][1], s1, acc[j][1]);
+                acc[j][2] = fmaf(part[j][2], s0, acc[j][2]);
+                acc[j][3] = fmaf(part[j][3], s1, acc[j][3]);
+            }
+        }
+        ptx::cp_async_wait<0>();  // nothing may be in flight into smem when the CTA moves on / exits
+        if (p.splits == 1) return true;
+        if constexpr (kDiag != kDiagOff) return c.split == 0 || acc[0][0] == 1234.5f;  // keep the work alive
+        return Finish::reduce_splits(p, c, Finish::scratch(smem + Smem::kOffRed), tid, acc);
+    }
+
+    static GLM5_DEVICE void epilogue(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+                                     float (&acc)[kNT][4]) {
+        Finish::epilogue(p, c, Finish::scratch(smem + Smem::kOffRed), tid, acc);
     }
 };
 

@@ -18,6 +18,7 @@ Flags accept 1/true/yes/on and 0/false/no/off/empty (case-insensitive); anything
 | `GLM5_FASTPATH_PRINT_CONFIGS` | off | Print each kernel configuration choice (threads, tiles, ...) once per problem descriptor. |
 | `GLM5_FASTPATH_DISABLE_PDL` | off | Launch every kernel without the Programmatic Dependent Launch attribute (for bisecting). |
 | `GLM5_FASTPATH_B0_MODE` | unset | B0 (`b0_qkv_a`) implementation when the call passes no `mode`: `fused` (one kernel) or `split` (plain GEMM + row kernel); unset = `glm5_fastpath.ops.fp8_gemm.B0_DEFAULT_MODE`. |
+| `GLM5_FASTPATH_FP8_GEMM_IMPL` | unset | Mainloop of every skinny FP8 GEMM op (`glm5_fastpath.ops.fp8_gemm`): `mma` (cp.async + mma.sync) or `wgmma` (TMA + wgmma, sm_90 only); unset = the tuned table's entry, else `wgmma` on sm_90. |
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ _VARS: tuple[EnvVar, ...] = (
     EnvVar("GLM5_FASTPATH_PRINT_CONFIGS", "flag", "0", "Print kernel configuration choices once each."),
     EnvVar("GLM5_FASTPATH_DISABLE_PDL", "flag", "0", "Launch without the PDL attribute."),
     EnvVar("GLM5_FASTPATH_B0_MODE", "text", "", "B0 implementation: fused / split (unset: the module default)."),
+    EnvVar("GLM5_FASTPATH_FP8_GEMM_IMPL", "text", "", "FP8 GEMM mainloop: mma / wgmma (unset: tuned table, then wgmma on sm_90)."),
 )
 VARS: Mapping[str, EnvVar] = {v.name: v for v in _VARS}
 

@@ -1,7 +1,11 @@
 """Skinny block-scaled FP8 GEMMs for decode (M <= 256 tokens) with fused epilogues.
 
-Kernel: csrc/attn_pre/fp8_gemm_skinny.{cuh,cu} (one source, compile-time token block / stages /
-epilogue). Math of every GEMM (spec/glm5_layer.md section 5):
+Kernels: two mainloops of the same family, one compile-time source each (token block / stages /
+epilogue), sharing the split-K finish and every epilogue (SkinnyFinish in fp8_gemm_skinny.cuh):
+  impl "mma":   csrc/attn_pre/fp8_gemm_skinny.{cuh,cu}: cp.async ring + mma.sync m16n8k32 e4m3, 256 threads;
+  impl "wgmma": csrc/attn_pre/fp8_gemm_wgmma.{cuh,cu}: TMA ring (mbarriers, one producer warp) + wgmma
+                m64nNk32 e4m3 from 128B-swizzled smem, 288 threads, token blocks up to 128 (sm_90 only).
+Math of every GEMM (spec/glm5_layer.md section 5):
 
     y[m, n] = sum_g xs[m, g] * S[n // 128, g] * sum_{k in group g} x8[m, k] * W8[n, k]
 
@@ -26,8 +30,12 @@ the plain GEMM writes bf16 [M, q_lora + kv_lora + rope], then a row kernel (one 
 launched with PDL, norm weights loaded before griddepcontrol.wait) does the same row epilogue.
 mode=None takes GLM5_FASTPATH_B0_MODE when set, else B0_DEFAULT_MODE.
 
-Config (`config_for`): per (M, N, K, epilogue) a small cost model over token block (8..64) and
-split count picks the grid; GLM5_FASTPATH_PRINT_CONFIGS prints it.
+Config (`config_for`): the tuned table (glm5_fastpath/ops/tuned/, measured by benchmarks/fp8_gemm_sweep.py;
+each entry names its impl, "mma" when absent) when an entry matches, else a small cost model over
+token block and split count with the default impl (wgmma on sm_90, mma elsewhere).
+GLM5_FASTPATH_FP8_GEMM_IMPL=mma|wgmma forces the mainloop of every op (table entries of that impl,
+else its heuristic); GLM5_FASTPATH_PRINT_CONFIGS prints each choice. The wgmma kernel takes two TMA
+tensor maps (glm5_fastpath.jit.tma, cached per pointer and shape) besides the parameter block.
 
 Workspaces: split-K partials and counters live in a per-(device, op, N, K) buffer, zeroed once and
 kept zero at rest by the kernel (graph-replay safe). Two launches of the same op with the same
@@ -54,6 +62,8 @@ from ..jit import KernelSpec, env
 
 SOURCE = "attn_pre/fp8_gemm_skinny.cu"
 FUNCTION = "glm5_fp8_gemm_skinny"
+WGMMA_SOURCE = "attn_pre/fp8_gemm_wgmma.cu"
+WGMMA_FUNCTION = "glm5_fp8_gemm_wgmma"
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
 MAX_M = 256
@@ -63,6 +73,18 @@ TOKEN_BLOCKS = (8, 16, 32, 64)
 STAGES = {8: 6, 16: 6, 32: 5, 64: 4}  # cp.async ring depth per token block (smem <= ~120 KB)
 MAX_SPLITS = 64
 WORKSPACE_CAP_BYTES = 32 << 20
+SMEM_LIMIT = 227 * 1024  # H100 / H200 max dynamic shared memory per CTA
+
+# The two mainloops of the family (same math, same epilogues, same workspace layout):
+#   "mma"    cp.async ring + mma.sync m16n8k32 e4m3 (csrc/attn_pre/fp8_gemm_skinny.cu), 256 threads
+#   "wgmma"  TMA ring + wgmma m64nNk32 e4m3 (csrc/attn_pre/fp8_gemm_wgmma.cu), 288 threads: sm_90 only
+IMPLS = ("mma", "wgmma")
+IMPL_ENV = "GLM5_FASTPATH_FP8_GEMM_IMPL"
+WGMMA_THREADS = 288
+WGMMA_TOKEN_BLOCKS = (8, 16, 32, 64, 128)
+WGMMA_IDX_K_TOKEN_BLOCKS = (8, 16, 32, 64)  # B1's LayerNorm epilogue spills at 128 tokens (168-register cap)
+WGMMA_STAGES = {8: 10, 16: 10, 32: 8, 64: 6, 128: 5}  # default TMA ring depth (reduced where smem is short)
+WGMMA_MAX_STAGES = 16
 
 EPI_PLAIN, EPI_QKV_A, EPI_Q_B, EPI_IDX_Q, EPI_IDX_K = 0, 1, 2, 3, 4
 EPI_NAMES = {EPI_PLAIN: "fp8_gemm_skinny", EPI_QKV_A: "b0_qkv_a", EPI_Q_B: "d0_q_b",
@@ -85,11 +107,34 @@ def _fail(epi: int, msg: str) -> Fp8GemmInputError:
     return Fp8GemmInputError(f"{_op_name(epi)}: {msg}")
 
 
+def token_blocks(impl: str, epi: int = EPI_PLAIN) -> tuple[int, ...]:
+    """Token blocks (tokens per CTA) the `impl` mainloop supports with epilogue `epi`."""
+    if impl == "mma":
+        return TOKEN_BLOCKS
+    return WGMMA_IDX_K_TOKEN_BLOCKS if epi == EPI_IDX_K else WGMMA_TOKEN_BLOCKS
+
+
+def wgmma_smem_bytes(tm: int, stages: int, gmax: int) -> int:
+    """WgmmaSmem<tm, stages>::launch_bytes(gmax) of csrc/attn_pre/fp8_gemm_wgmma.cuh (keep in sync)."""
+    off_bar = stages * 128 * 128 + stages * tm * 128
+    off_ws = off_bar + 16 * stages + 3 * 8 * tm * 4 + 16
+    off_xs = off_ws + (gmax * 4 + 15) // 16 * 16
+    return off_xs + gmax * tm * 4 + 1024
+
+
+def wgmma_stages(tm: int, gmax: int, want: int | None = None) -> int:
+    """The deepest ring <= `want` (default WGMMA_STAGES[tm]) that fits in SMEM_LIMIT for gmax K groups."""
+    s = WGMMA_STAGES[tm] if want is None else want
+    while s > 2 and wgmma_smem_bytes(tm, s, gmax) > SMEM_LIMIT:
+        s -= 1
+    return s
+
+
 # ---- configuration --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class SkinnyConfig:
-    """One launch: token block tm, K splits, ring depth; grid = (tiles_n, splits, tiles_m)."""
+    """One launch: mainloop impl, token block tm, K splits, ring depth; grid = (tiles_n, splits, tiles_m)."""
 
     epi: int
     m: int
@@ -100,6 +145,7 @@ class SkinnyConfig:
     stages: int
     minb: int = 1   # __launch_bounds__ min CTAs per SM (tuning knob; 1 = production)
     diag: int = 0   # diagnostic kernel variant (benchmarks only; 0 = the real kernel)
+    impl: str = "mma"  # "mma" | "wgmma"
 
     @property
     def groups(self) -> int:
@@ -126,8 +172,15 @@ class SkinnyConfig:
         return self.tiles_n * self.splits * self.tiles_m
 
     @property
+    def threads(self) -> int:
+        return WGMMA_THREADS if self.impl == "wgmma" else THREADS
+
+    @property
     def smem_bytes(self) -> int:
-        """SkinnySmem<tm, stages>::bytes(gmax) of the .cuh (keep in sync)."""
+        """Dynamic shared memory of the launch: SkinnySmem<tm, stages>::bytes(gmax) (mma) or
+        WgmmaSmem<tm, stages>::launch_bytes(gmax) (wgmma) of the .cuh files (keep in sync)."""
+        if self.impl == "wgmma":
+            return wgmma_smem_bytes(self.tm, self.stages, self.gmax)
         off_red = self.stages * 128 * 128 + self.stages * self.tm * 128
         off_ws = off_red + 3 * 8 * self.tm * 4 + 16
         off_xs = off_ws + (self.gmax * 4 + 15) // 16 * 16
@@ -142,11 +195,11 @@ class SkinnyConfig:
         return self.tiles_n * self.tiles_m + self.tiles_m
 
     def spec(self) -> KernelSpec:
-        return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag)
+        return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag, self.impl)
 
     def describe(self) -> dict[str, Any]:
-        return {"tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb, "diag": self.diag,
-                "grid": self.grid,
+        return {"impl": self.impl, "tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb,
+                "diag": self.diag, "grid": self.grid, "threads": self.threads,
                 "ctas": self.ctas, "smem": self.smem_bytes, "k_per_cta": self.k // self.splits,
                 "est_us": round(estimate_us(self), 2)}
 
@@ -155,12 +208,16 @@ DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* 
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0) -> KernelSpec:
+def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, impl: str = "mma") -> KernelSpec:
+    if impl not in IMPLS:
+        raise ValueError(f"glm5_fastpath.fp8_gemm: impl={impl!r}: expected one of {', '.join(IMPLS)}")
     defines = [("GLM5_SKINNY_TM", str(tm)), ("GLM5_SKINNY_STAGES", str(stages)), ("GLM5_SKINNY_EPI", str(epi))]
     if minb != 1:  # defaults stay out of the defines: the production cache keys do not change
         defines.append(("GLM5_SKINNY_MINB", str(minb)))
     if diag != 0:
         defines.append(("GLM5_SKINNY_DIAG", str(diag)))
+    if impl == "wgmma":
+        return KernelSpec(WGMMA_FUNCTION, source=WGMMA_SOURCE, defines=tuple(defines))
     return KernelSpec(FUNCTION, source=SOURCE, defines=tuple(defines))
 
 
@@ -173,6 +230,11 @@ _SM_MAX_BW = 45e9          # B/s one SM streaming from HBM at best (its load que
 _MMA_FLOPS_PER_SM = 7.0e12  # mma.sync e4m3 per SM (about half the wgmma peak)
 _FIXED_S = 1.5e-6          # launch, prologue, epilogue latency chain
 _SPLIT_FIXED_S = 0.4e-6    # fence + atomic + dependent L2 round trip of a split-K finish
+# wgmma mainloop (not yet measured: the sweep's table replaces these guesses where it has entries)
+_TMA_LATENCY_S = 1.0e-6    # TMA box round trip under load
+_TMA_SM_MAX_BW = 40e9      # B/s one SM streaming TMA boxes (conservative: grids fill the chip)
+_WGMMA_FLOPS_PER_SM = 8.0e12  # wgmma e4m3 per SM with the un-overlapped per-stage promotion
+_WG_FIXED_S = 1.3e-6
 
 
 def estimate_us(c: SkinnyConfig, num_sms: int = 132) -> float:
@@ -181,12 +243,17 @@ def estimate_us(c: SkinnyConfig, num_sms: int = 132) -> float:
     k_cta = c.k / c.splits
     w_cta = BLOCK_N * k_cta  # from HBM (first token block) or L2
     x_cta = c.tm * k_cta     # activations: always L2 hits, but they occupy the SM's load path too
-    inflight = (c.stages - 1) * BLOCK_N * 128
-    per_sm_bw = min(inflight / _LATENCY_S, _SM_MAX_BW, _HBM_BW / min(c.ctas, num_sms))
+    wg = c.impl == "wgmma"
+    if wg:  # every stage of the TMA ring is in flight; the issuing thread is never the limit
+        inflight = c.stages * BLOCK_N * 128
+        per_sm_bw = min(inflight / _TMA_LATENCY_S, _TMA_SM_MAX_BW, _HBM_BW / min(c.ctas, num_sms))
+    else:
+        inflight = (c.stages - 1) * BLOCK_N * 128
+        per_sm_bw = min(inflight / _LATENCY_S, _SM_MAX_BW, _HBM_BW / min(c.ctas, num_sms))
     t_stream = max(c.n * c.k / _HBM_BW, waves * (w_cta / per_sm_bw + x_cta / _SM_L2_BW))
     t_l2 = (c.tiles_m - 1) * c.n * c.k / _L2_BW
-    t_mma = waves * 2.0 * BLOCK_N * c.tm * k_cta / _MMA_FLOPS_PER_SM
-    t = max(t_stream + t_l2, t_mma) + _FIXED_S
+    t_mma = waves * 2.0 * BLOCK_N * c.tm * k_cta / (_WGMMA_FLOPS_PER_SM if wg else _MMA_FLOPS_PER_SM)
+    t = max(t_stream + t_l2, t_mma) + (_WG_FIXED_S if wg else _FIXED_S)
     if c.splits > 1:
         t += _SPLIT_FIXED_S + c.splits * BLOCK_N * c.tm * 4 / _SM_L2_BW
     if c.epi == EPI_QKV_A:  # the last n tile of a token block normalises kTM rows (read + write)
@@ -198,20 +265,23 @@ _configs: dict[tuple, SkinnyConfig] = {}
 _config_lock = threading.Lock()
 
 # Benchmark / tuning hook (never set in production): when not None, every op launched by this
-# thread uses this (tm, splits, stages, minb, diag) instead of config_for's choice. Set it with
-# `forced_config(...)`; the public op signatures do not change.
+# thread uses this (tm, splits, stages, minb, diag, impl) instead of config_for's choice. Set it
+# with `forced_config(...)`; the public op signatures do not change.
 _forced = threading.local()
 
 
 class forced_config:
-    """Context manager: ops launched inside use token block tm, `splits` K splits, `stages` ring
-    stages, launch-bounds min CTAs/SM `minb` and diagnostic variant `diag` (DIAG_*; plain op only).
-    For benchmarks/fp8_gemm_sweep.py. Validated at launch (splits <= K/128, smem <= 227 KB)."""
+    """Context manager: ops launched inside use mainloop `impl`, token block tm, `splits` K splits,
+    `stages` ring stages, launch-bounds min CTAs/SM `minb` and diagnostic variant `diag` (DIAG_*;
+    plain op only). For benchmarks/fp8_gemm_sweep.py. Validated at launch (splits <= K/128, smem
+    <= 227 KB, the token block / epilogue combination exists)."""
 
-    def __init__(self, tm: int, splits: int, stages: int, minb: int = 1, diag: int = 0):
-        if tm not in TOKEN_BLOCKS or not 2 <= stages <= 8 or splits < 1 or minb not in (1, 2) or diag not in (0, 1, 2, 3):
-            raise ValueError(f"forced_config: bad {tm=} {splits=} {stages=} {minb=} {diag=}")
-        self.knobs = (tm, splits, stages, minb, diag)
+    def __init__(self, tm: int, splits: int, stages: int, minb: int = 1, diag: int = 0, impl: str = "mma"):
+        max_stages = WGMMA_MAX_STAGES if impl == "wgmma" else 8
+        if (impl not in IMPLS or tm not in token_blocks(impl) or not 2 <= stages <= max_stages or splits < 1
+                or minb not in (1, 2) or diag not in (0, 1, 2, 3)):
+            raise ValueError(f"forced_config: bad {impl=} {tm=} {splits=} {stages=} {minb=} {diag=}")
+        self.knobs = (tm, splits, stages, minb, diag, impl)
 
     def __enter__(self) -> "forced_config":
         self._prev = getattr(_forced, "knobs", None)
@@ -226,19 +296,47 @@ def _forced_config_for(m: int, n: int, k: int, epi: int) -> SkinnyConfig | None:
     knobs = getattr(_forced, "knobs", None)
     if knobs is None:
         return None
-    tm, splits, stages, minb, diag = knobs
+    tm, splits, stages, minb, diag, impl = knobs
     if diag and epi != EPI_PLAIN:
         raise _fail(epi, "forced_config: diagnostic variants exist for the plain GEMM only")
     if splits > k // 128:
         raise _fail(epi, f"forced_config: {splits=} > K/128 = {k // 128}")
-    c = SkinnyConfig(epi, m, n, k, tm, splits, stages, minb, diag)
-    if c.smem_bytes > 227 * 1024:
+    if tm not in token_blocks(impl, epi):
+        raise _fail(epi, f"forced_config: token block {tm} is not available for impl {impl!r} with this epilogue "
+                         f"({token_blocks(impl, epi)})")
+    c = SkinnyConfig(epi, m, n, k, tm, splits, stages, minb, diag, impl)
+    if c.smem_bytes > SMEM_LIMIT:
         raise _fail(epi, f"forced_config: {c.smem_bytes} B of shared memory > 227 KB")
     return c
 
 
+# ---- implementation choice ----------------------------------------------------------------------------
+
+def wgmma_supported(cc: tuple[int, int]) -> bool:
+    """wgmma / sm_90a features: Hopper (9.0) only (Blackwell has no wgmma)."""
+    return tuple(cc) == (9, 0)
+
+
+def default_impl(cc: tuple[int, int] = (9, 0)) -> str:
+    """The mainloop used when neither the tuned table nor GLM5_FASTPATH_FP8_GEMM_IMPL decides."""
+    return "wgmma" if wgmma_supported(cc) else "mma"
+
+
+def env_impl(epi: int = EPI_PLAIN) -> str | None:
+    """GLM5_FASTPATH_FP8_GEMM_IMPL (read now): "mma" / "wgmma" forces every FP8 GEMM op's mainloop;
+    unset / empty = None (table, then default). Anything else raises Fp8GemmInputError."""
+    raw = env.text(IMPL_ENV)
+    if raw is None:
+        return None
+    v = raw.lower()
+    if v not in IMPLS:
+        raise _fail(epi, f"{IMPL_ENV}={raw!r}: expected one of {', '.join(IMPLS)}")
+    return v
+
+
 # Measured best configs (benchmarks/fp8_gemm_sweep.py), per arch and SM count; the heuristic below
-# covers every shape / M the table does not (and other GPUs). Entries: the smallest m_max >= M wins.
+# covers every shape / M the table does not (and other GPUs). Entries: the smallest m_max >= M wins;
+# an entry's "impl" is "mma" when absent (tables written before the wgmma mainloop existed).
 TUNED_TABLE = Path(__file__).with_name("tuned") / "fp8_gemm_sm90_132sm.json"
 
 
@@ -252,28 +350,44 @@ def _tuned_entries(num_sms: int) -> dict[tuple[str, int, int], list[dict]]:
         return {}
     out: dict[tuple[str, int, int], list[dict]] = {}
     for e in table["entries"]:
+        e = dict(e)
+        e.setdefault("impl", "mma")
+        e.setdefault("minb", 1)
+        if e["impl"] not in IMPLS:
+            raise ValueError(f"{TUNED_TABLE}: entry {e} has impl={e['impl']!r}; expected one of {IMPLS}")
         out.setdefault((e["epi"], e["n"], e["k"]), []).append(e)
     for v in out.values():
-        v.sort(key=lambda e: e["m_max"])
+        v.sort(key=lambda e: e["m_max"])  # stable: within a bucket the file's order decides
     return out
 
 
-def _tuned_config(m: int, n: int, k: int, epi: int, num_sms: int) -> SkinnyConfig | None:
+def _tuned_config(m: int, n: int, k: int, epi: int, num_sms: int, impl: str | None = None,
+                  cc: tuple[int, int] = (9, 0)) -> SkinnyConfig | None:
     for e in _tuned_entries(num_sms).get((EPI_NAMES[epi], n, k), ()):
+        if impl is not None and e["impl"] != impl:
+            continue
+        if e["impl"] == "wgmma" and not wgmma_supported(cc):
+            continue
         if m <= e["m_max"]:
-            return SkinnyConfig(epi, m, n, k, e["tm"], e["splits"], e["stages"], e.get("minb", 1))
+            return SkinnyConfig(epi, m, n, k, e["tm"], e["splits"], e["stages"], e["minb"], 0, e["impl"])
     return None
 
 
-def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132) -> SkinnyConfig:
-    """Pick (token block, splits) for an [m, k] x [n, k]^T GEMM with epilogue `epi`.
+def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132, impl: str | None = None,
+               cc: tuple[int, int] = (9, 0)) -> SkinnyConfig:
+    """Pick (mainloop, token block, splits, stages) for an [m, k] x [n, k]^T GEMM with epilogue `epi`
+    on a GPU of compute capability `cc` with `num_sms` SMs.
 
-    Candidates: token block 8/16/32/64 (tokens beyond the block use more CTAs: weights then come
-    from L2 for the extra token blocks) and K splits 1..min(K/128, 64). Pruned: workspace above
-    WORKSPACE_CAP_BYTES; token blocks larger than needed (a block of 64 for 8 tokens only wastes
-    MMA and smem). The cost model (estimate_us) ranks the rest; ties go to fewer CTAs.
+    impl None: the tuned table's entry when one matches (any impl), else the heuristic with
+    default_impl(cc) (wgmma on sm_90). impl "mma" / "wgmma": that mainloop (table entries of that
+    impl, else its heuristic).
+
+    Heuristic candidates: the impl's token blocks (tokens beyond the block use more CTAs: weights
+    then come from L2 for the extra token blocks) and K splits 1..min(K/128, 64). Pruned: workspace
+    above WORKSPACE_CAP_BYTES; token blocks larger than needed (a block of 64 for 8 tokens only
+    wastes MMA and smem). The cost model (estimate_us) ranks the rest; ties go to fewer CTAs.
     """
-    key = (m, n, k, epi, num_sms)
+    key = (m, n, k, epi, num_sms, impl, tuple(cc))
     cfg = _configs.get(key)
     if cfg is not None:
         return cfg
@@ -283,19 +397,28 @@ def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132)
         raise _fail(epi, f"K={k} must be a positive multiple of 128")
     if n <= 0 or n % 2:
         raise _fail(epi, f"N={n} must be a positive even number")
-    tuned = _tuned_config(m, n, k, epi, num_sms)
+    if impl is not None and impl not in IMPLS:
+        raise _fail(epi, f"impl={impl!r}: expected one of {', '.join(IMPLS)}")
+    if impl == "wgmma" and not wgmma_supported(cc):
+        raise _fail(epi, f"impl 'wgmma' needs an sm_90 GPU (wgmma), this one is sm_{cc[0]}{cc[1]}; use 'mma'")
+    tuned = _tuned_config(m, n, k, epi, num_sms, impl, cc)
     if tuned is not None:
         with _config_lock:
             _configs[key] = tuned
         return tuned
+    use = impl or default_impl(cc)
     g = k // 128
     best: tuple[float, int, SkinnyConfig] | None = None
-    for tm in TOKEN_BLOCKS:
+    for tm in token_blocks(use, epi):
         if tm > 8 and tm // 2 >= m:
             continue  # a smaller block holds every token
         for s in range(1, min(g, MAX_SPLITS) + 1):
-            c = SkinnyConfig(epi, m, n, k, tm, s, STAGES[tm])
-            if c.partial_floats * 4 > WORKSPACE_CAP_BYTES:
+            if use == "wgmma":
+                st = wgmma_stages(tm, -(-g // s))
+                c = SkinnyConfig(epi, m, n, k, tm, s, st, impl="wgmma")
+            else:
+                c = SkinnyConfig(epi, m, n, k, tm, s, STAGES[tm])
+            if c.partial_floats * 4 > WORKSPACE_CAP_BYTES or c.smem_bytes > SMEM_LIMIT:
                 continue
             t = estimate_us(c, num_sms)
             cand = (t, c.ctas, c)
@@ -308,12 +431,15 @@ def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132)
     return cfg
 
 
-def _max_workspace(n: int, k: int, epi: int, num_sms: int) -> tuple[int, int]:
-    """(partial floats, counter ints) enough for every M in 1..MAX_M."""
+def _max_workspace(n: int, k: int, epi: int, num_sms: int, cc: tuple[int, int] = (9, 0)) -> tuple[int, int]:
+    """(partial floats, counter ints) enough for every M in 1..MAX_M and either mainloop (so
+    switching GLM5_FASTPATH_FP8_GEMM_IMPL never needs a larger workspace under graph capture)."""
     pf, ci = 0, 0
-    for m in range(1, MAX_M + 1):
-        c = config_for(m, n, k, epi, num_sms)
-        pf, ci = max(pf, c.partial_floats), max(ci, c.counter_ints)
+    impls = IMPLS if wgmma_supported(cc) else ("mma",)
+    for impl in impls:
+        for m in range(1, MAX_M + 1):
+            c = config_for(m, n, k, epi, num_sms, impl, cc)
+            pf, ci = max(pf, c.partial_floats), max(ci, c.counter_ints)
     return pf, ci
 
 
@@ -351,8 +477,15 @@ _kernels: dict[tuple, Any] = {}
 _workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 _rope_tables: dict[tuple, torch.Tensor] = {}
 _num_sms: dict[int, int] = {}
+_capability: dict[int, tuple[int, int]] = {}
 
 
+def _cc(dev: torch.device) -> tuple[int, int]:
+    idx = _dev_index(dev)
+    cc = _capability.get(idx)
+    if cc is None:
+        cc = _capability[idx] = tuple(torch.cuda.get_device_capability(idx))
+    return cc
 
 
 def _sms(dev: torch.device) -> int:
@@ -368,7 +501,7 @@ def _check_capability(epi: int, dev: torch.device) -> None:
 
 
 def _kernel(cfg: SkinnyConfig, dev: torch.device):
-    key = (cfg.tm, cfg.stages, cfg.epi, cfg.minb, cfg.diag, _dev_index(dev))
+    key = (cfg.impl, cfg.tm, cfg.stages, cfg.epi, cfg.minb, cfg.diag, _dev_index(dev))
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
@@ -408,7 +541,7 @@ def _workspace(epi: int, n: int, k: int, dev: torch.device, need: tuple[int, int
                 if _capturing():
                     raise RuntimeError(f"{_op_name(epi)}: no split-K workspace for N={n}, K={k} on {dev} yet; run the op "
                                        "once eagerly or call glm5_fastpath.ops.fp8_gemm.precompile(cfg=...) before CUDA-graph capture")
-                pf, ci = _max_workspace(n, k, epi, _sms(dev))
+                pf, ci = _max_workspace(n, k, epi, _sms(dev), _cc(dev))
                 pf, ci = max(pf, need[0]), max(ci, need[1])
                 partials = torch.empty(max(pf, 4), dtype=torch.float32, device=dev)
                 counters = torch.zeros(max(ci, 4), dtype=torch.int32, device=dev)
@@ -482,16 +615,29 @@ def _check_aligned(epi: int, *named: tuple[str, torch.Tensor]) -> None:
     require_aligned(lambda msg: _fail(epi, msg), dict(named))
 
 
-def _launch(epi: int, cfg: SkinnyConfig, dev: torch.device, p: _Params, pdl: bool) -> None:
+def _launch(epi: int, cfg: SkinnyConfig, dev: torch.device, p: _Params, pdl: bool, x8: torch.Tensor,
+            w: torch.Tensor) -> None:
     kernel = _kernel(cfg, dev)
     env.print_config(EPI_NAMES[epi], {"M": cfg.m, "N": cfg.n, "K": cfg.k}, cfg.describe())
-    kernel.launch(cfg.grid, (THREADS, 1, 1), [p], smem=cfg.smem_bytes, pdl=pdl)
+    args: list[Any] = [p]
+    if cfg.impl == "wgmma":  # (SkinnyParams, CUtensorMap w_map, CUtensorMap x_map): fp8_gemm_wgmma.cu
+        args += tensor_maps(cfg, x8, w)
+    kernel.launch(cfg.grid, (cfg.threads, 1, 1), args, smem=cfg.smem_bytes, pdl=pdl)
+
+
+def tensor_maps(cfg: SkinnyConfig, x8: torch.Tensor, w: torch.Tensor) -> list[Any]:
+    """The wgmma kernel's TMA maps: W8 [N, K] in 128-row x 128-byte boxes and x8 [M, K] in tm-row x
+    128-byte boxes, both 128-byte swizzled (cached per pointer and shape by jit.tma)."""
+    from ..jit.tma import tensor_map_2d
+    return [tensor_map_2d(w, 128, BLOCK_N, 128, name="weight"), tensor_map_2d(x8, 128, cfg.tm, 128, name="x_fp8")]
 
 
 def diag_specs() -> list[KernelSpec]:
     """The tuning / diagnostic variants the sweep uses (compile check only; not production)."""
-    return [kernel_spec(tm, STAGES[tm], EPI_PLAIN, 1, d) for d in (1, 2, 3) for tm in TOKEN_BLOCKS] + \
-           [kernel_spec(tm, STAGES[tm], EPI_PLAIN, 2, 0) for tm in TOKEN_BLOCKS]
+    mma = [kernel_spec(tm, STAGES[tm], EPI_PLAIN, 1, d) for d in (1, 2, 3) for tm in TOKEN_BLOCKS] + \
+          [kernel_spec(tm, STAGES[tm], EPI_PLAIN, 2, 0) for tm in TOKEN_BLOCKS]
+    wg = [kernel_spec(tm, WGMMA_STAGES[tm], EPI_PLAIN, 1, d, "wgmma") for d in (1, 2, 3) for tm in (8, 128)]
+    return mma + wg
 
 
 def _base_params(epi: int, cfg: SkinnyConfig, x8, xs, w, ws, dev) -> _Params:
@@ -512,8 +658,13 @@ def _prepare(epi: int, x8, xs, w, ws, extra: tuple = ()) -> tuple[SkinnyConfig |
         return None, dev
     _check_capability(epi, dev)
     _check_aligned(epi, ("x_fp8", x8), ("weight", w))
+    cc = _cc(dev)
     forced = _forced_config_for(m, n, k, epi)
-    return (forced if forced is not None else config_for(m, n, k, epi, _sms(dev))), dev
+    if forced is not None:
+        if forced.impl == "wgmma" and not wgmma_supported(cc):
+            raise _fail(epi, f"forced_config: impl 'wgmma' needs an sm_90 GPU, {dev} is sm_{cc[0]}{cc[1]}")
+        return forced, dev
+    return config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), dev
 
 
 def _rope_args(epi: int, positions: torch.Tensor, table: torch.Tensor, rope_dim: int, m: int) -> int:
@@ -533,7 +684,7 @@ def _fp8_gemm_skinny_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws:
         return y
     p = _base_params(EPI_PLAIN, cfg, x8, xs, w, ws, dev)
     p.out_a = _ptr(y)
-    _launch(EPI_PLAIN, cfg, dev, p, pdl)
+    _launch(EPI_PLAIN, cfg, dev, p, pdl, x8, w)
     return y
 
 
@@ -570,7 +721,7 @@ def _fp8_qkv_a_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch
     p.out_a, p.out_b, p.out_c, p.out_fp8, p.out_scale = _ptr(q_lora), _ptr(c_kv), _ptr(k_pe), _ptr(q8), _ptr(qs)
     p.norm_a, p.norm_b = _ptr(q_norm), _ptr(kv_norm)
     p.dim_a, p.dim_b, p.rope_dim, p.eps = q_lora_rank, kv_lora_rank, rope_dim, eps
-    _launch(e, cfg, dev, p, pdl)
+    _launch(e, cfg, dev, p, pdl, x8, w)
     return outs
 
 
@@ -725,7 +876,7 @@ def _fp8_q_b_rope_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: to
     p.out_a, p.out_b = _ptr(q_nope), _ptr(q_pe)
     p.positions, p.rope_table, p.rope_table_len, p.rope_theta = _ptr(positions), _ptr(rope_table), rope_table.shape[0], rope_theta
     p.dim_a, p.dim_b, p.rope_dim, p.flags = nope_dim + rope_dim, nope_dim, rope_dim, flags
-    _launch(e, cfg, dev, p, pdl)
+    _launch(e, cfg, dev, p, pdl, x8, w)
     return q_nope, q_pe
 
 
@@ -765,7 +916,7 @@ def _fp8_indexer_q_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: t
     p.out_fp8, p.out_scale, p.out_head_w, p.w_raw = _ptr(q8), _ptr(qs), _ptr(hw), _ptr(w_raw)
     p.positions, p.rope_table, p.rope_table_len, p.rope_theta = _ptr(positions), _ptr(rope_table), rope_table.shape[0], rope_theta
     p.dim_a, p.dim_b, p.rope_dim, p.flags, p.head_w_scale = head_dim, heads, rope_dim, flags, head_w_scale
-    _launch(e, cfg, dev, p, pdl)
+    _launch(e, cfg, dev, p, pdl, x8, w)
     return q8, qs, hw
 
 
@@ -805,7 +956,7 @@ def _fp8_indexer_k_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: t
     p.positions, p.slots = _ptr(positions), _ptr(out_cache_loc)
     p.rope_table, p.rope_table_len, p.rope_theta = _ptr(rope_table), rope_table.shape[0], rope_theta
     p.dim_a, p.rope_dim, p.flags, p.eps = d, rope_dim, flags, eps
-    _launch(e, cfg, dev, p, pdl)
+    _launch(e, cfg, dev, p, pdl, x8, w)
     return k8, ks
 
 
@@ -929,29 +1080,32 @@ def _glm_shapes(cfg: Glm5Config) -> list[tuple[int, int, int]]:
             (EPI_IDX_K, c.index_head_dim, c.hidden_size)]
 
 
-def _variants(cfg: Glm5Config, num_sms: int = 132) -> set[tuple[int, int, int, int]]:
-    """(tm, stages, epi, minb) of every kernel the GLM-5 shapes launch for M in 1..MAX_M."""
-    out: set[tuple[int, int, int, int]] = set()
+def _variants(cfg: Glm5Config, num_sms: int = 132, impl: str | None = None,
+              cc: tuple[int, int] = (9, 0)) -> set[tuple[str, int, int, int, int]]:
+    """(impl, tm, stages, epi, minb) of every kernel the GLM-5 shapes launch for M in 1..MAX_M when
+    the ops resolve their config with `impl` (None: table, then default_impl(cc))."""
+    out: set[tuple[str, int, int, int, int]] = set()
     for epi, n, k in _glm_shapes(cfg):
         for m in range(1, MAX_M + 1):
-            c = config_for(m, n, k, epi, num_sms)
-            out.add((c.tm, c.stages, c.epi, c.minb))
+            c = config_for(m, n, k, epi, num_sms, impl, cc)
+            out.add((c.impl, c.tm, c.stages, c.epi, c.minb))
             if epi in (EPI_QKV_A, EPI_IDX_K):  # the plain op at the same K-heavy shapes
-                c = config_for(m, n, k, EPI_PLAIN, num_sms)
-                out.add((c.tm, c.stages, c.epi, c.minb))
+                c = config_for(m, n, k, EPI_PLAIN, num_sms, impl, cc)
+                out.add((c.impl, c.tm, c.stages, c.epi, c.minb))
     return out
 
 
 def precompile(device: object = None, cfg: Glm5Config | None = None) -> None:
-    """Compile + load every kernel variant the GLM-5 shapes use for M in 1..256, and allocate the
-    workspaces and the RoPE table on `device` (call before CUDA-graph capture)."""
+    """Compile + load every kernel variant the GLM-5 shapes use for M in 1..256 (with the impl
+    GLM5_FASTPATH_FP8_GEMM_IMPL selects now, else the table / default), and allocate the workspaces
+    and the RoPE table on `device` (call before CUDA-graph capture)."""
     cfg = cfg or Glm5Config.preset("glm5")
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    sms = _sms(dev)
-    for tm, stages, epi, minb in sorted(_variants(cfg, sms)):
-        _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb), dev)
+    sms, cc = _sms(dev), _cc(dev)
+    for impl, tm, stages, epi, minb in sorted(_variants(cfg, sms, env_impl(), cc)):
+        _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb, 0, impl), dev)
     for epi, n, k in _glm_shapes(cfg):
         _workspace(epi, n, k, dev)
         _workspace(EPI_PLAIN, n, k, dev)
@@ -961,13 +1115,19 @@ def precompile(device: object = None, cfg: Glm5Config | None = None) -> None:
 
 
 def compile_check_specs() -> list[KernelSpec]:
-    """Every launcher variant: all token blocks x epilogues at their stage counts."""
-    base = {(tm, STAGES[tm], epi, 1) for epi in EPI_NAMES for tm in TOKEN_BLOCKS}
-    tuned = {(e["tm"], e["stages"], epi, e.get("minb", 1)) for epi, name in EPI_NAMES.items()
+    """Every launcher variant: all token blocks x epilogues of both mainloops at their default stage
+    counts, every tuned-table entry, and the wgmma variants the GLM-5 shapes pick by heuristic."""
+    base = {("mma", tm, STAGES[tm], epi, 1) for epi in EPI_NAMES for tm in TOKEN_BLOCKS}
+    base |= {("wgmma", tm, WGMMA_STAGES[tm], epi, 1) for epi in EPI_NAMES for tm in token_blocks("wgmma", epi)}
+    tuned = {(e["impl"], e["tm"], e["stages"], epi, e["minb"]) for epi, name in EPI_NAMES.items()
              for (ename, _, _), es in _tuned_entries(132).items() if ename == name for e in es}
-    return [kernel_spec(tm, st, epi, minb=mb) for tm, st, epi, mb in sorted(base | tuned)] + _row_specs()
+    heur = _variants(Glm5Config.preset("glm5"), 132, "wgmma")
+    return [kernel_spec(tm, st, epi, minb=mb, impl=impl) for impl, tm, st, epi, mb in sorted(base | tuned | heur)] + \
+        _row_specs()
 
 
-__all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig", "B0_DEFAULT_MODE", "B0_MODES", "b0_mode", "b0_qkv_a", "b1_indexer_k", "compile_check_specs", "config_for",
-           "d0_q_b", "d1_indexer_q", "diag_specs", "estimate_us", "forced_config", "fp8_gemm_skinny", "precompile",
-           "rope_table"]
+__all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig",
+           "B0_DEFAULT_MODE", "B0_MODES", "IMPLS", "IMPL_ENV", "b0_mode", "b0_qkv_a", "b1_indexer_k",
+           "compile_check_specs", "config_for", "d0_q_b", "d1_indexer_q", "default_impl", "diag_specs", "env_impl",
+           "estimate_us", "forced_config", "fp8_gemm_skinny", "precompile", "rope_table", "tensor_maps",
+           "wgmma_supported"]

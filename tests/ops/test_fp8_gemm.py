@@ -1,10 +1,14 @@
 """Skinny FP8 GEMM family (glm5_fastpath.ops.fp8_gemm) against glm5_fastpath.ref.
 
-CPU tests (top): the config heuristic, the kernel ABI size, input validation and the fake
-implementations. GPU tests (marked gpu): every op against the reference with the same FP8 inputs
-at the GLM-5 dims and M in {1, 2, 3, 8, 16, 31, 64, 128, 256}, into poisoned outputs; split-K
-determinism; the index-K cache changes only at the target slots; PDL with a late producer;
-CUDA-graph capture + replay with changing inputs; the small preset; error cases.
+CPU tests (top): the config heuristic and the impl choice (tuned table / GLM5_FASTPATH_FP8_GEMM_IMPL /
+default), the kernel ABI size, the shared-memory formulas against the headers, input validation and
+the fake implementations. GPU tests (marked gpu), each with BOTH mainloops (impl "mma" and "wgmma",
+forced through GLM5_FASTPATH_FP8_GEMM_IMPL): every op against the reference with the same FP8
+inputs at the GLM-5 dims and M in {1, 2, 3, 8, 16, 31, 64, 128, 256}, into outputs allocated from
+a poisoned allocator pool; split-K determinism; the index-K cache changes only at the target slots;
+PDL with a late producer; CUDA-graph capture + replay with changing inputs; the small preset;
+wgmma pipeline corner cases (ring wrap-around, one K group per split, stages > K groups, two
+token blocks of 128); error cases.
 
 Bars: GEMM outputs and everything rounded to bf16 -> kind "bf16" (the kernel sums in another
 order than torch, so a rare bf16 rounding flips); FP8 outputs are compared dequantized against the
@@ -40,17 +44,24 @@ def _shapes(cfg):
             (F.EPI_PLAIN, cfg.qkv_a_out, cfg.hidden_size), (F.EPI_PLAIN, 128, cfg.hidden_size)]
 
 
+@pytest.mark.parametrize("impl", [None, "mma", "wgmma"])
 @pytest.mark.parametrize("cfg", [GLM5, SMALL], ids=["glm5", "small"])
-def test_config_valid_for_every_m(cfg):
+def test_config_valid_for_every_m(cfg, impl):
     for epi, n, k in _shapes(cfg):
+        pf, ci = F._max_workspace(n, k, epi, 132)
         for m in range(1, 257):
-            c = F.config_for(m, n, k, epi)
-            ctx = f"{epi=} {m=} {n=} {k=} -> {c}"
-            assert c.tm in F.TOKEN_BLOCKS and c.tiles_m * c.tm >= m, ctx
+            c = F.config_for(m, n, k, epi, impl=impl)
+            ctx = f"{epi=} {m=} {n=} {k=} {impl=} -> {c}"
+            assert c.impl in F.IMPLS and (impl is None or c.impl == impl), ctx
+            assert c.tm in F.token_blocks(c.impl, epi) and c.tiles_m * c.tm >= m, ctx
             assert 1 <= c.splits <= k // 128 and c.gmax * c.splits >= k // 128, ctx
-            assert c.smem_bytes <= 227 * 1024, ctx
+            assert c.smem_bytes <= F.SMEM_LIMIT, ctx
             assert c.partial_floats * 4 <= F.WORKSPACE_CAP_BYTES, ctx
-            assert 3 <= c.stages <= F.STAGES[c.tm], ctx
+            if c.impl == "mma":
+                assert 3 <= c.stages <= F.STAGES[c.tm], ctx
+            else:
+                assert 2 <= c.stages <= F.WGMMA_STAGES[c.tm], ctx
+            assert c.partial_floats <= pf and c.counter_ints <= ci, ctx
 
 
 def test_config_choices_glm5_decode():
@@ -67,14 +78,21 @@ def test_config_choices_glm5_decode():
             if min(smaller) != e["m_max"]:
                 continue  # m falls into a smaller bucket
             c = F.config_for(m, e["n"], e["k"], epi)
-            assert (c.tm, c.splits, c.stages, c.minb) == (e["tm"], e["splits"], e["stages"], e.get("minb", 1)), (e, m)
-    # past the table's largest bucket, and on another SM count, the cost-model heuristic picks
-    qkv = F.config_for(200, 2624, 6144, F.EPI_QKV_A)
-    assert qkv.stages == F.STAGES[qkv.tm]
-    other = F.config_for(16, 2624, 6144, F.EPI_QKV_A, num_sms=114)
+            assert (c.impl, c.tm, c.splits, c.stages, c.minb) == (e.get("impl", "mma"), e["tm"], e["splits"], e["stages"],
+                                                                  e.get("minb", 1)), (e, m)
+    # past the table's largest bucket, and on another SM count, the cost-model heuristic picks:
+    # wgmma on sm_90 by default, mma when asked for (or on a GPU without wgmma)
+    qkv = F.config_for(200, 2624, 6144, F.EPI_QKV_A, impl="mma")
+    assert qkv.stages == F.STAGES[qkv.tm] and qkv.impl == "mma"
+    other = F.config_for(16, 2624, 6144, F.EPI_QKV_A, num_sms=114, impl="mma")
     assert other.stages == F.STAGES[other.tm] and other.tm == 16, other.describe()
-    one = F.config_for(1, 2624, 6144, F.EPI_PLAIN, num_sms=114)
+    one = F.config_for(1, 2624, 6144, F.EPI_PLAIN, num_sms=114, impl="mma")
     assert one.tm == 8, one.describe()
+    wg = F.config_for(200, 2624, 6144, F.EPI_QKV_A, num_sms=114)
+    assert wg.impl == "wgmma" and wg.tm == 128 and wg.tiles_m == 2, wg.describe()
+    assert F.config_for(16, 2624, 6144, F.EPI_PLAIN, num_sms=114).tm == 16
+    assert F.config_for(1, 2624, 6144, F.EPI_PLAIN, num_sms=114).tm == 8
+    assert F.config_for(16, 2624, 6144, F.EPI_PLAIN, num_sms=114, cc=(10, 0)).impl == "mma"
 
 
 def test_print_configs(monkeypatch, capsys):
@@ -93,6 +111,45 @@ def test_smem_formula_matches_header():
     c = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 6, 6)
     assert c.gmax == 8
     assert c.smem_bytes == 6 * 16384 + 6 * 16 * 128 + 3 * 8 * 16 * 4 + 16 + 32 + 8 * 16 * 4
+    w = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 6, 10, impl="wgmma")
+    assert w.threads == 288 and c.threads == 256
+    assert w.smem_bytes == 10 * (16384 + 16 * 128) + 16 * 10 + 3 * 8 * 16 * 4 + 16 + 32 + 8 * 16 * 4 + 1024
+
+
+_SMEM_CHECK = r"""
+#include "attn_pre/fp8_gemm_wgmma.cuh"
+using namespace glm5::attn_pre::skinny;
+%s
+extern "C" __global__ void smem_formula_check() {}
+"""
+
+
+def test_smem_formulas_compile_against_the_headers(tmp_path, monkeypatch):
+    """static_asserts of SkinnySmem / WgmmaSmem sizes against the Python formulas (nvcc, no GPU)."""
+    from glm5_fastpath.jit import KernelSpec, NvccNotFoundError, compile_kernel, find_nvcc
+    try:
+        find_nvcc()
+    except NvccNotFoundError:
+        pytest.skip("nvcc not found")
+    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "jit"))
+    lines = []
+    for tm, st, g in ((8, 6, 48), (16, 3, 8), (64, 4, 16), (32, 5, 1)):
+        c = F.SkinnyConfig(F.EPI_PLAIN, 1, 128, g * 128, tm, 1, st)
+        lines.append(f"static_assert(SkinnySmem<{tm}, {st}>::bytes({g}) == {c.smem_bytes}, \"mma {tm} {st} {g}\");")
+    for tm, st, g in ((8, 10, 48), (16, 12, 8), (32, 8, 16), (64, 6, 3), (128, 5, 48), (128, 2, 1)):
+        c = F.SkinnyConfig(F.EPI_PLAIN, 1, 128, g * 128, tm, 1, st, impl="wgmma")
+        lines.append(f"static_assert(WgmmaSmem<{tm}, {st}>::launch_bytes({g}) == {c.smem_bytes}, \"wgmma {tm} {st} {g}\");")
+    spec = KernelSpec("fp8_gemm_smem_check", code=_SMEM_CHECK % "\n".join(lines), functions=("smem_formula_check",))
+    assert compile_kernel(spec, "sm_90a").cubin
+
+
+def test_wgmma_stages_fit():
+    for tm in F.WGMMA_TOKEN_BLOCKS:
+        for g in (1, 8, 16, 48, 64, 128):
+            st = F.wgmma_stages(tm, g)
+            assert 2 <= st <= F.WGMMA_STAGES[tm]
+            assert F.wgmma_smem_bytes(tm, st, g) <= F.SMEM_LIMIT or st == 2, (tm, g, st)
+    assert F.wgmma_stages(16, 8) == F.WGMMA_STAGES[16]
 
 
 # ---- CPU: validation + fake -------------------------------------------------------------------------
@@ -148,7 +205,12 @@ def test_b1_rejects_bf16_gemm_and_missing_indexer():
 
 def test_tuning_knobs_default_to_the_production_kernel():
     c = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 6, 6)
-    assert (c.minb, c.diag) == (1, 0)
+    assert (c.minb, c.diag, c.impl) == (1, 0, "mma")
+    w = F.SkinnyConfig(F.EPI_QKV_A, 16, 2624, 6144, 128, 6, 5, impl="wgmma").spec()
+    assert (w.name, w.source) == (F.WGMMA_FUNCTION, F.WGMMA_SOURCE)
+    assert dict(w.defines) == {"GLM5_SKINNY_TM": "128", "GLM5_SKINNY_STAGES": "5", "GLM5_SKINNY_EPI": "1"}
+    with pytest.raises(ValueError, match="impl="):
+        F.kernel_spec(16, 4, 0, impl="tma")
     assert c.spec() == F.kernel_spec(16, 6, F.EPI_PLAIN)  # no MINB / DIAG defines: cache keys unchanged
     assert {k for k, _ in c.spec().defines} == {"GLM5_SKINNY_TM", "GLM5_SKINNY_STAGES", "GLM5_SKINNY_EPI"}
     d = dict(F.kernel_spec(8, 4, F.EPI_PLAIN, 2, F.DIAG_LOADS_ONLY).defines)
@@ -170,6 +232,107 @@ def test_forced_config_hook():
         F._forced_config_for(1, 4096, 2048, F.EPI_PLAIN)
     with pytest.raises(ValueError):
         F.forced_config(12, 1, 4)
+    with F.forced_config(128, 2, 4, impl="wgmma"):
+        c = F._forced_config_for(200, 16384, 2048, F.EPI_Q_B)
+        assert (c.impl, c.tm, c.stages, c.threads) == ("wgmma", 128, 4, 288)
+        with pytest.raises(ValueError, match="token block 128"):
+            F._forced_config_for(200, 128, 6144, F.EPI_IDX_K)
+    with pytest.raises(ValueError):
+        F.forced_config(128, 1, 4)  # mma has no 128-token block
+    with pytest.raises(ValueError):
+        F.forced_config(16, 1, 17, impl="wgmma")
+    with pytest.raises(ValueError):
+        F.forced_config(16, 1, 4, impl="tma")
+    with F.forced_config(128, 1, 16, impl="wgmma"), pytest.raises(ValueError, match="shared memory"):
+        F._forced_config_for(200, 16384, 2048, F.EPI_PLAIN)
+
+
+def _table_file(tmp_path, entries):
+    import json
+    p = tmp_path / "table.json"
+    p.write_text(json.dumps({"source": "test", "arch": "sm_90", "num_sms": 132, "entries": entries}))
+    return p
+
+
+@pytest.fixture
+def fresh_configs(monkeypatch):
+    """Config caches emptied before and after (a test swaps the tuned table)."""
+    F._tuned_entries.cache_clear()
+    monkeypatch.setattr(F, "_configs", {})
+    yield
+    F._tuned_entries.cache_clear()
+
+
+def test_impl_selection_table_env_default(tmp_path, monkeypatch, fresh_configs):
+    """Tuned table (old entries = mma, new ones name their impl) > default heuristic (wgmma on sm_90);
+    an explicit impl filters the table; GLM5_FASTPATH_FP8_GEMM_IMPL is read per call and validated."""
+    e = dict(epi="fp8_gemm_skinny", n=2624, k=6144)
+    table = _table_file(tmp_path, [
+        dict(e, m_max=1, tm=8, splits=12, stages=3),                              # old format: mma
+        dict(e, m_max=16, tm=16, splits=6, stages=8, impl="wgmma"),
+        dict(e, m_max=16, tm=16, splits=4, stages=4, impl="mma", minb=2),          # same bucket, other impl
+        dict(e, m_max=64, tm=64, splits=6, stages=6, impl="wgmma"),
+    ])
+    monkeypatch.setattr(F, "TUNED_TABLE", table)
+    c = F.config_for(1, 2624, 6144)
+    assert (c.impl, c.tm, c.splits, c.stages, c.minb) == ("mma", 8, 12, 3, 1)
+    c = F.config_for(9, 2624, 6144)
+    assert (c.impl, c.tm, c.splits, c.stages) == ("wgmma", 16, 6, 8)       # first entry of the bucket
+    c = F.config_for(9, 2624, 6144, impl="mma")
+    assert (c.impl, c.tm, c.splits, c.stages, c.minb) == ("mma", 16, 4, 4, 2)
+    c = F.config_for(1, 2624, 6144, impl="wgmma")
+    assert (c.impl, c.tm, c.splits, c.stages) == ("wgmma", 16, 6, 8)       # smallest wgmma bucket >= 1
+    c = F.config_for(40, 2624, 6144, impl="mma")                            # no mma entry >= 40: heuristic
+    assert c.impl == "mma" and c.stages == F.STAGES[c.tm]
+    c = F.config_for(100, 2624, 6144)                                       # past the table: default impl
+    assert c.impl == "wgmma" and c.tm == 128
+    assert F.config_for(9, 2624, 6144, cc=(10, 0)).impl == "mma"            # wgmma entries skipped off sm_90
+    with pytest.raises(ValueError, match="sm_90"):
+        F.config_for(9, 2624, 6144, impl="wgmma", cc=(10, 0))
+    with pytest.raises(ValueError, match="impl="):
+        F.config_for(9, 2624, 6144, impl="cutlass")
+    assert F.default_impl((9, 0)) == "wgmma" and F.default_impl((10, 0)) == "mma"
+    # the environment variable
+    monkeypatch.delenv(F.IMPL_ENV, raising=False)
+    assert F.env_impl() is None
+    monkeypatch.setenv(F.IMPL_ENV, "WGMMA")
+    assert F.env_impl() == "wgmma"
+    monkeypatch.setenv(F.IMPL_ENV, "")
+    assert F.env_impl() is None
+    monkeypatch.setenv(F.IMPL_ENV, "tma")
+    with pytest.raises(ValueError, match="GLM5_FASTPATH_FP8_GEMM_IMPL='tma'") as ei:
+        F.env_impl(F.EPI_Q_B)
+    assert "glm5_fastpath.d0_q_b" in str(ei.value)
+    from glm5_fastpath.jit import env
+    assert F.IMPL_ENV in env.VARS
+
+
+def test_tuned_table_rejects_unknown_impl(tmp_path, monkeypatch, fresh_configs):
+    monkeypatch.setattr(F, "TUNED_TABLE", _table_file(tmp_path, [dict(epi="fp8_gemm_skinny", n=128, k=6144, m_max=1,
+                                                                      tm=8, splits=1, stages=3, impl="tcgen05")]))
+    with pytest.raises(ValueError, match="tcgen05"):
+        F.config_for(1, 128, 6144)
+
+
+def test_shipped_table_entries_are_launchable():
+    import json
+    for e in json.loads(F.TUNED_TABLE.read_text())["entries"]:
+        impl = e.get("impl", "mma")
+        epi = {v: k for k, v in F.EPI_NAMES.items()}[e["epi"]]
+        assert impl in F.IMPLS and e["tm"] in F.token_blocks(impl, epi), e
+        c = F.SkinnyConfig(epi, e["m_max"], e["n"], e["k"], e["tm"], e["splits"], e["stages"], e.get("minb", 1), 0, impl)
+        assert c.smem_bytes <= F.SMEM_LIMIT and c.splits <= e["k"] // 128, e
+
+
+def test_compile_check_specs_cover_both_impls():
+    specs = F.compile_check_specs()
+    names = {s.name for s in specs}
+    assert {F.FUNCTION, F.WGMMA_FUNCTION, F.ROW_FUNCTION} <= names
+    wg = {(dict(s.defines)["GLM5_SKINNY_TM"], dict(s.defines)["GLM5_SKINNY_EPI"]) for s in specs if s.name == F.WGMMA_FUNCTION}
+    for epi in F.EPI_NAMES:
+        for tm in F.token_blocks("wgmma", epi):
+            assert (str(tm), str(epi)) in wg
+    assert ("128", str(F.EPI_IDX_K)) not in wg
 
 
 def test_diag_variants_compile(tmp_path, monkeypatch):
@@ -182,6 +345,8 @@ def test_diag_variants_compile(tmp_path, monkeypatch):
     monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "jit"))
     specs = [F.kernel_spec(tm, F.STAGES[tm], F.EPI_PLAIN, 1, d) for d in (1, 2, 3) for tm in (8, 64)]
     specs += [F.kernel_spec(32, 4, F.EPI_PLAIN, 2, 0), F.kernel_spec(16, 3, F.EPI_QKV_A, 2, 0)]
+    specs += [F.kernel_spec(tm, F.WGMMA_STAGES[tm], F.EPI_PLAIN, 1, d, "wgmma") for d in (1, 2, 3) for tm in (8, 128)]
+    specs += [F.kernel_spec(16, 4, F.EPI_PLAIN, 2, 0, "wgmma")]
     for spec in specs:
         assert compile_kernel(spec, "sm_90a").cubin, spec.describe()
 
@@ -306,6 +471,23 @@ def no_pdl_override(monkeypatch):
     monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
 
 
+@pytest.fixture(params=F.IMPLS)
+def impl(request, monkeypatch):
+    """Run the test with each mainloop, forced for every op through GLM5_FASTPATH_FP8_GEMM_IMPL."""
+    monkeypatch.setenv(F.IMPL_ENV, request.param)
+    return request.param
+
+
+def poison_pool():
+    """Fill freed blocks of torch's caching allocator (small and large pools) with 0xFF bytes (NaN in
+    bf16 / fp32 / e4m3fn), so the op outputs allocated next start poisoned: an element the kernel
+    never writes fails assert_no_poison."""
+    bufs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in [256 << 10] * 16 + [16 << 20] * 4]
+    for b in bufs:
+        b.fill_(0xFF)
+    del bufs
+
+
 def make_x(m, cfg, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, cfg.hidden_size, generator=g) * (1 + 3 * torch.rand(1, cfg.hidden_size, generator=g) ** 8)
@@ -337,7 +519,7 @@ def deq_rows(q8, s):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", M_VALUES)
-def test_plain_gemm_matches_reference(m, layer, no_pdl_override):
+def test_plain_gemm_matches_reference(m, layer, no_pdl_override, impl):
     c = GLM5
     _, x8, xs = make_x(m, c, 10 + m)
     for lin, name in ((layer.attn.qkv_a, "qkv_a"), (layer.attn.q_b, "q_b"), (layer.attn.indexer.wk, "wk")):
@@ -345,17 +527,18 @@ def test_plain_gemm_matches_reference(m, layer, no_pdl_override):
             x8b, xsb = q_lora_inputs(m, c, layer, 20 + m)
         else:
             x8b, xsb = x8, xs
+        poison_pool()
         y = F.fp8_gemm_skinny(x8b, xsb, lin)
         want = rfp8.block_fp8_linear(x8b, xsb, lin.weight, lin.scale_inv)
         torch.cuda.synchronize()
         assert_no_poison("fp8_gemm_skinny", y, names=[name])
-        assert_close("fp8_gemm_skinny", y, want.to(BF16), kind="bf16", context=f"{name} {m=}")
-        assert_close("fp8_gemm_skinny", y.float(), want, tol=5e-3, context=f"{name} {m=} vs fp32")
+        assert_close("fp8_gemm_skinny", y, want.to(BF16), kind="bf16", context=f"{name} {impl} {m=}")
+        assert_close("fp8_gemm_skinny", y.float(), want, tol=5e-3, context=f"{name} {impl} {m=} vs fp32")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [3, 16, 64, 256])
-def test_split_k_deterministic_and_pdl_off_equal(m, layer):
+def test_split_k_deterministic_and_pdl_off_equal(m, layer, impl):
     _, x8, xs = make_x(m, GLM5, 30 + m)
     for lin in (layer.attn.qkv_a, layer.attn.indexer.wk):
         a = F.fp8_gemm_skinny(x8, xs, lin)
@@ -385,12 +568,13 @@ def check_b0(got, want, ctx):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["fused", "split"])
 @pytest.mark.parametrize("m", M_VALUES)
-def test_b0_qkv_a(m, mode, layer, no_pdl_override):
+def test_b0_qkv_a(m, mode, layer, no_pdl_override, impl):
     _, x8, xs = make_x(m, GLM5, 40 + m)
+    poison_pool()
     got = F.b0_qkv_a(x8, xs, layer.attn, GLM5, mode=mode)
     want = ref.b0_qkv_a(x8, xs, layer.attn, GLM5)
     torch.cuda.synchronize()
-    check_b0(got, want, f"{mode} {m=}")
+    check_b0(got, want, f"{mode} {impl} {m=}")
     again = F.b0_qkv_a(x8, xs, layer.attn, GLM5, mode=mode)
     for k in got:
         assert_equal("b0_qkv_a", again[k], got[k], context=f"deterministic {mode} {k} {m=}")
@@ -430,9 +614,10 @@ def test_b0_row_norms_exact_on_the_gemm_output(m, layer, no_pdl_override):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", M_VALUES)
-def test_d0_q_b(m, layer, no_pdl_override):
+def test_d0_q_b(m, layer, no_pdl_override, impl):
     ql8, qls = q_lora_inputs(m, GLM5, layer, 50 + m)
     pos = make_positions(m, GLM5, m)
+    poison_pool()
     qn, qp = F.d0_q_b(ql8, qls, layer.attn, pos, GLM5)
     rn, rp = ref.d0_q_b(ql8, qls, layer.attn, pos, GLM5)
     torch.cuda.synchronize()
@@ -444,10 +629,11 @@ def test_d0_q_b(m, layer, no_pdl_override):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", M_VALUES)
-def test_d1_indexer_q(m, layer, no_pdl_override):
+def test_d1_indexer_q(m, layer, no_pdl_override, impl):
     ql8, qls = q_lora_inputs(m, GLM5, layer, 60 + m)
     pos = make_positions(m, GLM5, m, torch.int32 if m % 2 else torch.int64)
     w_raw = (torch.randn(m, GLM5.index_n_heads, generator=torch.Generator().manual_seed(m)) * 3).to(BF16).cuda()
+    poison_pool()
     q8, s, hw = F.d1_indexer_q(ql8, qls, w_raw, layer.attn.indexer, pos, GLM5)
     r8, rs, rhw = ref.d1_indexer_q(ql8, qls, w_raw, layer.attn.indexer, pos, GLM5)
     torch.cuda.synchronize()
@@ -471,7 +657,7 @@ def make_cache(m, cfg, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", M_VALUES)
-def test_b1_indexer_k(m, layer, no_pdl_override):
+def test_b1_indexer_k(m, layer, no_pdl_override, impl):
     c = GLM5
     x, x8, xs = make_x(m, c, 70 + m)
     pos = make_positions(m, c, m)
@@ -479,6 +665,7 @@ def test_b1_indexer_k(m, layer, no_pdl_override):
     slots = slots.to(torch.int32) if m % 2 else slots
     cache_ref = cache.clone()
     before = cache.clone()
+    poison_pool()
     k8, ks = F.b1_indexer_k(x, x8, xs, layer.attn.indexer, pos, slots, cache, c)
     r8, rs = ref.b1_indexer_k(x, x8, xs, layer.attn.indexer, pos, slots, cache_ref, c)
     torch.cuda.synchronize()
@@ -502,7 +689,7 @@ def test_b1_indexer_k(m, layer, no_pdl_override):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 7, 40])
-def test_small_preset_all_ops(m, small_layer):
+def test_small_preset_all_ops(m, small_layer, impl):
     c, lw = SMALL, small_layer
     x, x8, xs = make_x(m, c, m)
     for mode in ("fused", "split"):
@@ -528,12 +715,69 @@ def test_small_preset_all_ops(m, small_layer):
 
 
 @pytest.mark.gpu
-def test_empty_batch(layer):
+def test_empty_batch(layer, impl):
     _, x8, xs = make_x(0, GLM5, 0)
     assert tuple(F.fp8_gemm_skinny(x8, xs, layer.attn.qkv_a).shape) == (0, 2624)
     for mode in ("fused", "split"):
         out = F.b0_qkv_a(x8, xs, layer.attn, GLM5, mode=mode)
         assert tuple(out["q_lora_scale"].shape) == (0, 16) and tuple(out["k_pe"].shape) == (0, 64), mode
+
+
+# wgmma pipeline corner cases: (tm, splits, stages) on (N, K, M) chosen so that the ring wraps many times
+# (mbarrier phase flips), each split has a single K group, the ring is deeper than the split (all loads
+# issued before griddepcontrol.wait), tokens span two 128-token blocks, and N leaves a ragged last tile.
+WGMMA_CORNERS = [
+    ((8, 1, 2), (2624, 6144, 1)),      # 48 K groups through a 2-stage ring: 24 wraps
+    ((16, 6, 3), (2624, 6144, 16)),    # 8 groups per split, 3 stages
+    ((8, 48, 4), (128, 6144, 5)),      # one K group per split, 48 splits: the last-CTA reduce
+    ((32, 4, 8), (4096, 2048, 32)),    # ring deeper than the split (4 groups): prefill only
+    ((128, 2, 5), (16384, 2048, 256)),  # two token blocks of 128
+    ((64, 3, 6), (2624, 6144, 100)),   # partial token block, ragged N tile
+    ((128, 1, 2), (416, 512, 130)),    # small K, ragged N, 2 stages
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs, shape", WGMMA_CORNERS, ids=[f"tm{k[0]}_s{k[1]}_st{k[2]}_n{s[0]}_k{s[1]}_m{s[2]}"
+                                                            for k, s in WGMMA_CORNERS])
+def test_wgmma_pipeline_corner_cases(knobs, shape):
+    tm, splits, stages = knobs
+    n, k, m = shape
+    g = torch.Generator().manual_seed(n + k + m)
+    x = (torch.randn(m, k, generator=g) * 2).to(BF16).cuda()
+    x8, xs = rfp8.quant_act_per_token(x)
+    w = (torch.randn(n, k, generator=g) * 0.5).to(FP8).cuda()
+    ws = (torch.rand(-(-n // 128), k // 128, generator=g) * 0.02 + 0.001).cuda()
+    want = rfp8.block_fp8_linear(x8, xs, w, ws)
+    outs = []
+    for rep in range(2):
+        poison_pool()
+        with F.forced_config(tm, splits, stages, impl="wgmma"):
+            y = torch.ops.glm5_fastpath.fp8_gemm_skinny(x8, xs, w, ws, rep == 0)
+        torch.cuda.synchronize()
+        ctx = f"wgmma {tm=} {splits=} {stages=} {n=} {k=} {m=} {'pdl' if rep == 0 else 'no pdl'}"
+        assert_no_poison("fp8_gemm_skinny", y, names=["y"])
+        assert_close("fp8_gemm_skinny", y, want.to(BF16), kind="bf16", context=ctx)
+        outs.append(y)
+    assert_equal("fp8_gemm_skinny", outs[0], outs[1], context=f"wgmma deterministic {knobs} {shape}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+def test_mma_and_wgmma_agree(m, layer, monkeypatch):
+    """Both mainloops compute the same math: equal up to the fp32 summation order (bf16 bar), at the
+    shapes of every op."""
+    c = GLM5
+    _, x8, xs = make_x(m, c, 200 + m)
+    ql8, qls = q_lora_inputs(m, c, layer, 210 + m)
+    outs = {}
+    for impl in F.IMPLS:
+        monkeypatch.setenv(F.IMPL_ENV, impl)
+        outs[impl] = [F.fp8_gemm_skinny(x8, xs, layer.attn.qkv_a), F.fp8_gemm_skinny(ql8, qls, layer.attn.q_b),
+                      F.fp8_gemm_skinny(ql8, qls, layer.attn.indexer.wq_b), F.fp8_gemm_skinny(x8, xs, layer.attn.indexer.wk)]
+    torch.cuda.synchronize()
+    for name, a, b in zip(("qkv_a", "q_b", "wq_b", "wk"), outs["mma"], outs["wgmma"]):
+        assert_close("fp8_gemm_skinny", b, a, kind="bf16", context=f"wgmma vs mma {name} {m=}")
 
 
 # ---- GPU: PDL late producer --------------------------------------------------------------------------------
@@ -565,7 +809,7 @@ def _produce(prod, src: torch.Tensor, dst: torch.Tensor, spin_ns: int = 50_000) 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 64, 256])
-def test_pdl_late_producer(m, layer, no_pdl_override):
+def test_pdl_late_producer(m, layer, no_pdl_override, impl):
     prod = _producer()
     c = GLM5
     x, x8_true, xs = make_x(m, c, 80 + m)
@@ -620,7 +864,7 @@ def test_pdl_late_producer(m, layer, no_pdl_override):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [4, 16, 64])
-def test_cuda_graph_replay_with_changing_inputs(m, layer, no_pdl_override):
+def test_cuda_graph_replay_with_changing_inputs(m, layer, no_pdl_override, impl):
     c = GLM5
     F.precompile(cfg=c)
     x0, x8_0, xs_0 = make_x(m, c, 90)
@@ -700,4 +944,8 @@ def test_kernel_resources():
         epi = int(dict(spec.defines)["GLM5_SKINNY_EPI"])
         # the RoPE epilogues call double sin/cos whose rare slow path (|angle| huge) keeps a small stack
         assert k.local_bytes <= (64 if epi in (F.EPI_Q_B, F.EPI_IDX_Q, F.EPI_IDX_K) else 0), k
-        assert k.param_sizes is None or k.param_sizes == (F.PARAMS_BYTES,), k.param_sizes
+        if spec.name == F.WGMMA_FUNCTION:  # SkinnyParams + two CUtensorMaps (128 bytes each)
+            assert k.max_threads >= F.WGMMA_THREADS, k
+            assert k.param_sizes is None or k.param_sizes == (F.PARAMS_BYTES, 128, 128), k.param_sizes
+        else:
+            assert k.param_sizes is None or k.param_sizes == (F.PARAMS_BYTES,), k.param_sizes

@@ -1,0 +1,70 @@
+// Standalone launcher of the TMA + wgmma skinny FP8 GEMM tile (fp8_gemm_wgmma.cuh): one CTA per
+// (n tile of 128 weight rows, K split, token block), the same grid and SkinnyParams ABI as
+// fp8_gemm_skinny.cu plus two tensor maps. Compile-time configuration (part of the JIT cache key),
+// chosen per (M, N, K) by glm5_fastpath/ops/fp8_gemm.py (impl "wgmma"):
+//   GLM5_SKINNY_TM       tokens per CTA (wgmma N): 8, 16, 32, 64 or 128
+//   GLM5_SKINNY_STAGES   TMA ring depth (stages of 16 KB weights + TM x 128 B activations)
+//   GLM5_SKINNY_EPI      epilogue: 0 plain, 1 B0 qkv_a, 2 D0 q_b, 3 D1 indexer q, 4 B1 indexer k
+//   GLM5_SKINNY_MINB     __launch_bounds__ min CTAs per SM (tuning; 1 = production)
+//   GLM5_SKINNY_DIAG     0 off; 1 loads only; 2 no split-K reduce; 3 no loads in the K loop
+// Parameters: (SkinnyParams p, CUtensorMap w_map, CUtensorMap x_map):
+//   w_map: W8 [N, K] e4m3, box 128 K-bytes x 128 rows, SWIZZLE_128B;
+//   x_map: x8 [M, K] e4m3, box 128 K-bytes x TM rows, SWIZZLE_128B.
+// Launch: grid (tiles_n, splits, tiles_m), block 288, dynamic smem
+// WgmmaSmem<TM, STAGES>::launch_bytes(gmax); PDL-ready (weights are issued before griddepcontrol.wait).
+#include "fp8_gemm_wgmma.cuh"
+
+#ifndef GLM5_SKINNY_TM
+#define GLM5_SKINNY_TM 16
+#endif
+#ifndef GLM5_SKINNY_STAGES
+#define GLM5_SKINNY_STAGES 8
+#endif
+#ifndef GLM5_SKINNY_EPI
+#define GLM5_SKINNY_EPI 0
+#endif
+#ifndef GLM5_SKINNY_MINB
+#define GLM5_SKINNY_MINB 1
+#endif
+#ifndef GLM5_SKINNY_DIAG
+#define GLM5_SKINNY_DIAG 0
+#endif
+
+using WgmmaTile =
+    glm5::attn_pre::skinny::WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES, GLM5_SKINNY_EPI, GLM5_SKINNY_DIAG>;
+
+extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kWgThreads, GLM5_SKINNY_MINB)
+glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_constant__ CUtensorMap w_map,
+                    const __grid_constant__ CUtensorMap x_map) {
+    using namespace glm5::attn_pre::skinny;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t* smem = WgmmaTile::align_smem(smem_raw);
+    const int tid = threadIdx.x;
+    const bool producer = tid >= kThreads;  // warp 8
+    const bool leader = tid == kThreads;    // its lane 0 issues every TMA
+    // Same grid as the mma.sync launcher, (tiles_n, splits, tiles_m), but enumerated token block
+    // fastest: CTAs are dispatched roughly in linear block order, so the token blocks that read the
+    // same weight tile (M > kTM) run in the same wave and share it through L2.
+    const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int tile_m = lin % p.tiles_m;
+    const int rest = lin / p.tiles_m;
+    const auto c = WgmmaTile::coord(p, rest % p.tiles_n, rest / p.tiles_n, tile_m);
+
+    if (leader) WgmmaTile::init_barriers(smem);
+    __syncthreads();
+
+    // Independent of the previous kernel: weight boxes of the first stages + the weight scales.
+    if (leader) WgmmaTile::producer_prologue(p, c, &w_map, &x_map, smem);
+    if (!producer) WgmmaTile::consumer_prologue(p, c, smem, tid);
+    glm5::ptx::griddep_launch_dependents();
+    // Activations, their scales and every epilogue input may be the previous kernel's output.
+    glm5::ptx::griddep_wait();
+
+    if (producer) {
+        if (leader) WgmmaTile::producer_mainloop(p, c, &w_map, &x_map, smem);
+        return;
+    }
+    float acc[WgmmaTile::kNT][4];
+    if (!WgmmaTile::mainloop(p, c, smem, tid, acc)) return;  // another split finishes this tile
+    WgmmaTile::epilogue(p, c, smem, tid, acc);
+}

@@ -1,0 +1,272 @@
+// Hopper-native mainloop of the skinny block-scaled FP8 GEMM family (fp8_gemm_skinny.cuh): TMA weight
+// and activation loads into a deep mbarrier ring, wgmma m64nNk32 e4m3 from shared memory, promotion
+// in registers, then the SAME split-K finish and epilogues as the mma.sync mainloop (SkinnyFinish).
+//
+//   y[m, n] = sum_g xs[m, g] * S[n / 128, g] * sum_{k in group g} x8[m, k] * W8[n, k]
+//
+// ---- Decomposition (as the mma.sync kernel) ----------------------------------------------------
+// swapAB: weight rows on the wgmma M side, tokens on N (N = kTM = 8/16/32/64/128). A CTA owns (n
+// tile of 128 weight rows = one weight-scale block row, K split, token block): grid = (tiles_n,
+// splits, tiles_m). 288 threads:
+//   warps 0-7  two math warpgroups; warpgroup w multiplies weight rows 64w .. 64w+63 of the tile
+//              (the A operand starts 64*128 bytes into the stage) with all kTM tokens;
+//   warp 8     the TMA producer (one elected thread issues everything; the other lanes exit).
+// No setmaxnreg: it needs whole warpgroups, and with one 288-thread CTA per SM (__launch_bounds__
+// (288, 1)) every thread may already use 224 registers, more than the math warps need
+// (kTM = 128: 64 accumulator + 64 partial floats).
+//
+// ---- Ring (kStages x (16 KB weights + kTM x 128 B activations)) ---------------------------------
+// Stage i holds K group g_begin + i: the weight box [128 rows, 128 K-bytes] of the W tensor map and
+// the activation box [kTM tokens, 128 K-bytes] of the x tensor map, both written by TMA with
+// SWIZZLE_128B (rows past N / past M are zero-filled by TMA and still count as transaction bytes).
+// full[s]  (count 1): the producer's arrive.expect_tx(16384 + kTM*128) + the TMA bytes.
+// empty[s] (count 8): lane 0 of each math warp after its wgmma of the stage completed.
+// Before griddepcontrol.wait the producer arms full[s] for the first min(kStages, nk) stages and
+// issues their WEIGHT boxes (and the math warps load the weight scales); after the wait it issues
+// the activation boxes of those stages on the same (already armed) barriers, then streams the rest
+// of the split through the ring. Activations come by TMA rather than cp.async because (1) TMA and
+// wgmma both use the async proxy, so no generic->async proxy fence is needed between the fill and
+// the MMA, (2) one instruction per stage instead of kTM*8 16-byte copies by the producer warp,
+// (3) tokens past M are zero-filled for free. The host caches the activation tensor map per
+// (pointer, shape), so steady-state and CUDA-graph launches do not re-encode it.
+//
+// ---- Math ---------------------------------------------------------------------------------------
+// Per stage each math warpgroup issues 4 wgmma m64nkTMk32 (the 4 32-byte K slices of the 128-byte
+// swizzled rows: descriptor start address + 32*k) into a fresh fp32 partial (scale-d = 0 on the
+// first), commits, waits, releases the stage, and promotes: acc += partial * (xs[token] * S) with
+// the scales from shared memory (the FP8 tensor-core accumulator is not a full fp32 sum over long
+// K, hence the per-128-K promotion, as in the mma.sync kernel).
+//
+// ---- Hand-off to the shared finish -----------------------------------------------------------------
+// The wgmma fragment gives warp w rows 16w + g and 16w + g + 8 (g = lane / 4); SkinnyFinish expects
+// rows 16w + 2g and 16w + 2g + 1 (the mma.sync kernel's pairing, which the RoPE / bf16x2 epilogues
+// rely on). A register permutation inside each warp (8 shuffles per 8-token block) converts one
+// into the other; then the split-K publish / last-CTA reduce and every epilogue run unchanged.
+#pragma once
+
+#include <cuda.h>
+
+#include "../common/sm90_mbarrier.cuh"
+#include "../common/sm90_tma.cuh"
+#include "../common/sm90_wgmma.cuh"
+#include "fp8_gemm_skinny.cuh"
+
+namespace glm5 {
+namespace attn_pre {
+namespace skinny {
+
+constexpr int kWgThreads = kThreads + 32;  // 8 math warps (2 warpgroups) + 1 TMA producer warp
+constexpr int kWgSmemAlign = 1024;         // SWIZZLE_128B tiles need 1024-byte aligned bases
+
+// Shared-memory carve-up (offsets from the 1024-aligned base; the launch adds kWgSmemAlign bytes
+// of slack so the dynamic smem base can be rounded up). Mirrored by glm5_fastpath/ops/fp8_gemm.py.
+template <int kTM, int kStages>
+struct WgmmaSmem {
+    static constexpr int kXStageBytes = kTM * kBlockK;                 // >= 1024: aligned stages
+    static constexpr int kOffW = 0;                                     // float8 [kStages][128][128]
+    static constexpr int kOffX = kOffW + kStages * kWStageBytes;        // float8 [kStages][kTM][128]
+    static constexpr int kOffBar = kOffX + kStages * kXStageBytes;      // uint64 full[kStages], empty[kStages]
+    static constexpr int kOffScratch = kOffBar + 16 * kStages;          // SkinnyFinish scratch (red + flag)
+    static constexpr int kOffWs = kOffScratch + 3 * kWarps * kTM * 4 + 16;  // float[gmax]
+    __host__ __device__ static constexpr int off_xs(int gmax) { return kOffWs + (gmax * 4 + 15) / 16 * 16; }
+    __host__ __device__ static constexpr int bytes(int gmax) { return off_xs(gmax) + gmax * kTM * 4; }
+    __host__ __device__ static constexpr int launch_bytes(int gmax) { return bytes(gmax) + kWgSmemAlign; }
+    static_assert(kXStageBytes % 1024 == 0 && kOffX % 1024 == 0, "TMA / wgmma tiles must stay 1024-byte aligned");
+};
+
+// Diagnostic variants (kDiag*, fp8_gemm_skinny.cuh) of this mainloop:
+//   kDiagLoadsOnly  TMA ring + barriers; per stage one ld.shared word per math thread feeds acc
+//                   (no wgmma, no promotion); no split-K reduce (split 0 stores).
+//   kDiagNoReduce   full mainloop; split-K publish / reduce skipped (split 0 stores).
+//   kDiagNoLoads    only the prologue's min(kStages, nk) stages are loaded; the K loop re-reads them
+//                   (wgmma + promotion + barrier cost); split 0 stores.
+template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff>
+struct WgmmaGemmTile {
+    static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64 || kTM == 128, "token block: 8..128");
+    static_assert(kStages >= 2 && kStages <= 16, "2..16 ring stages");
+    static_assert(kDiag == kDiagOff || kEpi == kEpiPlain, "diagnostic variants use the plain epilogue");
+    static_assert(kDiag >= kDiagOff && kDiag <= kDiagNoLoads, "diagnostic mode 0..3");
+    using Finish = SkinnyFinish<kTM, kEpi>;
+    using Smem = WgmmaSmem<kTM, kStages>;
+    static constexpr int kNT = kTM / 8;
+    static constexpr int kAcc = kTM / 2;  // fp32 accumulator registers of one m64 x kTM wgmma per thread
+    static constexpr uint32_t kStageTx = kWStageBytes + Smem::kXStageBytes;
+    static constexpr int kEmptyArrivals = kWarps;  // lane 0 of every math warp
+
+    static GLM5_DEVICE Coord coord(const SkinnyParams& p, int tile_n, int split, int tile_m) {
+        return make_coord(p, tile_n, split, tile_m);
+    }
+
+    // The dynamic smem base rounded up to 1024 bytes (the launch reserves kWgSmemAlign of slack).
+    static GLM5_DEVICE uint8_t* align_smem(uint8_t* raw) {
+        const uint32_t a = ptx::smem_addr(raw);
+        return raw + ((((a + (kWgSmemAlign - 1)) & ~static_cast<uint32_t>(kWgSmemAlign - 1))) - a);
+    }
+    static GLM5_DEVICE uint32_t full_bar(uint32_t base, int s) { return base + Smem::kOffBar + 8 * s; }
+    static GLM5_DEVICE uint32_t empty_bar(uint32_t base, int s) { return base + Smem::kOffBar + 8 * (kStages + s); }
+    static GLM5_DEVICE int prefill(const Coord& c) { return c.nk < kStages ? c.nk : kStages; }
+
+    // One thread, before a CTA barrier that every thread passes before touching a barrier.
+    static GLM5_DEVICE void init_barriers(uint8_t* smem) {
+        const uint32_t base = ptx::smem_addr(smem);
+#pragma unroll
+        for (int s = 0; s < kStages; ++s) {
+            sm90::mbar_init(full_bar(base, s), 1);
+            sm90::mbar_init(empty_bar(base, s), kEmptyArrivals);
+        }
+        sm90::fence_barrier_init();
+    }
+
+    // ---- producer (one thread of warp 8) --------------------------------------------------------
+    // Before griddepcontrol.wait: arm the first prefill stages for weights + activations and issue
+    // their weight boxes (weights are not the previous kernel's output).
+    static GLM5_DEVICE void producer_prologue(const SkinnyParams& p, const Coord& c, const CUtensorMap* w_map,
+                                              const CUtensorMap* x_map, uint8_t* smem) {
+        sm90::tma_prefetch_desc(w_map);
+        sm90::tma_prefetch_desc(x_map);
+        const uint32_t base = ptx::smem_addr(smem);
+        const int n = prefill(c);
+        for (int s = 0; s < n; ++s) {
+            sm90::mbar_arrive_expect_tx(full_bar(base, s), kStageTx);
+            sm90::tma_load_2d(w_map, base + Smem::kOffW + s * kWStageBytes, full_bar(base, s), (c.g_begin + s) * kBlockK,
+                              c.tile_n * kBlockN);
+        }
+    }
+
+    // After griddepcontrol.wait: the prefill stages' activation boxes, then the rest of the split.
+    static GLM5_DEVICE void producer_mainloop(const SkinnyParams& p, const Coord& c, const CUtensorMap* w_map,
+                                              const CUtensorMap* x_map, uint8_t* smem) {
+        const uint32_t base = ptx::smem_addr(smem);
+        const int n = prefill(c);
+        const int row_x = c.tile_m * kTM;
+        for (int s = 0; s < n; ++s)
+            sm90::tma_load_2d(x_map, base + Smem::kOffX + s * Smem::kXStageBytes, full_bar(base, s),
+                              (c.g_begin + s) * kBlockK, row_x);
+        const int n_loop = kDiag == kDiagNoLoads ? 0 : c.nk;  // no-loads diagnostic: the prefill only
+        for (int it = n; it < n_loop; ++it) {
+            const int slot = it % kStages;
+            const uint32_t round = static_cast<uint32_t>(it / kStages);  // >= 1
+            sm90::mbar_wait(empty_bar(base, slot), (round - 1) & 1u);    // the math warps released round-1
+            const uint32_t full = full_bar(base, slot);
+            sm90::mbar_arrive_expect_tx(full, kStageTx);
+            sm90::tma_load_2d(w_map, base + Smem::kOffW + slot * kWStageBytes, full, (c.g_begin + it) * kBlockK,
+                              c.tile_n * kBlockN);
+            sm90::tma_load_2d(x_map, base + Smem::kOffX + slot * Smem::kXStageBytes, full, (c.g_begin + it) * kBlockK,
+                              row_x);
+        }
+    }
+
+    // ---- math warps (threads 0..255) --------------------------------------------------------------
+    // Before griddepcontrol.wait: this split's weight scales.
+    static GLM5_DEVICE void consumer_prologue(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid) {
+        float* s_ws = reinterpret_cast<float*>(smem + Smem::kOffWs);
+        const int G = p.K / kBlockK;
+        for (int i = tid; i < c.nk; i += kThreads)
+            s_ws[i] = __ldg(p.w_scale + static_cast<int64_t>(c.tile_n) * G + c.g_begin + i);
+    }
+
+    // After griddepcontrol.wait: activation scales, the K loop, the layout hand-off and the split-K
+    // finish. Returns false when another CTA finishes this tile.
+    static GLM5_DEVICE bool mainloop(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+                                     float (&acc)[kNT][4]) {
+        const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+        const int g = lane >> 2, t = lane & 3;
+        const uint32_t base = ptx::smem_addr(smem);
+        const float* s_ws = reinterpret_cast<const float*>(smem + Smem::kOffWs);
+        float* s_xs = reinterpret_cast<float*>(smem + Smem::off_xs(c.gmax));
+        const int G = p.K / kBlockK;
+        const int m0 = c.tile_m * kTM;
+        for (int i = tid; i < c.nk * kTM; i += kThreads) {
+            const int gi = i / kTM, r = i % kTM;
+            const int tok = m0 + r;
+            s_xs[i] = tok < p.M ? p.x_scale[static_cast<int64_t>(tok) * G + c.g_begin + gi] : 0.0f;
+        }
+        consumer_sync();  // s_xs (and the pre-wait s_ws) visible to every math warp
+
+        float d[kAcc];
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) d[i] = 0.0f;
+        float part[kAcc];
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
+
+        const int n_pre = prefill(c);
+        const uint32_t a_off = Smem::kOffW + static_cast<uint32_t>(wg) * (64 * kBlockK);
+        for (int it = 0; it < c.nk; ++it) {
+            const int slot = kDiag == kDiagNoLoads ? it % n_pre : it % kStages;
+            const uint32_t parity = kDiag == kDiagNoLoads ? 0u : static_cast<uint32_t>(it / kStages) & 1u;
+            sm90::mbar_wait(full_bar(base, slot), parity);
+            const uint32_t a_st = base + a_off + slot * kWStageBytes;
+            const uint32_t b_st = base + Smem::kOffX + slot * Smem::kXStageBytes;
+            if constexpr (kDiag == kDiagLoadsOnly) {
+                const uint32_t wv = *reinterpret_cast<const uint32_t*>(smem + Smem::kOffW + slot * kWStageBytes + tid * 16);
+                const uint32_t xv = *reinterpret_cast<const uint32_t*>(
+                    smem + Smem::kOffX + slot * Smem::kXStageBytes + (tid % (kTM * 32)) * 4);
+                d[0] += __uint_as_float(wv & 0x3f7fffffu);
+                d[1] += __uint_as_float(xv & 0x3f7fffffu);
+                __syncwarp();
+                if (lane == 0) sm90::mbar_arrive(empty_bar(base, slot));
+                continue;
+            }
+            sm90::fence_operands(part);
+            sm90::wgmma_fence();  // part was read by the previous promotion
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                sm90::wgmma_m64k32_e4m3<kTM>(part, sm90::smem_desc_k128sw(a_st + 32 * kk),
+                                             sm90::smem_desc_k128sw(b_st + 32 * kk), kk > 0 ? 1 : 0);
+            sm90::wgmma_commit();
+            sm90::wgmma_wait<0>();
+            sm90::fence_operands(part);
+            if constexpr (kDiag != kDiagNoLoads) {
+                if (lane == 0) sm90::mbar_arrive(empty_bar(base, slot));  // this warp's reads of the stage are done
+            }
+            // Promotion: acc += partial * (xs[token, g] * S[tile, g]); part[4j + e] is token 8j + 2t + (e & 1).
+            const float ws = s_ws[it];
+            const float* xs_it = s_xs + it * kTM + 2 * t;
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+                const float2 sx = *reinterpret_cast<const float2*>(xs_it + 8 * j);
+                const float s0 = sx.x * ws, s1 = sx.y * ws;
+                d[4 * j + 0] = fmaf(part[4 * j + 0], s0, d[4 * j + 0]);
+                d[4 * j + 1] = fmaf(part[4 * j + 1], s1, d[4 * j + 1]);
+                d[4 * j + 2] = fmaf(part[4 * j + 2], s0, d[4 * j + 2]);
+                d[4 * j + 3] = fmaf(part[4 * j + 3], s1, d[4 * j + 3]);
+            }
+        }
+
+        to_mma_layout(d, acc, g, t);
+
+        if (p.splits == 1) return true;
+        if constexpr (kDiag != kDiagOff) return c.split == 0 || acc[0][0] == 1234.5f;  // keep the work alive
+        return Finish::reduce_splits(p, c, Finish::scratch(smem + Smem::kOffScratch), tid, acc);
+    }
+
+    // wgmma fragment (rows g, g+8 of the warp's 16) -> mma.sync pairing (rows 2g, 2g+1): row r of the
+    // warp lives in lane ((r & 7) << 2 | t) as element 2 * (r >> 3) + (token parity). For rows 2g + h,
+    // r >> 3 = g >> 2, so a lane takes element (g >= 4 ? 2 : 0) + q of lane ((2g + h) & 7) << 2 | t.
+    static GLM5_DEVICE void to_mma_layout(const float (&d)[kAcc], float (&acc)[kNT][4], int g, int t) {
+        const int src0 = (((2 * g) & 7) << 2) | t;
+        const int src1 = (((2 * g + 1) & 7) << 2) | t;
+        const bool hi = g >= 4;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const float lo0 = __shfl_sync(0xffffffffu, d[4 * j + q], src0);
+                const float hi0 = __shfl_sync(0xffffffffu, d[4 * j + 2 + q], src0);
+                const float lo1 = __shfl_sync(0xffffffffu, d[4 * j + q], src1);
+                const float hi1 = __shfl_sync(0xffffffffu, d[4 * j + 2 + q], src1);
+                acc[j][q] = hi ? hi0 : lo0;      // weight row 2g
+                acc[j][2 + q] = hi ? hi1 : lo1;  // weight row 2g + 1
+            }
+    }
+
+    static GLM5_DEVICE void epilogue(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
+                                     float (&acc)[kNT][4]) {
+        Finish::epilogue(p, c, Finish::scratch(smem + Smem::kOffScratch), tid, acc);
+    }
+};
+
+}  // namespace skinny
+}  // namespace attn_pre
+}  // namespace glm5
