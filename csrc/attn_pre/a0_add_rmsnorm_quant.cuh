@@ -1,8 +1,7 @@
-// A0 tile: residual add + RMSNorm + per-token 1x128 FP8 (e4m3) quantization of ONE row.
+// A0 tile: residual add + RMSNorm + per-token 1x128 FP8 (e4m3) quantization of ONE row, split over
+// a thread-block cluster of kCluster CTAs (8 for GLM-5's H = 6144).
 //
-// Framework-free (raw pointers, bf16 as uint16_t bit patterns, e4m3 as bytes) so the same tile
-// runs from the standalone launcher (a0_add_rmsnorm_quant.cu, one CTA per row) and, later,
-// from a persistent megakernel that hands a group of kThreads threads one row at a time.
+// Framework-free (raw pointers, bf16 as uint16_t bit patterns, e4m3 as bytes).
 //
 // Math, bit-for-bit the order of glm5_fastpath.ref.prefix.a0_add_rmsnorm_quant:
 //   r         = f32(hidden) + f32(residual)                      (exact fp32 add)
@@ -14,16 +13,29 @@
 //     s_g     = max(amax_g |x|, 1e-10) / 448                     (IEEE divide)
 //     x8      = e4m3_rn_satfinite(f32(x) / s_g)                  (IEEE divide, not * 1/s)
 //
-// Thread layout. A row is H/8 16-byte vectors of 8 bf16. Thread t of the tile owns vectors
-// v = i*kThreads + t for i < kIters, so each load instruction of a warp reads 512 contiguous
-// bytes. A 128-column group is 16 vectors = one aligned half-warp, so the group amax needs only
-// a 4-step shuffle inside the half-warp, and lane 0 of each half-warp writes the group's scale.
-// The sum of squares crosses warps through kWarps floats of shared scratch and one named
-// barrier; every thread then adds the kWarps partials in the same order, so all threads hold
-// the identical rstd.
+// Why a cluster. Decode rows are few (M = 1..256) and each is only 12 KB in / 30 KB out, so one CTA
+// per row leaves most SMs idle and makes each busy SM stream ~54 KB serially. Here CTA `rank` of the
+// row's cluster owns the kCtaCols = H / kCluster contiguous columns [rank * kCtaCols, ...), one
+// 16-byte vector (8 bf16) per thread: every load of the CTA is in flight at once and the per-SM
+// traffic is 1/kCluster of a row. A 128-column quant group is 16 vectors = one aligned half-warp, so
+// the group amax needs only a 4-step shuffle; only the sum of squares crosses CTAs.
+//
+// Sum of squares across the cluster, one-way and deterministic. Each warp reduces its partial with a
+// butterfly; lane j < kCluster of every warp then pushes that float into slot [rank][warp] of CTA j's
+// shared `recv` with st.async, which also completes 4 transaction bytes on CTA j's mbarrier. Every
+// CTA armed its own mbarrier (one arrival + kCluster * kWarps * 4 expected bytes) before the launch
+// waited on the previous kernel, so after the mbarrier phase completes all partials of the row are in
+// local shared memory; every thread of every CTA adds them in the same (rank, warp) order and so
+// holds the identical rstd. No CTA touches a peer's shared memory after that, and a CTA leaves only
+// after its own barrier saw every byte addressed to it, so nobody writes into an exited CTA.
+//
+// The start-up rule of distributed shared memory (a peer must be running, its mbarrier initialised,
+// before anyone writes into it) is a cluster barrier split in two: arrive in the prologue, wait just
+// before the first st.async, so its latency hides under griddepcontrol.wait and the row loads.
 #pragma once
 
 #include "../common/arch.cuh"
+#include "../common/bulk_copy.cuh"
 #include "../common/convert.cuh"
 #include "../common/pdl.cuh"
 #include "../common/reduce.cuh"
@@ -32,8 +44,89 @@
 namespace glm5 {
 namespace attn_pre {
 
-// Pointers of one row. bf16 rows are contiguous and 16-byte aligned; residual_out may equal
-// residual (in place: each element is read and then written by the same thread).
+// ---- thread-block cluster / distributed shared memory (one PTX instruction per function) ----------
+// NOTES: these belong in csrc/common/ (a cluster.cuh); they live here, in their own namespace, because
+// this change was limited to the A0/C0 files. C0 (c0_head_gate.cuh) includes this header for them.
+namespace dsmem {
+
+GLM5_DEVICE uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+GLM5_DEVICE uint32_t cluster_nctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+
+// First half of a cluster-wide barrier (every thread of every CTA of the cluster arrives).
+GLM5_DEVICE void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+
+// Second half: returns once every thread of the cluster has arrived (acquire).
+GLM5_DEVICE void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+// The shared::cluster address of the variable at shared::cta address `local` in the CTA of rank `rank`.
+GLM5_DEVICE uint32_t map_to_rank(uint32_t local, uint32_t rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(local), "r"(rank));
+    return r;
+}
+
+// 4 / 16 bytes into a peer's shared memory (shared::cluster address), completing that many
+// transaction bytes on the peer's mbarrier `remote_bar` (shared::cluster address, same CTA).
+GLM5_DEVICE void st_async_b32(uint32_t remote_addr, uint32_t v, uint32_t remote_bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote_addr),
+                 "r"(v), "r"(remote_bar)
+                 : "memory");
+}
+
+GLM5_DEVICE void st_async_v4_b32(uint32_t remote_addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d,
+                                 uint32_t remote_bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                     remote_addr),
+                 "r"(a), "r"(b), "r"(c), "r"(d), "r"(remote_bar)
+                 : "memory");
+}
+
+// try_wait with cluster-scope acquire: the peers' st.async bytes (released at cluster scope by the
+// complete_tx) are visible to this thread's ordinary shared loads once it returns true.
+GLM5_DEVICE bool mbarrier_try_wait_parity_cluster(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n"
+        " .reg .pred p;\n"
+        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+
+// Spin until the phase of parity `parity` completes. Bounded: a peer that never sends (a launch
+// without the cluster attribute, a bug) traps after ~2^32 cycles (seconds) instead of hanging.
+GLM5_DEVICE void mbarrier_wait_parity_cluster(uint32_t bar, uint32_t parity) {
+    if (mbarrier_try_wait_parity_cluster(bar, parity)) return;
+    const long long t0 = clock64();
+    while (!mbarrier_try_wait_parity_cluster(bar, parity)) {
+        if (clock64() - t0 > (1ll << 32)) __trap();
+    }
+}
+
+// Trap unless the launch really formed clusters of kCluster CTAs (the kernels index peers by rank).
+template <int kCluster>
+GLM5_DEVICE void require_cluster_size() {
+    if (cluster_nctarank() != static_cast<uint32_t>(kCluster)) __trap();
+}
+
+}  // namespace dsmem
+
+// Pointers of one row (the row base; the tile adds its own column offset). bf16 rows are contiguous
+// and 16-byte aligned; residual_out may equal residual (in place: each element is read and then
+// written by the same thread).
 struct A0RowPtrs {
     const uint16_t* hidden;        // [H] bf16
     const uint16_t* residual;      // [H] bf16
@@ -44,115 +137,121 @@ struct A0RowPtrs {
     int64_t scale_stride_group;    // 1 for row-major [M, H/128]; the padded M for column-major
 };
 
-template <int kHidden, int kThreads, int kBarrierId = 0>
-struct A0AddRmsNormQuantTile {
-    static constexpr int kVec = 8;                    // bf16 per 16-byte vector
-    static constexpr int kGroup = 128;                // FP8 activation group (1x128)
+template <int kHidden, int kCluster>
+struct A0AddRmsNormQuantClusterTile {
+    static constexpr int kVec = 8;                        // bf16 per 16-byte vector
+    static constexpr int kGroup = 128;                    // FP8 activation group (1x128)
     static constexpr int kLanesPerGroup = kGroup / kVec;  // 16: half a warp
+    static constexpr int kCtaCols = kHidden / kCluster;   // columns of one CTA
+    static constexpr int kThreads = kCtaCols / kVec;      // one vector per thread
     static constexpr int kWarps = kThreads / 32;
-    static constexpr int kVecsPerRow = kHidden / kVec;
-    static constexpr int kIters = kVecsPerRow / kThreads;
-    // Shared scratch the caller provides (floats). Reusing it for the next row needs a barrier
-    // in between (or alternate two scratch buffers): a slow warp may still be reading it.
-    static constexpr int kScratchFloats = kWarps;
+    static constexpr int kGroupsPerCta = kCtaCols / kGroup;
+    static constexpr int kPartials = kCluster * kWarps;   // sum-of-squares partials per row
+    static constexpr uint32_t kRecvBytes = kPartials * sizeof(float);
 
-    static_assert(kThreads % 32 == 0 && kThreads >= 32 && kThreads <= 1024, "whole warps, at most 1024 threads");
-    static_assert(kHidden % kGroup == 0, "H must be a multiple of the 128-column quant group");
-    static_assert(kVecsPerRow % kThreads == 0, "H/8 must be a multiple of the thread count");
-    static_assert(kIters >= 1 && kIters <= 8, "row is held in registers: 1..8 vectors per thread");
+    static_assert(kCluster >= 1 && kCluster <= 8, "portable cluster size: 1..8 CTAs");
+    static_assert(kHidden % (256 * kCluster) == 0, "each CTA owns whole warps of 256 columns (two 128-col groups)");
+    static_assert(kThreads >= 32 && kThreads <= 1024, "1..32 warps per CTA");
 
-    // This thread's slice of gamma, loaded before griddep_wait() (gamma is never written by
-    // the preceding kernel).
-    struct Gamma {
-        ptx::u32x4 v[kIters];
+    // Shared memory of one CTA (8-byte aligned by its first member).
+    struct Smem {
+        uint64_t bar;              // completes when all kPartials partials have landed in recv
+        float recv[kPartials];     // [rank][warp] warp partial sums of r*r
     };
 
-    static GLM5_DEVICE void load_gamma(Gamma& g, const uint16_t* __restrict__ weight, int tid) {
-#pragma unroll
-        for (int i = 0; i < kIters; ++i) g.v[i] = ptx::ld_global_nc_v4(weight + (i * kThreads + tid) * kVec);
+    // Prologue, before griddepcontrol.wait (nothing here reads the previous kernel's output).
+    // This thread's 16 bytes of gamma (the norm weight is never written by the preceding kernel).
+    static GLM5_DEVICE ptx::u32x4 load_gamma(const uint16_t* __restrict__ weight, int rank, int tid) {
+        return ptx::ld_global_nc_v4(weight + rank * kCtaCols + tid * kVec);
+    }
+
+    // Arm the receive barrier and arrive at the start-up cluster barrier; every thread calls it.
+    static GLM5_DEVICE void init(Smem& s, int tid) {
+        if (tid == 0) {
+            ptx::mbarrier_init(&s.bar, 1);
+            ptx::mbarrier_arrive_expect_tx(&s.bar, kRecvBytes);
+            ptx::fence_mbarrier_init();
+        }
+        dsmem::cluster_arrive_relaxed();
     }
 
     static GLM5_DEVICE uint32_t word(const ptx::u32x4& v, int w) {
         return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;  // w is a compile-time constant after unrolling
     }
 
-    // All kThreads threads of the tile call this with the same row; tid in [0, kThreads).
-    static GLM5_DEVICE void run(const Gamma& gamma, const A0RowPtrs& p, float eps, float* scratch, int tid) {
+    // All kThreads threads of every CTA of the cluster call this after init() and griddepcontrol.wait,
+    // with the same row; rank = this CTA's rank in the cluster, tid in [0, kThreads).
+    static GLM5_DEVICE void run(const ptx::u32x4& gamma, const A0RowPtrs& p, float eps, Smem& s, int rank, int tid) {
         const int lane = tid & 31;
         const int warp = tid >> 5;
+        const int col = rank * kCtaCols + tid * kVec;
 
-        // 1. Issue every load of the row before the first use (2*kIters 16-byte loads in flight).
-        ptx::u32x4 h[kIters], res[kIters];
-#pragma unroll
-        for (int i = 0; i < kIters; ++i) {
-            const int v = i * kThreads + tid;
-            h[i] = ptx::ld_global_v4(p.hidden + v * kVec);
-            res[i] = ptx::ld_global_v4(p.residual + v * kVec);
-        }
+        // 1. Both loads of this thread in flight before any use.
+        const ptx::u32x4 h = ptx::ld_global_v4(p.hidden + col);
+        const ptx::u32x4 res = ptx::ld_global_v4(p.residual + col);
 
         // 2. r = hidden + residual in fp32; residual_out = bf16(r); partial sum of squares.
-        float r[kIters][kVec];
+        float r[kVec];
         float ss = 0.0f;
+        ptx::u32x4 ro;
+        uint32_t* rw = &ro.x;
 #pragma unroll
-        for (int i = 0; i < kIters; ++i) {
-            ptx::u32x4 ro;
-            uint32_t* rw = &ro.x;
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                const uint32_t hw = word(h[i], w), qw = word(res[i], w);
-                const float a = ptx::bf16lo_to_f32(hw) + ptx::bf16lo_to_f32(qw);
-                const float b = ptx::bf16hi_to_f32(hw) + ptx::bf16hi_to_f32(qw);
-                r[i][2 * w] = a;
-                r[i][2 * w + 1] = b;
-                ss = fmaf(a, a, ss);
-                ss = fmaf(b, b, ss);
-                rw[w] = ptx::f32x2_to_bf16x2_rn(a, b);
-            }
-            ptx::st_global_v4(p.residual_out + (i * kThreads + tid) * kVec, ro);
+        for (int w = 0; w < 4; ++w) {
+            const uint32_t hw = word(h, w), qw = word(res, w);
+            const float a = ptx::bf16lo_to_f32(hw) + ptx::bf16lo_to_f32(qw);
+            const float b = ptx::bf16hi_to_f32(hw) + ptx::bf16hi_to_f32(qw);
+            r[2 * w] = a;
+            r[2 * w + 1] = b;
+            ss = fmaf(a, a, ss);
+            ss = fmaf(b, b, ss);
+            rw[w] = ptx::f32x2_to_bf16x2_rn(a, b);
         }
+        ptx::st_global_v4(p.residual_out + col, ro);
 
-        // 3. Row sum of squares: warp butterfly, then kWarps partials through shared memory.
+        // 3. Row sum of squares: warp butterfly, then every warp partial to every CTA of the cluster.
         ss = warp_sum(ss);
-        if (lane == 0) scratch[warp] = ss;
-        ptx::named_barrier_sync<kBarrierId, kThreads>();
+        dsmem::cluster_wait();  // every peer is running and has armed its barrier (arrived in init())
+        const uint32_t bar = ptx::cvta_shared(&s.bar);
+        if (lane < kCluster) {
+            const uint32_t slot = ptx::cvta_shared(&s.recv[rank * kWarps + warp]);
+            dsmem::st_async_b32(dsmem::map_to_rank(slot, lane), __float_as_uint(ss), dsmem::map_to_rank(bar, lane));
+        }
+        dsmem::mbarrier_wait_parity_cluster(bar, 0);
+        const volatile float* recv = s.recv;  // written by peers' st.async, invisible to the compiler
         float total = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) total += scratch[w];
+        for (int i = 0; i < kPartials; ++i) total += recv[i];
         const float rstd = 1.0f / sqrtf(total / static_cast<float>(kHidden) + eps);
 
-        // 4. x = bf16((r * rstd) * gamma); group amax over the bf16 x; FP8 quant with the scale.
+        // 4. x = bf16((r * rstd) * gamma); group amax over the bf16 x; FP8 quant with the group scale.
+        ptx::u32x4 xo;
+        uint32_t* xw = &xo.x;
+        float xf[kVec];
+        float amax = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kIters; ++i) {
-            const int v = i * kThreads + tid;
-            ptx::u32x4 xo;
-            uint32_t* xw = &xo.x;
-            float xf[kVec];
-            float amax = 0.0f;
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                const uint32_t gw = word(gamma.v[i], w);
-                const float ya = (r[i][2 * w] * rstd) * ptx::bf16lo_to_f32(gw);
-                const float yb = (r[i][2 * w + 1] * rstd) * ptx::bf16hi_to_f32(gw);
-                xw[w] = ptx::f32x2_to_bf16x2_rn(ya, yb);
-                xf[2 * w] = ptx::bf16lo_to_f32(xw[w]);
-                xf[2 * w + 1] = ptx::bf16hi_to_f32(xw[w]);
-                amax = fmaxf(amax, fmaxf(fabsf(xf[2 * w]), fabsf(xf[2 * w + 1])));
-            }
-            ptx::st_global_v4(p.x + v * kVec, xo);
-
-            amax = warp_group_max<kLanesPerGroup>(amax);
-            const float s = fmaxf(amax, 1e-10f) / 448.0f;
-            uint32_t q[2];
-#pragma unroll
-            for (int w = 0; w < 2; ++w) {
-                const uint32_t lo = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w] / s, xf[4 * w + 1] / s);
-                const uint32_t hi = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w + 2] / s, xf[4 * w + 3] / s);
-                q[w] = lo | (hi << 16);
-            }
-            ptx::st_global_v2(p.x_fp8 + v * kVec, q[0], q[1]);
-            if ((lane & (kLanesPerGroup - 1)) == 0)
-                ptx::st_global_f32(p.x_scale + static_cast<int64_t>(v / kLanesPerGroup) * p.scale_stride_group, s);
+        for (int w = 0; w < 4; ++w) {
+            const uint32_t gw = word(gamma, w);
+            const float ya = (r[2 * w] * rstd) * ptx::bf16lo_to_f32(gw);
+            const float yb = (r[2 * w + 1] * rstd) * ptx::bf16hi_to_f32(gw);
+            xw[w] = ptx::f32x2_to_bf16x2_rn(ya, yb);
+            xf[2 * w] = ptx::bf16lo_to_f32(xw[w]);
+            xf[2 * w + 1] = ptx::bf16hi_to_f32(xw[w]);
+            amax = fmaxf(amax, fmaxf(fabsf(xf[2 * w]), fabsf(xf[2 * w + 1])));
         }
+        ptx::st_global_v4(p.x + col, xo);
+
+        amax = warp_group_max<kLanesPerGroup>(amax);
+        const float sc = fmaxf(amax, 1e-10f) / 448.0f;
+        uint32_t q[2];
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            const uint32_t lo = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w] / sc, xf[4 * w + 1] / sc);
+            const uint32_t hi = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w + 2] / sc, xf[4 * w + 3] / sc);
+            q[w] = lo | (hi << 16);
+        }
+        ptx::st_global_v2(p.x_fp8 + col, q[0], q[1]);
+        if ((lane & (kLanesPerGroup - 1)) == 0)
+            ptx::st_global_f32(p.x_scale + static_cast<int64_t>(col / kGroup) * p.scale_stride_group, sc);
     }
 };
 

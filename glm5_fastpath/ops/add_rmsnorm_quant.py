@@ -33,9 +33,15 @@ The Python entry point `add_rmsnorm_quant(hidden, residual, weight, eps, out=Non
 out=None -> functional; out=residual -> in place; another tensor -> residual_out goes there;
 a 4-tuple -> all outputs go there.
 
+Kernel (csrc/attn_pre/a0_add_rmsnorm_quant.{cuh,cu}): one thread-block cluster per row (8 CTAs of
+96 threads for H = 6144, config_for), one 16-byte vector per thread; the row's sum of squares is
+exchanged between the cluster's CTAs through distributed shared memory (st.async + mbarrier), in a
+fixed order, so the kernel is deterministic. No workspace: launches may run concurrently.
+
 The kernel is launched with Programmatic Dependent Launch by default (pdl=True): it loads
-`weight` before griddepcontrol.wait and reads hidden/residual only after it, and lets the next
-kernel launch early. GLM5_FASTPATH_DISABLE_PDL=1 turns the attribute off globally.
+`weight` (and arms its cluster barriers) before griddepcontrol.wait and reads hidden/residual only
+after it, and lets the next kernel launch early. GLM5_FASTPATH_DISABLE_PDL=1 turns the attribute
+off globally.
 """
 from __future__ import annotations
 
@@ -57,9 +63,11 @@ FUNCTION = "glm5_a0_add_rmsnorm_quant"
 SCALE_LAYOUTS = ("row", "col_tma")
 FP8 = torch.float8_e4m3fn
 _VEC = 8  # bf16 per 16-byte vector
-_MAX_VECS_PER_THREAD = 8  # the kernel's static_assert: the row lives in registers
-_THREAD_CHOICES = (256, 512, 1024, 128, 64, 32)  # preference order, see config_for
+_WARP_COLS = 256  # columns one warp covers (one 16-byte vector per lane): two 128-column quant groups
+_MAX_CLUSTER = 8  # portable thread-block cluster size
+_MAX_THREADS = 1024
 _SCALE_TMA_ALIGN = 4  # 16 bytes of fp32
+_GRID_X_MAX = 2**31 - 1
 
 # The kernel hard-codes the project's quant constants; fail at import if they ever drift apart.
 if (FP8_BLOCK, FP8_MAX, ACT_QUANT_EPS) != (128, 448.0, 1e-10):
@@ -77,42 +85,45 @@ class A0Result(NamedTuple):
 @dataclass(frozen=True)
 class A0Config:
     hidden: int
-    threads: int
+    cluster: int  # CTAs per row (one thread-block cluster per row)
 
     @property
-    def vecs_per_thread(self) -> int:
-        return self.hidden // _VEC // self.threads
+    def threads(self) -> int:
+        """Threads per CTA: one 16-byte vector of the row each."""
+        return self.hidden // self.cluster // _VEC
 
     @functools.cached_property
     def spec(self) -> KernelSpec:
         return KernelSpec(FUNCTION, source=SOURCE,
-                          defines=(("GLM5_A0_HIDDEN", str(self.hidden)), ("GLM5_A0_THREADS", str(self.threads))))
+                          defines=(("GLM5_A0_HIDDEN", str(self.hidden)), ("GLM5_A0_CLUSTER", str(self.cluster))))
 
 
 _configs: dict[int, A0Config] = {}
 
 
 def config_for(hidden: int) -> A0Config:
-    """Threads per CTA for a row of `hidden` bf16 (one CTA per row).
+    """Cluster size (CTAs per row) for a row of `hidden` bf16.
 
-    Rules: a warp covers 256 columns per load (so H % 256 == 0 keeps 128-column groups on
-    half-warps); H/8 must split evenly over the threads; at most 8 vectors per thread (the row is
-    held in registers). Prefer 256 threads: enough loads in flight per row for decode latency and
-    a cheap 8-warp reduction; more threads only when H needs them.
+    Rules: a warp covers 256 columns (one 16-byte vector per lane), so H % 256 == 0 keeps every
+    128-column quant group on one half-warp; each CTA owns whole warps (H / 256 divisible by the
+    cluster size); at most 8 CTAs per cluster (the portable limit) and 1024 threads per CTA. Prefer
+    the largest cluster: a decode row is latency-bound, so spreading its loads and stores over more
+    SMs shortens the chain, and the cross-CTA sum of squares costs one DSMEM push either way.
+    GLM-5 (6144): 8 CTAs x 96 threads; small preset (512): 2 x 32; DeepSeek width (7168): 7 x 128.
     """
     cfg = _configs.get(hidden)
     if cfg is not None:
         return cfg
-    if hidden <= 0 or hidden % 256:
+    if hidden <= 0 or hidden % _WARP_COLS:
         raise ValueError(f"{OP}: hidden size H={hidden} is not supported: H must be a positive multiple of 256")
-    vecs = hidden // _VEC
-    for t in _THREAD_CHOICES:
-        if vecs % t == 0 and 1 <= vecs // t <= _MAX_VECS_PER_THREAD:
-            cfg = A0Config(hidden, t)
+    warps = hidden // _WARP_COLS
+    for c in range(_MAX_CLUSTER, 0, -1):
+        if warps % c == 0 and warps // c * 32 <= _MAX_THREADS:
+            cfg = A0Config(hidden, c)
             break
     else:
-        raise ValueError(f"{OP}: hidden size H={hidden} is not supported: needs H/8 = t*v with t in "
-                         f"{sorted(_THREAD_CHOICES)} and v <= {_MAX_VECS_PER_THREAD}")
+        raise ValueError(f"{OP}: hidden size H={hidden} is not supported: needs H/256 = c*w with a cluster of "
+                         f"c <= {_MAX_CLUSTER} CTAs of w <= {_MAX_THREADS // 32} warps")
     _configs[hidden] = cfg
     return cfg
 
@@ -160,9 +171,10 @@ def _check_inputs(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     _check_eps(eps)
     if scale_layout not in SCALE_LAYOUTS:
         raise _fail(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
-    if isinstance(m, int) and m >= 2**31:
-        raise _fail(f"M={m} rows exceeds the grid limit 2^31-1")
-    return config_for(int(h))
+    cfg = config_for(int(h))
+    if isinstance(m, int) and m * cfg.cluster > _GRID_X_MAX:
+        raise _fail(f"M={m} rows exceeds the grid limit: M * {cfg.cluster} CTAs per row must be <= 2^31-1")
+    return cfg
 
 
 
@@ -205,7 +217,7 @@ def _kernel(cfg: A0Config, device: torch.device):
     k = _kernels.get((cfg.hidden, device.index))
     if k is None:
         env.print_config("add_rmsnorm_quant", {"H": cfg.hidden},
-                         {"threads": cfg.threads, "vecs_per_thread": cfg.vecs_per_thread, "grid": "M CTAs"})
+                         {"cluster": cfg.cluster, "threads": cfg.threads, "grid": f"M x {cfg.cluster} CTAs"})
         from ..jit.runtime import get_kernel
         k = _kernels[(cfg.hidden, device.index)] = get_kernel(cfg.spec, device=device)
     return k
@@ -217,8 +229,9 @@ def _launch(cfg: A0Config, hidden, residual, weight, eps, x, residual_out, x8, s
     if m == 0:
         return
     kernel = _kernel(cfg, hidden.device)
-    kernel.launch((m, 1, 1), (cfg.threads, 1, 1),
-                  _kernel_args(hidden, residual, weight, x, residual_out, x8, scale, eps), pdl=pdl)
+    kernel.launch((m * cfg.cluster, 1, 1), (cfg.threads, 1, 1),
+                  _kernel_args(hidden, residual, weight, x, residual_out, x8, scale, eps), pdl=pdl,
+                  cluster=(cfg.cluster, 1, 1))
 
 
 # ---- custom ops -----------------------------------------------------------------------------------

@@ -8,18 +8,12 @@ Inputs: x_bf16 [M, H] bf16 contiguous (the normalized layer input, A0's x), weig
 bf16 contiguous. H must be a multiple of 256 (GLM-5: 6144; small preset: 512), heads a multiple of 4
 and at most 32 (GLM-5: 32; small preset: 4), 0 <= M <= 256. Output: w_raw [M, heads] bf16.
 
-Kernel (csrc/attn_pre/c0_head_gate.{cuh,cu}): grid (H/256 K chunks, ceil(M/32) token tiles) of
-256-thread CTAs; each warp multiplies 32 columns of the 32 heads by up to 32 tokens with bf16
-mma.sync (weights on the MMA M side); the 24 K-chunk partials (fp32) are reduced by the last CTA
-to arrive at a self-resetting device counter, in a fixed order (bitwise deterministic). The weights
-are loaded before griddepcontrol.wait (PDL), x after it.
-
-Workspace: one per device (fp32 partials [8][H/256][32][heads] + uint32 counters [8], 0.79 MB for
-GLM-5), allocated and zeroed once on first use (or by precompile()). Counters return to zero at the
-end of every launch, so no per-call memset is needed and CUDA-graph replays may reuse it. Because it
-is shared, launches on one device must not run concurrently on two streams (they are ordered on one
-stream, or across streams by events, as SGLang's decode graph does); a PDL-overlapped next launch on
-the same stream is safe (every workspace access follows griddepcontrol.wait).
+Kernel (csrc/attn_pre/c0_head_gate.{cuh,cu}): one thread-block cluster per tile of 8 tokens (M <= 128)
+or 16 tokens (M > 128), of `cluster` CTAs (8 for GLM-5) of 256 threads; CTA r owns K slice r (768
+columns for GLM-5: its 48 KB of weights are loaded into registers before griddepcontrol.wait, PDL),
+multiplies it by the tile's tokens with bf16 mma.sync, and the K slices are summed inside the cluster
+through distributed shared memory (st.async + mbarrier) in a fixed order: bitwise deterministic, no
+workspace, no global round trip. So launches may also run concurrently on several streams.
 
 Op: torch.ops.glm5_fastpath.c0_head_gate(x_bf16, weights_proj, pdl=True) -> w_raw (functional;
 fake implementation registered for torch.compile / meta tensors). Python entry point:
@@ -29,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -41,44 +34,61 @@ OP = "glm5_fastpath.c0_head_gate"
 SOURCE = "attn_pre/c0_head_gate.cu"
 FUNCTION = "glm5_c0_head_gate"
 MAX_TOKENS = 256
-K_CHUNK = 256  # columns per CTA (C0HeadGateTile::kKChunk)
-TOK_TILE = 32  # tokens per CTA (C0HeadGateTile::kTokTile)
+K_CHUNK = 256  # columns of one K chunk (C0HeadGateTile::kKChunk); a CTA owns H / 256 / cluster of them
 THREADS = 256
-MAX_TILES = -(-MAX_TOKENS // TOK_TILE)
-MAX_SPLITS = 64  # the tile's static_assert: the last CTA holds one float4 per split in registers
+MAX_CLUSTER = 8  # portable thread-block cluster size
+MAX_SPLITS = 64  # C0HeadGateTile's static_assert (shared with the MoE router)
+NT_SMALL_M_MAX = 128  # M <= this: 8-token tiles (nt=1); above: 16-token tiles (nt=2)
 
 
 @dataclass(frozen=True)
 class C0Config:
     hidden: int
     heads: int
+    nt: int = 1  # n8 token tiles per cluster: tokens per cluster = 8 * nt
 
     @property
     def splits(self) -> int:
+        """256-column K chunks."""
         return self.hidden // K_CHUNK
 
     @property
-    def partial_floats(self) -> int:
-        return MAX_TILES * self.splits * TOK_TILE * self.heads
+    def cluster(self) -> int:
+        """CTAs per cluster = K slices: the largest c <= 8 that divides the chunks evenly."""
+        return next(c for c in range(MAX_CLUSTER, 0, -1) if self.splits % c == 0)
+
+    @property
+    def tok_tile(self) -> int:
+        return 8 * self.nt
+
+    def grid(self, m: int) -> tuple[int, int, int]:
+        return (self.cluster, -(-m // self.tok_tile), 1)
 
     @functools.cached_property
     def spec(self) -> KernelSpec:
         return KernelSpec(FUNCTION, source=SOURCE,
-                          defines=(("GLM5_C0_HIDDEN", str(self.hidden)), ("GLM5_C0_HEADS", str(self.heads))))
+                          defines=(("GLM5_C0_HIDDEN", str(self.hidden)), ("GLM5_C0_HEADS", str(self.heads)),
+                                   ("GLM5_C0_NT", str(self.nt)), ("GLM5_C0_CLUSTER", str(self.cluster))))
 
 
 def _fail(msg: str) -> ValueError:
     return ValueError(f"{OP}: {msg}")
 
 
-def config_for(hidden: int, heads: int) -> C0Config:
+def config_for(hidden: int, heads: int, m: int = 1) -> C0Config:
+    """The kernel variant for (H, heads) at M tokens.
+
+    Token tile: 8 tokens per cluster up to M = 128 (at most 16 clusters = 128 CTAs, one per SM, and
+    the fewest x bytes per CTA), 16 above (M = 256 stays at 16 clusters, so the next launch's CTAs
+    still fit beside this one's and prefetch their weights early).
+    """
     if hidden <= 0 or hidden % K_CHUNK or hidden // K_CHUNK > MAX_SPLITS:
         raise _fail(f"hidden size H={hidden} is not supported: H must be a positive multiple of {K_CHUNK} "
                     f"and at most {K_CHUNK * MAX_SPLITS} (GLM-5: 6144, small preset: 512)")
     if heads < 4 or heads > 32 or heads % 4:
         raise _fail(f"{heads} indexer heads are not supported: heads must be a multiple of 4 in [4, 32] "
                     "(GLM-5: 32, small preset: 4)")
-    return C0Config(int(hidden), int(heads))
+    return C0Config(int(hidden), int(heads), 1 if m <= NT_SMALL_M_MAX else 2)
 
 
 # ---- validation (shared by the real and the fake implementation) ---------------------------------
@@ -106,9 +116,7 @@ def _check_inputs(x: torch.Tensor, weights_proj: torch.Tensor) -> C0Config:
         raise _fail(f"M={m} tokens exceeds the supported maximum of {MAX_TOKENS} (decode batch)")
     if x.device != weights_proj.device:
         raise _fail(f"all tensors must be on one device, got {sorted(map(str, {x.device, weights_proj.device}))}")
-    return config_for(int(h), int(heads))
-
-
+    return config_for(int(h), int(heads))  # the token tile is chosen at launch (M may be symbolic here)
 
 
 def _check_device(*ts: torch.Tensor) -> None:
@@ -117,51 +125,26 @@ def _check_device(*ts: torch.Tensor) -> None:
     require_aligned(_fail, {f"tensor {i}": t for i, t in enumerate(ts)})
 
 
-# ---- workspace and kernels (cached per device) ----------------------------------------------------
+# ---- kernels (cached per device) ---------------------------------------------------------------------
 
-@dataclass
-class _Workspace:
-    partials: torch.Tensor  # fp32 [MAX_TILES * splits * 32 * heads]
-    counters: torch.Tensor  # int32 (uint32 in the kernel) [MAX_TILES], zero between launches
-
-
-_lock = threading.Lock()
-_workspaces: dict[tuple[int, int, int], _Workspace] = {}
 _kernels: dict[tuple[C0Config, int], object] = {}
-
-
-
-
-def _workspace(cfg: C0Config, device: torch.device) -> _Workspace:
-    idx = _device_index(device)
-    key = (idx, cfg.hidden, cfg.heads)
-    ws = _workspaces.get(key)
-    if ws is None:
-        with _lock:
-            ws = _workspaces.get(key)
-            if ws is None:
-                dev = torch.device("cuda", idx)
-                ws = _Workspace(torch.empty(cfg.partial_floats, dtype=torch.float32, device=dev),
-                                torch.zeros(MAX_TILES, dtype=torch.int32, device=dev))
-                _workspaces[key] = ws
-    return ws
 
 
 def _kernel(cfg: C0Config, device: torch.device):
     idx = _device_index(device)
     k = _kernels.get((cfg, idx))
     if k is None:
-        env.print_config("c0_head_gate", {"H": cfg.hidden, "heads": cfg.heads},
-                         {"threads": THREADS, "k_chunk": K_CHUNK, "splits": cfg.splits, "tok_tile": TOK_TILE,
-                          "grid": f"({cfg.splits}, ceil(M/{TOK_TILE}))"})
+        env.print_config("c0_head_gate", {"H": cfg.hidden, "heads": cfg.heads, "nt": cfg.nt},
+                         {"threads": THREADS, "cluster": cfg.cluster, "k_per_cta": cfg.hidden // cfg.cluster,
+                          "tok_tile": cfg.tok_tile, "grid": f"({cfg.cluster}, ceil(M/{cfg.tok_tile}))"})
         from ..jit.runtime import get_kernel
         k = _kernels[(cfg, idx)] = get_kernel(cfg.spec, device=torch.device("cuda", idx))
     return k
 
 
-def _kernel_args(x, weights_proj, w_raw, ws: _Workspace) -> tuple:
+def _kernel_args(x, weights_proj, w_raw) -> tuple:
     """The kernel's parameter list, in csrc/attn_pre/c0_head_gate.cu order (checked at load)."""
-    return (x, weights_proj, w_raw, ws.partials, ws.counters, ctypes.c_int32(x.shape[0]))
+    return (x, weights_proj, w_raw, ctypes.c_int32(x.shape[0]))
 
 
 def _launch(cfg: C0Config, x: torch.Tensor, weights_proj: torch.Tensor, w_raw: torch.Tensor, pdl: bool) -> None:
@@ -169,9 +152,10 @@ def _launch(cfg: C0Config, x: torch.Tensor, weights_proj: torch.Tensor, w_raw: t
     m = x.shape[0]
     if m == 0:
         return
+    cfg = config_for(cfg.hidden, cfg.heads, m)
     kernel = _kernel(cfg, x.device)
-    ws = _workspace(cfg, x.device)
-    kernel.launch((cfg.splits, -(-m // TOK_TILE), 1), (THREADS, 1, 1), _kernel_args(x, weights_proj, w_raw, ws), pdl=pdl)
+    kernel.launch(cfg.grid(m), (THREADS, 1, 1), _kernel_args(x, weights_proj, w_raw), pdl=pdl,
+                  cluster=(cfg.cluster, 1, 1))
 
 
 # ---- custom op --------------------------------------------------------------------------------------
@@ -196,18 +180,23 @@ def c0_head_gate(x_bf16: torch.Tensor, weights_proj: torch.Tensor, *, pdl: bool 
     return torch.ops.glm5_fastpath.c0_head_gate(x_bf16, weights_proj, pdl)
 
 
+def _variants(hidden: int, heads: int) -> list[C0Config]:
+    """Every kernel variant the launcher may pick for (H, heads): one per token-tile size."""
+    return [config_for(hidden, heads, 1), config_for(hidden, heads, MAX_TOKENS)]
+
+
 def precompile(device: object = None, shapes: tuple[tuple[int, int], ...] = ((6144, 32),)) -> None:
-    """Compile (or fetch from cache) and load the kernel for these (H, heads) on `device`, and allocate
-    its workspace, ahead of first use (and outside any CUDA-graph capture)."""
+    """Compile (or fetch from cache) and load the kernels for these (H, heads) on `device`, every
+    token-tile variant, ahead of first use (and outside any CUDA-graph capture). No workspace is needed."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     for h, n in shapes:
-        cfg = config_for(h, n)
-        _kernel(cfg, dev)
-        _workspace(cfg, dev)
+        for cfg in _variants(h, n):
+            _kernel(cfg, dev)
 
 
 def compile_check_specs() -> list[KernelSpec]:
-    """The variants scripts/compile_check.py builds: GLM-5 (6144, 32 heads) and the small preset (512, 4)."""
-    return [config_for(6144, 32).spec, config_for(512, 4).spec]
+    """The variants scripts/compile_check.py builds: GLM-5 (6144, 32 heads) and the small preset (512, 4),
+    both token-tile sizes each."""
+    return [cfg.spec for h, n in ((6144, 32), (512, 4)) for cfg in _variants(h, n)]

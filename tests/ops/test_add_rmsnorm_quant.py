@@ -162,12 +162,41 @@ def test_bad_scale_layout_and_out():
 
 
 def test_config_choice():
-    assert (config_for(6144).threads, config_for(6144).vecs_per_thread) == (256, 3)
-    assert (config_for(512).threads, config_for(512).vecs_per_thread) == (64, 1)
-    assert config_for(7168).threads == 128  # DeepSeek width: 896 vectors = 128 x 7
-    for bad in (0, 128, 500):
+    assert (config_for(6144).cluster, config_for(6144).threads) == (8, 96)  # GLM-5: 8 CTAs x 3 warps per row
+    assert (config_for(512).cluster, config_for(512).threads) == (2, 32)
+    assert (config_for(7168).cluster, config_for(7168).threads) == (7, 128)  # DeepSeek width: 28 warps = 7 x 4
+    assert (config_for(256).cluster, config_for(256).threads) == (1, 32)
+    assert (config_for(65536).cluster, config_for(65536).threads) == (8, 1024)
+    for bad in (0, 128, 500, 2 * 65536 + 256):
         with pytest.raises(ValueError, match="not supported"):
             config_for(bad)
+    spec = config_for(6144).spec
+    assert dict(spec.defines) == {"GLM5_A0_HIDDEN": "6144", "GLM5_A0_CLUSTER": "8"}
+
+
+@pytest.mark.parametrize("h", [6144, 512, 7168, 256])
+def test_cluster_partition_covers_the_row(h):
+    """Mirror of A0AddRmsNormQuantClusterTile::run's indexing: CTA `rank`, thread `tid` owns the 8 columns
+    at rank * H/cluster + 8 * tid. Every column once; every 128-column quant group on one aligned
+    half-warp of one CTA (so the group amax is a 16-lane shuffle and lane 0 of the half writes the scale)."""
+    cfg = config_for(h)
+    cta_cols = h // cfg.cluster
+    seen = torch.zeros(h, dtype=torch.int32)
+    group_owner: dict[int, set] = {}
+    for rank in range(cfg.cluster):
+        for tid in range(cfg.threads):
+            col = rank * cta_cols + 8 * tid
+            seen[col:col + 8] += 1
+            group_owner.setdefault(col // 128, set()).add((rank, tid // 16))
+    assert bool((seen == 1).all())
+    assert len(group_owner) == h // 128 and all(len(v) == 1 for v in group_owner.values())
+    assert cfg.cluster <= 8 and cfg.threads % 32 == 0 and cfg.threads <= 1024
+
+
+def test_grid_limit_counts_the_cluster():
+    h = torch.empty(2**31 // 8 + 1, 6144, dtype=BF16, device="meta")
+    with pytest.raises(ValueError, match="grid limit"):
+        torch.ops.glm5_fastpath.add_rmsnorm_quant(h, h, torch.empty(6144, dtype=BF16, device="meta"), EPS, "row", True)
 
 
 @pytest.mark.parametrize("layout, stride", [("row", (48, 1)), ("col_tma", (1, 8))])
@@ -206,6 +235,18 @@ def test_matches_reference_into_poisoned_outputs(m, h, seed, no_pdl_override):
     torch.cuda.synchronize()
     assert res.x is out.x and res.x_scale is out.x_scale
     check_outputs(hidden, residual, weight, EPS, res, f"{m=} {h=} {seed=}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h", [7168, 256])
+@pytest.mark.parametrize("m", [1, 7, 33])
+def test_other_cluster_shapes(m, h, seed, no_pdl_override):
+    """A cluster of 7 CTAs x 4 warps (H = 7168) and a cluster of one CTA (H = 256) run the same tile."""
+    hidden, residual, weight = make_inputs(m, h, seed + 3 * m + h)
+    out = poisoned_outputs(m, h)
+    add_rmsnorm_quant(hidden, residual, weight, EPS, out=out)
+    torch.cuda.synchronize()
+    check_outputs(hidden, residual, weight, EPS, out, f"{m=} {h=} cluster={config_for(h).cluster}")
 
 
 @pytest.mark.gpu
@@ -437,10 +478,12 @@ def test_opcheck_schema_and_fake(seed):
 
 
 @pytest.mark.gpu
-def test_kernel_resources_report():
+@pytest.mark.parametrize("h", H_VALUES)
+def test_kernel_resources_report(h):
     """The loaded cubin has no local memory (spills) and the param layout check is active."""
     from glm5_fastpath.jit import get_kernel
-    k = get_kernel(config_for(6144).spec)
+    cfg = config_for(h)
+    k = get_kernel(cfg.spec)
     assert k.local_bytes == 0, k
     assert k.param_sizes is None or k.param_sizes == (8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4), k.param_sizes
-    assert 0 < k.num_regs <= 128 and k.max_threads >= 256, k
+    assert 0 < k.num_regs <= 64 and k.max_threads >= cfg.threads, k
