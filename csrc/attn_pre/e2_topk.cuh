@@ -1,8 +1,8 @@
-// E2 tile: top-k of ONE row of indexer logits by radix select, translated to physical KV slots.
+// E2 tile: top-k of ONE row of indexer logits, translated to physical KV slots, for latency.
 //
-// Framework-free (raw pointers) so the same tile runs from the standalone launcher (e2_topk.cu,
-// one CTA per row) and, later, from a persistent megakernel that hands a group of kThreads
-// threads one row at a time.
+// Framework-free (raw pointers): the same tile runs from the standalone launchers (e2_topk.cu: one
+// CTA per row, or one CLUSTER of CTAs per row for long rows) and, later, from a persistent
+// megakernel that hands a group of kThreads threads one row at a time (kCluster = false).
 //
 // Contract (what glm5_fastpath.ops.e2_topk documents and the tests check):
 //   L = clamp(seq_len, 0, min(width, bt_cols * 64)).  (The reference raises when seq_len exceeds
@@ -10,45 +10,100 @@
 //       never reads out of bounds.)
 //   slot(t) = bt[t / 64] * 64 + t % 64, computed in 64 bits and stored as int32.
 //   L <= topk: out = [slot(0), ..., slot(L-1), -1 x (topk - L)]   (every token is taken).
-//   L >  topk: out holds the slots of exactly topk positions: the topk largest logits, ties at
-//       the k-th value broken towards the LOWER logical position (the reference's rule, so the
-//       selected SET equals the reference's). Output order: deterministic (a function of the
-//       row's values only), two runs of ascending position: first the positions whose key is
-//       above the radix prefix where the search stopped, then the taken positions inside that
-//       prefix (where the k-th value's ties are cut: the lowest positions are taken). Not sorted
-//       by logit: the consumer (sparse MLA) does not care, and sorting costs a pass.
-//   Value order: the fp32 bit pattern made order-preserving (key = bits ^ (sign ? ~0 : 1<<31)),
-//   with -0.0 read as +0.0 (they are equal values, so they tie like the reference) and every NaN
-//   mapped to key 0, below -inf (a NaN is taken only when fewer than topk live tokens are not
-//   NaN; the reference raises on NaN). -inf is an ordinary value above NaN.
+//   L >  topk: out = the slots of exactly topk positions, IN ASCENDING LOGICAL POSITION: the topk
+//       largest logits, ties at the k-th value broken towards the LOWER position (the reference's
+//       rule, so the selected SET equals the reference's). The order is a function of the
+//       selected set alone (not of the algorithm), hence deterministic.
+//   Value order: fp32 order with -0.0 == +0.0 and every NaN below -inf (as keys: the bit pattern
+//   made order-preserving, key = bits ^ (sign ? ~0 : 1<<31), -0 -> +0, NaN -> 0).
 //
-// Algorithm (one CTA of kThreads threads per row; thread t owns kItems CONTIGUOUS positions
-// t*kItems .. t*kItems+kItems-1 of each chunk of kChunk = kThreads*kItems positions, so thread
-// order is position order and one page-table entry covers all of a thread's items):
-//   round 1: histogram of key bits 31..21 (2048 bins, shared-memory atomics) over live tokens;
-//            a block scan over the bins in descending order finds the bin b1 holding the k-th
-//            largest key, `above` = keys in higher bins, cnt = keys in b1.
-//            If cnt == k - above, every key of b1 is taken: done (the common case is to stop
-//            after round 1 or 2).
-//   round 2: the same over bits 20..10 for the keys whose bits 31..21 == b1 (2048 bins).
-//   round 3: bits 9..0 (1024 bins); after it the k-th key is known exactly.
-//   compaction: per chunk a block exclusive scan of (count greater | count equal << 16) gives
-//            every thread its output offsets: greater ones go to [0, k - need) in position
-//            order, equal ones (ties) take ranks [0, need) in position order and the first need
-//            of them go to [k - need, k).
-//   Rows with L <= kChunk keep their keys in registers (one HBM read of the row, no shared
-//   memory copy); longer rows are re-read from global memory (L2) for every round.
+// Why it is built this way: at decode sizes the time of a one-CTA-per-row top-k is the SM's
+// instruction issue (8192 positions x every instruction spent per position / 128 lanes per clock)
+// plus the barrier chain, not bytes. So the row is read ONCE into registers (chunk 0: kChunk =
+// kThreads*kItems positions, thread t owning the kItems CONTIGUOUS positions t*kItems.., so thread
+// order is position order and one page-table entry covers a thread's items) and touched by only
+// three cheap per-position passes:
+//   1. range:  fminf / fmaxf of the live fp32 values (NaN ignored), one block reduction.
+//   2. value pass: a shared histogram of a LINEAR bin of the value over [min, max] (kBins bins):
+//          bin(v) = clamp(round(fma(v - vmin, scale, 2^23)), 2^23, 2^23 + kBins - 1) - 2^23,
+//          scale = kBins / (vmax - vmin), all fp32 round-to-nearest
+//      (5 full-rate instructions, the integer read from the float's low bits, no F2I). Every step
+//      is monotone, so bin() is monotone in the value order (NaN and -inf -> 0, +inf -> the top, a
+//      row with a live +-inf or one value degenerates to one bin: still exact, only slower). For
+//      typical logits the bin of the k-th value holds a handful of keys and no bin is a hot spot
+//      for the shared atomics (a fixed 11-bit radix digit puts most of a row in a few bins). Runs of
+//      equal bins inside a thread are merged into one atomic. A block scan over the bins (from the
+//      top) finds the bin b holding the k-th largest, `above` = keys in higher bins.
+//   3. classification + compaction: every position is G (taken), C (a candidate) or neither; one
+//      block scan of (#G | #C << 16) per chunk gives every thread its output offsets. A selected
+//      position goes to out[#G before it + #selected C before it] (ascending position):
+//        - the bin's count == k - above: G = bin >= b, no candidates;
+//        - <= kMaxCand keys in the bin: G = bin > b, C = bin == b; the candidates are written to a
+//          shared list IN POSITION ORDER (their index is the scan's C offset) and warp 0 ranks them
+//          (larger keys, then equal keys at lower positions) and publishes selpre[i] = #selected
+//          among candidates 0..i-1;
+//        - else (rare: outliers, heavy ties): exact 11-bit radix passes on (key - lo) >> shift over
+//          the bin's key interval [lo, hi] (at most 3, each ending like the cases above or at a
+//          single key Kt): G = key > Kt, C = key == Kt, of which the first `need` are taken.
+// Barriers per row (L <= kChunk, one CTA, the common "rank" case): range 1, histogram 1, bin
+// search 2, compaction scan 1, candidate list 1, rank 1 = 7; global memory: one read of the row,
+// the page entry (read before griddepcontrol.wait), one write of the output.
 //
-// Barriers: 3 per round (histogram done, scan totals, result broadcast), 1 per compaction
-// chunk; the shared scan scratch is double-buffered so a scan needs just one barrier.
+// Longer rows: chunks 1..smem_chunks of a CTA's segment live in dynamic shared memory (raw bits,
+// thread-owned layout filled by cp.async, so no barrier guards them); chunks beyond that are
+// re-read from global memory (L2) per pass. Cluster (kCluster = true): the row is split into n_cta
+// contiguous segments of `chunks * kChunk` positions, one per CTA of a thread-block cluster; each
+// cross-CTA step reads the peers' shared memory (DSMEM) after a cluster barrier: range (per-warp
+// slots), histograms (every CTA sums all CTAs' bins and runs the same search, so all agree), the
+// per-CTA (#G, #C) totals that give each CTA its output base, and the candidate lists.
 #pragma once
 
 #include "../common/arch.cuh"
 #include "../common/pdl.cuh"
+#include "../common/ptx_cp_async.cuh"
 #include "../common/vec_io.cuh"
 
 namespace glm5 {
 namespace attn_pre {
+
+// PTX wrappers for the cluster path (one instruction each).
+namespace e2ptx {
+GLM5_DEVICE uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+GLM5_DEVICE uint32_t cluster_nctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+GLM5_DEVICE void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+GLM5_DEVICE void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// Address of the same shared variable in CTA `rank` of the cluster.
+GLM5_DEVICE uint32_t mapa(uint32_t smem_addr, uint32_t rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr), "r"(rank));
+    return r;
+}
+GLM5_DEVICE uint32_t ld_cluster_u32(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+GLM5_DEVICE void ld_cluster_v2(uint32_t addr, uint32_t& a, uint32_t& b) {
+    asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "r"(addr) : "memory");
+}
+GLM5_DEVICE void cp_async_4(uint32_t dst_smem, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst_smem), "l"(src) : "memory");
+}
+GLM5_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+}  // namespace e2ptx
+
+
+// Order keys of fp32 bit patterns (host-visible constants: the tests emulate them).
+constexpr uint32_t kE2KeyNegInf = 0x007fffffu;  // key of -inf
+constexpr uint32_t kE2KeyPosInf = 0xff800000u;  // key of +inf
 
 // Arguments of one row. Pointers are to this row's data.
 struct E2RowArgs {
@@ -61,37 +116,83 @@ struct E2RowArgs {
     int32_t topk;            // k >= 1
     bool seq_len_64;
     bool bt_64;
+    int32_t chunks;          // chunks of kChunk positions per CTA (segment = chunks * kChunk positions)
+    int32_t smem_chunks;     // chunks 1..smem_chunks live in chunk_smem (<= chunks - 1)
+    uint32_t* chunk_smem;    // [smem_chunks][kChunk] raw fp32 bits, thread-owned layout (may be null)
+    int32_t n_cta;           // CTAs sharing the row (cluster size; 1 without a cluster)
+    int32_t rank;            // this CTA's segment (cluster rank; 0 without a cluster)
 };
 
-template <int kThreads, int kItems, int kBarrierId = 0>
+// What load_meta() reads from seq_lens / block_table (before griddepcontrol.wait by default).
+// (The block-table entry of each thread's chunk-0 page goes to shared memory, Smem::page0, so it
+// does not hold a register through the whole row.)
+struct E2Meta {
+    int32_t L;          // clamped live length
+    int32_t take[2];    // L <= topk: slots of output entries j0, j0 + n_cta*kThreads (or -1)
+};
+
+template <int kThreads, int kItems, bool kCluster = false, int kBarrierId = 0>
 struct E2TopkTile {
     static constexpr int kWarps = kThreads / 32;
     static constexpr int kChunk = kThreads * kItems;
-    static constexpr int kPage = 64;                   // index-K / KV page (tokens)
-    static constexpr int kBins = 2048;                 // rounds 1 and 2 (11 bits); round 3 uses 1024
-    static_assert(kThreads % 32 == 0 && kThreads >= 128 && kThreads <= 1024, "whole warps, 128..1024 threads");
-    static_assert(kItems == 4 || kItems == 8 || kItems == 16, "items per thread: 4, 8 or 16 (16-byte loads, one page)");
-    static_assert(kBins % kThreads == 0 && 1024 % kThreads == 0, "bins split evenly over threads");
+    static constexpr int kPage = 64;        // index-K / KV page (tokens)
+    static constexpr int kBins = 2048;      // value pass and radix passes (11-bit digits)
+    static constexpr int kBinsPerThread = kBins / kThreads;
+    static constexpr int kMaxCand = 64;     // a bin with at most this many keys is ranked by warp 0
+    static constexpr uint32_t kBin0 = 0x4b000000u;  // bits of 2^23: value-bin floats are 2^23 + bin
+    static_assert(kThreads % 32 == 0 && kThreads >= 64 && kThreads <= 1024, "whole warps, 64..1024 threads");
+    static_assert(kItems == 4 || kItems == 8 || kItems == 16 || kItems == 32, "items per thread: 4..32 (16-byte loads)");
+    static_assert(kBins % kThreads == 0 && kBinsPerThread % 2 == 0, "an even number of bins per thread");
     static_assert(kChunk < 65536, "the compaction scan packs two 16-bit per-chunk counts");
     static_assert(kPage % kItems == 0, "a thread's items lie in one page");
+    static_assert(kMaxCand == 64, "warp 0 holds two candidates per lane");
 
-    // Shared memory the caller provides (static or carved from a larger buffer), 16.5 KB at most.
-    struct Smem {
-        int hist[2][kBins];
-        int wtot[2][32];
-        int res[4];
+    // Static shared memory (the caller provides it), ~17.5 KB.
+    struct alignas(16) Smem {
+        int hist[2][kBins];          // double-buffered: pass p uses hist[p & 1]
+        int wtot[2][32];             // block-scan scratch (alternating)
+        uint32_t rmin[32], rmax[32]; // per-warp range of the live values, as keys (step 1)
+        uint32_t cmin[32], cmax[32]; // per-warp range of the bin's keys (radix path)
+        uint32_t cand[kMaxCand];     // candidate keys in position order (this CTA's)
+        int selpre[kMaxCand + 1];    // #selected candidates among the first i (whole row)
+        uint32_t selm[2];            // selected-candidate bit masks (candidates 0..31, 32..63)
+        int ctot[2];                 // this CTA's (#G, #C) (cluster compaction)
+        int res[4];                  // bin search result broadcast
+        uint32_t page0[kThreads];    // low 32 bits of the block-table entry of each thread's chunk-0 page
     };
 
-    // Zero both histograms. Call before run() with a barrier in between; run() has one before its
-    // first atomic (it costs nothing: it sits in the shadow of the first global loads). The
-    // launcher calls this before griddepcontrol.wait. A megakernel calling run() for another row
-    // must put a barrier after the previous run() and call prologue() again.
-    static GLM5_DEVICE void prologue(Smem& s, int tid) {
-#pragma unroll
-        for (int i = tid; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
-    }
+    // ---- small helpers ------------------------------------------------------------------------
 
     static GLM5_DEVICE void bar() { ptx::named_barrier_sync<kBarrierId, kThreads>(); }
+
+    // Barrier over every thread that shares the row (CTA, or the whole cluster with release/acquire
+    // of shared memory, so peers' shared writes before it are visible to DSMEM reads after it).
+    static GLM5_DEVICE void row_sync() {
+        if constexpr (kCluster) {
+            e2ptx::cluster_arrive_release();
+            e2ptx::cluster_wait_acquire();
+        } else {
+            bar();
+        }
+    }
+
+    // 32-bit shared variable of CTA `r` (this CTA without a cluster).
+    static GLM5_DEVICE uint32_t peek(const void* p, int r) {
+        if constexpr (kCluster) {
+            return e2ptx::ld_cluster_u32(e2ptx::mapa(ptx::smem_addr(p), static_cast<uint32_t>(r)));
+        } else {
+            return *static_cast<const volatile uint32_t*>(p);
+        }
+    }
+    static GLM5_DEVICE void peek2(const void* p, int r, uint32_t& a, uint32_t& b) {
+        if constexpr (kCluster) {
+            e2ptx::ld_cluster_v2(e2ptx::mapa(ptx::smem_addr(p), static_cast<uint32_t>(r)), a, b);
+        } else {
+            const uint2 v = *static_cast<const uint2*>(p);
+            a = v.x;
+            b = v.y;
+        }
+    }
 
     // Order-preserving key of an fp32 bit pattern; -0.0 -> +0.0, NaN -> 0 (lowest).
     static GLM5_DEVICE uint32_t to_key(uint32_t b) {
@@ -99,33 +200,32 @@ struct E2TopkTile {
         const uint32_t k = b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);
         return ((b & 0x7fffffffu) > 0x7f800000u) ? 0u : k;
     }
-
-    // Raw bits of the kItems positions [base, base + kItems); positions >= width read as 0.
-    static GLM5_DEVICE void load_bits(const float* row, int64_t base, int32_t width, bool vec_ok,
-                                      uint32_t (&v)[kItems]) {
-        if (vec_ok && base + kItems <= width) {
-#pragma unroll
-            for (int q = 0; q < kItems / 4; ++q) {
-                const ptx::u32x4 x = ptx::ld_global_v4(row + base + 4 * q);
-                v[4 * q] = x.x;
-                v[4 * q + 1] = x.y;
-                v[4 * q + 2] = x.z;
-                v[4 * q + 3] = x.w;
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < kItems; ++j)
-                v[j] = (base + j < width) ? __float_as_uint(row[base + j]) : 0u;
-        }
+    static GLM5_DEVICE float from_key(uint32_t k) {
+        return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
     }
+
+    // The value bin as the bits of the float 2^23 + bin (see the header). Explicit _rn intrinsics:
+    // each step separately rounded, never re-associated or contracted differently.
+    struct VBin {
+        float vlo, scale;
+        GLM5_DEVICE uint32_t fbits(uint32_t raw) const {
+            const float t = __fmaf_rn(__fsub_rn(__uint_as_float(raw), vlo), scale, 8388608.0f);
+            return __float_as_uint(fminf(fmaxf(t, 8388608.0f), 8388608.0f + static_cast<float>(kBins - 1)));
+        }
+        GLM5_DEVICE int bin(uint32_t raw) const { return static_cast<int>(fbits(raw) - kBin0); }
+    };
 
     static GLM5_DEVICE int64_t page_entry(const E2RowArgs& a, int64_t logical_page) {
         return a.bt_64 ? static_cast<const int64_t*>(a.bt)[logical_page]
                        : static_cast<int64_t>(static_cast<const int32_t*>(a.bt)[logical_page]);
     }
-
-    static GLM5_DEVICE int32_t slot(int64_t page, int64_t pos) {
-        return static_cast<int32_t>(page * kPage + (pos & (kPage - 1)));
+    // slot = int32(page * 64 + pos % 64): the int32 result depends only on the low 32 bits of the
+    // 64-bit product, so 32-bit arithmetic on the entry's low 32 bits gives the same bits.
+    static GLM5_DEVICE int32_t slot(uint32_t page, int64_t pos) {
+        return static_cast<int32_t>(page * static_cast<uint32_t>(kPage) + static_cast<uint32_t>(pos & (kPage - 1)));
+    }
+    static GLM5_DEVICE uint32_t page_lo(const E2RowArgs& a, int64_t logical_page) {
+        return static_cast<uint32_t>(page_entry(a, logical_page));
     }
 
     // Inclusive warp scan (Kogge-Stone over shuffles).
@@ -152,88 +252,148 @@ struct E2TopkTile {
         return (warp > 0 ? before : 0) + incl - v;
     }
 
-    // ---- key sources: where a round reads chunk c's keys from ----------------------------------
+    static GLM5_DEVICE int n_live_of(int64_t base, int32_t L) {
+        const int64_t n = static_cast<int64_t>(L) - base;
+        return n <= 0 ? 0 : (n >= kItems ? kItems : static_cast<int>(n));
+    }
 
-    // The whole row (L <= kChunk) lives in registers.
-    struct RegSource {
-        const uint32_t (&keys)[kItems];
-        int64_t page;  // block-table entry of this thread's page (prefetched)
-        GLM5_DEVICE int chunks() const { return 1; }
-        GLM5_DEVICE void get(int, uint32_t (&k)[kItems]) const {
+    // Raw bits of the n live positions [base, base + n) (n <= kItems); the rest read as 0.
+    static GLM5_DEVICE void load_bits(const float* row, int64_t base, int n, bool vec_ok, uint32_t (&v)[kItems]) {
+        if (vec_ok && n == kItems) {
 #pragma unroll
-            for (int j = 0; j < kItems; ++j) k[j] = keys[j];
-        }
-        GLM5_DEVICE int64_t page_of(const E2RowArgs&, int) const { return page; }
-    };
-
-    // Longer rows: re-read from global memory (L2 after the first round).
-    struct GlobalSource {
-        const float* row;
-        int32_t width;
-        bool vec_ok;
-        int n_chunks;
-        int tid;
-        GLM5_DEVICE int chunks() const { return n_chunks; }
-        GLM5_DEVICE void get(int c, uint32_t (&k)[kItems]) const {
-            load_bits(row, static_cast<int64_t>(c) * kChunk + tid * kItems, width, vec_ok, k);
-#pragma unroll
-            for (int j = 0; j < kItems; ++j) k[j] = to_key(k[j]);
-        }
-        GLM5_DEVICE int64_t page_of(const E2RowArgs& a, int c) const {
-            return page_entry(a, (static_cast<int64_t>(c) * kChunk + tid * kItems) / kPage);
-        }
-    };
-
-    // One radix round: histogram of digit (key >> kShift) & (kRoundBins - 1) over live keys with
-    // (key & mask) == prefix; finds the bin holding the k_rem-th largest of them.
-    // Writes s.res = {bin, above (count in higher bins), count in the bin}.
-    template <int kRoundBins, int kShift, class Src>
-    static GLM5_DEVICE void radix_round(const Src& src, int32_t L, uint32_t mask, uint32_t prefix, int k_rem,
-                                        int* hist, int* hist_to_clear, int* wtot, Smem& s, int tid) {
-        if (hist_to_clear != nullptr) {
-#pragma unroll
-            for (int i = tid; i < kBins; i += kThreads) hist_to_clear[i] = 0;
-        }
-        for (int c = 0; c < src.chunks(); ++c) {
-            uint32_t k[kItems];
-            src.get(c, k);
-            const int64_t base = static_cast<int64_t>(c) * kChunk + tid * kItems;
-            // run-length merge of equal digits inside the thread: fewer same-address atomics when
-            // neighbouring logits are close (and all-equal rows cost one atomic per thread)
-            int cur = -1, n = 0;
-#pragma unroll
-            for (int j = 0; j < kItems; ++j) {
-                if (base + j < L && (k[j] & mask) == prefix) {
-                    const int d = static_cast<int>((k[j] >> kShift) & (kRoundBins - 1));
-                    if (d != cur) {
-                        if (n) atomicAdd(&hist[cur], n);
-                        cur = d;
-                        n = 0;
-                    }
-                    ++n;
-                }
+            for (int q = 0; q < kItems / 4; ++q) {
+                const ptx::u32x4 x = ptx::ld_global_v4(row + base + 4 * q);
+                v[4 * q] = x.x;
+                v[4 * q + 1] = x.y;
+                v[4 * q + 2] = x.z;
+                v[4 * q + 3] = x.w;
             }
-            if (n) atomicAdd(&hist[cur], n);
+        } else {
+#pragma unroll
+            for (int j = 0; j < kItems; ++j) v[j] = (j < n) ? __float_as_uint(row[base + j]) : 0u;
         }
-        bar();
-        // thread t owns bins kRoundBins-1-t*B .. kRoundBins-B-t*B (descending), B per thread
-        constexpr int B = kRoundBins / kThreads;
+    }
+
+    // ---- the row's data, chunk by chunk ---------------------------------------------------------
+
+    struct Row {
+        const E2RowArgs& a;
+        int32_t L;
+        int64_t seg0;        // first position of this CTA's segment
+        int n_chunks;        // chunks of this segment holding live positions (uniform)
+        bool vec_ok;
+        int tid;
+        const uint32_t (&r0)[kItems];  // chunk 0 raw bits (registers)
+
+        GLM5_DEVICE int64_t base(int c) const {
+            return seg0 + static_cast<int64_t>(c) * kChunk + static_cast<int64_t>(tid) * kItems;
+        }
+        // Raw bits of chunk c >= 1.
+        GLM5_DEVICE void get(int c, uint32_t (&r)[kItems]) const {
+            if (c <= a.smem_chunks) {
+                const uint4* p = reinterpret_cast<const uint4*>(a.chunk_smem + static_cast<int64_t>(c - 1) * kChunk);
+#pragma unroll
+                for (int q = 0; q < kItems / 4; ++q) {
+                    const uint4 x = p[q * kThreads + tid];
+                    r[4 * q] = x.x;
+                    r[4 * q + 1] = x.y;
+                    r[4 * q + 2] = x.z;
+                    r[4 * q + 3] = x.w;
+                }
+            } else {
+                load_bits(a.logits, base(c), n_live_of(base(c), L), vec_ok, r);
+            }
+        }
+        // f(c, raw, n_live) for every chunk with live positions, in position order. The chunk
+        // count is uniform over the CTA, so f may contain barriers.
+        template <class F>
+        GLM5_DEVICE void each(F&& f) const {
+            if (n_chunks > 0) f(0, r0, n_live_of(base(0), L));
+            for (int c = 1; c < n_chunks; ++c) {
+                uint32_t r[kItems];
+                get(c, r);
+                f(c, r, n_live_of(base(c), L));
+            }
+        }
+    };
+
+    // ---- phases -----------------------------------------------------------------------------
+
+    // Zero both histograms and the cluster totals. Call before run() (the first barrier in run()
+    // orders it before any atomic). A megakernel running another row must put a barrier after
+    // the previous run() and call prologue() again.
+    static GLM5_DEVICE void prologue(Smem& s, int tid) {
+        for (int i = tid; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+        if (tid == 0) s.ctot[0] = s.ctot[1] = 0;
+    }
+
+    // seq_len -> L; page entries this thread needs first. Reads only seq_lens and block_table, so
+    // it may run before griddepcontrol.wait when no still-running kernel writes them.
+    static GLM5_DEVICE E2Meta load_meta(const E2RowArgs& a, Smem& s, int tid) {
+        E2Meta m;
+        const int64_t seq = a.seq_len_64 ? *static_cast<const int64_t*>(a.seq_len)
+                                         : static_cast<int64_t>(*static_cast<const int32_t*>(a.seq_len));
+        const int64_t cap = static_cast<int64_t>(a.bt_cols) * kPage;
+        const int64_t lim = cap < a.width ? cap : static_cast<int64_t>(a.width);
+        m.L = static_cast<int32_t>(seq < 0 ? 0 : (seq > lim ? lim : seq));
+        m.take[0] = m.take[1] = -1;
+        if (m.L <= a.topk) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int64_t j = static_cast<int64_t>(a.rank) * kThreads + tid + static_cast<int64_t>(i) * a.n_cta * kThreads;
+                if (j < m.L) m.take[i] = slot(page_lo(a, j / kPage), j);
+            }
+        } else {
+            const int64_t b0 = static_cast<int64_t>(a.rank) * a.chunks * kChunk + static_cast<int64_t>(tid) * kItems;
+            s.page0[tid] = b0 < m.L ? page_lo(a, b0 / kPage) : 0u;  // read back by this thread only
+        }
+        return m;
+    }
+
+    // L <= topk: out[j] = slot(j) for j < L, -1 after; the CTAs of a cluster split the entries.
+    static GLM5_DEVICE void take_all(const E2RowArgs& a, const E2Meta& m, int tid) {
+        const int64_t step = static_cast<int64_t>(a.n_cta) * kThreads;
+        int64_t j = static_cast<int64_t>(a.rank) * kThreads + tid;
+        for (int i = 0; i < 2 && j < a.topk; ++i, j += step) a.out[j] = m.take[i];
+        for (; j < a.topk; j += step) a.out[j] = (j < m.L) ? slot(page_lo(a, j / kPage), j) : -1;
+    }
+
+    // Histogram search: the bin holding the k_rem-th largest counted key, bins scanned from the
+    // top. Every CTA of a cluster sums all CTAs' histograms and finds the same bin.
+    // Returns {bin, above (count in higher bins), count in the bin}.
+    static GLM5_DEVICE int3 search(const E2RowArgs& a, Smem& s, const int* hist, int* wtot, int k_rem, int tid) {
+        const int lane = tid & 31, warp = tid >> 5;
+        constexpr int B = kBinsPerThread;
+        const int top = kBins - 1 - tid * B;  // this thread's bins: top, top-1, ..., top-B+1
         int h[B];
+#pragma unroll
+        for (int j = 0; j < B; ++j) h[j] = 0;
+        for (int r = 0; r < (kCluster ? a.n_cta : 1); ++r) {
+#pragma unroll
+            for (int j = 0; j < B; j += 2) {
+                uint32_t lo, hi;  // bins top-j-1 (lower address) and top-j
+                peek2(&hist[top - j - 1], r, lo, hi);
+                h[j] += static_cast<int>(hi);
+                h[j + 1] += static_cast<int>(lo);
+            }
+        }
         int v = 0;
 #pragma unroll
-        for (int j = 0; j < B; ++j) {
-            h[j] = hist[kRoundBins - 1 - tid * B - j];
-            v += h[j];
-        }
-        int total;
-        const int excl = block_excl_scan(v, wtot, &total, tid);
-        if (excl < k_rem && k_rem <= excl + v) {
+        for (int j = 0; j < B; ++j) v += h[j];
+        const int incl = warp_incl_scan(v, lane);
+        if (lane == 31) wtot[warp] = incl;
+        bar();
+        const int wt = lane < kWarps ? wtot[lane] : 0;
+        const int wincl = warp_incl_scan(wt, lane);
+        const int before = __shfl_sync(0xffffffffu, wincl, warp > 0 ? warp - 1 : 0);
+        const int excl = (warp > 0 ? before : 0) + incl - v;
+        if (excl < k_rem && k_rem <= excl + v) {  // exactly one thread
             int acc = excl;
             bool found = false;
 #pragma unroll
             for (int j = 0; j < B; ++j) {
                 if (!found && acc + h[j] >= k_rem) {
-                    s.res[0] = kRoundBins - 1 - tid * B - j;
+                    s.res[0] = top - j;
                     s.res[1] = acc;
                     s.res[2] = h[j];
                     found = true;
@@ -242,108 +402,400 @@ struct E2TopkTile {
             }
         }
         bar();
+        return make_int3(s.res[0], s.res[1], s.res[2]);
     }
 
-    template <class Src>
-    static GLM5_DEVICE void select(const Src& src, const E2RowArgs& a, int32_t L, Smem& s, int tid) {
-        const int k = a.topk;
-        uint32_t mask = 0, prefix = 0;
-        int k_rem = k;
-        bool done = false;
-        int wb = 1;  // the s.wtot buffer the NEXT scan uses (round 1 takes 0)
-        // round 1: bits 31..21
-        radix_round<2048, 21>(src, L, mask, prefix, k_rem, s.hist[0], nullptr, s.wtot[0], s, tid);
-        {
-            const int bin = s.res[0], above = s.res[1], cnt = s.res[2];
-            prefix = static_cast<uint32_t>(bin) << 21;
-            mask = 0xffe00000u;
-            k_rem -= above;
-            done = (cnt == k_rem);
-        }
-        if (!done) {  // round 2: bits 20..10
-            radix_round<2048, 10>(src, L, mask, prefix, k_rem, s.hist[1], s.hist[0], s.wtot[1], s, tid);
-            wb = 0;
-            const int bin = s.res[0], above = s.res[1], cnt = s.res[2];
-            prefix |= static_cast<uint32_t>(bin) << 10;
-            mask = 0xfffffc00u;
-            k_rem -= above;
-            done = (cnt == k_rem);
-        }
-        if (!done) {  // round 3: bits 9..0 (hist[0] was cleared during round 2)
-            radix_round<1024, 0>(src, L, mask, prefix, k_rem, s.hist[0], nullptr, s.wtot[0], s, tid);
-            const int bin = s.res[0], above = s.res[1];
-            prefix |= static_cast<uint32_t>(bin);
-            mask = 0xffffffffu;
-            k_rem -= above;
-            wb = 1;
-        }
-        // compaction: greater -> [0, n_gt) in position order; equal -> ranks, first k_rem taken
-        const int n_gt = k - k_rem;
-        int g_base = 0, e_base = 0;
-        for (int c = 0; c < src.chunks(); ++c) {
-            uint32_t kk[kItems];
-            src.get(c, kk);
-            const int64_t base = static_cast<int64_t>(c) * kChunk + tid * kItems;
-            uint32_t gt_bits = 0, eq_bits = 0;
+    // Histogram of digit(raw) over the live positions with pred(raw); digit in [0, kBins).
+    // Consecutive equal digits of a thread are merged into one atomic.
+    template <class Pred, class Digit>
+    static GLM5_DEVICE void histogram(const Row& row, int* hist, Pred pred, Digit digit) {
+        row.each([&](int, const uint32_t (&r)[kItems], int n) {
+            int d[kItems];
+#pragma unroll
+            for (int j = 0; j < kItems; ++j) d[j] = (j < n && pred(r[j])) ? digit(r[j]) : -1;
+            int run = 0;
 #pragma unroll
             for (int j = 0; j < kItems; ++j) {
-                const bool live = base + j < L;
-                const uint32_t mk = kk[j] & mask;
-                gt_bits |= static_cast<uint32_t>(live && mk > prefix) << j;
-                eq_bits |= static_cast<uint32_t>(live && mk == prefix) << j;
+                run += d[j] >= 0 ? 1 : 0;
+                const bool last = (j == kItems - 1) || d[j + (j < kItems - 1 ? 1 : 0)] != d[j];
+                if (last && d[j] >= 0) atomicAdd(&hist[d[j]], run);
+                if (last) run = 0;
             }
-            const int ng = __popc(gt_bits), ne = __popc(eq_bits);
-            int total;
-            const int off = block_excl_scan(ng | (ne << 16), s.wtot[wb], &total, tid);
-            wb ^= 1;
-            if ((gt_bits | eq_bits) != 0) {
-                const int64_t page = src.page_of(a, c);
-                int go = g_base + (off & 0xffff);
-                int eo = e_base + (off >> 16);
+        });
+    }
+
+    // The value pass: every live position, digit = value bin. Full threads (all kItems live, the
+    // common case) take a predicate-free path; the atomic address comes straight from the bin
+    // float's bits.
+    static GLM5_DEVICE void value_histogram(const Row& row, int* hist, const VBin& vb) {
+        const uint32_t base_addr = ptx::smem_addr(hist) - kBin0 * 4u;  // + 4 * (2^23 + bin) bits
+        row.each([&](int, const uint32_t (&r)[kItems], int n) {
+            if (n == kItems) {
+                uint32_t f[kItems];
+#pragma unroll
+                for (int j = 0; j < kItems; ++j) f[j] = vb.fbits(r[j]);
+                int run = 0;
 #pragma unroll
                 for (int j = 0; j < kItems; ++j) {
-                    if ((gt_bits >> j) & 1u) a.out[go++] = slot(page, base + j);
-                    if ((eq_bits >> j) & 1u) {
-                        if (eo < k_rem) a.out[n_gt + eo] = slot(page, base + j);
-                        ++eo;
+                    ++run;
+                    if (j == kItems - 1 || f[j + (j < kItems - 1 ? 1 : 0)] != f[j]) {
+                        asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(base_addr + f[j] * 4u), "r"(run) : "memory");
+                        run = 0;
+                    }
+                }
+            } else {
+                int d[kItems];
+#pragma unroll
+                for (int j = 0; j < kItems; ++j) d[j] = j < n ? vb.bin(r[j]) : -1;
+                int run = 0;
+#pragma unroll
+                for (int j = 0; j < kItems; ++j) {
+                    run += d[j] >= 0 ? 1 : 0;
+                    const bool last = (j == kItems - 1) || d[j + (j < kItems - 1 ? 1 : 0)] != d[j];
+                    if (last && d[j] >= 0) atomicAdd(&hist[d[j]], run);
+                    if (last) run = 0;
+                }
+            }
+        });
+    }
+
+    // Min / max key over the live positions with pred(raw) of the whole row: per-warp slots, one
+    // row_sync, every warp reduces all slots (of every CTA). No such position: lo > hi.
+    template <class Pred>
+    static GLM5_DEVICE void key_range(const E2RowArgs& a, const Row& row, uint32_t* smin, uint32_t* smax, Pred pred,
+                                      uint32_t& lo, uint32_t& hi, int tid) {
+        const int lane = tid & 31, warp = tid >> 5;
+        uint32_t mn = 0xffffffffu, mx = 0u;
+        row.each([&](int, const uint32_t (&r)[kItems], int n) {
+#pragma unroll
+            for (int j = 0; j < kItems; ++j) {
+                if (j < n && pred(r[j])) {
+                    const uint32_t k = to_key(r[j]);
+                    mn = min(mn, k);
+                    mx = max(mx, k);
+                }
+            }
+        });
+        reduce_range(a, smin, smax, mn, mx, lane, warp);
+        lo = mn;
+        hi = mx;
+    }
+
+    // Per-thread (mn, mx) keys -> the row's, in every thread (one row_sync).
+    static GLM5_DEVICE void reduce_range(const E2RowArgs& a, uint32_t* smin, uint32_t* smax, uint32_t& mn,
+                                         uint32_t& mx, int lane, int warp) {
+        mn = __reduce_min_sync(0xffffffffu, mn);
+        mx = __reduce_max_sync(0xffffffffu, mx);
+        if (lane == 0) {
+            smin[warp] = mn;
+            smax[warp] = mx;
+        }
+        row_sync();
+        mn = 0xffffffffu;
+        mx = 0u;
+        if (lane < kWarps) {
+            for (int r = 0; r < (kCluster ? a.n_cta : 1); ++r) {
+                mn = min(mn, peek(&smin[lane], r));
+                mx = max(mx, peek(&smax[lane], r));
+            }
+        }
+        mn = __reduce_min_sync(0xffffffffu, mn);
+        mx = __reduce_max_sync(0xffffffffu, mx);
+    }
+
+    // Step 1: range of the live values (fminf / fmaxf skip NaN; +-inf count) -> the value bins.
+    static GLM5_DEVICE VBin value_range(const E2RowArgs& a, const Row& row, Smem& s, int tid) {
+        float mn = __uint_as_float(0x7f800000u), mx = __uint_as_float(0xff800000u);
+        row.each([&](int, const uint32_t (&r)[kItems], int n) {
+            if (n == kItems) {
+#pragma unroll
+                for (int j = 0; j < kItems; ++j) {
+                    mn = fminf(mn, __uint_as_float(r[j]));
+                    mx = fmaxf(mx, __uint_as_float(r[j]));
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < kItems; ++j) {
+                    if (j < n) {
+                        mn = fminf(mn, __uint_as_float(r[j]));
+                        mx = fmaxf(mx, __uint_as_float(r[j]));
                     }
                 }
             }
-            g_base += total & 0xffff;
-            e_base += total >> 16;
-            if (g_base >= n_gt && e_base >= k_rem) break;  // uniform: totals are the same in every thread
+        });
+        uint32_t kmn = to_key(__float_as_uint(mn)), kmx = to_key(__float_as_uint(mx));
+        reduce_range(a, s.rmin, s.rmax, kmn, kmx, tid & 31, tid >> 5);
+        VBin vb{0.0f, 0.0f};
+        if (kmn <= kmx) {  // else no non-NaN value: one bin
+            vb.vlo = from_key(kmn);
+            const float range = __fsub_rn(from_key(kmx), vb.vlo);
+            vb.scale = range > 0.0f ? __fdiv_rn(static_cast<float>(kBins), range) : 0.0f;  // inf range -> 0
+            if (!(vb.scale <= 3.0e38f)) vb.scale = 0.0f;  // a subnormal range (scale inf): one bin
+        }
+        return vb;
+    }
+
+    // Classification of a position for the compaction: G (taken) and C (candidate).
+    enum Mode : int { kByBin = 0, kByKey = 1 };
+    struct Rule {
+        int mode;          // kByBin: G = bin > gb (or >= when no candidates), C = bin == gb
+        VBin vb;
+        uint32_t gbin_f;   // bin float bits: G = fbits > gbin_f; C = fbits == cbin_f
+        uint32_t cbin_f;
+        uint32_t klo, khi; // kByKey: G = key > khi, C = klo <= key <= khi
+        bool rank;         // C resolved by warp 0's rank (<= kMaxCand), else the first `need` C
+        int need;
+    };
+
+    template <int kMode>
+    static GLM5_DEVICE void classify(const Rule& rule, const uint32_t (&r)[kItems], int n, uint32_t& g, uint32_t& c) {
+        g = 0u;
+        c = 0u;
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+            bool gj, cj;
+            if constexpr (kMode == kByBin) {
+                const uint32_t f = rule.vb.fbits(r[j]);
+                gj = f > rule.gbin_f;
+                cj = f == rule.cbin_f;
+            } else {
+                const uint32_t k = to_key(r[j]);
+                gj = k > rule.khi;
+                cj = k >= rule.klo && k <= rule.khi;
+            }
+            const bool live = j < n;
+            g |= static_cast<uint32_t>(live && gj) << j;
+            c |= static_cast<uint32_t>(live && cj) << j;
         }
     }
 
-    // All kThreads threads of the tile call this with the same row; tid in [0, kThreads).
-    // Requires prologue() earlier (the barrier between them is the first one in here).
-    static GLM5_DEVICE void run(const E2RowArgs& a, Smem& s, int tid) {
-        // Issue every independent load first: seq_len, this thread's first kItems logits (whether
-        // or not they are live; bounded by width), and the page entry of those positions.
-        const int64_t seq = a.seq_len_64 ? *static_cast<const int64_t*>(a.seq_len)
-                                         : static_cast<int64_t>(*static_cast<const int32_t*>(a.seq_len));
-        const bool vec_ok = (reinterpret_cast<uintptr_t>(a.logits) & 15u) == 0;
-        const int64_t base0 = static_cast<int64_t>(tid) * kItems;
-        uint32_t keys[kItems];
-        load_bits(a.logits, base0, a.width, vec_ok, keys);
-        const int64_t cap = static_cast<int64_t>(a.bt_cols) * kPage;
-        const int64_t page0 = (base0 < cap) ? page_entry(a, base0 / kPage) : 0;
-        bar();  // prologue's zeroing is visible to every thread before any atomic
+    // Step 3: classification, candidates, compaction (see the header).
+    template <int kMode>
+    static GLM5_DEVICE void compact(const E2RowArgs& a, const Row& row, const Rule& rule, int k_rem, Smem& s, int tid) {
+        const int lane = tid & 31, warp = tid >> 5;
+        // sweep A: scans per chunk (chunk 0's kept), candidate list, this CTA's totals
+        uint32_t g0 = 0u, c0 = 0u;
+        int off0 = 0, tot0 = 0;
+        int g_cta = 0, c_cta = 0;
+        int wb = 0;
+        row.each([&](int c, const uint32_t (&r)[kItems], int n) {
+            uint32_t g, cm;
+            classify<kMode>(rule, r, n, g, cm);
+            int total;
+            const int off = block_excl_scan(__popc(g) | (__popc(cm) << 16), s.wtot[wb], &total, tid);
+            wb ^= 1;
+            if (rule.rank && cm != 0u) {
+                int i = c_cta + (off >> 16);
+#pragma unroll
+                for (int j = 0; j < kItems; ++j)
+                    if ((cm >> j) & 1u) s.cand[i++] = to_key(r[j]);
+            }
+            if (c == 0) {
+                g0 = g;
+                c0 = cm;
+                off0 = off;
+                tot0 = total;
+            }
+            g_cta += total & 0xffff;
+            c_cta += total >> 16;
+        });
+        int g_base = 0, c_base = 0;  // #G / #C in the CTAs before this one
+        if constexpr (kCluster) {
+            if (tid == 0) {
+                s.ctot[0] = g_cta;
+                s.ctot[1] = c_cta;
+            }
+            row_sync();
+            for (int r = 0; r < a.rank; ++r) {
+                g_base += static_cast<int>(peek(&s.ctot[0], r));
+                c_base += static_cast<int>(peek(&s.ctot[1], r));
+            }
+        } else {
+            if (rule.rank) bar();  // the candidate list is complete
+        }
+        if (rule.rank) {
+            if (warp == 0) {
+                // the row's candidates in position order: CTA r's list follows the lists of CTAs < r
+                uint32_t x[2] = {0u, 0u};
+                int cnt = 0;
+                for (int r = 0; r < (kCluster ? a.n_cta : 1); ++r) {
+                    const int nr = kCluster ? static_cast<int>(peek(&s.ctot[1], r)) : c_cta;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int i = lane + 32 * h;
+                        if (i >= cnt && i < cnt + nr) x[h] = peek(&s.cand[i - cnt], r);
+                    }
+                    cnt += nr;
+                }
+                // candidate i is taken iff #larger + #equal at lower positions < k_rem
+                int before[2] = {0, 0};
+                for (int j = 0; j < cnt; ++j) {  // uniform trip count
+                    const uint32_t kj = __shfl_sync(0xffffffffu, j < 32 ? x[0] : x[1], j & 31);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        before[h] += (kj > x[h] || (kj == x[h] && j < lane + 32 * h)) ? 1 : 0;
+                }
+                const uint32_t m0 = __ballot_sync(0xffffffffu, lane < cnt && before[0] < k_rem);
+                const uint32_t m1 = __ballot_sync(0xffffffffu, lane + 32 < cnt && before[1] < k_rem);
+                const uint32_t lt = (1u << lane) - 1u;
+                s.selpre[lane] = __popc(m0 & lt);
+                s.selpre[lane + 32] = __popc(m0) + __popc(m1 & lt);
+                if (lane == 0) {
+                    s.selpre[64] = __popc(m0) + __popc(m1);
+                    s.selm[0] = m0;
+                    s.selm[1] = m1;
+                }
+            }
+            bar();
+        }
+        // sweep B: write the selected slots in position order
+        const int need = rule.need;
+        int gb = g_base, cb = c_base;  // #G / #C before the current chunk (whole row)
+        row.each([&](int c, const uint32_t (&r)[kItems], int n) {
+            const int64_t base = row.base(c);
+            uint32_t g = g0, cm = c0;
+            int off = off0, total = tot0;
+            uint32_t page = s.page0[tid];
+            if (c > 0) {
+                classify<kMode>(rule, r, n, g, cm);
+                if ((g | cm) != 0u) page = page_lo(a, base / kPage);  // latency hidden by the scan
+                off = block_excl_scan(__popc(g) | (__popc(cm) << 16), s.wtot[wb], &total, tid);
+                wb ^= 1;
+            }
+            if ((g | cm) != 0u) {
+                int go = gb + (off & 0xffff);
+                int co = cb + (off >> 16);
+                const int32_t s0 = slot(page, base);  // the thread's items are one page: slot(base + j) = s0 + j
+#pragma unroll
+                for (int j = 0; j < kItems; ++j) {
+                    if ((g >> j) & 1u) {
+                        const int sel_before = rule.rank ? s.selpre[co] : min(co, need);
+                        a.out[go + sel_before] = s0 + j;
+                        ++go;
+                    }
+                    if ((cm >> j) & 1u) {
+                        const bool take = rule.rank ? ((s.selm[co >> 5] >> (co & 31)) & 1u) != 0u : co < need;
+                        if (take) a.out[go + (rule.rank ? s.selpre[co] : co)] = s0 + j;
+                        ++co;
+                    }
+                }
+            }
+            gb += total & 0xffff;
+            cb += total >> 16;
+        });
+    }
 
-        const int64_t lim = cap < a.width ? cap : static_cast<int64_t>(a.width);
-        const int32_t L = static_cast<int32_t>(seq < 0 ? 0 : (seq > lim ? lim : seq));
-        if (L <= a.topk) {  // every token is taken, -1 after them
-            for (int j = tid; j < a.topk; j += kThreads)
-                a.out[j] = (j < L) ? slot(page_entry(a, j / kPage), j) : -1;
+    // All kThreads threads of the tile (of every CTA of the cluster) call this with the same row,
+    // after prologue() and load_meta() (and griddepcontrol.wait). tid in [0, kThreads).
+    static GLM5_DEVICE void run(const E2RowArgs& a, const E2Meta& m, Smem& s, int tid) {
+        const int32_t L = m.L;
+        const int k = a.topk;
+        if (L <= k) {  // every token is taken, -1 after them (uniform over the cluster)
+            take_all(a, m, tid);
             return;
         }
-        if (L <= kChunk) {
+        const int64_t seg0 = static_cast<int64_t>(a.rank) * a.chunks * kChunk;
+        const int64_t seg_live = static_cast<int64_t>(L) - seg0;  // may be <= 0 for a trailing CTA
+        const int n_chunks = seg_live <= 0 ? 0
+                           : static_cast<int>(min(static_cast<int64_t>(a.chunks), (seg_live + kChunk - 1) / kChunk));
+        const bool vec_ok = (reinterpret_cast<uintptr_t>(a.logits) & 15u) == 0;
+
+        // Chunk 0 -> registers; chunks 1..smem_chunks -> shared memory (cp.async, all in flight at
+        // once). Thread-owned slots: the thread that reads them waits for its own copies.
+        uint32_t r0[kItems];
+        const int64_t b0 = seg0 + static_cast<int64_t>(tid) * kItems;
+        load_bits(a.logits, b0, n_chunks > 0 ? n_live_of(b0, L) : 0, vec_ok, r0);
+        const int n_smem = min(n_chunks - 1, a.smem_chunks);
+        for (int c = 1; c <= n_smem; ++c) {
+            uint32_t* p = a.chunk_smem + static_cast<int64_t>(c - 1) * kChunk;
+            const int64_t b = seg0 + static_cast<int64_t>(c) * kChunk + static_cast<int64_t>(tid) * kItems;
+            const int n = n_live_of(b, L);
 #pragma unroll
-            for (int j = 0; j < kItems; ++j) keys[j] = to_key(keys[j]);
-            select(RegSource{keys, page0}, a, L, s, tid);
-        } else {
-            select(GlobalSource{a.logits, a.width, vec_ok, (L + kChunk - 1) / kChunk, tid}, a, L, s, tid);
+            for (int q = 0; q < kItems / 4; ++q) {
+                uint32_t* dst = p + (static_cast<int64_t>(q) * kThreads + tid) * 4;
+                const int nq = n - 4 * q;
+                if (vec_ok) {
+                    ptx::cp_async_16(ptx::smem_addr(dst), nq > 0 ? a.logits + b + 4 * q : a.logits,
+                                     static_cast<uint32_t>(nq <= 0 ? 0 : (nq >= 4 ? 16 : 4 * nq)));
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (e < nq) e2ptx::cp_async_4(ptx::smem_addr(dst + e), a.logits + b + 4 * q + e);
+                        else dst[e] = 0u;
+                    }
+                }
+            }
         }
+        if (n_smem > 0) e2ptx::cp_async_wait_all();
+        const Row row{a, L, seg0, n_chunks, vec_ok, tid, r0};
+
+        // 1. range -> value bins; 2. value pass (hist[0], zeroed by prologue)
+        const VBin vb = value_range(a, row, s, tid);
+        value_histogram(row, s.hist[0], vb);
+        row_sync();
+        int k_rem = k;
+        int3 r = search(a, s, s.hist[0], s.wtot[0], k_rem, tid);
+        const int b1 = r.x;
+        k_rem -= r.y;
+        int cnt = r.z;
+
+        Rule rule{kByBin, vb, kBin0 + static_cast<uint32_t>(b1) - 1u, 0u, 0u, 0u, false, 0};  // the bin taken whole
+        if (cnt != k_rem) {
+            if (cnt <= kMaxCand) {  // the bin's keys are ranked
+                rule.gbin_f = rule.cbin_f = kBin0 + static_cast<uint32_t>(b1);
+                rule.rank = true;
+            } else {  // exact radix passes over the bin's key interval
+                rule.mode = kByKey;
+                const uint32_t fb1 = kBin0 + static_cast<uint32_t>(b1);
+                uint32_t lo, hi;
+                key_range(a, row, s.cmin, s.cmax, [vb, fb1](uint32_t x) { return vb.fbits(x) == fb1; }, lo, hi, tid);
+                int pass = 1;
+                while (true) {
+                    if (lo == hi) {  // one key Kt: G = key > Kt, the first k_rem of its ties are taken
+                        rule.klo = rule.khi = lo;
+                        rule.need = k_rem;
+                        break;
+                    }
+                    const uint32_t span = hi - lo;
+                    const int shift = max(0, (32 - __clz(static_cast<int>(span))) - 11);
+                    const int hb = pass & 1;
+                    const uint32_t l0 = lo, h0 = hi;
+                    histogram(row, s.hist[hb],
+                              [l0, h0](uint32_t x) {
+                                  const uint32_t kx = to_key(x);
+                                  return kx >= l0 && kx <= h0;
+                              },
+                              [l0, shift](uint32_t x) { return static_cast<int>((to_key(x) - l0) >> shift); });
+                    row_sync();
+                    // the other buffer was last read by the previous search (every CTA is past it)
+                    for (int i = tid; i < kBins; i += kThreads) s.hist[hb ^ 1][i] = 0;
+                    r = search(a, s, s.hist[hb], s.wtot[hb], k_rem, tid);
+                    k_rem -= r.y;
+                    cnt = r.z;
+                    const uint64_t nlo = static_cast<uint64_t>(lo) + (static_cast<uint64_t>(r.x) << shift);
+                    const uint64_t nhi = nlo + (1ull << shift) - 1ull;
+                    lo = static_cast<uint32_t>(nlo);
+                    hi = static_cast<uint32_t>(min(nhi, static_cast<uint64_t>(hi)));
+                    ++pass;
+                    if (cnt == k_rem) {  // the whole sub-interval is taken: G = key >= lo (lo > 0 here)
+                        rule.khi = lo - 1u;
+                        rule.klo = lo;  // > khi: no candidates
+                        break;
+                    }
+                    if (cnt <= kMaxCand && lo != hi) {  // G = key > hi, the interval's keys are ranked
+                        rule.klo = lo;
+                        rule.khi = hi;
+                        rule.rank = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if (rule.mode == kByBin) compact<kByBin>(a, row, rule, k_rem, s, tid);
+        else compact<kByKey>(a, row, rule, k_rem, s, tid);
+        // Peers may still read this CTA's shared memory (histograms, candidates, totals): no CTA
+        // of the cluster leaves before all are done.
+        if constexpr (kCluster) row_sync();
     }
 };
 

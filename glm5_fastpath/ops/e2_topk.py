@@ -9,12 +9,11 @@ L = seq_lens[m] live tokens (logical positions t < L) and slot(t) = block_table[
   SET equals the reference's.
 
 Contract on ORDER (differs from the reference, which sorts by logit): the consumer (sparse MLA)
-is order-free, so the kernel does not sort. The output is deterministic (bit for bit across runs,
-a function of the row's values only): two runs of ascending logical position, first the positions
-whose order key lies above the radix prefix where the search stopped (see the kernel header), then
-the taken positions inside that prefix (the k-th value's ties, cut at the lowest positions);
--1 padding last when L <= topk. Compare with the reference as sets
-(testing.numerics.assert_topk_sets with min_overlap=1.0: the sets are equal even with ties).
+is order-free, so the kernel does not sort by logit. It writes the selected slots in ASCENDING
+LOGICAL POSITION, so the output is a function of the selected set alone: deterministic, and equal
+bit for bit to "the reference's set, sorted by position" (-1 padding last when L <= topk).
+Compare with the reference as sets (testing.numerics.assert_topk_sets with min_overlap=1.0: the
+sets are equal even with ties).
 
 Value order: fp32 order, with -0.0 == +0.0 and NaN below -inf (the reference raises on NaN; the
 op cannot look without a device sync). -inf at a live position is an ordinary value.
@@ -25,27 +24,37 @@ Inputs (no device sync, so CUDA-graph capturable):
 - seq_lens [M] int32 or int64, contiguous.
 - block_table [M, P] int32 or int64, unit column stride (any row stride). Only entries of live
   pages are read; unused ones may hold anything (e.g. -1).
-- topk >= 1 (GLM-5: cfg.index_topk = 2048). Any topk works; M is not limited (one CTA per row;
-  M > #SMs runs in waves; decode uses M <= 256), the grid limit 2^31-1 aside.
+- topk >= 1 (GLM-5: cfg.index_topk = 2048). Any topk works; M is not limited (one CTA, or one
+  cluster of CTAs, per row; M > #SMs runs in waves; decode uses M <= 256), the grid limit aside.
 - Slots are computed in 64 bits and stored as int32: the KV pool must have < 2^31 slots.
 Checked on the device instead of raising (a kernel cannot raise): seq_lens[m] is clamped to
 [0, min(W, 64 * P)] (the reference raises when it exceeds either).
 
 Ops (namespace glm5_fastpath; each with a fake implementation for torch.compile / graphs):
-- torch.ops.glm5_fastpath.e2_topk(logits, seq_lens, block_table, topk, pdl=True) -> int32 [M, topk]
-- torch.ops.glm5_fastpath.e2_topk_out(logits, seq_lens, block_table, topk, out, pdl=True) -> None
+- torch.ops.glm5_fastpath.e2_topk(logits, seq_lens, block_table, topk, pdl=True, meta_before_wait=True)
+  -> int32 [M, topk]
+- torch.ops.glm5_fastpath.e2_topk_out(logits, seq_lens, block_table, topk, out, pdl=True,
+  meta_before_wait=True) -> None
 
-The Python entry point `e2_topk(logits, seq_lens, block_table, topk, out=None, *, pdl=True)` picks one.
+The Python entry point `e2_topk(logits, seq_lens, block_table, topk, out=None, *, pdl=True,
+meta_before_wait=True)` picks one.
 
-PDL: the kernel zeroes its shared histograms, issues griddepcontrol.launch_dependents, and then
-waits (griddepcontrol.wait) before reading ANY global input: logits come from E1, and seq_lens /
-block_table may come from a metadata kernel in the same graph. GLM5_FASTPATH_DISABLE_PDL=1
-turns the launch attribute off globally.
+PDL: the kernel zeroes its shared histograms, issues griddepcontrol.launch_dependents, reads
+seq_lens and the block-table entries it needs first (meta_before_wait=True, the default), and then
+waits (griddepcontrol.wait) before reading the logits (E1's output) or writing anything. seq_lens /
+block_table are graph inputs of the prefix (step metadata written before the step's first kernel,
+as in SGLang's graph replay), so reading them before the wait is safe there; pass
+meta_before_wait=False when a kernel that may still be running writes them (E1 has the same
+switch). GLM5_FASTPATH_DISABLE_PDL=1 turns the launch attribute off globally.
 
-Kernel (csrc/attn_pre/e2_topk.{cuh,cu}): one CTA of 1024 threads per row, radix select on the
-order-preserving fp32 key in up to three rounds (11, 11, 10 bits; stops as soon as the k-th
-value's bin is taken whole), then one compaction pass with a block scan; rows of up to 8192 live
-tokens are read once into registers, longer rows are re-read from L2 for each round.
+Kernel (csrc/attn_pre/e2_topk.{cuh,cu}, see its header): one CTA of 512 threads per row holds
+8192 positions in registers (16 per thread); a longer row is split over a thread-block cluster of
+up to 8 CTAs (distributed shared memory for the cross-CTA steps), each CTA holding up to
+1 + 5 chunks of 8192 positions on chip (registers + dynamic shared memory; beyond that a chunk is
+re-read from L2 per pass). Selection: a linear-value histogram over the row's [min, max] (monotone
+in fp32 order, spreads typical logits so that the bin of the k-th value holds a few keys), then
+either the whole bin is taken, or its <= 64 keys are ranked by one warp, or exact 11-bit radix
+passes split it; one block-scan compaction writes the slots in position order.
 """
 from __future__ import annotations
 
@@ -61,9 +70,15 @@ from ..jit import KernelSpec, env
 OP = "glm5_fastpath.e2_topk"
 SOURCE = "attn_pre/e2_topk.cu"
 FUNCTION = "glm5_e2_topk"
+FUNCTION_CLUSTER = "glm5_e2_topk_cluster"
 PAGE = 64  # tokens per page of the block table (the kernel's kPage)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _INT32_MAX = 2**31 - 1
+_FLAG_SEQ64, _FLAG_BT64, _FLAG_META_BEFORE_WAIT = 1, 2, 4  # csrc/attn_pre/e2_topk.cu
+
+MAX_CLUSTER = 8        # portable cluster size limit
+MAX_SMEM_CHUNKS = 5    # chunks kept in dynamic shared memory per CTA (5 x 32 KB at 1024 x 8)
+_SMS_FALLBACK = 132
 
 
 @dataclass(frozen=True)
@@ -73,19 +88,64 @@ class E2Config:
 
     @property
     def chunk(self) -> int:
-        """Rows of up to this many live tokens stay in registers (one read of the row)."""
+        """Positions per chunk: a CTA keeps its first chunk in registers (8192 at 1024 x 8)."""
         return self.threads * self.items
 
     @functools.cached_property
     def spec(self) -> KernelSpec:
-        return KernelSpec(FUNCTION, source=SOURCE,
+        return KernelSpec(FUNCTION, source=SOURCE, functions=(FUNCTION, FUNCTION_CLUSTER),
                           defines=(("GLM5_E2_THREADS", str(self.threads)), ("GLM5_E2_ITEMS", str(self.items))))
 
 
-# 1024 x 8: the GLM-5 benchmark row (KV 8192) fits the registers in one CTA; 1024 threads keep
-# 8 histogram atomics and one 32-byte read per thread. (512 x 16 is the alternative kept compiled.)
-DEFAULT_CONFIG = E2Config(1024, 8)
-ALT_CONFIGS = (E2Config(512, 16),)
+# Every config holds a chunk of 8192 positions (the GLM-5 benchmark row) in registers. 512 x 16
+# (64 registers, two CTAs per SM: M = 256 rows in one wave) halves the per-thread fixed work of
+# 1024 x 8 (scans, reductions: the same instructions for 2x the warps) at the same per-position
+# work; 256 x 32 (128 registers) halves it again with less latency hiding. Not yet timed on the
+# H200: tests/ops/test_e2_topk.py::test_speed_in_cuda_graph prints all three.
+DEFAULT_CONFIG = E2Config(512, 16)
+ALT_CONFIGS = (E2Config(1024, 8), E2Config(256, 32))
+
+
+@dataclass(frozen=True)
+class E2Plan:
+    """How one launch covers the rows: `cluster` CTAs per row (1: the plain kernel), each CTA owning
+    `chunks` consecutive chunks of cfg.chunk positions, of which chunks 1..smem_chunks sit in
+    dynamic shared memory (the rest, if any, are re-read from L2 per pass)."""
+
+    cluster: int
+    chunks: int
+    smem_chunks: int
+    smem_bytes: int
+
+    @property
+    def function(self) -> str:
+        return FUNCTION if self.cluster == 1 else FUNCTION_CLUSTER
+
+
+def plan_launch(m: int, width: int, sms: int, cfg: E2Config = DEFAULT_CONFIG, cluster: int | None = None) -> E2Plan:
+    """The launch shape for M rows of `width` logits on a GPU with `sms` SMs (host-only, testable).
+
+    Rows of up to cfg.chunk positions: one CTA per row, registers only. Longer rows: enough CTAs
+    per row (a cluster, power of two <= 8) that each CTA's segment fits on chip (1 + MAX_SMEM_CHUNKS
+    chunks), then more CTAs while the batch leaves SMs idle (M * cluster <= 3/4 of the SMs: a
+    cluster's CTAs must be co-resident in one GPC). `cluster` forces the cluster size (tests).
+    """
+    if m < 1 or width < 0 or sms < 1:
+        raise ValueError(f"{OP}: plan_launch needs m >= 1, width >= 0, sms >= 1, got {m=}, {width=}, {sms=}")
+    n = max(1, -(-width // cfg.chunk))  # chunks per row
+    if cluster is None:
+        c = 1
+        while c < MAX_CLUSTER and -(-n // c) > 1 + MAX_SMEM_CHUNKS:
+            c *= 2
+        while c < MAX_CLUSTER and c < n and 4 * m * (2 * c) <= 3 * sms:
+            c *= 2
+    else:
+        if cluster not in (1, 2, 4, 8):
+            raise ValueError(f"{OP}: cluster must be 1, 2, 4 or 8, got {cluster}")
+        c = cluster
+    chunks = -(-n // c)
+    smem_chunks = min(chunks - 1, MAX_SMEM_CHUNKS)
+    return E2Plan(c, chunks, smem_chunks, smem_chunks * cfg.chunk * 4)
 
 
 # ---- validation (shared by the real and the fake implementation) ---------------------------------
@@ -149,94 +209,115 @@ def _check_out(logits: torch.Tensor, topk: int, out: object) -> None:
 
 
 
-def _check_device(*ts: torch.Tensor) -> None:
-    """Real-launch checks: a CUDA sm_90+ device."""
-    dev = ts[0].device
-    require_hopper(OP, dev, _fail)
+def _check_device(*ts: torch.Tensor) -> int:
+    """Real-launch checks: a CUDA sm_90+ device. Returns the device index."""
+    return require_hopper(OP, ts[0].device, _fail)
 
 
 
 
 # ---- launch ---------------------------------------------------------------------------------------
 
-def _kernel_args(logits, seq_lens, block_table, out, topk: int) -> tuple:
+def _kernel_args(logits, seq_lens, block_table, out, topk: int, plan: E2Plan, meta_before_wait: bool) -> tuple:
     """The kernel's parameter list, in csrc/attn_pre/e2_topk.cu order (checked at load)."""
     m, w = logits.shape
-    flags = (1 if seq_lens.dtype == torch.int64 else 0) | (2 if block_table.dtype == torch.int64 else 0)
+    flags = ((_FLAG_SEQ64 if seq_lens.dtype == torch.int64 else 0) | (_FLAG_BT64 if block_table.dtype == torch.int64 else 0)
+             | (_FLAG_META_BEFORE_WAIT if meta_before_wait else 0))
     return (logits, ctypes.c_int64(logits.stride(0)), ctypes.c_int32(w),
             seq_lens, block_table, ctypes.c_int64(block_table.stride(0)), ctypes.c_int32(block_table.shape[1]),
-            out, ctypes.c_int32(topk), ctypes.c_int32(m), ctypes.c_int32(flags))
+            out, ctypes.c_int32(topk), ctypes.c_int32(m), ctypes.c_int32(flags),
+            ctypes.c_int32(plan.chunks), ctypes.c_int32(plan.smem_chunks))
 
 
-_kernels: dict[tuple[E2Config, int | None], object] = {}
+_kernels: dict[tuple[E2Config, int, str], object] = {}
+_num_sms: dict[int, int] = {}
 
 
-def _kernel(cfg: E2Config, device: torch.device):
-    k = _kernels.get((cfg, device.index))
+def _kernel(cfg: E2Config, idx: int, function: str = FUNCTION):
+    k = _kernels.get((cfg, idx, function))
     if k is None:
-        env.print_config("e2_topk", {}, {"threads": cfg.threads, "items": cfg.items,
-                                         "register_rows_up_to": cfg.chunk, "grid": "M CTAs"})
         from ..jit.runtime import get_kernel
-        k = _kernels[(cfg, device.index)] = get_kernel(cfg.spec, device=device)
+        k = _kernels[(cfg, idx, function)] = get_kernel(cfg.spec, function, device=idx)
     return k
 
 
-def _launch(logits, seq_lens, block_table, topk: int, out, pdl: bool, cfg: E2Config | None = None) -> None:
-    _check_device(logits, seq_lens, block_table, out)
-    m = logits.shape[0]
+def _sms(idx: int) -> int:
+    n = _num_sms.get(idx)
+    if n is None:
+        try:
+            n = int(torch.cuda.get_device_properties(idx).multi_processor_count)
+        except Exception:  # noqa: BLE001 - a count is only a tuning input
+            n = _SMS_FALLBACK
+        n = _num_sms[idx] = n
+    return n
+
+
+def _launch(logits, seq_lens, block_table, topk: int, out, pdl: bool, cfg: E2Config | None = None, *,
+            meta_before_wait: bool = True, cluster: int | None = None) -> E2Plan | None:
+    idx = _check_device(logits, seq_lens, block_table, out)
+    m, w = logits.shape
     if m == 0:
-        return
+        return None
     cfg = cfg or DEFAULT_CONFIG
-    kernel = _kernel(cfg, logits.device)
-    kernel.launch((m, 1, 1), (cfg.threads, 1, 1), _kernel_args(logits, seq_lens, block_table, out, topk), pdl=pdl)
+    plan = plan_launch(m, w, _sms(idx), cfg, cluster)
+    env.print_config("e2_topk", {"M": m, "width": w, "topk": topk},
+                     {"threads": cfg.threads, "items": cfg.items, "cluster": plan.cluster, "chunks": plan.chunks,
+                      "smem_chunks": plan.smem_chunks, "smem": plan.smem_bytes})
+    kernel = _kernel(cfg, idx, plan.function)
+    args = _kernel_args(logits, seq_lens, block_table, out, topk, plan, meta_before_wait)
+    kernel.launch((m * plan.cluster, 1, 1), (cfg.threads, 1, 1), args, smem=plan.smem_bytes, pdl=pdl,
+                  cluster=(plan.cluster, 1, 1) if plan.cluster > 1 else None)
+    return plan
 
 
 # ---- custom ops -----------------------------------------------------------------------------------
 
 @torch.library.custom_op("glm5_fastpath::e2_topk", mutates_args=())
 def _e2_topk(logits: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int,
-             pdl: bool = True) -> torch.Tensor:
+             pdl: bool = True, meta_before_wait: bool = True) -> torch.Tensor:
     _check_inputs(logits, seq_lens, block_table, topk)
     out = torch.empty((logits.shape[0], topk), dtype=torch.int32, device=logits.device)
-    _launch(logits, seq_lens, block_table, topk, out, pdl)
+    _launch(logits, seq_lens, block_table, topk, out, pdl, meta_before_wait=meta_before_wait)
     return out
 
 
 @_e2_topk.register_fake
-def _e2_topk_fake(logits, seq_lens, block_table, topk, pdl=True):
+def _e2_topk_fake(logits, seq_lens, block_table, topk, pdl=True, meta_before_wait=True):
     _check_inputs(logits, seq_lens, block_table, topk)
     return torch.empty((logits.shape[0], topk), dtype=torch.int32, device=logits.device)
 
 
 @torch.library.custom_op("glm5_fastpath::e2_topk_out", mutates_args=("out",))
 def _e2_topk_out(logits: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int,
-                 out: torch.Tensor, pdl: bool = True) -> None:
+                 out: torch.Tensor, pdl: bool = True, meta_before_wait: bool = True) -> None:
     _check_inputs(logits, seq_lens, block_table, topk)
     _check_out(logits, topk, out)
     for name, t in (("logits", logits), ("seq_lens", seq_lens), ("block_table", block_table)):
         if _overlaps(out, t):
             raise _fail(f"out overlaps input {name} in memory")
-    _launch(logits, seq_lens, block_table, topk, out, pdl)
+    _launch(logits, seq_lens, block_table, topk, out, pdl, meta_before_wait=meta_before_wait)
 
 
 @_e2_topk_out.register_fake
-def _e2_topk_out_fake(logits, seq_lens, block_table, topk, out, pdl=True):
+def _e2_topk_out_fake(logits, seq_lens, block_table, topk, out, pdl=True, meta_before_wait=True):
     _check_inputs(logits, seq_lens, block_table, topk)
     _check_out(logits, topk, out)
 
 
 def e2_topk(logits: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int,
-            out: torch.Tensor | None = None, *, pdl: bool = True) -> torch.Tensor:
-    """-> int32 [M, topk] physical KV slots of each row's top-k logits, -1 padded (see the module docstring).
+            out: torch.Tensor | None = None, *, pdl: bool = True, meta_before_wait: bool = True) -> torch.Tensor:
+    """-> int32 [M, topk] physical KV slots of each row's top-k logits in ascending position, -1 padded
+    (see the module docstring).
 
     out: None allocates; an int32 [M, topk] contiguous tensor (e.g. a CUDA-graph static buffer) is
-    written and returned.
+    written and returned. meta_before_wait: read seq_lens / block_table before griddepcontrol.wait
+    (False when a kernel that may still be running writes them).
     """
     if isinstance(topk, bool) or not isinstance(topk, int):
         raise _fail(f"topk must be an int in [1, 2^31-1], got {topk!r}")  # before the schema coerces it
     if out is None:
-        return torch.ops.glm5_fastpath.e2_topk(logits, seq_lens, block_table, topk, pdl)
-    torch.ops.glm5_fastpath.e2_topk_out(logits, seq_lens, block_table, topk, out, pdl)
+        return torch.ops.glm5_fastpath.e2_topk(logits, seq_lens, block_table, topk, pdl, meta_before_wait)
+    torch.ops.glm5_fastpath.e2_topk_out(logits, seq_lens, block_table, topk, out, pdl, meta_before_wait)
     return out
 
 
@@ -245,9 +326,10 @@ def precompile(device: object = None) -> None:
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    _kernel(DEFAULT_CONFIG, dev)
+    for fn in (FUNCTION, FUNCTION_CLUSTER):
+        _kernel(DEFAULT_CONFIG, dev.index, fn)
 
 
 def compile_check_specs() -> list[KernelSpec]:
-    """The variants scripts/compile_check.py builds: the default 1024x8 and the alternative 512x16."""
+    """The variants scripts/compile_check.py builds: the default and the alternative configs."""
     return [DEFAULT_CONFIG.spec] + [c.spec for c in ALT_CONFIGS]

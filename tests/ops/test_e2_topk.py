@@ -1,18 +1,21 @@
 """E2 top-k + page-table translation: the custom op against the reference and a CPU emulation.
 
-CPU tests (no GPU) check the kernel's ALGORITHM: `emulate_row` below re-implements
-csrc/attn_pre/e2_topk.cuh step by step in numpy (the order-preserving key with -0 -> +0 and
-NaN -> lowest, the 11/11/10-bit radix rounds with the kernel's thread-to-bin layout and crossing
-search, the early stop, the per-chunk packed compaction scan with its offsets and early break),
-and is checked on many random rows (ties, -inf, equal values, seq_len < k, = k, k+1, multi-chunk
-rows) against a plain sort-based definition and against glm5_fastpath.ref.prefix.e2_topk.
+The kernel's output order is ASCENDING LOGICAL POSITION, so a correct output is unique: it equals,
+bit for bit, `definition_row` below (the contract written directly: sort by (value desc, position
+asc), take topk, list the positions ascending, translate to slots). GPU tests compare with it.
 
-GPU tests (marked gpu) compare the kernel
-- bit for bit with the emulation (the output ORDER is deterministic: two runs of ascending position,
-  keys above the radix prefix where the search stopped, then the taken ones inside it),
-- as sets with the reference (min_overlap=1.0: the tie rule is the reference's, lower position
-  wins, so the sets are equal even with many ties), plus explicit checks: no poison left, exact -1
-  count, no duplicate slots, every selected logit >= every unselected live logit.
+CPU tests (no GPU) check the kernel's ALGORITHM: `emulate_row` re-implements the selection of
+csrc/attn_pre/e2_topk.cuh in numpy with the same fp32 arithmetic (the order-preserving key with
+-0 -> +0 and NaN -> lowest, the range of the finite live keys, the linear value bin in fp32 round-
+to-nearest, the descending bin search, the three ways a bin is resolved: taken whole, <= 64
+candidates ranked, exact 11-bit radix passes over the key interval, and the final
+greater / equal / need rule of the compaction), and is checked against the definition and the
+reference on many rows (ties, -inf, NaN, equal values, seq_len < k, = k, k+1, outliers, long rows),
+with counters proving every path runs.
+
+GPU tests (marked gpu) compare the kernel bit for bit with the definition (and so with the
+emulation), as sets with the reference (min_overlap=1.0), and check the contract's invariants:
+no poison left, exact -1 count, no duplicate slots, every selected logit >= every unselected one.
 """
 from __future__ import annotations
 
@@ -33,15 +36,17 @@ e2_topk = e2mod.e2_topk
 OP = "e2_topk"
 PAGE = 64
 TOPK = 2048
-M_VALUES = [1, 2, 3, 8, 16, 31, 64, 128, 256]
-LENGTHS = [1, 100, 2047, 2048, 2049, 8191, 8192 + 37, 40000, 8192, 5000]
+M_VALUES = [1, 2, 3, 5, 8, 16, 31, 64, 128, 256]
+LENGTHS = [1, 100, 2047, 2048, 2049, 8191, 8192 + 37, 40000, 8192, 5000, 3001, 6400 - 13]
 CUH = Path(__file__).resolve().parents[2] / "csrc" / "attn_pre" / "e2_topk.cuh"
 
+KBINS = 2048          # E2TopkTile::kBins
+MAX_CAND = 64         # E2TopkTile::kMaxCand
+KEY_NEG_INF = 0x007FFFFF
+KEY_POS_INF = 0xFF800000
 
-# ---- the emulation of the kernel (numpy) --------------------------------------------------------------
 
-ROUNDS = ((2048, 21, 0xFFE00000), (2048, 10, 0xFFFFFC00), (1024, 0, 0xFFFFFFFF))  # (bins, shift, mask after)
-
+# ---- the emulation of the kernel's selection (numpy) -------------------------------------------------
 
 def order_keys(x: np.ndarray) -> np.ndarray:
     """E2TopkTile::to_key on float32 values -> uint32 keys."""
@@ -52,123 +57,171 @@ def order_keys(x: np.ndarray) -> np.ndarray:
     return k.astype(np.uint32)
 
 
-def _radix_round(keys: np.ndarray, mask: int, prefix: int, k_rem: int, bins: int, shift: int, threads: int):
-    part = (keys & np.uint32(mask)) == np.uint32(prefix)
-    digits = ((keys[part] >> np.uint32(shift)) & np.uint32(bins - 1)).astype(np.int64)
-    hist = np.bincount(digits, minlength=bins).astype(np.int64)
-    B = bins // threads
-    # thread t, item j owns bin bins-1-t*B-j
-    h = hist[bins - 1 - (np.arange(threads)[:, None] * B + np.arange(B)[None, :])]
-    v = h.sum(1)
-    excl = np.cumsum(v) - v
-    win = np.nonzero((excl < k_rem) & (k_rem <= excl + v))[0]
-    assert len(win) == 1, f"crossing found in {len(win)} threads"
-    t = int(win[0])
-    acc = int(excl[t])
-    for j in range(B):
-        if acc + int(h[t, j]) >= k_rem:
-            return bins - 1 - t * B - j, acc, int(h[t, j])
-        acc += int(h[t, j])
-    raise AssertionError("unreachable: crossing thread has no crossing bin")
+def from_keys(k: np.ndarray) -> np.ndarray:
+    """E2TopkTile::from_key: uint32 keys -> float32 values."""
+    k = np.asarray(k, dtype=np.uint32)
+    bits = np.where(k & np.uint32(0x80000000), k ^ np.uint32(0x80000000), ~k).astype(np.uint32)
+    return bits.view(np.float32)
 
 
-def emulate_row(logits_row: np.ndarray, seq_len: int, bt_row: np.ndarray, topk: int, *, threads: int = 1024,
-                items: int = 8, stats: dict | None = None) -> np.ndarray:
-    """The kernel's output for one row (int32 [topk])."""
-    width = logits_row.shape[0]
-    lim = min(width, len(bt_row) * PAGE)
-    L = max(0, min(int(seq_len), lim))
-    bt = np.asarray(bt_row, dtype=np.int64)
+def value_scale(kmin: int, kmax: int) -> tuple[np.float32, np.float32]:
+    """(vlo, scale) of the value pass, fp32 round-to-nearest like E2TopkTile::value_range."""
+    if kmin > kmax:
+        return np.float32(0), np.float32(0)
+    vlo = from_keys(np.array([kmin], np.uint32))[0]
+    with np.errstate(all="ignore"):
+        rng = np.float32(from_keys(np.array([kmax], np.uint32))[0] - vlo)
+        scale = np.float32(np.float32(KBINS) / rng) if rng > 0 else np.float32(0)
+    if not scale <= np.float32(3.0e38):
+        scale = np.float32(0)
+    return vlo, scale
 
-    def slots(pos):
-        return (bt[pos // PAGE] * PAGE + pos % PAGE).astype(np.int64).astype(np.uint32).view(np.int32)
 
-    out = np.full(topk, np.iinfo(np.int32).min, dtype=np.int32)  # poison: every entry must be written
-    if L <= topk:
-        out[:] = -1
-        out[:L] = slots(np.arange(L))
-        return out
-    keys = order_keys(logits_row[:L])
-    mask, prefix, k_rem, rounds = 0, 0, topk, 0
-    for bins, shift, mask_after in ROUNDS:
-        bin_, above, cnt = _radix_round(keys, mask, prefix, k_rem, bins, shift, threads)
-        rounds += 1
-        prefix |= bin_ << shift
-        mask = mask_after
-        k_rem -= above
-        if cnt == k_rem:
-            break
-    n_gt = topk - k_rem
-    chunk = threads * items
-    n_chunks = -(-L // chunk) if L > chunk else 1
-    g_base = e_base = 0
-    mk_all = keys & np.uint32(mask)
-    for c in range(n_chunks):
-        pos = c * chunk + np.arange(chunk)
-        live = pos < L
-        mk = np.zeros(chunk, dtype=np.uint32)
-        mk[live] = mk_all[pos[live]]
-        gt = (live & (mk > np.uint32(prefix))).reshape(threads, items)
-        eq = (live & (mk == np.uint32(prefix))).reshape(threads, items)
-        packed = (gt.sum(1) | (eq.sum(1) << 16)).astype(np.int64)
-        off = np.cumsum(packed) - packed
-        total = int(packed.sum())
-        assert total < 2**31 and int(gt.sum()) < 65536
-        # per thread: offset from the packed scan, plus the running count inside the thread
-        go = g_base + (off & 0xFFFF)[:, None] + np.cumsum(gt, 1) - gt
-        eo = e_base + (off >> 16)[:, None] + np.cumsum(eq, 1) - eq
-        p = pos.reshape(threads, items)
-        out[go[gt]] = slots(p[gt])
-        take = eq & (eo < k_rem)
-        out[n_gt + eo[take]] = slots(p[take])
-        g_base += total & 0xFFFF
-        e_base += total >> 16
-        if g_base >= n_gt and e_base >= k_rem:
-            break
+def value_bins(values: np.ndarray, vlo: np.float32, scale: np.float32) -> np.ndarray:
+    """E2TopkTile::VBin: clamp(round(fma(v - vlo, scale, 2^23)), 2^23, 2^23 + KBINS - 1) - 2^23.
+
+    The fp32 fma is emulated in fp64 (the product is exact there; the sum is rounded to fp64 and
+    then to fp32, which can move a rare exact-halfway value by one bin). Both are monotone maps, so
+    the emulation is an exact instance of the algorithm even where a bin count differs by one."""
+    with np.errstate(all="ignore"):
+        d = (np.asarray(values, np.float32) - np.float32(vlo)).astype(np.float32)
+        t = (d.astype(np.float64) * np.float64(scale) + 8388608.0).astype(np.float32)
+        t = np.fmin(np.fmax(t, np.float32(8388608.0)), np.float32(8388608.0 + KBINS - 1))
+    return (t.astype(np.int64) - 8388608).astype(np.int64)
+
+
+def search(hist: np.ndarray, k_rem: int) -> tuple[int, int, int]:
+    """(bin, above, count) of the bin holding the k_rem-th largest counted key (bins from the top)."""
+    desc = hist[::-1]
+    incl = np.cumsum(desc)
+    j = int(np.searchsorted(incl, k_rem))  # first j with incl[j] >= k_rem
+    return len(hist) - 1 - j, int(incl[j] - desc[j]), int(desc[j])
+
+
+def rank_candidates(cand: np.ndarray, k_rem: int) -> np.ndarray:
+    """Warp 0's rank over the candidates in position order: i is taken iff
+    #(larger keys) + #(equal keys at lower positions) < k_rem."""
+    n = len(cand)
+    assert 0 < n <= MAX_CAND
+    larger = (cand[None, :] > cand[:, None]).sum(1)
+    earlier_eq = np.array([int((cand[:i] == cand[i]).sum()) for i in range(n)])
+    return (larger + earlier_eq) < k_rem
+
+
+def select_row(values: np.ndarray, k: int, stats: dict | None = None) -> np.ndarray:
+    """The kernel's selection for L = len(values) > k live values -> bool mask of the selected positions."""
+    L = len(values)
+    assert L > k
+    values = np.asarray(values, np.float32)
+    keys = order_keys(values)
+    with np.errstate(all="ignore"):
+        live = values[~np.isnan(values)]
+    kmin, kmax = (int(order_keys(live.min(keepdims=True))[0]), int(order_keys(live.max(keepdims=True))[0])) \
+        if len(live) else (1, 0)
+    vlo, scale = value_scale(kmin, kmax)
+    bins = value_bins(values, vlo, scale)
+    b1, above, cnt = search(np.bincount(bins, minlength=KBINS), k)
+    k_rem = k - above
+    path, passes = "bin", 0
+    if cnt == k_rem:  # the bin is taken whole
+        g, c, take_c = bins >= b1, np.zeros(L, bool), None
+    elif cnt <= MAX_CAND:  # the bin's keys are ranked
+        path = "rank"
+        g, c = bins > b1, bins == b1
+        take_c = rank_candidates(keys[c], k_rem)
+    else:  # exact radix passes over the bin's key interval
+        path = "radix"
+        in_b1 = bins == b1
+        lo, hi = int(keys[in_b1].min()), int(keys[in_b1].max())
+        while True:
+            if lo == hi:  # one key: its first k_rem ties (by position) are taken
+                g, c = keys > hi, keys == lo
+                take_c = np.arange(int(c.sum())) < k_rem
+                break
+            shift = max(0, (hi - lo).bit_length() - 11)
+            inr = (keys >= lo) & (keys <= hi)
+            digits = (keys[inr].astype(np.int64) - lo) >> shift
+            assert digits.max() < KBINS
+            d, above, cnt = search(np.bincount(digits, minlength=KBINS), k_rem)
+            passes += 1
+            k_rem -= above
+            lo = lo + (d << shift)
+            hi = min(hi, lo + (1 << shift) - 1)
+            if cnt == k_rem:
+                g, c, take_c = keys >= lo, np.zeros(L, bool), None
+                break
+            if cnt <= MAX_CAND and lo != hi:
+                path = "radix+rank"
+                g, c = keys > hi, (keys >= lo) & (keys <= hi)
+                take_c = rank_candidates(keys[c], k_rem)
+                break
+    sel = g.copy()
+    if take_c is not None:
+        sel[np.nonzero(c)[0][take_c]] = True
+    assert int(sel.sum()) == k, (int(sel.sum()), k, path)
     if stats is not None:
-        stats["rounds"] = rounds
-        stats["ties_cut"] = int(((mk_all == np.uint32(prefix)).sum())) > k_rem
+        stats["path"] = path
+        stats["passes"] = passes
+        stats["ties_cut"] = bool(take_c is not None and len(set(keys[c].tolist())) < int(c.sum())
+                                 and not take_c.all())
+    return sel
+
+
+def _slots(bt: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    bt = np.asarray(bt, dtype=np.int64)
+    return (bt[pos // PAGE] * PAGE + pos % PAGE).astype(np.int64).astype(np.uint32).view(np.int32)
+
+
+def _clamped_len(width: int, seq_len: int, bt_row: np.ndarray) -> int:
+    return max(0, min(int(seq_len), width, len(bt_row) * PAGE))
+
+
+def emulate_row(logits_row: np.ndarray, seq_len: int, bt_row: np.ndarray, topk: int, *,
+                stats: dict | None = None) -> np.ndarray:
+    """The kernel's output for one row (int32 [topk])."""
+    L = _clamped_len(logits_row.shape[0], seq_len, bt_row)
+    out = np.full(topk, -1, dtype=np.int32)
+    if L <= topk:
+        out[:L] = _slots(bt_row, np.arange(L))
+        if stats is not None:
+            stats["path"] = "all"
+        return out
+    sel = select_row(logits_row[:L], topk, stats)
+    out[:] = _slots(bt_row, np.nonzero(sel)[0])  # compaction: ascending position
     return out
 
 
-def emulate(logits: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int,
-            **kw) -> torch.Tensor:
+def emulate(logits: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int) -> torch.Tensor:
     lg = logits.detach().cpu().float().numpy()
     sl = seq_lens.detach().cpu().numpy()
     bt = block_table.detach().cpu().numpy()
-    return torch.from_numpy(np.stack([emulate_row(lg[i], int(sl[i]), bt[i], topk, **kw) for i in range(lg.shape[0])])
+    return torch.from_numpy(np.stack([emulate_row(lg[i], int(sl[i]), bt[i], topk) for i in range(lg.shape[0])])
                             if lg.shape[0] else np.zeros((0, topk), np.int32))
-
-
-def assert_same_selection(emu: np.ndarray, want: np.ndarray, ctx: str) -> None:
-    """Same slots (as a multiset, -1 padding included, so also the same count); padding last in both."""
-    assert np.array_equal(np.sort(emu), np.sort(want)), f"{ctx}: selected sets differ"
-    n = int((want != -1).sum())
-    assert (emu[:n] != -1).all() and (emu[n:] == -1).all(), f"{ctx}: -1 padding not last"
 
 
 def definition_row(logits_row: np.ndarray, seq_len: int, bt_row: np.ndarray, topk: int) -> np.ndarray:
     """The contract, written directly (sort-based): the topk largest, ties at the k-th value to the lower
-    positions; -0 == +0, NaN lowest. (Listed as values above the k-th, then the ties; the kernel's order
-    differs where it stopped at a radix bin, so compare as sets.)"""
-    width = logits_row.shape[0]
-    L = max(0, min(int(seq_len), width, len(bt_row) * PAGE))
-    bt = np.asarray(bt_row, dtype=np.int64)
-    out = np.full(topk, -1, dtype=np.int64)
+    positions; -0 == +0, NaN lowest; listed in ascending position, -1 padded."""
+    L = _clamped_len(logits_row.shape[0], seq_len, bt_row)
+    out = np.full(topk, -1, dtype=np.int32)
     if L <= topk:
         pos = np.arange(L)
     else:
         x = logits_row[:L].astype(np.float64)
-        x = np.where(np.isnan(x), -np.inf, x)
-        rank_key = np.where(np.isnan(logits_row[:L]), 0, 1)  # NaN below -inf
-        order = np.lexsort((np.arange(L), -x, -rank_key))  # by (non-NaN first, value desc, position asc)
-        kth = order[topk - 1]
-        above = (rank_key > rank_key[kth]) | ((rank_key == rank_key[kth]) & (x > x[kth]))
-        tie = (rank_key == rank_key[kth]) & (x == x[kth])
-        tie_pos = np.nonzero(tie)[0][: topk - int(above.sum())]
-        pos = np.concatenate([np.nonzero(above)[0], tie_pos])
-    out[: len(pos)] = bt[pos // PAGE] * PAGE + pos % PAGE
-    return out.astype(np.int32)
+        nan = np.isnan(x)
+        x = np.where(nan, -np.inf, x)
+        order = np.lexsort((np.arange(L), -x, nan.astype(np.int64)))  # non-NaN first, value desc, position asc
+        pos = np.sort(order[:topk])
+    out[: len(pos)] = _slots(bt_row, pos)
+    return out
+
+
+def definition(logits: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int) -> torch.Tensor:
+    lg = logits.detach().cpu().float().numpy()
+    sl = seq_lens.detach().cpu().numpy()
+    bt = block_table.detach().cpu().numpy()
+    return torch.from_numpy(np.stack([definition_row(lg[i], int(sl[i]), bt[i], topk) for i in range(lg.shape[0])])
+                            if lg.shape[0] else np.zeros((0, topk), np.int32))
 
 
 # ---- input makers ---------------------------------------------------------------------------------------
@@ -185,19 +238,31 @@ def make_block_table(seq_lens: list[int], g: torch.Generator, extra_cols: int = 
     return bt.to(dtype)
 
 
+KINDS = ["randn", "indexer", "bf16", "few", "const", "special", "outlier", "gauss_pos", "lowbits", "nan"]
+
+
 def make_logits(seq_lens: list[int], width: int, g: torch.Generator, kind: str = "randn") -> torch.Tensor:
     m = len(seq_lens)
     if kind == "randn":
         x = torch.randn(m, width, generator=g)
-    elif kind == "indexer":  # positive, clustered like ReLU-weighted sums (few exponent bins)
+    elif kind == "indexer":  # positive, clustered like ReLU-weighted sums, half of them one exact value
         x = torch.relu(torch.randn(m, width, generator=g)) * 3.0 + 10.0
+    elif kind == "gauss_pos":  # E1-like: a smooth bump away from zero
+        x = torch.randn(m, width, generator=g) * 0.6 + 0.3
     elif kind == "bf16":
         x = torch.randn(m, width, generator=g).to(torch.bfloat16).float()
     elif kind == "few":
         x = torch.randint(0, 4, (m, width), generator=g).float() - 1.0
     elif kind == "const":
         x = torch.full((m, width), 0.5)
-    elif kind == "special":  # -inf at live positions, signed zeros, huge values
+    elif kind == "outlier":  # a few huge logits squash the linear bins: the radix passes take over
+        x = torch.randn(m, width, generator=g)
+        x[:, ::997] = 1.0e6
+        x[:, 5::1999] = -1.0e6
+    elif kind == "lowbits":  # values that differ only in the lowest mantissa bits
+        x = torch.tensor(1.0).view(torch.int32).add(
+            torch.randint(0, 5, (m, width), generator=g, dtype=torch.int32)).view(torch.float32)
+    elif kind == "special":  # -inf at live positions, signed zeros, huge values, +inf
         x = torch.randn(m, width, generator=g).to(torch.bfloat16).float()
         r = torch.rand(m, width, generator=g)
         x[r < 0.3] = float("-inf")
@@ -205,6 +270,10 @@ def make_logits(seq_lens: list[int], width: int, g: torch.Generator, kind: str =
         x[(r >= 0.4) & (r < 0.5)] = -0.0
         x[(r >= 0.5) & (r < 0.51)] = float("inf")
         x[(r >= 0.51) & (r < 0.52)] = -3.0e38
+        x[(r >= 0.52) & (r < 0.53)] = 3.0e38
+    elif kind == "nan":  # NaN at live positions (ranks below -inf; the reference raises)
+        x = torch.randn(m, width, generator=g)
+        x[torch.rand(m, width, generator=g) < 0.9] = float("nan")
     else:
         raise ValueError(kind)
     for i, L in enumerate(seq_lens):
@@ -214,13 +283,17 @@ def make_logits(seq_lens: list[int], width: int, g: torch.Generator, kind: str =
 
 # ---- CPU: the algorithm ------------------------------------------------------------------------------
 
-def test_kernel_source_uses_the_emulated_rounds():
-    """Drift guard: the round widths/shifts and masks emulated here are the ones in the .cuh."""
+def test_kernel_source_matches_the_emulation_constants():
+    """Drift guard: the constants and formulas emulated here are the ones in the .cuh."""
     src = CUH.read_text()
-    for bins, shift, mask in ROUNDS:
-        assert f"radix_round<{bins}, {shift}>" in src, (bins, shift)
-        assert f"mask = {mask:#010x}u;" in src, hex(mask)
+    assert f"kBins = {KBINS};" in src and f"kMaxCand = {MAX_CAND};" in src
+    assert f"kE2KeyNegInf = {KEY_NEG_INF:#010x}u" in src and f"kE2KeyPosInf = {KEY_POS_INF:#010x}u" in src
     assert "(b == 0x80000000u) ? 0u : b" in src and "> 0x7f800000u) ? 0u : k" in src
+    assert "__fmaf_rn(__fsub_rn(__uint_as_float(raw), vlo), scale, 8388608.0f)" in src
+    assert "fminf(fmaxf(t, 8388608.0f), 8388608.0f + static_cast<float>(kBins - 1))" in src
+    assert "__fdiv_rn(static_cast<float>(kBins), range)" in src and "if (!(vb.scale <= 3.0e38f)) vb.scale = 0.0f;" in src
+    assert "(32 - __clz(static_cast<int>(span))) - 11" in src
+    assert "(kj > x[h] || (kj == x[h] && j < lane + 32 * h))" in src  # the rank rule
 
 
 def test_order_keys_preserve_float_order():
@@ -228,23 +301,39 @@ def test_order_keys_preserve_float_order():
     k = order_keys(v)
     assert list(np.argsort(k, kind="stable")) == list(range(len(v)))
     assert k[4] == k[5]  # -0 == +0
+    assert k[0] == KEY_NEG_INF and k[-1] == KEY_POS_INF
     nan = np.array([np.nan, -np.nan], dtype=np.float32)
     nan2 = np.array([0x7FC00001, 0xFFFFFFFF, 0x7F800001], dtype=np.uint32).view(np.float32)
     assert (order_keys(nan) == 0).all() and (order_keys(nan2) == 0).all()
-    assert order_keys(np.array([-np.inf], np.float32))[0] > 0
+    back = from_keys(k)
+    assert np.array_equal(back[5:].view(np.uint32), v[5:].view(np.uint32)) and back[4] == 0.0
+
+
+def test_value_bins_are_monotone_in_key_order():
+    rng = np.random.default_rng(0)
+    for it in range(40):
+        vals = np.concatenate([rng.standard_normal(500).astype(np.float32) * rng.choice([1e-30, 1e-3, 1, 1e30]),
+                               np.array([0, -0.0, np.inf, -np.inf, np.nan, 3e38, -3e38, 1e-45], np.float32)])
+        keys = np.sort(order_keys(vals))
+        fin = keys[(keys > KEY_NEG_INF) & (keys < KEY_POS_INF)]
+        sub = fin[rng.integers(0, len(fin), 2)]
+        vlo, scale = value_scale(int(sub.min()), int(sub.max()))
+        b = value_bins(from_keys(keys), vlo, scale)
+        assert (np.diff(b) >= 0).all() and b.min() >= 0 and b.max() < KBINS, it
 
 
 _ALGO_CASES = [
     # (seq_len, topk, kind)
     (2049, 2048, "randn"), (2048, 2048, "randn"), (2047, 2048, "randn"), (1, 2048, "randn"), (0, 2048, "randn"),
     (8192, 2048, "indexer"), (8192, 2048, "bf16"), (8192, 2048, "few"), (8192, 2048, "const"),
-    (8192, 2048, "special"), (5000, 2048, "few"), (8191, 1, "few"), (8191, 1, "randn"), (3000, 2999, "few"),
+    (8192, 2048, "special"), (8192, 2048, "gauss_pos"), (8192, 2048, "outlier"), (8192, 2048, "lowbits"),
+    (8192, 2048, "nan"), (5000, 2048, "few"), (8191, 1, "few"), (8191, 1, "randn"), (3000, 2999, "few"),
+    (131072, 2048, "gauss_pos"), (40000, 2048, "indexer"), (8192 + 37, 2048, "randn"),
 ]
 
 
-@pytest.mark.parametrize("threads, items", [(1024, 8), (128, 4), (512, 16)])
 @pytest.mark.parametrize("case", range(len(_ALGO_CASES)))
-def test_emulation_matches_definition_and_reference(case, threads, items):
+def test_emulation_matches_definition_and_reference(case):
     L, topk, kind = _ALGO_CASES[case]
     g = torch.Generator().manual_seed(1000 + case)
     width = max(L, 1) + 13
@@ -252,49 +341,64 @@ def test_emulation_matches_definition_and_reference(case, threads, items):
     logits = make_logits(lens, width, g, kind)
     bt = make_block_table([width], g)
     stats = {}
-    emu = emulate_row(logits[0].numpy(), L, bt[0].numpy(), topk, threads=threads, items=items, stats=stats)
+    emu = emulate_row(logits[0].numpy(), L, bt[0].numpy(), topk, stats=stats)
     want = definition_row(logits[0].numpy(), L, bt[0].numpy(), topk)
-    assert_same_selection(emu, want, f"{case=} {threads=} {items=}")
-    ref = ref_e2_topk(logits, torch.tensor(lens, dtype=torch.int32), bt, topk)
-    assert_topk_sets(OP, torch.from_numpy(emu)[None], ref, min_overlap=1.0)
+    assert np.array_equal(emu, want), f"{case=} {kind=} {L=} {topk=} {stats=}"
+    if kind != "nan":
+        ref = ref_e2_topk(logits, torch.tensor(lens, dtype=torch.int32), bt, topk)
+        assert_topk_sets(OP, torch.from_numpy(emu)[None], ref, min_overlap=1.0)
+
+
+def test_emulation_takes_the_cheap_path_on_e1_like_logits():
+    """The bench's logits (a smooth bump) resolve in the value pass: the bin is ranked by one warp."""
+    paths = []
+    for seed in range(8):
+        g = torch.Generator().manual_seed(seed)
+        x = make_logits([8192], 8192, g, "gauss_pos")[0].numpy()
+        st = {}
+        emulate_row(x, 8192, np.arange(128), TOPK, stats=st)
+        paths.append(st["path"])
+    assert set(paths) <= {"rank", "bin"}, paths
 
 
 def test_emulation_random_sweep():
-    """Many random rows, small chunks so most rows take the multi-chunk path; all kinds of ties."""
+    """Many random rows of every kind; every path of the kernel is taken, ties are cut."""
     rng = np.random.default_rng(7)
-    kinds = ["randn", "indexer", "bf16", "few", "const", "special"]
-    n_rounds, n_cut = set(), 0
-    for it in range(150):
-        kind = kinds[it % len(kinds)]
-        topk = int(rng.choice([1, 2, 7, 64, 100, 257, 1000]))
-        L = int(rng.choice([topk - 1, topk, topk + 1, topk + int(rng.integers(2, 3000))]))
+    paths: dict[str, int] = {}
+    n_cut, max_passes = 0, 0
+    for it in range(240):
+        kind = KINDS[it % len(KINDS)]
+        topk = int(rng.choice([1, 2, 7, 64, 100, 257, 1000, 2048]))
+        L = int(rng.choice([topk - 1, topk, topk + 1, topk + int(rng.integers(2, 9000))]))
         L = max(L, 0)
         width = L + int(rng.integers(0, 70))
         g = torch.Generator().manual_seed(it)
         logits = make_logits([L], max(width, 1), g, kind)
-        if kind == "few" and it % 4 == 0:  # values that differ only in the low mantissa bits (round 3)
-            logits[0, :L] = torch.tensor(1.0).view(torch.int32).add(
-                torch.randint(0, 3, (L,), generator=g, dtype=torch.int32)).view(torch.float32)
+        if it % 7 == 0 and L > 0:  # a narrow cluster at the top forces radix passes and small ranks
+            logits[0, :L] = 5.0 + torch.randint(0, 300, (L,), generator=g).float() * 1e-6
         bt = make_block_table([max(width, 1)], g, extra_cols=int(rng.integers(0, 3)))
         stats = {}
-        emu = emulate_row(logits[0].numpy(), L, bt[0].numpy(), topk, threads=128, items=4, stats=stats)
+        emu = emulate_row(logits[0].numpy(), L, bt[0].numpy(), topk, stats=stats)
         want = definition_row(logits[0].numpy(), L, bt[0].numpy(), topk)
-        assert_same_selection(emu, want, f"{it=} {kind=} {L=} {topk=}")
+        assert np.array_equal(emu, want), f"{it=} {kind=} {L=} {topk=} {stats=}"
+        paths[stats["path"]] = paths.get(stats["path"], 0) + 1
         if L > topk:
-            n_rounds.add(stats["rounds"])
-            n_cut += stats["ties_cut"]
-            ref = ref_e2_topk(logits[:, :max(width, 1)], torch.tensor([L]), bt, topk)
-            assert_topk_sets(OP, torch.from_numpy(emu)[None], ref, min_overlap=1.0)
-    assert n_rounds == {1, 2, 3}, f"the sweep must stop after each of the rounds, got {n_rounds}"
+            n_cut += bool(stats["ties_cut"])
+            max_passes = max(max_passes, stats["passes"])
+            if kind != "nan":
+                ref = ref_e2_topk(logits[:, :max(width, 1)], torch.tensor([L]), bt, topk)
+                assert_topk_sets(OP, torch.from_numpy(emu)[None], ref, min_overlap=1.0)
+    assert set(paths) == {"all", "bin", "rank", "radix", "radix+rank"}, paths
     assert n_cut > 10, "the sweep must cut ties at the threshold"
+    assert 2 <= max_passes <= 3, max_passes
 
 
 def test_emulation_nan_ranks_lowest():
     x = np.array([np.nan, 1.0, np.nan, -np.inf, 2.0, np.nan], dtype=np.float32)
     bt = np.arange(1)
-    out = emulate_row(x, 6, bt, 4, threads=128, items=4)
-    assert out.tolist() == [1, 3, 4, 0]  # 1.0, -inf, 2.0 above the k-th (NaN), then the first NaN
-    assert_same_selection(out, definition_row(x, 6, bt, 4), "nan")
+    out = emulate_row(x, 6, bt, 4)
+    assert out.tolist() == [0, 1, 3, 4]  # 1.0, -inf, 2.0 and the first NaN, in position order
+    assert np.array_equal(out, definition_row(x, 6, bt, 4))
 
 
 def test_emulation_clamps_seq_len():
@@ -304,6 +408,39 @@ def test_emulation_clamps_seq_len():
     assert np.array_equal(emulate_row(x, 10**6, bt, 100), emulate_row(x, 300, bt, 100))
     assert (emulate_row(x, -5, bt, 100) == -1).all()
     assert np.array_equal(emulate_row(x, 300, bt[:2], 100), emulate_row(x, 128, bt[:2], 100))
+
+
+# ---- CPU: launch planning --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m, width, cluster, chunks, smem_chunks", [
+    (16, 8192, 1, 1, 0),        # the benchmark row: one CTA, registers only
+    (256, 8192, 1, 1, 0),
+    (1, 1, 1, 1, 0),
+    (16, 8192 + 37, 2, 1, 0),   # slightly longer: two CTAs, registers only
+    (256, 8192 + 37, 1, 2, 1),  # full batch: one CTA per row, one chunk in shared memory
+    (16, 131072, 4, 4, 3),
+    (1, 131072, 8, 2, 1),
+    (256, 131072, 4, 4, 3),     # on chip (4 x 32K) even when the batch fills the GPU
+    (4, 202752, 8, 4, 3),       # GLM-5's longest context
+    (1, 600000, 8, 10, 5),      # beyond the on-chip capacity: chunks 6.. re-read from L2
+])
+def test_plan_launch(m, width, cluster, chunks, smem_chunks):
+    p = e2mod.plan_launch(m, width, 132)
+    assert (p.cluster, p.chunks, p.smem_chunks) == (cluster, chunks, smem_chunks), p
+    assert p.cluster * p.chunks * e2mod.DEFAULT_CONFIG.chunk >= width
+    assert p.smem_bytes == p.smem_chunks * e2mod.DEFAULT_CONFIG.chunk * 4 <= 200 * 1024
+    assert p.function == ("glm5_e2_topk" if cluster == 1 else "glm5_e2_topk_cluster")
+
+
+def test_plan_launch_forced_cluster_and_errors():
+    p = e2mod.plan_launch(3, 40000, 132, cluster=2)
+    assert (p.cluster, p.chunks, p.smem_chunks) == (2, 3, 2)
+    p = e2mod.plan_launch(3, 40000, 132, cluster=1)
+    assert (p.cluster, p.chunks, p.smem_chunks) == (1, 5, 4)
+    with pytest.raises(ValueError, match="cluster must be"):
+        e2mod.plan_launch(3, 40000, 132, cluster=3)
+    with pytest.raises(ValueError, match="plan_launch"):
+        e2mod.plan_launch(0, 40000, 132)
 
 
 # ---- CPU: validation and fake ---------------------------------------------------------------------------
@@ -357,17 +494,22 @@ def test_fake_shapes_and_compile():
 
 def test_compile_check_specs():
     specs = e2mod.compile_check_specs()
-    assert specs[0].source == "attn_pre/e2_topk.cu" and dict(specs[0].defines)["GLM5_E2_THREADS"] == "1024"
+    assert specs[0] == e2mod.DEFAULT_CONFIG.spec and specs[0].source == "attn_pre/e2_topk.cu"
+    assert set(specs[0].functions) == {"glm5_e2_topk", "glm5_e2_topk_cluster"}
+    assert {dict(sp.defines)["GLM5_E2_THREADS"] for sp in specs} == {"256", "512", "1024"}
+    assert all(c.chunk == 8192 for c in (e2mod.DEFAULT_CONFIG, *e2mod.ALT_CONFIGS))
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------
 
 def check_against_all(logits, seq_lens, block_table, topk, out, ctx: str, *, ref: bool = True) -> None:
-    """Kernel output vs emulation (bit for bit), vs the reference (sets), and the contract's invariants."""
+    """Kernel output vs the definition and the emulation (bit for bit: the order is ascending position),
+    vs the reference (sets), and the contract's invariants."""
     o = out.cpu()
     assert_no_poison(OP, o, names=["topk_slots"])
-    emu = emulate(logits, seq_lens, block_table, topk)
-    assert_equal(OP, o, emu, context=ctx + " vs emulation")
+    want = definition(logits, seq_lens, block_table, topk)
+    assert_equal(OP, o, want, context=ctx + " vs definition (position order)")
+    assert_equal(OP, o, emulate(logits, seq_lens, block_table, topk), context=ctx + " vs emulation")
     lg = logits.cpu()
     lens = seq_lens.cpu().long().clamp(min=0, max=min(lg.shape[1], block_table.shape[1] * PAGE))
     if ref and not torch.isnan(lg).any():
@@ -392,14 +534,14 @@ def check_against_all(logits, seq_lens, block_table, topk, out, ctx: str, *, ref
 
 
 def _case(m: int, seed: int, kind: str = "indexer", topk: int = TOPK, lens: list[int] | None = None,
-          idx_dtype=torch.int32, pad_cols: int = 0):
+          idx_dtype=torch.int32, pad_cols: int = 0, width: int | None = None):
     g = torch.Generator().manual_seed(seed)
     if lens is None:
         rot = seed % len(LENGTHS)
         lens = [LENGTHS[(rot + i) % len(LENGTHS)] for i in range(m)]
-    width = max(lens)
+    width = width or max(max(lens), 1)
     logits = make_logits(lens, width, g, kind)
-    bt = make_block_table(lens, g, dtype=idx_dtype)
+    bt = make_block_table(lens, g, dtype=idx_dtype)  # pages of the live tokens only, -1 after
     seq = torch.tensor(lens, dtype=idx_dtype)
     if pad_cols:  # strided view (row stride width + pad_cols), made on the device so .cuda() keeps the strides
         big = torch.full((m, width + pad_cols), 12345.0, device="cuda")
@@ -408,13 +550,20 @@ def _case(m: int, seed: int, kind: str = "indexer", topk: int = TOPK, lens: list
     return logits.cuda(), seq.cuda(), bt.cuda(), topk
 
 
+def _run(logits, seq, bt, k, *, cfg=None, cluster=None, meta_before_wait=True, pdl=True):
+    """Launch through the module's launcher (config / cluster forced) into a poisoned output."""
+    out = poison_(torch.empty(logits.shape[0], k, dtype=torch.int32, device="cuda"))
+    plan = e2mod._launch(logits, seq, bt, k, out, pdl, cfg, meta_before_wait=meta_before_wait, cluster=cluster)
+    return out, plan
+
+
 @pytest.fixture
 def no_pdl_override(monkeypatch):
     monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["indexer", "bf16"])
+@pytest.mark.parametrize("kind", ["indexer", "bf16", "gauss_pos"])
 @pytest.mark.parametrize("m", M_VALUES)
 def test_matches_reference_into_poisoned_output(m, kind, seed, no_pdl_override):
     logits, seq, bt, k = _case(m, seed + m, kind)
@@ -426,9 +575,11 @@ def test_matches_reference_into_poisoned_output(m, kind, seed, no_pdl_override):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["few", "const", "special", "randn"])
+@pytest.mark.parametrize("kind", ["few", "const", "special", "randn", "outlier", "lowbits", "nan"])
 @pytest.mark.parametrize("m", [3, 16, 64])
 def test_ties_and_special_values(m, kind, seed):
+    """Every path of the kernel: the bin taken whole, ranked candidates, radix passes, tie cuts,
+    degenerate ranges (live +-inf, NaN, one value)."""
     logits, seq, bt, k = _case(m, seed + 3 * m, kind)
     out = e2_topk(logits, seq, bt, k)
     torch.cuda.synchronize()
@@ -436,7 +587,17 @@ def test_ties_and_special_values(m, kind, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("topk", [1, 7, 100, 2048, 8192, 9000])
+@pytest.mark.parametrize("lens", [[2047] * 5, [1, 2, 63, 64, 65, 2048], [0, 0, 0], [2049] * 3 + [100]])
+def test_short_rows_take_all(lens, seed):
+    """ctx <= topk (every token, -1 after), ctx = topk + 1, ctx not a multiple of the page size."""
+    logits, seq, bt, k = _case(len(lens), seed, "bf16", lens=lens)
+    out = e2_topk(logits, seq, bt, k)
+    torch.cuda.synchronize()
+    check_against_all(logits, seq, bt, k, out, f"{lens=}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", [1, 7, 63, 64, 65, 100, 2048, 8192, 9000])
 def test_other_topk(topk, seed):
     lens = [1, 100, 2047, 2049, 8191, 8192, 8193, 9001, 20000]
     logits, seq, bt, k = _case(len(lens), seed + topk, "bf16", topk=topk, lens=lens)
@@ -446,13 +607,37 @@ def test_other_topk(topk, seed):
 
 
 @pytest.mark.gpu
-def test_long_rows(seed):
-    lens = [131072, 131072 - 5, 70000, 8192 * 3 + 1]
-    for kind in ("indexer", "few"):
-        logits, seq, bt, k = _case(len(lens), seed, kind, lens=lens)
-        out = e2_topk(logits, seq, bt, k)
+@pytest.mark.parametrize("kind", ["gauss_pos", "indexer", "few", "outlier"])
+def test_long_rows(kind, seed):
+    """Long contexts through the default plan (clusters of CTAs, rows spread over segments, some CTAs
+    of a cluster past the row's end) and a batch whose widest row sets the width."""
+    lens = [131072, 131072 - 5, 70000, 8192 * 3 + 1, 3000, 9000]
+    logits, seq, bt, k = _case(len(lens), seed, kind, lens=lens)
+    out = e2_topk(logits, seq, bt, k)
+    torch.cuda.synchronize()
+    check_against_all(logits, seq, bt, k, out, f"long rows {kind=}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg_i", [0, 1, 2])
+@pytest.mark.parametrize("cluster, lens", [
+    (1, [8192, 5000, 8193]),                 # one CTA, registers only / one chunk in shared memory
+    (1, [60000, 59999, 2049, 40000]),        # one CTA, 5 chunks in shared memory + 2 re-read from L2
+    (2, [8192, 16384, 16383, 3000]),         # 2 CTAs, registers only
+    (2, [40000, 33333, 8191]),               # 2 CTAs, chunks in shared memory, trailing CTA empty
+    (4, [9000, 100000, 2100]),               # 4 CTAs
+    (8, [8192 * 8, 8192 * 8 - 1, 8200, 2500]),  # 8 CTAs, most of them empty for the short rows
+])
+def test_forced_layouts(cfg_i, cluster, lens, seed):
+    """Every launch layout (plain / cluster 2, 4, 8; registers, shared memory, L2 re-reads) and every
+    compiled thread configuration, on E1-like, tied and outlier rows."""
+    cfg = (e2mod.DEFAULT_CONFIG, *e2mod.ALT_CONFIGS)[cfg_i]
+    for kind in ("gauss_pos", "few", "outlier"):
+        logits, seq, bt, k = _case(len(lens), seed + cluster, kind, lens=lens)
+        out, plan = _run(logits, seq, bt, k, cfg=cfg, cluster=cluster)
         torch.cuda.synchronize()
-        check_against_all(logits, seq, bt, k, out, f"long rows {kind=}")
+        assert plan.cluster == cluster
+        check_against_all(logits, seq, bt, k, out, f"{cfg=} {cluster=} {kind=} {plan=}")
 
 
 @pytest.mark.gpu
@@ -460,7 +645,7 @@ def test_long_rows(seed):
 @pytest.mark.parametrize("pad_cols", [0, 1, 4, 61])
 def test_index_dtypes_and_strided_logits(idx_dtype, pad_cols, seed):
     """int64 seq_lens / block_table; logits as a view with a padded row stride (odd strides make
-    rows 4-byte aligned only: the kernel falls back to scalar loads)."""
+    rows 4-byte aligned only: the kernel falls back to scalar loads and 4-byte cp.async)."""
     logits, seq, bt, k = _case(8, seed, "bf16", idx_dtype=idx_dtype, pad_cols=pad_cols)
     assert logits.stride(0) == logits.shape[1] + pad_cols
     out = e2_topk(logits, seq, bt, k)
@@ -470,6 +655,12 @@ def test_index_dtypes_and_strided_logits(idx_dtype, pad_cols, seed):
     torch.cuda.synchronize()
     check_against_all(logits, seq, bt, k, out, f"{idx_dtype=} {pad_cols=}")
     assert_equal(OP, out2, out, context="seq_lens dtype does not change the result")
+    # shared-memory chunks and L2 re-reads with the unaligned rows too
+    out3, plan = _run(logits, seq, bt, k, cluster=1)
+    out4, _ = _run(logits, seq, bt, k, cluster=2)
+    torch.cuda.synchronize()
+    assert_equal(OP, out3, out, context=f"plain {plan=}")
+    assert_equal(OP, out4, out, context="cluster 2")
 
 
 @pytest.mark.gpu
@@ -482,30 +673,35 @@ def test_seq_len_clamped_and_odd_block_tables(seed):
     logits, seq, bt = logits.cuda(), seq.cuda(), bt.cuda()
     out = e2_topk(logits, seq, bt, TOPK)
     torch.cuda.synchronize()
-    emu = emulate(logits, seq, bt, TOPK)
-    assert_equal(OP, out.cpu(), emu, context="clamped seq_lens")
+    assert_equal(OP, out.cpu(), definition(logits, seq, bt, TOPK), context="clamped seq_lens")
     assert (out[3:] == -1).all()
     check_against_all(logits, seq.clamp(0, 6400), bt, TOPK, out, "clamped")
 
 
 @pytest.mark.gpu
-def test_deterministic_and_pdl_off(seed):
+def test_deterministic_pdl_off_and_meta_after_wait(seed):
     logits, seq, bt, k = _case(64, seed, "few")
     a = e2_topk(logits, seq, bt, k)
     b = e2_topk(logits, seq, bt, k)
     c = e2_topk(logits, seq, bt, k, pdl=False)
+    d = e2_topk(logits, seq, bt, k, meta_before_wait=False)
     torch.cuda.synchronize()
     assert_equal(OP, a, b, context="run twice")
     assert_equal(OP, a, c, context="pdl on vs off")
+    assert_equal(OP, a, d, context="metadata before vs after the wait")
+    check_against_all(logits, seq, bt, k, a, "few")
 
 
 @pytest.mark.gpu
-def test_alternative_config_512x16(seed):
-    logits, seq, bt, k = _case(31, seed, "few")
-    out = poison_(torch.empty(31, k, dtype=torch.int32, device="cuda"))
-    e2mod._launch(logits, seq, bt, k, out, True, e2mod.ALT_CONFIGS[0])
-    torch.cuda.synchronize()
-    check_against_all(logits, seq, bt, k, out, "512x16")
+@pytest.mark.parametrize("cfg_i", [0, 1, 2])
+def test_every_config_on_the_benchmark_shape(cfg_i, seed):
+    cfg = (e2mod.DEFAULT_CONFIG, *e2mod.ALT_CONFIGS)[cfg_i]
+    for m, kind in ((16, "gauss_pos"), (31, "few"), (256, "indexer")):
+        logits, seq, bt, k = _case(m, seed, kind, lens=[8192] * m)
+        out, plan = _run(logits, seq, bt, k, cfg=cfg)
+        torch.cuda.synchronize()
+        assert plan.cluster == 1
+        check_against_all(logits, seq, bt, k, out, f"{cfg=} {m=} {kind=}")
 
 
 @pytest.mark.gpu
@@ -570,17 +766,19 @@ def _stale_like(logits: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16, 64, 256])
-def test_e2_waits_for_the_previous_kernel_under_pdl(m, seed, no_pdl_override):
+@pytest.mark.parametrize("m, long", [(1, False), (5, False), (16, False), (64, False), (256, False), (3, True)])
+def test_e2_waits_for_the_previous_kernel_under_pdl(m, long, seed, no_pdl_override):
+    """The producer (launched first, PDL edge to E2) spins, then writes the logits: E2 must wait.
+    long=True: rows of 40000 take the cluster path (8 CTAs per row)."""
     producer = _producer()
-    lens = [8192 if i % 3 else 40000 for i in range(m)] if m > 1 else [8192]
-    logits_true, seq, bt, k = _case(m, seed, "indexer", lens=lens)
+    lens = [40000, 40000 - 7, 9000] if long else ([8192 if i % 3 else 40000 for i in range(m)] if m > 1 else [8192])
+    logits_true, seq, bt, k = _case(m, seed, "gauss_pos", lens=lens, width=40000 if long else None)
     width = logits_true.shape[1]
     if width % 4:
         pytest.skip("producer copies 16-byte vectors")
     logits = _stale_like(logits_true)
     e2_topk(logits_true, seq, bt, k)  # compile + load outside the timed sequence
-    want = emulate(logits_true, seq, bt, k)
+    want = definition(logits_true, seq, bt, k)
     for _ in range(3):
         logits.fill_(1.0e30)
         out = poison_(torch.empty(m, k, dtype=torch.int32, device="cuda"))
@@ -588,17 +786,38 @@ def test_e2_waits_for_the_previous_kernel_under_pdl(m, seed, no_pdl_override):
         _produce(producer, logits_true, logits)
         e2_topk(logits, seq, bt, k, out=out, pdl=True)
         torch.cuda.synchronize()
-        assert_equal(OP, out.cpu(), want, context=f"PDL after producer {m=}")
+        assert_equal(OP, out.cpu(), want, context=f"PDL after producer {m=} {long=}")
+
+
+@pytest.mark.gpu
+def test_meta_after_wait_sees_late_seq_lens(seed, no_pdl_override):
+    """meta_before_wait=False: seq_lens written by the producer (late) are read after the wait."""
+    producer = _producer()
+    m = 16
+    lens = [8192 - 3 * i for i in range(m)]
+    logits, seq_true, bt, k = _case(m, seed, "gauss_pos", lens=lens)
+    assert (seq_true.numel() * seq_true.element_size()) % 16 == 0
+    seq = torch.full_like(seq_true, 5)  # stale: every row would be "take all"
+    e2_topk(logits, seq_true, bt, k, meta_before_wait=False)
+    want = definition(logits, seq_true, bt, k)
+    for _ in range(3):
+        seq.fill_(5)
+        out = poison_(torch.empty(m, k, dtype=torch.int32, device="cuda"))
+        torch.cuda.synchronize()
+        _produce(producer, seq_true, seq)
+        e2_topk(logits, seq, bt, k, out=out, pdl=True, meta_before_wait=False)
+        torch.cuda.synchronize()
+        assert_equal(OP, out.cpu(), want, context="seq_lens written late")
 
 
 # ---- CUDA graphs --------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [16, 3])
-def test_cuda_graph_capture_and_replay(m, seed, no_pdl_override):
+@pytest.mark.parametrize("m, L", [(16, 8192), (3, 8192), (4, 50000)])
+def test_cuda_graph_capture_and_replay(m, L, seed, no_pdl_override):
     producer = _producer()
-    lens = [8192] * m
-    src, seq, bt, k = _case(m, seed, "indexer", lens=lens)
+    lens = [L] * m
+    src, seq, bt, k = _case(m, seed, "gauss_pos", lens=lens)
     static_logits = torch.empty_like(src)
     out = poison_(torch.empty(m, k, dtype=torch.int32, device="cuda"))
     e2_topk(src, seq, bt, k)  # warm up (compile/load) outside capture
@@ -608,42 +827,57 @@ def test_cuda_graph_capture_and_replay(m, seed, no_pdl_override):
         _produce(producer, src, static_logits)  # producer -> E2 with a PDL edge
         e2_topk(static_logits, seq, bt, k, out=out, pdl=True)
         func = e2_topk(static_logits, seq, bt, k)  # graph-pool output
-    for step in range(3):
-        new, _, _, _ = _case(m, seed + 100 + step, ["indexer", "few", "bf16"][step], lens=lens)
+    for step in range(4):
+        new, _, _, _ = _case(m, seed + 100 + step, ["indexer", "few", "bf16", "gauss_pos"][step], lens=lens)
         src.copy_(new)
         poison_(out)
         static_logits.fill_(1.0e30)
         g.replay()
         torch.cuda.synchronize()
-        check_against_all(new, seq, bt, k, out, f"graph replay {step} {m=}")
+        check_against_all(new, seq, bt, k, out, f"graph replay {step} {m=} {L=}")
         assert_equal(OP, func, out, context="functional op in the graph")
 
 
 # ---- speed (a gross-regression guard; the target is <= 3 us at M=16, L=8192) ---------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, L", [(16, 8192), (1, 8192), (64, 8192), (256, 8192), (16, 65536)])
+@pytest.mark.parametrize("m, L", [(16, 8192), (1, 8192), (64, 8192), (256, 8192), (16, 65536), (16, 131072)])
 def test_speed_in_cuda_graph(m, L, seed):
-    logits, seq, bt, k = _case(m, seed, "indexer", lens=[L] * m)
+    """Per-launch time of 20 back-to-back launches in one graph (PDL on), E1-like logits; prints every
+    compiled config and cluster choice next to the default so the lead can pick."""
+    logits, seq, bt, k = _case(m, seed, "gauss_pos", lens=[L] * m)
     out = torch.empty(m, k, dtype=torch.int32, device="cuda")
-    e2_topk(logits, seq, bt, k, out=out)
-    torch.cuda.synchronize()
-    n = 20
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            e2_topk(logits, seq, bt, k, out=out)
-    g.replay()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(10):
-        t0.record()
-        g.replay()
-        t1.record()
+
+    def timed(launch) -> float:
+        launch()
         torch.cuda.synchronize()
-        times.append(t0.elapsed_time(t1) * 1000 / n)
-    us = sorted(times)[len(times) // 2]
-    print(f"e2_topk M={m} L={L}: {us:.2f} us per call (graph of {n}, PDL on)")
+        n = 20
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(n):
+                launch()
+        g.replay()
+        torch.cuda.synchronize()
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(10):
+            t0.record()
+            g.replay()
+            t1.record()
+            torch.cuda.synchronize()
+            times.append(t0.elapsed_time(t1) * 1000 / n)
+        return sorted(times)[len(times) // 2]
+
+    us = timed(lambda: e2_topk(logits, seq, bt, k, out=out))
+    plan = e2mod.plan_launch(m, L, torch.cuda.get_device_properties(0).multi_processor_count)
+    print(f"e2_topk M={m} L={L}: {us:.2f} us per call (default {e2mod.DEFAULT_CONFIG}, {plan})")
+    for cfg in e2mod.ALT_CONFIGS:
+        t = timed(lambda: e2mod._launch(logits, seq, bt, k, out, True, cfg))
+        print(f"    {cfg}: {t:.2f} us")
+    if L > 8192:  # a CTA's segment is whole chunks of 8192: clusters only split longer rows
+        for c in (1, 2, 4, 8):
+            t = timed(lambda: e2mod._launch(logits, seq, bt, k, out, True, None, cluster=c))
+            print(f"    cluster={c}: {t:.2f} us")
+    check_against_all(logits, seq, bt, k, out, f"speed {m=} {L=}")
     bound = 10.0 * max(1, L // 8192) * max(1, m // 132 + 1)
     assert us < bound, f"e2_topk M={m} L={L}: {us:.2f} us per call, gross regression bound {bound} us (target 3 us at M=16)"
