@@ -1,0 +1,814 @@
+// MegaMoE for Hopper (sm_90a): one persistent, warp-specialised, fused FP8 MoE kernel (FC1 + SwiGLU +
+// 1x128 FP8 requant + FC2 + routing weight + deterministic top-k combine), plus the small in-graph plan
+// kernel that turns topk_ids into per-expert token lists and an ordered task list. Tile/role functions
+// only; the thin __global__ launchers are in megamoe.cu, the host side in glm5_fastpath/moe/megamoe.py.
+//
+// Math (glm5_fastpath/ref/moe.py, rounding point by rounding point):
+//   pair (t, j): expert e = topk_ids[t, j] (j < k) or the shared expert E_local (j == k), weight
+//                w = topk_weights[t, j] or fp32(1 / routed_scaling) for the shared expert
+//   FC1        gu = bf16(sum_g xs[t,g] * S13[row/128, g] * x8[t, g] . W13[row, g])   (fp32 accumulate)
+//   act        a  = bf16(silu(g) * u); a8, as = 1x128 quant of a (as = max(amax, 1e-10) / 448, a8 = fp8(a / as))
+//   FC2        y  = bf16((sum_g as[g] * S2[n/128, g] * a8 . W2[n]) * w)             -> slot buffer (t, j)
+//   combine    out[t] = bf16(rsf * sum_{j = 0..S-1} fp32(y[t, j]))                    fixed slot order
+//
+// Work decomposition (all tasks cover 256 weight rows, 128 K per pipeline stage):
+//   FC1 task (e, rt, b): rows [256 rt, 256 rt + 256) of the gate/up weight interleaved by 8 rows
+//     ([g0..7, u0..7, g8..15, u8..15, ...], done once by prepare_weights) = intermediate channels
+//     [128 rt, 128 rt + 128) = exactly one 1x128 quant group of FC2's input; token block b (kBN tokens)
+//     of expert e. 48 K stages (H = 6144). Writes a8 rows + their scales, then fc1_done[e, b] += 1.
+//   FC2 task (e, rt, b): output rows [256 rt, 256 rt + 256); 16 K stages (I = 2048); waits until
+//     fc1_done[e, b] == I / 128 (all FC1 tiles of that token block); writes bf16 weighted slot values,
+//     then the last of the S contributors of (token, rt) reduces the S slots in order into `out`.
+//   swapAB: weight rows on the wgmma M side (m64 x 2 per math warpgroup), tokens on N = kBN.
+//
+// CTA = 3 warpgroups (384 threads), one CTA per SM, persistent, tasks claimed dynamically with one
+// global atomic in list order (the plan orders FC1 of expert group g+1 before FC2 of group g):
+//   WG0 warp 0  weight producer + scheduler: claims a task, publishes it in a 4-slot smem task ring,
+//               streams its weight tiles with TMA (32 KB boxes, 128B swizzle) into the stage ring.
+//               Never waits on a cross-CTA counter.
+//   WG0 warp 1  activation loader: per task, column info (pair codes, routing weights) into the task
+//               slot; for FC2 spins on fc1_done (acquire) first; gathers the token block's activation
+//               rows (FC1: x8 rows by token id; FC2: contiguous a8 rows) and their scales with 16-byte
+//               cp.async (manual 128B swizzle) into the same stage, arriving with cp.async.mbarrier.arrive.
+//   WG0 warps 2-3 idle (they only take part in setmaxnreg).
+//   WG1, WG2    math: each owns 128 of the 256 weight rows (two m64 halves) x kBN tokens; per stage 4 k32
+//               wgmma per half into a temporary, then acc += tmp * (x_scale[token] * w_scale[block]);
+//               fused epilogues (SwiGLU/quant for FC1, weight/slot store/combine for FC2).
+// Deadlock freedom: tasks are processed in claim order per CTA and every FC2 task depends only on FC1
+// tasks earlier in the global list, so the earliest unfinished claimed task can always progress.
+//
+// Counters (graph-replay safe, no memset): the plan kernel (which waits for the previous grid with
+// griddepcontrol.wait) zeroes the claim counter and the fc1_done counters it uses; the combine
+// counters return to zero when their last contributor resets them.
+#pragma once
+
+#include <cuda.h>
+#include <stdio.h>
+
+#include "../common/arch.cuh"
+#include "../common/convert.cuh"
+#include "../common/pdl.cuh"
+#include "../common/ptx_cp_async.cuh"
+#include "../common/sm90_mbarrier.cuh"
+#include "../common/sm90_tma.cuh"
+#include "../common/sm90_wgmma.cuh"
+#include "../common/vec_io.cuh"
+
+#ifndef GLM5_MEGAMOE_SPIN_LIMIT_CYCLES
+#define GLM5_MEGAMOE_SPIN_LIMIT_CYCLES (1ull << 34)  // ~9 s: a lost fc1_done arrival fails loudly
+#endif
+
+namespace glm5 {
+namespace moe {
+namespace megamoe {
+
+constexpr int kThreads = 384;      // WG0 producers, WG1 + WG2 math
+constexpr int kMathThreads = 256;  // two math warpgroups
+constexpr int kTileRows = 256;     // weight rows per task
+constexpr int kBK = 128;           // K per stage = one FP8 scale block
+constexpr int kStageWBytes = kTileRows * kBK;  // 32 KB of FP8 weights per stage
+constexpr int kTaskSlots = 4;      // smem task ring depth
+constexpr int kMaxExperts = 512;   // 9-bit expert field of a task descriptor
+constexpr int kMaxSlots = 16;      // slots per token (top-k + shared), 4-bit field of a pair code
+constexpr int kPairAlign = 8;      // each expert's pair range starts at a multiple of 8
+constexpr int kSplitMaxBN = 16;    // split-K FC1 tiles only for token blocks up to 16 (partial scratch size)
+constexpr int kPlanThreads = 1024;
+constexpr int kProducerRegs = 40;
+constexpr int kMathRegs = 232;     // 40 * 128 + 232 * 256 = 64512 <= 65536
+constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
+
+// Task descriptor: bit 31 FC2, bits 22..30 expert, bits 16..21 row tile, bit 15 split-K FC1 tile,
+// bit 14 which K half (split only), bits 0..13 token block.
+__host__ __device__ constexpr int32_t encode_task(int fc2, int e, int rt, int b, int split = 0, int half = 0) {
+    return static_cast<int32_t>((static_cast<uint32_t>(fc2) << 31) | (static_cast<uint32_t>(e) << 22) |
+                                (static_cast<uint32_t>(rt) << 16) | (static_cast<uint32_t>(split) << 15) |
+                                (static_cast<uint32_t>(half) << 14) | static_cast<uint32_t>(b));
+}
+__host__ __device__ constexpr int task_fc2(int32_t d) { return static_cast<int>(static_cast<uint32_t>(d) >> 31); }
+__host__ __device__ constexpr int task_expert(int32_t d) { return static_cast<int>((static_cast<uint32_t>(d) >> 22) & 511u); }
+__host__ __device__ constexpr int task_rt(int32_t d) { return static_cast<int>((static_cast<uint32_t>(d) >> 16) & 63u); }
+__host__ __device__ constexpr int task_split(int32_t d) { return static_cast<int>((static_cast<uint32_t>(d) >> 15) & 1u); }
+__host__ __device__ constexpr int task_half(int32_t d) { return static_cast<int>((static_cast<uint32_t>(d) >> 14) & 1u); }
+__host__ __device__ constexpr int task_block(int32_t d) { return static_cast<int>(static_cast<uint32_t>(d) & 0x3fffu); }
+constexpr int kMaxBlocks = 1 << 14;
+static_assert(task_expert(encode_task(1, 300, 23, 4095)) == 300 && task_rt(encode_task(1, 300, 23, 4095)) == 23 &&
+                  task_block(encode_task(1, 300, 23, 4095)) == 4095 && task_fc2(encode_task(1, 300, 23, 4095)) == 1 &&
+                  task_split(encode_task(0, 511, 63, 16383, 1, 1)) == 1 && task_half(encode_task(0, 511, 63, 16383, 1, 1)) == 1 &&
+                  task_block(encode_task(0, 511, 63, 16383, 1, 1)) == 16383,
+              "task encoding");
+
+// Pair code: token << 4 | slot (slot < kMaxSlots).
+__host__ __device__ constexpr int32_t encode_pair(int t, int j) { return (t << 4) | j; }
+
+// Kernel parameters (ABI of glm5_fastpath/moe/megamoe.py::_Params; both kernels take it).
+struct Params {
+    const uint8_t* x;          // [M, H] e4m3, activations quantised 1x128
+    const float* x_scale;      // [M, H/128] fp32
+    const void* topk_ids;      // [M, k] int32 (ids_int64 = 0) or int64, routed expert ids in [0, e_local)
+    const float* topk_w;       // [M, k] fp32, normalised, without routed_scaling_factor
+    const float* w13_scale;    // [E_tot, 2I/128, H/128] fp32 (natural gate||up block order)
+    const float* w2_scale;     // [E_tot, H/128, I/128] fp32
+    uint16_t* out;             // [M, H] bf16
+    // workspace (glm5_fastpath/moe/megamoe.py::Workspace)
+    int32_t* expert_cnt;       // [kMaxExperts] pairs per expert
+    int32_t* expert_off;       // [kMaxExperts] first pair row (multiple of kPairAlign)
+    int32_t* blk_base;         // [kMaxExperts] first token-block index (fc1_done)
+    int32_t* pair_list;        // [pairs_cap] pair codes, grouped by expert
+    int32_t* tasks;            // [tasks_cap] task descriptors in claim order
+    int32_t* ctrl;             // [8]: 0 num_tasks, 1 claim counter
+    int32_t* fc1_done;         // [blocks_cap]
+    int32_t* combine_ctr;      // [max_tokens, H/256], zero at rest
+    int32_t* split_ctr;        // [split_max_tiles], zero at rest (split-K FC1 tiles: first/last finisher)
+    float* split_partial;      // [split_max_tiles][2 halves][256 threads][kBN] fp32 partial accumulators
+    uint8_t* act;              // [pairs_cap, I] e4m3: FC1 output (FC2 input)
+    float* act_scale;          // [I/128, pairs_cap] fp32 (transposed: a block's scales are contiguous)
+    uint16_t* slots;           // [max_tokens, S, H] bf16 weighted FC2 outputs
+    int32_t num_tokens;        // M
+    int32_t topk;              // k routed slots per token
+    int32_t num_slots;         // S = k + n_shared
+    int32_t e_local;           // routed experts (the shared expert is index e_local)
+    int32_t n_shared;          // 0 or 1
+    int32_t ids_int64;         // topk_ids element type
+    int32_t group_size;        // active experts per scheduling group
+    int32_t pairs_cap;         // rows of act / entries of pair_list (multiple of 8)
+    int32_t tasks_cap;
+    int32_t blocks_cap;
+    int32_t split_max_tiles;   // split every FC1 tile in two K halves when the call has at most this many
+    int32_t flags;             // kFlagFc1Only: plan FC1 tasks only (diagnostics)
+    float shared_weight;       // fp32(1 / routed_scaling_factor)
+    float routed_scaling;      // applied in the combine
+};
+
+constexpr int32_t kFlagFc1Only = 1;
+
+// ---- private PTX helpers (one instruction each) ------------------------------------------------------
+
+GLM5_DEVICE void cp_async_4(uint32_t dst_smem, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst_smem), "l"(src) : "memory");
+}
+
+GLM5_DEVICE int32_t ld_acquire_gpu(const int32_t* p) {
+    int32_t v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+GLM5_DEVICE void red_release_gpu_add(int32_t* p, int32_t v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+GLM5_DEVICE int32_t atom_acq_rel_gpu_add(int32_t* p, int32_t v) {
+    int32_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+GLM5_DEVICE void st_shared_u8(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.u8 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
+GLM5_DEVICE void st_global_u32(void* p, uint32_t v) {
+    asm volatile("st.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+GLM5_DEVICE float round_bf16(float x) {
+    uint16_t h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+
+GLM5_DEVICE uint32_t lane_id() { return threadIdx.x & 31u; }
+
+// ---- shared-memory layout of the persistent kernel ---------------------------------------------------
+// (glm5_fastpath/moe/megamoe.py::smem_bytes mirrors kBytes; keep the two in sync.)
+template <int kBN, int kStages>
+struct Smem {
+    static constexpr int kAStage = kBN * kBK;                          // token rows x 128 B (swizzled)
+    static constexpr int kW = 0;                                       // weights, 1024-aligned
+    static constexpr int kA = kW + kStages * kStageWBytes;             // activations, 1024-aligned
+    static constexpr int kSA = kA + kStages * kAStage;                 // activation scales [kStages][kBN]
+    static constexpr int kOut = kSA + kStages * kBN * 4;               // FC1 output staging [kBN][128] e4m3
+    static constexpr int kRed = kOut + kBN * kBK;                      // amax exchange [8 warps][kBN]
+    static constexpr int kFlag = kRed + 8 * kBN * 4;                   // combine: last-contributor flags [kBN]
+    static constexpr int kTok = kFlag + kBN * 4;                       // loader scratch: pair codes [kBN]
+    static constexpr int kCode = kTok + kBN * 4;                       // per task slot: pair codes [T][kBN]
+    static constexpr int kWgt = kCode + kTaskSlots * kBN * 4;          // per task slot: routing weights [T][kBN]
+    static constexpr int kMeta = kWgt + kTaskSlots * kBN * 4;          // per task slot: {p0, cnt, blk, 0}
+    static constexpr int kDesc = kMeta + kTaskSlots * 16;              // per task slot: descriptor
+    static constexpr int kBar = (kDesc + kTaskSlots * 4 + 7) / 8 * 8;  // mbarriers
+    // full[S] (1 TMA arrival + 32 cp.async arrivals + tx), empty[S] (8 math warps),
+    // tfull[T] (producer), tinfo[T] (32 loader lanes), tempty[T] (8 math warps)
+    static constexpr int kNumBars = 2 * kStages + 3 * kTaskSlots;
+    static constexpr int kBytes = kBar + kNumBars * 8;
+    static constexpr int kAlloc = kBytes + 1024;  // + slack to round the dynamic smem base up to 1024
+    static_assert(kAStage % 1024 == 0, "activation stages must stay 1024-byte aligned (128B swizzle)");
+    static_assert(kAlloc <= 232448, "shared memory budget (227 KB per block)");
+};
+
+template <int kH, int kI, int kBN, int kStages>
+struct MegaMoE {
+    static_assert(kH % 256 == 0 && kH / 256 <= 63, "hidden size: multiple of 256 (FC2 row tiles)");
+    static_assert(kI % 128 == 0 && kI / 128 <= 63, "intermediate size: multiple of 128 (quant groups)");
+    static_assert(kBN == 8 || kBN == 16 || kBN == 32 || kBN == 64, "token block (128 spills: 2 x 64 + 64 accumulator floats)");
+    static_assert(kStages >= 2 && kStages <= 8, "stages");
+
+    using L = Smem<kBN, kStages>;
+    static constexpr int kKb1 = kH / kBK;         // FC1 K stages
+    static constexpr int kKb2 = kI / kBK;         // FC2 K stages
+    static constexpr int kT1 = 2 * kI / kTileRows;  // FC1 row tiles per expert (= I/128 = fc1_done target)
+    static constexpr int kT2 = kH / kTileRows;    // FC2 row tiles per expert
+    static constexpr int kNAcc = kBN / 2;         // accumulator floats per m64 half per thread
+    static constexpr int kNJ = kBN / 8;           // 8-column groups
+    static constexpr bool kTwoTemps = kBN <= 64;  // second temporary: both halves' wgmma in flight
+
+    // ================================ plan kernel (1 CTA, 1024 threads) ================================
+    struct PlanSmem {
+        int cnt[kMaxExperts];
+        int cursor[kMaxExperts];
+        int off[kMaxExperts];
+        int nblk[kMaxExperts];
+        int bb[kMaxExperts];
+        int rank[kMaxExperts];
+        int gbb[kMaxExperts + 1];
+        int f1s[kMaxExperts];
+        int f2s[kMaxExperts];
+        int totals[4];  // 0 pairs rows, 1 blocks, 2 active experts, 3 tasks
+    };
+
+    static GLM5_DEVICE int pair_expert(const Params& p, int t, int j) {
+        if (j >= p.topk) return p.e_local;  // the fused shared expert
+        const int64_t idx = static_cast<int64_t>(t) * p.topk + j;
+        const int64_t e = p.ids_int64 ? static_cast<const int64_t*>(p.topk_ids)[idx]
+                                      : static_cast<int64_t>(static_cast<const int32_t*>(p.topk_ids)[idx]);
+        if (e < 0 || e >= p.e_local) {
+            printf("glm5 megamoe: topk_ids[%d][%d] = %lld is outside the routed experts [0, %d)\n", t, j,
+                   static_cast<long long>(e), p.e_local);
+            __trap();
+        }
+        return static_cast<int>(e);
+    }
+
+    // Expert of order position q: the shared expert first (largest token count), then routed ids ascending.
+    static GLM5_DEVICE int order_expert(const Params& p, int q) {
+        return p.n_shared ? (q == 0 ? p.e_local : q - 1) : q;
+    }
+
+    static GLM5_DEVICE void plan(const Params& p, PlanSmem& s) {
+        const int tid = threadIdx.x;
+        const int E = p.e_local + p.n_shared;
+        const int S = p.num_slots;
+        const int pairs = p.num_tokens * S;
+
+        ptx::griddep_launch_dependents();  // the persistent kernel may start its setup now
+        ptx::griddep_wait();               // topk_ids come from the router; the previous MoE launch is done
+
+        for (int e = tid; e < kMaxExperts; e += kPlanThreads) s.cnt[e] = 0, s.cursor[e] = 0;
+        __syncthreads();
+        for (int i = tid; i < pairs; i += kPlanThreads) atomicAdd(&s.cnt[pair_expert(p, i / S, i % S)], 1);
+        __syncthreads();
+
+        // Warp 0: exclusive scans in order position q over pair rows (8-aligned), token blocks, active rank.
+        if (tid < 32) {
+            const int per = (E + 31) / 32;
+            const int q0 = tid * per, q1 = min(E, q0 + per);
+            int srow = 0, sblk = 0, sact = 0;
+            for (int q = q0; q < q1; ++q) {
+                const int c = s.cnt[order_expert(p, q)];
+                srow += (c + kPairAlign - 1) / kPairAlign * kPairAlign;
+                sblk += (c + kBN - 1) / kBN;
+                sact += c > 0;
+            }
+            int xrow = srow, xblk = sblk, xact = sact;  // inclusive warp scans
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const int a = __shfl_up_sync(0xffffffffu, xrow, d), b = __shfl_up_sync(0xffffffffu, xblk, d),
+                          c = __shfl_up_sync(0xffffffffu, xact, d);
+                if (tid >= d) xrow += a, xblk += b, xact += c;
+            }
+            if (tid == 31) s.totals[0] = xrow, s.totals[1] = xblk, s.totals[2] = xact;
+            xrow -= srow, xblk -= sblk, xact -= sact;
+            for (int q = q0; q < q1; ++q) {
+                const int e = order_expert(p, q);
+                const int c = s.cnt[e];
+                s.off[e] = xrow;
+                s.bb[e] = xblk;
+                s.nblk[e] = (c + kBN - 1) / kBN;
+                s.rank[e] = c > 0 ? xact : -1;
+                xrow += (c + kPairAlign - 1) / kPairAlign * kPairAlign;
+                xblk += s.nblk[e];
+                xact += c > 0;
+            }
+        }
+        __syncthreads();
+        const int n_active = s.totals[2];
+        const int G = max(1, p.group_size);
+        const int n_groups = (n_active + G - 1) / G;
+        for (int e = tid; e < E; e += kPlanThreads)
+            if (s.rank[e] >= 0 && s.rank[e] % G == 0) s.gbb[s.rank[e] / G] = s.bb[e];
+        if (tid == 0) s.gbb[n_groups] = s.totals[1];
+        __syncthreads();
+        // Few FC1 tiles (small batches): split each in two K halves so the tail of the FC1 phase is
+        // finer-grained (the second finisher adds the first one's partial and runs the epilogue).
+        const int split = kBN <= kSplitMaxBN && s.totals[1] * kT1 <= p.split_max_tiles ? 2 : 1;
+        // Segment order: F1(0) | F1(1) F2(0) | F1(2) F2(1) | ... | F1(n-1) F2(n-2) | F2(n-1).
+        if (tid == 0) {
+            const bool fc1_only = p.flags & kFlagFc1Only;
+            int cur = 0;
+            for (int g = 0; g < n_groups; ++g) {
+                s.f1s[g] = cur;
+                cur += (s.gbb[g + 1] - s.gbb[g]) * kT1 * split;
+                if (g >= 1 && !fc1_only) {
+                    s.f2s[g - 1] = cur;
+                    cur += (s.gbb[g] - s.gbb[g - 1]) * kT2;
+                }
+            }
+            if (n_groups > 0 && !fc1_only) {
+                s.f2s[n_groups - 1] = cur;
+                cur += (s.gbb[n_groups] - s.gbb[n_groups - 1]) * kT2;
+            }
+            s.totals[3] = cur;
+            if (s.totals[0] > p.pairs_cap || cur > p.tasks_cap || s.totals[1] > p.blocks_cap ||
+                s.totals[1] > kMaxBlocks) {
+                printf("glm5 megamoe: workspace too small: rows %d > %d or tasks %d > %d or blocks %d > %d\n",
+                       s.totals[0], p.pairs_cap, cur, p.tasks_cap, s.totals[1], p.blocks_cap);
+                __trap();
+            }
+        }
+        __syncthreads();
+
+        // Pair lists (order within an expert is the atomics' order: it only decides which columns of a
+        // token block a pair lands in; every column is computed independently, so results do not depend on it).
+        for (int i = tid; i < pairs; i += kPlanThreads) {
+            const int t = i / S, j = i % S;
+            const int e = pair_expert(p, t, j);
+            const int pos = atomicAdd(&s.cursor[e], 1);
+            p.pair_list[s.off[e] + pos] = encode_pair(t, j);
+        }
+        // Tasks: one warp per active expert; FC1 (rt, b) and FC2 (rt, b) with the token block innermost,
+        // so the blocks of one weight tile are claimed back to back (the second reads it from L2).
+        const int warp = tid >> 5, lane = tid & 31;
+        const bool fc1_only = p.flags & kFlagFc1Only;
+        for (int e = warp; e < E; e += kPlanThreads / 32) {
+            const int r = s.rank[e];
+            if (r < 0) continue;
+            const int g = r / G, nb = s.nblk[e], within = s.bb[e] - s.gbb[g];
+            const int s1 = s.f1s[g] + within * kT1 * split;
+            for (int i = lane; i < nb * kT1 * split; i += 32) {
+                const int h = i % split, rb = i / split;  // (rt, b, half), half innermost
+                p.tasks[s1 + i] = encode_task(0, e, rb / nb, rb % nb, split - 1, h);
+            }
+            if (!fc1_only) {
+                const int s2 = s.f2s[g] + within * kT2;
+                for (int i = lane; i < nb * kT2; i += 32) p.tasks[s2 + i] = encode_task(1, e, i / nb, i % nb);
+            }
+        }
+        for (int i = tid; i < s.totals[1]; i += kPlanThreads) p.fc1_done[i] = 0;
+        for (int e = tid; e < kMaxExperts; e += kPlanThreads) {
+            const bool in = e < E;
+            p.expert_cnt[e] = in ? s.cnt[e] : 0;
+            p.expert_off[e] = in ? s.off[e] : 0;
+            p.blk_base[e] = in ? s.bb[e] : 0;
+        }
+        if (tid == 0) p.ctrl[0] = s.totals[3], p.ctrl[1] = 0;
+    }
+
+    // ================================ persistent kernel ================================================
+    struct Bars {
+        uint32_t base;
+        GLM5_DEVICE uint32_t full(int s) const { return base + 8u * s; }
+        GLM5_DEVICE uint32_t empty(int s) const { return base + 8u * (kStages + s); }
+        GLM5_DEVICE uint32_t tfull(int t) const { return base + 8u * (2 * kStages + t); }
+        GLM5_DEVICE uint32_t tinfo(int t) const { return base + 8u * (2 * kStages + kTaskSlots + t); }
+        GLM5_DEVICE uint32_t tempty(int t) const { return base + 8u * (2 * kStages + 2 * kTaskSlots + t); }
+    };
+
+    // ---- WG0 warp 0, one lane: scheduler + weight TMA --------------------------------------------------
+    static GLM5_DEVICE void weight_producer(const CUtensorMap* tm_w13, const CUtensorMap* tm_w2, const Params& p,
+                                            uint8_t* sm, uint32_t sbase, const Bars& bar) {
+        const int num_tasks = p.ctrl[0];
+        int32_t* desc_ring = reinterpret_cast<int32_t*>(sm + L::kDesc);
+        const uint64_t policy = sm90::l2_policy_evict_first();
+        uint32_t it = 0;
+        for (int n = 0;; ++n) {
+            const int slot = n % kTaskSlots;
+            const uint32_t tpar = (n / kTaskSlots) & 1u;
+            const int t = atomicAdd(&p.ctrl[1], 1);
+            const int32_t desc = t < num_tasks ? p.tasks[t] : -1;
+            sm90::mbar_wait(bar.tempty(slot), tpar ^ 1u);
+            desc_ring[slot] = desc;
+            sm90::mbar_arrive(bar.tfull(slot));
+            if (desc < 0) break;
+            const int e = task_expert(desc), rt = task_rt(desc);
+            const bool fc2 = task_fc2(desc);
+            const CUtensorMap* map = fc2 ? tm_w2 : tm_w13;
+            const int row0 = fc2 ? e * kH + rt * kTileRows : e * 2 * kI + rt * kTileRows;
+            const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
+            const int kb0 = task_half(desc) * (kKb1 / 2);
+            // Read exactly once unless the expert has several token blocks (those re-read it from L2).
+            const bool once = p.expert_cnt[e] <= kBN;
+            for (int kb = 0; kb < nk; ++kb, ++it) {
+                const int s = it % kStages;
+                sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
+                sm90::mbar_arrive_expect_tx(bar.full(s), kStageWBytes);
+                const uint32_t dst = sbase + L::kW + s * kStageWBytes;
+                if (once)
+                    sm90::tma_load_2d_hint(map, dst, bar.full(s), (kb0 + kb) * kBK, row0, policy);
+                else
+                    sm90::tma_load_2d(map, dst, bar.full(s), (kb0 + kb) * kBK, row0);
+            }
+        }
+    }
+
+    // ---- WG0 warp 1: activation loader -----------------------------------------------------------------
+    static GLM5_DEVICE void act_loader(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar) {
+        const uint32_t lane = lane_id();
+        const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
+        int32_t* tok = reinterpret_cast<int32_t*>(sm + L::kTok);
+        int32_t* meta = reinterpret_cast<int32_t*>(sm + L::kMeta);
+        uint32_t it = 0;
+        for (int n = 0;; ++n) {
+            const int slot = n % kTaskSlots;
+            const uint32_t tpar = (n / kTaskSlots) & 1u;
+            sm90::mbar_wait(bar.tfull(slot), tpar);
+            const int32_t desc = desc_ring[slot];
+            if (desc < 0) break;
+            const int e = task_expert(desc), rt = task_rt(desc), b = task_block(desc);
+            const bool fc2 = task_fc2(desc);
+            const int p0 = p.expert_off[e] + b * kBN;
+            const int cnt = min(kBN, p.expert_cnt[e] - b * kBN);
+            const int blk = p.blk_base[e] + b;
+            // Column info of this task slot (the math warps read it in their epilogue).
+            int32_t* code = reinterpret_cast<int32_t*>(sm + L::kCode) + slot * kBN;
+            float* wgt = reinterpret_cast<float*>(sm + L::kWgt) + slot * kBN;
+            for (int i = lane; i < kBN; i += 32) {
+                const int32_t c = i < cnt ? p.pair_list[p0 + i] : -1;
+                tok[i] = c;
+                code[i] = c;
+                float w = 0.f;
+                if (c >= 0) {
+                    const int tt = c >> 4, jj = c & 15;
+                    w = jj < p.topk ? p.topk_w[static_cast<int64_t>(tt) * p.topk + jj] : p.shared_weight;
+                }
+                wgt[i] = w;
+            }
+            if (lane == 0) meta[slot * 4 + 0] = p0, meta[slot * 4 + 1] = cnt, meta[slot * 4 + 2] = blk;
+            __syncwarp();
+            sm90::mbar_arrive(bar.tinfo(slot));
+            if (fc2) {  // FC2 input = FC1 output of this (expert, token block): all kT1 row tiles must be done
+                if (lane == 0) {
+                    const int32_t* ctr = p.fc1_done + blk;
+                    if (ld_acquire_gpu(ctr) < kT1) {
+                        const long long t0 = clock64();
+                        while (ld_acquire_gpu(ctr) < kT1) {
+                            __nanosleep(64);
+                            if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES) {
+                                printf("glm5 megamoe: fc1_done timeout: block %d expert %d tile %d token-block %d "
+                                       "count %d of %d (cta %d)\n",
+                                       blk, e, rt, b, ld_acquire_gpu(ctr), kT1, blockIdx.x);
+                                __trap();
+                            }
+                        }
+                    }
+                }
+                __syncwarp();
+            }
+            const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
+            const int chunk = lane & 7;
+            for (int kb = task_half(desc) * (kKb1 / 2), kend = kb + nk; kb < kend; ++kb, ++it) {
+                const int s = it % kStages;
+                sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
+                const uint32_t dst = sbase + L::kA + s * L::kAStage;
+                for (int i = lane >> 3; i < cnt; i += 4) {
+                    const uint8_t* src =
+                        fc2 ? p.act + static_cast<int64_t>(p0 + i) * kI + kb * kBK + chunk * 16
+                            : p.x + static_cast<int64_t>(tok[i] >> 4) * kH + kb * kBK + chunk * 16;
+                    ptx::cp_async_16(dst + i * kBK + ((chunk ^ (i & 7)) << 4), src, 16);
+                }
+                const uint32_t sdst = sbase + L::kSA + s * kBN * 4;
+                if (fc2) {  // 4 scales per 16-byte copy (p0 is a multiple of 8, pairs_cap of 4)
+                    for (int q = lane; q < (cnt + 3) / 4; q += 32)
+                        ptx::cp_async_16(sdst + q * 16, p.act_scale + static_cast<int64_t>(kb) * p.pairs_cap + p0 + 4 * q,
+                                         16);
+                } else {
+                    for (int i = lane; i < cnt; i += 32)
+                        cp_async_4(sdst + i * 4, p.x_scale + static_cast<int64_t>(tok[i] >> 4) * (kH / kBK) + kb);
+                }
+                sm90::cp_async_16_mbar_arrive(bar.full(s));
+            }
+            if (lane == 0) sm90::mbar_arrive(bar.tempty(slot));  // done with this slot's descriptor
+            (void)rt;
+        }
+    }
+
+    // ---- math warpgroups ----------------------------------------------------------------------------
+    // Fold one m64 half's temporary into its accumulator: acc += tmp * (x_scale[col] * w_scale[row]).
+    // Rows g (d[4j+0..1]) use s_lo, rows g+8 (d[4j+2..3]) use s_hi (FC1: gate / up block scales).
+    static GLM5_DEVICE void fold(float (&acc)[kNAcc], float (&tmp)[kNAcc], const float* sa, int t4, float s_lo,
+                                 float s_hi) {
+#pragma unroll
+        for (int j = 0; j < kNJ; ++j) {
+            const float a0 = sa[8 * j + 2 * t4], a1 = sa[8 * j + 2 * t4 + 1];
+            acc[4 * j + 0] = fmaf(tmp[4 * j + 0], a0 * s_lo, acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(tmp[4 * j + 1], a1 * s_lo, acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(tmp[4 * j + 2], a0 * s_hi, acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(tmp[4 * j + 3], a1 * s_hi, acc[4 * j + 3]);
+        }
+    }
+
+    static GLM5_DEVICE void issue_half(float (&tmp)[kNAcc], uint32_t a_addr, uint32_t b_addr) {
+#pragma unroll
+        for (int k = 0; k < kBK / 32; ++k)
+            sm90::wgmma_m64k32_e4m3<kBN>(tmp, sm90::smem_desc_k128sw(a_addr + 32 * k),
+                                        sm90::smem_desc_k128sw(b_addr + 32 * k), k > 0);
+    }
+
+    static GLM5_DEVICE void math(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar) {
+        const int mt = threadIdx.x - 128;  // 0..255
+        const int wg = mt >> 7;            // math warpgroup: weight rows [128 wg, 128 wg + 128) of the tile
+        const int w = (mt >> 5) & 3;       // warp inside the warpgroup
+        const int lane = mt & 31;
+        const int t4 = lane & 3;
+        const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
+        const int32_t* meta = reinterpret_cast<const int32_t*>(sm + L::kMeta);
+        uint32_t it = 0;
+        for (int n = 0;; ++n) {
+            const int slot = n % kTaskSlots;
+            const uint32_t tpar = (n / kTaskSlots) & 1u;
+            sm90::mbar_wait(bar.tfull(slot), tpar);
+            const int32_t desc = desc_ring[slot];
+            if (desc < 0) break;
+            const int e = task_expert(desc), rt = task_rt(desc);
+            const bool fc2 = task_fc2(desc);
+            const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
+            const int kb0 = task_half(desc) * (kKb1 / 2);
+            // Weight block scales of this warpgroup's rows, one per K stage (prefetched one stage ahead).
+            const float* s_lo_ptr = fc2 ? p.w2_scale + static_cast<int64_t>(e * (kH / 128) + 2 * rt + wg) * kKb2
+                                        : p.w13_scale + static_cast<int64_t>(e * (2 * kI / 128) + rt) * kKb1 + kb0;
+            const float* s_hi_ptr = fc2 ? s_lo_ptr : s_lo_ptr + static_cast<int64_t>(kI / 128) * kKb1;
+            float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
+
+            float acc0[kNAcc], acc1[kNAcc];
+#pragma unroll
+            for (int i = 0; i < kNAcc; ++i) acc0[i] = 0.f, acc1[i] = 0.f;
+
+            for (int kb = 0; kb < nk; ++kb, ++it) {
+                const int s = it % kStages;
+                const float cur_lo = s_lo, cur_hi = s_hi;
+                if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
+                sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
+                sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
+                const uint32_t a_addr = sbase + L::kW + s * kStageWBytes + wg * (128 * kBK);
+                const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
+                const float* sa = reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
+                if constexpr (kTwoTemps) {
+                    float tmp0[kNAcc], tmp1[kNAcc];
+                    sm90::wgmma_fence();
+                    issue_half(tmp0, a_addr, b_addr);
+                    sm90::wgmma_commit();
+                    issue_half(tmp1, a_addr + 64 * kBK, b_addr);
+                    sm90::wgmma_commit();
+                    sm90::wgmma_wait<1>();
+                    sm90::fence_operands(tmp0);
+                    fold(acc0, tmp0, sa, t4, cur_lo, cur_hi);
+                    sm90::wgmma_wait<0>();
+                    sm90::fence_operands(tmp1);
+                    fold(acc1, tmp1, sa, t4, cur_lo, cur_hi);
+                } else {
+                    float tmp[kNAcc];
+                    sm90::wgmma_fence();
+                    issue_half(tmp, a_addr, b_addr);
+                    sm90::wgmma_commit();
+                    sm90::wgmma_wait<0>();
+                    sm90::fence_operands(tmp);
+                    fold(acc0, tmp, sa, t4, cur_lo, cur_hi);
+                    sm90::wgmma_fence();
+                    issue_half(tmp, a_addr + 64 * kBK, b_addr);
+                    sm90::wgmma_commit();
+                    sm90::wgmma_wait<0>();
+                    sm90::fence_operands(tmp);
+                    fold(acc1, tmp, sa, t4, cur_lo, cur_hi);
+                }
+                __syncwarp();
+                if (lane == 0) sm90::mbar_arrive(bar.empty(s));
+            }
+
+            sm90::mbar_wait(bar.tinfo(slot), tpar);
+            const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
+            if (fc2)
+                epilogue_fc2(p, sm, slot, rt, cnt, wg, w, lane, acc0, acc1);
+            else if (!task_split(desc) || split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1))
+                epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1);
+            __syncwarp();
+            if (lane == 0) sm90::mbar_arrive(bar.tempty(slot));
+        }
+    }
+
+    // Split-K FC1 tile: publish this half's fp32 partial, count the halves; the second finisher adds the
+    // first one's partial (a + b: commutative, so the sum does not depend on who finishes last) and
+    // runs the epilogue (returns true); the first finisher is done (false).
+    static GLM5_DEVICE bool split_exchange(const Params& p, uint8_t* sm, int rt, int blk, int half,
+                                           float (&acc0)[kNAcc], float (&acc1)[kNAcc]) {
+        const int mt = threadIdx.x - 128;
+        const int tile = blk * kT1 + rt;
+        float* mine = p.split_partial + (static_cast<int64_t>(tile) * 2 + half) * kMathThreads * kBN + mt * kBN;
+#pragma unroll
+        for (int i = 0; i < kNAcc; i += 4) {
+            ptx::st_cg_f32x4(mine + i, make_float4(acc0[i], acc0[i + 1], acc0[i + 2], acc0[i + 3]));
+            ptx::st_cg_f32x4(mine + kNAcc + i, make_float4(acc1[i], acc1[i + 1], acc1[i + 2], acc1[i + 3]));
+        }
+        __threadfence();
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        int32_t* flag = reinterpret_cast<int32_t*>(sm + L::kFlag);
+        if (mt == 0) {
+            const int old = atom_acq_rel_gpu_add(p.split_ctr + tile, 1);
+            if (old == 1) p.split_ctr[tile] = 0;  // back to zero at rest
+            flag[0] = old;
+        }
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        const bool last = flag[0] == 1;
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();  // flag[0] is reused by later epilogues
+        if (!last) return false;
+        __threadfence();
+        const float* other = p.split_partial + (static_cast<int64_t>(tile) * 2 + (half ^ 1)) * kMathThreads * kBN + mt * kBN;
+#pragma unroll
+        for (int i = 0; i < kNAcc; i += 4) {
+            const float4 a = ptx::ld_cg_f32x4(other + i), b = ptx::ld_cg_f32x4(other + kNAcc + i);
+            acc0[i] += a.x, acc0[i + 1] += a.y, acc0[i + 2] += a.z, acc0[i + 3] += a.w;
+            acc1[i] += b.x, acc1[i + 1] += b.y, acc1[i + 2] += b.z, acc1[i + 3] += b.w;
+        }
+        return true;
+    }
+
+    // FC1: SwiGLU of the (gate, up) row pairs each thread holds, 1x128 FP8 quant of the 128 channels of
+    // this tile per token, a8 rows + scales to global, then fc1_done += 1.
+    static GLM5_DEVICE void epilogue_fc1(const Params& p, uint8_t* sm, uint32_t sbase, int rt, int p0, int cnt, int blk,
+                                         int wg, int w, int lane, float (&acc0)[kNAcc], float (&acc1)[kNAcc]) {
+        const int g8 = lane >> 2, t4 = lane & 3;
+        const int mt = threadIdx.x - 128;
+        float* red = reinterpret_cast<float*>(sm + L::kRed);
+        // a = bf16(silu(bf16(g)) * bf16(u)); kept in the gate registers.
+        auto act = [](float& dg, float du) {
+            const float gv = round_bf16(dg), uv = round_bf16(du);
+            dg = round_bf16(gv / (1.0f + expf(-gv)) * uv);
+        };
+#pragma unroll
+        for (int j = 0; j < kNJ; ++j) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                act(acc0[4 * j + q], acc0[4 * j + 2 + q]);
+                act(acc1[4 * j + q], acc1[4 * j + 2 + q]);
+                float m = fmaxf(fabsf(acc0[4 * j + q]), fabsf(acc1[4 * j + q]));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+                if (g8 == 0) red[(wg * 4 + w) * kBN + 8 * j + 2 * t4 + q] = m;
+            }
+        }
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        // Channel of this thread's rows inside the tile's 128: 64 wg + 32 half + 8 w + g.
+        const uint32_t out_s = sbase + L::kOut;
+        const int c0 = 64 * wg + 8 * w + g8;
+#pragma unroll
+        for (int j = 0; j < kNJ; ++j) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int col = 8 * j + 2 * t4 + q;
+                float amax = red[col];
+#pragma unroll
+                for (int r = 1; r < 8; ++r) amax = fmaxf(amax, red[r * kBN + col]);
+                const float sc = __fdiv_rn(fmaxf(amax, 1e-10f), 448.0f);
+                const uint16_t q2 =
+                    ptx::f32x2_to_e4m3x2_satfinite(__fdiv_rn(acc0[4 * j + q], sc), __fdiv_rn(acc1[4 * j + q], sc));
+                st_shared_u8(out_s + col * kBK + c0, q2 & 0xffu);
+                st_shared_u8(out_s + col * kBK + c0 + 32, q2 >> 8);
+                if (mt < 4 && col < cnt)  // wg 0, warp 0, g 0: one writer per column
+                    p.act_scale[static_cast<int64_t>(rt) * p.pairs_cap + p0 + col] = sc;
+            }
+        }
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        for (int i = mt; i < cnt * (kBK / 16); i += kMathThreads) {
+            const int row = i >> 3, c = i & 7;
+            uint32_t a, b, c2, d;
+            ptx::lds_v4(out_s + row * kBK + c * 16, a, b, c2, d);
+            ptx::st_global_v4(p.act + static_cast<int64_t>(p0 + row) * kI + rt * kBK + c * 16, ptx::u32x4{a, b, c2, d});
+        }
+        __threadfence();
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
+    }
+
+    // FC2: y = bf16(acc * w) into the slot buffer (pairs of channels per 4-byte store), then the last of
+    // the S contributors of (token, rt) sums the S slots in slot order into out.
+    static GLM5_DEVICE void epilogue_fc2(const Params& p, uint8_t* sm, int slot, int rt, int cnt, int wg, int w,
+                                         int lane, float (&acc0)[kNAcc], float (&acc1)[kNAcc]) {
+        const int g8 = lane >> 2, t4 = lane & 3;
+        const int mt = threadIdx.x - 128;
+        const int32_t* code = reinterpret_cast<const int32_t*>(sm + L::kCode) + slot * kBN;
+        const float* wgt = reinterpret_cast<const float*>(sm + L::kWgt) + slot * kBN;
+        int32_t* flag = reinterpret_cast<int32_t*>(sm + L::kFlag);
+        const int S = p.num_slots;
+        const bool even = (g8 & 1) == 0;
+        auto store_half = [&](float (&acc)[kNAcc], int half) {
+#pragma unroll
+            for (int j = 0; j < kNJ; ++j) {
+                const int col0 = 8 * j + 2 * t4;
+                const float w0 = wgt[col0], w1 = wgt[col0 + 1];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float v0 = acc[4 * j + 2 * r] * w0, v1 = acc[4 * j + 2 * r + 1] * w1;
+                    const float recv = __shfl_xor_sync(0xffffffffu, even ? v1 : v0, 4);
+                    const int col = even ? col0 : col0 + 1;
+                    const float lo = even ? v0 : recv, hi = even ? recv : v1;
+                    const int ch = 128 * wg + 64 * half + 16 * w + 8 * r + (g8 & ~1);  // even channel of the pair
+                    if (col < cnt) {
+                        const int32_t c = code[col];
+                        uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kTileRows + ch;
+                        st_global_u32(dst, ptx::f32x2_to_bf16x2_rn(lo, hi));
+                    }
+                }
+            }
+        };
+        store_half(acc0, 0);
+        store_half(acc1, 1);
+        __threadfence();
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        constexpr int kCtrPerToken = kH / kTileRows;
+        if (mt < cnt) {
+            const int t = code[mt] >> 4;
+            const int old = atom_acq_rel_gpu_add(p.combine_ctr + static_cast<int64_t>(t) * kCtrPerToken + rt, 1);
+            const bool last = old == S - 1;
+            if (last) p.combine_ctr[static_cast<int64_t>(t) * kCtrPerToken + rt] = 0;  // back to zero at rest
+            flag[mt] = last;
+        }
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        // One warp per finished token: lane owns 8 consecutive channels of the 256.
+        const int mw = mt >> 5;
+        for (int col = mw; col < cnt; col += kMathThreads / 32) {
+            if (!flag[col]) continue;
+            __threadfence();
+            const int t = code[col] >> 4;
+            const int64_t base = static_cast<int64_t>(t) * S * kH + rt * kTileRows + lane * 8;
+            float sum[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sum[i] = 0.f;
+            for (int j = 0; j < S; ++j) {
+                uint32_t v[4];
+                ptx::ld_cg_v4(p.slots + base + static_cast<int64_t>(j) * kH, v[0], v[1], v[2], v[3]);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    sum[2 * i] += ptx::bf16lo_to_f32(v[i]);
+                    sum[2 * i + 1] += ptx::bf16hi_to_f32(v[i]);
+                }
+            }
+            ptx::u32x4 o;
+            o.x = ptx::f32x2_to_bf16x2_rn(sum[0] * p.routed_scaling, sum[1] * p.routed_scaling);
+            o.y = ptx::f32x2_to_bf16x2_rn(sum[2] * p.routed_scaling, sum[3] * p.routed_scaling);
+            o.z = ptx::f32x2_to_bf16x2_rn(sum[4] * p.routed_scaling, sum[5] * p.routed_scaling);
+            o.w = ptx::f32x2_to_bf16x2_rn(sum[6] * p.routed_scaling, sum[7] * p.routed_scaling);
+            ptx::st_global_v4(p.out + static_cast<int64_t>(t) * kH + rt * kTileRows + lane * 8, o);
+        }
+    }
+
+    // ---- the persistent kernel body -------------------------------------------------------------------
+    static GLM5_DEVICE void run(const CUtensorMap* tm_w13, const CUtensorMap* tm_w2, const Params& p,
+                                uint8_t* smem_raw) {
+        const uint32_t raw = ptx::smem_addr(smem_raw);
+        const uint32_t sbase = (raw + 1023u) & ~1023u;
+        uint8_t* sm = smem_raw + (sbase - raw);
+        const Bars bar{sbase + L::kBar};
+        const int warp = threadIdx.x >> 5;
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < kStages; ++s) {
+                sm90::mbar_init(bar.full(s), 1 + 32);
+                sm90::mbar_init(bar.empty(s), 8);
+            }
+            for (int t = 0; t < kTaskSlots; ++t) {
+                sm90::mbar_init(bar.tfull(t), 1);
+                sm90::mbar_init(bar.tinfo(t), 32);
+                sm90::mbar_init(bar.tempty(t), 1 + 8);
+            }
+            sm90::fence_barrier_init();
+            sm90::tma_prefetch_desc(tm_w13);
+            sm90::tma_prefetch_desc(tm_w2);
+        }
+        __syncthreads();
+        ptx::griddep_launch_dependents();
+        ptx::griddep_wait();  // the plan kernel's task list / counters (and x, topk from earlier kernels)
+
+        if (warp < 4) {
+            sm90::setmaxnreg_dec<kProducerRegs>();
+            if (warp == 0) {
+                if (lane_id() == 0) weight_producer(tm_w13, tm_w2, p, sm, sbase, bar);
+            } else if (warp == 1) {
+                act_loader(p, sm, sbase, bar);
+            }
+        } else {
+            sm90::setmaxnreg_inc<kMathRegs>();
+            math(p, sm, sbase, bar);
+        }
+    }
+};
+
+}  // namespace megamoe
+}  // namespace moe
+}  // namespace glm5

@@ -1,0 +1,760 @@
+"""MegaMoE for Hopper: GLM-5's whole MoE (routed experts + the fused shared expert) in one persistent
+fused FP8 kernel, as the torch.library op `glm5_fastpath::mega_moe`.
+
+Math (glm5_fastpath/ref/moe.py, the same rounding points; spec/glm5_layer.md section 6):
+
+    pair (t, j)  expert e = topk_ids[t, j] (j < k), or the shared expert (j = k) with weight fp32(1/rsf)
+    FC1          gu = bf16(block_fp8(x8[t], W13_e))           x8, x_scale: 1x128 FP8 input (A0's output)
+    act          a  = bf16(silu(g) * u);  a8, a_scale = 1x128 requant of a (IEEE divides, as the reference)
+    FC2          y  = bf16(block_fp8(a8, W2_e) * w)           routing weight on the fp32 accumulator
+    combine      out[t] = bf16(rsf * sum_{j=0..S-1} fp32(y[t, j]))   slots summed in order (deterministic)
+
+Kernels (csrc/moe/megamoe.{cuh,cu}; design notes in the .cuh header):
+- `glm5_megamoe_plan` (1 CTA x 1024 threads, launched first): histogram of topk_ids per expert, token
+  lists per expert (pair rows 8-aligned), the ordered task list (FC1 of expert group g+1 before FC2 of
+  group g; `group_size` active experts per group), and the resets of the counters the MoE kernel uses.
+  Capture-safe: no host sync anywhere; it waits for its predecessor with griddepcontrol.wait.
+- `glm5_megamoe` (one 384-thread CTA per SM, PDL after the plan): weight TMA producer + scheduler warp
+  (claims tasks with one global atomic), activation loader warp (cp.async gathers; waits on fc1_done
+  counters for FC2), two math warpgroups (wgmma m64nNk32 e4m3, swapAB, N = token block). FC1 task = 256
+  rows of the gate/up weight interleaved by 8 (= 128 channels = one requant group) x one token block;
+  FC2 task = 256 output rows x one token block, gated on all I/128 FC1 tiles of that block.
+
+Combine (deterministic): the FC2 epilogue writes bf16 y per (token, slot) into a slot buffer
+[max_tokens, S, H]; a per-(token, 256-column tile) counter tells the last of the S contributors, which
+sums the S slots in slot order (fp32), multiplies by rsf and writes the bf16 output. Same slot order and
+roundings as the reference's moe_sum_reduce, so repeated runs are bitwise identical.
+
+Weights: `prepare_weights` stacks experts (routed 0..E-1, then the shared expert) and interleaves the
+gate/up rows by 8 ([g0..7, u0..7, g8..15, u8..15, ...]) so that each wgmma thread holds matching gate
+and up values. Memory cost: one new [E_tot * 2I, H] e4m3 tensor (25.2 MB per GLM-5 expert, 6.47 GB
+for 257 experts) -- the caller may free its original gate/up tensors afterwards; down weights and all
+block scales are used in their natural layout (views, no copy, when already stacked and contiguous).
+
+Workspace per (device, H, I, E_tot, S), grown (outside CUDA-graph capture) to the largest token count
+seen or precompiled: slot buffer max_tokens x S x H bf16 (GLM-5, S = 9: 110.6 KB per token, 453 MB at
+4096 tokens), FC1 output (pairs x I e4m3 + scales), token lists, task list, counters. Counters are
+zero at rest or reset by the plan kernel: CUDA-graph replays need no memset. Launches sharing a
+workspace must not run concurrently on two streams.
+
+Errors: wrong dtype / shape / device, token count past MAX_TOKENS, a config that does not fit ->
+MegaMoEInputError (a ValueError) naming the op and the values; a pre-Hopper GPU -> RuntimeError;
+an out-of-range expert id -> a device-side trap with a printf naming the entry.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from ..jit import KernelSpec, env
+from ..ops._device import device_index as _dev_index, require_aligned, require_hopper
+
+OP = "glm5_fastpath.mega_moe"
+SOURCE = "moe/megamoe.cu"
+PLAN_FUNCTION = "glm5_megamoe_plan"
+FUNCTION = "glm5_megamoe"
+FP8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+
+# Mirrors of csrc/moe/megamoe.cuh constants.
+THREADS = 384
+PLAN_THREADS = 1024
+TILE_ROWS = 256
+BK = 128
+STAGE_W_BYTES = TILE_ROWS * BK
+TASK_SLOTS = 4
+MAX_EXPERTS = 512
+MAX_SLOTS = 16
+PAIR_ALIGN = 8
+SMEM_LIMIT = 232448  # 227 KB per block on sm_90
+FLAG_FC1_ONLY = 1
+MAX_BLOCKS = 1 << 14   # 14-bit token-block field of a task
+SPLIT_MAX_BN = 16      # split-K FC1 tiles only for token blocks up to this (scratch: 2 x 256 x BN fp32 per tile)
+
+BLOCK_NS = (8, 16, 32, 64)
+MAX_TOKENS = 4096
+GATE_UP_INTERLEAVE = 8
+
+
+class MegaMoEInputError(ValueError):
+    """mega_moe got an input of the wrong dtype / shape / device / size, or an unusable config."""
+
+
+def _fail(msg: str) -> MegaMoEInputError:
+    return MegaMoEInputError(f"{OP}: {msg}")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---- shared-memory layout (mirror of megamoe.cuh Smem<kBN, kStages>) ---------------------------------
+
+def smem_bytes(block_n: int, stages: int) -> int:
+    """Dynamic shared memory of the persistent kernel (Smem::kAlloc: layout + 1024 B alignment slack)."""
+    a_stage = block_n * BK
+    off = stages * STAGE_W_BYTES            # weights
+    off += stages * a_stage                 # activations
+    off += stages * block_n * 4             # activation scales
+    off += block_n * BK                     # FC1 output staging
+    off += 8 * block_n * 4                  # amax exchange
+    off += block_n * 4                      # combine flags
+    off += block_n * 4                      # loader scratch
+    off += 2 * TASK_SLOTS * block_n * 4     # per-slot pair codes + routing weights
+    off += TASK_SLOTS * 16 + TASK_SLOTS * 4  # per-slot meta + descriptors
+    off = _cdiv(off, 8) * 8
+    off += (2 * stages + 3 * TASK_SLOTS) * 8  # mbarriers
+    return off + 1024
+
+
+def max_stages(block_n: int) -> int:
+    """Deepest ring (<= 8) that fits the 227 KB budget for this token block."""
+    s = 8
+    while s > 2 and smem_bytes(block_n, s) > SMEM_LIMIT:
+        s -= 1
+    return s
+
+
+# ---- configuration --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MegaMoEConfig:
+    """One kernel variant + schedule knobs for a token bucket.
+
+    block_n:    tokens per task = wgmma N (8, 16, 32, 64); an expert with more pairs gets several token
+                blocks, each re-reading its weight tiles (from L2 when claimed back to back).
+    stages:     pipeline depth (32 KB weights + block_n x 128 B activations per stage).
+    group_size: active experts per scheduling group (FC1 of group g+1 is listed before FC2 of group g);
+                the default (all experts in one group: every FC1 task before every FC2 task) gave the
+                shortest tail in the schedule model (tests/moe: test_schedule_simulation).
+    split_waves: when a call has at most split_waves x num_SMs FC1 tiles (small batches), each FC1 tile
+                is split in two K halves (finer tail; the second finisher adds the first one's fp32
+                partial); only for block_n <= 16, 0 disables.
+    """
+
+    block_n: int
+    stages: int
+    group_size: int = MAX_EXPERTS
+    split_waves: int = 4
+
+    def validate(self) -> "MegaMoEConfig":
+        if self.block_n not in BLOCK_NS:
+            raise _fail(f"config block_n={self.block_n} is not supported (one of {BLOCK_NS})")
+        if not 2 <= self.stages <= 8:
+            raise _fail(f"config stages={self.stages} must be in 2..8")
+        if smem_bytes(self.block_n, self.stages) > SMEM_LIMIT:
+            raise _fail(f"config block_n={self.block_n}, stages={self.stages} needs {smem_bytes(self.block_n, self.stages)} "
+                        f"B of shared memory > {SMEM_LIMIT} (max stages for this block: {max_stages(self.block_n)})")
+        if self.group_size < 1:
+            raise _fail(f"config group_size={self.group_size} must be >= 1")
+        if not 0 <= self.split_waves <= 8:
+            raise _fail(f"config split_waves={self.split_waves} must be in 0..8")
+        return self
+
+    def split_max_tiles(self, num_sms: int) -> int:
+        return self.split_waves * num_sms if self.block_n <= SPLIT_MAX_BN else 0
+
+    @property
+    def smem(self) -> int:
+        return smem_bytes(self.block_n, self.stages)
+
+    def spec(self, hidden: int, inter: int) -> KernelSpec:
+        return kernel_spec(hidden, inter, self.block_n, self.stages)
+
+    @property
+    def name(self) -> str:
+        return f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}"
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_spec(hidden: int, inter: int, block_n: int, stages: int) -> KernelSpec:
+    return KernelSpec(FUNCTION, source=SOURCE,
+                      defines=(("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
+                               ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages))),
+                      functions=(FUNCTION, PLAN_FUNCTION))
+
+
+def expected_max_load(num_tokens: int, num_experts: int, topk: int) -> float:
+    """Rough largest routed-expert token count under uniform routing (mean + 3 sigma, binomial)."""
+    p = topk / num_experts
+    mean = num_tokens * p
+    return mean + 3.0 * math.sqrt(max(mean * (1 - p), 0.0)) + 1.0
+
+
+def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int = 1, num_sms: int = 132,
+                   inter: int = 2048) -> MegaMoEConfig:
+    """Heuristic per token bucket (no tuned table yet).
+
+    Token block: the smallest of 8/16/32/64 that holds the expected largest expert (the shared
+    expert holds every token), so each weight tile is streamed from HBM once per call; capped at 64
+    (128 spills, see the .cuh). Decode is weight-bandwidth bound, so MMA padding is free there.
+    Stages: the deepest ring that fits. Group size: one group (all FC1 tasks first); split-K FC1
+    tiles below 4 waves of FC1 tiles.
+    """
+    if num_tokens < 1:
+        raise _fail(f"num_tokens={num_tokens} must be >= 1")
+    need = max(expected_max_load(num_tokens, num_experts, topk), num_tokens if num_shared else 0)
+    bn = next((b for b in BLOCK_NS if b >= need), BLOCK_NS[-1])
+    return MegaMoEConfig(bn, max_stages(bn)).validate()
+
+
+# ---- weights ------------------------------------------------------------------------------------------
+
+def interleave_gate_up(w: torch.Tensor, gran: int = GATE_UP_INTERLEAVE) -> torch.Tensor:
+    """[..., 2I, K] gate||up -> rows [g0..g7, u0..u7, g8..g15, u8..u15, ...] (a new contiguous tensor)."""
+    *lead, n, k = w.shape
+    if n % (2 * gran):
+        raise _fail(f"gate||up has {n} rows; need a multiple of {2 * gran}")
+    half = n // 2
+    gate = w[..., :half, :].reshape(*lead, half // gran, gran, k)
+    up = w[..., half:, :].reshape(*lead, half // gran, gran, k)
+    return torch.stack([gate, up], dim=-3).reshape(*lead, n, k).contiguous()
+
+
+def deinterleave_gate_up(w: torch.Tensor, gran: int = GATE_UP_INTERLEAVE) -> torch.Tensor:
+    """Inverse of interleave_gate_up."""
+    *lead, n, k = w.shape
+    pairs = w.reshape(*lead, n // (2 * gran), 2, gran, k)
+    return torch.cat([pairs[..., 0, :, :].reshape(*lead, n // 2, k), pairs[..., 1, :, :].reshape(*lead, n // 2, k)],
+                     dim=-2).contiguous()
+
+
+@dataclass
+class MegaMoEWeights:
+    """Stacked, prepared expert weights: routed experts 0..E-1, then the shared expert (index E).
+
+    w13:       [E_tot * 2I, H] e4m3, gate/up rows interleaved by 8 per expert
+    w13_scale: [E_tot, 2I/128, H/128] fp32, natural (gate blocks then up blocks) order
+    w2:        [E_tot * H, I] e4m3
+    w2_scale:  [E_tot, H/128, I/128] fp32
+    """
+
+    w13: torch.Tensor
+    w13_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    num_experts: int  # routed experts E (local experts of this rank)
+    num_shared: int   # 0 or 1
+
+    @property
+    def num_total(self) -> int:
+        return self.num_experts + self.num_shared
+
+    @property
+    def hidden(self) -> int:
+        return int(self.w13.shape[1])
+
+    @property
+    def inter(self) -> int:
+        return int(self.w2.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.w13, self.w13_scale, self.w2, self.w2_scale))
+
+
+def prepare_weights(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                    num_shared: int = 1) -> MegaMoEWeights:
+    """From stacked checkpoint-layout tensors (SGLang's w13_weight / w2_weight and their scale_inv):
+    w13 [E_tot, 2I, H] e4m3 (gate||up), w13_scale [E_tot, 2I/128, H/128] fp32, w2 [E_tot, H, I] e4m3,
+    w2_scale [E_tot, H/128, I/128] fp32; the last num_shared experts are shared. Interleaves w13 (a
+    copy); everything else is viewed as is (made contiguous if it is not)."""
+    op = "prepare_weights"
+    for name, t, dt, dim in (("w13", w13, FP8, 3), ("w13_scale", w13_scale, torch.float32, 3),
+                             ("w2", w2, FP8, 3), ("w2_scale", w2_scale, torch.float32, 3)):
+        if not isinstance(t, torch.Tensor) or t.dtype != dt or t.dim() != dim:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise _fail(f"{op}: {name} must be a {dim}-D {dt} tensor, got {got}")
+    E_tot, n13, H = w13.shape
+    I = n13 // 2
+    if n13 % 256 or H % 256:
+        raise _fail(f"{op}: w13 [E, 2I, H] = {list(w13.shape)}: need I % 128 == 0 and H % 256 == 0")
+    if tuple(w2.shape) != (E_tot, H, I):
+        raise _fail(f"{op}: w2 must be [E, H, I] = {[E_tot, H, I]}, got {list(w2.shape)}")
+    if tuple(w13_scale.shape) != (E_tot, n13 // 128, H // 128):
+        raise _fail(f"{op}: w13_scale must be {[E_tot, n13 // 128, H // 128]}, got {list(w13_scale.shape)}")
+    if tuple(w2_scale.shape) != (E_tot, H // 128, I // 128):
+        raise _fail(f"{op}: w2_scale must be {[E_tot, H // 128, I // 128]}, got {list(w2_scale.shape)}")
+    if num_shared not in (0, 1) or E_tot - num_shared < 1:
+        raise _fail(f"{op}: num_shared={num_shared} must be 0 or 1 with at least one routed expert (E_tot={E_tot})")
+    if E_tot > MAX_EXPERTS:
+        raise _fail(f"{op}: {E_tot} experts > {MAX_EXPERTS} (9-bit expert field of a task)")
+    return MegaMoEWeights(interleave_gate_up(w13).view(E_tot * n13, H), w13_scale.contiguous(),
+                          w2.contiguous().view(E_tot * H, I), w2_scale.contiguous(), E_tot - num_shared, num_shared)
+
+
+def prepare_weights_from_experts(experts: Sequence[tuple[Any, Any]], num_shared: int = 1,
+                                 device: Any = None) -> MegaMoEWeights:
+    """From per-expert (w13: Fp8Linear gate||up [2I, H], w2: Fp8Linear [H, I]) pairs (an ExpertStore or a
+    list; routed first, shared last), stacked on `device`."""
+    w13 = torch.stack([a.weight.to(device) for a, _ in experts])
+    s13 = torch.stack([a.scale_inv.float().to(device) for a, _ in experts])
+    w2 = torch.stack([b.weight.to(device) for _, b in experts])
+    s2 = torch.stack([b.scale_inv.float().to(device) for _, b in experts])
+    return prepare_weights(w13, s13, w2, s2, num_shared)
+
+
+# ---- workspace ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkspaceShape:
+    hidden: int
+    inter: int
+    num_total: int  # E_tot
+    num_slots: int  # S = k + n_shared
+    max_tokens: int
+    num_sms: int = 132
+
+    @property
+    def pairs_cap(self) -> int:
+        return _cdiv(self.max_tokens * self.num_slots + PAIR_ALIGN * self.num_total, 8) * 8
+
+    @property
+    def blocks_cap(self) -> int:  # the smallest token block (8) gives the most blocks
+        return _cdiv(self.max_tokens * self.num_slots, BLOCK_NS[0]) + self.num_total
+
+    @property
+    def tasks_cap(self) -> int:  # split FC1 tiles count twice
+        return self.blocks_cap * (2 * 2 * self.inter // TILE_ROWS + self.hidden // TILE_ROWS)
+
+    @property
+    def split_tiles_cap(self) -> int:
+        return 8 * self.num_sms  # split_waves <= 8
+
+    @property
+    def split_partial_floats(self) -> int:
+        return self.split_tiles_cap * 2 * 256 * SPLIT_MAX_BN
+
+    @property
+    def nbytes(self) -> int:
+        return (self.pairs_cap * self.inter + self.inter // 128 * self.pairs_cap * 4
+                + self.max_tokens * self.num_slots * self.hidden * 2 + self.max_tokens * self.hidden // TILE_ROWS * 4
+                + 4 * (3 * MAX_EXPERTS + self.pairs_cap + self.tasks_cap + 8 + self.blocks_cap)
+                + 4 * (self.split_tiles_cap + self.split_partial_floats))
+
+
+@dataclass
+class Workspace:
+    shape: WorkspaceShape
+    expert_cnt: torch.Tensor
+    expert_off: torch.Tensor
+    blk_base: torch.Tensor
+    pair_list: torch.Tensor
+    tasks: torch.Tensor
+    ctrl: torch.Tensor
+    fc1_done: torch.Tensor
+    combine_ctr: torch.Tensor
+    split_ctr: torch.Tensor
+    split_partial: torch.Tensor
+    act: torch.Tensor
+    act_scale: torch.Tensor
+    slots: torch.Tensor
+
+
+def _alloc_workspace(shape: WorkspaceShape, dev: torch.device) -> Workspace:
+    i32 = dict(dtype=torch.int32, device=dev)
+    return Workspace(
+        shape,
+        torch.zeros(MAX_EXPERTS, **i32), torch.zeros(MAX_EXPERTS, **i32), torch.zeros(MAX_EXPERTS, **i32),
+        torch.zeros(shape.pairs_cap, **i32), torch.zeros(shape.tasks_cap, **i32), torch.zeros(8, **i32),
+        torch.zeros(shape.blocks_cap, **i32),
+        torch.zeros(shape.max_tokens * (shape.hidden // TILE_ROWS), **i32),  # zero at rest (self-resetting)
+        torch.zeros(shape.split_tiles_cap, **i32),                           # zero at rest (self-resetting)
+        torch.empty(shape.split_partial_floats, dtype=torch.float32, device=dev),
+        torch.empty(shape.pairs_cap, shape.inter, dtype=FP8, device=dev),
+        torch.empty(shape.inter // 128, shape.pairs_cap, dtype=torch.float32, device=dev),
+        torch.empty(shape.max_tokens, shape.num_slots, shape.hidden, dtype=BF16, device=dev))
+
+
+_lock = threading.RLock()
+_workspaces: dict[tuple, Workspace] = {}
+_kernels: dict[tuple, Any] = {}
+_num_sms: dict[int, int] = {}
+
+
+def _capturing() -> bool:
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except Exception:  # noqa: BLE001 - no CUDA
+        return False
+
+
+def _round_tokens(m: int) -> int:
+    return min(MAX_TOKENS, max(64, 1 << (max(m, 1) - 1).bit_length()))
+
+
+def get_workspace(dev: torch.device, hidden: int, inter: int, num_total: int, num_slots: int,
+                  num_tokens: int) -> Workspace:
+    """The workspace for these dims on `dev`, holding at least num_tokens tokens (grown outside capture)."""
+    key = (_dev_index(dev), hidden, inter, num_total, num_slots)
+    ws = _workspaces.get(key)
+    if ws is not None and ws.shape.max_tokens >= num_tokens:
+        return ws
+    with _lock:
+        ws = _workspaces.get(key)
+        if ws is not None and ws.shape.max_tokens >= num_tokens:
+            return ws
+        if _capturing():
+            have = 0 if ws is None else ws.shape.max_tokens
+            raise RuntimeError(f"{OP}: the workspace holds {have} tokens but this call has {num_tokens}; call "
+                               f"glm5_fastpath.moe.precompile(weights, max_tokens=...) (or run once eagerly) "
+                               "before CUDA-graph capture")
+        if ws is not None:
+            torch.cuda.synchronize(dev)  # the old buffers may still be in use by queued launches
+        shape = WorkspaceShape(hidden, inter, num_total, num_slots, _round_tokens(num_tokens), _sms(dev))
+        ws = _workspaces[key] = _alloc_workspace(shape, torch.device("cuda", _dev_index(dev)))
+    return ws
+
+
+def _sms(dev: torch.device) -> int:
+    idx = _dev_index(dev)
+    n = _num_sms.get(idx)
+    if n is None:
+        n = _num_sms[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
+def _kernels_for(cfg: MegaMoEConfig, hidden: int, inter: int, dev: torch.device) -> tuple[Any, Any]:
+    idx = _dev_index(dev)
+    key = (hidden, inter, cfg.block_n, cfg.stages, idx)
+    k = _kernels.get(key)
+    if k is None:
+        from ..jit.runtime import get_kernel
+        with _lock:
+            k = _kernels.get(key)
+            if k is None:
+                spec = cfg.spec(hidden, inter)
+                d = torch.device("cuda", idx)
+                k = _kernels[key] = (get_kernel(spec, PLAN_FUNCTION, d), get_kernel(spec, FUNCTION, d))
+    return k
+
+
+# ---- kernel parameters (ABI of megamoe.cuh Params) -------------------------------------------------
+
+class _Params(ctypes.Structure):
+    _fields_ = [
+        ("x", ctypes.c_void_p), ("x_scale", ctypes.c_void_p), ("topk_ids", ctypes.c_void_p), ("topk_w", ctypes.c_void_p),
+        ("w13_scale", ctypes.c_void_p), ("w2_scale", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("expert_cnt", ctypes.c_void_p), ("expert_off", ctypes.c_void_p), ("blk_base", ctypes.c_void_p),
+        ("pair_list", ctypes.c_void_p), ("tasks", ctypes.c_void_p), ("ctrl", ctypes.c_void_p),
+        ("fc1_done", ctypes.c_void_p), ("combine_ctr", ctypes.c_void_p), ("split_ctr", ctypes.c_void_p),
+        ("split_partial", ctypes.c_void_p), ("act", ctypes.c_void_p),
+        ("act_scale", ctypes.c_void_p), ("slots", ctypes.c_void_p),
+        ("num_tokens", ctypes.c_int32), ("topk", ctypes.c_int32), ("num_slots", ctypes.c_int32),
+        ("e_local", ctypes.c_int32), ("n_shared", ctypes.c_int32), ("ids_int64", ctypes.c_int32),
+        ("group_size", ctypes.c_int32), ("pairs_cap", ctypes.c_int32), ("tasks_cap", ctypes.c_int32),
+        ("blocks_cap", ctypes.c_int32), ("split_max_tiles", ctypes.c_int32), ("flags", ctypes.c_int32),
+        ("shared_weight", ctypes.c_float), ("routed_scaling", ctypes.c_float),
+    ]
+
+
+PARAMS_BYTES = ctypes.sizeof(_Params)  # 20 pointers + 12 ints + 2 floats = 160 + 56 = 216
+assert PARAMS_BYTES == 216, PARAMS_BYTES
+
+
+def _params(x, xs, ids, wts, wt: "_WeightViews", out, ws: Workspace, num_shared: int, rsf: float, group_size: int,
+            split_max_tiles: int, flags: int) -> _Params:
+    m, k = ids.shape
+    s = ws.shape
+    return _Params(
+        x.data_ptr(), xs.data_ptr(), ids.data_ptr(), wts.data_ptr(), wt.w13_scale.data_ptr(), wt.w2_scale.data_ptr(),
+        out.data_ptr() if out is not None else None,
+        ws.expert_cnt.data_ptr(), ws.expert_off.data_ptr(), ws.blk_base.data_ptr(), ws.pair_list.data_ptr(),
+        ws.tasks.data_ptr(), ws.ctrl.data_ptr(), ws.fc1_done.data_ptr(), ws.combine_ctr.data_ptr(),
+        ws.split_ctr.data_ptr(), ws.split_partial.data_ptr(), ws.act.data_ptr(), ws.act_scale.data_ptr(), ws.slots.data_ptr(),
+        m, k, k + num_shared, wt.num_total - num_shared, num_shared, int(ids.dtype == torch.int64), group_size,
+        s.pairs_cap, s.tasks_cap, min(s.blocks_cap, MAX_BLOCKS), min(split_max_tiles, s.split_tiles_cap), flags,
+        1.0 / rsf, float(rsf))  # c_float rounds 1/rsf to fp32 (RNE), as the reference's torch.full(..., 1/rsf)
+
+
+# ---- validation (real and fake implementation) ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class _WeightViews:
+    w13: torch.Tensor
+    w13_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    hidden: int
+    inter: int
+    num_total: int
+
+
+def _check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], dim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise _fail(f"{name} must be {want}, got {str(t.dtype).replace('torch.', '')}")
+    if t.dim() != dim:
+        raise _fail(f"{name} must be {dim}-D, got shape {list(t.shape)}")
+    if not t.is_contiguous():
+        raise _fail(f"{name} must be contiguous, got strides {t.stride()} for shape {list(t.shape)}")
+    return t
+
+
+def _check_inputs(x, xs, ids, wts, w13, s13, w2, s2, num_shared: int, rsf: float, block_n: int, stages: int,
+                  group_size: int, split_waves: int = 0) -> _WeightViews:
+    _check_tensor("x (FP8 activations)", x, (FP8,), 2)
+    _check_tensor("x_scale", xs, (torch.float32,), 2)
+    _check_tensor("topk_ids", ids, (torch.int32, torch.int64), 2)
+    _check_tensor("topk_weights", wts, (torch.float32,), 2)
+    _check_tensor("w13 (prepared gate/up)", w13, (FP8,), 2)
+    _check_tensor("w13_scale", s13, (torch.float32,), 3)
+    _check_tensor("w2", w2, (FP8,), 2)
+    _check_tensor("w2_scale", s2, (torch.float32,), 3)
+    m, h = x.shape
+    inter = int(w2.shape[1])
+    if h % 256 or h // 256 > 63:
+        raise _fail(f"hidden size H={h} must be a multiple of 256 and at most 16128")
+    if inter % 128 or inter // 128 > 63 or inter == 0:
+        raise _fail(f"intermediate size I={inter} (w2 columns) must be a positive multiple of 128, at most 8064")
+    if w13.shape[1] != h or w13.shape[0] % (2 * inter):
+        raise _fail(f"w13 must be [E_tot * 2I, H] = [E_tot * {2 * inter}, {h}], got {list(w13.shape)}")
+    e_tot = int(w13.shape[0]) // (2 * inter)
+    if tuple(w2.shape) != (e_tot * h, inter):
+        raise _fail(f"w2 must be [E_tot * H, I] = {[e_tot * h, inter]}, got {list(w2.shape)}")
+    if tuple(s13.shape) != (e_tot, 2 * inter // 128, h // 128):
+        raise _fail(f"w13_scale must be {[e_tot, 2 * inter // 128, h // 128]}, got {list(s13.shape)}")
+    if tuple(s2.shape) != (e_tot, h // 128, inter // 128):
+        raise _fail(f"w2_scale must be {[e_tot, h // 128, inter // 128]}, got {list(s2.shape)}")
+    if num_shared not in (0, 1) or e_tot - num_shared < 1:
+        raise _fail(f"num_shared={num_shared} must be 0 or 1 with at least one routed expert ({e_tot} experts in w13)")
+    if e_tot > MAX_EXPERTS:
+        raise _fail(f"{e_tot} experts > {MAX_EXPERTS}")
+    if tuple(xs.shape) != (m, h // 128):
+        raise _fail(f"x_scale must be [M, H/128] = {[m, h // 128]}, got {list(xs.shape)}")
+    if ids.shape[0] != m or tuple(wts.shape) != tuple(ids.shape):
+        raise _fail(f"topk_ids {list(ids.shape)} and topk_weights {list(wts.shape)} must both be [M={m}, k]")
+    k = int(ids.shape[1])
+    if k < 1 or k + num_shared > MAX_SLOTS or k > e_tot - num_shared:
+        raise _fail(f"top-k={k} must be in 1..min({MAX_SLOTS - num_shared}, routed experts={e_tot - num_shared})")
+    if m > MAX_TOKENS:
+        raise _fail(f"M={m} tokens exceeds the supported maximum of {MAX_TOKENS}")
+    if not (rsf > 0 and math.isfinite(rsf)):
+        raise _fail(f"routed_scaling_factor={rsf} must be a positive finite number")
+    MegaMoEConfig(block_n, stages, group_size, split_waves).validate()
+    devs = {t.device for t in (x, xs, ids, wts, w13, s13, w2, s2)}
+    if len(devs) != 1:
+        raise _fail(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    return _WeightViews(w13, s13, w2, s2, h, inter, e_tot)
+
+
+# ---- launch ---------------------------------------------------------------------------------------------
+
+def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float, cfg: MegaMoEConfig, flags: int,
+            pdl: bool) -> Workspace:
+    from ..jit.tma import tensor_map_2d
+    dev = x.device
+    require_hopper(OP, dev, _fail)
+    require_aligned(_fail, {"x": x, "x_scale": xs, "topk_ids": ids, "topk_weights": wts, "w13": wv.w13,
+                            "w13_scale": wv.w13_scale, "w2": wv.w2, "w2_scale": wv.w2_scale})
+    m, k = ids.shape
+    ws = get_workspace(dev, wv.hidden, wv.inter, wv.num_total, k + num_shared, m)
+    plan_k, main_k = _kernels_for(cfg, wv.hidden, wv.inter, dev)
+    env.print_config("mega_moe", {"M": m, "H": wv.hidden, "I": wv.inter, "experts": wv.num_total, "topk": k,
+                                  "shared": num_shared},
+                     {"config": cfg.name, "smem": cfg.smem, "grid": _sms(dev), "threads": THREADS})
+    tm13 = tensor_map_2d(wv.w13, BK, TILE_ROWS, 128, name="w13")
+    tm2 = tensor_map_2d(wv.w2, BK, TILE_ROWS, 128, name="w2")
+    p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
+    plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
+    main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, p], smem=cfg.smem, pdl=True)
+    return ws
+
+
+@torch.library.custom_op("glm5_fastpath::mega_moe", mutates_args=())
+def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, num_shared: int,
+              routed_scaling_factor: float, block_n: int, stages: int, group_size: int, split_waves: int,
+              pdl: bool = True) -> torch.Tensor:
+    wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
+                       routed_scaling_factor, block_n, stages, group_size, split_waves)
+    m = x.shape[0]
+    out = torch.empty((m, wv.hidden), dtype=BF16, device=x.device)
+    if m == 0:
+        return out
+    _launch(x, x_scale, topk_ids, topk_weights, wv, out, num_shared, routed_scaling_factor,
+            MegaMoEConfig(block_n, stages, group_size, split_waves), 0, pdl)
+    return out
+
+
+@_mega_moe.register_fake
+def _mega_moe_fake(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared, routed_scaling_factor,
+                   block_n, stages, group_size, split_waves, pdl=True):
+    wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
+                       routed_scaling_factor, block_n, stages, group_size, split_waves)
+    return x.new_empty((x.shape[0], wv.hidden), dtype=BF16)
+
+
+def mega_moe(x_fp8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+             weights: MegaMoEWeights, *, routed_scaling_factor: float = 2.5, config: MegaMoEConfig | None = None,
+             pdl: bool = True) -> torch.Tensor:
+    """The MoE block on 1x128-quantised tokens: x_fp8 [M, H] e4m3 + x_scale [M, H/128] fp32, routed
+    topk_ids [M, k] (int32/int64, ids in [0, E)) and topk_weights [M, k] fp32 (normalised, without
+    routed_scaling_factor) -> out [M, H] bf16 = ref.moe.moe_forward's output for the same routing."""
+    if not isinstance(weights, MegaMoEWeights):
+        raise _fail(f"weights must be a MegaMoEWeights (see prepare_weights), got {type(weights).__name__}")
+    if config is None:
+        m = int(x_fp8.shape[0]) if isinstance(x_fp8, torch.Tensor) and x_fp8.dim() == 2 else 1
+        k = int(topk_ids.shape[1]) if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 else 1
+        config = default_config(max(m, 1), weights.num_experts, max(1, min(k, weights.num_experts)), weights.num_shared,
+                                _sms(x_fp8.device) if isinstance(x_fp8, torch.Tensor) and x_fp8.is_cuda else 132,
+                                weights.inter)
+    return torch.ops.glm5_fastpath.mega_moe(x_fp8, x_scale, topk_ids, topk_weights, weights.w13, weights.w13_scale,
+                                            weights.w2, weights.w2_scale, weights.num_shared,
+                                            float(routed_scaling_factor), config.block_n, config.stages,
+                                            config.group_size, config.split_waves, pdl)
+
+
+# ---- diagnostics ----------------------------------------------------------------------------------------
+
+def fc1_only(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *, config: MegaMoEConfig | None = None,
+             routed_scaling_factor: float = 2.5) -> dict[str, torch.Tensor]:
+    """Run only the plan + FC1 tasks (diagnostics, eager) and return the FC1 output per pair:
+    {"a8": [M, S, I] e4m3, "a_scale": [M, S, I/128] fp32, "counts": [E_tot] int32} with slot S-1 the
+    shared expert. Pair rows come from the kernel's own token lists (pair codes)."""
+    m, k = topk_ids.shape
+    cfg = (config or default_config(m, weights.num_experts, k, weights.num_shared)).validate()
+    wv = _check_inputs(x_fp8, x_scale, topk_ids, topk_weights, weights.w13, weights.w13_scale, weights.w2,
+                       weights.w2_scale, weights.num_shared, routed_scaling_factor, cfg.block_n, cfg.stages,
+                       cfg.group_size, cfg.split_waves)
+    ws = _launch(x_fp8, x_scale, topk_ids, topk_weights, wv, None, weights.num_shared, routed_scaling_factor, cfg,
+                 FLAG_FC1_ONLY, False)
+    torch.cuda.synchronize(x_fp8.device)
+    S = k + weights.num_shared
+    cnt = ws.expert_cnt[:wv.num_total].cpu()
+    off = ws.expert_off[:wv.num_total].cpu()
+    a8 = torch.empty(m, S, wv.inter, dtype=FP8, device=x_fp8.device)
+    a_scale = torch.empty(m, S, wv.inter // 128, dtype=torch.float32, device=x_fp8.device)
+    for e in range(wv.num_total):
+        c, o = int(cnt[e]), int(off[e])
+        if c == 0:
+            continue
+        codes = ws.pair_list[o:o + c].long()
+        t, j = codes >> 4, codes & 15
+        a8[t, j] = ws.act[o:o + c]
+        a_scale[t, j] = ws.act_scale[:, o:o + c].t()
+    return {"a8": a8, "a_scale": a_scale, "counts": cnt}
+
+
+def workspace_for(device: Any, weights: MegaMoEWeights, topk: int) -> Workspace | None:
+    """The live workspace of these weights' dims on `device` (tests: counters must be zero at rest)."""
+    key = (_dev_index(torch.device(device)), weights.hidden, weights.inter, weights.num_total, topk + weights.num_shared)
+    return _workspaces.get(key)
+
+
+def precompile(weights: MegaMoEWeights, topk: int = 8, max_tokens: int = 256, device: Any = None,
+               configs: Sequence[MegaMoEConfig] | None = None) -> None:
+    """Compile/load the kernels of every default config up to max_tokens (or `configs`), allocate the
+    workspace for max_tokens tokens and build the weight tensor maps: call before CUDA-graph capture."""
+    from ..jit.tma import tensor_map_2d
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if max_tokens > MAX_TOKENS:
+        raise _fail(f"max_tokens={max_tokens} exceeds {MAX_TOKENS}")
+    if configs is None:
+        seen: dict[str, MegaMoEConfig] = {}
+        m = 1
+        while True:
+            c = default_config(m, weights.num_experts, topk, weights.num_shared, _sms(dev), weights.inter)
+            seen[c.name] = c
+            if m >= max_tokens:
+                break
+            m = min(max_tokens, m * 2)
+        configs = list(seen.values())
+    for c in configs:
+        _kernels_for(c.validate(), weights.hidden, weights.inter, dev)
+    get_workspace(dev, weights.hidden, weights.inter, weights.num_total, topk + weights.num_shared, max_tokens)
+    tensor_map_2d(weights.w13, BK, TILE_ROWS, 128, name="w13")
+    tensor_map_2d(weights.w2, BK, TILE_ROWS, 128, name="w2")
+
+
+def compile_check_specs() -> list[KernelSpec]:
+    """Variants for scripts/compile_check.py: GLM-5 dims with every token block (deepest ring), and
+    the small preset (H 512, I 128)."""
+    specs = [kernel_spec(6144, 2048, bn, max_stages(bn)) for bn in BLOCK_NS]
+    specs.append(kernel_spec(512, 128, 16, max_stages(16)))
+    return specs
+
+
+# ---- CPU mirror of the plan kernel (tests, schedule analysis) -------------------------------------------
+
+@dataclass
+class Plan:
+    counts: list[int]        # pairs per expert (E_tot)
+    offsets: list[int]       # first pair row per expert (8-aligned)
+    blk_base: list[int]      # first token-block index per expert
+    pairs: dict[int, list[int]]  # expert -> pair codes (t << 4 | j) in token order (the kernel's order may differ)
+    tasks: list[int]         # descriptors in claim order
+    total_rows: int
+    total_blocks: int
+
+
+def encode_task(fc2: int, e: int, rt: int, b: int, split: int = 0, half: int = 0) -> int:
+    v = (fc2 << 31) | (e << 22) | (rt << 16) | (split << 15) | (half << 14) | b
+    return v - (1 << 32) if v >= 1 << 31 else v  # as the kernel's int32
+
+
+def decode_task(d: int) -> tuple[int, int, int, int]:
+    """(fc2, expert, row tile, token block); task_split_half gives the split-K fields."""
+    u = d & 0xFFFFFFFF
+    return u >> 31, (u >> 22) & 511, (u >> 16) & 63, u & 0x3FFF
+
+
+def task_split_half(d: int) -> tuple[int, int]:
+    u = d & 0xFFFFFFFF
+    return (u >> 15) & 1, (u >> 14) & 1
+
+
+def plan_reference(topk_ids: torch.Tensor, num_experts: int, num_shared: int, block_n: int, group_size: int,
+                   hidden: int, inter: int, fc1_only: bool = False, split_max_tiles: int = 0) -> Plan:
+    """What glm5_megamoe_plan computes, in Python (same rules, pairs listed in token order)."""
+    ids = topk_ids.cpu().long()
+    m, k = ids.shape
+    E = num_experts + num_shared
+    pairs: dict[int, list[int]] = {e: [] for e in range(E)}
+    for t in range(m):
+        for j in range(k + num_shared):
+            e = int(ids[t, j]) if j < k else num_experts
+            if not 0 <= e < num_experts and j < k:
+                raise _fail(f"topk_ids[{t}][{j}] = {e} outside [0, {num_experts})")
+            pairs[e].append((t << 4) | j)
+    order = ([num_experts] if num_shared else []) + list(range(num_experts))
+    counts = [len(pairs[e]) for e in range(E)]
+    offsets, bb, nblk = [0] * E, [0] * E, [0] * E
+    row = blk = 0
+    active: list[int] = []
+    for e in order:
+        c = counts[e]
+        offsets[e], bb[e], nblk[e] = row, blk, _cdiv(c, block_n)
+        row += _cdiv(c, PAIR_ALIGN) * PAIR_ALIGN
+        blk += nblk[e]
+        if c:
+            active.append(e)
+    t1, t2 = 2 * inter // TILE_ROWS, hidden // TILE_ROWS
+    groups = [active[i:i + group_size] for i in range(0, len(active), group_size)]
+    split = 2 if blk * t1 <= split_max_tiles else 1
+
+    def f1(g: list[int]) -> list[int]:
+        return [encode_task(0, e, (i // split) // nblk[e], (i // split) % nblk[e], split - 1, i % split)
+                for e in g for i in range(nblk[e] * t1 * split)]
+
+    def f2(g: list[int]) -> list[int]:
+        return [] if fc1_only else [encode_task(1, e, i // nblk[e], i % nblk[e]) for e in g for i in range(nblk[e] * t2)]
+
+    tasks: list[int] = []
+    for gi, g in enumerate(groups):
+        tasks += f1(g)
+        if gi >= 1:
+            tasks += f2(groups[gi - 1])
+    if groups:
+        tasks += f2(groups[-1])
+    return Plan(counts, offsets, bb, pairs, tasks, row, blk)

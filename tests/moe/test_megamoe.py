@@ -1,0 +1,604 @@
+"""MegaMoE (glm5_fastpath.moe.megamoe, csrc/moe/megamoe.{cuh,cu}) against the reference MoE.
+
+CPU tests: gate/up interleave round trip and definition, prepare_weights, config / smem mirror /
+heuristic, input validation and the fake implementation, the kernels' compile (no spills) with
+static_asserts that the Python mirrors (smem layout, task encoding) match the C++, the plan mirror's
+invariants, a discrete-event simulation of the dynamic task schedule (dependencies, counters, no
+deadlock), and a CPU emulation of the kernel's tile math (interleaved rows, per-128-K scale folding,
+SwiGLU + requant per 128-channel tile, transposed activation scales, slot buffer, ordered combine)
+against ref.moe.moe_forward on the small preset.
+
+GPU tests (marked gpu; need an sm_90 GPU, nvcc, cuda-bindings), smallest and most diagnostic first:
+  1. test_gpu_fc1_single_expert: 1 expert, 1 token block, FC1 only -> a8 / scales vs reference.
+  2. test_gpu_vs_reference: token counts 1..1024, uniform and skewed routing, settings (a) 32 local
+     experts top-8 + shared and (b) 256 + shared; vs a float64-dequantised reference with the same
+     FP8 roundings (kind fp8_same_quant), workspace poisoned first.
+  3. determinism (many repeats bitwise identical), counters zero at rest, CUDA-graph replay.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+
+import pytest
+import torch
+
+from glm5_fastpath.config import Glm5Config
+from glm5_fastpath.moe import megamoe as M
+from glm5_fastpath.ref.fp8 import FP8, quant_act_per_token, quant_weight_block
+from glm5_fastpath.ref.moe import moe_forward
+from glm5_fastpath.testing.numerics import assert_close, assert_equal, poison_
+from glm5_fastpath.weights import ExpertStore, Fp8Linear, MoEWeights
+
+OP = "mega_moe"
+BF16 = torch.bfloat16
+SMALL = Glm5Config.preset("small")
+GLM5 = Glm5Config.preset("glm5")
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------
+
+def make_experts(n: int, hidden: int, inter: int, seed: int, device="cpu"):
+    """n experts as stacked checkpoint-layout tensors (w13 gate||up [n, 2I, H], w2 [n, H, I] + scales),
+    generated and block-quantised on `device` (GLM-5 size on a GPU: ~40 ms per expert)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    w13 = torch.empty(n, 2 * inter, hidden, dtype=FP8, device=device)
+    s13 = torch.empty(n, 2 * inter // 128, hidden // 128, dtype=torch.float32, device=device)
+    w2 = torch.empty(n, hidden, inter, dtype=FP8, device=device)
+    s2 = torch.empty(n, hidden // 128, inter // 128, dtype=torch.float32, device=device)
+    for e in range(n):
+        row_gain = 1 + torch.rand(2 * inter, 1, generator=g, device=device)
+        w13[e], s13[e] = quant_weight_block(torch.randn(2 * inter, hidden, generator=g, device=device) * 0.02 * row_gain)
+        w2[e], s2[e] = quant_weight_block(torch.randn(hidden, inter, generator=g, device=device) * 0.02)
+    return w13, s13, w2, s2
+
+
+def routing(m: int, e: int, k: int, seed: int, kind: str = "uniform"):
+    """(topk_ids [m, k] int32, topk_weights [m, k] fp32 summing to 1). uniform: k distinct experts per token.
+    skewed: expert 0 in every token (one expert with most tokens), 3 of 4 tokens pick the rest from a hot
+    set of 2k experts, the others from the lower half; the upper half of the experts gets no token."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.empty(m, k, dtype=torch.long)
+    for t in range(m):
+        if kind == "uniform":
+            ids[t] = torch.randperm(e, generator=g)[:k]
+        elif kind == "skewed":
+            pool = min(2 * k, e - 1) if t % 4 else max(k, e // 2) - 1
+            ids[t, 0] = 0
+            ids[t, 1:] = torch.randperm(pool, generator=g)[: k - 1] + 1
+        else:
+            raise ValueError(kind)
+    w = torch.rand(m, k, generator=g) + 0.05
+    return ids.to(torch.int32), (w / w.sum(-1, keepdim=True)).float()
+
+
+def ref_weights(w13, s13, w2, s2, num_routed: int) -> MoEWeights:
+    store = ExpertStore(w13.shape[0], lambda e: (Fp8Linear(w13[e], s13[e]), Fp8Linear(w2[e], s2[e])))
+    return MoEWeights(torch.zeros(num_routed, w13.shape[2], dtype=BF16), torch.zeros(num_routed), store)
+
+
+def cfg_for(hidden: int, inter: int, e: int, k: int, shared: int) -> Glm5Config:
+    return dataclasses.replace(SMALL, hidden_size=hidden, moe_intermediate_size=inter, n_routed_experts=e,
+                               num_experts_per_tok=k, n_shared_experts=shared)
+
+
+# ---- interleave / prepare_weights -----------------------------------------------------------------------
+
+def test_interleave_definition_and_round_trip():
+    inter, k = 64, 16
+    w = torch.randn(3, 2 * inter, k)
+    wi = M.interleave_gate_up(w)
+    for r in range(2 * inter):
+        ch = 8 * (r // 16) + r % 8
+        src = ch if r % 16 < 8 else inter + ch
+        assert torch.equal(wi[:, r], w[:, src]), r
+    assert torch.equal(M.deinterleave_gate_up(wi), w)
+    # An FP8 tensor survives bit for bit.
+    w8 = (torch.randn(256, 128) * 100).clamp(-448, 448).to(FP8)
+    assert torch.equal(M.deinterleave_gate_up(M.interleave_gate_up(w8)).view(torch.uint8), w8.view(torch.uint8))
+
+
+def test_interleave_maps_tiles_to_quant_groups():
+    """A 256-row tile rt of the interleaved weight = gate and up rows of channels [128 rt, 128 rt + 128)."""
+    inter = 512
+    rows = torch.arange(2 * inter).view(2 * inter, 1).float()
+    wi = M.interleave_gate_up(rows.unsqueeze(0))[0, :, 0].long()
+    for rt in range(2 * inter // 256):
+        tile = wi[256 * rt: 256 * rt + 256]
+        gate = tile[tile < inter]
+        up = tile[tile >= inter] - inter
+        assert sorted(gate.tolist()) == list(range(128 * rt, 128 * rt + 128))
+        assert torch.equal(gate, up)  # same channel order: thread rows g / g + 8 pair up
+        # the kernel's channel formula for row R of the tile: 8 * (R // 16) + R % 8
+        R = torch.arange(256)
+        assert torch.equal(tile[(R % 16) < 8] - 128 * rt, (8 * (R // 16) + R % 8)[(R % 16) < 8])
+
+
+def test_prepare_weights_layout_and_errors():
+    w13, s13, w2, s2 = make_experts(3, 256, 128, 0)
+    wt = M.prepare_weights(w13, s13, w2, s2, num_shared=1)
+    assert (wt.num_experts, wt.num_shared, wt.num_total, wt.hidden, wt.inter) == (2, 1, 3, 256, 128)
+    assert tuple(wt.w13.shape) == (3 * 256, 256) and tuple(wt.w2.shape) == (3 * 256, 128)
+    back = M.deinterleave_gate_up(wt.w13.view(3, 256, 256))
+    assert torch.equal(back.view(torch.uint8), w13.view(torch.uint8))
+    assert wt.w2.data_ptr() == w2.data_ptr()  # no copy of down weights
+    with pytest.raises(M.MegaMoEInputError, match="w2 must be"):
+        M.prepare_weights(w13, s13, w2[:, :128], s2, 1)
+    with pytest.raises(M.MegaMoEInputError, match="num_shared"):
+        M.prepare_weights(w13, s13, w2, s2, 2)
+    with pytest.raises(M.MegaMoEInputError, match="w13 must be a 3-D"):
+        M.prepare_weights(w13.float(), s13, w2, s2, 1)
+
+
+# ---- config -----------------------------------------------------------------------------------------------
+
+def test_config_smem_and_validation():
+    for bn in M.BLOCK_NS:
+        s = M.max_stages(bn)
+        assert 4 <= s <= 8 and M.smem_bytes(bn, s) <= M.SMEM_LIMIT < M.smem_bytes(bn, s + 1) or s == 8
+        M.MegaMoEConfig(bn, s).validate()
+    with pytest.raises(M.MegaMoEInputError, match="block_n=128"):
+        M.MegaMoEConfig(128, 4).validate()
+    with pytest.raises(M.MegaMoEInputError, match="shared memory"):
+        M.MegaMoEConfig(64, 8).validate()
+    with pytest.raises(M.MegaMoEInputError, match="group_size"):
+        M.MegaMoEConfig(8, 4, 0).validate()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 33, 64, 128, 256, 1024, 4096])
+@pytest.mark.parametrize("experts", [32, 256])
+def test_default_config(m, experts):
+    c = M.default_config(m, experts, 8, 1)
+    assert c.block_n in M.BLOCK_NS and c.stages == M.max_stages(c.block_n)
+    if m <= 64:  # the shared expert's tokens fit one block: every weight tile streams once
+        assert c.block_n >= m
+    assert c.group_size == M.MAX_EXPERTS and c.split_waves == 4
+    with pytest.raises(M.MegaMoEInputError):
+        M.default_config(0, experts, 8, 1)
+
+
+# ---- validation / fake -------------------------------------------------------------------------------------
+
+def _meta_inputs(m=5, h=512, inter=128, e_tot=5, k=4, dev="meta"):
+    return dict(
+        x=torch.empty(m, h, dtype=FP8, device=dev), x_scale=torch.empty(m, h // 128, device=dev),
+        topk_ids=torch.empty(m, k, dtype=torch.int32, device=dev), topk_weights=torch.empty(m, k, device=dev),
+        w13=torch.empty(e_tot * 2 * inter, h, dtype=FP8, device=dev),
+        w13_scale=torch.empty(e_tot, 2 * inter // 128, h // 128, device=dev),
+        w2=torch.empty(e_tot * h, inter, dtype=FP8, device=dev), w2_scale=torch.empty(e_tot, h // 128, inter // 128, device=dev))
+
+
+def _call(d, shared=1, rsf=2.5, bn=8, st=6, g=8):
+    return torch.ops.glm5_fastpath.mega_moe(d["x"], d["x_scale"], d["topk_ids"], d["topk_weights"], d["w13"],
+                                            d["w13_scale"], d["w2"], d["w2_scale"], shared, rsf, bn, st, g, True)
+
+
+def test_fake_shape_and_compile():
+    d = _meta_inputs()
+    out = _call(d)
+    assert tuple(out.shape) == (5, 512) and out.dtype == BF16
+    f = torch.compile(lambda *a: _call(dict(zip(d.keys(), a))), backend="aot_eager", fullgraph=True)
+    assert tuple(f(*d.values()).shape) == (5, 512)
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d.update(x=torch.empty(5, 512, dtype=BF16, device="meta")), "x \\(FP8 activations\\) must be float8_e4m3fn"),
+    (lambda d: d.update(topk_ids=torch.empty(5, 4, dtype=torch.int16, device="meta")), "topk_ids must be int32 or int64"),
+    (lambda d: d.update(topk_weights=torch.empty(5, 3, device="meta")), "topk_weights"),
+    (lambda d: d.update(x_scale=torch.empty(5, 3, device="meta")), "x_scale must be"),
+    (lambda d: d.update(w2=torch.empty(5 * 512, 256, dtype=FP8, device="meta")), "w13 must be|w2 must be"),
+    (lambda d: d.update(w13_scale=torch.empty(5, 2, 3, device="meta")), "w13_scale must be"),
+    (lambda d: d.update(topk_ids=torch.empty(5, 5, dtype=torch.int32, device="meta"),
+                        topk_weights=torch.empty(5, 5, device="meta")), "top-k=5"),
+])
+def test_input_errors(mutate, match):
+    d = _meta_inputs()
+    mutate(d)
+    with pytest.raises(M.MegaMoEInputError, match=match):
+        _call(d)
+
+
+def test_token_count_and_config_errors():
+    d = _meta_inputs(m=M.MAX_TOKENS + 1)
+    with pytest.raises(M.MegaMoEInputError, match=f"exceeds the supported maximum of {M.MAX_TOKENS}"):
+        _call(d)
+    d = _meta_inputs()
+    with pytest.raises(M.MegaMoEInputError, match="block_n=12"):
+        _call(d, bn=12)
+    with pytest.raises(M.MegaMoEInputError, match="routed_scaling_factor"):
+        _call(d, rsf=0.0)
+    with pytest.raises(M.MegaMoEInputError, match="num_shared"):
+        _call(d, shared=2)
+
+
+def test_cpu_tensors_are_refused():
+    d = _meta_inputs(dev="cpu")
+    with pytest.raises(M.MegaMoEInputError, match="CUDA device"):
+        _call(d)
+
+
+# ---- compile: no spills, Python mirrors == C++ ----------------------------------------------------------
+
+def _nvcc_or_skip():
+    from glm5_fastpath.jit import NvccNotFoundError, find_nvcc
+    try:
+        find_nvcc()
+    except NvccNotFoundError:
+        pytest.skip("nvcc not found")
+
+
+def test_compile_specs_without_spills(tmp_path, monkeypatch):
+    from glm5_fastpath.jit import compile_kernel
+    _nvcc_or_skip()
+    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
+    for spec in M.compile_check_specs():
+        res = compile_kernel(spec, "sm_90a").resources()
+        for fn in (M.FUNCTION, M.PLAN_FUNCTION):
+            r = res[fn]
+            assert r.spill_store_bytes == 0 and r.spill_load_bytes == 0, (spec.describe(), fn, r)
+        assert res[M.FUNCTION].stack_bytes == 0, (spec.describe(), res[M.FUNCTION])
+
+
+def test_python_mirrors_match_cpp(tmp_path, monkeypatch):
+    from glm5_fastpath.jit import KernelSpec, compile_kernel
+    _nvcc_or_skip()
+    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path))
+    lines = ['#include "moe/megamoe.cuh"', "namespace mm = glm5::moe::megamoe;"]
+    for bn in M.BLOCK_NS:
+        for st in range(2, M.max_stages(bn) + 1):
+            lines.append(f"static_assert(mm::Smem<{bn}, {st}>::kAlloc == {M.smem_bytes(bn, st)}, \"smem {bn} {st}\");")
+    for fc2, e, rt, b in [(0, 0, 0, 0), (1, 256, 23, 511), (1, 511, 63, 65535), (0, 32, 15, 7)]:
+        lines.append(f"static_assert(mm::encode_task({fc2}, {e}, {rt}, {b}) == {M.encode_task(fc2, e, rt, b)}, \"task\");")
+    consts = {"kThreads": M.THREADS, "kPlanThreads": M.PLAN_THREADS, "kTileRows": M.TILE_ROWS, "kBK": M.BK,
+              "kTaskSlots": M.TASK_SLOTS, "kMaxExperts": M.MAX_EXPERTS, "kMaxSlots": M.MAX_SLOTS,
+              "kPairAlign": M.PAIR_ALIGN, "kFlagFc1Only": M.FLAG_FC1_ONLY}
+    lines += [f"static_assert(mm::{k} == {v}, \"{k}\");" for k, v in consts.items()]
+    lines.append(f"static_assert(sizeof(mm::Params) == {M.PARAMS_BYTES}, \"Params ABI\");")
+    for name, _ in M._Params._fields_:
+        off = getattr(M._Params, name).offset
+        lines.append(f"static_assert(offsetof(mm::Params, {name}) == {off}, \"Params.{name}\");")
+    code = "#include <stddef.h>\n" + "\n".join(lines) + "\n"
+    assert compile_kernel(KernelSpec("megamoe_mirror_check", code=code), "sm_90a").cubin is not None
+
+
+# ---- the plan (CPU mirror) --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m, e, k, shared, bn, kind, split_tiles", [
+    (1, 32, 8, 1, 8, "uniform", 0), (1, 32, 8, 1, 8, "uniform", 396), (33, 32, 8, 1, 32, "uniform", 0),
+    (200, 256, 8, 1, 64, "skewed", 0), (64, 16, 4, 0, 16, "skewed", 396),
+])
+def test_plan_invariants(m, e, k, shared, bn, kind, split_tiles):
+    ids, _ = routing(m, e, k, seed=m * 7 + e, kind=kind)
+    H, I = 6144, 2048
+    p = M.plan_reference(ids, e, shared, bn, 8, H, I, split_max_tiles=split_tiles)
+    t1, t2 = 2 * I // 256, H // 256
+    assert sum(p.counts) == m * (k + shared)
+    assert all(o % M.PAIR_ALIGN == 0 for o in p.offsets)
+    blocks = sum(M._cdiv(c, bn) for c in p.counts)
+    split = 2 if blocks * t1 <= split_tiles else 1
+    seen = {}
+    for pos, d in enumerate(p.tasks):
+        fc2, ex, rt, b = M.decode_task(d)
+        sp, half = M.task_split_half(d)
+        assert M.encode_task(fc2, ex, rt, b, sp, half) == d and sp == (split == 2 and not fc2)
+        assert (fc2, ex, rt, b, half) not in seen
+        seen[(fc2, ex, rt, b, half)] = pos
+        if half:  # the two halves of a split tile are claimed back to back
+            assert seen[(fc2, ex, rt, b, 0)] == pos - 1
+        seen.setdefault((fc2, ex, rt, b), pos)
+        seen[(fc2, ex, rt, b)] = max(seen[(fc2, ex, rt, b)], pos)
+    want = blocks * (t1 * split + t2)
+    assert len(p.tasks) == want
+    for ex, c in enumerate(p.counts):
+        for b in range(M._cdiv(c, bn)):
+            last_fc1 = max(seen[(0, ex, rt, b)] for rt in range(t1))
+            first_fc2 = min(seen[(1, ex, rt, b)] for rt in range(t2))
+            assert last_fc1 < first_fc2, (ex, b)  # dependencies point backwards in claim order
+    if shared:  # the shared expert (most tokens) goes first
+        assert M.decode_task(p.tasks[0])[1] == e
+    fc1 = M.plan_reference(ids, e, shared, bn, 8, H, I, fc1_only=True, split_max_tiles=split_tiles)
+    assert all(M.decode_task(d)[0] == 0 for d in fc1.tasks) and len(fc1.tasks) == blocks * t1 * split
+
+
+def simulate_schedule(plan: M.Plan, block_n: int, num_ctas: int, hidden: int, inter: int,
+                      bw_per_cta: float = 4.27e12 / 132):
+    """Discrete-event model of the persistent kernel: each CTA claims the next task from the global list
+    when it is free, streams the task's
+    weights at bw_per_cta, and for FC2 cannot start its math before fc1_done of (expert, block) reaches
+    I/128. Returns (makespan_s, fc1_done, combine counts). Raises on a deadlock."""
+    t1 = 2 * inter // 256
+    fc2_bytes = 256 * inter
+    fc1_done: dict[tuple[int, int], int] = {}
+    halves: dict[tuple[int, int, int], int] = {}
+    combine: dict[tuple[int, int], int] = {}
+    # Claim order = list order; the earliest free CTA claims next; dependencies are honoured in time.
+    free = [(0.0, c) for c in range(num_ctas)]
+    heapq.heapify(free)
+    done_time: dict[tuple, float] = {}
+    makespan = 0.0
+    for d in plan.tasks:
+        fc2, e, rt, b = M.decode_task(d)
+        split, _ = M.task_split_half(d)
+        start, cta = heapq.heappop(free)
+        stream = (fc2_bytes if fc2 else 256 * hidden // (1 + split)) / bw_per_cta
+        if fc2:
+            deps = [done_time.get((0, e, r, b)) for r in range(t1)]
+            if any(x is None for x in deps):
+                raise AssertionError(f"deadlock: FC2 {(e, rt, b)} claimed before all its FC1 tasks were claimed")
+            start_math = max(start, max(deps))  # weights stream meanwhile (producer never waits)
+            end = max(start + stream, start_math + 1e-7)
+        else:
+            end = start + stream
+        key4 = (fc2, e, rt, b)
+        done_time[key4] = max(end, done_time.get(key4, 0.0))
+        if split:  # the tile is done (and reports) when its second half is
+            halves[(e, rt, b)] = halves.get((e, rt, b), 0) + 1
+            if halves[(e, rt, b)] == 1:
+                makespan = max(makespan, end)
+                heapq.heappush(free, (end, cta))
+                continue
+        if fc2:
+            for code in plan.pairs[e][b * block_n: (b + 1) * block_n]:
+                key = (code >> 4, rt)
+                combine[key] = combine.get(key, 0) + 1
+        else:
+            fc1_done[(e, b)] = fc1_done.get((e, b), 0) + 1
+        makespan = max(makespan, end)
+        heapq.heappush(free, (end, cta))
+    return makespan, fc1_done, combine
+
+
+@pytest.mark.parametrize("m, e, kind, bound", [(1, 32, "uniform", 1.06), (8, 32, "uniform", 1.06), (32, 32, "uniform", 1.03),
+                                               (128, 32, "uniform", 1.03), (128, 32, "skewed", 1.06),
+                                               (1, 256, "uniform", 1.06), (16, 256, "uniform", 1.03),
+                                               (256, 256, "uniform", 1.03)])
+def test_schedule_simulation(m, e, kind, bound):
+    """Every FC1 tile reports once per (expert, block), every (token, FC2 tile) gets exactly S
+    contributions (so exactly one last contributor), no dependency points forward, and the modelled
+    makespan (weights at 4.27 TB/s / 132 per CTA, no L2 reuse credit) stays within `bound` of the
+    weight-bytes floor of the experts touched."""
+    H, I, k, shared = 6144, 2048, 8, 1
+    ids, _ = routing(m, e, k, seed=11 + m, kind=kind)
+    cfg = M.default_config(m, e, k, shared)
+    plan = M.plan_reference(ids, e, shared, cfg.block_n, cfg.group_size, H, I, split_max_tiles=cfg.split_max_tiles(132))
+    makespan, fc1_done, combine = simulate_schedule(plan, cfg.block_n, 132, H, I)
+    assert all(v == 2 * I // 256 for v in fc1_done.values())
+    assert len(combine) == m * (H // 256) and all(v == k + shared for v in combine.values())
+    touched = sum(1 for c in plan.counts if c)
+    floor = touched * (3 * H * I) / 4.27e12
+    blocks = sum(M._cdiv(c, cfg.block_n) for c in plan.counts)
+    floor_blocks = blocks * (3 * H * I) / 4.27e12  # what the model streams (extra blocks re-read weights)
+    print(f"m={m} e={e} {kind}: bn={cfg.block_n} touched={touched} blocks={blocks} makespan={makespan * 1e6:.1f} us "
+          f"floor={floor * 1e6:.1f} us ratio={makespan / floor:.3f} (vs streamed {makespan / floor_blocks:.3f})")
+    assert makespan / floor_blocks <= bound
+
+
+# ---- CPU emulation of the kernel's tile math ----------------------------------------------------------
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(BF16).to(x.dtype)
+
+
+def emulate_megamoe(x8, xs, ids, wts, wt: M.MegaMoEWeights, rsf: float, block_n: int) -> torch.Tensor:
+    """The kernel's data flow on the CPU, tile by tile, using the same index formulas as megamoe.cuh:
+    interleaved W13 rows, gate/up block-scale rows rt and I/128 + rt, act_scale[kb][pair], the slot buffer
+    [M, S, H] and the ordered combine. Accumulation in float64 (the kernel: fp32)."""
+    m, k = ids.shape
+    H, I, E = wt.hidden, wt.inter, wt.num_total
+    S = k + wt.num_shared
+    plan = M.plan_reference(ids, wt.num_experts, wt.num_shared, block_n, 8, H, I)
+    act8 = torch.zeros(plan.total_rows + block_n, I)
+    act_scale = torch.zeros(I // 128, plan.total_rows + block_n)
+    slots = torch.full((m, S, H), float("nan"))
+    w13 = wt.w13.float().view(E, 2 * I, H).double()
+    w2 = wt.w2.float().view(E, H, I).double()
+    s13, s2 = wt.w13_scale.double(), wt.w2_scale.double()
+    shared_w = torch.tensor(1.0 / rsf, dtype=torch.float32).item()
+    R = torch.arange(256)
+    for d in plan.tasks:
+        fc2, e, rt, b = M.decode_task(d)
+        codes = plan.pairs[e][b * block_n:(b + 1) * block_n]
+        cnt = len(codes)
+        p0 = plan.offsets[e] + b * block_n
+        toks = torch.tensor([c >> 4 for c in codes])
+        slot_j = torch.tensor([c & 15 for c in codes])
+        if not fc2:
+            rows = w13[e, 256 * rt: 256 * rt + 256]                         # [256, H]
+            is_gate = (R % 16) < 8
+            srow = torch.where(is_gate, torch.full_like(R, rt), torch.full_like(R, I // 128 + rt))
+            acc = torch.zeros(256, cnt, dtype=torch.float64)
+            for kb in range(H // 128):
+                part = rows[:, 128 * kb:128 * kb + 128] @ x8[toks, 128 * kb:128 * kb + 128].double().t()
+                acc += part * xs[toks, kb].double()[None, :] * s13[e, srow, kb][:, None]
+            acc = acc.float()
+            ch = 8 * (R // 16) + R % 8
+            g = _bf16(acc[is_gate])                                         # [128, cnt] channel order ch[is_gate]
+            u = _bf16(acc[~is_gate])
+            a = _bf16(torch.nn.functional.silu(g) * u)
+            amax = a.abs().amax(dim=0).clamp_min(1e-10)
+            sc = (amax.double() / 448.0).float()
+            q = (a / sc[None, :]).clamp(-448, 448).to(FP8).float()
+            cols = 128 * rt + ch[is_gate]
+            act8[p0:p0 + cnt][:, cols] = q.t()
+            act_scale[rt, p0:p0 + cnt] = sc
+        else:
+            rows = w2[e, 256 * rt: 256 * rt + 256]                          # [256, I]
+            acc = torch.zeros(256, cnt, dtype=torch.float64)
+            for kb in range(I // 128):
+                part = rows[:, 128 * kb:128 * kb + 128] @ act8[p0:p0 + cnt, 128 * kb:128 * kb + 128].double().t()
+                acc += part * act_scale[kb, p0:p0 + cnt].double()[None, :] * s2[e, (256 * rt + R) // 128, kb][:, None]
+            w = torch.tensor([float(wts[t, j]) if j < k else shared_w for t, j in zip(toks.tolist(), slot_j.tolist())])
+            y = _bf16(acc.float() * w[None, :].float())
+            slots[toks, slot_j, 256 * rt: 256 * rt + 256] = y.t()
+    acc = torch.zeros(m, H)
+    for j in range(S):
+        acc = acc + slots[:, j].float()
+    return (acc * rsf).to(BF16)
+
+
+@pytest.mark.parametrize("m, kind, bn", [(1, "uniform", 8), (5, "skewed", 8), (19, "uniform", 16), (40, "skewed", 16)])
+def test_cpu_emulation_matches_reference(m, kind, bn):
+    H, I, E, k, rsf = 512, 256, 8, 3, 2.5
+    w13, s13, w2, s2 = make_experts(E + 1, H, I, seed=5)
+    wt = M.prepare_weights(w13, s13, w2, s2, 1)
+    cfg = cfg_for(H, I, E, k, 1)
+    g = torch.Generator().manual_seed(m)
+    h = (torch.randn(m, H, generator=g) * 2).to(BF16)
+    x8, xs = quant_act_per_token(h)
+    ids, wts = routing(m, E, k, seed=m, kind=kind)
+    out = emulate_megamoe(x8, xs, ids, wts, wt, rsf, bn)
+    ref = moe_forward(h, ref_weights(w13, s13, w2, s2, E), cfg, ids, wts)
+    assert_close(OP, out.float(), ref.float(), kind="fp8_same_quant", context=f"{m=} {kind=} {bn=}")
+
+
+# =========================================== GPU ===========================================================
+
+def _gpu_setup(e_local: int, shared: int, hidden: int = 6144, inter: int = 2048, seed: int = 0):
+    w13, s13, w2, s2 = make_experts(e_local + shared, hidden, inter, seed, device="cuda")
+    return (w13, s13, w2, s2), M.prepare_weights(w13, s13, w2, s2, shared)
+
+
+def ref_f64(h8, hs, ids, wts, raw, num_routed: int, shared: int, rsf: float) -> torch.Tensor:
+    """ref.moe's math with float64 GEMM accumulation and the same bf16 / FP8 rounding points."""
+    w13, s13, w2, s2 = raw
+    m, k = ids.shape
+    H = h8.shape[1]
+    I = w2.shape[2]
+    idsl = ids.long()
+    if shared:
+        idsl = torch.cat([idsl, torch.full((m, 1), num_routed, dtype=torch.long, device=ids.device)], 1)
+        wts = torch.cat([wts, torch.full((m, 1), 1.0 / rsf, dtype=torch.float32, device=ids.device)], 1)
+    S = idsl.shape[1]
+    slots = torch.zeros(m, S, H, dtype=BF16, device=h8.device)
+
+    def lin(x8, xs, w8, ws):
+        g = x8.shape[1] // 128
+        xg = x8.double().view(-1, g, 128)
+        wg = w8.double().view(w8.shape[0], g, 128)
+        part = torch.einsum("mgk,ngk->gmn", xg, wg)
+        wsr = ws.double().repeat_interleave(128, 0)[: w8.shape[0]]
+        return (part * xs.double().t()[:, :, None] * wsr.t()[:, None, :]).sum(0).float()
+
+    for e in torch.unique(idsl).tolist():
+        tok, slot = (idsl == e).nonzero(as_tuple=True)
+        gu = lin(h8[tok], hs[tok], w13[e], s13[e]).to(BF16)
+        a = (torch.nn.functional.silu(gu[:, :I].float()) * gu[:, I:].float()).to(BF16)
+        a8, a_s = quant_act_per_token(a)
+        y = lin(a8, a_s, w2[e], s2[e])
+        slots[tok, slot] = (y * wts[tok, slot].unsqueeze(1)).to(BF16)
+    acc = torch.zeros(m, H, dtype=torch.float32, device=h8.device)
+    for j in range(S):
+        acc = acc + slots[:, j].float()
+    return (acc * rsf).to(BF16)
+
+
+def _inputs(m: int, e_local: int, k: int, kind: str, seed: int, hidden: int = 6144):
+    g = torch.Generator().manual_seed(seed)
+    h = (torch.randn(m, hidden, generator=g) * (1 + 3 * torch.rand(1, hidden, generator=g) ** 8)).to(BF16).cuda()
+    x8, xs = quant_act_per_token(h)
+    ids, wts = routing(m, e_local, k, seed, kind)
+    return x8, xs, ids.cuda(), wts.cuda()
+
+
+_WEIGHTS: dict = {}
+
+
+def _weights(e_local: int):
+    """GLM-5-sized experts (e_local routed + 1 shared), built once per process and kept (the tests
+    alternate settings; 32 + 1: 2.1 GB, 256 + 1: 16.2 GB with the interleaved copy)."""
+    if e_local not in _WEIGHTS:
+        _WEIGHTS[e_local] = _gpu_setup(e_local, 1, seed=e_local)
+    return _WEIGHTS[e_local]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_waves", [0, 4], ids=["whole-K", "split-K"])
+def test_gpu_fc1_single_expert(split_waves):
+    """Diagnostic first test: 1 routed expert (top-1, no shared), 8 tokens = 1 token block, FC1 only:
+    the kernel's a8 rows and scales vs the reference's SwiGLU + 1x128 requant of the same FP8 GEMM.
+    whole-K first (plain mainloop + epilogue), then split-K (two K halves + partial exchange)."""
+    raw, wt = _gpu_setup(1, 0)
+    m = 8
+    x8, xs, _, _ = _inputs(m, 1, 1, "uniform", 3)
+    ids = torch.zeros(m, 1, dtype=torch.int32, device="cuda")
+    wts = torch.ones(m, 1, device="cuda")
+    cfg = M.MegaMoEConfig(8, M.max_stages(8), 8, split_waves)
+    got = M.fc1_only(x8, xs, ids, wts, wt, config=cfg)
+    assert int(got["counts"][0]) == m
+    w13, s13, _, _ = raw
+    I = wt.inter
+    # reference FC1 (fp32 GEMM, as ref.moe) and requant
+    from glm5_fastpath.ref.fp8 import block_fp8_linear
+    gu = block_fp8_linear(x8, xs, w13[0], s13[0]).to(BF16)
+    a = (torch.nn.functional.silu(gu[:, :I].float()) * gu[:, I:].float()).to(BF16)
+    a8, a_s = quant_act_per_token(a)
+    assert_close(OP + " fc1 scales", got["a_scale"][:, 0], a_s, kind="fp8_same_quant")
+    deq = got["a8"][:, 0].float().view(m, I // 128, 128) * got["a_scale"][:, 0, :, None]
+    ref = a8.float().view(m, I // 128, 128) * a_s[:, :, None]
+    assert_close(OP + " fc1 a8", deq.view(m, I), ref.view(m, I), kind="fp8_same_quant")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("e_local", [32, 256])
+@pytest.mark.parametrize("kind", ["uniform", "skewed"])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 33, 64, 128, 256, 1024])
+def test_gpu_vs_reference(m, kind, e_local):
+    raw, wt = _weights(e_local)
+    k, rsf = 8, 2.5
+    x8, xs, ids, wts = _inputs(m, e_local, k, kind, seed=1000 + m)
+    cfg = M.default_config(m, e_local, k, 1)
+    # Poison the workspace: every value the output depends on must be written in this call.
+    ws = M.get_workspace(x8.device, wt.hidden, wt.inter, wt.num_total, k + 1, m)
+    poison_(ws.act), poison_(ws.act_scale), poison_(ws.slots)
+    out = M.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=rsf, config=cfg)
+    ref = ref_f64(x8, xs, ids, wts, raw, e_local, 1, rsf)
+    assert_close(OP, out.float(), ref.float(), kind="fp8_same_quant", context=f"{m=} {kind=} {e_local=} {cfg.name}")
+    assert int(ws.combine_ctr.abs().sum()) == 0, "combine counters must return to zero"
+    # a second config (other token block) gives the same bits: columns are computed independently
+    other = M.MegaMoEConfig(8 if cfg.block_n != 8 else 32, M.max_stages(8 if cfg.block_n != 8 else 32), 3)
+    out2 = M.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=rsf, config=other)
+    assert_equal(OP + " block size independence", out2, out, context=f"{m=} {cfg.name} vs {other.name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [3, 64, 256])
+def test_gpu_repeats_bitwise(m):
+    raw, wt = _weights(32)
+    x8, xs, ids, wts = _inputs(m, 32, 8, "skewed", seed=7 + m)
+    first = M.mega_moe(x8, xs, ids, wts, wt)
+    for i in range(30):
+        again = M.mega_moe(x8, xs, ids, wts, wt)
+        assert_equal(OP + " repeat", again, first, context=f"{m=} run {i}")
+
+
+@pytest.mark.gpu
+def test_gpu_int64_ids_and_no_shared():
+    raw, wt0 = _gpu_setup(16, 0, seed=3)
+    x8, xs, ids, wts = _inputs(24, 16, 8, "uniform", seed=9)
+    out32 = M.mega_moe(x8, xs, ids, wts, wt0)
+    out64 = M.mega_moe(x8, xs, ids.long(), wts, wt0)
+    assert_equal(OP + " int64 ids", out64, out32)
+    ref = ref_f64(x8, xs, ids, wts, raw, 16, 0, 2.5)
+    assert_close(OP + " no shared", out32.float(), ref.float(), kind="fp8_same_quant")
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay():
+    raw, wt = _weights(32)
+    m = 16
+    M.precompile(wt, topk=8, max_tokens=64)
+    x8, xs, ids, wts = _inputs(m, 32, 8, "uniform", seed=21)
+    sx8, sxs, sids, swts = x8.clone(), xs.clone(), ids.clone(), wts.clone()
+    M.mega_moe(sx8, sxs, sids, swts, wt)  # warm-up outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = M.mega_moe(sx8, sxs, sids, swts, wt)
+    for seed in (22, 23, 24):
+        nx8, nxs, nids, nwts = _inputs(m, 32, 8, "skewed" if seed % 2 else "uniform", seed=seed)
+        sx8.copy_(nx8), sxs.copy_(nxs), sids.copy_(nids), swts.copy_(nwts)
+        g.replay()
+        torch.cuda.synchronize()
+        eager = M.mega_moe(nx8, nxs, nids, nwts, wt)
+        assert_equal(OP + " graph replay", out, eager, context=f"{seed=}")
