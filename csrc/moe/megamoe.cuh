@@ -39,7 +39,9 @@
 //
 // Counters (graph-replay safe, no memset): the plan kernel (which waits for the previous grid with
 // griddepcontrol.wait) zeroes the claim counter and the fc1_done counters it uses; the combine
-// counters return to zero when their last contributor resets them.
+// counters return to zero when their last contributor resets them. Diagnostics: after a launch
+// ctrl[2] (tasks finished) == ctrl[0] (tasks planned), ctrl[1] (claims) == ctrl[0] + grid size
+// (each CTA's last claim finds the end), ctrl[3] (output tiles combined) == M * H / 256.
 #pragma once
 
 #include <cuda.h>
@@ -57,6 +59,8 @@
 #ifndef GLM5_MEGAMOE_SPIN_LIMIT_CYCLES
 #define GLM5_MEGAMOE_SPIN_LIMIT_CYCLES (1ull << 34)  // ~9 s: a lost fc1_done arrival fails loudly
 #endif
+// Define GLM5_MEGAMOE_TIMEOUT_PRINTF to print the fc1_done wait's state before its trap. Opt-in: the
+// printf costs the loader warp (small register budget) a stack frame and spills (as GLM5_MBAR_TIMEOUT_PRINTF).
 
 namespace glm5 {
 namespace moe {
@@ -73,8 +77,12 @@ constexpr int kMaxSlots = 16;      // slots per token (top-k + shared), 4-bit fi
 constexpr int kPairAlign = 8;      // each expert's pair range starts at a multiple of 8
 constexpr int kSplitMaxBN = 16;    // split-K FC1 tiles only for token blocks up to 16 (partial scratch size)
 constexpr int kPlanThreads = 1024;
-constexpr int kProducerRegs = 40;
-constexpr int kMathRegs = 232;     // 40 * 128 + 232 * 256 = 64512 <= 65536
+// setmaxnreg split: 56 * 128 + 224 * 256 = 64512 = 168 * 384, the launch allocation (.inc can only take
+// what .dec released). NOTES: 40 / 232 spilled the loader warp (28-32 B) once the FC2 path was reachable.
+constexpr int kProducerRegs = 56;
+constexpr int kMathRegs = 224;
+static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536 / kThreads / 8 * 8 * kThreads,
+              "register split exceeds the launch allocation");
 constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
 
 // Task descriptor: bit 31 FC2, bits 22..30 expert, bits 16..21 row tile, bit 15 split-K FC1 tile,
@@ -91,6 +99,16 @@ __host__ __device__ constexpr int task_split(int32_t d) { return static_cast<int
 __host__ __device__ constexpr int task_half(int32_t d) { return static_cast<int>((static_cast<uint32_t>(d) >> 14) & 1u); }
 __host__ __device__ constexpr int task_block(int32_t d) { return static_cast<int>(static_cast<uint32_t>(d) & 0x3fffu); }
 constexpr int kMaxBlocks = 1 << 14;
+// End of the task list (what the scheduler publishes once the claim counter passes the last task).
+// NOTES: an FC2 descriptor has bit 31 set, i.e. it is a NEGATIVE int32, so a sign test must never be
+// the end test (v1 tested desc < 0: every CTA stopped at its first FC2 claim, no FC2 task or combine
+// ran and the output stayed unwritten). -1 has the split bit set with fc2 = 1, which no planned task
+// has (split-K exists only for FC1 tiles), so it cannot collide with a real descriptor.
+constexpr int32_t kTaskEnd = -1;
+__host__ __device__ constexpr bool task_is_end(int32_t d) { return d == kTaskEnd; }
+static_assert(!task_is_end(encode_task(1, 511, 63, kMaxBlocks - 1)) && !task_is_end(encode_task(1, 0, 0, 0)) &&
+                  !task_is_end(encode_task(0, 511, 63, kMaxBlocks - 1, 1, 1)) && encode_task(1, 0, 0, 0) < 0,
+              "the end sentinel differs from every task descriptor (FC2 descriptors are negative)");
 static_assert(task_expert(encode_task(1, 300, 23, 4095)) == 300 && task_rt(encode_task(1, 300, 23, 4095)) == 23 &&
                   task_block(encode_task(1, 300, 23, 4095)) == 4095 && task_fc2(encode_task(1, 300, 23, 4095)) == 1 &&
                   task_split(encode_task(0, 511, 63, 16383, 1, 1)) == 1 && task_half(encode_task(0, 511, 63, 16383, 1, 1)) == 1 &&
@@ -115,7 +133,7 @@ struct Params {
     int32_t* blk_base;         // [kMaxExperts] first token-block index (fc1_done)
     int32_t* pair_list;        // [pairs_cap] pair codes, grouped by expert
     int32_t* tasks;            // [tasks_cap] task descriptors in claim order
-    int32_t* ctrl;             // [8]: 0 num_tasks, 1 claim counter
+    int32_t* ctrl;             // [8]: 0 num_tasks, 1 claim counter, 2 tasks finished, 3 output tiles combined
     int32_t* fc1_done;         // [blocks_cap]
     int32_t* combine_ctr;      // [max_tokens, H/256], zero at rest
     int32_t* split_ctr;        // [split_max_tiles], zero at rest (split-K FC1 tiles: first/last finisher)
@@ -134,12 +152,13 @@ struct Params {
     int32_t tasks_cap;
     int32_t blocks_cap;
     int32_t split_max_tiles;   // split every FC1 tile in two K halves when the call has at most this many
-    int32_t flags;             // kFlagFc1Only: plan FC1 tasks only (diagnostics)
+    int32_t flags;             // kFlagFc1Only / kFlagNoCombine (diagnostics)
     float shared_weight;       // fp32(1 / routed_scaling_factor)
     float routed_scaling;      // applied in the combine
 };
 
-constexpr int32_t kFlagFc1Only = 1;
+constexpr int32_t kFlagFc1Only = 1;    // plan FC1 tasks only
+constexpr int32_t kFlagNoCombine = 2;  // FC2 writes its slot values; no combine counters, `out` untouched
 
 // ---- private PTX helpers (one instruction each) ------------------------------------------------------
 
@@ -155,6 +174,10 @@ GLM5_DEVICE int32_t ld_acquire_gpu(const int32_t* p) {
 
 GLM5_DEVICE void red_release_gpu_add(int32_t* p, int32_t v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+GLM5_DEVICE void red_relaxed_gpu_add(int32_t* p, int32_t v) {
+    asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 GLM5_DEVICE int32_t atom_acq_rel_gpu_add(int32_t* p, int32_t v) {
@@ -369,7 +392,7 @@ struct MegaMoE {
             p.expert_off[e] = in ? s.off[e] : 0;
             p.blk_base[e] = in ? s.bb[e] : 0;
         }
-        if (tid == 0) p.ctrl[0] = s.totals[3], p.ctrl[1] = 0;
+        if (tid == 0) p.ctrl[0] = s.totals[3], p.ctrl[1] = 0, p.ctrl[2] = 0, p.ctrl[3] = 0;
     }
 
     // ================================ persistent kernel ================================================
@@ -393,11 +416,11 @@ struct MegaMoE {
             const int slot = n % kTaskSlots;
             const uint32_t tpar = (n / kTaskSlots) & 1u;
             const int t = atomicAdd(&p.ctrl[1], 1);
-            const int32_t desc = t < num_tasks ? p.tasks[t] : -1;
+            const int32_t desc = t < num_tasks ? p.tasks[t] : kTaskEnd;
             sm90::mbar_wait(bar.tempty(slot), tpar ^ 1u);
             desc_ring[slot] = desc;
             sm90::mbar_arrive(bar.tfull(slot));
-            if (desc < 0) break;
+            if (task_is_end(desc)) break;
             const int e = task_expert(desc), rt = task_rt(desc);
             const bool fc2 = task_fc2(desc);
             const CUtensorMap* map = fc2 ? tm_w2 : tm_w13;
@@ -431,7 +454,7 @@ struct MegaMoE {
             const uint32_t tpar = (n / kTaskSlots) & 1u;
             sm90::mbar_wait(bar.tfull(slot), tpar);
             const int32_t desc = desc_ring[slot];
-            if (desc < 0) break;
+            if (task_is_end(desc)) break;
             const int e = task_expert(desc), rt = task_rt(desc), b = task_block(desc);
             const bool fc2 = task_fc2(desc);
             const int p0 = p.expert_off[e] + b * kBN;
@@ -462,9 +485,11 @@ struct MegaMoE {
                         while (ld_acquire_gpu(ctr) < kT1) {
                             __nanosleep(64);
                             if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES) {
+#ifdef GLM5_MEGAMOE_TIMEOUT_PRINTF
                                 printf("glm5 megamoe: fc1_done timeout: block %d expert %d tile %d token-block %d "
                                        "count %d of %d (cta %d)\n",
                                        blk, e, rt, b, ld_acquire_gpu(ctr), kT1, blockIdx.x);
+#endif
                                 __trap();
                             }
                         }
@@ -536,7 +561,7 @@ struct MegaMoE {
             const uint32_t tpar = (n / kTaskSlots) & 1u;
             sm90::mbar_wait(bar.tfull(slot), tpar);
             const int32_t desc = desc_ring[slot];
-            if (desc < 0) break;
+            if (task_is_end(desc)) break;
             const int e = task_expert(desc), rt = task_rt(desc);
             const bool fc2 = task_fc2(desc);
             const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
@@ -600,6 +625,7 @@ struct MegaMoE {
                 epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1);
             __syncwarp();
             if (lane == 0) sm90::mbar_arrive(bar.tempty(slot));
+            if (mt == 0) red_relaxed_gpu_add(p.ctrl + 2, 1);  // diagnostics: tasks finished
         }
     }
 
@@ -730,6 +756,7 @@ struct MegaMoE {
         };
         store_half(acc0, 0);
         store_half(acc1, 1);
+        if (p.flags & kFlagNoCombine) return;  // diagnostics: slot values only (uniform branch)
         __threadfence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         constexpr int kCtrPerToken = kH / kTileRows;
@@ -766,6 +793,7 @@ struct MegaMoE {
             o.z = ptx::f32x2_to_bf16x2_rn(sum[4] * p.routed_scaling, sum[5] * p.routed_scaling);
             o.w = ptx::f32x2_to_bf16x2_rn(sum[6] * p.routed_scaling, sum[7] * p.routed_scaling);
             ptx::st_global_v4(p.out + static_cast<int64_t>(t) * kH + rt * kTileRows + lane * 8, o);
+            if (lane == 0) red_relaxed_gpu_add(p.ctrl + 3, 1);  // diagnostics: output tiles combined
         }
     }
 

@@ -37,6 +37,10 @@ seen or precompiled: slot buffer max_tokens x S x H bf16 (GLM-5, S = 9: 110.6 KB
 zero at rest or reset by the plan kernel: CUDA-graph replays need no memset. Launches sharing a
 workspace must not run concurrently on two streams.
 
+Diagnostics: `fc1_only` (plan + FC1 tasks only) and `debug_run` (one eager launch with the FC1 output,
+the slot buffer, the counters and `out` exposed, poisoned first; optionally without the combine) localise a
+wrong result to FC1 / FC2 / combine / scheduling; tests/moe/test_megamoe.py::test_gpu_diag_* use them.
+
 Errors: wrong dtype / shape / device, token count past MAX_TOKENS, a config that does not fit ->
 MegaMoEInputError (a ValueError) naming the op and the values; a pre-Hopper GPU -> RuntimeError;
 an out-of-range expert id -> a device-side trap with a printf naming the entry.
@@ -73,7 +77,11 @@ MAX_EXPERTS = 512
 MAX_SLOTS = 16
 PAIR_ALIGN = 8
 SMEM_LIMIT = 232448  # 227 KB per block on sm_90
-FLAG_FC1_ONLY = 1
+FLAG_FC1_ONLY = 1      # plan FC1 tasks only (diagnostics)
+FLAG_NO_COMBINE = 2    # FC2 writes slot values only: no combine counters, `out` untouched (diagnostics)
+TASK_END = -1          # end-of-list sentinel (FC2 descriptors are negative int32: never test the sign)
+# ctrl[] entries of the workspace (megamoe.cuh Params::ctrl)
+CTRL_NUM_TASKS, CTRL_CLAIMS, CTRL_TASKS_DONE, CTRL_TILES_COMBINED = 0, 1, 2, 3
 MAX_BLOCKS = 1 << 14   # 14-bit token-block field of a task
 SPLIT_MAX_BN = 16      # split-K FC1 tiles only for token blocks up to this (scratch: 2 x 256 x BN fp32 per tile)
 
@@ -615,6 +623,26 @@ def mega_moe(x_fp8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor,
 
 # ---- diagnostics ----------------------------------------------------------------------------------------
 
+def _per_pair(ws: Workspace, m: int, S: int, wv: "_WeightViews", device) -> dict[str, torch.Tensor]:
+    """The FC1 output rows of the workspace rearranged per pair: a8 [M, S, I], a_scale [M, S, I/128]
+    (slot S-1 = the shared expert when there is one), using the kernel's own token lists (pair codes)."""
+    cnt = ws.expert_cnt[:wv.num_total].cpu()
+    off = ws.expert_off[:wv.num_total].cpu()
+    a8 = torch.empty(m, S, wv.inter, dtype=FP8, device=device)
+    a_scale = torch.empty(m, S, wv.inter // 128, dtype=torch.float32, device=device)
+    a8.view(torch.uint8).fill_(0xFF)  # NaN where no pair lands (a kernel list that misses a pair shows)
+    a_scale.fill_(float("nan"))
+    for e in range(wv.num_total):
+        c, o = int(cnt[e]), int(off[e])
+        if c == 0:
+            continue
+        codes = ws.pair_list[o:o + c].long()
+        t, j = codes >> 4, codes & 15
+        a8[t, j] = ws.act[o:o + c]
+        a_scale[t, j] = ws.act_scale[:, o:o + c].t()
+    return {"a8": a8, "a_scale": a_scale, "counts": cnt, "offsets": off}
+
+
 def fc1_only(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *, config: MegaMoEConfig | None = None,
              routed_scaling_factor: float = 2.5) -> dict[str, torch.Tensor]:
     """Run only the plan + FC1 tasks (diagnostics, eager) and return the FC1 output per pair:
@@ -628,20 +656,45 @@ def fc1_only(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *,
     ws = _launch(x_fp8, x_scale, topk_ids, topk_weights, wv, None, weights.num_shared, routed_scaling_factor, cfg,
                  FLAG_FC1_ONLY, False)
     torch.cuda.synchronize(x_fp8.device)
+    got = _per_pair(ws, m, k + weights.num_shared, wv, x_fp8.device)
+    return {"a8": got["a8"], "a_scale": got["a_scale"], "counts": got["counts"]}
+
+
+def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *,
+              config: MegaMoEConfig | None = None, routed_scaling_factor: float = 2.5,
+              combine: bool = True) -> dict[str, Any]:
+    """One eager launch (plan + persistent kernel) with every intermediate exposed (diagnostics).
+
+    The FC1 output, its scales, the slot buffer and `out` are poisoned (NaN) first, so anything the
+    kernel did not write shows as NaN. combine=False sets FLAG_NO_COMBINE: FC2 writes its slot values
+    and nothing else (no combine counters, `out` stays NaN). Returns
+      out [M, H] bf16, slots [M, S, H] bf16 (routing-weighted FC2 outputs, slot S-1 = shared expert),
+      a8 [M, S, I] e4m3 + a_scale [M, S, I/128] fp32 (FC1 output per pair), counts / offsets [E_tot],
+      fc1_done [blocks] (each must be I/128), ctrl {num_tasks, claims, tasks_done, tiles_combined},
+      combine_ctr_sum (must be 0 at rest), grid (CTAs) and the config name.
+    """
+    from ..testing.numerics import poison_
+    m, k = topk_ids.shape
+    cfg = (config or default_config(m, weights.num_experts, k, weights.num_shared)).validate()
+    wv = _check_inputs(x_fp8, x_scale, topk_ids, topk_weights, weights.w13, weights.w13_scale, weights.w2,
+                       weights.w2_scale, weights.num_shared, routed_scaling_factor, cfg.block_n, cfg.stages,
+                       cfg.group_size, cfg.split_waves)
+    dev = x_fp8.device
     S = k + weights.num_shared
-    cnt = ws.expert_cnt[:wv.num_total].cpu()
-    off = ws.expert_off[:wv.num_total].cpu()
-    a8 = torch.empty(m, S, wv.inter, dtype=FP8, device=x_fp8.device)
-    a_scale = torch.empty(m, S, wv.inter // 128, dtype=torch.float32, device=x_fp8.device)
-    for e in range(wv.num_total):
-        c, o = int(cnt[e]), int(off[e])
-        if c == 0:
-            continue
-        codes = ws.pair_list[o:o + c].long()
-        t, j = codes >> 4, codes & 15
-        a8[t, j] = ws.act[o:o + c]
-        a_scale[t, j] = ws.act_scale[:, o:o + c].t()
-    return {"a8": a8, "a_scale": a_scale, "counts": cnt}
+    ws = get_workspace(dev, wv.hidden, wv.inter, wv.num_total, S, m)
+    poison_(ws.act), poison_(ws.act_scale), poison_(ws.slots)
+    out = poison_(torch.empty((m, wv.hidden), dtype=BF16, device=dev))
+    _launch(x_fp8, x_scale, topk_ids, topk_weights, wv, out, weights.num_shared, routed_scaling_factor, cfg,
+            0 if combine else FLAG_NO_COMBINE, False)
+    torch.cuda.synchronize(dev)
+    got = _per_pair(ws, m, S, wv, dev)
+    ctrl = [int(v) for v in ws.ctrl.cpu()]
+    blocks = sum(_cdiv(int(c), cfg.block_n) for c in got["counts"])
+    got.update(out=out, slots=ws.slots[:m].clone(), fc1_done=ws.fc1_done[:blocks].cpu().clone(),
+               ctrl={"num_tasks": ctrl[CTRL_NUM_TASKS], "claims": ctrl[CTRL_CLAIMS],
+                     "tasks_done": ctrl[CTRL_TASKS_DONE], "tiles_combined": ctrl[CTRL_TILES_COMBINED]},
+               combine_ctr_sum=int(ws.combine_ctr.abs().sum()), grid=_sms(dev), config=cfg.name)
+    return got
 
 
 def workspace_for(device: Any, weights: MegaMoEWeights, topk: int) -> Workspace | None:
