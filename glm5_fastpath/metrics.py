@@ -26,6 +26,8 @@ DECODE_STEP = PREFIX + "decode_step_seconds"
 PATH_TOTAL = PREFIX + "path_total"
 SELECTED_INFO = PREFIX + "selected_info"
 JIT_COMPILE = PREFIX + "jit_compile_seconds"
+# created by integrations/sglang/prefix_executor.layer_counter (per layer seam call, host side)
+PREFIX_LAYER_TOTAL = PREFIX + "prefix_layer_total"
 
 # name -> (type, labels): the dashboard test checks panel queries against this table
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -33,6 +35,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     PATH_TOTAL: ("counter", ("path", "reason")),
     SELECTED_INFO: ("gauge", ("bucket", "prefix", "moe")),
     JIT_COMPILE: ("histogram", ("kernel",)),
+    PREFIX_LAYER_TOTAL: ("counter", ("route", "reason")),
 }
 
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)

@@ -15,6 +15,9 @@ def test_names_types_labels():
     m.count_path("stock", "prefill_extend")
     m.set_selected([(1, "stock", "stock"), (16, "cmp", "megamoe:m16")])
     m.observe_jit("attn_prefix_ops", 12.0)
+    from glm5_fastpath.integrations.sglang.prefix_executor import layer_counter
+
+    layer_counter(reg).labels(route="full", reason="ok").inc()  # the prefix seam's own counter
     fams = {f.name: f for f in reg.collect()}
     # prometheus_client strips _total from counter family names
     assert fams["glm5_fastpath_decode_step_seconds"].type == "histogram"

@@ -9,8 +9,9 @@ Two levels:
    largest bucket stay on SGLang's path; decode steps take the table's choice for their bucket if that
    executor is built, else SGLang's path with reason "executor_not_built".
 
-TODAY no executor is built (BUILT_PREFIX / BUILT_MOE are empty; issues #4-#6), so every step routes
-to SGLang's own path. The reasons are the `reason` label of glm5_fastpath_path_total.
+Built today: the prefix executor "cmp" (prefix_executor.py: our ops behind forward_absorb_prepare,
+with its own per-layer / per-call fallbacks, glm5_fastpath_prefix_layer_total). "megartp" and every
+MoE config are not built (issues #5, #6). The reasons are the `reason` label of glm5_fastpath_path_total.
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ ARCHITECTURE = "GlmMoeDsaForCausalLM"
 MIN_CAPABILITY = (9, 0)
 SUPPORTED_TP = frozenset({1})  # TP1 only for now: the prefix ops assume all 64 heads on one GPU (H_local = 64)
 
-# Executors that exist and may be called. Empty today: the wrappers call SGLang's original method.
-BUILT_PREFIX: frozenset[str] = frozenset()
+# Executors that exist and may be called (patch.EXECUTORS holds their functions).
+BUILT_PREFIX: frozenset[str] = frozenset({"cmp"})
 BUILT_MOE: frozenset[str] = frozenset()
 
 # reason codes (metric label values); the text is what the log says

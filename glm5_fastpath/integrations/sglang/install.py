@@ -11,12 +11,16 @@ model package (models/). Steps:
 2. the selection table (--glm5-fastpath-config / GLM5_FASTPATH_CONFIG, else the shipped default for
    the GPU): logged, exported as glm5_fastpath_selected_info.
 3. kernels the table needs are compiled (or loaded from the JIT cache) now, with progress in the log,
-   never inside the first request. TODAY the table selects no built executor, so nothing is compiled.
+   never inside the first request.
 4. patch.py wraps each layer's prefix and MoE seams and model_runner.forward (path counts, step time).
+5. when the table selects the prefix executor ("cmp"), prefix_executor prepares every layer now (which
+   route each layer takes and why, weight views, the FP8 re-quantized indexer wk, W_UK relaid out,
+   static buffers and side streams): before KV-pool sizing and CUDA-graph capture.
 
-WHAT IS ROUTED TODAY: nothing. The prefix executors (CMP / MegaRTP) and MegaMoE are not built
-(issues #4-#6); every wrapper calls SGLang's original method, so enabling the plugin does not change
-results. The metrics and the once-per-reason log lines are real.
+WHAT IS ROUTED: decode steps whose bucket the table maps to "cmp" run the attention prefix through our
+ops (prefix_executor.py; per-layer and per-call fallbacks logged once with the reason). The shipped
+tables select "stock" everywhere, so without a user table (--glm5-fastpath-config) results do not
+change. MegaRTP and MegaMoE are not built (issues #5, #6).
 
 Supported layout today: TP1 only (no EP, no DP attention, no PP): our prefix ops are written for all
 64 heads on one GPU. TP8 (H_local = 8) needs the per-rank head split in the executors first.
@@ -156,10 +160,12 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
     if needs_kernels:
         _precompile(getattr(model, "config", None), metrics, log)
     else:
-        log.info("glm5_fastpath: no glm5_fastpath executor is built yet (issues #4-#6): every bucket runs "
-                 "SGLang's own kernels; nothing to compile")
+        log.info("glm5_fastpath: the selection table routes no bucket to a built glm5_fastpath executor: every "
+                 "bucket runs SGLang's own kernels; nothing to compile")
     router = Router(table, metrics, log)
     patched = patch_layers(model, router)
+    if any(p == "cmp" for _, p, _ in rows):
+        _prepare_prefix(model, router, log)
     if model_runner is not None:
         timer = None
         if metrics is not None:
@@ -171,10 +177,27 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
     routed = sorted({x for _, p, m in rows for x in (p, m) if x != STOCK})
     log.info("glm5_fastpath: installed on %d prefix seams and %d MoE layers; %s", patched["prefix"], patched["moe"],
              f"executors in use: {', '.join(routed)}" if routed else
-             "every bucket calls SGLang's original methods (no executor built yet)")
+             "every bucket calls SGLang's original methods (the table selects stock)")
     rep = InstallReport(True, None, table, patched, needs_kernels)
     model.__dict__[_MARK] = rep
     return rep
+
+
+def _prepare_prefix(model: Any, router: Any, log: logging.Logger) -> Any:
+    """Configure the process-wide prefix executor (patch.EXECUTORS["prefix"]["cmp"]) for this model and
+    prepare every layer (prefix_executor.PrefixExecutor.prepare_model)."""
+    from . import prefix_adapter
+    from .prefix_executor import default_executor
+
+    ex = default_executor()
+    ex.router, ex.log = router, log
+    try:
+        ex.cfg = prefix_adapter.config_from_hf(getattr(model, "config", None))
+    except Exception as e:  # noqa: BLE001 - a config we cannot parse: every layer stays on SGLang's path
+        log.info("glm5_fastpath: prefix: model config not understood (%s); prefix stays on SGLang's path", e)
+        ex.cfg = None
+        return None
+    return ex.prepare_model(model)
 
 
 def install(model_runner: Any) -> InstallReport:

@@ -1,15 +1,17 @@
 """The per-layer patching step: instance-level wrappers around SGLang's per-layer seams.
 
-Seams (SGLang 0.5.23, spec/sglang_integration.md section 7):
+Seams (SGLang 0.5.23, spec/sglang_integration.md section 7; 0.5.14 has the same names):
   prefix  layer.self_attn.forward_absorb_prepare(positions, hidden_states, forward_batch, ...)
   moe     layer.mlp.forward(hidden_states, forward_batch=None, ...)        (DeepseekV2MoE layers only)
   step    model_runner.forward(forward_batch, ...)                          (metrics: path counts, step time)
 
 Each wrapper asks the Router for this call's route (host-side, from the forward mode and the token
 count, so a captured decode graph bakes one bucket) and then calls the executor registered for the
-route, or SGLang's ORIGINAL bound method. TODAY no executor is registered (EXECUTORS is empty,
-decision.BUILT_* are empty), so every call goes to the original method: turning the plugin on does
-not change results. The wrappers are set as instance attributes and `unpatch` restores them.
+route, or SGLang's ORIGINAL bound method. Registered today: EXECUTORS["prefix"]["cmp"], the prefix
+route of prefix_executor.py (our ops compute forward_absorb_prepare's tuple; it falls back to the
+original per layer / per call, logged once per reason). No MoE executor is registered yet (#6). The
+shipped selection tables still select "stock" everywhere, so enabling the plugin changes nothing until
+a table names "cmp". The wrappers are set as instance attributes and `unpatch` restores them.
 """
 from __future__ import annotations
 
@@ -23,8 +25,17 @@ from .decision import OnceLog, StepRoute, component_log_line, route_step, step_l
 logger = logging.getLogger("glm5_fastpath")
 
 ORIGINAL_ATTR = "__glm5_fastpath_original__"
-# component -> executor name -> fn(original, *args, **kwargs). Filled when executors land (#4-#6).
-EXECUTORS: dict[str, dict[str, Callable[..., Any]]] = {"prefix": {}, "moe": {}}
+
+
+def _run_prefix_cmp(original: Callable[..., Any], *args, **kwargs):
+    """EXECUTORS["prefix"]["cmp"]: imports the executor (torch, the op graph) on the first routed call only."""
+    from .prefix_executor import run_cmp
+
+    return run_cmp(original, *args, **kwargs)
+
+
+# component -> executor name -> fn(original, *args, **kwargs); decision.BUILT_* lists the same names.
+EXECUTORS: dict[str, dict[str, Callable[..., Any]]] = {"prefix": {"cmp": _run_prefix_cmp}, "moe": {}}
 
 
 class Router:

@@ -98,10 +98,10 @@ def test_install_wraps_and_calls_stock(metrics, caplog):
     assert layers[0].mlp.forward(H(3)) == "dense"  # the dense MLP is not wrapped
     assert "forward" not in vars(layers[0].mlp)
     text = caplog.text
-    assert text.count("glm5_fastpath: bucket 4 -> stock (prefix executor not built yet)") == 1
+    assert text.count("glm5_fastpath: bucket 4 -> stock (prefix: selection table picks stock)") == 1
     assert text.count("glm5_fastpath: bucket 4 -> stock (MoE executor not built yet)") == 1
     assert text.count("glm5_fastpath: prefill_extend M=500 -> stock (MoE: prefill") == 1
-    assert "no glm5_fastpath executor is built yet" in text and "nothing to compile" in text
+    assert "routes no bucket to a built glm5_fastpath executor" in text and "nothing to compile" in text
     # selected info: every bucket stock
     assert val(metrics, "glm5_fastpath_selected_info", bucket="16", prefix="stock", moe="stock") == 1
     # step wrapper: counts passes by path/reason, times decode steps

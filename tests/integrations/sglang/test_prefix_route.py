@@ -1,0 +1,360 @@
+"""The prefix route on CPU: the adapter's decisions and views over faithful fakes of SGLang's objects
+(prefix_fakes.py, GLM-5 small preset), the executor on the reference namespace against the project's
+reference prefix (ref.prefix.attention_prefix), fallbacks, install, and the shadow check."""
+import logging
+import types
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+import prefix_fakes as F
+from glm5_fastpath.integrations.sglang import decision, install as inst, patch, prefix_adapter as A
+from glm5_fastpath.integrations.sglang import prefix_executor as PX
+from glm5_fastpath.integrations.sglang.prefix_check import PrefixCheck
+from glm5_fastpath.metrics import FastpathMetrics
+from glm5_fastpath.ref import prefix as P
+from glm5_fastpath.ref.fp8 import index_k_cache_load
+from glm5_fastpath.testing.numerics import assert_equal, assert_topk_sets, calc_diff
+
+CFG = F.small_cfg()
+SEQ = [5, 70, 130]  # one row shorter than index_topk (64), two longer: a real selection
+
+
+def executor(mode="serial", **kw):
+    return PX.PrefixExecutor(impl=P, mode=mode, cfg=CFG, **kw)
+
+
+def ref_outputs(attn, step, w):
+    """The project's reference prefix (A0 included) on the adapter's weights: the definition of correct."""
+    w = types.SimpleNamespace(**{**vars(w), "input_norm": torch.ones(CFG.hidden_size, dtype=torch.bfloat16)})
+    kv, ik = step.kv_cache.clone(), step.index_k_cache.clone()
+    prev = None if w.indexer is not None else torch.full((step.M, CFG.index_topk), -1, dtype=torch.int32)
+    out = P.attention_prefix(step.hidden, step.residual, step.positions, step.out_cache_loc, step.seq_lens,
+                             step.block_table, w, CFG, kv, ik, prev_topk=prev)
+    return out, kv, ik
+
+
+# ---- the seam graph and its schedule ----------------------------------------------------------------------
+
+def test_seam_graph_replaces_a0_and_keeps_cmp_layout():
+    g = PX.seam_graph(CFG, "full", P, PX.ref_quant)
+    assert "A0" not in g.ops and g.topo_order()[0] == "Q0"
+    assert set(g.ops) == {"Q0", "B0", "C0", "B1", "D1", "D0", "D2", "E1", "E2"}
+    assert {"x_in", "kv_slots", "topk_table"} <= set(g.external_tensors())
+    assert "hidden" not in g.tensors and "residual_out" not in g.tensors
+    plan = executor("full").plan("full")
+    assert plan.schedule.streams() == {0: ["Q0", "B0", "D0", "D2"], 1: ["C0", "D1", "E1", "E2"], 2: ["B1"]}
+    for kind in ("partial", "shared"):
+        g = PX.seam_graph(CFG, kind, P, PX.ref_quant)
+        assert list(g.ops) == ["Q0", "B0", "D0", "D2"] and "topk_slots" not in g.tensors
+    assert executor("serial").plan("full").schedule is None
+
+
+# ---- per-layer decisions ----------------------------------------------------------------------------------
+
+def test_layer_kinds():
+    assert A.check_layer(F.DeepseekV2AttentionMLA(CFG), CFG) == ("full", None)
+    assert A.check_layer(F.DeepseekV2AttentionMLA(CFG, fused_indexer=False), CFG) == ("partial", None)
+    assert A.check_layer(F.DeepseekV2AttentionMLA(CFG, shared=True), CFG) == ("shared", None)
+
+
+def _mutate(**changes):
+    """A fake layer with attributes changed; "indexer__k_norm__variance_epsilon" walks sub-objects."""
+    a = F.DeepseekV2AttentionMLA(CFG)
+    for path, value in changes.items():
+        *parents, last = path.split("__")
+        target = a
+        for p in parents:
+            target = getattr(target, p)
+        setattr(target, last, value)
+    return a
+
+
+@pytest.mark.parametrize("changes,reason", [
+    (dict(num_local_heads=1), "tp_heads"),
+    (dict(dcp_size=2), "dcp"),
+    (dict(use_deep_gemm_bmm=True), "w_kc_format"),
+    (dict(current_attention_backend="fa3"), "attention_backend"),
+    (dict(prepare_attention_output_gate=lambda h: None), "output_gate"),
+    (dict(qk_nope_head_dim=128), "dims"),
+    (dict(rotary_emb__is_neox_style=True), "rope"),
+    (dict(indexer__rotary_emb__base=10000.0), "rope"),
+    (dict(indexer__num_local_tokens=4), "indexer_format"),
+    (dict(indexer__k_norm__variance_epsilon=1e-5), "indexer_format"),
+])
+def test_layer_refusals(changes, reason):
+    kind, r = A.check_layer(_mutate(**changes), CFG)
+    assert kind == "" and r.reason == reason and r.message()
+
+
+def test_layer_refusal_weights():
+    a = F.DeepseekV2AttentionMLA(CFG)
+    a.w_kc = a.w_kc.to(torch.float8_e4m3fn)
+    assert A.check_layer(a, CFG)[1].reason == "w_kc_format"
+    a = F.DeepseekV2AttentionMLA(CFG)
+    a.q_b_proj.weight = a.q_b_proj.weight.float().to(torch.bfloat16)
+    w, _, r = A.build_weights(a, CFG, "full")
+    assert w is None and r.reason == "weights_format" and "q_b_proj" in r.detail
+    a = F.DeepseekV2AttentionMLA(CFG)
+    a.fused_qkv_a_proj_with_mqa.weight_scale_inv.format_ue8m0 = True
+    assert A.build_weights(a, CFG, "full")[2].reason == "weights_format"
+
+
+def test_seam_signature_versions():
+    s23 = A.seam_signature(F.DeepseekV2AttentionMLA(CFG))
+    s14 = A.seam_signature(F.DeepseekV2AttentionMLA0514(CFG))
+    assert (s23.arity, s23.has_fusion_plan, A.core_extras(s23)) == (10, True, (None,))
+    assert (s14.arity, s14.has_fusion_plan, A.core_extras(s14)) == (9, False, ())
+
+    class Odd(F.DeepseekV2AttentionMLA):
+        def forward_absorb_core(self, q, k):
+            pass
+
+    assert A.check_layer(Odd(CFG), CFG)[1].reason == "seam_signature"
+
+
+# ---- weight views and repacks -----------------------------------------------------------------------------
+
+def test_weight_views_share_sglang_storage_and_repacks_are_exact():
+    a = F.DeepseekV2AttentionMLA(CFG)
+    orig_w_kc = a.w_kc
+    w, rep, r = A.build_weights(a, CFG, "full")
+    assert r is None
+    same = lambda x, y: x.data_ptr() == y.data_ptr()  # noqa: E731
+    assert same(w.qkv_a.weight, a.fused_qkv_a_proj_with_mqa.weight) and same(w.q_b.weight, a.q_b_proj.weight)
+    assert same(w.indexer.wq_b.weight, a.indexer.wq_b.weight) and same(w.q_a_norm, a.q_a_layernorm.weight)
+    kw = a.indexer.wk_weights_proj.weight
+    d = CFG.index_head_dim
+    assert w.indexer.weights_proj.data_ptr() == kw.data_ptr() + d * CFG.hidden_size * 2
+    assert w.indexer.weights_proj.is_contiguous() and same(w.indexer.k_norm_weight, a.indexer.k_norm.weight)
+    # wk: re-quantized from SGLang's bf16 rows; the checkpoint's e4m3 values come back exactly
+    ck = a.weights.indexer.wk
+    assert_equal("wk re-quant", w.indexer.wk.weight, ck.weight)
+    assert ((w.indexer.wk.scale_inv / ck.scale_inv - 1).abs() <= 2 ** -8).all()
+    assert rep.repacked == {"indexer.wk (fp8 re-quantized from wk_weights_proj)": w.indexer.wk.nbytes}
+    # w_kc: relaid out in place (SGLang's attribute now contiguous, same values), no copy kept by us
+    assert not orig_w_kc.is_contiguous() and a.w_kc.is_contiguous() and same(w.w_kc, a.w_kc)
+    assert torch.equal(a.w_kc, orig_w_kc) and rep.relayout == {"w_kc": orig_w_kc.numel() * 2}
+    b = F.DeepseekV2AttentionMLA(CFG)
+    w2, rep2, _ = A.build_weights(b, CFG, "partial", w_kc_policy="copy")
+    assert not b.w_kc.is_contiguous() and w2.w_kc.is_contiguous() and w2.indexer is None
+    assert rep2.repacked == {"w_kc": b.w_kc.numel() * 2} and rep2.relayout == {}
+
+
+# ---- the executor against the reference prefix ------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["serial", "full"])
+@pytest.mark.parametrize("fused_topk", [True, False])
+def test_full_route_reproduces_reference_prefix(mode, fused_topk):
+    a = F.DeepseekV2AttentionMLA(CFG)
+    step, x, fb = F.make_batch(CFG, SEQ, fused_topk=fused_topk)
+    ex = executor(mode)
+    za = object()
+    out = ex(a.forward_absorb_prepare, step.positions, x, fb, za)
+    ref, kv, ik = ref_outputs(a, step, ex.layer_route(a).weights)
+    q_pe, k_pe, q_lat, k_nope, fb_, za_, pos_, topk, l4, fusion_plan = out
+    assert (fb_, za_, pos_, l4, fusion_plan) == (fb, za, step.positions, None, None)
+    assert_equal("q_lat", q_lat, ref.q_lat)
+    assert_equal("q_pe", q_pe, ref.q_pe)
+    loc = step.out_cache_loc
+    assert_equal("k_nope", k_nope[:, 0], kv[loc, :CFG.kv_lora_rank])
+    assert_equal("k_pe", k_pe[:, 0], kv[loc, CFG.kv_lora_rank:])
+    assert (k_nope.shape, k_pe.shape) == ((3, 1, CFG.kv_lora_rank), (3, 1, CFG.qk_rope_head_dim))
+    assert_equal("index-K cache", fb.token_to_kv_pool.get_index_k_with_scale_buffer(1), ik)
+    if fused_topk:  # physical slots, as the DSA backend's fused top-k gives them
+        want = ref.topk_slots
+    else:  # logical positions: map the reference's physical slots back through the block table
+        bt = step.block_table.long()
+        phys = ref.topk_slots.long()
+        want = torch.full_like(ref.topk_slots, -1)
+        for m in range(3):
+            for j, s in enumerate(phys[m].tolist()):
+                if s >= 0:
+                    page = (bt[m] == s // 64).nonzero()[0, 0].item()
+                    want[m, j] = page * 64 + s % 64
+    assert topk.dtype == torch.int32 and topk.shape == (3, CFG.index_topk)
+    assert_topk_sets("topk", topk, want, min_overlap=1.0)
+    assert (topk[0, :5] >= 0).all() and (topk[0, 5:] == -1).all()  # L <= topk: every token, -1 padded
+
+
+def test_executor_output_equals_sglang_stand_in():
+    a = F.DeepseekV2AttentionMLA(CFG)
+    step, x, fb = F.make_batch(CFG, SEQ)
+    recs = []
+    stock = PrefixCheck(executor("full"), recs)(a.forward_absorb_prepare, step.positions, x, fb, None)
+    assert len(stock) == 10 and recs[0]["passed"], recs
+    r = recs[0]
+    assert r["route"] == "full" and r["index_k_other_bytes_untouched"] and r["topk_overlap"] == 1.0
+    assert max(r[f"{n}_rel_err"] for n in ("q_pe", "k_pe", "q_nope_out", "k_nope")) == 0.0
+    assert 0 < r["index_k_rel_err"] < 0.08  # our indexer key is an FP8 GEMM, SGLang's a bf16 one
+
+
+def test_0514_tuple_has_nine_elements():
+    a = F.DeepseekV2AttentionMLA0514(CFG)
+    step, x, fb = F.make_batch(CFG, SEQ)
+    out = executor()(a.forward_absorb_prepare, step.positions, x, fb, None)
+    assert len(out) == 9 and out[8] is None
+
+
+def test_partial_route_runs_sglang_indexer_on_our_q_lora():
+    a = F.DeepseekV2AttentionMLA(CFG, fused_indexer=False)
+    step, x, fb = F.make_batch(CFG, SEQ)
+    ex = executor()
+    out = ex(a.forward_absorb_prepare, step.positions, x, fb, None)
+    assert ex.layer_route(a).kind == "partial" and len(a.indexer.calls) == 1
+    ref, _, _ = ref_outputs(a, step, ex.layer_route(a).weights)
+    assert_equal("q_lora", a.indexer.calls[0], ref.tensors["q_lora"])
+    assert_equal("q_lat", out[2], ref.q_lat)
+    assert out[7].shape == (3, CFG.index_topk)
+    assert ex.layer_route(a).weights.indexer is None  # no indexer weights built, nothing re-quantized
+    assert ex.layer_route(a).report.repacked == {}
+
+
+def test_shared_route_passes_previous_topk_on(caplog):
+    a = F.DeepseekV2AttentionMLA(CFG, shared=True)
+    step, x, fb = F.make_batch(CFG, SEQ)
+    before = fb.token_to_kv_pool.get_index_k_with_scale_buffer(1).clone()
+    prev = torch.arange(3 * CFG.index_topk, dtype=torch.int32).view(3, -1)
+    ex = executor()
+    out = ex(a.forward_absorb_prepare, step.positions, x, fb, None, None, prev)
+    assert out[7] is prev and torch.equal(fb.token_to_kv_pool.get_index_k_with_scale_buffer(1), before)
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    calls = []
+    assert ex(_bound(a, calls), step.positions, x, fb, None) == "stock" and calls == [1]
+    assert "IndexShare layer without the previous layer's top-k" in caplog.text
+
+
+def _bound(attn, calls):
+    class B:
+        __self__ = attn
+
+        def __call__(self, *a, **k):
+            calls.append(1)
+            return "stock"
+
+    return B()
+
+
+# ---- fallbacks: logged once, counted ----------------------------------------------------------------------
+
+def test_fallbacks_are_logged_once_and_counted(caplog):
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    metrics = FastpathMetrics(CollectorRegistry())
+    router = patch.Router(decision_table(), metrics)
+    ex = executor(router=router)
+    a = F.DeepseekV2AttentionMLA(CFG)
+    a.num_local_heads = 1
+    step, x, fb = F.make_batch(CFG, SEQ)
+    calls = []
+    for _ in range(2):
+        assert ex(_bound(a, calls), step.positions, x, fb, None) == "stock"
+    assert calls == [1, 1] and caplog.text.count("-> stock (attention heads are split") == 1
+    val = lambda route, reason: metrics.registry.get_sample_value(  # noqa: E731
+        "glm5_fastpath_prefix_layer_total", {"route": route, "reason": reason}) or 0
+    assert val("stock", "tp_heads") == 2
+    b = F.DeepseekV2AttentionMLA(CFG)
+    # per-call refusals
+    cases = [((step.positions, x, fb, None, torch.ones(1)), "llama4_scaling"),
+             ((step.positions, (x, x), fb, None), "hidden_tuple"),
+             ((step.positions[:2], x, fb, None), "shapes"),
+             ((torch.zeros(257, dtype=torch.long), torch.zeros(257, CFG.hidden_size, dtype=torch.bfloat16), fb, None),
+              "too_many_tokens")]
+    for args, reason in cases:
+        assert ex(_bound(b, calls), *args) == "stock"
+        assert val("stock", reason) == 1, reason
+    fb.attn_backend.hisparse_coordinator = object()
+    assert ex(_bound(b, calls), step.positions, x, fb, None) == "stock" and val("stock", "kv_pool") == 1
+    fb.attn_backend.hisparse_coordinator = None
+    fb.attn_backend.token_to_kv_pool = types.SimpleNamespace()  # not a DSATokenToKVPool
+    assert ex(_bound(b, calls), step.positions, x, fb, None) == "stock" and val("stock", "kv_pool") == 2
+    step2, x2, fb2 = F.make_batch(CFG, SEQ)
+    out = ex(b.forward_absorb_prepare, step2.positions, x2, fb2, None)
+    assert len(out) == 10 and val("full", "routed") == 1
+
+
+def test_executor_error_falls_back(caplog, monkeypatch):
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    ex = executor()
+    a = F.DeepseekV2AttentionMLA(CFG)
+    step, x, fb = F.make_batch(CFG, SEQ)
+    monkeypatch.setattr(ex, "run", lambda *a_: (_ for _ in ()).throw(RuntimeError("boom")))
+    calls = []
+    assert ex(_bound(a, calls), step.positions, x, fb, None) == "stock" and calls == [1]
+    assert "our executor raised RuntimeError: boom" in caplog.text
+
+
+def decision_table():
+    from glm5_fastpath.selection import parse
+
+    return parse({"version": 1, "buckets": [{"tokens": 8, "prefix": "cmp", "moe": "stock"}]})
+
+
+# ---- install: table selects cmp -> layers prepared, calls routed through the wrapper ----------------------
+
+def test_install_routes_decode_through_the_prefix_executor(monkeypatch, tmp_path, caplog):
+    p = tmp_path / "sel.json"
+    p.write_text('{"version": 1, "buckets": [{"tokens": 8, "prefix": "cmp", "moe": "stock"}]}')
+    monkeypatch.setenv("GLM5_FASTPATH_CONFIG", str(p))
+    monkeypatch.setattr(inst, "_precompile", lambda cfg, m, log: None)
+    monkeypatch.setattr(PX, "_default", PX.PrefixExecutor(impl=P, mode="full"))
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    attns = [F.DeepseekV2AttentionMLA(CFG, layer_id=i) for i in range(3)]
+    attns[2].num_local_heads = 2
+    model = F.fake_model(attns)
+    model.config = types.SimpleNamespace(to_dict=CFG.to_hf_dict)
+    facts = decision.ModelFacts("GlmMoeDsaForCausalLM", gpu_name="H200", capability=(9, 0), quant_method="fp8",
+                                weight_block_size=(128, 128))
+    rep = inst.install_model(model, facts, metrics=None)
+    assert rep.installed and rep.patched["prefix"] == 3
+    assert "prefix: layers 0-1 -> full route (mode full)" in caplog.text
+    assert "prefix: layers 2 stay on SGLang's path: attention heads are split" in caplog.text
+    assert "W_UK relaid out in place" in caplog.text
+    step, x, fb = F.make_batch(CFG, SEQ, layer_id=1)
+    out = attns[1].forward_absorb_prepare(step.positions, x, fb, None)  # the patch wrapper -> Router -> cmp
+    stock = F.stock_prepare(attns[1], step.positions, x, fb, None)
+    assert "glm5_fastpath: bucket 8 -> cmp (prefix)" in caplog.text
+    assert calc_diff(out[2], stock[2]) < 1e-6 and calc_diff(out[0], stock[0]) < 1e-6
+    fb.forward_mode = F.ForwardMode("EXTEND")
+    calls = []
+    monkeypatch.setattr(patch, "EXECUTORS", {"prefix": {"cmp": lambda *a_, **k: calls.append(1)}, "moe": {}})
+    attns[1].forward_absorb_prepare(step.positions, x, fb, None)  # prefill: the original method, not the executor
+    assert calls == []
+
+
+# ---- the shadow check reports failures --------------------------------------------------------------------
+
+def test_prefix_check_flags_a_wrong_output(monkeypatch):
+    ex = executor()
+    real_run = ex.run
+
+    def bad_run(*args):
+        out = list(real_run(*args))
+        out[0] = out[0] * 2  # q_pe off
+        return tuple(out)
+
+    monkeypatch.setattr(ex, "run", bad_run)
+    a = F.DeepseekV2AttentionMLA(CFG)
+    step, x, fb = F.make_batch(CFG, SEQ)
+    recs = []
+    PrefixCheck(ex, recs)(a.forward_absorb_prepare, step.positions, x, fb, None)
+    assert recs[0]["passed"] is False and any("q_pe" in f for f in recs[0]["failures"])
+
+
+def test_index_k_layout_matches_reference_store():
+    """The pool view is SGLang's page layout: our store at a slot reads back through the reference loader."""
+    pool = F.DSATokenToKVPool(CFG, 4)
+    buf = pool.get_index_k_with_scale_buffer(0)
+    assert A.check_pool(pool, CFG) is None
+    slots = torch.tensor([3, 64 + 7, 191])
+    k8 = (torch.randn(3, CFG.index_head_dim) * 20).to(torch.float8_e4m3fn)
+    s = torch.rand(3)
+    from glm5_fastpath.ref.fp8 import index_k_cache_store
+
+    index_k_cache_store(buf, slots, k8, s)
+    # SGLang's layout: page = slot // 64; [64 x D e4m3][64 x fp32], token row = slot % 64
+    d = CFG.index_head_dim
+    assert torch.equal(buf[1, 7 * d:8 * d], k8[1].view(torch.uint8))
+    assert torch.equal(buf[2, 64 * d + 63 * 4: 64 * d + 64 * 4].view(torch.float32), s[2:3])
+    k, sc = index_k_cache_load(buf, slots, d)
+    assert torch.equal(k.view(torch.uint8), k8.view(torch.uint8)) and torch.equal(sc, s)
