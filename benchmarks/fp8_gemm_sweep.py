@@ -73,7 +73,22 @@ DIAG_NAMES = {0: "full", 1: "loads_only", 2: "no_reduce", 3: "no_loads"}
 REPLAYS = 10
 OK_REL_ERR = 2e-2
 
-Knobs = tuple  # (impl, tm, splits, stages, minb)
+Knobs = tuple  # (impl, tm, splits, stages, minb[, pipe, reduce]); absent = (0, "global")
+
+
+def option_knobs(kn: Knobs) -> list[Knobs]:
+    """The wgmma options worth timing at config kn: consumer pipelining (tm <= PIPE_MAX_TM) and the
+    cluster split-K reduce (2 <= splits <= MAX_CLUSTER_SPLITS), alone and together."""
+    impl, tm, s, st, mb = kn[:5]
+    if impl != "wgmma":
+        return []
+    pipes = (0, 1) if tm <= F.PIPE_MAX_TM else (0,)
+    reds = ("global", "cluster") if 1 < s <= F.MAX_CLUSTER_SPLITS else ("global",)
+    return [(impl, tm, s, st, mb, p, r) for p in pipes for r in reds if (p, r) != (0, "global")]
+
+
+def _opts(kn: Knobs) -> tuple[int, str]:
+    return (kn[5], kn[6]) if len(kn) > 5 else (0, "global")
 
 
 # ---- grid ---------------------------------------------------------------------------------------------
@@ -256,8 +271,8 @@ def compile_all(specs: set, dev, comp_err: dict) -> float:
     t0 = time.time()
     todo = sorted(s for s in specs if s not in comp_err)
     with cf.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 8)) as ex:
-        futs = {ex.submit(compile_kernel, F.kernel_spec(tm, st, epi, mb, d, impl), None, device=dev):
-                (impl, tm, st, epi, mb, d) for impl, tm, st, epi, mb, d in todo}
+        futs = {ex.submit(compile_kernel, F.kernel_spec(t[1], t[2], t[3], t[4], t[5], t[0], *t[6:]), None, device=dev): t
+                for t in todo}
         for f in cf.as_completed(futs):
             try:
                 f.result()
@@ -388,17 +403,19 @@ def main() -> int:
             check: bool = False, **extra) -> dict | None:
         if lost[0]:
             return None
-        impl, tm, s, st, mb = knobs
-        c = F.SkinnyConfig(epi, case.m, case.n, case.k, tm, s, st, mb, diag, impl)
+        impl, tm, s, st, mb = knobs[:5]
+        pipe, red = _opts(knobs)
+        c = F.SkinnyConfig(epi, case.m, case.n, case.k, tm, s, st, mb, diag, impl, pipe, red)
         rec = {"phase": phase, "shape": case.name, "M": case.m, "epi": epi, "impl": impl, "tm": tm, "splits": s,
-               "stages": st, "minb": mb, "diag": DIAG_NAMES[diag], "pdl": pdl, "ctas": c.ctas, "smem": c.smem_bytes,
-               **extra}
-        if (impl, tm, st, epi, mb, diag) in comp_err:
+               "stages": st, "minb": mb, "pipe": pipe, "reduce": red, "diag": DIAG_NAMES[diag], "pdl": pdl,
+               "ctas": c.ctas, "smem": c.smem_bytes, **extra}
+        ckey = (impl, tm, st, epi, mb, diag) + ((pipe, red if s > 1 else "global") if (pipe, red) != (0, "global") else ())
+        if ckey in comp_err:
             rec["error"] = "compile failed"
             records.append(rec)
             return rec
         try:
-            with F.forced_config(tm, s, st, mb, diag, impl):
+            with F.forced_config(tm, s, st, mb, diag, impl, pipe, red):
                 if check:
                     y = fn(0, pdl).float()
                     torch.cuda.synchronize(dev)
@@ -422,11 +439,14 @@ def main() -> int:
         return rec
 
     def knobs_of(r: dict) -> Knobs:
-        return (r["impl"], r["tm"], r["splits"], r["stages"], r["minb"])
+        kn = (r["impl"], r["tm"], r["splits"], r["stages"], r["minb"])
+        opt = (r.get("pipe", 0), r.get("reduce", "global"))
+        return kn + opt if opt != (0, "global") else kn
 
     def default_knobs(case: Case, epi: int) -> Knobs:
         h = F.config_for(case.m, case.n, case.k, epi, sms, None, cc)
-        return (h.impl, h.tm, h.splits, h.stages, h.minb)
+        kn = (h.impl, h.tm, h.splits, h.stages, h.minb)
+        return kn + (h.pipe, h.reduce) if (h.pipe, h.reduce) != (0, "global") else kn
 
     # ---- phase A: plain grid, an equal time slice per case -------------------------------------------
     best: dict[tuple, dict] = {}          # (shape, M) -> fastest correct record
@@ -470,11 +490,36 @@ def main() -> int:
                 specs2.add((impl, b["tm"], b["stages"], F.EPI_PLAIN, 1, d))
             if b["tm"] in F.token_blocks(impl, case.epi):
                 specs2.add((impl, b["tm"], b["stages"], case.epi, b["minb"], 0))
+            for kn in option_knobs(knobs_of(b)):  # wgmma options: plain (phase A2) and fused (phase C)
+                p_, r_ = _opts(kn)
+                r_ = r_ if kn[2] > 1 else "global"
+                specs2.add((impl, kn[1], kn[3], F.EPI_PLAIN, kn[4], 0, p_, r_))
+                if kn[1] in F.token_blocks(impl, case.epi):
+                    specs2.add((impl, kn[1], kn[3], case.epi, kn[4], 0, p_, r_))
         if case.m == 1 and "wgmma" in impls:
             for st in (2, 4, 8):
                 specs2.add(("wgmma", 8, st, F.EPI_PLAIN, 1, 1))
     t_compile2 = compile_all(specs2, dev, comp_err) if not lost[0] else 0.0
     meta["compile2_s"] = t_compile2
+
+    # ---- phase A2: wgmma options (pipe, cluster reduce) at each case's best wgmma config ------------------
+    for key, case in cases.items():
+        if lost[0] or time.time() > deadline_b:
+            break
+        b = best_impl.get(key + ("wgmma",))
+        if b is None:
+            continue
+        for kn in option_knobs(knobs_of(b)):
+            r = run(case, "A_opt", case.plain, kn, F.EPI_PLAIN, check=True)
+            if r and "us" in r and r.get("ok", True):
+                if r["us"] < best_impl[key + ("wgmma",)]["us"]:
+                    best_impl[key + ("wgmma",)] = r
+                if r["us"] < best[key]["us"]:
+                    best[key] = r
+        bw = best_impl[key + ("wgmma",)]
+        print(f"A2 {case.name:6s} M={case.m:3d}: best wgmma {bw['us']:.2f} us pipe={bw.get('pipe', 0)} "
+              f"reduce={bw.get('reduce', 'global')}", flush=True)
+    write()
 
     # ---- phase B: diagnostics ------------------------------------------------------------------------------
     for key, case in cases.items():
@@ -489,6 +534,9 @@ def main() -> int:
             for d in (1, 2, 3):
                 run(case, "B_diag", case.plain, (impl, b["tm"], b["splits"], b["stages"], 1), F.EPI_PLAIN, diag=d,
                     at=f"best_{impl}")
+                if d == 3 and impl == "wgmma" and b["tm"] <= F.PIPE_MAX_TM:  # consumer cost with pipe=1
+                    run(case, "B_diag", case.plain, (impl, b["tm"], b["splits"], b["stages"], 1, 1, "global"),
+                        F.EPI_PLAIN, diag=d, at="best_wgmma_pipe1")
         if case.m == 1 and "wgmma" in impls:
             for s in splits_for(case.n, case.k, 1, 8, sms):
                 gmax = -(-(case.k // 128) // s)
@@ -505,6 +553,9 @@ def main() -> int:
         seen = set()
         cands = [("default", default_knobs(case, case.epi))]
         cands += [(f"best_{impl}", knobs_of(best_impl[key + (impl,)])) for impl in impls if key + (impl,) in best_impl]
+        if key + ("wgmma",) in best_impl:  # the fused epilogue with each wgmma option at the best wgmma config
+            base_kn = knobs_of(best_impl[key + ("wgmma",)])[:5]
+            cands += [("opt_p{}_{}".format(*_opts(kn)), kn) for kn in option_knobs(base_kn)]
         for label, kn in cands:
             if kn in seen or kn[0] not in impls or kn[1] not in F.token_blocks(kn[0], case.epi):
                 continue
@@ -549,7 +600,9 @@ def make_table(records: list[dict], cases: dict, best: dict, sms: int, device: s
 
 def _entry(epi_name: str, case: Case, r: dict) -> dict:
     return {"epi": epi_name, "n": case.n, "k": case.k, "m_max": case.m, "impl": r["impl"], "tm": r["tm"],
-            "splits": r["splits"], "stages": r["stages"], "minb": r["minb"], "us": round(r["us"], 2)}
+            "splits": r["splits"], "stages": r["stages"], "minb": r["minb"], "us": round(r["us"], 2),
+            **({"pipe": r["pipe"]} if r.get("pipe", 0) else {}),
+            **({"reduce": r["reduce"]} if r.get("reduce", "global") != "global" and r["splits"] > 1 else {})}
 
 
 def summarize(meta, records, cases, best, best_impl, impls, bps, table) -> str:

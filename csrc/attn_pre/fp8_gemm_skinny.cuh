@@ -132,16 +132,24 @@ GLM5_DEVICE uint32_t swz_x(int row, int chunk) { return static_cast<uint32_t>(ro
 
 GLM5_DEVICE float bf16_round(float v) { return ptx::bf16lo_to_f32(ptx::f32x2_to_bf16x2_rn(v, 0.0f)); }
 
+constexpr int kRopePairsMax = 32;     // rope_dim <= 64 (checked on the host)
+constexpr int kHeadsPerTileMax = 8;   // head_dim >= 16
+
+// Bytes of SkinnyFinish<kTM, kEpi>'s scratch (mirrored by glm5_fastpath/ops/fp8_gemm.py scratch_bytes).
+__host__ __device__ constexpr int finish_scratch_bytes(int tm, int epi) {
+    return 3 * kWarps * tm * 4 + 16                                        // red + flag
+           + ((epi == 2 || epi == 3 || epi == 4) ? tm * kRopePairsMax * 8 + tm * 8 : 0)  // cs + positions
+           + (epi == 4 ? tm * 8 : 0)                                       // slots
+           + (epi == 3 ? tm * kHeadsPerTileMax * 4 : 0);                   // w_raw
+}
 // Shared-memory carve-up of one CTA (dynamic smem, 128-byte aligned base).
-template <int kTM, int kStages>
+template <int kTM, int kStages, int kEpi = 0>
 struct SkinnySmem {
     static constexpr int kXStageBytes = kTM * kBlockK;
     static constexpr int kOffW = 0;
     static constexpr int kOffX = kOffW + kStages * kWStageBytes;
-    static constexpr int kOffRed = kOffX + kStages * kXStageBytes;    // float[3][kWarps][kTM]
-    static constexpr int kRedFloats = kWarps * kTM;
-    static constexpr int kOffFlag = kOffRed + 3 * kRedFloats * 4;     // int
-    static constexpr int kOffWs = kOffFlag + 16;                      // float[gmax]
+    static constexpr int kOffRed = kOffX + kStages * kXStageBytes;    // SkinnyFinish scratch
+    static constexpr int kOffWs = kOffRed + finish_scratch_bytes(kTM, kEpi);  // float[gmax]
     __host__ __device__ static constexpr int off_xs(int gmax) { return kOffWs + (gmax * 4 + 15) / 16 * 16; }
     __host__ __device__ static constexpr int bytes(int gmax) { return off_xs(gmax) + gmax * kTM * 4; }
 };
@@ -157,9 +165,14 @@ enum : int { kDiagOff = 0, kDiagLoadsOnly = 1, kDiagNoReduce = 2, kDiagNoLoads =
 
 // Scratch shared memory of the split-K finish and the epilogues (inside each mainloop's carve-up).
 struct Scratch {
-    float* red;  // float[3][kWarps][kTM]: cross-warp reductions of the epilogues
-    int* flag;   // one int: "this CTA finishes the tile / the token block"
+    float* red;     // float[3][kWarps][kTM]: cross-warp reductions of the epilogues
+    int* flag;      // one int: "this CTA finishes the tile / the token block"
+    float2* cs;     // RoPE epilogues: float2[kTM][kRopePairsMax] (cos, sin) of each token's position
+    int64_t* idx;   // D0/D1/B1: int64[kTM] positions; B1: then int64[kTM] cache slots
+    float* wraw;    // D1: float[kTM][kHeadsPerTileMax] fp32(w_raw) of the tile's heads
 };
+
+
 
 // Where a CTA sits in the problem.
 struct Coord {
@@ -194,13 +207,94 @@ struct SkinnyFinish {
     static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64 || kTM == 128, "token block: 8..128");
     static constexpr int kNT = kTM / 8;  // n8 tiles per warp
     static constexpr int kRedFloats = kWarps * kTM;
-    static constexpr int kScratchBytes = 3 * kRedFloats * 4 + 16;  // red + flag
+    static constexpr int kScratchBytes = finish_scratch_bytes(kTM, kEpi);
+    static constexpr bool kRope = kEpi == kEpiQb || kEpi == kEpiIdxQ || kEpi == kEpiIdxK;
 
     static GLM5_DEVICE Scratch scratch(uint8_t* base) {
         Scratch s;
         s.red = reinterpret_cast<float*>(base);
         s.flag = reinterpret_cast<int*>(base + 3 * kRedFloats * 4);
+        uint8_t* q = base + 3 * kRedFloats * 4 + 16;  // 16-byte aligned
+        s.cs = reinterpret_cast<float2*>(q);
+        q += kRope ? kTM * kRopePairsMax * 8 : 0;
+        s.idx = reinterpret_cast<int64_t*>(q);
+        q += kRope ? kTM * 8 : 0;
+        q += kEpi == kEpiIdxK ? kTM * 8 : 0;
+        s.wraw = reinterpret_cast<float*>(q);
         return s;
+    }
+
+    // ---- epilogue inputs staged in shared memory while the K loop runs ---------------------------
+    // The RoPE epilogues used to load positions[m] and then rope_table[pos] (and D1 w_raw, B1 slots)
+    // per accumulator element, interleaved with the output stores: the compiler cannot move a load
+    // above a store that may alias it, so each element paid two dependent L2 round trips in series
+    // (kTM = 128: 64 of them), and the float64 fallback was inlined 64 times (40-byte stack, ~1500
+    // DFMA). Now, right after griddepcontrol.wait:
+    //   stage_pre     (consumer threads) positions / slots / w_raw -> smem with plain loads (one
+    //                 round trip, overlapped with the ring's first fill);
+    //   -- consumer barrier --
+    //   stage_tables  (cos, sin) of every (token, rope pair) the tile needs -> smem by 8-byte
+    //                 cp.async (fire and forget; the float64 formula for positions outside the table,
+    //                 computed here once per (token, pair), not in the epilogue);
+    //   stage_wait    (epilogue entry) cp.async.wait_all + consumer barrier.
+    // The values are the same bits as before, so the epilogue math stays bit-identical.
+    static GLM5_DEVICE void stage_pre(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid) {
+        if constexpr (kRope) {
+            const int m0 = c.tile_m * kTM;
+            if (tid < kTM) {
+                const int m = m0 + tid;
+                sc.idx[tid] = m < p.M ? load_index(p.positions, p.flags & 1, m) : 0;
+                if constexpr (kEpi == kEpiIdxK) sc.idx[kTM + tid] = m < p.M ? load_index(p.slots, p.flags & 2, m) : 0;
+            }
+            if constexpr (kEpi == kEpiIdxQ) {
+                const int D = p.dim_a, H = p.dim_b;
+                const int hpt = kBlockN / D, head0 = c.tile_n * kBlockN / D;
+                for (int i = tid; i < kTM * hpt; i += kThreads) {
+                    const int r = i / hpt, h = i - r * hpt;
+                    const int m = m0 + r;
+                    sc.wraw[r * kHeadsPerTileMax + h] =
+                        m < p.M ? ptx::bf16lo_to_f32(static_cast<uint32_t>(p.w_raw[static_cast<int64_t>(m) * H + head0 + h])) : 0.0f;
+                }
+            }
+        }
+    }
+
+    // Rope pair i is needed by this tile when some head's row of that pair lies in the tile.
+    static GLM5_DEVICE bool tile_needs_pair(const SkinnyParams& p, const Coord& c, int i) {
+        const int hd = p.dim_a;
+        const int off = kEpi == kEpiQb ? p.dim_b : 0;  // D0: rope dims trail the nope dims
+        const int n0 = c.tile_n * kBlockN, n1 = min(n0 + kBlockN, p.N);
+        for (int h = n0 / hd; h * hd < n1; ++h) {
+            const int f = h * hd + off + 2 * i;
+            if (f >= n0 && f < n1) return true;
+        }
+        return false;
+    }
+
+    static GLM5_DEVICE void stage_tables(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid) {
+        if constexpr (kRope) {
+            const int P = p.rope_dim >> 1;
+            const int m_end = min(kTM, p.M - c.tile_m * kTM);
+            const float2* table = reinterpret_cast<const float2*>(p.rope_table);
+            for (int e = tid; e < kTM * kRopePairsMax; e += kThreads) {
+                const int r = e / kRopePairsMax, i = e - r * kRopePairsMax;
+                if (i >= P || r >= m_end || !tile_needs_pair(p, c, i)) continue;
+                const int64_t pos = sc.idx[r];
+                const uint32_t dst = ptx::smem_addr(sc.cs + e);
+                if (pos >= 0 && pos < p.rope_table_len) {
+                    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(table + (pos * P + i)) : "memory");
+                } else {
+                    sc.cs[e] = rope_cs_f64(p, pos, i);
+                }
+            }
+        }
+    }
+
+    static GLM5_DEVICE void stage_wait() {
+        if constexpr (kRope) {
+            ptx::cp_async_wait<0>();
+            consumer_sync();
+        }
     }
 
     // ---- split-K: publish the partial, count arrivals; the last CTA reduces --------------------
@@ -255,11 +349,9 @@ struct SkinnyFinish {
         return is64 ? reinterpret_cast<const int64_t*>(base)[i] : static_cast<int64_t>(reinterpret_cast<const int32_t*>(base)[i]);
     }
 
-    // (cos, sin) of rope pair i at position pos: the host table (bitwise the reference's values),
-    // or the reference formula in float64 for positions outside it.
-    static GLM5_DEVICE float2 rope_cs(const SkinnyParams& p, int64_t pos, int i) {
-        if (pos >= 0 && pos < p.rope_table_len)
-            return __ldg(reinterpret_cast<const float2*>(p.rope_table) + (pos * (p.rope_dim / 2) + i));
+    // (cos, sin) of rope pair i at position pos outside the host table: the reference formula in
+    // float64 (never inlined: it only runs for out-of-table positions, once per (token, pair)).
+    static __device__ __noinline__ float2 rope_cs_f64(const SkinnyParams& p, int64_t pos, int i) {
         const double inv = 1.0 / pow(p.rope_theta, static_cast<double>(2 * i) / static_cast<double>(p.rope_dim));
         const double ang = static_cast<double>(pos) * inv;
         return make_float2(static_cast<float>(cos(ang)), static_cast<float>(sin(ang)));
@@ -313,12 +405,13 @@ struct SkinnyFinish {
     // ---- epilogues ------------------------------------------------------------------------
     static GLM5_DEVICE void epilogue(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
                                      float (&acc)[kNT][4]) {
+        stage_wait();  // staged positions / (cos, sin) / slots / w_raw visible to every consumer thread
         if constexpr (kEpi == kEpiPlain) {
             epi_plain(p, c, tid, acc);
         } else if constexpr (kEpi == kEpiQkvA) {
             epi_qkv_a(p, c, sc, tid, acc);
         } else if constexpr (kEpi == kEpiQb) {
-            epi_q_b(p, c, tid, acc);
+            epi_q_b(p, c, sc, tid, acc);
         } else if constexpr (kEpi == kEpiIdxQ) {
             epi_idx_q(p, c, sc, tid, acc);
         } else {
@@ -392,6 +485,15 @@ struct SkinnyFinish {
         uint16_t* qrow = p.out_a + m * Q;
         uint16_t* kvrow = p.out_b + m * KV;
         uint32_t qv[kMaxQVecsPerLane][4], kv[kMaxKvVecsPerLane][4];
+        // Norm weights loaded with the row (one round trip): ld.global.nc below a st.global (asm
+        // volatile, "memory") cannot be hoisted, so loading them inside the store loop serialised them.
+        ptx::u32x4 gq[kMaxQVecsPerLane], gk[kMaxKvVecsPerLane];
+#pragma unroll
+        for (int i = 0; i < kMaxQVecsPerLane; ++i)
+            if (i * 32 + lane < nq) gq[i] = ptx::ld_global_nc_v4(p.norm_a + (i * 32 + lane) * 8);
+#pragma unroll
+        for (int i = 0; i < kMaxKvVecsPerLane; ++i)
+            if (i * 32 + lane < nkv) gk[i] = ptx::ld_global_nc_v4(p.norm_b + (i * 32 + lane) * 8);
         float ssq = 0.0f, ssk = 0.0f;
 #pragma unroll
         for (int i = 0; i < kMaxQVecsPerLane; ++i) {
@@ -441,8 +543,7 @@ struct SkinnyFinish {
             ptx::u32x4 out;
             uint32_t* ow = &out.x;
             if (ok) {
-                const ptx::u32x4 gm = ptx::ld_global_nc_v4(p.norm_a + v * 8);
-                const uint32_t* gw = &gm.x;
+                const uint32_t* gw = &gq[i].x;
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
                     const float a = __fmul_rn(__fmul_rn(ptx::bf16lo_to_f32(qv[i][w]), rq), ptx::bf16lo_to_f32(gw[w]));
@@ -476,8 +577,7 @@ struct SkinnyFinish {
         for (int i = 0; i < kMaxKvVecsPerLane; ++i) {
             const int v = i * 32 + lane;
             if (v >= nkv) continue;
-            const ptx::u32x4 gm = ptx::ld_global_nc_v4(p.norm_b + v * 8);
-            const uint32_t* gw = &gm.x;
+            const uint32_t* gw = &gk[i].x;
             ptx::u32x4 out;
             uint32_t* ow = &out.x;
 #pragma unroll
@@ -491,7 +591,10 @@ struct SkinnyFinish {
     }
 
     // D0: q = bf16(acc) viewed [M, H, hd]; dims < nope -> q_nope; dims >= nope -> RoPE -> q_pe.
-    static GLM5_DEVICE void epi_q_b(const SkinnyParams& p, const Coord& c, int tid, float (&acc)[kNT][4]) {
+    // (cos, sin) from the staged smem table (stage_tables); the stores are fire-and-forget and no
+    // global load follows them, so nothing serialises.
+    static GLM5_DEVICE void epi_q_b(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
+                                    float (&acc)[kNT][4]) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         const int hd = p.dim_a, nope = p.dim_b, R = p.rope_dim;
         const int H = p.N / hd;
@@ -499,20 +602,21 @@ struct SkinnyFinish {
         if (f >= p.N) return;
         const int head = f / hd, d = f - head * hd;
         const bool rope = d >= nope;
-        const bool pos64 = p.flags & 1;
+        const int m0 = c.tile_m * kTM;
+        const int m_end = min(kTM, p.M - m0);
+        uint16_t* dst = rope ? p.out_b + (static_cast<int64_t>(m0) * H + head) * R + (d - nope)
+                             : p.out_a + (static_cast<int64_t>(m0) * H + head) * nope + d;
+        const int64_t row_stride = rope ? static_cast<int64_t>(H) * R : static_cast<int64_t>(H) * nope;
+        const float2* cs = sc.cs + (rope ? (d - nope) >> 1 : 0);
 #pragma unroll
         for (int j = 0; j < kNT; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const int64_t m = c.tile_m * kTM + j * 8 + 2 * t + e;
-                if (m >= p.M) continue;
+                const int r = j * 8 + 2 * t + e;
+                if (r >= m_end) continue;
                 float x0 = bf16_round(acc[j][e]), x1 = bf16_round(acc[j][e + 2]);
-                if (rope) {
-                    rope_pair(x0, x1, rope_cs(p, load_index(p.positions, pos64, static_cast<int>(m)), (d - nope) >> 1));
-                    *reinterpret_cast<uint32_t*>(p.out_b + (m * H + head) * R + (d - nope)) = ptx::f32x2_to_bf16x2_rn(x0, x1);
-                } else {
-                    *reinterpret_cast<uint32_t*>(p.out_a + (m * H + head) * nope + d) = ptx::f32x2_to_bf16x2_rn(x0, x1);
-                }
+                if (rope) rope_pair(x0, x1, cs[r * kRopePairsMax]);
+                *reinterpret_cast<uint32_t*>(dst + r * row_stride) = ptx::f32x2_to_bf16x2_rn(x0, x1);
             }
     }
 
@@ -524,16 +628,17 @@ struct SkinnyFinish {
         const int D = p.dim_a, H = p.dim_b, R = p.rope_dim;
         const int f = c.tile_n * kBlockN + warp * 16 + 2 * g;  // N = H*D is a multiple of 128 (checked on the host)
         const int head = f / D, d = f - head * D;
-        const bool pos64 = p.flags & 1;
+        const int m_end = min(kTM, p.M - c.tile_m * kTM);
+        const float2* cs = sc.cs + (d >> 1);
         float x[kNT][4];
         float am[kNT][2];
 #pragma unroll
         for (int j = 0; j < kNT; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const int m = c.tile_m * kTM + j * 8 + 2 * t + e;
+                const int r = j * 8 + 2 * t + e;
                 float x0 = bf16_round(acc[j][e]), x1 = bf16_round(acc[j][e + 2]);
-                if (d < R && m < p.M) rope_pair(x0, x1, rope_cs(p, load_index(p.positions, pos64, m), d >> 1));
+                if (d < R && r < m_end) rope_pair(x0, x1, cs[r * kRopePairsMax]);
                 x[j][e] = x0;
                 x[j][e + 2] = x1;
                 am[j][e] = fmaxf(fabsf(x0), fabsf(x1));
@@ -541,17 +646,20 @@ struct SkinnyFinish {
         const int wph = D / 16;  // warps per head
         float* red = sc.red;
         cta_reduce<true>(am, red, (warp / wph) * wph, wph, tid);
+        const int hl = head - c.tile_n * kBlockN / D;  // head within the tile
+        const int64_t m0 = c.tile_m * kTM;
 #pragma unroll
         for (int j = 0; j < kNT; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const int64_t m = c.tile_m * kTM + j * 8 + 2 * t + e;
-                if (m >= p.M) continue;
+                const int r = j * 8 + 2 * t + e;
+                if (r >= m_end) continue;
+                const int64_t m = m0 + r;
                 const float s = fmaxf(am[j][e], 1e-4f) / 448.0f;
                 const uint16_t q = ptx::f32x2_to_e4m3x2_satfinite(x[j][e] / s, x[j][e + 2] / s);
                 *reinterpret_cast<uint16_t*>(p.out_fp8 + (m * H + head) * D + d) = q;
                 if (d == 0) {
-                    const float wr = ptx::bf16lo_to_f32(static_cast<uint32_t>(p.w_raw[m * H + head]));
+                    const float wr = sc.wraw[r * kHeadsPerTileMax + hl];
                     p.out_scale[m * H + head] = s;
                     p.out_head_w[m * H + head] = __fmul_rn(__fmul_rn(wr, p.head_w_scale), s);
                 }
@@ -566,7 +674,8 @@ struct SkinnyFinish {
         const int D = p.dim_a, R = p.rope_dim;
         const int nw = D / 16;  // warps holding real features
         const int d = warp * 16 + 2 * g;
-        const bool pos64 = p.flags & 1, slot64 = p.flags & 2;
+        const int m_end = min(kTM, p.M - c.tile_m * kTM);
+        const float2* cs = sc.cs + (d >> 1);
         float* red = sc.red;
         float x[kNT][4];
         float r[kNT][2];
@@ -601,11 +710,11 @@ struct SkinnyFinish {
         for (int j = 0; j < kNT; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const int m = c.tile_m * kTM + j * 8 + 2 * t + e;
+                const int r_ = j * 8 + 2 * t + e;
                 const float rstd = 1.0f / sqrtf(r[j][e] / static_cast<float>(D) + p.eps);
                 float k0 = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[j][e], mean[j][e]), rstd), lw0), lb0);
                 float k1 = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[j][e + 2], mean[j][e]), rstd), lw1), lb1);
-                if (live && d < R && m < p.M) rope_pair(k0, k1, rope_cs(p, load_index(p.positions, pos64, m), d >> 1));
+                if (live && d < R && r_ < m_end) rope_pair(k0, k1, cs[r_ * kRopePairsMax]);
                 k0 = live ? bf16_round(k0) : 0.0f;
                 k1 = live ? bf16_round(k1) : 0.0f;
                 x[j][e] = k0;
@@ -619,12 +728,13 @@ struct SkinnyFinish {
         for (int j = 0; j < kNT; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const int m = c.tile_m * kTM + j * 8 + 2 * t + e;
-                if (m >= p.M) continue;
+                const int r_ = j * 8 + 2 * t + e;
+                if (r_ >= m_end) continue;
+                const int m = c.tile_m * kTM + r_;
                 const float s = fmaxf(r[j][e], 1e-4f) / 448.0f;
                 const uint16_t q = ptx::f32x2_to_e4m3x2_satfinite(x[j][e] / s, x[j][e + 2] / s);
                 *reinterpret_cast<uint16_t*>(p.out_fp8 + static_cast<int64_t>(m) * D + d) = q;
-                const int64_t slot = load_index(p.slots, slot64, m);
+                const int64_t slot = sc.idx[kTM + r_];
                 uint8_t* page = p.cache + (slot / kIndexKPage) * page_bytes;
                 const int64_t off = slot % kIndexKPage;
                 *reinterpret_cast<uint16_t*>(page + off * D + d) = q;
@@ -643,7 +753,7 @@ struct SkinnyGemmTile {
     static_assert(kDiag == kDiagOff || kEpi == kEpiPlain, "diagnostic variants use the plain epilogue");
     static_assert(kDiag >= kDiagOff && kDiag <= kDiagNoLoads, "diagnostic mode 0..3");
     static constexpr int kNT = kTM / 8;  // n8 MMA tiles per warp
-    using Smem = SkinnySmem<kTM, kStages>;
+    using Smem = SkinnySmem<kTM, kStages, kEpi>;
 
     using Finish = SkinnyFinish<kTM, kEpi>;
 
@@ -718,6 +828,12 @@ struct SkinnyGemmTile {
             const int gi = i / kTM, r = i % kTM;
             const int tok = m0 + r;
             s_xs[i] = tok < p.M ? p.x_scale[static_cast<int64_t>(tok) * G + c.g_begin + gi] : 0.0f;
+        }
+        if constexpr (Finish::kRope) {  // epilogue inputs -> smem while the K loop runs (see SkinnyFinish)
+            const Scratch sc = Finish::scratch(smem + Smem::kOffRed);
+            Finish::stage_pre(p, c, sc, tid);
+            consumer_sync();
+            Finish::stage_tables(p, c, sc, tid);  // joins the loop's first cp.async group
         }
 
 #pragma unroll

@@ -7,6 +7,9 @@
 //   GLM5_SKINNY_EPI      epilogue: 0 plain, 1 B0 qkv_a, 2 D0 q_b, 3 D1 indexer q, 4 B1 indexer k
 //   GLM5_SKINNY_MINB     __launch_bounds__ min CTAs per SM (tuning; 1 = production)
 //   GLM5_SKINNY_DIAG     0 off; 1 loads only; 2 no split-K reduce; 3 no loads in the K loop
+//   GLM5_SKINNY_PIPE     0: wait each stage's wgmmas; 1: two partials, next stage issued first (TM <= 64)
+//   GLM5_SKINNY_REDUCE   0: split-K through the global workspace; 1: through DSMEM of a (1, splits, 1)
+//                        cluster (launch attribute; splits <= 8)
 // Parameters: (SkinnyParams p, CUtensorMap w_map, CUtensorMap x_map):
 //   w_map: W8 [N, K] e4m3, box 128 K-bytes x 128 rows, SWIZZLE_128B;
 //   x_map: x8 [M, K] e4m3, box 128 K-bytes x TM rows, SWIZZLE_128B.
@@ -29,9 +32,15 @@
 #ifndef GLM5_SKINNY_DIAG
 #define GLM5_SKINNY_DIAG 0
 #endif
+#ifndef GLM5_SKINNY_PIPE
+#define GLM5_SKINNY_PIPE 0
+#endif
+#ifndef GLM5_SKINNY_REDUCE
+#define GLM5_SKINNY_REDUCE 0
+#endif
 
-using WgmmaTile =
-    glm5::attn_pre::skinny::WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES, GLM5_SKINNY_EPI, GLM5_SKINNY_DIAG>;
+using WgmmaTile = glm5::attn_pre::skinny::WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES, GLM5_SKINNY_EPI,
+                                                        GLM5_SKINNY_DIAG, GLM5_SKINNY_PIPE, GLM5_SKINNY_REDUCE>;
 
 extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kWgThreads, GLM5_SKINNY_MINB)
 glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_constant__ CUtensorMap w_map,
@@ -45,10 +54,13 @@ glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_c
     // Same grid as the mma.sync launcher, (tiles_n, splits, tiles_m), but enumerated token block
     // fastest: CTAs are dispatched roughly in linear block order, so the token blocks that read the
     // same weight tile (M > kTM) run in the same wave and share it through L2.
+    // Cluster reduce: the cluster (1, splits, 1) must hold the splits of ONE (n tile, token block),
+    // so the grid is used as is (blockIdx.y = split = cluster rank).
     const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const int tile_m = lin % p.tiles_m;
+    const int tile_m = GLM5_SKINNY_REDUCE ? static_cast<int>(blockIdx.z) : lin % p.tiles_m;
     const int rest = lin / p.tiles_m;
-    const auto c = WgmmaTile::coord(p, rest % p.tiles_n, rest / p.tiles_n, tile_m);
+    const auto c = GLM5_SKINNY_REDUCE ? WgmmaTile::coord(p, blockIdx.x, blockIdx.y, blockIdx.z)
+                                      : WgmmaTile::coord(p, rest % p.tiles_n, rest / p.tiles_n, tile_m);
 
     if (leader) WgmmaTile::init_barriers(smem);
     __syncthreads();
@@ -62,6 +74,7 @@ glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_c
 
     if (producer) {
         if (leader) WgmmaTile::producer_mainloop(p, c, &w_map, &x_map, smem);
+        if (GLM5_SKINNY_REDUCE && p.splits > 1) WgmmaTile::cluster_producer_sync();  // its share of the cluster barriers
         return;
     }
     float acc[WgmmaTile::kNT][4];

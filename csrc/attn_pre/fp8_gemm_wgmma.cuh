@@ -46,6 +46,7 @@
 
 #include <cuda.h>
 
+#include "../common/cluster.cuh"
 #include "../common/sm90_mbarrier.cuh"
 #include "../common/sm90_tma.cuh"
 #include "../common/sm90_wgmma.cuh"
@@ -60,14 +61,14 @@ constexpr int kWgSmemAlign = 1024;         // SWIZZLE_128B tiles need 1024-byte 
 
 // Shared-memory carve-up (offsets from the 1024-aligned base; the launch adds kWgSmemAlign bytes
 // of slack so the dynamic smem base can be rounded up). Mirrored by glm5_fastpath/ops/fp8_gemm.py.
-template <int kTM, int kStages>
+template <int kTM, int kStages, int kEpi = 0>
 struct WgmmaSmem {
     static constexpr int kXStageBytes = kTM * kBlockK;                 // >= 1024: aligned stages
     static constexpr int kOffW = 0;                                     // float8 [kStages][128][128]
     static constexpr int kOffX = kOffW + kStages * kWStageBytes;        // float8 [kStages][kTM][128]
     static constexpr int kOffBar = kOffX + kStages * kXStageBytes;      // uint64 full[kStages], empty[kStages]
     static constexpr int kOffScratch = kOffBar + 16 * kStages;          // SkinnyFinish scratch (red + flag)
-    static constexpr int kOffWs = kOffScratch + 3 * kWarps * kTM * 4 + 16;  // float[gmax]
+    static constexpr int kOffWs = kOffScratch + finish_scratch_bytes(kTM, kEpi);  // float[gmax]
     __host__ __device__ static constexpr int off_xs(int gmax) { return kOffWs + (gmax * 4 + 15) / 16 * 16; }
     __host__ __device__ static constexpr int bytes(int gmax) { return off_xs(gmax) + gmax * kTM * 4; }
     __host__ __device__ static constexpr int launch_bytes(int gmax) { return bytes(gmax) + kWgSmemAlign; }
@@ -80,14 +81,31 @@ struct WgmmaSmem {
 //   kDiagNoReduce   full mainloop; split-K publish / reduce skipped (split 0 stores).
 //   kDiagNoLoads    only the prologue's min(kStages, nk) stages are loaded; the K loop re-reads them
 //                   (wgmma + promotion + barrier cost); split 0 stores.
-template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff>
+//
+// Consumer pipelining (kPipe, GLM5_SKINNY_PIPE): 0 = per stage issue 4 wgmma, wait_group 0, release,
+// promote (the tensor cores idle during the promotion and the next stage's wait + issue); 1 = after
+// wait_group 0 and the release, the partial is copied to plain registers, stage s+1's wgmmas are
+// issued into it, and stage s is promoted from the copy while s+1 runs. (Two wgmma partials with
+// wait_group 1 was tried: ptxas serialises all wgmmas when one partial is read while the other is in
+// flight, C7514.) Same arithmetic in the same order: bitwise identical result.
+//
+// Split-K finish (kReduce, GLM5_SKINNY_REDUCE): 0 = global workspace + arrival counter
+// (SkinnyFinish::reduce_splits); 1 = cluster: the `splits` CTAs of one (n tile, token block) are one
+// thread-block cluster (grid (tiles_n, splits, tiles_m), cluster (1, splits, 1), splits <= 8); each
+// CTA writes its fp32 tile (fragment order) into its own (now idle) ring, cluster barrier, rank 0
+// sums ranks 0..S-1 in order through ld.shared::cluster (the same order and operations as the global
+// path: bitwise identical) and runs the epilogue; a second cluster barrier keeps the peers' smem
+// alive until rank 0 has read it. No workspace, no counters, no fences to L2.
+template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff, int kPipe = 0, int kReduce = 0>
 struct WgmmaGemmTile {
+    static_assert(kPipe == 0 || kTM <= 64, "kPipe: partial + its copy + the accumulator fit up to 64 tokens");
+    static_assert(kReduce == 0 || kDiag == kDiagOff, "cluster reduce: no diagnostic variants");
     static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64 || kTM == 128, "token block: 8..128");
     static_assert(kStages >= 2 && kStages <= 16, "2..16 ring stages");
     static_assert(kDiag == kDiagOff || kEpi == kEpiPlain, "diagnostic variants use the plain epilogue");
     static_assert(kDiag >= kDiagOff && kDiag <= kDiagNoLoads, "diagnostic mode 0..3");
     using Finish = SkinnyFinish<kTM, kEpi>;
-    using Smem = WgmmaSmem<kTM, kStages>;
+    using Smem = WgmmaSmem<kTM, kStages, kEpi>;
     static constexpr int kNT = kTM / 8;
     static constexpr int kAcc = kTM / 2;  // fp32 accumulator registers of one m64 x kTM wgmma per thread
     static constexpr uint32_t kStageTx = kWStageBytes + Smem::kXStageBytes;
@@ -181,7 +199,10 @@ struct WgmmaGemmTile {
             const int tok = m0 + r;
             s_xs[i] = tok < p.M ? p.x_scale[static_cast<int64_t>(tok) * G + c.g_begin + gi] : 0.0f;
         }
+        const Scratch sc = Finish::scratch(smem + Smem::kOffScratch);
+        Finish::stage_pre(p, c, sc, tid);      // epilogue inputs (positions, slots, w_raw) -> smem
         consumer_sync();  // s_xs (and the pre-wait s_ws) visible to every math warp
+        Finish::stage_tables(p, c, sc, tid);   // (cos, sin) by cp.async, waited for at the epilogue
 
         float d[kAcc];
 #pragma unroll
@@ -192,13 +213,48 @@ struct WgmmaGemmTile {
 
         const int n_pre = prefill(c);
         const uint32_t a_off = Smem::kOffW + static_cast<uint32_t>(wg) * (64 * kBlockK);
-        for (int it = 0; it < c.nk; ++it) {
-            const int slot = kDiag == kDiagNoLoads ? it % n_pre : it % kStages;
+        auto slot_of = [&](int it) { return kDiag == kDiagNoLoads ? it % n_pre : it % kStages; };
+        // Wait for stage `it` and issue its 4 wgmmas into pt (one commit group).
+        auto issue = [&](float (&pt)[kAcc], int it) {
+            const int slot = slot_of(it);
             const uint32_t parity = kDiag == kDiagNoLoads ? 0u : static_cast<uint32_t>(it / kStages) & 1u;
             sm90::mbar_wait(full_bar(base, slot), parity);
             const uint32_t a_st = base + a_off + slot * kWStageBytes;
             const uint32_t b_st = base + Smem::kOffX + slot * Smem::kXStageBytes;
-            if constexpr (kDiag == kDiagLoadsOnly) {
+            sm90::fence_operands(pt);
+            sm90::wgmma_fence();  // pt was read by the previous promotion
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                sm90::wgmma_m64k32_e4m3<kTM>(pt, sm90::smem_desc_k128sw(a_st + 32 * kk),
+                                             sm90::smem_desc_k128sw(b_st + 32 * kk), kk > 0 ? 1 : 0);
+            sm90::wgmma_commit();
+        };
+        // acc += partial * (xs[token, g] * S[tile, g]); pt[4j + e] is token 8j + 2t + (e & 1).
+        auto promote = [&](const float (&pt)[kAcc], int it) {
+            const float ws = s_ws[it];
+            const float* xs_it = s_xs + it * kTM + 2 * t;
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+                const float2 sx = *reinterpret_cast<const float2*>(xs_it + 8 * j);
+                const float s0 = sx.x * ws, s1 = sx.y * ws;
+                d[4 * j + 0] = fmaf(pt[4 * j + 0], s0, d[4 * j + 0]);
+                d[4 * j + 1] = fmaf(pt[4 * j + 1], s1, d[4 * j + 1]);
+                d[4 * j + 2] = fmaf(pt[4 * j + 2], s0, d[4 * j + 2]);
+                d[4 * j + 3] = fmaf(pt[4 * j + 3], s1, d[4 * j + 3]);
+            }
+        };
+        // After stage `it`'s group completed: release the stage (this warp's reads are done), promote.
+        auto finish = [&](float (&pt)[kAcc], int it) {
+            sm90::fence_operands(pt);
+            if constexpr (kDiag != kDiagNoLoads) {
+                if (lane == 0) sm90::mbar_arrive(empty_bar(base, slot_of(it)));
+            }
+            promote(pt, it);
+        };
+        if constexpr (kDiag == kDiagLoadsOnly) {
+            for (int it = 0; it < c.nk; ++it) {
+                const int slot = it % kStages;
+                sm90::mbar_wait(full_bar(base, slot), static_cast<uint32_t>(it / kStages) & 1u);
                 const uint32_t wv = *reinterpret_cast<const uint32_t*>(smem + Smem::kOffW + slot * kWStageBytes + tid * 16);
                 const uint32_t xv = *reinterpret_cast<const uint32_t*>(
                     smem + Smem::kOffX + slot * Smem::kXStageBytes + (tid % (kTM * 32)) * 4);
@@ -206,39 +262,89 @@ struct WgmmaGemmTile {
                 d[1] += __uint_as_float(xv & 0x3f7fffffu);
                 __syncwarp();
                 if (lane == 0) sm90::mbar_arrive(empty_bar(base, slot));
-                continue;
             }
-            sm90::fence_operands(part);
-            sm90::wgmma_fence();  // part was read by the previous promotion
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                sm90::wgmma_m64k32_e4m3<kTM>(part, sm90::smem_desc_k128sw(a_st + 32 * kk),
-                                             sm90::smem_desc_k128sw(b_st + 32 * kk), kk > 0 ? 1 : 0);
-            sm90::wgmma_commit();
-            sm90::wgmma_wait<0>();
-            sm90::fence_operands(part);
-            if constexpr (kDiag != kDiagNoLoads) {
-                if (lane == 0) sm90::mbar_arrive(empty_bar(base, slot));  // this warp's reads of the stage are done
+        } else if constexpr (kPipe == 0) {
+            for (int it = 0; it < c.nk; ++it) {
+                issue(part, it);
+                sm90::wgmma_wait<0>();
+                finish(part, it);
             }
-            // Promotion: acc += partial * (xs[token, g] * S[tile, g]); part[4j + e] is token 8j + 2t + (e & 1).
-            const float ws = s_ws[it];
-            const float* xs_it = s_xs + it * kTM + 2 * t;
+        } else {
+            // Stage it+1's wgmmas run while stage it is promoted: after wait_group 0 the partial is
+            // copied to plain registers (no wgmma in flight), the next stage is issued into the same
+            // partial, and the promotion reads the copy. (Promoting one wgmma partial while another
+            // is in flight makes ptxas serialise every wgmma: C7514/C7515.)
+            if (c.nk > 0) issue(part, 0);
+            for (int it = 0; it < c.nk; ++it) {
+                sm90::wgmma_wait<0>();
+                sm90::fence_operands(part);
+                if constexpr (kDiag != kDiagNoLoads) {
+                    if (lane == 0) sm90::mbar_arrive(empty_bar(base, slot_of(it)));
+                }
+                float cp[kAcc];
 #pragma unroll
-            for (int j = 0; j < kNT; ++j) {
-                const float2 sx = *reinterpret_cast<const float2*>(xs_it + 8 * j);
-                const float s0 = sx.x * ws, s1 = sx.y * ws;
-                d[4 * j + 0] = fmaf(part[4 * j + 0], s0, d[4 * j + 0]);
-                d[4 * j + 1] = fmaf(part[4 * j + 1], s1, d[4 * j + 1]);
-                d[4 * j + 2] = fmaf(part[4 * j + 2], s0, d[4 * j + 2]);
-                d[4 * j + 3] = fmaf(part[4 * j + 3], s1, d[4 * j + 3]);
+                for (int i = 0; i < kAcc; ++i) cp[i] = part[i];
+                if (it + 1 < c.nk) issue(part, it + 1);
+                promote(cp, it);
             }
         }
 
         to_mma_layout(d, acc, g, t);
+        if constexpr (Finish::kRope) ptx::cp_async_wait<0>();  // no copy in flight when a split CTA exits
 
         if (p.splits == 1) return true;
         if constexpr (kDiag != kDiagOff) return c.split == 0 || acc[0][0] == 1234.5f;  // keep the work alive
+        if constexpr (kReduce == 1) return cluster_reduce(smem, tid, acc);
         return Finish::reduce_splits(p, c, Finish::scratch(smem + Smem::kOffScratch), tid, acc);
+    }
+
+    // ---- cluster split-K (kReduce == 1) ------------------------------------------------------------
+    // Partial of thread (warp, lane), n8 tile j at ring offset ((warp * kNT + j) * 32 + lane) * 16:
+    // 128 * kTM * 4 bytes <= the ring (kStages * (16 KB + kTM * 128 B), kStages >= 2, kTM <= 128).
+    static_assert(kReduce == 0 || kBlockN * kTM * 4 <= kStages * (kWStageBytes + kTM * kBlockK), "ring too small");
+    static GLM5_DEVICE uint32_t partial_addr(uint32_t base, int warp, int j, int lane) {
+        return base + Smem::kOffW + static_cast<uint32_t>(((warp * kNT + j) * 32 + lane) * 16);
+    }
+
+    // Every consumer thread of every CTA of the cluster; the producer warp runs cluster_producer_sync
+    // (the same two cluster barriers). Returns true in rank 0 only (it runs the epilogue).
+    static GLM5_DEVICE bool cluster_reduce(uint8_t* smem, int tid, float (&acc)[kNT][4]) {
+        const int lane = tid & 31, warp = tid >> 5;
+        const uint32_t base = ptx::smem_addr(smem);
+        consumer_sync();  // every math warp's wgmmas have read the ring: it may be overwritten
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+            float4* dst = reinterpret_cast<float4*>(smem + (partial_addr(base, warp, j, lane) - base));
+            *dst = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        }
+        ptx::cluster_sync();  // 1: every rank's partial is written (release / acquire at cluster scope)
+        const uint32_t rank = ptx::cluster_ctarank();
+        if (rank == 0) {
+#pragma unroll
+            for (int j = 0; j < kNT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+            const int splits = static_cast<int>(gridDim.y);  // cluster (1, splits, 1), grid y = splits
+            for (int s = 0; s < splits; ++s) {  // fixed order: deterministic, = the global path's sums
+#pragma unroll
+                for (int j = 0; j < kNT; ++j) {
+                    const float4 v = ptx::ld_shared_cluster_f32x4(ptx::mapa_shared(partial_addr(base, warp, j, lane), s));
+                    acc[j][0] += v.x;
+                    acc[j][1] += v.y;
+                    acc[j][2] += v.z;
+                    acc[j][3] += v.w;
+                }
+            }
+        }
+        ptx::cluster_sync();  // 2: rank 0 has read every peer's smem; the peers may exit
+        return rank == 0;
+    }
+
+    // The producer warp's side of cluster_reduce (all 32 lanes, after the leader's mainloop).
+    static GLM5_DEVICE void cluster_producer_sync() {
+        __syncwarp();
+        ptx::cluster_sync();
+        ptx::cluster_sync();
     }
 
     // wgmma fragment (rows g, g+8 of the warp's 16) -> mma.sync pairing (rows 2g, 2g+1): row r of the

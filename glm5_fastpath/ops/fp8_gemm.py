@@ -85,6 +85,9 @@ WGMMA_TOKEN_BLOCKS = (8, 16, 32, 64, 128)
 WGMMA_IDX_K_TOKEN_BLOCKS = (8, 16, 32, 64)  # B1's LayerNorm epilogue spills at 128 tokens (168-register cap)
 WGMMA_STAGES = {8: 10, 16: 10, 32: 8, 64: 6, 128: 5}  # default TMA ring depth (reduced where smem is short)
 WGMMA_MAX_STAGES = 16
+REDUCES = ("global", "cluster")  # split-K finish; "cluster" = wgmma, 2..MAX_CLUSTER_SPLITS splits
+MAX_CLUSTER_SPLITS = 8            # portable cluster size
+PIPE_MAX_TM = 64                  # pipe=1 keeps two partials: 3 x tm/2 accumulator registers
 
 EPI_PLAIN, EPI_QKV_A, EPI_Q_B, EPI_IDX_Q, EPI_IDX_K = 0, 1, 2, 3, 4
 EPI_NAMES = {EPI_PLAIN: "fp8_gemm_skinny", EPI_QKV_A: "b0_qkv_a", EPI_Q_B: "d0_q_b",
@@ -114,18 +117,36 @@ def token_blocks(impl: str, epi: int = EPI_PLAIN) -> tuple[int, ...]:
     return WGMMA_IDX_K_TOKEN_BLOCKS if epi == EPI_IDX_K else WGMMA_TOKEN_BLOCKS
 
 
-def wgmma_smem_bytes(tm: int, stages: int, gmax: int) -> int:
-    """WgmmaSmem<tm, stages>::launch_bytes(gmax) of csrc/attn_pre/fp8_gemm_wgmma.cuh (keep in sync)."""
+ROPE_PAIRS_MAX = 32        # kRopePairsMax: rope_dim <= 64 (the epilogues stage (cos, sin) per token and pair)
+HEADS_PER_TILE_MAX = 8     # kHeadsPerTileMax: head_dim >= 16
+
+
+def scratch_bytes(tm: int, epi: int = EPI_PLAIN) -> int:
+    """finish_scratch_bytes(tm, epi) of csrc/attn_pre/fp8_gemm_skinny.cuh (keep in sync): cross-warp
+    reduction buffers + flag, and the epilogue inputs staged during the K loop (RoPE (cos, sin),
+    positions, B1 slots, D1 w_raw)."""
+    b = 3 * 8 * tm * 4 + 16
+    if epi in (EPI_Q_B, EPI_IDX_Q, EPI_IDX_K):
+        b += tm * ROPE_PAIRS_MAX * 8 + tm * 8
+    if epi == EPI_IDX_K:
+        b += tm * 8
+    if epi == EPI_IDX_Q:
+        b += tm * HEADS_PER_TILE_MAX * 4
+    return b
+
+
+def wgmma_smem_bytes(tm: int, stages: int, gmax: int, epi: int = EPI_PLAIN) -> int:
+    """WgmmaSmem<tm, stages, epi>::launch_bytes(gmax) of csrc/attn_pre/fp8_gemm_wgmma.cuh (keep in sync)."""
     off_bar = stages * 128 * 128 + stages * tm * 128
-    off_ws = off_bar + 16 * stages + 3 * 8 * tm * 4 + 16
+    off_ws = off_bar + 16 * stages + scratch_bytes(tm, epi)
     off_xs = off_ws + (gmax * 4 + 15) // 16 * 16
     return off_xs + gmax * tm * 4 + 1024
 
 
-def wgmma_stages(tm: int, gmax: int, want: int | None = None) -> int:
+def wgmma_stages(tm: int, gmax: int, want: int | None = None, epi: int = EPI_PLAIN) -> int:
     """The deepest ring <= `want` (default WGMMA_STAGES[tm]) that fits in SMEM_LIMIT for gmax K groups."""
     s = WGMMA_STAGES[tm] if want is None else want
-    while s > 2 and wgmma_smem_bytes(tm, s, gmax) > SMEM_LIMIT:
+    while s > 2 and wgmma_smem_bytes(tm, s, gmax, epi) > SMEM_LIMIT:
         s -= 1
     return s
 
@@ -146,6 +167,9 @@ class SkinnyConfig:
     minb: int = 1   # __launch_bounds__ min CTAs per SM (tuning knob; 1 = production)
     diag: int = 0   # diagnostic kernel variant (benchmarks only; 0 = the real kernel)
     impl: str = "mma"  # "mma" | "wgmma"
+    pipe: int = 0   # wgmma consumer: 0 = wait each stage's wgmmas before promoting; 1 = two partials,
+                    # stage s+1's wgmmas issued before stage s is waited for and promoted
+    reduce: str = "global"  # split-K: "global" (workspace + counter) | "cluster" (wgmma, splits 2..8: DSMEM)
 
     @property
     def groups(self) -> int:
@@ -180,25 +204,34 @@ class SkinnyConfig:
         """Dynamic shared memory of the launch: SkinnySmem<tm, stages>::bytes(gmax) (mma) or
         WgmmaSmem<tm, stages>::launch_bytes(gmax) (wgmma) of the .cuh files (keep in sync)."""
         if self.impl == "wgmma":
-            return wgmma_smem_bytes(self.tm, self.stages, self.gmax)
+            return wgmma_smem_bytes(self.tm, self.stages, self.gmax, self.epi)
         off_red = self.stages * 128 * 128 + self.stages * self.tm * 128
-        off_ws = off_red + 3 * 8 * self.tm * 4 + 16
+        off_ws = off_red + scratch_bytes(self.tm, self.epi)
         off_xs = off_ws + (self.gmax * 4 + 15) // 16 * 16
         return off_xs + self.gmax * self.tm * 4
 
     @property
     def partial_floats(self) -> int:
-        return 0 if self.splits == 1 else self.tiles_n * self.tiles_m * self.splits * BLOCK_N * self.tm
+        if self.splits == 1 or self.reduce == "cluster":
+            return 0
+        return self.tiles_n * self.tiles_m * self.splits * BLOCK_N * self.tm
+
+    @property
+    def cluster(self) -> tuple[int, int, int] | None:
+        """Cluster dims of the launch: the splits CTAs of one (n tile, token block) in cluster mode."""
+        return (1, self.splits, 1) if self.reduce == "cluster" and self.splits > 1 else None
 
     @property
     def counter_ints(self) -> int:
         return self.tiles_n * self.tiles_m + self.tiles_m
 
     def spec(self) -> KernelSpec:
-        return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag, self.impl)
+        return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag, self.impl, self.pipe,
+                           self.reduce if self.splits > 1 else "global")
 
     def describe(self) -> dict[str, Any]:
         return {"impl": self.impl, "tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb,
+                "pipe": self.pipe, "reduce": self.reduce,
                 "diag": self.diag, "grid": self.grid, "threads": self.threads,
                 "ctas": self.ctas, "smem": self.smem_bytes, "k_per_cta": self.k // self.splits,
                 "est_us": round(estimate_us(self), 2)}
@@ -208,14 +241,25 @@ DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* 
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, impl: str = "mma") -> KernelSpec:
+def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, impl: str = "mma", pipe: int = 0,
+                reduce: str = "global") -> KernelSpec:
     if impl not in IMPLS:
         raise ValueError(f"glm5_fastpath.fp8_gemm: impl={impl!r}: expected one of {', '.join(IMPLS)}")
+    if reduce not in REDUCES or pipe not in (0, 1):
+        raise ValueError(f"glm5_fastpath.fp8_gemm: {reduce=} (one of {REDUCES}) / {pipe=} (0 or 1)")
+    if impl != "wgmma" and (pipe or reduce != "global"):
+        raise ValueError(f"glm5_fastpath.fp8_gemm: pipe={pipe} / reduce={reduce!r} exist for impl 'wgmma' only")
+    if pipe and tm > PIPE_MAX_TM:
+        raise ValueError(f"glm5_fastpath.fp8_gemm: pipe=1 needs tm <= {PIPE_MAX_TM} (two partials), got {tm}")
     defines = [("GLM5_SKINNY_TM", str(tm)), ("GLM5_SKINNY_STAGES", str(stages)), ("GLM5_SKINNY_EPI", str(epi))]
     if minb != 1:  # defaults stay out of the defines: the production cache keys do not change
         defines.append(("GLM5_SKINNY_MINB", str(minb)))
     if diag != 0:
         defines.append(("GLM5_SKINNY_DIAG", str(diag)))
+    if pipe:
+        defines.append(("GLM5_SKINNY_PIPE", "1"))
+    if reduce == "cluster":
+        defines.append(("GLM5_SKINNY_REDUCE", "1"))
     if impl == "wgmma":
         return KernelSpec(WGMMA_FUNCTION, source=WGMMA_SOURCE, defines=tuple(defines))
     return KernelSpec(FUNCTION, source=SOURCE, defines=tuple(defines))
@@ -276,12 +320,15 @@ class forced_config:
     plain op only). For benchmarks/fp8_gemm_sweep.py. Validated at launch (splits <= K/128, smem
     <= 227 KB, the token block / epilogue combination exists)."""
 
-    def __init__(self, tm: int, splits: int, stages: int, minb: int = 1, diag: int = 0, impl: str = "mma"):
+    def __init__(self, tm: int, splits: int, stages: int, minb: int = 1, diag: int = 0, impl: str = "mma",
+                 pipe: int = 0, reduce: str = "global"):
         max_stages = WGMMA_MAX_STAGES if impl == "wgmma" else 8
         if (impl not in IMPLS or tm not in token_blocks(impl) or not 2 <= stages <= max_stages or splits < 1
-                or minb not in (1, 2) or diag not in (0, 1, 2, 3)):
-            raise ValueError(f"forced_config: bad {impl=} {tm=} {splits=} {stages=} {minb=} {diag=}")
-        self.knobs = (tm, splits, stages, minb, diag, impl)
+                or minb not in (1, 2) or diag not in (0, 1, 2, 3) or pipe not in (0, 1) or reduce not in REDUCES
+                or (impl != "wgmma" and (pipe or reduce != "global")) or (pipe and tm > PIPE_MAX_TM)
+                or (reduce == "cluster" and (splits > MAX_CLUSTER_SPLITS or diag))):
+            raise ValueError(f"forced_config: bad {impl=} {tm=} {splits=} {stages=} {minb=} {diag=} {pipe=} {reduce=}")
+        self.knobs = (tm, splits, stages, minb, diag, impl, pipe, reduce)
 
     def __enter__(self) -> "forced_config":
         self._prev = getattr(_forced, "knobs", None)
@@ -296,7 +343,7 @@ def _forced_config_for(m: int, n: int, k: int, epi: int) -> SkinnyConfig | None:
     knobs = getattr(_forced, "knobs", None)
     if knobs is None:
         return None
-    tm, splits, stages, minb, diag, impl = knobs
+    tm, splits, stages, minb, diag, impl, pipe, reduce = knobs
     if diag and epi != EPI_PLAIN:
         raise _fail(epi, "forced_config: diagnostic variants exist for the plain GEMM only")
     if splits > k // 128:
@@ -304,7 +351,7 @@ def _forced_config_for(m: int, n: int, k: int, epi: int) -> SkinnyConfig | None:
     if tm not in token_blocks(impl, epi):
         raise _fail(epi, f"forced_config: token block {tm} is not available for impl {impl!r} with this epilogue "
                          f"({token_blocks(impl, epi)})")
-    c = SkinnyConfig(epi, m, n, k, tm, splits, stages, minb, diag, impl)
+    c = SkinnyConfig(epi, m, n, k, tm, splits, stages, minb, diag, impl, pipe, reduce)
     if c.smem_bytes > SMEM_LIMIT:
         raise _fail(epi, f"forced_config: {c.smem_bytes} B of shared memory > 227 KB")
     return c
@@ -353,6 +400,11 @@ def _tuned_entries(num_sms: int) -> dict[tuple[str, int, int], list[dict]]:
         e = dict(e)
         e.setdefault("impl", "mma")
         e.setdefault("minb", 1)
+        e.setdefault("pipe", 0)
+        e.setdefault("reduce", "global")  # tables written before the cluster reduce existed
+        if e["reduce"] not in REDUCES or (e["reduce"] == "cluster" and (e["impl"] != "wgmma"
+                                                                         or e["splits"] > MAX_CLUSTER_SPLITS)):
+            raise ValueError(f"{TUNED_TABLE}: entry {e} has an invalid reduce (cluster: wgmma, splits <= 8)")
         if e["impl"] not in IMPLS:
             raise ValueError(f"{TUNED_TABLE}: entry {e} has impl={e['impl']!r}; expected one of {IMPLS}")
         out.setdefault((e["epi"], e["n"], e["k"]), []).append(e)
@@ -369,7 +421,8 @@ def _tuned_config(m: int, n: int, k: int, epi: int, num_sms: int, impl: str | No
         if e["impl"] == "wgmma" and not wgmma_supported(cc):
             continue
         if m <= e["m_max"]:
-            return SkinnyConfig(epi, m, n, k, e["tm"], e["splits"], e["stages"], e["minb"], 0, e["impl"])
+            return SkinnyConfig(epi, m, n, k, e["tm"], e["splits"], e["stages"], e["minb"], 0, e["impl"], e["pipe"],
+                                e["reduce"])
     return None
 
 
@@ -414,7 +467,7 @@ def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132,
             continue  # a smaller block holds every token
         for s in range(1, min(g, MAX_SPLITS) + 1):
             if use == "wgmma":
-                st = wgmma_stages(tm, -(-g // s))
+                st = wgmma_stages(tm, -(-g // s), epi=epi)
                 c = SkinnyConfig(epi, m, n, k, tm, s, st, impl="wgmma")
             else:
                 c = SkinnyConfig(epi, m, n, k, tm, s, STAGES[tm])
@@ -501,7 +554,8 @@ def _check_capability(epi: int, dev: torch.device) -> None:
 
 
 def _kernel(cfg: SkinnyConfig, dev: torch.device):
-    key = (cfg.impl, cfg.tm, cfg.stages, cfg.epi, cfg.minb, cfg.diag, _dev_index(dev))
+    key = (cfg.impl, cfg.tm, cfg.stages, cfg.epi, cfg.minb, cfg.diag, cfg.pipe,
+           cfg.reduce if cfg.splits > 1 else "global", _dev_index(dev))
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
@@ -622,7 +676,7 @@ def _launch(epi: int, cfg: SkinnyConfig, dev: torch.device, p: _Params, pdl: boo
     args: list[Any] = [p]
     if cfg.impl == "wgmma":  # (SkinnyParams, CUtensorMap w_map, CUtensorMap x_map): fp8_gemm_wgmma.cu
         args += tensor_maps(cfg, x8, w)
-    kernel.launch(cfg.grid, (cfg.threads, 1, 1), args, smem=cfg.smem_bytes, pdl=pdl)
+    kernel.launch(cfg.grid, (cfg.threads, 1, 1), args, smem=cfg.smem_bytes, pdl=pdl, cluster=cfg.cluster)
 
 
 def tensor_maps(cfg: SkinnyConfig, x8: torch.Tensor, w: torch.Tensor) -> list[Any]:
@@ -637,6 +691,7 @@ def diag_specs() -> list[KernelSpec]:
     mma = [kernel_spec(tm, STAGES[tm], EPI_PLAIN, 1, d) for d in (1, 2, 3) for tm in TOKEN_BLOCKS] + \
           [kernel_spec(tm, STAGES[tm], EPI_PLAIN, 2, 0) for tm in TOKEN_BLOCKS]
     wg = [kernel_spec(tm, WGMMA_STAGES[tm], EPI_PLAIN, 1, d, "wgmma") for d in (1, 2, 3) for tm in (8, 128)]
+    wg += [kernel_spec(8, WGMMA_STAGES[8], EPI_PLAIN, 1, d, "wgmma", pipe=1) for d in (1, 2, 3)]
     return mma + wg
 
 
@@ -855,8 +910,8 @@ def _check_q_b_dims(n: int, heads: int, nope: int, r: int) -> None:
     e = EPI_Q_B
     if heads * (nope + r) != n:
         raise _fail(e, f"weight has N={n} rows but heads * (nope + rope) = {heads}*({nope}+{r})")
-    if nope % 2 or r % 2 or r <= 0:
-        raise _fail(e, f"nope dim {nope} and rope dim {r} must be even (rope > 0)")
+    if nope % 2 or r % 2 or not 0 < r <= 2 * ROPE_PAIRS_MAX:
+        raise _fail(e, f"nope dim {nope} and rope dim {r} must be even (0 < rope <= {2 * ROPE_PAIRS_MAX})")
 
 
 @torch.library.custom_op("glm5_fastpath::fp8_q_b_rope", mutates_args=())
@@ -892,8 +947,8 @@ def _check_head_dims(epi: int, n: int, heads: int, d: int, r: int) -> None:
         raise _fail(epi, f"weight has N={n} rows but heads * head_dim = {heads}*{d}")
     if d % 16 or 128 % d:
         raise _fail(epi, f"head_dim={d} is not supported: one of 16, 32, 64, 128 (a head must sit in one 128-row tile)")
-    if r % 2 or not 0 < r <= d:
-        raise _fail(epi, f"rope dim {r} must be even and in (0, head_dim={d}]")
+    if r % 2 or not 0 < r <= min(d, 2 * ROPE_PAIRS_MAX):
+        raise _fail(epi, f"rope dim {r} must be even and in (0, min(head_dim={d}, {2 * ROPE_PAIRS_MAX})]")
 
 
 @torch.library.custom_op("glm5_fastpath::fp8_indexer_q", mutates_args=())
@@ -1122,8 +1177,12 @@ def compile_check_specs() -> list[KernelSpec]:
     tuned = {(e["impl"], e["tm"], e["stages"], epi, e["minb"]) for epi, name in EPI_NAMES.items()
              for (ename, _, _), es in _tuned_entries(132).items() if ename == name for e in es}
     heur = _variants(Glm5Config.preset("glm5"), 132, "wgmma")
+    # wgmma options (pipe=1: tm <= PIPE_MAX_TM; cluster split-K) for every epilogue at two token blocks
+    opts = [kernel_spec(tm, WGMMA_STAGES[tm], epi, impl="wgmma", pipe=pp, reduce=rd) for epi in EPI_NAMES
+            for tm in (16, 64) for pp, rd in ((1, "global"), (0, "cluster"), (1, "cluster"))]
+    opts += [kernel_spec(128, WGMMA_STAGES[128], EPI_PLAIN, impl="wgmma", reduce="cluster")]
     return [kernel_spec(tm, st, epi, minb=mb, impl=impl) for impl, tm, st, epi, mb in sorted(base | tuned | heur)] + \
-        _row_specs()
+        opts + _row_specs()
 
 
 __all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig",

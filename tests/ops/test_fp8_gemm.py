@@ -949,3 +949,82 @@ def test_kernel_resources():
             assert k.param_sizes is None or k.param_sizes == (F.PARAMS_BYTES, 128, 128), k.param_sizes
         else:
             assert k.param_sizes is None or k.param_sizes == (F.PARAMS_BYTES,), k.param_sizes
+
+
+# ---- GPU: wgmma options (consumer pipelining, cluster split-K) -----------------------------------------------
+# Each option changes neither the arithmetic nor its order: results must be BITWISE equal to the
+# baseline wgmma kernel (pipe=0, reduce="global") at the same (tm, splits, stages), for the plain GEMM
+# and every fused epilogue (whose outputs the tests above check against the reference).
+# Select with -k wgmma_options (about 30 s on an H200).
+WGMMA_OPTION_CASES = [  # (op, m, tm, splits, stages)
+    ("plain_qkv_a", 16, 16, 4, 6), ("plain_qkv_a", 64, 32, 3, 6), ("plain_wk", 5, 8, 8, 4), ("plain_wk", 1, 8, 12, 4),
+    ("plain_q_b", 100, 64, 2, 4), ("d0", 16, 16, 1, 8), ("d0", 64, 64, 2, 4), ("d1", 16, 8, 2, 4), ("d1", 64, 32, 1, 8),
+    ("b1", 16, 8, 8, 4), ("b1", 64, 32, 6, 4), ("b0", 16, 16, 4, 6),
+]
+WGMMA_OPTIONS = [(1, "global"), (0, "cluster"), (1, "cluster")]
+
+
+def _run_op(op, m, layer, seed):
+    c = GLM5
+    x, x8, xs = make_x(m, c, seed)
+    ql8, qls = q_lora_inputs(m, c, layer, seed + 1)
+    pos = make_positions(m, c, m)
+    if op == "plain_qkv_a":
+        return [F.fp8_gemm_skinny(x8, xs, layer.attn.qkv_a)]
+    if op == "plain_wk":
+        return [F.fp8_gemm_skinny(x8, xs, layer.attn.indexer.wk)]
+    if op == "plain_q_b":
+        return [F.fp8_gemm_skinny(ql8, qls, layer.attn.q_b)]
+    if op == "d0":
+        return list(F.d0_q_b(ql8, qls, layer.attn, pos, c))
+    if op == "d1":
+        w_raw = (torch.randn(m, c.index_n_heads, generator=torch.Generator().manual_seed(seed)) * 3).to(BF16).cuda()
+        return list(F.d1_indexer_q(ql8, qls, w_raw, layer.attn.indexer, pos, c))
+    if op == "b1":
+        cache, slots = make_cache(m, c, seed)
+        k8, ks = F.b1_indexer_k(x, x8, xs, layer.attn.indexer, pos, slots, cache, c)
+        return [k8, ks, cache]
+    out = F.b0_qkv_a(x8, xs, layer.attn, c, mode="fused")
+    return [out[k] for k in sorted(out)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pipe, reduce", WGMMA_OPTIONS, ids=[f"pipe{p}_{r}" for p, r in WGMMA_OPTIONS])
+@pytest.mark.parametrize("case", WGMMA_OPTION_CASES, ids=[f"{c[0]}_m{c[1]}_tm{c[2]}_s{c[3]}" for c in WGMMA_OPTION_CASES])
+def test_wgmma_options_bitwise_equal(case, pipe, reduce, layer, no_pdl_override):
+    op, m, tm, splits, stages = case
+    if reduce == "cluster" and splits == 1:
+        pytest.skip("cluster reduce needs splits > 1")
+    with F.forced_config(tm, splits, stages, impl="wgmma"):
+        base = _run_op(op, m, layer, 300 + m)
+    with F.forced_config(tm, splits, stages, impl="wgmma", pipe=pipe, reduce=reduce):
+        got = _run_op(op, m, layer, 300 + m)
+        again = _run_op(op, m, layer, 300 + m)
+    torch.cuda.synchronize()
+    for i, (a, b, b2) in enumerate(zip(base, got, again)):
+        ctx = f"{op} {m=} {tm=} {splits=} {stages=} {pipe=} {reduce=} output {i}"
+        assert_equal(op, b.view(torch.uint8) if b.dtype == FP8 else b, a.view(torch.uint8) if a.dtype == FP8 else a,
+                     context=ctx)
+        assert_equal(op, b2.view(torch.uint8) if b2.dtype == FP8 else b2, a.view(torch.uint8) if a.dtype == FP8 else a,
+                     context=ctx + " (repeat)")
+
+
+def test_wgmma_option_specs_and_configs():
+    """CPU: the option defines, the cluster dims, and the validation of impossible combinations."""
+    c = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 4, 6, impl="wgmma", pipe=1, reduce="cluster")
+    d = dict(c.spec().defines)
+    assert d["GLM5_SKINNY_PIPE"] == "1" and d["GLM5_SKINNY_REDUCE"] == "1"
+    assert c.cluster == (1, 4, 1) and c.partial_floats == 0
+    one = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 1, 6, impl="wgmma", reduce="cluster")
+    assert one.cluster is None and "GLM5_SKINNY_REDUCE" not in dict(one.spec().defines)
+    assert "GLM5_SKINNY_PIPE" not in dict(F.kernel_spec(16, 6, 0, impl="wgmma").defines)
+    for bad in (dict(impl="mma", pipe=1), dict(impl="mma", reduce="cluster"), dict(impl="wgmma", reduce="dsmem")):
+        with pytest.raises(ValueError):
+            F.kernel_spec(16, 6, 0, **bad)
+    with pytest.raises(ValueError):
+        F.forced_config(8, 12, 4, impl="wgmma", reduce="cluster")  # > 8 CTAs per cluster
+    with pytest.raises(ValueError):
+        F.forced_config(128, 1, 4, impl="wgmma", pipe=1)
+    # the fused epilogues' staged inputs are part of the smem carve-up
+    assert F.scratch_bytes(64, F.EPI_Q_B) == F.scratch_bytes(64) + 64 * 32 * 8 + 64 * 8
+    assert F.wgmma_smem_bytes(16, 6, 8, F.EPI_IDX_K) - F.wgmma_smem_bytes(16, 6, 8) == 16 * (32 * 8 + 16)
