@@ -9,6 +9,17 @@
 //                         owning `chunks` consecutive chunks of THREADS*ITEMS positions.
 // Block (GLM5_E2_THREADS, 1, 1); dynamic shared memory smem_chunks * THREADS*ITEMS * 4 bytes
 // (chunks 1..smem_chunks of each CTA's segment); PDL-ready.
+//   GLM5_E2_PHASES   (debug) record clock64() of thread 0 of CTA 0 at the phase marks of the
+//                    single-chunk path into the __device__ array e2_phase_clock (read back with
+//                    cuModuleGetGlobal; tests/ops/test_e2_topk.py prints the breakdown).
+#include <stdint.h>
+#ifdef GLM5_E2_PHASES
+__device__ unsigned long long e2_phase_clock[16];
+#define GLM5_E2_PHASE(i)                                                                       \
+    do {                                                                                       \
+        if (blockIdx.x == 0 && threadIdx.x == 0) e2_phase_clock[i] = clock64();               \
+    } while (0)
+#endif
 #include "e2_topk.cuh"
 
 #ifndef GLM5_E2_THREADS
@@ -39,11 +50,12 @@ __device__ __forceinline__ void e2_topk_body(const float* logits, int64_t logits
     using Tile = glm5::attn_pre::E2TopkTile<GLM5_E2_THREADS, GLM5_E2_ITEMS, kCluster>;
     __shared__ typename Tile::Smem smem;
     const int tid = threadIdx.x;
+    GLM5_E2_PHASE(0);
 
-    // Prologue that touches no global memory: zero the histograms.
-    Tile::prologue(smem, tid);
     // Let the next kernel on the stream get scheduled now; it waits for our completion itself.
     glm5::ptx::griddep_launch_dependents();
+    // Prologue that touches no global memory: zero the histograms.
+    Tile::prologue(smem, tid);
 
     int n_cta = 1, rank = 0;
     int64_t row = blockIdx.x;
@@ -84,6 +96,7 @@ __device__ __forceinline__ void e2_topk_body(const float* logits, int64_t logits
         glm5::ptx::griddep_wait();
         m = Tile::load_meta(a, smem, tid);
     }
+    GLM5_E2_PHASE(1);
     Tile::run(a, m, smem, tid);
 }
 

@@ -18,36 +18,46 @@
 //   made order-preserving, key = bits ^ (sign ? ~0 : 1<<31), -0 -> +0, NaN -> 0).
 //
 // Why it is built this way: at decode sizes the time of a one-CTA-per-row top-k is the SM's
-// instruction issue (8192 positions x every instruction spent per position / 128 lanes per clock)
-// plus the barrier chain, not bytes. So the row is read ONCE into registers (chunk 0: kChunk =
-// kThreads*kItems positions, thread t owning the kItems CONTIGUOUS positions t*kItems.., so thread
-// order is position order and one page-table entry covers a thread's items) and touched by only
-// three cheap per-position passes:
-//   1. range:  fminf / fmaxf of the live fp32 values (NaN ignored), one block reduction.
+// instruction issue (8192 positions x every instruction spent per position / 128 lanes per clock,
+// plus every per-thread instruction once per warp) plus the barrier chain, not bytes. So the row is
+// read ONCE into registers (chunk 0: kChunk = kThreads*kItems positions, thread t owning the kItems
+// CONTIGUOUS positions t*kItems.., so thread order is position order and one page-table entry
+// covers a thread's items) and touched by only three cheap per-position passes:
+//   1. range:  fminf / fmaxf of the live fp32 values (NaN ignored; a tree per thread), one block
+//      reduction.
 //   2. value pass: a shared histogram of a LINEAR bin of the value over [min, max] (kBins bins):
-//          bin(v) = clamp(round(fma(v - vmin, scale, 2^23)), 2^23, 2^23 + kBins - 1) - 2^23,
-//          scale = kBins / (vmax - vmin), all fp32 round-to-nearest
-//      (5 full-rate instructions, the integer read from the float's low bits, no F2I). Every step
-//      is monotone, so bin() is monotone in the value order (NaN and -inf -> 0, +inf -> the top, a
-//      row with a live +-inf or one value degenerates to one bin: still exact, only slower). For
+//          bin(v) = max(round(fma(v - vmin, scale, 2^23)), 2^23) - 2^23,
+//          scale = (kBins - 1) / (vmax - vmin), all fp32 round-to-nearest
+//      (3 full-rate instructions, the integer read from the float's low bits, no F2I; no upper
+//      clamp: v - vmin <= the range, so the sum rounds to at most 2^23 + kBins - 1). Every step is
+//      monotone, so bin() is monotone in the value order (NaN and -inf -> 0, +inf -> the top, a row
+//      with a live +-inf or one value degenerates to one bin: still exact, only slower). For
 //      typical logits the bin of the k-th value holds a handful of keys and no bin is a hot spot
-//      for the shared atomics (a fixed 11-bit radix digit puts most of a row in a few bins). Runs of
-//      equal bins inside a thread are merged into one atomic. A block scan over the bins (from the
-//      top) finds the bin b holding the k-th largest, `above` = keys in higher bins.
-//   3. classification + compaction: every position is G (taken), C (a candidate) or neither; one
-//      block scan of (#G | #C << 16) per chunk gives every thread its output offsets. A selected
-//      position goes to out[#G before it + #selected C before it] (ascending position):
+//      for the shared atomics (a fixed 11-bit radix digit puts most of a row in a few bins). One
+//      branch-free red.shared per position (the compiler makes it a warp-aggregated
+//      ATOMS.POPC.INC). A block scan over the bins (from the top) finds the bin b holding the k-th
+//      largest, `above` = keys in higher bins.
+//   3. classification + compaction: every position is G (taken), C (a candidate) or neither:
 //        - the bin's count == k - above: G = bin >= b, no candidates;
-//        - <= kMaxCand keys in the bin: G = bin > b, C = bin == b; the candidates are written to a
-//          shared list IN POSITION ORDER (their index is the scan's C offset) and warp 0 ranks them
-//          (larger keys, then equal keys at lower positions) and publishes selpre[i] = #selected
-//          among candidates 0..i-1;
+//        - <= kMaxCand keys in the bin: G = bin > b, C = bin == b, ranked (larger keys, then equal
+//          keys at lower positions);
 //        - else (rare: outliers, heavy ties): exact 11-bit radix passes on (key - lo) >> shift over
 //          the bin's key interval [lo, hi] (at most 3, each ending like the cases above or at a
 //          single key Kt): G = key > Kt, C = key == Kt, of which the first `need` are taken.
-// Barriers per row (L <= kChunk, one CTA, the common "rank" case): range 1, histogram 1, bin
-// search 2, compaction scan 1, candidate list 1, rank 1 = 7; global memory: one read of the row,
-// the page entry (read before griddepcontrol.wait), one write of the output.
+//      One block scan of (#G | #C << 16) gives every thread its offsets; a selected position goes
+//      to out[#G before it + #selected C before it] (ascending position).
+// Two implementations of step 3 (and of the pass loop around it):
+//   - the single-chunk path (run_single / compact_single: one CTA, L <= kChunk, topk <= kStage,
+//     i.e. every GLM-5 decode row): bin floats kept in registers, G / C bit masks per thread, an
+//     unordered candidate list completed by the scan's barrier, warp 0's rank published as a
+//     64-bit mask in position order, the output staged in shared memory and stored coalesced.
+//     Barriers per row in the common "rank" case: range 1, histogram 1, bin search 2, scan (+list)
+//     1, rank 1, stage 1 = 7, with ~15 instructions per position and no per-position branch,
+//     shared load or scattered global store.
+//   - the general path (compact: several chunks, clusters, topk > kStage): per-chunk scans, the
+//     candidate list in position order, per-position lookups of the rank's prefix, direct stores.
+// Global memory: one read of the row, the page entries (read before griddepcontrol.wait), one
+// write of the output.
 //
 // Longer rows: chunks 1..smem_chunks of a CTA's segment live in dynamic shared memory (raw bits,
 // thread-owned layout filled by cp.async, so no barrier guards them); chunks beyond that are
@@ -62,6 +72,13 @@
 #include "../common/pdl.cuh"
 #include "../common/ptx_cp_async.cuh"
 #include "../common/vec_io.cuh"
+
+// Phase timestamps for the single-chunk path (a debug build defines it: e2_topk.cu with
+// -DGLM5_E2_PHASES records clock64() of thread 0 of CTA 0 at each mark; the speed tests print the
+// breakdown). Compiled out otherwise.
+#ifndef GLM5_E2_PHASE
+#define GLM5_E2_PHASE(i) ((void)0)
+#endif
 
 namespace glm5 {
 namespace attn_pre {
@@ -158,8 +175,13 @@ struct E2TopkTile {
         uint32_t selm[2];            // selected-candidate bit masks (candidates 0..31, 32..63)
         int ctot[2];                 // this CTA's (#G, #C) (cluster compaction)
         int res[4];                  // bin search result broadcast
+        int ncand;                   // single-chunk path: entries appended to clist
+        uint2 clist[kMaxCand];       // single-chunk path: candidate (key, position in the chunk), any order
         uint32_t page0[kThreads];    // low 32 bits of the block-table entry of each thread's chunk-0 page
     };
+    // The single-chunk path stages the row's output (topk <= kStage entries) in hist[1], which no
+    // pass reads any more by then, and writes it out with coalesced 16-byte stores.
+    static constexpr int kStage = kBins;
 
     // ---- small helpers ------------------------------------------------------------------------
 
@@ -205,12 +227,15 @@ struct E2TopkTile {
     }
 
     // The value bin as the bits of the float 2^23 + bin (see the header). Explicit _rn intrinsics:
-    // each step separately rounded, never re-associated or contracted differently.
+    // each step separately rounded, never re-associated or contracted differently. 3 instructions:
+    // no upper clamp is needed because scale = RN((kBins - 1) / range) and v - vlo <= range, so
+    // (v - vlo) * scale <= (kBins - 1) * (1 + 2^-24) and the sum rounds to at most 2^23 + kBins - 1;
+    // fmaxf maps NaN (a NaN value, or inf * 0 when the range is infinite) to bin 0.
     struct VBin {
         float vlo, scale;
         GLM5_DEVICE uint32_t fbits(uint32_t raw) const {
             const float t = __fmaf_rn(__fsub_rn(__uint_as_float(raw), vlo), scale, 8388608.0f);
-            return __float_as_uint(fminf(fmaxf(t, 8388608.0f), 8388608.0f + static_cast<float>(kBins - 1)));
+            return __float_as_uint(fmaxf(t, 8388608.0f));
         }
         GLM5_DEVICE int bin(uint32_t raw) const { return static_cast<int>(fbits(raw) - kBin0); }
     };
@@ -323,14 +348,23 @@ struct E2TopkTile {
     // orders it before any atomic). A megakernel running another row must put a barrier after
     // the previous run() and call prologue() again.
     static GLM5_DEVICE void prologue(Smem& s, int tid) {
-        for (int i = tid; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
-        if (tid == 0) s.ctot[0] = s.ctot[1] = 0;
+        uint4* h = reinterpret_cast<uint4*>(&s.hist[0][0]);  // 16-byte aligned (first member)
+        for (int i = tid; i < 2 * kBins / 4; i += kThreads) h[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (tid == 0) {
+            s.ctot[0] = s.ctot[1] = 0;
+            s.ncand = 0;
+        }
     }
 
     // seq_len -> L; page entries this thread needs first. Reads only seq_lens and block_table, so
     // it may run before griddepcontrol.wait when no still-running kernel writes them.
     static GLM5_DEVICE E2Meta load_meta(const E2RowArgs& a, Smem& s, int tid) {
         E2Meta m;
+        // The chunk-0 page entry is read whenever it lies inside the block-table row, NOT only when
+        // it is live, so that its load does not wait for seq_len's (two independent loads in flight
+        // instead of a dependent pair); an entry of an unused page is read but never used.
+        const int64_t b0 = static_cast<int64_t>(a.rank) * a.chunks * kChunk + static_cast<int64_t>(tid) * kItems;
+        const uint32_t p0 = b0 / kPage < a.bt_cols ? page_lo(a, b0 / kPage) : 0u;
         const int64_t seq = a.seq_len_64 ? *static_cast<const int64_t*>(a.seq_len)
                                          : static_cast<int64_t>(*static_cast<const int32_t*>(a.seq_len));
         const int64_t cap = static_cast<int64_t>(a.bt_cols) * kPage;
@@ -344,8 +378,7 @@ struct E2TopkTile {
                 if (j < m.L) m.take[i] = slot(page_lo(a, j / kPage), j);
             }
         } else {
-            const int64_t b0 = static_cast<int64_t>(a.rank) * a.chunks * kChunk + static_cast<int64_t>(tid) * kItems;
-            s.page0[tid] = b0 < m.L ? page_lo(a, b0 / kPage) : 0u;  // read back by this thread only
+            s.page0[tid] = p0;  // read back by this thread only
         }
         return m;
     }
@@ -427,35 +460,33 @@ struct E2TopkTile {
     // The value pass: every live position, digit = value bin. Full threads (all kItems live, the
     // common case) take a predicate-free path; the atomic address comes straight from the bin
     // float's bits.
+    static GLM5_DEVICE void red_add(uint32_t smem_addr, uint32_t v) {
+        asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(smem_addr), "r"(v) : "memory");
+    }
+    // Histogram of the bin floats f[0..n) of one chunk: one red.shared per position, no branch when
+    // the chunk is full. (Merging runs of equal bins inside a thread cost a compare and a divergent
+    // branch per position and almost never merged anything on E1-like rows.) The address comes
+    // straight from the bin float's bits: hist_base(hist) + 4 * bits.
+    static GLM5_DEVICE uint32_t hist_base(const int* hist) { return ptx::smem_addr(hist) - kBin0 * 4u; }
+    static GLM5_DEVICE void histogram_bins(uint32_t base_addr, const uint32_t (&f)[kItems], int n) {
+        if (n == kItems) {
+#pragma unroll
+            for (int j = 0; j < kItems; ++j) red_add(base_addr + f[j] * 4u, 1u);
+        } else {
+#pragma unroll
+            for (int j = 0; j < kItems; ++j)
+                if (j < n) red_add(base_addr + f[j] * 4u, 1u);
+        }
+    }
+
+    // The value pass over every chunk of the row (general path).
     static GLM5_DEVICE void value_histogram(const Row& row, int* hist, const VBin& vb) {
-        const uint32_t base_addr = ptx::smem_addr(hist) - kBin0 * 4u;  // + 4 * (2^23 + bin) bits
+        const uint32_t base_addr = hist_base(hist);
         row.each([&](int, const uint32_t (&r)[kItems], int n) {
-            if (n == kItems) {
-                uint32_t f[kItems];
+            uint32_t f[kItems];
 #pragma unroll
-                for (int j = 0; j < kItems; ++j) f[j] = vb.fbits(r[j]);
-                int run = 0;
-#pragma unroll
-                for (int j = 0; j < kItems; ++j) {
-                    ++run;
-                    if (j == kItems - 1 || f[j + (j < kItems - 1 ? 1 : 0)] != f[j]) {
-                        asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(base_addr + f[j] * 4u), "r"(run) : "memory");
-                        run = 0;
-                    }
-                }
-            } else {
-                int d[kItems];
-#pragma unroll
-                for (int j = 0; j < kItems; ++j) d[j] = j < n ? vb.bin(r[j]) : -1;
-                int run = 0;
-#pragma unroll
-                for (int j = 0; j < kItems; ++j) {
-                    run += d[j] >= 0 ? 1 : 0;
-                    const bool last = (j == kItems - 1) || d[j + (j < kItems - 1 ? 1 : 0)] != d[j];
-                    if (last && d[j] >= 0) atomicAdd(&hist[d[j]], run);
-                    if (last) run = 0;
-                }
-            }
+            for (int j = 0; j < kItems; ++j) f[j] = vb.fbits(r[j]);
+            histogram_bins(base_addr, f, n);
         });
     }
 
@@ -503,16 +534,33 @@ struct E2TopkTile {
         mx = __reduce_max_sync(0xffffffffu, mx);
     }
 
+    // lo[0] = min(lo[0 .. 2W)), hi[0] = max(hi[0 .. 2W)), pairwise (compile-time indices only).
+    template <int W>
+    static GLM5_DEVICE void minmax_tree(float (&lo)[kItems / 2], float (&hi)[kItems / 2]) {
+        if constexpr (W >= 1) {
+#pragma unroll
+            for (int j = 0; j < W; ++j) {
+                lo[j] = fminf(lo[j], lo[j + W]);
+                hi[j] = fmaxf(hi[j], hi[j + W]);
+            }
+            minmax_tree<W / 2>(lo, hi);
+        }
+    }
+
     // Step 1: range of the live values (fminf / fmaxf skip NaN; +-inf count) -> the value bins.
     static GLM5_DEVICE VBin value_range(const E2RowArgs& a, const Row& row, Smem& s, int tid) {
         float mn = __uint_as_float(0x7f800000u), mx = __uint_as_float(0xff800000u);
         row.each([&](int, const uint32_t (&r)[kItems], int n) {
-            if (n == kItems) {
+            if (n == kItems) {  // a tree (depth log2 kItems), not a chain of kItems dependent min/max
+                float lo[kItems / 2], hi[kItems / 2];
 #pragma unroll
-                for (int j = 0; j < kItems; ++j) {
-                    mn = fminf(mn, __uint_as_float(r[j]));
-                    mx = fmaxf(mx, __uint_as_float(r[j]));
+                for (int j = 0; j < kItems / 2; ++j) {
+                    lo[j] = fminf(__uint_as_float(r[j]), __uint_as_float(r[j + kItems / 2]));
+                    hi[j] = fmaxf(__uint_as_float(r[j]), __uint_as_float(r[j + kItems / 2]));
                 }
+                minmax_tree<kItems / 4>(lo, hi);
+                mn = fminf(mn, lo[0]);
+                mx = fmaxf(mx, hi[0]);
             } else {
 #pragma unroll
                 for (int j = 0; j < kItems; ++j) {
@@ -529,7 +577,7 @@ struct E2TopkTile {
         if (kmn <= kmx) {  // else no non-NaN value: one bin
             vb.vlo = from_key(kmn);
             const float range = __fsub_rn(from_key(kmx), vb.vlo);
-            vb.scale = range > 0.0f ? __fdiv_rn(static_cast<float>(kBins), range) : 0.0f;  // inf range -> 0
+            vb.scale = range > 0.0f ? __fdiv_rn(static_cast<float>(kBins - 1), range) : 0.0f;  // inf range -> 0
             if (!(vb.scale <= 3.0e38f)) vb.scale = 0.0f;  // a subnormal range (scale inf): one bin
         }
         return vb;
@@ -685,6 +733,275 @@ struct E2TopkTile {
         });
     }
 
+    // After the value pass (histogram complete, row_sync passed): the bin search, then the rule that
+    // classifies every position (the bin taken whole / its <= kMaxCand keys ranked / exact radix
+    // passes over its key interval, see the header). k_rem: in = topk, out = what the C positions
+    // must still supply.
+    static GLM5_DEVICE Rule resolve_rule(const E2RowArgs& a, const Row& row, const VBin& vb, Smem& s, int& k_rem,
+                                         int tid) {
+        const int3 r = search(a, s, s.hist[0], s.wtot[0], k_rem, tid);
+        k_rem -= r.y;
+        return needs_radix(r.z, k_rem) ? radix_rule(a, row, vb, r.x, s, k_rem, tid) : bin_rule(vb, r.x, r.z, k_rem);
+    }
+
+    // The value bin b1 (holding cnt keys, k_rem of them still wanted) is taken whole, or its keys
+    // are ranked; otherwise (needs_radix) radix passes split it.
+    static GLM5_DEVICE bool needs_radix(int cnt, int k_rem) { return cnt != k_rem && cnt > kMaxCand; }
+    static GLM5_DEVICE Rule bin_rule(const VBin& vb, int b1, int cnt, int k_rem) {
+        Rule rule{kByBin, vb, kBin0 + static_cast<uint32_t>(b1) - 1u, 0u, 0u, 0u, false, 0};  // the bin taken whole
+        if (cnt != k_rem) {  // the bin's <= kMaxCand keys are ranked
+            rule.gbin_f = rule.cbin_f = kBin0 + static_cast<uint32_t>(b1);
+            rule.rank = true;
+        }
+        return rule;
+    }
+    // Exact radix passes over the key interval of value bin b1 (needs_radix).
+    static GLM5_DEVICE Rule radix_rule(const E2RowArgs& a, const Row& row, const VBin& vb, int b1, Smem& s, int& k_rem,
+                                       int tid) {
+        Rule rule{kByKey, vb, 0u, 0u, 0u, 0u, false, 0};
+        const uint32_t fb1 = kBin0 + static_cast<uint32_t>(b1);
+        uint32_t lo, hi;
+        key_range(a, row, s.cmin, s.cmax, [vb, fb1](uint32_t x) { return vb.fbits(x) == fb1; }, lo, hi, tid);
+        int pass = 1;
+        while (true) {
+            if (lo == hi) {  // one key Kt: G = key > Kt, the first k_rem of its ties are taken
+                rule.klo = rule.khi = lo;
+                rule.need = k_rem;
+                break;
+            }
+            const uint32_t span = hi - lo;
+            const int shift = max(0, (32 - __clz(static_cast<int>(span))) - 11);
+            const int hb = pass & 1;
+            const uint32_t l0 = lo, h0 = hi;
+            histogram(row, s.hist[hb],
+                      [l0, h0](uint32_t x) {
+                          const uint32_t kx = to_key(x);
+                          return kx >= l0 && kx <= h0;
+                      },
+                      [l0, shift](uint32_t x) { return static_cast<int>((to_key(x) - l0) >> shift); });
+            row_sync();
+            // the other buffer was last read by the previous search (every CTA is past it)
+            for (int i = tid; i < kBins; i += kThreads) s.hist[hb ^ 1][i] = 0;
+            const int3 r = search(a, s, s.hist[hb], s.wtot[hb], k_rem, tid);
+            k_rem -= r.y;
+            const int cnt = r.z;
+            const uint64_t nlo = static_cast<uint64_t>(lo) + (static_cast<uint64_t>(r.x) << shift);
+            const uint64_t nhi = nlo + (1ull << shift) - 1ull;
+            lo = static_cast<uint32_t>(nlo);
+            hi = static_cast<uint32_t>(min(nhi, static_cast<uint64_t>(hi)));
+            ++pass;
+            if (cnt == k_rem) {  // the whole sub-interval is taken: G = key >= lo (lo > 0 here)
+                rule.khi = lo - 1u;
+                rule.klo = lo;  // > khi: no candidates
+                break;
+            }
+            if (cnt <= kMaxCand && lo != hi) {  // G = key > hi, the interval's keys are ranked
+                rule.klo = lo;
+                rule.khi = hi;
+                rule.rank = true;
+                break;
+            }
+        }
+        return rule;
+    }
+
+    // ---- the single-chunk path: one CTA, L <= kChunk, topk <= kStage (every decode row of GLM-5) ----
+    //
+    // Same selection as the general path (same range, bins, search and rule, so the same output), with
+    // the per-position work cut to what the SM must issue (the time of this path is instruction issue
+    // plus a chain of 6-7 barriers, not bytes):
+    //   - the bin floats f[] are computed once and kept in registers (range 2 + bins 3 + histogram 2
+    //     instructions per position, no branch);
+    //   - one classification sweep builds bit masks G (taken) and C (candidates) per thread; rank
+    //     candidates go to an unordered (key, position) list with one shared atomic per thread that has
+    //     any (~10 of a row); one block scan of (#G | #C << 16), whose barrier also completes the list;
+    //   - warp 0 ranks the <= 64 candidates (larger key, then lower position) and publishes the taken
+    //     set as a 64-bit mask in POSITION order (bit i = the i-th candidate of the row by position,
+    //     i.e. the candidate whose thread's C offset + index is i), so a thread's output offset is
+    //     #G before it + popc(mask below its C offset): no per-position lookup;
+    //   - the selected slots go to shared memory (position order) and leave in coalesced 16-byte stores
+    //     instead of 2048 scattered 4-byte ones.
+    // x[]: the bin floats (kByBin) or the raw bits (kByKey) of the thread's items. In kByBin mode the
+    // raw values are no longer in registers (holding both would spill at 512 x 16): the few
+    // candidates re-read theirs (the row was just read: L1).
+    template <int kMode>
+    static GLM5_DEVICE void compact_single(const E2RowArgs& a, const uint32_t (&x)[kItems], int n, const Rule& rule,
+                                           int k_rem, Smem& s, int tid) {
+        const int lane = tid & 31, warp = tid >> 5;
+        const int k = a.topk;
+        // classification: bit j of gm / cm = position tid * kItems + j is G / C
+        uint32_t gm = 0u, cm = 0u;
+        if constexpr (kMode == kByBin) {
+            const uint32_t gt = rule.gbin_f, ct = rule.cbin_f;
+            if (rule.rank) {  // C is ~10 positions of the row: test "any" per position, build the mask rarely
+                bool anyc = false;
+#pragma unroll
+                for (int j = 0; j < kItems; ++j) {
+                    gm |= static_cast<uint32_t>(x[j] > gt) << j;
+                    anyc |= x[j] == ct;
+                }
+                if (anyc) {
+#pragma unroll
+                    for (int j = 0; j < kItems; ++j) cm |= static_cast<uint32_t>(x[j] == ct) << j;
+                }
+            } else {  // the bin taken whole: no candidates
+#pragma unroll
+                for (int j = 0; j < kItems; ++j) gm |= static_cast<uint32_t>(x[j] > gt) << j;
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < kItems; ++j) {
+                const uint32_t kx = to_key(x[j]);
+                gm |= static_cast<uint32_t>(kx > rule.khi) << j;
+                cm |= static_cast<uint32_t>(kx >= rule.klo && kx <= rule.khi) << j;
+            }
+        }
+        if (n < kItems) {  // positions past L (n < kItems <= 32: the shift is defined)
+            const uint32_t lm = (1u << n) - 1u;
+            gm &= lm;
+            cm &= lm;
+        }
+        const int pos0 = tid * kItems;  // position of item 0 in the chunk (the segment starts at 0 here)
+        if (rule.rank && cm != 0u) {    // rare: ~10 positions of a row
+            uint32_t raw[kItems];
+#pragma unroll
+            for (int j = 0; j < kItems; ++j) {  // kByBin: every re-read in flight at once
+                if constexpr (kMode == kByBin) raw[j] = ((cm >> j) & 1u) ? __float_as_uint(a.logits[pos0 + j]) : 0u;
+                else raw[j] = x[j];
+            }
+            int i = atomicAdd(&s.ncand, __popc(cm));
+#pragma unroll
+            for (int j = 0; j < kItems; ++j) {
+                if ((cm >> j) & 1u) {
+                    if (i < kMaxCand) s.clist[i] = make_uint2(to_key(raw[j]), static_cast<uint32_t>(pos0 + j));
+                    ++i;
+                }
+            }
+        }
+        int total;
+        const int off = block_excl_scan(__popc(gm) | (__popc(cm) << 16), s.wtot[0], &total, tid);  // + the list
+        GLM5_E2_PHASE(5);  // classified, scanned
+
+        uint64_t tmask = 0ull;  // rank: taken candidates, bit i = the i-th candidate by position
+        if (rule.rank) {
+            if (warp == 0) {
+                const int nc = min(total >> 16, kMaxCand);
+                uint32_t key[2];
+                int pos[2], kr[2] = {0, 0}, pr[2] = {0, 0};
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = lane + 32 * h;
+                    const uint2 e = i < nc ? s.clist[i] : make_uint2(0u, 0x7fffffffu);
+                    key[h] = e.x;
+                    pos[h] = static_cast<int>(e.y);
+                }
+#pragma unroll 4
+                for (int j = 0; j < nc; ++j) {  // uniform trip count; e is a broadcast read
+                    const uint2 e = s.clist[j];
+                    const int pj = static_cast<int>(e.y);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        kr[h] += (e.x > key[h] || (e.x == key[h] && pj < pos[h])) ? 1 : 0;  // the rank rule
+                        pr[h] += pj < pos[h] ? 1 : 0;
+                    }
+                }
+                uint32_t mlo = 0u, mhi = 0u;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (lane + 32 * h < nc && kr[h] < k_rem) {
+                        if (pr[h] < 32) mlo |= 1u << pr[h];
+                        else mhi |= 1u << (pr[h] - 32);
+                    }
+                }
+                mlo = __reduce_or_sync(0xffffffffu, mlo);
+                mhi = __reduce_or_sync(0xffffffffu, mhi);
+                if (lane == 0) {
+                    s.selm[0] = mlo;
+                    s.selm[1] = mhi;
+                }
+            }
+            bar();
+            tmask = static_cast<uint64_t>(s.selm[0]) | (static_cast<uint64_t>(s.selm[1]) << 32);
+        }
+        GLM5_E2_PHASE(6);  // candidates ranked
+
+        // output offset: #G before this thread + the candidates taken before it (position order)
+        const int co = off >> 16;
+        int o = off & 0xffff;
+        if (rule.rank) o += __popcll(co >= 64 ? tmask : (tmask & ((1ull << co) - 1ull)));
+        else o += min(co, rule.need);  // the first `need` C are taken (need = 0 when there is no C)
+        int* p = s.hist[1] + o;        // the stage (kStage >= topk entries)
+        const int32_t v0 = slot(s.page0[tid], static_cast<int64_t>(pos0));  // the thread's items are one page
+        if (cm == 0u) {
+#pragma unroll
+            for (int j = 0; j < kItems; ++j) {
+                if ((gm >> j) & 1u) *p++ = v0 + j;
+            }
+        } else {
+            int ci = co;
+#pragma unroll
+            for (int j = 0; j < kItems; ++j) {
+                if ((gm >> j) & 1u) {
+                    *p++ = v0 + j;
+                } else if ((cm >> j) & 1u) {
+                    const bool take = rule.rank ? ((tmask >> (ci & 63)) & 1ull) != 0ull : ci < rule.need;
+                    if (take) *p++ = v0 + j;
+                    ++ci;
+                }
+            }
+        }
+        bar();
+        GLM5_E2_PHASE(7);  // staged
+        // the stage -> out, coalesced (16-byte stores when the output row is 16-byte aligned)
+        const int* st = s.hist[1];
+        int32_t* out = a.out;
+        int i0 = 0;
+        if ((reinterpret_cast<uintptr_t>(out) & 15u) == 0u) {
+            const int n4 = k >> 2;
+            for (int i = tid; i < n4; i += kThreads) {
+                const uint4 v = reinterpret_cast<const uint4*>(st)[i];
+                ptx::st_global_v4(out + 4 * i, ptx::u32x4{v.x, v.y, v.z, v.w});
+            }
+            i0 = 4 * n4;
+        }
+        for (int i = i0 + tid; i < k; i += kThreads) out[i] = st[i];
+        GLM5_E2_PHASE(8);  // stores issued
+    }
+
+    static GLM5_DEVICE void run_single(const E2RowArgs& a, int32_t L, const uint32_t (&r)[kItems], bool vec_ok, Smem& s,
+                                       int tid) {
+        const int64_t base = static_cast<int64_t>(tid) * kItems;
+        const int n = n_live_of(base, L);
+        // 1. range -> value bins (one barrier)
+        VBin vb;
+        {
+            const Row row{a, L, 0, 1, vec_ok, tid, r};
+            vb = value_range(a, row, s, tid);
+        }
+        GLM5_E2_PHASE(2);  // the row has arrived, range known
+        // 2. the bin floats, kept for the classification (the raw bits die here); the value pass
+        uint32_t f[kItems];
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) f[j] = vb.fbits(r[j]);
+        histogram_bins(hist_base(s.hist[0]), f, n);
+        bar();
+        GLM5_E2_PHASE(3);  // histogram complete
+        // 3. search and rule; 4. classification, compaction, output
+        int k_rem = a.topk;
+        const int3 sr = search(a, s, s.hist[0], s.wtot[0], k_rem, tid);
+        k_rem -= sr.y;
+        GLM5_E2_PHASE(4);  // threshold bin found
+        if (!needs_radix(sr.z, k_rem)) {  // the common case: the bin taken whole or ranked
+            compact_single<kByBin>(a, f, n, bin_rule(vb, sr.x, sr.z, k_rem), k_rem, s, tid);
+        } else {  // rare: re-read the raw bits (L1) for the radix passes and a key classification
+            uint32_t r2[kItems];
+            load_bits(a.logits, base, n, vec_ok, r2);
+            const Row row{a, L, 0, 1, vec_ok, tid, r2};
+            const Rule rule = radix_rule(a, row, vb, sr.x, s, k_rem, tid);
+            compact_single<kByKey>(a, r2, n, rule, k_rem, s, tid);
+        }
+    }
+
     // All kThreads threads of the tile (of every CTA of the cluster) call this with the same row,
     // after prologue() and load_meta() (and griddepcontrol.wait). tid in [0, kThreads).
     static GLM5_DEVICE void run(const E2RowArgs& a, const E2Meta& m, Smem& s, int tid) {
@@ -705,6 +1022,12 @@ struct E2TopkTile {
         uint32_t r0[kItems];
         const int64_t b0 = seg0 + static_cast<int64_t>(tid) * kItems;
         load_bits(a.logits, b0, n_chunks > 0 ? n_live_of(b0, L) : 0, vec_ok, r0);
+        if constexpr (!kCluster) {
+            if (n_chunks == 1 && k <= kStage) {  // uniform over the CTA
+                run_single(a, L, r0, vec_ok, s, tid);
+                return;
+            }
+        }
         const int n_smem = min(n_chunks - 1, a.smem_chunks);
         for (int c = 1; c <= n_smem; ++c) {
             uint32_t* p = a.chunk_smem + static_cast<int64_t>(c - 1) * kChunk;
@@ -734,63 +1057,7 @@ struct E2TopkTile {
         value_histogram(row, s.hist[0], vb);
         row_sync();
         int k_rem = k;
-        int3 r = search(a, s, s.hist[0], s.wtot[0], k_rem, tid);
-        const int b1 = r.x;
-        k_rem -= r.y;
-        int cnt = r.z;
-
-        Rule rule{kByBin, vb, kBin0 + static_cast<uint32_t>(b1) - 1u, 0u, 0u, 0u, false, 0};  // the bin taken whole
-        if (cnt != k_rem) {
-            if (cnt <= kMaxCand) {  // the bin's keys are ranked
-                rule.gbin_f = rule.cbin_f = kBin0 + static_cast<uint32_t>(b1);
-                rule.rank = true;
-            } else {  // exact radix passes over the bin's key interval
-                rule.mode = kByKey;
-                const uint32_t fb1 = kBin0 + static_cast<uint32_t>(b1);
-                uint32_t lo, hi;
-                key_range(a, row, s.cmin, s.cmax, [vb, fb1](uint32_t x) { return vb.fbits(x) == fb1; }, lo, hi, tid);
-                int pass = 1;
-                while (true) {
-                    if (lo == hi) {  // one key Kt: G = key > Kt, the first k_rem of its ties are taken
-                        rule.klo = rule.khi = lo;
-                        rule.need = k_rem;
-                        break;
-                    }
-                    const uint32_t span = hi - lo;
-                    const int shift = max(0, (32 - __clz(static_cast<int>(span))) - 11);
-                    const int hb = pass & 1;
-                    const uint32_t l0 = lo, h0 = hi;
-                    histogram(row, s.hist[hb],
-                              [l0, h0](uint32_t x) {
-                                  const uint32_t kx = to_key(x);
-                                  return kx >= l0 && kx <= h0;
-                              },
-                              [l0, shift](uint32_t x) { return static_cast<int>((to_key(x) - l0) >> shift); });
-                    row_sync();
-                    // the other buffer was last read by the previous search (every CTA is past it)
-                    for (int i = tid; i < kBins; i += kThreads) s.hist[hb ^ 1][i] = 0;
-                    r = search(a, s, s.hist[hb], s.wtot[hb], k_rem, tid);
-                    k_rem -= r.y;
-                    cnt = r.z;
-                    const uint64_t nlo = static_cast<uint64_t>(lo) + (static_cast<uint64_t>(r.x) << shift);
-                    const uint64_t nhi = nlo + (1ull << shift) - 1ull;
-                    lo = static_cast<uint32_t>(nlo);
-                    hi = static_cast<uint32_t>(min(nhi, static_cast<uint64_t>(hi)));
-                    ++pass;
-                    if (cnt == k_rem) {  // the whole sub-interval is taken: G = key >= lo (lo > 0 here)
-                        rule.khi = lo - 1u;
-                        rule.klo = lo;  // > khi: no candidates
-                        break;
-                    }
-                    if (cnt <= kMaxCand && lo != hi) {  // G = key > hi, the interval's keys are ranked
-                        rule.klo = lo;
-                        rule.khi = hi;
-                        rule.rank = true;
-                        break;
-                    }
-                }
-            }
-        }
+        const Rule rule = resolve_rule(a, row, vb, s, k_rem, tid);
         if (rule.mode == kByBin) compact<kByBin>(a, row, rule, k_rem, s, tid);
         else compact<kByKey>(a, row, rule, k_rem, s, tid);
         // Peers may still read this CTA's shared memory (histograms, candidates, totals): no CTA

@@ -184,7 +184,11 @@ class Kernel:
             self.local_bytes = int(check(d.cuFuncGetAttribute(fa.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self.func),
                                          f"cuFuncGetAttribute({name})"))
             self.param_sizes = self._param_sizes()
-        self._dyn_smem_limit = 48 * 1024
+            # The default dynamic-smem limit is 48 KB MINUS the static smem, not 48 KB: assuming 48 KB made
+            # launches with static + dynamic > 48 KB fail with CUDA_ERROR_INVALID_VALUE (E2 on the H200).
+            self._dyn_smem_limit = int(check(
+                d.cuFuncGetAttribute(fa.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.func),
+                f"cuFuncGetAttribute({name})"))
         self._checked_signatures: set[tuple[type, ...]] = set()
 
     def _param_sizes(self) -> tuple[int, ...] | None:

@@ -41,7 +41,11 @@ fixed order, so the kernel is deterministic. No workspace: launches may run conc
 The kernel is launched with Programmatic Dependent Launch by default (pdl=True): it loads
 `weight` (and arms its cluster barriers) before griddepcontrol.wait and reads hidden/residual only
 after it, and lets the next kernel launch early. GLM5_FASTPATH_DISABLE_PDL=1 turns the attribute
-off globally.
+off globally. PDL and the cluster launch combine (the programmatic edge is a stream property, the
+cluster attribute only shapes the grid): tests/ops/test_add_rmsnorm_quant.py's control checks the
+overlap with plain and with cluster-launched (2 and 8 CTAs) consumers through a producer/consumer
+handshake. (Its first version raced a 50 us spin against the host's launch latency and failed on
+the session-2 H200 run for that reason, not because of the cluster launch.)
 """
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ Inputs (no device sync, so CUDA-graph capturable):
   as a view); W < 2^31. Values at t >= seq_lens[m] are never used (E1 writes -inf there).
 - seq_lens [M] int32 or int64, contiguous.
 - block_table [M, P] int32 or int64, unit column stride (any row stride). Only entries of live
-  pages are read; unused ones may hold anything (e.g. -1).
+  pages are used; unused ones may hold anything (e.g. -1). (Each thread's first page entry is
+  read whenever it lies inside the row of the table, so that its load does not wait for seq_lens.)
 - topk >= 1 (GLM-5: cfg.index_topk = 2048). Any topk works; M is not limited (one CTA, or one
   cluster of CTAs, per row; M > #SMs runs in waves; decode uses M <= 256), the grid limit aside.
 - Slots are computed in 64 bits and stored as int32: the KV pool must have < 2^31 slots.
@@ -47,14 +48,22 @@ as in SGLang's graph replay), so reading them before the wait is safe there; pas
 meta_before_wait=False when a kernel that may still be running writes them (E1 has the same
 switch). GLM5_FASTPATH_DISABLE_PDL=1 turns the launch attribute off globally.
 
-Kernel (csrc/attn_pre/e2_topk.{cuh,cu}, see its header): one CTA of 512 threads per row holds
-8192 positions in registers (16 per thread); a longer row is split over a thread-block cluster of
-up to 8 CTAs (distributed shared memory for the cross-CTA steps), each CTA holding up to
-1 + 5 chunks of 8192 positions on chip (registers + dynamic shared memory; beyond that a chunk is
-re-read from L2 per pass). Selection: a linear-value histogram over the row's [min, max] (monotone
-in fp32 order, spreads typical logits so that the bin of the k-th value holds a few keys), then
-either the whole bin is taken, or its <= 64 keys are ranked by one warp, or exact 11-bit radix
-passes split it; one block-scan compaction writes the slots in position order.
+Kernel (csrc/attn_pre/e2_topk.{cuh,cu}, see its header): one CTA per row holds 8192 positions in
+registers (config_for: 256 threads x 32 when every row fits, else 512 x 16); a longer row is split
+over a thread-block cluster of up to 8 CTAs (distributed shared memory for the cross-CTA steps),
+each CTA holding up to 1 + 5 chunks of 8192 positions on chip (registers + dynamic shared memory;
+beyond that a chunk is re-read from L2 per pass). Selection: a linear-value histogram over the
+row's [min, max] (monotone in fp32 order, spreads typical logits so that the bin of the k-th value
+holds a few keys), then either the whole bin is taken, or its <= 64 keys are ranked by one warp, or
+exact 11-bit radix passes split it; one block-scan compaction writes the slots in position order
+(rows of one chunk: staged in shared memory, stored coalesced).
+
+Launch checks: every function's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES is raised once, at
+load, to the most any plan requests (max_dynamic_smem: its default is 48 KB minus the ~20 KB of
+static shared memory, which refused plans with one 32 KB chunk in shared memory), and check_launch
+raises a RuntimeError naming the op and the limit (threads, shared memory per block, cluster size,
+cluster co-scheduling via cuOccupancyMaxActiveClusters) before a plan that cannot launch reaches
+the driver.
 """
 from __future__ import annotations
 
@@ -79,6 +88,7 @@ _FLAG_SEQ64, _FLAG_BT64, _FLAG_META_BEFORE_WAIT = 1, 2, 4  # csrc/attn_pre/e2_to
 MAX_CLUSTER = 8        # portable cluster size limit
 MAX_SMEM_CHUNKS = 5    # chunks kept in dynamic shared memory per CTA (5 x 32 KB at 1024 x 8)
 _SMS_FALLBACK = 132
+_SMEM_OPTIN_FALLBACK = 227 * 1024  # Hopper's opt-in shared memory per block
 
 
 @dataclass(frozen=True)
@@ -97,13 +107,24 @@ class E2Config:
                           defines=(("GLM5_E2_THREADS", str(self.threads)), ("GLM5_E2_ITEMS", str(self.items))))
 
 
-# Every config holds a chunk of 8192 positions (the GLM-5 benchmark row) in registers. 512 x 16
-# (64 registers, two CTAs per SM: M = 256 rows in one wave) halves the per-thread fixed work of
-# 1024 x 8 (scans, reductions: the same instructions for 2x the warps) at the same per-position
-# work; 256 x 32 (128 registers) halves it again with less latency hiding. Not yet timed on the
-# H200: tests/ops/test_e2_topk.py::test_speed_in_cuda_graph prints all three.
+# Every config holds a chunk of 8192 positions (the GLM-5 benchmark row) in registers. A row's time
+# on its SM is instruction issue: per-position work (~15 instructions per position on the
+# single-chunk path, the same total for every config) plus per-thread fixed work (scans, search,
+# reductions, setup: ~400 instructions per warp), which the SM issues once per WARP. 512 x 16 (64
+# registers, two CTAs per SM) halves the fixed work of 1024 x 8; 256 x 32 (128 registers, two CTAs
+# per SM: M = 256 rows in one wave) halves it again: by that count it is the fastest for a row that
+# fits one chunk, so config_for() picks it there (the session-2 H200 numbers, where 256 x 32 was the
+# slowest, were taken with per-position dependent shared loads and scattered stores that this path
+# no longer has). tests/ops/test_e2_topk.py::test_speed_in_cuda_graph prints every config.
 DEFAULT_CONFIG = E2Config(512, 16)
 ALT_CONFIGS = (E2Config(1024, 8), E2Config(256, 32))
+SINGLE_CHUNK_CONFIG = ALT_CONFIGS[1]
+
+
+def config_for(width: int) -> E2Config:
+    """The config a launch uses: SINGLE_CHUNK_CONFIG when every row fits one chunk (GLM-5 decode:
+    L <= 8192), else DEFAULT_CONFIG (long rows: clusters, shared-memory chunks)."""
+    return SINGLE_CHUNK_CONFIG if width <= SINGLE_CHUNK_CONFIG.chunk else DEFAULT_CONFIG
 
 
 @dataclass(frozen=True)
@@ -146,6 +167,51 @@ def plan_launch(m: int, width: int, sms: int, cfg: E2Config = DEFAULT_CONFIG, cl
     chunks = -(-n // c)
     smem_chunks = min(chunks - 1, MAX_SMEM_CHUNKS)
     return E2Plan(c, chunks, smem_chunks, smem_chunks * cfg.chunk * 4)
+
+
+def max_dynamic_smem(cfg: E2Config) -> int:
+    """The most dynamic shared memory any plan of this config requests (MAX_SMEM_CHUNKS chunks). The
+    launcher raises each function's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to this once, at
+    load: the attribute's default is 48 KB MINUS the function's static shared memory (~20 KB here), so
+    a plan with one 32 KB chunk in shared memory (52 KB in all) was refused with
+    CUDA_ERROR_INVALID_VALUE when no earlier launch of the function had raised it."""
+    return MAX_SMEM_CHUNKS * cfg.chunk * 4
+
+
+@dataclass(frozen=True)
+class LaunchLimits:
+    """What one loaded function on one device allows (Kernel attributes + device properties)."""
+
+    max_threads: int      # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK (the __launch_bounds__)
+    static_smem: int      # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+    max_dynamic_smem: int  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as configured
+    smem_optin: int       # the device's shared memory per block with opt-in
+    max_active_clusters: int | None = None  # cuOccupancyMaxActiveClusters for the plan (None: not queried)
+
+
+def check_launch(m: int, cfg: E2Config, plan: E2Plan, limits: LaunchLimits) -> None:
+    """Raise a RuntimeError naming the op and the violated limit if this plan cannot launch (host-only,
+    testable): the driver would answer CUDA_ERROR_INVALID_VALUE (or never co-schedule a cluster)."""
+    why = []
+    if m < 1:
+        why.append(f"an empty grid (M={m})")
+    if cfg.threads > limits.max_threads:
+        why.append(f"{cfg.threads} threads per CTA > the function's limit {limits.max_threads}")
+    if plan.cluster not in (1, 2, 4, 8) or plan.cluster > MAX_CLUSTER:
+        why.append(f"cluster {plan.cluster} is not a portable cluster size (1, 2, 4 or 8)")
+    if m * plan.cluster > 2**31 - 1:
+        why.append(f"grid {m} x {plan.cluster} CTAs exceeds 2^31-1")
+    if plan.smem_bytes > limits.max_dynamic_smem:
+        why.append(f"{plan.smem_bytes} B of dynamic shared memory > the function's configured maximum "
+                   f"{limits.max_dynamic_smem} B")
+    if limits.static_smem + plan.smem_bytes > limits.smem_optin:
+        why.append(f"{limits.static_smem} B static + {plan.smem_bytes} B dynamic shared memory > the device's "
+                   f"{limits.smem_optin} B per block")
+    if plan.cluster > 1 and limits.max_active_clusters is not None and limits.max_active_clusters < 1:
+        why.append(f"a cluster of {plan.cluster} CTAs x ({cfg.threads} threads, {limits.static_smem + plan.smem_bytes} B "
+                   "shared memory) cannot be co-scheduled on one GPC")
+    if why:
+        raise RuntimeError(f"{OP}: cannot launch {plan} with {cfg} for M={m}: " + "; ".join(why))
 
 
 # ---- validation (shared by the real and the fake implementation) ---------------------------------
@@ -231,14 +297,65 @@ def _kernel_args(logits, seq_lens, block_table, out, topk: int, plan: E2Plan, me
 
 _kernels: dict[tuple[E2Config, int, str], object] = {}
 _num_sms: dict[int, int] = {}
+_smem_optin: dict[int, int] = {}
+_checked: dict[tuple, LaunchLimits] = {}
+_dyn_limit: dict[tuple[E2Config, int, str], int] = {}
+
+
+def _optin(idx: int) -> int:
+    n = _smem_optin.get(idx)
+    if n is None:
+        try:
+            n = int(getattr(torch.cuda.get_device_properties(idx), "shared_memory_per_block_optin", 0)) or _SMEM_OPTIN_FALLBACK
+        except Exception:  # noqa: BLE001
+            n = _SMEM_OPTIN_FALLBACK
+        n = _smem_optin[idx] = n
+    return n
 
 
 def _kernel(cfg: E2Config, idx: int, function: str = FUNCTION):
+    """The loaded function, with its dynamic shared memory limit raised once to what any plan needs."""
     k = _kernels.get((cfg, idx, function))
     if k is None:
         from ..jit.runtime import get_kernel
-        k = _kernels[(cfg, idx, function)] = get_kernel(cfg.spec, function, device=idx)
+        k = get_kernel(cfg.spec, function, device=idx)
+        want = max(0, min(max_dynamic_smem(cfg), _optin(idx) - k.static_smem))
+        k.set_max_dynamic_smem(want)  # the runtime records it and never re-sets it for smaller launches
+        _dyn_limit[(cfg, idx, function)] = want
+        _kernels[(cfg, idx, function)] = k
     return k
+
+
+def _max_active_clusters(kernel, cfg: E2Config, plan: E2Plan) -> int | None:
+    """cuOccupancyMaxActiveClusters for the plan's cluster shape (None when the query is unavailable)."""
+    try:
+        from ..jit.runtime import _InContext, check, driver
+        d = driver()
+        lc = d.CUlaunchConfig()
+        lc.gridDimX, lc.gridDimY, lc.gridDimZ = plan.cluster, 1, 1
+        lc.blockDimX, lc.blockDimY, lc.blockDimZ = cfg.threads, 1, 1
+        lc.sharedMemBytes = plan.smem_bytes
+        a = d.CUlaunchAttribute()
+        a.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = plan.cluster, 1, 1
+        lc.attrs = [a]
+        lc.numAttrs = 1
+        with _InContext(kernel.module.device):
+            return int(check(d.cuOccupancyMaxActiveClusters(kernel.func, lc), "cuOccupancyMaxActiveClusters"))
+    except Exception:  # noqa: BLE001 - an old driver / binding: the static checks still apply
+        return None
+
+
+def _launch_limits(kernel, cfg: E2Config, plan: E2Plan, idx: int) -> LaunchLimits:
+    key = (cfg, idx, plan)
+    lim = _checked.get(key)
+    if lim is None:
+        lim = _checked[key] = LaunchLimits(
+            max_threads=kernel.max_threads, static_smem=kernel.static_smem,
+            max_dynamic_smem=_dyn_limit.get((cfg, idx, plan.function), 0),
+            smem_optin=_optin(idx),
+            max_active_clusters=_max_active_clusters(kernel, cfg, plan) if plan.cluster > 1 else None)
+    return lim
 
 
 def _sms(idx: int) -> int:
@@ -258,12 +375,13 @@ def _launch(logits, seq_lens, block_table, topk: int, out, pdl: bool, cfg: E2Con
     m, w = logits.shape
     if m == 0:
         return None
-    cfg = cfg or DEFAULT_CONFIG
+    cfg = cfg or config_for(w)
     plan = plan_launch(m, w, _sms(idx), cfg, cluster)
     env.print_config("e2_topk", {"M": m, "width": w, "topk": topk},
                      {"threads": cfg.threads, "items": cfg.items, "cluster": plan.cluster, "chunks": plan.chunks,
                       "smem_chunks": plan.smem_chunks, "smem": plan.smem_bytes})
     kernel = _kernel(cfg, idx, plan.function)
+    check_launch(m, cfg, plan, _launch_limits(kernel, cfg, plan, idx))
     args = _kernel_args(logits, seq_lens, block_table, out, topk, plan, meta_before_wait)
     kernel.launch((m * plan.cluster, 1, 1), (cfg.threads, 1, 1), args, smem=plan.smem_bytes, pdl=pdl,
                   cluster=(plan.cluster, 1, 1) if plan.cluster > 1 else None)
@@ -328,6 +446,7 @@ def precompile(device: object = None) -> None:
         dev = torch.device("cuda", torch.cuda.current_device())
     for fn in (FUNCTION, FUNCTION_CLUSTER):
         _kernel(DEFAULT_CONFIG, dev.index, fn)
+    _kernel(SINGLE_CHUNK_CONFIG, dev.index, FUNCTION)
 
 
 def compile_check_specs() -> list[KernelSpec]:

@@ -346,22 +346,55 @@ extern "C" __global__ void pdl_test_spin_then_copy(const uint4* src, uint4* dst,
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
         dst[i] = src[i];
 }
-// Control: copies src -> dst, with or without griddepcontrol.wait first.
-extern "C" __global__ void pdl_test_copy(const uint4* src, uint4* dst, long long n_vec, int do_wait) {
-    if (do_wait) glm5::ptx::griddep_wait();
+// Control producer: lets its dependents launch at once, then waits (bounded by timeout_ns) until
+// `expect` consumer CTAs have checked in, and only then copies src -> dst. With PDL the consumer runs
+// during that wait; without overlap the wait times out and the consumer starts after the copy.
+extern "C" __global__ void pdl_test_wait_checkins_then_copy(const uint4* src, uint4* dst, long long n_vec,
+                                                            unsigned int* checkins, unsigned int expect,
+                                                            unsigned long long timeout_ns) {
+    glm5::ptx::griddep_launch_dependents();
+    if (threadIdx.x == 0) {
+        const uint64_t t0 = glm5::ptx::globaltimer_ns();
+        while (atomicAdd(checkins, 0u) < expect && glm5::ptx::globaltimer_ns() - t0 < timeout_ns) {
+        }
+    }
+    __syncthreads();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
         dst[i] = src[i];
+}
+// Control consumer: copies src -> dst. do_wait: checks in, then griddepcontrol.wait, then copies.
+// Otherwise copies first and checks in after the whole CTA's copy (so the producer's copy comes
+// strictly after every read of this consumer when the two overlap).
+extern "C" __global__ void pdl_test_copy(const uint4* src, uint4* dst, long long n_vec, int do_wait,
+                                         unsigned int* checkins) {
+    if (do_wait) {
+        if (threadIdx.x == 0) atomicAdd(checkins, 1u);
+        glm5::ptx::griddep_wait();
+    }
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+    if (!do_wait) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(checkins, 1u);
+        }
+    }
 }
 """
 SPIN_NS = 50_000
 PRODUCER_CTAS = 8  # few CTAs: the dependent grid fits beside them and really starts early
 
 
+def _pdl_spec():
+    from glm5_fastpath.jit import KernelSpec
+    return KernelSpec("pdl_test_kernels", code=PDL_TEST_KERNELS,
+                      functions=("pdl_test_spin_then_copy", "pdl_test_wait_checkins_then_copy", "pdl_test_copy"))
+
+
 def _pdl_kernels():
-    from glm5_fastpath.jit import KernelSpec, get_kernel
-    spec = KernelSpec("pdl_test_kernels", code=PDL_TEST_KERNELS,
-                      functions=("pdl_test_spin_then_copy", "pdl_test_copy"))
-    return get_kernel(spec, "pdl_test_spin_then_copy"), get_kernel(spec, "pdl_test_copy")
+    from glm5_fastpath.jit import get_kernel
+    return get_kernel(_pdl_spec(), "pdl_test_spin_then_copy"), get_kernel(_pdl_spec(), "pdl_test_copy")
 
 
 def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -370,27 +403,56 @@ def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
                     [src, dst, ctypes.c_int64(n_vec), ctypes.c_uint64(SPIN_NS)], pdl=False)
 
 
+CONTROL_TIMEOUT_NS = 20_000_000  # 20 ms: only reached when the consumer did NOT overlap (or waits)
+
+
 @pytest.mark.gpu
-def test_pdl_control_shows_the_attribute_takes_effect(no_pdl_override):
-    """A consumer WITHOUT griddepcontrol.wait, launched with PDL, reads stale data: the launch
-    attribute really lets it start under the spinning producer (else the A0 PDL test proves nothing);
-    the same consumer WITH the wait reads the new data."""
-    producer, copy = _pdl_kernels()
+@pytest.mark.parametrize("consumer_cluster", [None, 2, 8])
+def test_pdl_control_shows_the_attribute_takes_effect(consumer_cluster, no_pdl_override):
+    """A consumer WITHOUT griddepcontrol.wait, launched with PDL, reads stale data: the launch attribute
+    really lets it start under the running producer (else the A0 PDL test proves nothing); the same
+    consumer WITH the wait reads the new data. Also with the consumer launched as clusters (A0's launch
+    shape): PDL overlap does not depend on the cluster attribute.
+
+    A handshake, not a race against the host: the producer copies only after every consumer CTA has
+    checked in (or after a 20 ms timeout). The first version spun a fixed 50 us and relied on the host
+    submitting the consumer within that time; on the session-2 H200 run it did not (first launches of
+    the process, Python launch overhead), the consumer ran after the producer's copy and the control
+    failed although nothing was wrong with PDL."""
+    from glm5_fastpath.jit import get_kernel
+    producer = get_kernel(_pdl_spec(), "pdl_test_wait_checkins_then_copy")
+    copy = get_kernel(_pdl_spec(), "pdl_test_copy")
     src = torch.randn(64, 6144, device="cuda").to(BF16)
+    n_vec = src.numel() * 2 // 16
+    ctas = 64
+    checkins = torch.zeros(1, dtype=torch.int32, device="cuda")
+    cluster = None if consumer_cluster is None else (consumer_cluster, 1, 1)
+
+    def run(do_wait: int, dst: torch.Tensor, seen: torch.Tensor) -> None:
+        producer.launch((PRODUCER_CTAS, 1, 1), (256, 1, 1),
+                        [src, dst, ctypes.c_int64(n_vec), checkins, ctypes.c_uint32(ctas),
+                         ctypes.c_uint64(CONTROL_TIMEOUT_NS)], pdl=False)
+        copy.launch((ctas, 1, 1), (256, 1, 1), [dst, seen, ctypes.c_int64(n_vec), ctypes.c_int32(do_wait), checkins],
+                    pdl=True, cluster=cluster)
+
+    # warm-up: both kernels loaded and launched once outside the checked sequence
+    checkins.zero_()
+    run(1, torch.empty_like(src), torch.empty_like(src))
+    torch.cuda.synchronize()
     for do_wait, expect_fresh in ((0, False), (1, True)):
         dst = torch.full_like(src, 7.0)
         seen = torch.zeros_like(src)
+        checkins.zero_()
         torch.cuda.synchronize()
-        _produce(producer, src, dst)
-        copy.launch((64, 1, 1), (256, 1, 1), [dst, seen, ctypes.c_int64(src.numel() * 2 // 16), ctypes.c_int32(do_wait)],
-                    pdl=True)
+        run(do_wait, dst, seen)
         torch.cuda.synchronize()
         fresh = torch.equal(seen, src)
         stale = int((seen == 7.0).sum())
         if expect_fresh:
-            assert fresh, f"with griddepcontrol.wait the consumer still saw {stale} stale elements"
+            assert fresh, f"with griddepcontrol.wait the consumer still saw {stale} stale elements ({cluster=})"
         else:
-            assert stale > 0, "PDL overlap not observed: the consumer only ran after the producer finished"
+            assert stale == seen.numel(), (f"PDL overlap not observed ({cluster=}): the consumer saw "
+                                           f"{seen.numel() - stale} fresh elements, so it ran after the producer's copy")
 
 
 @pytest.mark.gpu
