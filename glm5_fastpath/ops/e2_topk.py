@@ -107,24 +107,25 @@ class E2Config:
                           defines=(("GLM5_E2_THREADS", str(self.threads)), ("GLM5_E2_ITEMS", str(self.items))))
 
 
-# Every config holds a chunk of 8192 positions (the GLM-5 benchmark row) in registers. A row's time
-# on its SM is instruction issue: per-position work (~15 instructions per position on the
-# single-chunk path, the same total for every config) plus per-thread fixed work (scans, search,
-# reductions, setup: ~400 instructions per warp), which the SM issues once per WARP. 512 x 16 (64
-# registers, two CTAs per SM) halves the fixed work of 1024 x 8; 256 x 32 (128 registers, two CTAs
-# per SM: M = 256 rows in one wave) halves it again: by that count it is the fastest for a row that
-# fits one chunk, so config_for() picks it there (the session-2 H200 numbers, where 256 x 32 was the
-# slowest, were taken with per-position dependent shared loads and scattered stores that this path
-# no longer has). tests/ops/test_e2_topk.py::test_speed_in_cuda_graph prints every config.
+# Every config holds a chunk of 8192 positions (the GLM-5 benchmark row) in registers. Which one is
+# fastest was MEASURED on the H200 (benchmarks/results/2026-11-29_h200_session2/run4_ef41994/e2speed.log,
+# 20 launches per CUDA graph, PDL on, L = 8192): 1024 x 8 wins up to M = 64 (5.1-5.6 us vs 5.8-6.8 for
+# 512 x 16 and 7.7-9.0 for 256 x 32; more threads shorten the per-row issue chain when rows < SMs), and
+# 512 x 16 wins at M = 256 (8.5 us vs 10.9 / 10.4: two CTAs per SM, one wave). Long rows (clusters,
+# shared-memory chunks) use DEFAULT_CONFIG. tests/ops/test_e2_topk.py::test_speed_in_cuda_graph prints
+# every config, so re-measure there before changing these.
 DEFAULT_CONFIG = E2Config(512, 16)
 ALT_CONFIGS = (E2Config(1024, 8), E2Config(256, 32))
-SINGLE_CHUNK_CONFIG = ALT_CONFIGS[1]
+SINGLE_CHUNK_CONFIG = ALT_CONFIGS[0]          # rows that fit one chunk, up to SINGLE_CHUNK_MAX_ROWS rows
+SINGLE_CHUNK_MAX_ROWS = 128                   # above: DEFAULT_CONFIG (measured faster at M = 256)
 
 
-def config_for(width: int) -> E2Config:
+def config_for(width: int, rows: int = 1) -> E2Config:
     """The config a launch uses: SINGLE_CHUNK_CONFIG when every row fits one chunk (GLM-5 decode:
-    L <= 8192), else DEFAULT_CONFIG (long rows: clusters, shared-memory chunks)."""
-    return SINGLE_CHUNK_CONFIG if width <= SINGLE_CHUNK_CONFIG.chunk else DEFAULT_CONFIG
+    L <= 8192) and there are at most SINGLE_CHUNK_MAX_ROWS rows, else DEFAULT_CONFIG."""
+    if width <= SINGLE_CHUNK_CONFIG.chunk and rows <= SINGLE_CHUNK_MAX_ROWS:
+        return SINGLE_CHUNK_CONFIG
+    return DEFAULT_CONFIG
 
 
 @dataclass(frozen=True)
@@ -375,7 +376,7 @@ def _launch(logits, seq_lens, block_table, topk: int, out, pdl: bool, cfg: E2Con
     m, w = logits.shape
     if m == 0:
         return None
-    cfg = cfg or config_for(w)
+    cfg = cfg or config_for(w, m)
     plan = plan_launch(m, w, _sms(idx), cfg, cluster)
     env.print_config("e2_topk", {"M": m, "width": w, "topk": topk},
                      {"threads": cfg.threads, "items": cfg.items, "cluster": plan.cluster, "chunks": plan.chunks,

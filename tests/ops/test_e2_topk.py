@@ -615,8 +615,9 @@ def test_fake_shapes_and_compile():
 
 
 def test_config_choice():
-    assert e2mod.config_for(8192) == e2mod.SINGLE_CHUNK_CONFIG == e2mod.E2Config(256, 32)
-    assert e2mod.config_for(1) == e2mod.SINGLE_CHUNK_CONFIG
+    assert e2mod.config_for(8192) == e2mod.SINGLE_CHUNK_CONFIG == e2mod.E2Config(1024, 8)
+    assert e2mod.config_for(1) == e2mod.SINGLE_CHUNK_CONFIG == e2mod.config_for(8192, 128)
+    assert e2mod.config_for(8192, 129) == e2mod.DEFAULT_CONFIG
     assert e2mod.config_for(8193) == e2mod.config_for(131072) == e2mod.DEFAULT_CONFIG
     assert e2mod.SINGLE_CHUNK_CONFIG in e2mod.ALT_CONFIGS  # compiled by compile_check_specs
 
@@ -1037,7 +1038,7 @@ def test_speed_in_cuda_graph(m, L, seed):
         return sorted(times)[len(times) // 2]
 
     us = timed(lambda: e2_topk(logits, seq, bt, k, out=out))
-    chosen = e2mod.config_for(L)
+    chosen = e2mod.config_for(L, m)
     plan = e2mod.plan_launch(m, L, torch.cuda.get_device_properties(0).multi_processor_count, chosen)
     print(f"e2_topk M={m} L={L}: {us:.2f} us per call (default {chosen}, {plan})")
     for cfg in (e2mod.DEFAULT_CONFIG, *e2mod.ALT_CONFIGS):

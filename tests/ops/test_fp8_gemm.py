@@ -993,8 +993,8 @@ def _run_op(op, m, layer, seed):
 @pytest.mark.parametrize("case", WGMMA_OPTION_CASES, ids=[f"{c[0]}_m{c[1]}_tm{c[2]}_s{c[3]}" for c in WGMMA_OPTION_CASES])
 def test_wgmma_options_bitwise_equal(case, pipe, reduce, layer, no_pdl_override):
     op, m, tm, splits, stages = case
-    if reduce == "cluster" and splits == 1:
-        pytest.skip("cluster reduce needs splits > 1")
+    if reduce == "cluster" and not 1 < splits <= F.MAX_CLUSTER_SPLITS:
+        pytest.skip(f"cluster reduce needs 1 < splits <= {F.MAX_CLUSTER_SPLITS} (forced_config rejects it)")
     with F.forced_config(tm, splits, stages, impl="wgmma"):
         base = _run_op(op, m, layer, 300 + m)
     with F.forced_config(tm, splits, stages, impl="wgmma", pipe=pipe, reduce=reduce):
