@@ -7,6 +7,10 @@
     plan.py         KernelPlan: [num_sms, max_queue_len, 32] int32 + counters + OperandPtrTable (operands.py)
     validator.py    satisfiable / deadlock-free / dependency-exact checks, dump()
     interpreter.py  runs the instruction tensor on CPU with one reference solver per opcode (solvers.py)
+    device.py       the persistent megakernel (csrc/megartp): PlanRunner / run_plan / MegaRtpExecutor, the
+                    family-support check, error records (imports CUDA pieces lazily: fine on CPU)
+    trace.py        trace builds: per-instruction timestamps -> Chrome/Perfetto JSON, critical-path summary
+    bench.py        bench_megartp(): framework cost (empty plan) and per-M plan time
 """
 from .interpreter import Interpreter, InterpreterDeadlock, run_plan  # noqa: F401
 from .isa import Instruction, IsaError, Opcode, decode, encode, render_header  # noqa: F401

@@ -1,0 +1,542 @@
+// MegaRTP op families: thin adapters from one instruction (payload + operand row) to the existing
+// tile functions of csrc/attn_pre/. Every adapter follows the same order, which the runtime relies on:
+//   1. validate the payload (uniform; a failure leaves before any CTA-wide barrier),
+//   2. prologue that reads no producer output (weights -> shared memory, cp.async),
+//   3. ctx.wait_inputs() (the global events; the controller joins CTA-wide barriers after this),
+//   4. the tile, writing its outputs; split-K: partial -> workspace, reduce counter, and in the
+//      last arriver of the group the reduction (k-split order, deterministic) + the epilogue.
+// The runtime then fences and signals.
+//
+// Shared memory (v1): every instruction gets the whole dynamic shared memory of the CTA (the launch
+// gives the maximum over the families); no page map, so instruction i+1's weights are not
+// prefetched while instruction i runs. The paged allocator is the next step.
+//
+// Families of v1 (device.py SUPPORTED_FAMILIES lists the same):
+//   D2  D2AbsorbTile (+ D2KvStoreWarp: the head-0 tile of the last 128 latent columns stores the
+//       whole KV rows of its tokens, c_kv and roped k_pe, exactly as the standalone KV warp does;
+//       the other head-0 tiles store nothing, so the cache bytes equal the standalone kernel's).
+//   B0  split-K partial on SkinnyGemmTile's mainloop; group epilogue: reduce the row block into
+//       bf16 rows (in place over workspace slice 0) + B0RowNormsTile per row (= B0 split mode).
+//   B1  split-K partial; group epilogue SkinnyFinish<kEpiIdxK> (LayerNorm, RoPE, quant, cache store).
+//   D1  split-K partial; per-head group epilogue SkinnyFinish<kEpiIdxQ> (needs index_head_dim 128:
+//       one head = one 128-row tile).
+//   (B1 / D1 call SkinnyFinish's epilogue-input staging, stage_pre / stage_tables / stage_wait, as the
+//   standalone mainloops do; that API was being reworked while this was written: finish_group().)
+// The partials run SkinnyGemmTile::mainloop, which calls __syncthreads() once per K group: the
+// controller warp joins those barriers (gemm_joins(); a CPU test trips when the tile code changes).
+// Not in v1 (their tile code is being rewritten): A0, C0, E1, E2; D0 (its per-head N tiles start at
+// multiples of 192 rows, but the GEMM tile covers 128-row weight-scale blocks).
+#pragma once
+
+#include "runtime.cuh"
+
+#include "../attn_pre/fp8_gemm_skinny.cuh"
+// NOTES: d2_absorb_kv_store.cuh includes common/mma_bf16_sm80.cuh, which defines smem_addr,
+// cp_async_commit and cp_async_wait<> under the same names as common/ptx_cp_async.cuh (included by
+// the GEMM above): one translation unit cannot hold both. Rename the second set while it is parsed
+// (the D2 tile's own calls are renamed with it, so they still call its definitions).
+#define smem_addr smem_addr_mma_bf16
+#define cp_async_commit cp_async_commit_mma_bf16
+#define cp_async_wait cp_async_wait_mma_bf16
+#include "../attn_pre/d2_absorb_kv_store.cuh"
+#undef smem_addr
+#undef cp_async_commit
+#undef cp_async_wait
+#include "../attn_pre/b0_row_norms.cuh"
+
+namespace glm5 {
+namespace megartp {
+
+namespace sk = ::glm5::attn_pre::skinny;
+
+// Compile-time model dims (the kernel is compiled per config: megakernel.cu defines).
+template <int kQ_, int kKV_, int kR_, int kNope_>
+struct Dims {
+    static constexpr int kQ = kQ_;        // q_lora_rank
+    static constexpr int kKV = kKV_;      // kv_lora_rank
+    static constexpr int kR = kR_;        // qk_rope_head_dim
+    static constexpr int kNope = kNope_;  // qk_nope_head_dim
+    static constexpr int kQkv = kQ + kKV + kR;
+};
+
+// Why a tile was refused (error record detail; decoded by device.py UNSUPPORTED_DETAIL).
+enum TileCheck : int32_t {
+    kChkRows = 1,         // 0 <= m0 < m1 <= num_tokens
+    kChkRowAlign = 2,     // m0 a multiple of the token block
+    kChkN = 3,            // n0 on a 128-row block, n1 - n0 <= 128, n1 <= N
+    kChkK = 4,            // k0, k1 on 128-column groups inside [0, K]
+    kChkSplit = 5,        // k_split inside the reduce group's splits
+    kChkGroup = 6,        // the reduce group's region [g0, g1) is not what the epilogue covers
+    kChkReduce = 7,       // reduce counter / target out of range
+    kChkHeadDim = 8,      // D1 needs index_head_dim == 128
+    kChkD2Tile = 9,       // D2: head / latent tile out of range
+};
+
+// ---- split-K GEMM partial (B0, B1, D1) ------------------------------------------------------------
+
+// The payload of every split-K family (families.SPLIT_K_PAYLOAD): same words for B0, B1, D1.
+static_assert(isa::B0::payload::m0 == isa::B1::payload::m0 && isa::B0::payload::m0 == isa::D1::payload::m0 &&
+                  isa::B0::payload::g1 == isa::B1::payload::g1 && isa::B0::payload::g1 == isa::D1::payload::g1,
+              "split-K families share one payload layout");
+
+struct SplitK {
+    int m0, m1, n0, n1, k0, k1, k_split, g0, g1;
+    int target;  // reduce group size (partials)
+
+    static GLM5_DEVICE SplitK of(const isa::Instruction& ins) {
+        namespace pl = isa::B0::payload;
+        SplitK r;
+        r.m0 = ins.w[pl::m0];
+        r.m1 = ins.w[pl::m1];
+        r.n0 = ins.w[pl::n0];
+        r.n1 = ins.w[pl::n1];
+        r.k0 = ins.w[pl::k0];
+        r.k1 = ins.w[pl::k1];
+        r.k_split = ins.w[pl::k_split];
+        r.g0 = ins.w[pl::g0];
+        r.g1 = ins.w[pl::g1];
+        r.target = ins.w[isa::kReduceTarget];
+        return r;
+    }
+    GLM5_DEVICE int rows() const { return m1 - m0; }
+    GLM5_DEVICE int nk() const { return (k1 - k0) / sk::kBlockK; }
+    // Partials per workspace element: the group's partials / the 128-row tiles of its region.
+    GLM5_DEVICE int splits() const {
+        const int tiles = (g1 - g0 + sk::kBlockN - 1) / sk::kBlockN;
+        return tiles > 0 && target % tiles == 0 ? target / tiles : 0;
+    }
+};
+
+// Token block of the GEMM tile. v1 instantiates one: 16 tokens (decode M <= 16 in one pass; a
+// larger row block runs one mainloop per 16 rows, re-reading the weights from L2). NOTES: the
+// 32- and 64-token blocks exceed the 168 registers a thread can have with 9 warps per CTA (three
+// warps share one SM sub-partition's 16K registers) and spill; they need setmaxnreg (a controller
+// warpgroup giving registers to the workers) first.
+template <int kTM_, int kStages_>
+struct GemmCfg {
+    static constexpr int kTM = kTM_;
+    static constexpr int kStages = kStages_;
+    static constexpr int kNT = kTM / 8;
+    using Tile = sk::SkinnyGemmTile<kTM_, kStages_, sk::kEpiPlain>;
+    using Smem = sk::SkinnySmem<kTM_, kStages_>;
+    // The partial's carve-up with epilogue kEpi's scratch at kOffRed (the same offset for every kEpi).
+    template <int kEpi>
+    static GLM5_DEVICE int smem_bytes(int nk) { return sk::SkinnySmem<kTM_, kStages_, kEpi>::bytes(nk); }
+};
+using Gemm = GemmCfg<16, 6>;  // the stage count of ops/fp8_gemm.py STAGES[16]
+
+GLM5_DEVICE int gemm_tm(int /*rows*/) { return Gemm::kTM; }
+
+// CTA-wide barriers of the partial: SkinnyGemmTile::mainloop executes __syncthreads() once per K
+// group, and the adapter runs one mainloop per token block of the tile.
+GLM5_DEVICE int gemm_joins(const SplitK& r) {
+    const int rows = r.rows(), nk = r.nk();
+    if (rows <= 0 || nk <= 0) return 0;
+    const int tm = gemm_tm(rows);
+    return (rows + tm - 1) / tm * nk;
+}
+
+GLM5_DEVICE int cta_barrier_joins(const isa::Instruction& ins) {
+    const int op = ins.w[isa::kOpcode];
+    if (op == static_cast<int>(isa::Opcode::B0) || op == static_cast<int>(isa::Opcode::B1) ||
+        op == static_cast<int>(isa::Opcode::D1))
+        return gemm_joins(SplitK::of(ins));
+    return 0;
+}
+
+struct GemmOperands {
+    const uint8_t* w;       // [N, K] e4m3
+    const float* w_scale;   // [ceil(N/128), K/128]
+    const uint8_t* x;       // [M, K] e4m3
+    const float* x_scale;   // [M, K/128]
+    float* ws;              // [splits, M, N] fp32
+    int N, K;
+};
+
+// Uniform checks of a split-K payload against the GEMM (before any barrier).
+template <bool kTrace>
+GLM5_DEVICE int32_t check_split_k(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g) {
+    if (!(0 <= r.m0 && r.m0 < r.m1 && r.m1 <= c.p.num_tokens)) return kChkRows;
+    if (r.m0 % gemm_tm(r.rows())) return kChkRowAlign;
+    if (r.n0 < 0 || r.n0 % sk::kBlockN || r.n1 <= r.n0 || r.n1 - r.n0 > sk::kBlockN || r.n1 > g.N || g.N % 2)
+        return kChkN;
+    if (r.k0 < 0 || r.k0 % sk::kBlockK || r.k1 % sk::kBlockK || r.k1 <= r.k0 || r.k1 > g.K) return kChkK;
+    const int s = r.splits();
+    if (s < 1 || r.k_split < 0 || r.k_split >= s) return kChkSplit;
+    const int rc = c.ins.w[isa::kReduceCounter];
+    if (rc < 0 || rc >= c.p.num_counters || r.target < 1) return kChkReduce;
+    return 0;
+}
+
+// The GEMM tile's parameter block lives in shared memory (CtaShared::family_params).
+static_assert(sizeof(sk::SkinnyParams) <= kFamilyParamBytes, "SkinnyParams must fit CtaShared::family_params");
+
+template <bool kTrace>
+GLM5_DEVICE sk::SkinnyParams& gemm_params(const Ctx<kTrace>& c) {
+    return *reinterpret_cast<sk::SkinnyParams*>(c.sh.family_params);
+}
+
+// Partial of rows [m0, m1) x weight rows [n0, n1) over K [k0, k1) -> ws[k_split, m, n] (fp32).
+// The weight prologue of the first token block is issued before the event wait.
+template <class G, bool kTrace>
+GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const SplitK& r, uint8_t* smem) {
+    sk::SkinnyParams& sp = gemm_params(c);
+    if (c.tid == 0) {
+        sp = sk::SkinnyParams{};
+        sp.w = g.w;
+        sp.w_scale = g.w_scale;
+        sp.x = g.x;
+        sp.x_scale = g.x_scale;
+        sp.M = r.m1;  // rows >= m1 are zero-filled by the loads
+        sp.N = g.N;
+        sp.K = g.K;
+        sp.splits = 1;  // the mainloop returns its own partial; the runtime reduces across instructions
+    }
+    worker_sync<kBarWorkers>();
+    sk::Coord co;
+    co.tile_n = r.n0 / sk::kBlockN;
+    co.split = 0;
+    co.g_begin = r.k0 / sk::kBlockK;
+    co.nk = r.nk();
+    co.gmax = co.nk;
+    const int tid = c.tid, lane = tid & 31, warp = tid >> 5, gg = lane >> 2, t = lane & 3;
+    const int f = co.tile_n * sk::kBlockN + warp * 16 + 2 * gg;
+    const int64_t slice = static_cast<int64_t>(r.k_split) * c.p.num_tokens;
+    for (int row0 = r.m0; row0 < r.m1; row0 += G::kTM) {
+        co.tile_m = row0 / G::kTM;
+        G::Tile::prologue(sp, co, smem, tid);
+        if (row0 == r.m0 && !c.wait_inputs()) {
+            ptx::cp_async_wait<0>();
+            return false;
+        }
+        float acc[G::kNT][4];
+        G::Tile::mainloop(sp, co, smem, tid, acc);
+        if (f < g.N) {
+#pragma unroll
+            for (int j = 0; j < G::kNT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int m = row0 + j * 8 + 2 * t + e;
+                    if (m < r.m1) sync::st_cg_f32x2(g.ws + (slice + m) * g.N + f, acc[j][e], acc[j][e + 2]);
+                }
+        }
+        worker_sync<kBarWorkers>();  // the stages are free before the next token block's prologue
+    }
+    return true;
+}
+
+// The reduced fp32 tile of rows [row0, row0 + kTM) x weight rows [128 tile_n, +128) in the
+// SkinnyFinish fragment layout: sum over the splits in k-split order starting from 0 (as
+// SkinnyFinish::reduce_splits does), 0 outside [.., m_end) x [.., N).
+template <class G, bool kTrace>
+GLM5_DEVICE void load_reduced(const Ctx<kTrace>& c, const GemmOperands& g, int splits, int tile_n, int row0, int m_end,
+                              float (&acc)[G::kNT][4]) {
+    const int tid = c.tid, lane = tid & 31, warp = tid >> 5, gg = lane >> 2, t = lane & 3;
+    const int f = tile_n * sk::kBlockN + warp * 16 + 2 * gg;
+    const int64_t plane = static_cast<int64_t>(c.p.num_tokens) * g.N;
+#pragma unroll
+    for (int j = 0; j < G::kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int m = row0 + j * 8 + 2 * t + e;
+            float x = 0.0f, y = 0.0f;
+            if (m < m_end && f < g.N) {
+                const float* src = g.ws + static_cast<int64_t>(m) * g.N + f;
+                for (int s = 0; s < splits; ++s) {
+                    const float2 v = sync::ld_cg_f32x2(src + s * plane);
+                    x += v.x;
+                    y += v.y;
+                }
+            }
+            acc[j][e] = x;
+            acc[j][e + 2] = y;
+        }
+}
+
+template <bool kTrace>
+GLM5_DEVICE bool check_smem(const Ctx<kTrace>& c, int need) {
+    return static_cast<int>(sync::dynamic_smem_bytes()) >= need;
+}
+
+// ---- B0: QKV-A partial + row epilogue ----------------------------------------------------------------
+
+// Threads of the B0 row tile: glm5_fastpath/ops/fp8_gemm.py _row_threads (so the row sums add in
+// the standalone kernel's order and the results are bitwise equal to B0 split mode).
+template <class D>
+constexpr int b0_row_threads() {
+    constexpr int vecs = (D::kQ / 8) > ((D::kKV + D::kR) / 8) ? (D::kQ / 8) : ((D::kKV + D::kR) / 8);
+    constexpr int t = (vecs + 31) / 32 * 32;
+    return t < 32 ? 32 : (t > 256 ? 256 : t);
+}
+
+template <class D>
+struct B0Family {
+    static constexpr int kRowThreads = b0_row_threads<D>();
+    using Rows = attn_pre::B0RowNormsTile<D::kQ, D::kKV, D::kR, kRowThreads, kBarB0Rows>;
+    static constexpr int kPairs = D::kQkv / 2;
+    static constexpr int kPairIters = (kPairs + kWorkerThreads - 1) / kWorkerThreads;
+    static_assert(D::kQkv % 2 == 0, "qkv_a rows are written as bf16 pairs");
+    static_assert(Rows::kScratchFloats <= 2 * kWorkerWarps, "CtaShared::scratch holds the row sums");
+
+    template <class G, bool kTrace>
+    static GLM5_DEVICE bool body(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g, uint8_t* smem) {
+        namespace sl = isa::B0::slot;
+        if (!gemm_partial<G>(c, g, r, smem)) return false;
+        if (!c.arrive_reduce()) return true;
+        // Last arriver: rows [m0, m1) of qkv = bf16(sum of the splits), then the row epilogue.
+        const int splits = r.splits(), tid = c.tid;
+        const int64_t plane = static_cast<int64_t>(c.p.num_tokens) * D::kQkv;
+        uint16_t* q_lora = c.template operand<uint16_t>(sl::q_lora);
+        uint8_t* q_fp8 = c.template operand<uint8_t>(sl::q_lora_fp8);
+        float* q_scale = c.template operand<float>(sl::q_lora_scale);
+        uint16_t* c_kv = c.template operand<uint16_t>(sl::c_kv);
+        uint16_t* k_pe = c.template operand<uint16_t>(sl::k_pe);
+        typename Rows::Gamma gamma;
+        if (tid < kRowThreads)
+            Rows::load_gamma(gamma, c.template operand<const uint16_t>(sl::w_q_a_norm),
+                             c.template operand<const uint16_t>(sl::w_kv_a_norm), tid);
+        for (int m = r.m0; m < r.m1; ++m) {
+            float2 v[kPairIters];
+#pragma unroll
+            for (int j = 0; j < kPairIters; ++j) {
+                const int pc = tid + j * kWorkerThreads;
+                v[j] = make_float2(0.0f, 0.0f);
+                if (pc < kPairs) {
+                    const float* src = g.ws + static_cast<int64_t>(m) * D::kQkv + 2 * pc;
+                    for (int s = 0; s < splits; ++s) {
+                        const float2 x = sync::ld_cg_f32x2(src + s * plane);
+                        v[j].x += x.x;
+                        v[j].y += x.y;
+                    }
+                }
+            }
+            worker_sync<kBarWorkers>();  // every read of row m's slices is done: overwrite slice 0 in place
+            uint32_t* qkv2 = reinterpret_cast<uint32_t*>(g.ws + static_cast<int64_t>(m) * D::kQkv);
+#pragma unroll
+            for (int j = 0; j < kPairIters; ++j) {
+                const int pc = tid + j * kWorkerThreads;
+                if (pc < kPairs) qkv2[pc] = ptx::f32x2_to_bf16x2_rn(v[j].x, v[j].y);
+            }
+            worker_sync<kBarWorkers>();
+            if (tid < kRowThreads) {
+                const attn_pre::B0RowPtrs rp{reinterpret_cast<const uint16_t*>(qkv2), q_lora + m * D::kQ,
+                                             q_fp8 + static_cast<int64_t>(m) * D::kQ, q_scale + m * (D::kQ / 128),
+                                             c_kv + m * D::kKV, k_pe + m * D::kR};
+                Rows::run(gamma, rp, c.p.rms_eps, c.sh.scratch, tid);
+            }
+        }
+        return true;
+    }
+
+    template <bool kTrace>
+    static GLM5_DEVICE bool run(const Ctx<kTrace>& c, uint8_t* smem) {
+        namespace sl = isa::B0::slot;
+        const SplitK r = SplitK::of(c.ins);
+        GemmOperands g;
+        g.w = c.template operand<const uint8_t>(sl::w_qkv_a_weight);
+        g.w_scale = c.template operand<const float>(sl::w_qkv_a_scale_inv);
+        g.x = c.template operand<const uint8_t>(sl::x_fp8);
+        g.x_scale = c.template operand<const float>(sl::x_scale);
+        g.ws = c.template operand<float>(sl::workspace);
+        g.N = D::kQkv;
+        g.K = c.p.hidden;
+        int32_t chk = check_split_k(c, r, g);
+        if (!chk && (r.g0 != 0 || r.g1 != D::kQkv)) chk = kChkGroup;  // the row epilogue needs whole rows
+        if (chk) return c.fail(kErrUnsupportedTile, chk);
+        const int need = Gemm::smem_bytes<sk::kEpiPlain>(r.nk());
+        if (!check_smem(c, need)) return c.fail(kErrSmemTooSmall, need);
+        return body<Gemm>(c, r, g, smem);
+    }
+};
+
+// ---- B1 (indexer K) and D1 (indexer Q): partial + SkinnyFinish epilogue -----------------------------
+
+// The last arriver's epilogue of a B1 / D1 reduce group: per token block, SkinnyFinish's staging of the
+// epilogue inputs (positions, slots, w_raw, RoPE (cos, sin): stage_pre, consumer barrier, stage_tables,
+// waited for at the epilogue's entry), the reduced tile in fragment layout, then SkinnyFinish's epilogue
+// (its parameters: gemm_params(c), filled by the caller).
+template <class G, int kEpi, bool kTrace>
+GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const SplitK& r, uint8_t* smem) {
+    using Finish = sk::SkinnyFinish<G::kTM, kEpi>;
+    static_assert(sk::SkinnySmem<G::kTM, G::kStages, kEpi>::kOffRed == G::Smem::kOffRed, "scratch offset");
+    const int splits = r.splits();
+    const sk::SkinnyParams& sp = gemm_params(c);
+    const sk::Scratch sc = Finish::scratch(smem + G::Smem::kOffRed);
+    sk::Coord co;
+    co.tile_n = r.g0 / sk::kBlockN;
+    co.split = 0;
+    co.g_begin = 0;
+    co.nk = 0;
+    co.gmax = 0;
+    for (int row0 = r.m0; row0 < r.m1; row0 += G::kTM) {
+        co.tile_m = row0 / G::kTM;
+        Finish::stage_pre(sp, co, sc, c.tid);
+        sk::consumer_sync();
+        Finish::stage_tables(sp, co, sc, c.tid);
+        float acc[G::kNT][4];
+        load_reduced<G>(c, g, splits, co.tile_n, row0, r.m1, acc);
+        Finish::epilogue(sp, co, sc, c.tid, acc);
+        worker_sync<kBarWorkers>();  // the epilogue's scratch is reused by the next token block
+    }
+}
+
+template <class D>
+struct B1Family {
+    template <class G, bool kTrace>
+    static GLM5_DEVICE bool body(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g, uint8_t* smem) {
+        namespace sl = isa::B1::slot;
+        if (!gemm_partial<G>(c, g, r, smem)) return false;
+        if (!c.arrive_reduce()) return true;
+        if (c.tid == 0) {
+        sk::SkinnyParams& sp = gemm_params(c);
+        sp = sk::SkinnyParams{};
+        sp.M = r.m1;
+        sp.N = g.N;
+        sp.K = g.K;
+        sp.splits = 1;
+        sp.dim_a = c.p.idx_dim;
+        sp.rope_dim = D::kR;
+        sp.ln_w = c.template operand<const float>(sl::w_indexer_k_norm_weight);
+        sp.ln_b = c.template operand<const float>(sl::w_indexer_k_norm_bias);
+        sp.positions = c.template operand<const void>(sl::positions);
+        sp.slots = c.template operand<const void>(sl::out_cache_loc);
+        sp.cache = c.template operand<uint8_t>(sl::index_k_cache_written);
+        sp.out_fp8 = c.template operand<uint8_t>(sl::index_k_fp8);
+        sp.out_scale = c.template operand<float>(sl::index_k_scale);
+        sp.flags = 3;  // positions and out_cache_loc are int64 (graph TensorDefs)
+        sp.eps = c.p.k_norm_eps;
+        sp.rope_table = c.p.rope_table;
+        sp.rope_table_len = c.p.rope_table_len;
+        sp.rope_theta = c.p.rope_theta;
+        }
+        worker_sync<kBarWorkers>();
+        finish_group<G, sk::kEpiIdxK>(c, g, r, smem);
+        return true;
+    }
+
+    template <bool kTrace>
+    static GLM5_DEVICE bool run(const Ctx<kTrace>& c, uint8_t* smem) {
+        namespace sl = isa::B1::slot;
+        const SplitK r = SplitK::of(c.ins);
+        GemmOperands g;
+        g.w = c.template operand<const uint8_t>(sl::w_indexer_wk_weight);
+        g.w_scale = c.template operand<const float>(sl::w_indexer_wk_scale_inv);
+        g.x = c.template operand<const uint8_t>(sl::x_fp8);
+        g.x_scale = c.template operand<const float>(sl::x_scale);
+        g.ws = c.template operand<float>(sl::workspace);
+        g.N = c.p.idx_dim;
+        g.K = c.p.hidden;
+        int32_t chk = check_split_k(c, r, g);
+        if (!chk && (r.g0 != 0 || r.g1 != g.N || g.N > sk::kBlockN || g.x == nullptr)) chk = kChkGroup;
+        if (chk) return c.fail(kErrUnsupportedTile, chk);
+        const int need = Gemm::smem_bytes<sk::kEpiIdxK>(r.nk());
+        if (!check_smem(c, need)) return c.fail(kErrSmemTooSmall, need);
+        return body<Gemm>(c, r, g, smem);
+    }
+};
+
+template <class D>
+struct D1Family {
+    template <class G, bool kTrace>
+    static GLM5_DEVICE bool body(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g, uint8_t* smem) {
+        namespace sl = isa::D1::slot;
+        if (!gemm_partial<G>(c, g, r, smem)) return false;
+        if (!c.arrive_reduce()) return true;
+        if (c.tid == 0) {
+        sk::SkinnyParams& sp = gemm_params(c);
+        sp = sk::SkinnyParams{};
+        sp.M = r.m1;
+        sp.N = g.N;
+        sp.K = g.K;
+        sp.splits = 1;
+        sp.dim_a = c.p.idx_dim;
+        sp.dim_b = c.p.idx_heads;
+        sp.rope_dim = D::kR;
+        sp.w_raw = c.template operand<const uint16_t>(sl::w_raw);
+        sp.positions = c.template operand<const void>(sl::positions);
+        sp.out_fp8 = c.template operand<uint8_t>(sl::index_q_fp8);
+        sp.out_scale = c.template operand<float>(sl::index_q_scale);
+        sp.out_head_w = c.template operand<float>(sl::head_w);
+        sp.flags = 1;  // positions int64
+        sp.head_w_scale = c.p.head_w_scale;
+        sp.rope_table = c.p.rope_table;
+        sp.rope_table_len = c.p.rope_table_len;
+        sp.rope_theta = c.p.rope_theta;
+        }
+        worker_sync<kBarWorkers>();
+        finish_group<G, sk::kEpiIdxQ>(c, g, r, smem);
+        return true;
+    }
+
+    template <bool kTrace>
+    static GLM5_DEVICE bool run(const Ctx<kTrace>& c, uint8_t* smem) {
+        namespace sl = isa::D1::slot;
+        const SplitK r = SplitK::of(c.ins);
+        GemmOperands g;
+        g.w = c.template operand<const uint8_t>(sl::w_indexer_wq_b_weight);
+        g.w_scale = c.template operand<const float>(sl::w_indexer_wq_b_scale_inv);
+        g.x = c.template operand<const uint8_t>(sl::q_lora_fp8);
+        g.x_scale = c.template operand<const float>(sl::q_lora_scale);
+        g.ws = c.template operand<float>(sl::workspace);
+        g.N = c.p.idx_heads * c.p.idx_dim;
+        g.K = D::kQ;
+        int32_t chk = c.p.idx_dim == sk::kBlockN ? check_split_k(c, r, g) : kChkHeadDim;
+        if (!chk && (r.g0 != r.n0 || r.g1 != r.n1 || r.n1 - r.n0 != sk::kBlockN)) chk = kChkGroup;
+        if (chk) return c.fail(kErrUnsupportedTile, chk);
+        const int need = Gemm::smem_bytes<sk::kEpiIdxQ>(r.nk());
+        if (!check_smem(c, need)) return c.fail(kErrSmemTooSmall, need);
+        return body<Gemm>(c, r, g, smem);
+    }
+};
+
+// ---- D2: W_UK absorption (+ the MLA KV row store on head 0) ------------------------------------------
+
+template <class D>
+struct D2Family {
+    using Tile1 = attn_pre::D2AbsorbTile<D::kNope, D::kKV, 1, 4, kBarD2>;  // rows <= 32 (ops/d2_absorb.py)
+    using Tile2 = attn_pre::D2AbsorbTile<D::kNope, D::kKV, 2, 4, kBarD2>;
+    using Kv = attn_pre::D2KvStoreWarp<D::kKV, D::kR>;
+    static constexpr int kSmallRows = 32;
+    static constexpr int kSmemBytes = Tile1::kSmemBytes > Tile2::kSmemBytes ? Tile1::kSmemBytes : Tile2::kSmemBytes;
+    static_assert(Tile1::kWBytes == Tile2::kWBytes, "both variants stage the weight tile identically");
+
+    template <bool kTrace>
+    static GLM5_DEVICE bool run(const Ctx<kTrace>& c, uint8_t* smem) {
+        namespace sl = isa::D2::slot;
+        namespace pl = isa::D2::payload;
+        const int m0 = c.ins.w[pl::m0], m1 = c.ins.w[pl::m1], head = c.ins.w[pl::head];
+        const int n0 = c.ins.w[pl::n0], n1 = c.ins.w[pl::n1];
+        const int heads = c.p.num_heads;
+        if (!(0 <= m0 && m0 < m1 && m1 <= c.p.num_tokens)) return c.fail(kErrUnsupportedTile, kChkRows);
+        if (head < 0 || head >= heads || n0 < 0 || n0 % Tile1::kNTile || n1 != n0 + Tile1::kNTile || n1 > D::kKV)
+            return c.fail(kErrUnsupportedTile, kChkD2Tile);
+        const int rows = m1 - m0;
+        const int need = rows <= kSmallRows ? Tile1::kSmemBytes : Tile2::kSmemBytes;
+        if (!check_smem(c, need)) return c.fail(kErrSmemTooSmall, need);
+        const int ntile = n0 / Tile1::kNTile;
+        Tile1::issue_weight_copies(smem, c.template operand<const uint16_t>(sl::w_w_kc), head, ntile, c.tid);
+        if (!c.wait_inputs()) {
+            ptx::cp_async_wait_n(0);
+            return false;
+        }
+        if (head == 0 && n1 == D::kKV) {  // while the weight tile streams in: the KV rows of the block
+            const uint16_t* c_kv = c.template operand<const uint16_t>(sl::c_kv);
+            const uint16_t* k_pe = c.template operand<const uint16_t>(sl::k_pe);
+            const void* positions = c.template operand<const void>(sl::positions);
+            const void* slots = c.template operand<const void>(sl::out_cache_loc);
+            uint16_t* kv = c.template operand<uint16_t>(sl::kv_cache_written);
+            for (int tok = m0 + (c.tid >> 5); tok < m1; tok += kWorkerWarps)
+                Kv::run(c_kv, k_pe, positions, slots, /*idx64*/ 1, c.p.rope_inv_freq, kv, c.p.kv_num_slots, tok,
+                        c.tid & 31);
+        }
+        const int64_t tok_off = static_cast<int64_t>(m0) * heads;
+        const attn_pre::D2Ptrs dp{c.template operand<const uint16_t>(sl::q_nope) + tok_off * D::kNope,
+                                  c.template operand<uint16_t>(sl::q_lat) + tok_off * D::kKV, rows, heads};
+        if (rows <= kSmallRows) Tile1::run(smem, dp, head, ntile, c.tid);
+        else Tile2::run(smem, dp, head, ntile, c.tid);
+        return true;
+    }
+};
+
+}  // namespace megartp
+}  // namespace glm5

@@ -1,0 +1,155 @@
+"""MegaRTP benchmark: the megakernel's fixed framework cost and the time of a plan, per M.
+
+    python -m glm5_fastpath.attn_pre.megartp.bench [--ms 1,16,64] [--kv-len 8192] [--preset glm5] [--json out.json]
+
+- framework cost: an empty plan (every queue NOOPs without waits or signals, one queue per SM) of length 1
+  and of the timed plan's queue length: kernel launch, CTA setup, instruction fetch / publish / release
+  and exit, per launch (issue #5 target: <= 3 us);
+- plan time: the megakernel v1 runs only some families (device.SUPPORTED_FAMILIES), so the plan timed is
+  the prefix graph's supported subgraph (device.supported_subgraph: today B0, B1, D1, D2 with x_fp8,
+  x_scale, w_raw, q_nope as inputs computed by the reference), M independent sequences of kv_len.
+Timing: bench.timing.time_launches: `launches` megakernel launches captured in one CUDA graph (epoch taken
+from device memory, so replays stay correct), replayed `replays` times; median per launch. The weights are
+NOT rotated past L2 (one set; the subgraph's ~38 MB of GLM-5 weights mostly fit the H200's 50 MB L2), so
+plan times are optimistic against a cold-L2 step; the framework cost does not depend on it.
+The lead wires this into `glm5-fastpath bench prefix --executors ...`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ...config import Glm5Config
+from ...graph.op_graph import OpGraph, ShapeContext
+
+DEFAULT_MS = (1, 16, 64)
+
+
+def _log(msg: str) -> None:
+    print(f"[megartp-bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def reference_env(cfg: Glm5Config, graph: OpGraph, ctx: ShapeContext, *, seed: int = 0, device: Any = "cuda"
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(env, ref): `env` = the external tensors `graph` needs (a subgraph's inputs computed by the reference
+    prefix, caches as they were before the step); `ref` = every tensor of the reference prefix's step
+    (caches after the step under ref["kv_cache"], ref["index_k_cache"])."""
+    from ...graph import build_prefix_graph, prefix_env, run_eager
+    from ...testing.decode_step import make_decode_step
+    from ...weights import random_layer
+
+    full = build_prefix_graph(cfg)
+    s = make_decode_step(cfg, list(ctx.seq_lens), seed=seed, device=device)
+    w = random_layer(cfg, cfg.first_k_dense_replace, seed=seed, device=device).attn
+    base = prefix_env(full, w=w, hidden=s.hidden, residual=s.residual, positions=s.positions,
+                      out_cache_loc=s.out_cache_loc, seq_lens=s.seq_lens, block_table=s.block_table,
+                      kv_cache=s.kv_cache.clone(), index_k_cache=s.index_k_cache.clone())
+    ref = run_eager(full, base)
+    env = {}
+    for t in graph.external_tensors():
+        if t == "kv_cache":
+            env[t] = s.kv_cache.clone()
+        elif t == "index_k_cache":
+            env[t] = s.index_k_cache.clone()
+        else:
+            env[t] = ref[t]
+    return env, ref
+
+
+def bind_tensors(plan: Any, env: dict[str, torch.Tensor], device: Any) -> dict[str, torch.Tensor]:
+    """env + fresh (NaN-poisoned) buffers for every produced tensor and the split-K workspaces."""
+    from ...testing.numerics import poison_
+    g, dims = plan.graph, plan.taskgraph.ctx.dims()
+    out = dict(env)
+    for name in g.produced_tensors():
+        td = g.tensors[name]
+        if td.inplace_of is None:
+            out[name] = poison_(torch.empty(td.resolve(dims), dtype=td.dtype, device=device))
+    out.update(plan.alloc_workspaces(device))
+    return out
+
+
+def framework_cost(device: Any = "cuda", lengths: Sequence[int] = (1,), *, launches: int = 50, replays: int = 20
+                   ) -> dict[int, dict[str, Any]]:
+    """Per queue length: the per-launch time of an all-NOOP plan with one queue per SM."""
+    from ...bench.timing import time_launches
+    from .device import PlanRunner, noop_plan
+    dev = torch.device(device)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    out = {}
+    for length in lengths:
+        runner = PlanRunner(noop_plan(sms, int(length)), None, dev)
+        t = time_launches(lambda i: runner.launch(None), launches, device=dev, replays=replays)
+        runner.check()
+        out[int(length)] = t.to_dict() if hasattr(t, "to_dict") else t.__dict__
+    return out
+
+
+def bench_megartp(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_MS, kv_len: int = 8192,
+                  device: Any = "cuda", launches: int = 20, replays: int = 20, seed: int = 0,
+                  print_table: bool = True) -> dict[str, Any]:
+    """Framework cost and per-M plan time of the supported subgraph (see the module doc). -> a JSON-able dict."""
+    from ...bench.timing import time_launches
+    from ...graph import build_prefix_graph
+    from .device import PlanRunner, supported_subgraph
+    from .plan import build_plan
+    from .validator import validate
+
+    cfg = cfg or Glm5Config.preset("glm5")
+    dev = torch.device(device)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    graph = supported_subgraph(build_prefix_graph(cfg), cfg)
+    rows, lengths = [], {1}
+    for m in ms:
+        ctx = ShapeContext.independent([kv_len] * int(m))
+        _log(f"M={m}: plan of {graph.name}")
+        plan = validate(build_plan(graph, ctx, cfg, num_sms=sms))
+        lengths.add(int(plan.instructions.shape[1]))
+        env, _ = reference_env(cfg, graph, ctx, seed=seed, device=dev)
+        runner = PlanRunner(plan, cfg, dev)
+        runner.bind(bind_tensors(plan, env, dev))
+        runner.launch(1)
+        runner.check()
+        t = time_launches(lambda i: runner.launch(None), launches, device=dev, replays=replays)
+        runner.check()
+        rows.append({"M": int(m), "tasks": plan.stats["tasks"], "queue_len": int(plan.instructions.shape[1]),
+                     "median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us, "method": t.method})
+    fw = framework_cost(dev, sorted(lengths), launches=max(launches, 50), replays=replays)
+    result = {"graph": graph.name, "ops": list(graph.ops), "kv_len": kv_len, "num_sms": sms,
+              "framework_cost_us": {L: v.get("median_us") for L, v in fw.items()}, "framework": fw, "plans": rows}
+    if print_table:
+        print(f"MegaRTP megakernel v1 on {torch.cuda.get_device_name(dev)} ({sms} SMs)")
+        for L, v in fw.items():
+            print(f"  framework cost, empty plan [{sms}, {L}]: median {v.get('median_us'):.2f} us per launch "
+                  f"(target <= 3 us)")
+        print(f"  plan: {graph.name} (ops {', '.join(graph.ops)}), independent sequences of {kv_len}")
+        print(f"  {'M':>5}{'tasks':>7}{'queue':>7}{'median us':>11}{'min us':>9}{'p90 us':>9}")
+        for r in rows:
+            print(f"  {r['M']:>5}{r['tasks']:>7}{r['queue_len']:>7}{r['median_us']:>11.2f}{r['min_us']:>9.2f}"
+                  f"{r['p90_us']:>9.2f}")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ms", default=",".join(map(str, DEFAULT_MS)))
+    ap.add_argument("--kv-len", type=int, default=8192)
+    ap.add_argument("--preset", default="glm5")
+    ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    res = bench_megartp(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x],
+                        kv_len=a.kv_len, launches=a.launches, replays=a.replays)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

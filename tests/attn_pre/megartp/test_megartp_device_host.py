@@ -1,0 +1,329 @@
+"""MegaRTP device side, host parts (CPU): kernel build specs and ABI, family-support check, error-record
+decoding, hand-built plans, trace decoding / Chrome export / critical path. The C++ constants these
+depend on are parsed from csrc/megartp so a drift fails here, not on the GPU."""
+import ctypes
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from glm5_fastpath.attn_pre.megartp import device as D
+from glm5_fastpath.attn_pre.megartp import trace as T
+from glm5_fastpath.attn_pre.megartp.isa import Instruction, Opcode, decode, encode
+from glm5_fastpath.attn_pre.megartp.plan import build_plan
+from glm5_fastpath.attn_pre.megartp.validator import validate
+from glm5_fastpath.config import Glm5Config, small_config
+from glm5_fastpath.graph import ShapeContext, build_prefix_graph
+
+CSRC = Path(__file__).resolve().parents[3] / "csrc" / "megartp"
+SMALL = small_config()
+GLM5 = Glm5Config.preset("glm5")
+
+
+def _cpp(name: str) -> str:
+    return (CSRC / name).read_text()
+
+
+# ---- build specs and ABI ----------------------------------------------------------------------------------
+
+def test_kernel_spec_defines_follow_the_config():
+    s = dict(D.kernel_spec(GLM5).defines)
+    assert s == {"GLM5_MRTP_Q": "2048", "GLM5_MRTP_KV": "512", "GLM5_MRTP_R": "64", "GLM5_MRTP_NOPE": "192",
+                 "GLM5_MRTP_TRACE": "0"}
+    t = dict(D.kernel_spec(SMALL, trace=True).defines)
+    assert t["GLM5_MRTP_Q"] == "256" and t["GLM5_MRTP_NOPE"] == "64" and t["GLM5_MRTP_TRACE"] == "1"
+    assert D.kernel_spec(GLM5).source == D.SOURCE and D.kernel_spec(GLM5).functions == (D.FUNCTION,)
+    assert len({s.defines for s in D.compile_check_specs()}) == 4
+
+
+def test_params_struct_matches_the_cpp_definition():
+    src = _cpp("runtime.cuh")
+    body = re.search(r"struct MegaParams \{(.*?)\n\};", src, re.S).group(1)
+    names = re.findall(r"^\s+[\w:<>\s\*]+?\b(\w+);", body, re.M)
+    assert names == [f for f, _ in D._Params._fields_], names
+    size = int(re.search(r"sizeof\(MegaParams\) == (\d+)", src).group(1))
+    assert size == D.PARAMS_BYTES == ctypes.sizeof(D._Params)
+
+
+def test_error_kinds_and_details_match_the_cpp_enums():
+    rt = _cpp("runtime.cuh")
+    body = re.search(r"enum ErrorKind : int32_t \{(.*?)\};", rt, re.S).group(1)
+    kinds = {int(v): k for k, v in re.findall(r"kErr(\w+) = (\d+)", body)}
+    assert set(kinds) == set(D.ERROR_KINDS), kinds
+    fields = re.search(r"enum ErrorField : int \{(.*?)\};", rt, re.S).group(1)
+    order = [re.sub(r"(?<!^)(?=[A-Z])", "_", n).lower() for n, _ in re.findall(r"kErr(\w+) = (\d+)", fields)]
+    assert order == list(D._FIELDS), order
+    fam = _cpp("families.cuh")
+    checks = {int(v) for v in re.findall(r"kChk\w+ = (\d+),", fam)}
+    assert checks == set(D.UNSUPPORTED_DETAIL), checks
+    assert int(re.search(r"kErrorWords = (\d+)", rt).group(1)) == D.ERROR_WORDS
+    assert int(re.search(r"kTraceWords = (\d+)", rt).group(1)) == D.TRACE_WORDS == T.TRACE_WORDS
+    assert int(re.search(r"kStateWords = (\d+)", rt).group(1)) == D.STATE_WORDS
+
+
+def test_supported_families_are_the_dispatched_ones():
+    mk = _cpp("megakernel.cuh")
+    dispatched = set(re.findall(r"case isa::Opcode::(\w+): return \w+Family", mk))
+    assert dispatched == set(D.SUPPORTED_FAMILIES)
+    assert "Gemm = GemmCfg<16, 6>" in _cpp("families.cuh") and (D.GEMM_TOKEN_BLOCK, D.GEMM_STAGES) == (16, 6)
+
+
+def test_smem_formulas_match_the_ops():
+    from glm5_fastpath.ops.d2_absorb import D2Config
+    from glm5_fastpath.ops.fp8_gemm import EPI_IDX_K, EPI_IDX_Q, EPI_PLAIN, SkinnyConfig
+    assert (D.EPI_PLAIN, D.EPI_IDX_Q, D.EPI_IDX_K) == (EPI_PLAIN, EPI_IDX_Q, EPI_IDX_K)
+    for g in (1, 4, 12, 48):
+        for epi in (EPI_PLAIN, EPI_IDX_Q, EPI_IDX_K):
+            assert D.skinny_smem_bytes(16, 6, g, epi) == SkinnyConfig(epi, 16, 128, 128 * g, 16, 1, 6).smem_bytes
+    for nope, mt in ((192, 1), (192, 2), (64, 2)):
+        assert D.d2_smem_bytes(nope, mt) == D2Config(nope, 512, 64, mt).smem_bytes
+    assert D.dynamic_smem_bytes(GLM5) == max(D.skinny_smem_bytes(16, 6, 48, e) for e in (0, 3, 4))
+    assert D.dynamic_smem_bytes(GLM5) <= 227 * 1024
+
+
+# ---- family support -----------------------------------------------------------------------------------------
+
+def test_full_prefix_plan_is_refused_naming_the_missing_families():
+    plan = build_plan(build_prefix_graph(SMALL), ShapeContext.shared_kv(4, 300), SMALL, num_sms=7)
+    with pytest.raises(D.MegaRtpUnsupported) as e:
+        D.check_plan_supported(plan, SMALL)
+    msg = str(e.value)
+    for fam in ("A0", "C0", "D0", "E1", "E2"):
+        assert f"{fam} (" in msg
+    assert "B0 (" not in msg and "D2 (" not in msg
+    assert "index_head_dim == 128" in msg  # the small preset's D1 (64-wide heads)
+
+
+def test_supported_subgraph_plans_pass():
+    g = D.supported_subgraph(build_prefix_graph(GLM5), GLM5)
+    assert list(g.ops) == ["B0", "B1", "D1", "D2"]
+    assert {"x_fp8", "x_scale", "w_raw", "q_nope"} <= set(g.external_tensors())
+    plan = validate(build_plan(g, ShapeContext.independent([300, 301, 302]), GLM5, num_sms=132))
+    assert D.family_support_errors(plan, GLM5) == []
+    assert D.dynamic_smem_bytes(GLM5, plan) <= D.dynamic_smem_bytes(GLM5)
+    small = D.supported_subgraph(build_prefix_graph(SMALL), SMALL)
+    assert list(small.ops) == ["B0", "B1", "D2"]  # D1 needs 128-wide indexer heads
+    p = validate(build_plan(small, ShapeContext.independent([33] * 17), SMALL, num_sms=5))
+    assert D.family_support_errors(p, SMALL) == []
+    assert D.family_support_errors(p, None) == ["cfg (Glm5Config) is required for a plan with op families "
+                                                "(dims, eps, RoPE)"]
+
+
+def test_bf16_indexer_k_graph_is_refused():
+    g = D.supported_subgraph(build_prefix_graph(SMALL, indexer_k_gemm="bf16"), SMALL)
+    plan = build_plan(g, ShapeContext.independent([40]), SMALL, num_sms=3)
+    assert any("bf16" in e for e in D.family_support_errors(plan, SMALL))
+
+
+def test_runner_refuses_a_cpu_device_and_bad_plans():
+    with pytest.raises(D.MegaRtpError, match="CUDA device"):
+        D.PlanRunner(D.noop_plan(2, 1), None, "cpu")
+    with pytest.raises(D.MegaRtpUnsupported, match="RawPlan has no operand table"):
+        words = D.noop_plan(2, 1).instructions.clone()
+        words[0, 0] = torch.tensor(encode(Instruction(int(Opcode.D2))), dtype=torch.int32)
+        D.PlanRunner(D.RawPlan(words, 0), None, "cpu")
+    with pytest.raises(D.MegaRtpError, match="int32"):
+        D.RawPlan(torch.zeros(2, 1, 32, dtype=torch.int64), 0)
+
+
+# ---- hand-built plans ----------------------------------------------------------------------------------------
+
+def _simulate(plan: D.RawPlan) -> dict[int, int]:
+    """Fixed point of 'run any queue head whose waits hold' (the validator's deadlock argument)."""
+    q_n, l_n, _ = plan.instructions.shape
+    progs = [[decode(plan.instructions[q, i]) for i in range(l_n)] for q in range(q_n)]
+    ctr: dict[int, int] = {}
+    pos = [0] * q_n
+    moved = True
+    while moved:
+        moved = False
+        for q in range(q_n):
+            while pos[q] < l_n and all(ctr.get(e, 0) >= t for e, t in progs[q][pos[q]].waits):
+                for e, inc, _ in progs[q][pos[q]].signals:
+                    ctr[e] = ctr.get(e, 0) + inc
+                pos[q] += 1
+                moved = True
+    assert pos == [l_n] * q_n, f"deadlock at {pos}"
+    return ctr
+
+
+def test_chain_plan_is_deadlock_free_and_epoch_exact():
+    p = D.chain_plan(16, 6, seed=3)
+    assert p.instructions.shape == (16, 6, 32) and p.num_counters == 96
+    ctr = _simulate(p)
+    assert ctr == {e: 1 for e in range(96)}  # every event signalled exactly its threshold (1) per step
+    waits = [w for q in range(16) for i in range(6) for w in decode(p.instructions[q, i]).waits]
+    assert len(waits) > 100 and all(t == 1 for _, t in waits)
+    cross = {(q, w[0] % 16) for q in range(16) for i in range(6) for w in decode(p.instructions[q, i]).waits}
+    assert any(a != b for a, b in cross)  # waits do cross queues
+    assert D.max_epoch(p) == (2**32 - 1) // 16
+    n = D.noop_plan(132, 3)
+    assert n.instructions.shape == (132, 3, 32) and n.num_counters == 0
+    assert all(decode(n.instructions[q, i]) == decode(encode(Instruction(int(Opcode.NOOP))))
+               for q in (0, 131) for i in range(3))
+
+
+# ---- error records -------------------------------------------------------------------------------------------
+
+def _record(**kw) -> list[int]:
+    r = dict.fromkeys(D._FIELDS, 0)
+    r.update(kw)
+    return [r[f] for f in D._FIELDS]
+
+
+def test_clear_record_decodes_to_none():
+    assert D.decode_error([0] * 16) is None
+
+
+def test_wait_timeout_record_names_everything():
+    ops = ["B0", "B1", "D1", "D2"]
+    w = _record(kind=1, queue=7, pos=3, opcode=int(Opcode.D2), event=12, threshold=84, target=168, observed=83,
+                epoch=2, tile=17, operand_row=3, smid=40, detail=1, cycles=123456, claim=1)
+    e = D.decode_error(w, ops)
+    assert isinstance(e, D.MegaRtpWaitTimeout) and isinstance(e, D.MegaRtpDeviceError)
+    msg = str(e)
+    for part in ("queue 7", "SM 40", "instruction 3", "D2 (op D2)", "tile 17", "event 12", ">= 168",
+                 "epoch 2 x threshold 84", "observed 83", "123456 cycles"):
+        assert part in msg, (part, msg)
+    assert e.record.event == 12 and e.record.observed == 83
+
+
+def test_other_records_and_uint32_fields():
+    e = D.decode_error(_record(kind=4, queue=1, opcode=int(Opcode.B0), operand_row=0, detail=2), ["B0"])
+    assert type(e) is D.MegaRtpDeviceError and "16-token block" in str(e) and "B0 (op B0)" in str(e)
+    assert "opcode 77" in str(D.decode_error(_record(kind=2, opcode=77, detail=77)))
+    assert "operand_row out of range" in str(D.decode_error(_record(kind=3, detail=4)))
+    assert "needs 120000 B" in str(D.decode_error(_record(kind=5, detail=120000)))
+    r = D.ErrorRecord.from_words(_record(kind=1, target=-2, observed=-1, epoch=-1))  # int32 words of uint32 values
+    assert (r.target, r.observed, r.epoch) == (2**32 - 2, 2**32 - 1, 2**32 - 1)
+    with pytest.raises(ValueError):
+        D.ErrorRecord.from_words([0] * 15)
+
+
+# ---- trace ------------------------------------------------------------------------------------------------------
+
+def _fake_trace(plan: D.RawPlan, run_ns: int = 100) -> torch.Tensor:
+    """What the kernel would record: each instruction ready when its queue predecessor and every producer
+    of its waits are done, done run_ns later; fetched = its predecessor's ready (prefetch)."""
+    q_n, l_n, _ = plan.instructions.shape
+    progs = [[decode(plan.instructions[q, i]) for i in range(l_n)] for q in range(q_n)]
+    done_of_event: dict[int, int] = {}
+    raw = torch.zeros(q_n, l_n, 4, dtype=torch.int64)
+    pos, free, prev_ready = [0] * q_n, [1000] * q_n, [1000] * q_n
+    left = q_n * l_n
+    while left:
+        for q in range(q_n):
+            i = pos[q]
+            if i == l_n or any(e not in done_of_event for e, _ in progs[q][i].waits):
+                continue
+            ready = max([free[q]] + [done_of_event[e] for e, _ in progs[q][i].waits]) + 10
+            done = ready + run_ns + 7 * q
+            raw[q, i] = torch.tensor([prev_ready[q], ready, done, (q + 100) << 32 | 1])
+            for e, _, _ in progs[q][i].signals:
+                done_of_event[e] = done
+            free[q], prev_ready[q], pos[q] = done, ready, i + 1
+            left -= 1
+    return raw
+
+
+def test_trace_decode_export_and_critical_path(tmp_path):
+    plan = D.chain_plan(4, 3, seed=1)
+    recs = T.decode_trace(plan, _fake_trace(plan))
+    assert len(recs) == 12 and {r.queue for r in recs} == {0, 1, 2, 3}
+    assert min(r.fetched for r in recs) == 0.0 and all(r.start <= r.ready <= r.done for r in recs)
+    assert recs[0].smid == 100 and recs[0].op == "NOOP"
+    # causality: every instruction became ready after the producers of its waits were done
+    done = {e: r.done for r in recs for e in r.signals}
+    assert all(r.ready >= done[e] for r in recs for e, _ in r.waits)
+    ct = T.chrome_trace(recs)
+    json.dumps(ct)
+    names = [e for e in ct["traceEvents"] if e["ph"] == "X"]
+    assert len([e for e in names if e["name"].startswith("NOOP@")]) == 12
+    assert {e["args"]["name"] for e in ct["traceEvents"] if e.get("name") == "thread_name"} == \
+        {f"queue {q} (SM {q + 100})" for q in range(4)}
+    path = T.write_chrome_trace(tmp_path / "t.json", recs)
+    assert json.loads(path.read_text())["traceEvents"]
+    chain = T.critical_path(recs)
+    last = max(recs, key=lambda r: r.done)
+    assert (chain[-1]["queue"], chain[-1]["pos"]) == (last.queue, last.pos)
+    assert chain[0]["released_by"] == "kernel start"
+    for a, b in zip(chain, chain[1:]):  # each step was released by the one before it
+        assert a["done"] <= b["ready"]
+        assert b["released_by"] == "queue order" or b["released_by"].startswith("event e")
+    s = T.summarize(recs)
+    assert s["instructions"] == 12 and s["ops"]["NOOP"]["count"] == 12
+    assert s["makespan_us"] == pytest.approx((last.done - 0.0) / 1e3, abs=1e-3)
+    text = T.format_summary(s)
+    assert "critical path" in text and "NOOP" in text
+
+
+def test_trace_of_a_kernel_plan_names_ops_and_hidden_ops():
+    g = D.supported_subgraph(build_prefix_graph(SMALL), SMALL)
+    plan = validate(build_plan(g, ShapeContext.independent([40, 41]), SMALL, num_sms=4))
+    recs = T.decode_trace(plan, _fake_trace(plan))
+    ops = {r.op for r in recs}
+    assert {"B0", "B1", "D2"} <= ops
+    s = T.summarize(recs)
+    assert set(s["critical_path_ops"]) | set(s["hidden_ops"]) >= {"B0", "B1", "D2"}
+    assert s["critical_path_ops"][0] in ("B0", "B1")  # a chain starts at a source op
+    with pytest.raises(ValueError, match="trace buffer has shape"):
+        T.decode_trace(plan, torch.zeros(1, 1, 4, dtype=torch.int64))
+    assert T.decode_trace(plan, torch.zeros(*plan.instructions.shape[:2], 4, dtype=torch.int64)) == []
+
+
+# ---- operand binding (what PlanRunner.bind checks) and the GPU tests' data helpers --------------------------
+
+def test_reference_env_and_operand_binding_on_cpu():
+    from glm5_fastpath.attn_pre.megartp.bench import bind_tensors, reference_env
+    g = D.keep_only(build_prefix_graph(SMALL), ["B0", "D2"])
+    assert set(g.external_tensors()) >= {"x_fp8", "x_scale", "q_nope", "positions", "kv_cache", "w.w_kc"}
+    ctx = ShapeContext.independent([40, 41, 300])
+    plan = validate(build_plan(g, ctx, SMALL, num_sms=4))
+    env, ref = reference_env(SMALL, g, ctx, seed=1, device="cpu")
+    assert set(env) == set(g.external_tensors())
+    assert torch.equal(env["q_nope"], ref["q_nope"]) and not torch.equal(env["kv_cache"], ref["kv_cache"])
+    tensors = bind_tensors(plan, env, "cpu")
+    assert torch.isnan(tensors["q_lat"].float()).all()  # poisoned until written
+    table = D.bind_operands(plan, tensors, "cpu")
+    row = plan.ops.index("D2")
+    assert int(table.ptrs[row, table.slot_names(row).index("kv_cache_written")]) == env["kv_cache"].data_ptr()
+    bad = dict(tensors, q_nope=tensors["q_nope"].float())
+    with pytest.raises(D.MegaRtpError, match="operand D2.q_nope must be torch.bfloat16"):
+        D.bind_operands(plan, bad, "cpu")
+    bad = dict(tensors, x_scale=tensors["x_scale"][:, :2].contiguous())
+    with pytest.raises(D.MegaRtpError, match=r"operand B0.x_scale must have shape \[3, 4\]"):
+        D.bind_operands(plan, bad, "cpu")
+    bad = dict(tensors, q_lat=tensors["q_lat"].transpose(0, 1))
+    with pytest.raises(D.MegaRtpError, match="contiguous"):
+        D.bind_operands(plan, bad, "cpu")
+    ws = dict(tensors)
+    ws["workspace.B0"] = torch.empty(1, 3, SMALL.qkv_a_out)
+    with pytest.raises(D.MegaRtpError, match="workspace must have shape"):
+        D.bind_operands(plan, ws, "cpu")
+    with pytest.raises(D.MegaRtpError, match="is on cpu"):
+        D.bind_operands(plan, tensors, "meta")
+
+
+# ---- tripwire: the controller joins exactly the tile functions' CTA-wide barriers -----------------------------
+
+def _code_lines(path: Path) -> list[str]:
+    return [ln.split("//")[0] for ln in path.read_text().splitlines()]
+
+
+def test_the_controllers_barrier_joins_match_the_tile_code():
+    """The controller warp executes bar.sync 0 exactly gemm_joins() times per GEMM instruction: once per K group
+    and 16-token block, because SkinnyGemmTile::mainloop calls __syncthreads() once per K-loop iteration and no
+    other tile function the megakernel runs calls it. If this fails, the tile code changed: update
+    csrc/megartp/families.cuh gemm_joins() (e.g. to 0 once the mainloop uses consumer_sync()), or the
+    megakernel deadlocks in bar.sync."""
+    attn = CSRC.parent / "attn_pre"
+    for name in ("d2_absorb_kv_store.cuh", "b0_row_norms.cuh"):
+        assert not any("__syncthreads" in ln for ln in _code_lines(attn / name)), name
+    lines = _code_lines(attn / "fp8_gemm_skinny.cuh")
+    hits = [i for i, ln in enumerate(lines) if "__syncthreads" in ln]
+    assert len(hits) == 1, f"fp8_gemm_skinny.cuh calls __syncthreads() at lines {[h + 1 for h in hits]}"
+    loop = max(i for i in range(hits[0]) if re.search(r"\bfor \(", lines[i]))
+    assert re.search(r"for \(int it = 0; it < c\.nk; \+\+it\)", lines[loop]), lines[loop]
+    assert "return (rows + tm - 1) / tm * nk;" in _cpp("families.cuh")
