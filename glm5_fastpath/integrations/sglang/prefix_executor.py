@@ -274,8 +274,19 @@ class PrefixExecutor:
             self._quant = q or ref_quant
         return self._quant
 
-    def plan(self, kind: str) -> _Plan:
-        p = self._plans.get(kind)
+    def mode_for(self, m: int) -> Any:
+        """The CMP mode for a step of m tokens: the selection table's cmp_mode for m's bucket (measured per
+        bucket by `glm5-fastpath tune`: PDL does not win everywhere), else this executor's own mode."""
+        from ...attn_pre.cmp.modes import get_mode
+
+        table = getattr(self.router, "table", None)
+        look = table.lookup(m) if table is not None else None
+        choice = getattr(look, "choice", None)
+        return get_mode(choice.cmp_mode) if choice is not None and choice.prefix == "cmp" else self.mode
+
+    def plan(self, kind: str, mode: Any = None) -> _Plan:
+        mode = self.mode if mode is None else mode
+        p = self._plans.get((kind, mode.name))
         if p is not None:
             return p
         from ...attn_pre.cmp.executor import BoundOps
@@ -284,13 +295,13 @@ class PrefixExecutor:
 
         probe = seam_graph(self.cfg, kind, self.impl, self.quant)  # op names only
         known = [o for o in probe.topo_order() if o in NATIVE_WAIT_POINTS]
-        plans = dict(resolve_wait_points(self.mode, known, wait_support(self.impl, known)))
-        plans["Q0"] = WaitPlan("Q0", self.mode.wait_point, None, {})
-        bound = BoundOps(self.impl, {OP_FUNCTIONS[o]: {"pdl": self.mode.pdl, **plans[o].kwargs} for o in known})
+        plans = dict(resolve_wait_points(mode, known, wait_support(self.impl, known)))
+        plans["Q0"] = WaitPlan("Q0", mode.wait_point, None, {})
+        bound = BoundOps(self.impl, {OP_FUNCTIONS[o]: {"pdl": mode.pdl, **plans[o].kwargs} for o in known})
         graph = seam_graph(self.cfg, kind, bound, self.quant)
-        sched = build_schedule(graph, self.mode, wait_plans=plans) if self.mode.multistream else None
+        sched = build_schedule(graph, mode, wait_plans=plans) if mode.multistream else None
         p = _Plan(graph, sched, sched.num_streams if sched is not None else 1)
-        self._plans[kind] = p
+        self._plans[(kind, mode.name)] = p
         return p
 
     # -- logging / metrics --------------------------------------------------------------------------------------
@@ -466,7 +477,7 @@ class PrefixExecutor:
             table = v.block_table if v.topk_physical else self._iota[dev][: v.block_table.shape[1]].expand(m, -1)
             env.update(out_cache_loc=v.out_cache_loc, seq_lens=v.seq_lens, block_table=v.block_table,
                        index_k_cache=v.index_k_cache, topk_table=table)
-        plan = self.plan(route.kind)
+        plan = self.plan(route.kind, self.mode_for(m))
         env = {k: t for k, t in env.items() if k in plan.graph.tensors}
         if plan.schedule is None:
             out = run_eager(plan.graph, env)

@@ -358,3 +358,19 @@ def test_index_k_layout_matches_reference_store():
     assert torch.equal(buf[2, 64 * d + 63 * 4: 64 * d + 64 * 4].view(torch.float32), s[2:3])
     k, sc = index_k_cache_load(buf, slots, d)
     assert torch.equal(k.view(torch.uint8), k8.view(torch.uint8)) and torch.equal(sc, s)
+
+
+def test_mode_per_bucket_from_the_selection_table():
+    from types import SimpleNamespace
+
+    from glm5_fastpath import selection
+    from glm5_fastpath.integrations.sglang.prefix_executor import PrefixExecutor
+
+    table = selection.parse({"version": 1, "buckets": [
+        {"tokens": 16, "prefix": "cmp", "moe": "stock"},
+        {"tokens": 64, "prefix": "cmp", "moe": "stock", "cmp_mode": "multistream"},
+        {"tokens": 256, "prefix": "stock", "moe": "stock"}]})
+    ex = PrefixExecutor(router=SimpleNamespace(table=table))
+    assert ex.mode_for(8).name == "full" and ex.mode_for(40).name == "multistream"
+    assert ex.mode_for(100).name == ex.mode.name  # a stock bucket never reaches the executor: its own mode
+    assert PrefixExecutor(mode="serial").mode_for(8).name == "serial"  # no router / table
