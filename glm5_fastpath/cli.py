@@ -72,6 +72,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_bench_moe(args: argparse.Namespace) -> int:
+    from .bench.moe import run
+
+    return run(args)
+
+
 def _cmd_bench_offline(args: argparse.Namespace) -> int:
     from .bench.offline import options_from_args, run_bench
 
@@ -141,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_prefix_exec_args(b)
     b.set_defaults(fn=_cmd_bench_prefix)
+    b = bsub.add_parser("moe", help="MegaMoE vs DeepGEMM fp8_mega_moe vs the weight floor per token count")
+    from .bench.moe import add_arguments as _bench_moe_args
+
+    _bench_moe_args(b)
+    b.set_defaults(fn=_cmd_bench_moe)
     b = bsub.add_parser("offline", help="SGLang offline Engine, stock vs fastpath: tok/s, TTFT/ITL, speedup")
     from .bench.offline import add_arguments as _bench_offline_args
 

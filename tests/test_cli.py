@@ -53,3 +53,10 @@ def test_plan_command_builds_and_validates(capsys):
     assert "tasks=748" in out and "events=75" in out
     assert main(["plan", "--preset", "small", "--m", "3", "--kv-len", "300", "--dump"]) == 0
     assert "SM 0:" in capsys.readouterr().out
+
+
+def test_bench_moe_rejects_unknown_setting(capsys):
+    from glm5_fastpath.cli import main
+
+    assert main(["bench", "moe", "--out", "/tmp/unused", "--settings", "a,z"]) == 2
+    assert "unknown setting" in capsys.readouterr().err

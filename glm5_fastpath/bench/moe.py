@@ -1,0 +1,261 @@
+"""MegaMoE (ours) vs DeepGEMM fp8_mega_moe vs the weight-bytes floor, GLM-5 MoE shapes, one GPU.
+
+Settings (issue #6, shared/anchors.md):
+  (a) one EP8 rank's shard: 32 local experts, top-8 over the 32;
+  (b) all 256 experts on one GPU (TP1), top-8.
+Both with H = 6144, I = 2048, FP8 e4m3 weights with 128x128 block scales, 1x128 activations, uniform
+random routing (seeded; the same ids and weights for every implementation).
+
+Columns per token count:
+- ours:         glm5_fastpath.moe.mega_moe without the shared expert (the same work DeepGEMM's
+                SM90 fp8_mega_moe does: routed experts only), default config of the token bucket;
+- ours+shared:  with the fused shared expert (what GLM-5 runs: one more always-selected expert);
+- deepgemm:     deep_gemm.fp8_mega_moe (sgl-deep-gemm) on a single-rank group, when importable;
+- floor:        experts touched x 37.75 MB / 4.27 TB/s (ours+shared: touched + 1); ratios to it.
+Method: glm5_fastpath.bench.timing.time_launches: K launches captured in one CUDA graph, replayed,
+median per launch. The expert weights touched per launch (>= 8 x 37.75 MB = 302 MB) are far past 2x
+L2 (50 MB), so every replay streams them from HBM; activations are tiny. The plan kernel (token
+lists + task list) is inside our time; DeepGEMM's input copy into its symmetric buffer is not
+(it is part of its dispatch, done before the timed call, as in DeepGEMM's own benchmarks).
+
+Writes <out>/megamoe_bench.json and <out>/megamoe_bench.md.
+
+    glm5-fastpath bench moe --out benchmarks/results/megamoe
+    glm5-fastpath bench moe --settings a --tokens 1,8,64 --out /tmp/mm --no-deepgemm
+    (benchmarks/megamoe_bench.py is the same, for scripts/gpu_check.sh)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+from ..moe import megamoe as MM
+from ..ref.fp8 import quant_act_per_token, quant_weight_block
+from .meta import git_commit
+from .timing import measure_copy_bandwidth, time_launches
+
+BW_FLOOR = 4.27e12
+H, I, TOPK, RSF = 6144, 2048, 8, 2.5
+EXPERT_BYTES = 3 * H * I  # 37.75 MB of FP8 weights per expert (scales: +0.03 %)
+FP8 = torch.float8_e4m3fn
+SETTINGS = {"a": 32, "b": 256}
+DEFAULT_TOKENS = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096"
+
+
+# ---- data -----------------------------------------------------------------------------------------------
+
+def make_weights(n: int, seed: int, dev: torch.device):
+    """n experts (stacked checkpoint layout) generated and quantised on the GPU, one at a time."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    w13 = torch.empty(n, 2 * I, H, dtype=FP8, device=dev)
+    s13 = torch.empty(n, 2 * I // 128, H // 128, dtype=torch.float32, device=dev)
+    w2 = torch.empty(n, H, I, dtype=FP8, device=dev)
+    s2 = torch.empty(n, H // 128, I // 128, dtype=torch.float32, device=dev)
+    for e in range(n):
+        w13[e], s13[e] = quant_weight_block(torch.randn(2 * I, H, generator=g, device=dev) * 0.02)
+        w2[e], s2[e] = quant_weight_block(torch.randn(H, I, generator=g, device=dev) * 0.02)
+    return w13, s13, w2, s2
+
+
+def make_inputs(m: int, experts: int, seed: int, dev: torch.device):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    h = torch.randn(m, H, generator=g, device=dev).to(torch.bfloat16)
+    x8, xs = quant_act_per_token(h)
+    ids = torch.argsort(torch.rand(m, experts, generator=g, device=dev), dim=1)[:, :TOPK].to(torch.int32)
+    w = torch.rand(m, TOPK, generator=g, device=dev) + 0.05
+    return x8, xs, ids, (w / w.sum(-1, keepdim=True)).float()
+
+
+# ---- DeepGEMM --------------------------------------------------------------------------------------------
+
+class DeepGemmMegaMoE:
+    """deep_gemm.fp8_mega_moe on a single-rank process group.
+
+    TODO(verify on the H200): the call sequence is inferred from public DeepGEMM / SGLang sources of
+    several versions, not read from the installed sgl-deep-gemm 0.1.3:
+      buf = get_symm_buffer_for_sm90_mega_moe(group, E, max_tokens, k, H, I)   (or get_symm_buffer_for_mega_moe)
+      l1, l2 = transform_weights_for_mega_moe_sm90((w13, s13), (w2, s2))       (gate/up interleave by 8)
+      buf.x[:M], buf.x_sf[:M], buf.topk_idx[:M], buf.topk_weights[:M] <- inputs (rows past M: idx -1)
+      fp8_mega_moe(y[M, H], l1, l2, buf, recipe=(128, 128, 128), activation="swiglu",
+                   activation_clamp=None, fast_math=True)
+    Any failure is reported in the results ("deepgemm_error") instead of aborting the benchmark.
+    NOTE: DeepGEMM's SM90 kernel quantises the FC2 input per 64 channels (ours and SGLang's reference:
+    per 128), so its output differs from ours by FP8 noise (rel_err ~ 2-3e-2 is expected).
+    """
+
+    def __init__(self, experts: int, max_tokens: int, weights, dev: torch.device):
+        import deep_gemm  # noqa: F401 - ImportError is reported by the caller
+        import torch.distributed as dist
+        self.dg = deep_gemm
+        if not hasattr(deep_gemm, "fp8_mega_moe"):
+            raise RuntimeError(f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no fp8_mega_moe")
+        if not dist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29533")
+            dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
+        self.group = dist.group.WORLD
+        get_buf = getattr(deep_gemm, "get_symm_buffer_for_sm90_mega_moe", None) or deep_gemm.get_symm_buffer_for_mega_moe
+        self.buf = get_buf(self.group, experts, max_tokens, TOPK, H, I)
+        w13, s13, w2, s2 = weights
+        tr = getattr(deep_gemm, "transform_weights_for_mega_moe_sm90", None)
+        if tr is not None:
+            self.l1, self.l2 = tr((w13, s13), (w2, s2))
+        else:  # same interleave as ours ([g0..7, u0..7, ...]); SM90 scale factors are used as they are
+            self.l1, self.l2 = (MM.interleave_gate_up(w13), s13), (w2, s2)
+
+    def load(self, x8, xs, ids, wts) -> None:
+        m = x8.shape[0]
+        b = self.buf
+        b.x[:m].copy_(x8)
+        b.x_sf[:m].copy_(xs.to(b.x_sf.dtype))
+        b.topk_idx[:m].copy_(ids.to(b.topk_idx.dtype))
+        b.topk_idx[m:].fill_(-1)
+        b.topk_weights[:m].copy_(wts.to(b.topk_weights.dtype))
+
+    def __call__(self, y: torch.Tensor) -> torch.Tensor:
+        self.dg.fp8_mega_moe(y, self.l1, self.l2, self.buf, recipe=(128, 128, 128), activation="swiglu",
+                             activation_clamp=None, fast_math=True)
+        return y
+
+
+# ---- main -----------------------------------------------------------------------------------------------
+
+def floor_us(touched: int) -> float:
+    return touched * EXPERT_BYTES / BW_FLOOR * 1e6
+
+
+def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.device) -> list[dict]:
+    print(f"setting ({name}): {experts} experts (+1 shared), generating weights ...", flush=True)
+    raw = make_weights(experts + 1, seed=experts, dev=dev)
+    shared = MM.prepare_weights(*raw, num_shared=1)  # routed experts first, the shared expert last
+    routed = MM.MegaMoEWeights(shared.w13[: experts * 2 * I], shared.w13_scale[:experts], shared.w2[: experts * H],
+                               shared.w2_scale[:experts], experts, 0)  # views: the same bytes without the shared expert
+    dg, dg_error = None, ""
+    if not args.no_deepgemm:
+        try:
+            dg = DeepGemmMegaMoE(experts, max(tokens), tuple(t[:experts] for t in raw), dev)
+        except Exception as e:  # noqa: BLE001 - reported, the rest of the benchmark still runs
+            dg_error = f"{type(e).__name__}: {e}"
+            print(f"  deepgemm unavailable: {dg_error}", flush=True)
+    rows = []
+    for m in tokens:
+        x8, xs, ids, wts = make_inputs(m, experts, seed=1000 + m, dev=dev)
+        touched = int(torch.unique(ids).numel())
+        row = {"tokens": m, "experts_touched": touched, "floor_us": floor_us(touched),
+               "floor_shared_us": floor_us(touched + 1)}
+        for key, wt in (("ours", routed), ("ours_shared", shared)):
+            cfg = MM.default_config(m, experts, TOPK, wt.num_shared, torch.cuda.get_device_properties(dev).multi_processor_count)
+            MM.precompile(wt, TOPK, max_tokens=m, device=dev, configs=[cfg])
+            try:
+                t = time_launches(lambda i: MM.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=RSF, config=cfg),
+                                  args.launches, device=dev, replays=args.replays)
+                row[key] = {"median_us": t.median_us, "min_us": t.min_us, "method": t.method, "config": cfg.name,
+                            "note": t.note}
+            except Exception as e:  # noqa: BLE001
+                row[key] = {"error": f"{type(e).__name__}: {e}"}
+                traceback.print_exc()
+        if dg is not None:
+            try:
+                dg.load(x8, xs, ids, wts)
+                y = torch.empty(m, H, dtype=torch.bfloat16, device=dev)
+                t = time_launches(lambda i: dg(y), args.launches, device=dev, replays=args.replays)
+                row["deepgemm"] = {"median_us": t.median_us, "min_us": t.min_us, "method": t.method, "note": t.note}
+                ours = MM.mega_moe(x8, xs, ids, wts, routed, routed_scaling_factor=1.0)
+                torch.cuda.synchronize(dev)
+                d = (dg(y).double() - ours.double()).norm() / ours.double().norm().clamp_min(1e-30)
+                row["deepgemm"]["rel_err_vs_ours_rsf1"] = float(d)
+            except Exception as e:  # noqa: BLE001
+                row["deepgemm"] = {"error": f"{type(e).__name__}: {e}"}
+                traceback.print_exc()
+        elif dg_error:
+            row["deepgemm"] = {"error": dg_error}
+        o, osh, d = (row.get(k, {}).get("median_us") for k in ("ours", "ours_shared", "deepgemm"))
+        if o:
+            row["ours_vs_floor"] = o / row["floor_us"]
+        if osh:
+            row["ours_shared_vs_floor"] = osh / row["floor_shared_us"]
+        if o and d:
+            row["deepgemm_vs_floor"] = d / row["floor_us"]
+            row["speedup_vs_deepgemm"] = d / o
+        print(f"  M={m:5d} touched={touched:3d} floor={row['floor_us']:8.1f} us  ours={o or float('nan'):8.1f}  "
+              f"ours+shared={osh or float('nan'):8.1f}  deepgemm={d or float('nan'):8.1f}", flush=True)
+        rows.append(row)
+    raw = routed = shared = dg = None  # free this setting's weights before the next
+    torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# MegaMoE benchmark ({result['gpu']}, {result['date']}, commit {result['commit']})", "",
+             "Median of CUDA-graph replays per launch; floor = experts touched x 37.75 MB / 4.27 TB/s "
+             f"(measured copy bandwidth this run: {result['copy_bandwidth_tb_s']:.2f} TB/s). "
+             "ours / deepgemm: routed experts only (same work); ours+shared: with the fused shared expert "
+             "(floor + 1 expert).", ""]
+    for name, rows in result["settings"].items():
+        lines += [f"## Setting ({name}): {SETTINGS[name]} experts, top-{TOPK}", "",
+                  "| tokens | touched | floor us | ours us | ours/floor | deepgemm us | dg/floor | speedup vs dg | "
+                  "ours+shared us | (+shared)/floor |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            def g(k, f="{:.1f}"):
+                v = r.get(k, {}).get("median_us") if isinstance(r.get(k), dict) else r.get(k)
+                return f.format(v) if isinstance(v, (int, float)) else (r.get(k, {}).get("error", "-")[:40]
+                                                                        if isinstance(r.get(k), dict) else "-")
+            lines.append(f"| {r['tokens']} | {r['experts_touched']} | {r['floor_us']:.1f} | {g('ours')} | "
+                         f"{g('ours_vs_floor', '{:.3f}')} | {g('deepgemm')} | {g('deepgemm_vs_floor', '{:.3f}')} | "
+                         f"{g('speedup_vs_deepgemm', '{:.2f}x')} | {g('ours_shared')} | {g('ours_shared_vs_floor', '{:.3f}')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", required=True, help="directory for the JSON and markdown results")
+    ap.add_argument("--settings", default="a,b", help="comma list of a (32 experts) and b (256 experts)")
+    ap.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"comma list of token counts (default {DEFAULT_TOKENS})")
+    ap.add_argument("--launches", type=int, default=10, help="launches per captured graph")
+    ap.add_argument("--replays", type=int, default=10, help="graph replays (median reported)")
+    ap.add_argument("--no-deepgemm", action="store_true", help="skip the DeepGEMM baseline")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    bad = [s for s in args.settings.split(",") if s and s not in SETTINGS]
+    if bad:
+        raise ValueError(f"bench moe: unknown setting(s) {bad}; choose from {', '.join(SETTINGS)}")
+    if not torch.cuda.is_available():
+        raise ValueError("bench moe: needs a CUDA GPU (sm_90)")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    tokens = [int(t) for t in args.tokens.split(",") if t]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bw = measure_copy_bandwidth(dev)
+    result = {"gpu": torch.cuda.get_device_name(dev), "date": _dt.date.today().isoformat(), "commit": git_commit(),
+              "torch": torch.__version__, "copy_bandwidth_tb_s": bw["bytes_per_s"] / 1e12, "floor_bw": BW_FLOOR,
+              "hidden": H, "inter": I, "topk": TOPK, "settings": {}}
+    try:
+        import deep_gemm
+        result["deep_gemm_version"] = getattr(deep_gemm, "__version__", "unknown")
+    except Exception as e:  # noqa: BLE001
+        result["deep_gemm_version"] = f"not importable: {type(e).__name__}: {e}"
+    for s in args.settings.split(","):
+        result["settings"][s] = run_setting(s, SETTINGS[s], tokens, args, dev)
+        (out / "megamoe_bench.json").write_text(json.dumps(result, indent=1))
+        (out / "megamoe_bench.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
