@@ -27,6 +27,7 @@ glm5_a0_add_rmsnorm_quant(const uint16_t* __restrict__ hidden,  // [M, H] bf16
                           uint8_t* __restrict__ x_fp8,           // [M, H] e4m3
                           float* __restrict__ x_scale,           // [M, H/128] fp32, strided
                           int64_t scale_stride_row, int64_t scale_stride_group, int32_t num_rows, float eps) {
+    glm5::ptx::griddep_wait_at<0>();  // GLM5_PDL_WAIT_AT=0 (pdl_wait="entry")
     __shared__ typename A0Tile::Smem smem;
     const int tid = threadIdx.x;
     const int64_t row = blockIdx.x / GLM5_A0_CLUSTER;
@@ -36,9 +37,12 @@ glm5_a0_add_rmsnorm_quant(const uint16_t* __restrict__ hidden,  // [M, H] bf16
     const int rank = static_cast<int>(glm5::attn_pre::dsmem::cluster_ctarank());
 
     // Prologue that does not depend on the previous kernel: gamma into registers, the receive
-    // barrier armed, the start-up cluster barrier arrived at.
+    // barrier armed, the start-up cluster barrier arrived at. Waiting at point 1 (pdl_wait=
+    // "after_prologue"), the barrier init goes first and the wait before the weight load.
+    if constexpr (glm5::ptx::kPdlWaitAt == 1) A0Tile::init(smem, tid);
+    glm5::ptx::griddep_wait_at<1>();
     const glm5::ptx::u32x4 gamma = A0Tile::load_gamma(weight, rank, tid);
-    A0Tile::init(smem, tid);
+    if constexpr (glm5::ptx::kPdlWaitAt != 1) A0Tile::init(smem, tid);
 
     // Let the next kernel on the stream get scheduled now; it waits for our completion itself.
     glm5::ptx::griddep_launch_dependents();

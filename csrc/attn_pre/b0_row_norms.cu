@@ -36,8 +36,11 @@ glm5_b0_row_norms(const uint16_t* __restrict__ qkv,      // [M, Q+KV+R] bf16
                   uint16_t* __restrict__ c_kv,           // [M, KV] bf16
                   uint16_t* __restrict__ k_pe,           // [M, R] bf16
                   int32_t num_rows, float eps) {
+    glm5::ptx::griddep_wait_at<0>();  // GLM5_PDL_WAIT_AT=0 (pdl_wait="entry")
     __shared__ float scratch[B0RowTile::kScratchFloats];
     const int tid = threadIdx.x;
+    // GLM5_PDL_WAIT_AT=1: no generic prologue here (no barrier, no metadata): before the weights.
+    glm5::ptx::griddep_wait_at<1>();
 
     // Prologue that does not depend on the previous kernel: both norm weights into registers.
     typename B0RowTile::Gamma gamma;

@@ -34,6 +34,7 @@ glm5_c0_head_gate(const uint16_t* __restrict__ x,             // [M, HIDDEN] bf1
                   const uint16_t* __restrict__ weights_proj,  // [HEADS, HIDDEN] bf16
                   uint16_t* __restrict__ w_raw,               // [M, HEADS] bf16
                   int32_t num_tokens) {
+    glm5::ptx::griddep_wait_at<0>();  // GLM5_PDL_WAIT_AT=0 (pdl_wait="entry")
     __shared__ typename C0Tile::Smem smem;
     const int tid = threadIdx.x;
     const int tile = blockIdx.y;
@@ -43,10 +44,13 @@ glm5_c0_head_gate(const uint16_t* __restrict__ x,             // [M, HIDDEN] bf1
     const int rank = static_cast<int>(glm5::attn_pre::dsmem::cluster_ctarank());
 
     // Prologue that does not depend on the previous kernel: this lane's weight fragments of the CTA's
-    // K slice, the receive barrier armed, the start-up cluster barrier arrived at.
+    // K slice, the receive barrier armed, the start-up cluster barrier arrived at. Waiting at point 1
+    // (pdl_wait="after_prologue"), the barrier init goes first and the wait before the weight loads.
+    if constexpr (glm5::ptx::kPdlWaitAt == 1) C0Tile::init(smem, rank, tid);
+    glm5::ptx::griddep_wait_at<1>();
     C0Tile::Weights wr;
     C0Tile::load_weights(wr, weights_proj, rank, tid);
-    C0Tile::init(smem, rank, tid);
+    if constexpr (glm5::ptx::kPdlWaitAt != 1) C0Tile::init(smem, rank, tid);
 
     glm5::ptx::griddep_launch_dependents();
     // x is read only after this (the previous kernel writes it).

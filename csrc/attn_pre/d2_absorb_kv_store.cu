@@ -44,9 +44,13 @@ glm5_d2_absorb_kv_store(const uint16_t* __restrict__ q_nope,  // [M, heads, NOPE
                         uint16_t* kv_cache,                   // [num_slots, KV_LORA + ROPE] bf16, rows written in place
                         uint16_t* __restrict__ q_lat,         // [M, heads, KV_LORA] bf16
                         int64_t num_slots, int32_t num_tokens, int32_t num_heads, int32_t idx64) {
+    glm5::ptx::griddep_wait_at<0>();  // GLM5_PDL_WAIT_AT=0 (pdl_wait="entry"), both roles
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x;
     const int head = blockIdx.x / D2Tile::kNTiles, ntile = blockIdx.x % D2Tile::kNTiles;
+    // GLM5_PDL_WAIT_AT=1: the generic prologue is only the tile coordinates; before the weight tile,
+    // every thread (GEMM warps and the KV warp) before its role.
+    glm5::ptx::griddep_wait_at<1>();
 
     // Prologue that does not depend on the previous kernel: stream this CTA's weight tile into smem.
     if (tid < D2Tile::kThreads) D2Tile::issue_weight_copies(smem, w_kc, head, ntile, tid);

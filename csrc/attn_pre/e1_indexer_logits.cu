@@ -54,6 +54,7 @@ glm5_e1_indexer_logits(const uint8_t* q_fp8,        // [M, H, D] e4m3
                        float* logits,               // [M, max_ctx] fp32
                        int64_t num_pages, int64_t bt_stride, int32_t m, int32_t bt_width, int32_t max_ctx,
                        int32_t flags) {
+    glm5::ptx::griddep_wait_at<0>();  // GLM5_PDL_WAIT_AT=0 (pdl_wait="entry"), both roles
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const int tid = threadIdx.x;
     // The launcher guarantees these; a mismatch (e.g. a stale smem size) must not corrupt memory.
@@ -81,6 +82,10 @@ glm5_e1_indexer_logits(const uint8_t* q_fp8,        // [M, H, D] e4m3
     const bool producer = (tid >> 5) == E1::kProducerWarp;
     if (meta_first) {
         E1::plan(p, cta, ctas, sm, tid);
+        // GLM5_PDL_WAIT_AT=1: after the barrier init and the metadata reads (the plan), before the L2
+        // page prefetch; every thread (producer warp and consumer warpgroup). Without flags bit 0 the
+        // native wait below comes first anyway (after the barrier init, before any read).
+        glm5::ptx::griddep_wait_at<1>();
         if (producer) E1::producer_prefetch(p, sm, tid & 31);
     }
     // q_fp8 / head_w (D1) and the index-K cache (B1) are the preceding kernels' outputs; so is the

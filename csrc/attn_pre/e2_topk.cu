@@ -48,6 +48,9 @@ __device__ __forceinline__ void e2_topk_body(const float* logits, int64_t logits
                                              int32_t bt_cols, int32_t* out, int32_t topk, int32_t num_rows,
                                              int32_t flags, int32_t chunks, int32_t smem_chunks) {
     using Tile = glm5::attn_pre::E2TopkTile<GLM5_E2_THREADS, GLM5_E2_ITEMS, kCluster>;
+    glm5::ptx::griddep_wait_at<0>();  // GLM5_PDL_WAIT_AT=0 (pdl_wait="entry")
+    // GLM5_PDL_WAIT_AT=1 is the native point: the histogram zeroing and the metadata reads (flags
+    // bit 2) are the whole prologue, and there are no weights to prefetch.
     __shared__ typename Tile::Smem smem;
     const int tid = threadIdx.x;
     GLM5_E2_PHASE(0);

@@ -32,9 +32,12 @@ using SkinnyTile =
 
 extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kThreads, GLM5_SKINNY_MINB)
 glm5_fp8_gemm_skinny(const glm5::attn_pre::skinny::SkinnyParams p) {
+    glm5::ptx::griddep_wait_at<0>();  // GLM5_PDL_WAIT_AT=0 (pdl_wait="entry")
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x;
     const auto c = SkinnyTile::coord(p, blockIdx.x, blockIdx.y, blockIdx.z);
+    // GLM5_PDL_WAIT_AT=1: the generic prologue is only the tile coordinates (no barrier, no metadata).
+    glm5::ptx::griddep_wait_at<1>();
 
     // Independent of the previous kernel: weight stages + weight scales start streaming now.
     SkinnyTile::prologue(p, c, smem, tid);

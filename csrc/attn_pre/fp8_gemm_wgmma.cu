@@ -46,6 +46,7 @@ extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kWgThreads,
 glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_constant__ CUtensorMap w_map,
                     const __grid_constant__ CUtensorMap x_map) {
     using namespace glm5::attn_pre::skinny;
+    glm5::ptx::griddep_wait_at<0>();  // GLM5_PDL_WAIT_AT=0 (pdl_wait="entry"), every role
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     uint8_t* smem = WgmmaTile::align_smem(smem_raw);
     const int tid = threadIdx.x;
@@ -64,6 +65,10 @@ glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_c
 
     if (leader) WgmmaTile::init_barriers(smem);
     __syncthreads();
+    if (leader) WgmmaTile::prefetch_descriptors(&w_map, &x_map);
+    // GLM5_PDL_WAIT_AT=1: after the barrier init and the descriptor prefetch, before the weights;
+    // every thread (producer and math warps) passes it before its role.
+    glm5::ptx::griddep_wait_at<1>();
 
     // Independent of the previous kernel: weight boxes of the first stages + the weight scales.
     if (leader) WgmmaTile::producer_prologue(p, c, &w_map, &x_map, smem);

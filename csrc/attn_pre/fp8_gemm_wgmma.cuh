@@ -136,12 +136,16 @@ struct WgmmaGemmTile {
     }
 
     // ---- producer (one thread of warp 8) --------------------------------------------------------
+    // Before griddepcontrol.wait (the generic prologue): both tensor-map descriptors into the cache.
+    static GLM5_DEVICE void prefetch_descriptors(const CUtensorMap* w_map, const CUtensorMap* x_map) {
+        sm90::tma_prefetch_desc(w_map);
+        sm90::tma_prefetch_desc(x_map);
+    }
+
     // Before griddepcontrol.wait: arm the first prefill stages for weights + activations and issue
     // their weight boxes (weights are not the previous kernel's output).
     static GLM5_DEVICE void producer_prologue(const SkinnyParams& p, const Coord& c, const CUtensorMap* w_map,
                                               const CUtensorMap* x_map, uint8_t* smem) {
-        sm90::tma_prefetch_desc(w_map);
-        sm90::tma_prefetch_desc(x_map);
         const uint32_t base = ptx::smem_addr(smem);
         const int n = prefill(c);
         for (int s = 0; s < n; ++s) {

@@ -59,8 +59,18 @@ def precompile(cfg=None, device: object = None) -> None:
 
 
 def compile_check_specs() -> list:
-    """Every KernelSpec variant the ops launch, for scripts/compile_check.py."""
-    return [s for m in _MODULES for s in m.compile_check_specs()]
+    """Every KernelSpec variant the ops launch, for scripts/compile_check.py, plus the first variant of
+    each kernel source with each early PDL wait point (pdl_wait= "entry" / "after_prologue")."""
+    import dataclasses
+
+    specs = [s for m in _MODULES for s in m.compile_check_specs()]
+    first: dict[str, object] = {}
+    for s in specs:
+        if s.source is not None and s.source.startswith("attn_pre/"):
+            first.setdefault(s.source, s)
+    early = [dataclasses.replace(s, defines=tuple(s.defines) + (("GLM5_PDL_WAIT_AT", str(w)),))
+             for s in first.values() for w in (0, 1)]
+    return specs + early
 
 
 __all__ = ["A0Result", "a0_add_rmsnorm_quant", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",

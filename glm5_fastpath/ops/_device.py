@@ -52,3 +52,34 @@ def require_aligned(fail: Callable[[str], Exception], named: dict[str, torch.Ten
     for name, t in named.items():
         if t.numel() and t.data_ptr() % align:
             raise fail(f"{name} data must be {align}-byte aligned (got address {t.data_ptr():#x}; a sliced view?)")
+
+
+# ---- PDL wait point (csrc/common/pdl.cuh GLM5_PDL_WAIT_AT) ------------------------------------------
+
+# pdl_wait= value -> GLM5_PDL_WAIT_AT: where the kernel executes its first griddepcontrol.wait
+# (glm5_fastpath.attn_pre.cmp.modes.WAIT_POINTS names the same points, earliest first).
+PDL_WAIT_POINTS = {"entry": 0, "after_prologue": 1, "after_prefetch": 2}
+PDL_WAIT_NATIVE = 2  # each kernel's own wait (after its weight prefetch); its spec carries no define
+
+
+def pdl_wait_code(op: str, pdl_wait: object, fail: Callable[[str], Exception] | None = None) -> int:
+    """pdl_wait ("entry" | "after_prologue" | "after_prefetch" | None = native) -> GLM5_PDL_WAIT_AT;
+    anything else raises (`fail(msg)`, default ValueError) naming the op."""
+    if pdl_wait is None:
+        return PDL_WAIT_NATIVE
+    if not isinstance(pdl_wait, str) or pdl_wait not in PDL_WAIT_POINTS:
+        msg = f"pdl_wait={pdl_wait!r}: expected one of {', '.join(map(repr, PDL_WAIT_POINTS))} or None (native)"
+        raise fail(msg) if fail is not None else ValueError(f"{op}: {msg}")
+    return PDL_WAIT_POINTS[pdl_wait]
+
+
+def check_wait_at(op: str, wait_at: object) -> int:
+    """The custom ops' int argument (GLM5_PDL_WAIT_AT, 0..2)."""
+    if isinstance(wait_at, bool) or not isinstance(wait_at, int) or wait_at not in PDL_WAIT_POINTS.values():
+        raise ValueError(f"{op}: pdl_wait_at={wait_at!r}: expected 0 (entry), 1 (after_prologue) or 2 (native)")
+    return wait_at
+
+
+def wait_defines(wait_at: int) -> tuple[tuple[str, str], ...]:
+    """The KernelSpec define of a wait point: none for the native one (default specs and cache keys unchanged)."""
+    return () if wait_at == PDL_WAIT_NATIVE else (("GLM5_PDL_WAIT_AT", str(wait_at)),)

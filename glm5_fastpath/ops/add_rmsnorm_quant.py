@@ -23,9 +23,9 @@ x_scale [M, H/128] fp32 in one of two layouts:
 Ops (namespace glm5_fastpath; each with a fake implementation for torch.compile / graphs):
 
 - torch.ops.glm5_fastpath.add_rmsnorm_quant(hidden, residual, weight, eps, scale_layout="row",
-  pdl=True) -> (x, residual_out, x_fp8, x_scale), functional.
+  pdl=True, pdl_wait_at=2) -> (x, residual_out, x_fp8, x_scale), functional.
 - torch.ops.glm5_fastpath.add_rmsnorm_quant_out(hidden, residual, weight, eps, x, residual_out,
-  x_fp8, x_scale, pdl=True) -> None, writes the four given outputs; residual_out may be residual
+  x_fp8, x_scale, pdl=True, pdl_wait_at=2) -> None, writes the four given outputs; residual_out may be residual
   itself (in place, SGLang's fused_add_rmsnorm convention: each element is read, then written,
   by the same thread); x_scale may have either layout.
 
@@ -44,7 +44,10 @@ after it, and lets the next kernel launch early. GLM5_FASTPATH_DISABLE_PDL=1 tur
 off globally. PDL and the cluster launch combine (the programmatic edge is a stream property, the
 cluster attribute only shapes the grid): tests/ops/test_add_rmsnorm_quant.py's control checks the
 overlap with plain and with cluster-launched (2 and 8 CTAs) consumers through a producer/consumer
-handshake. (Its first version raced a 50 us spin against the host's launch latency and failed on
+handshake. pdl_wait= ("entry" | "after_prologue" | "after_prefetch"; None = native) moves the first
+griddepcontrol.wait (GLM5_PDL_WAIT_AT of csrc/common/pdl.cuh; a separate cubin) for the CMP
+benchmark's PDL decomposition: "after_prologue" arms the barriers, then waits, then loads `weight`.
+(Its first version raced a 50 us spin against the host's launch latency and failed on
 the session-2 H200 run for that reason, not because of the cluster launch.)
 """
 from __future__ import annotations
@@ -52,12 +55,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
 
 from ..config import ACT_QUANT_EPS, FP8_BLOCK, FP8_MAX
+from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines
 from ._device import overlaps as _overlaps, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
@@ -90,6 +94,7 @@ class A0Result(NamedTuple):
 class A0Config:
     hidden: int
     cluster: int  # CTAs per row (one thread-block cluster per row)
+    wait_at: int = PDL_WAIT_NATIVE  # GLM5_PDL_WAIT_AT (csrc/common/pdl.cuh); native: no define
 
     @property
     def threads(self) -> int:
@@ -99,7 +104,8 @@ class A0Config:
     @functools.cached_property
     def spec(self) -> KernelSpec:
         return KernelSpec(FUNCTION, source=SOURCE,
-                          defines=(("GLM5_A0_HIDDEN", str(self.hidden)), ("GLM5_A0_CLUSTER", str(self.cluster))))
+                          defines=(("GLM5_A0_HIDDEN", str(self.hidden)), ("GLM5_A0_CLUSTER", str(self.cluster)))
+                          + wait_defines(self.wait_at))
 
 
 _configs: dict[int, A0Config] = {}
@@ -214,24 +220,27 @@ def _kernel_args(hidden, residual, weight, x, residual_out, x8, scale, eps: floa
             ctypes.c_int32(hidden.shape[0]), ctypes.c_float(eps))
 
 
-_kernels: dict[tuple[int, int | None], object] = {}
+_kernels: dict[tuple[A0Config, int | None], object] = {}
 
 
 def _kernel(cfg: A0Config, device: torch.device):
-    k = _kernels.get((cfg.hidden, device.index))
+    k = _kernels.get((cfg, device.index))
     if k is None:
         env.print_config("add_rmsnorm_quant", {"H": cfg.hidden},
                          {"cluster": cfg.cluster, "threads": cfg.threads, "grid": f"M x {cfg.cluster} CTAs"})
         from ..jit.runtime import get_kernel
-        k = _kernels[(cfg.hidden, device.index)] = get_kernel(cfg.spec, device=device)
+        k = _kernels[(cfg, device.index)] = get_kernel(cfg.spec, device=device)
     return k
 
 
-def _launch(cfg: A0Config, hidden, residual, weight, eps, x, residual_out, x8, scale, pdl: bool) -> None:
+def _launch(cfg: A0Config, hidden, residual, weight, eps, x, residual_out, x8, scale, pdl: bool,
+            wait_at: int = PDL_WAIT_NATIVE) -> None:
     _check_device(hidden, residual, weight, x, residual_out, x8)  # x_scale: 4-byte scalar stores only
     m = hidden.shape[0]
     if m == 0:
         return
+    if wait_at != PDL_WAIT_NATIVE:
+        cfg = replace(cfg, wait_at=wait_at)
     kernel = _kernel(cfg, hidden.device)
     kernel.launch((m * cfg.cluster, 1, 1), (cfg.threads, 1, 1),
                   _kernel_args(hidden, residual, weight, x, residual_out, x8, scale, eps), pdl=pdl,
@@ -280,18 +289,20 @@ def _check_no_overlap(hidden, residual, weight, x, residual_out, x_fp8, x_scale)
 
 @torch.library.custom_op("glm5_fastpath::add_rmsnorm_quant", mutates_args=())
 def _add_rmsnorm_quant(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                       scale_layout: str = "row", pdl: bool = True
+                       scale_layout: str = "row", pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     cfg = _check_inputs(hidden, residual, weight, eps, scale_layout)
+    check_wait_at(OP, pdl_wait_at)
     x, x8, s = _new_outputs(hidden, scale_layout)
     residual_out = torch.empty_like(residual)
-    _launch(cfg, hidden, residual, weight, eps, x, residual_out, x8, s, pdl)
+    _launch(cfg, hidden, residual, weight, eps, x, residual_out, x8, s, pdl, pdl_wait_at)
     return x, residual_out, x8, s
 
 
 @_add_rmsnorm_quant.register_fake
-def _add_rmsnorm_quant_fake(hidden, residual, weight, eps, scale_layout="row", pdl=True):
+def _add_rmsnorm_quant_fake(hidden, residual, weight, eps, scale_layout="row", pdl=True, pdl_wait_at=PDL_WAIT_NATIVE):
     _check_inputs(hidden, residual, weight, eps, scale_layout)
+    check_wait_at(OP, pdl_wait_at)
     x, x8, s = _new_outputs(hidden, scale_layout)
     return x, torch.empty_like(residual), x8, s
 
@@ -300,22 +311,25 @@ def _add_rmsnorm_quant_fake(hidden, residual, weight, eps, scale_layout="row", p
                          mutates_args=("x", "residual_out", "x_fp8", "x_scale"))
 def _add_rmsnorm_quant_out(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                            x: torch.Tensor, residual_out: torch.Tensor, x_fp8: torch.Tensor, x_scale: torch.Tensor,
-                           pdl: bool = True) -> None:
+                           pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE) -> None:
     cfg = _check_inputs(hidden, residual, weight, eps, "row")
     _check_outputs(hidden, x, residual_out, x_fp8, x_scale)
     _check_no_overlap(hidden, residual, weight, x, residual_out, x_fp8, x_scale)
-    _launch(cfg, hidden, residual, weight, eps, x, residual_out, x_fp8, x_scale, pdl)
+    check_wait_at(OP, pdl_wait_at)
+    _launch(cfg, hidden, residual, weight, eps, x, residual_out, x_fp8, x_scale, pdl, pdl_wait_at)
 
 
 @_add_rmsnorm_quant_out.register_fake
-def _add_rmsnorm_quant_out_fake(hidden, residual, weight, eps, x, residual_out, x_fp8, x_scale, pdl=True):
+def _add_rmsnorm_quant_out_fake(hidden, residual, weight, eps, x, residual_out, x_fp8, x_scale, pdl=True,
+                                pdl_wait_at=PDL_WAIT_NATIVE):
     _check_inputs(hidden, residual, weight, eps, "row")
     _check_outputs(hidden, x, residual_out, x_fp8, x_scale)
+    check_wait_at(OP, pdl_wait_at)
 
 
 def add_rmsnorm_quant(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                       out: torch.Tensor | tuple | None = None, *, scale_layout: str = "row",
-                      pdl: bool = True) -> A0Result:
+                      pdl: bool = True, pdl_wait: str | None = None) -> A0Result:
     """Fused residual add + RMSNorm + 1x128 FP8 quant; see the module docstring for the math.
 
     out:
@@ -325,12 +339,15 @@ def add_rmsnorm_quant(hidden: torch.Tensor, residual: torch.Tensor, weight: torc
                             write all four (e.g. CUDA-graph static buffers); residual_out may be
                             residual; x_scale may be row-major or column-major (its strides are
                             used as given, scale_layout is then ignored).
+    pdl_wait: where the kernel first waits under PDL (module docstring); None = native.
     Returns A0Result(x, residual_out, x_fp8, x_scale).
     """
+    wait_at = pdl_wait_code(OP, pdl_wait, _fail)
     _check_eps(eps)  # before the op schema silently turns a bool into a float
     eps = float(eps)
     if out is None:
-        return A0Result(*torch.ops.glm5_fastpath.add_rmsnorm_quant(hidden, residual, weight, eps, scale_layout, pdl))
+        return A0Result(*torch.ops.glm5_fastpath.add_rmsnorm_quant(hidden, residual, weight, eps, scale_layout, pdl,
+                                                                        wait_at))
     if isinstance(out, torch.Tensor):
         _check_inputs(hidden, residual, weight, eps, scale_layout)
         x, x8, s = _new_outputs(hidden, scale_layout)
@@ -340,7 +357,7 @@ def add_rmsnorm_quant(hidden: torch.Tensor, residual: torch.Tensor, weight: torc
     else:
         raise _fail(f"out must be None, a residual_out tensor or a 4-tuple (x, residual_out, x_fp8, x_scale); "
                     f"got {type(out).__name__}")
-    torch.ops.glm5_fastpath.add_rmsnorm_quant_out(hidden, residual, weight, eps, *outs, pdl)
+    torch.ops.glm5_fastpath.add_rmsnorm_quant_out(hidden, residual, weight, eps, *outs, pdl, wait_at)
     return outs
 
 

@@ -15,18 +15,22 @@ multiplies it by the tile's tokens with bf16 mma.sync, and the K slices are summ
 through distributed shared memory (st.async + mbarrier) in a fixed order: bitwise deterministic, no
 workspace, no global round trip. So launches may also run concurrently on several streams.
 
-Op: torch.ops.glm5_fastpath.c0_head_gate(x_bf16, weights_proj, pdl=True) -> w_raw (functional;
-fake implementation registered for torch.compile / meta tensors). Python entry point:
-c0_head_gate(x_bf16, weights_proj, *, pdl=True).
+Op: torch.ops.glm5_fastpath.c0_head_gate(x_bf16, weights_proj, pdl=True, pdl_wait_at=2) -> w_raw
+(functional; fake implementation registered for torch.compile / meta tensors). Python entry point:
+c0_head_gate(x_bf16, weights_proj, *, pdl=True, pdl_wait=None). pdl_wait ("entry" | "after_prologue"
+| "after_prefetch"; None = native = after the weight loads) moves the kernel's first
+griddepcontrol.wait (GLM5_PDL_WAIT_AT of csrc/common/pdl.cuh; a separate cubin) for the CMP
+benchmark's PDL decomposition.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines
 from ._device import device_index as _device_index, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
@@ -46,6 +50,7 @@ class C0Config:
     hidden: int
     heads: int
     nt: int = 1  # n8 token tiles per cluster: tokens per cluster = 8 * nt
+    wait_at: int = PDL_WAIT_NATIVE  # GLM5_PDL_WAIT_AT (csrc/common/pdl.cuh); native: no define
 
     @property
     def splits(self) -> int:
@@ -68,7 +73,8 @@ class C0Config:
     def spec(self) -> KernelSpec:
         return KernelSpec(FUNCTION, source=SOURCE,
                           defines=(("GLM5_C0_HIDDEN", str(self.hidden)), ("GLM5_C0_HEADS", str(self.heads)),
-                                   ("GLM5_C0_NT", str(self.nt)), ("GLM5_C0_CLUSTER", str(self.cluster))))
+                                   ("GLM5_C0_NT", str(self.nt)), ("GLM5_C0_CLUSTER", str(self.cluster)))
+                          + wait_defines(self.wait_at))
 
 
 def _fail(msg: str) -> ValueError:
@@ -147,12 +153,15 @@ def _kernel_args(x, weights_proj, w_raw) -> tuple:
     return (x, weights_proj, w_raw, ctypes.c_int32(x.shape[0]))
 
 
-def _launch(cfg: C0Config, x: torch.Tensor, weights_proj: torch.Tensor, w_raw: torch.Tensor, pdl: bool) -> None:
+def _launch(cfg: C0Config, x: torch.Tensor, weights_proj: torch.Tensor, w_raw: torch.Tensor, pdl: bool,
+            wait_at: int = PDL_WAIT_NATIVE) -> None:
     _check_device(x, weights_proj, w_raw)
     m = x.shape[0]
     if m == 0:
         return
     cfg = config_for(cfg.hidden, cfg.heads, m)
+    if wait_at != PDL_WAIT_NATIVE:
+        cfg = replace(cfg, wait_at=wait_at)
     kernel = _kernel(cfg, x.device)
     kernel.launch(cfg.grid(m), (THREADS, 1, 1), _kernel_args(x, weights_proj, w_raw), pdl=pdl,
                   cluster=(cfg.cluster, 1, 1))
@@ -161,23 +170,29 @@ def _launch(cfg: C0Config, x: torch.Tensor, weights_proj: torch.Tensor, w_raw: t
 # ---- custom op --------------------------------------------------------------------------------------
 
 @torch.library.custom_op("glm5_fastpath::c0_head_gate", mutates_args=())
-def _c0_head_gate(x_bf16: torch.Tensor, weights_proj: torch.Tensor, pdl: bool = True) -> torch.Tensor:
+def _c0_head_gate(x_bf16: torch.Tensor, weights_proj: torch.Tensor, pdl: bool = True,
+                  pdl_wait_at: int = PDL_WAIT_NATIVE) -> torch.Tensor:
     cfg = _check_inputs(x_bf16, weights_proj)
+    check_wait_at(OP, pdl_wait_at)
     w_raw = torch.empty((x_bf16.shape[0], cfg.heads), dtype=torch.bfloat16, device=x_bf16.device)
-    _launch(cfg, x_bf16, weights_proj, w_raw, pdl)
+    _launch(cfg, x_bf16, weights_proj, w_raw, pdl, pdl_wait_at)
     return w_raw
 
 
 @_c0_head_gate.register_fake
-def _c0_head_gate_fake(x_bf16, weights_proj, pdl=True):
+def _c0_head_gate_fake(x_bf16, weights_proj, pdl=True, pdl_wait_at=PDL_WAIT_NATIVE):
     cfg = _check_inputs(x_bf16, weights_proj)
+    check_wait_at(OP, pdl_wait_at)
     return x_bf16.new_empty((x_bf16.shape[0], cfg.heads))
 
 
-def c0_head_gate(x_bf16: torch.Tensor, weights_proj: torch.Tensor, *, pdl: bool = True) -> torch.Tensor:
-    """w_raw [M, heads] bf16 = bf16(x_bf16 . weights_proj^T), fp32 accumulation (ref.prefix.c0_head_gate)."""
+def c0_head_gate(x_bf16: torch.Tensor, weights_proj: torch.Tensor, *, pdl: bool = True,
+                 pdl_wait: str | None = None) -> torch.Tensor:
+    """w_raw [M, heads] bf16 = bf16(x_bf16 . weights_proj^T), fp32 accumulation (ref.prefix.c0_head_gate).
+    pdl_wait: where the kernel first waits under PDL (module docstring); None = native."""
+    wait_at = pdl_wait_code(OP, pdl_wait, _fail)
     _check_inputs(x_bf16, weights_proj)  # before the dispatcher, so errors name this op even for odd inputs
-    return torch.ops.glm5_fastpath.c0_head_gate(x_bf16, weights_proj, pdl)
+    return torch.ops.glm5_fastpath.c0_head_gate(x_bf16, weights_proj, pdl, wait_at)
 
 
 def _variants(hidden: int, heads: int) -> list[C0Config]:

@@ -44,9 +44,11 @@ weights (14.0 -> 7.7 MB at M=16 with activations, ~1.5 us less at 4.27 TB/s). Tw
   semantics, and the only form the current weight structures provide).
 
 Op: torch.ops.glm5_fastpath.d2_absorb_kv_store(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc,
-kv_cache, rope_theta, pdl=True) -> q_lat (mutates kv_cache). Python entry point with the reference's
-signature: d2_absorb_and_kv_store(q_nope, c_kv, k_pe, w, positions, out_cache_loc, kv_cache, cfg,
-*, pdl=True).
+kv_cache, rope_theta, pdl=True, pdl_wait_at=2) -> q_lat (mutates kv_cache). Python entry point with
+the reference's signature: d2_absorb_and_kv_store(q_nope, c_kv, k_pe, w, positions, out_cache_loc,
+kv_cache, cfg, *, pdl=True, pdl_wait=None). pdl_wait ("entry" | "after_prologue" | "after_prefetch";
+None = native = after the W_UK tile copies are issued) moves the kernel's first griddepcontrol.wait
+(GLM5_PDL_WAIT_AT of csrc/common/pdl.cuh; a separate cubin) for the CMP benchmark's PDL decomposition.
 """
 from __future__ import annotations
 
@@ -54,10 +56,11 @@ import ctypes
 import functools
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines
 from ._device import overlaps as _overlaps, device_index as _device_index, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
@@ -79,6 +82,7 @@ class D2Config:
     rope: int
     mt: int  # m16 latent tiles per warp
     nt: int = 4  # n8 token tiles per warp pass
+    wait_at: int = PDL_WAIT_NATIVE  # GLM5_PDL_WAIT_AT (csrc/common/pdl.cuh); native: no define
 
     @property
     def n_tiles(self) -> int:
@@ -93,7 +97,7 @@ class D2Config:
     def spec(self) -> KernelSpec:
         return KernelSpec(FUNCTION, source=SOURCE, defines=(
             ("GLM5_D2_NOPE", str(self.nope)), ("GLM5_D2_KV_LORA", str(self.kv_lora)), ("GLM5_D2_ROPE", str(self.rope)),
-            ("GLM5_D2_MT", str(self.mt)), ("GLM5_D2_NT", str(self.nt))))
+            ("GLM5_D2_MT", str(self.mt)), ("GLM5_D2_NT", str(self.nt))) + wait_defines(self.wait_at))
 
 
 def _fail(msg: str) -> ValueError:
@@ -221,12 +225,14 @@ def _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, k
 
 
 def _launch(cfg: D2Config, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, q_lat,
-            pdl: bool) -> None:
+            pdl: bool, wait_at: int = PDL_WAIT_NATIVE) -> None:
     _check_device({"q_nope": q_nope, "c_kv": c_kv, "k_pe": k_pe, "w_kc": w_kc, "positions": positions,
                    "out_cache_loc": out_cache_loc, "q_lat": q_lat}, kv_cache)
     m, heads, _ = q_nope.shape
     if m == 0:
         return
+    if wait_at != PDL_WAIT_NATIVE:
+        cfg = replace(cfg, wait_at=wait_at)
     kernel = _kernel(cfg, q_nope.device)
     inv_freq = _inv_freq_on(q_nope.device, cfg.rope, rope_theta)
     kernel.launch((heads * cfg.n_tiles, 1, 1), (THREADS, 1, 1),
@@ -239,27 +245,33 @@ def _launch(cfg: D2Config, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, k
 @torch.library.custom_op("glm5_fastpath::d2_absorb_kv_store", mutates_args=("kv_cache",))
 def _d2_absorb_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, w_kc: torch.Tensor,
                         positions: torch.Tensor, out_cache_loc: torch.Tensor, kv_cache: torch.Tensor,
-                        rope_theta: float, pdl: bool = True) -> torch.Tensor:
+                        rope_theta: float, pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE) -> torch.Tensor:
     cfg = _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta)
+    check_wait_at(OP, pdl_wait_at)
     m, heads, _ = q_nope.shape
     q_lat = torch.empty((m, heads, cfg.kv_lora), dtype=torch.bfloat16, device=q_nope.device)
-    _launch(cfg, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, q_lat, pdl)
+    _launch(cfg, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, q_lat, pdl, pdl_wait_at)
     return q_lat
 
 
 @_d2_absorb_kv_store.register_fake
-def _d2_absorb_kv_store_fake(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, pdl=True):
+def _d2_absorb_kv_store_fake(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, pdl=True,
+                             pdl_wait_at=PDL_WAIT_NATIVE):
     cfg = _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta)
+    check_wait_at(OP, pdl_wait_at)
     m, heads, _ = q_nope.shape
     return q_nope.new_empty((m, heads, cfg.kv_lora))
 
 
 def d2_absorb_and_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, w, positions: torch.Tensor,
-                           out_cache_loc: torch.Tensor, kv_cache: torch.Tensor, cfg, *, pdl: bool = True) -> torch.Tensor:
+                           out_cache_loc: torch.Tensor, kv_cache: torch.Tensor, cfg, *, pdl: bool = True,
+                           pdl_wait: str | None = None) -> torch.Tensor:
     """q_lat [M, heads, kv_lora] bf16; writes kv_cache rows out_cache_loc IN PLACE (ref.prefix.d2_absorb_and_kv_store).
 
     w: glm5_fastpath.weights.AttnWeights (only w.w_kc is read); cfg: Glm5Config (dims and rope_theta).
+    pdl_wait: where the kernel first waits under PDL (module docstring); None = native.
     """
+    wait_at = pdl_wait_code(OP, pdl_wait, _fail)
     w_kc = getattr(w, "w_kc", None)
     _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, getattr(cfg, "rope_theta", None))
     h, nope, r, kvl = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
@@ -267,7 +279,7 @@ def d2_absorb_and_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch
     if got != (h, nope, r, kvl):
         raise _fail(f"tensor dims (heads, nope, rope, kv_lora) = {got} do not match the config's {(h, nope, r, kvl)}")
     return torch.ops.glm5_fastpath.d2_absorb_kv_store(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache,
-                                                      float(cfg.rope_theta), pdl)
+                                                      float(cfg.rope_theta), pdl, wait_at)
 
 
 def precompile(device: object = None, dims: tuple[tuple[int, int, int, float], ...] = ((192, 512, 64, 1e6),)) -> None:

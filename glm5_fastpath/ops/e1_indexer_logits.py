@@ -33,12 +33,12 @@ Width of the output, and host syncs:
 
 Ops (namespace glm5_fastpath; each with a fake implementation for torch.compile / graphs):
 - torch.ops.glm5_fastpath.e1_indexer_logits(q_fp8, head_w, index_k_cache, seq_lens, block_table,
-  max_ctx, pages_per_split=0, pdl=True, meta_before_wait=True) -> float32 [M, max_ctx]
+  max_ctx, pages_per_split=0, pdl=True, meta_before_wait=True, pdl_wait_at=2) -> float32 [M, max_ctx]
 - torch.ops.glm5_fastpath.e1_indexer_logits_out(q_fp8, head_w, index_k_cache, seq_lens, block_table,
-  logits, pages_per_split=0, pdl=True, meta_before_wait=True) -> None (max_ctx = logits.shape[1])
+  logits, pages_per_split=0, pdl=True, meta_before_wait=True, pdl_wait_at=2) -> None (max_ctx = logits.shape[1])
 
 The Python entry point `e1_indexer_logits(q_fp8, head_w, index_k_cache, seq_lens, block_table, cfg,
-*, max_ctx=None, out=None, pages_per_split=None, pdl=True, meta_before_wait=True)` picks one.
+*, max_ctx=None, out=None, pages_per_split=None, pdl=True, meta_before_wait=True, pdl_wait=None)` picks one.
 
 Kernel (csrc/attn_pre/e1_indexer_logits.{cuh,cu}): a 1-D grid of CTAS_PER_SM CTAs per SM (fewer
 when the batch has fewer page slots), each a producer warp + a consumer warpgroup (160 threads,
@@ -62,17 +62,23 @@ wait (the prefetch returns no data, and L2 is coherent, so it is safe while B1 s
 is valid only when no kernel that may still be running writes seq_lens / block_table (step metadata
 written before the step's first kernel, as in SGLang's graph replay); pass meta_before_wait=False
 otherwise. Each CTA calls griddepcontrol.launch_dependents once its last page is in flight.
+pdl_wait ("entry" | "after_prologue" | "after_prefetch"; None = native) moves the first
+griddepcontrol.wait (GLM5_PDL_WAIT_AT of csrc/common/pdl.cuh; a separate cubin) for the CMP
+benchmark's PDL decomposition: "entry" waits before anything (the barrier init included);
+"after_prologue" after the barrier init and, with meta_before_wait=True, the metadata reads, but
+before the L2 page prefetch; "after_prefetch" is the native point.
 GLM5_FASTPATH_DISABLE_PDL=1 turns the launch attribute off globally.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..config import INDEX_K_PAGE_TOKENS, Glm5Config
+from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines
 from ._device import device_index as _device_index, require_hopper
 from ..jit import KernelSpec, env
 
@@ -108,6 +114,7 @@ def page_bytes(dim: int) -> int:
 class E1Config:
     heads: int
     dim: int
+    wait_at: int = PDL_WAIT_NATIVE  # GLM5_PDL_WAIT_AT (csrc/common/pdl.cuh); native: no define
 
     @property
     def mma_n(self) -> int:
@@ -129,7 +136,8 @@ class E1Config:
     def spec(self) -> KernelSpec:
         return KernelSpec(FUNCTION, source=SOURCE, defines=(
             ("GLM5_E1_HEADS", str(self.heads)), ("GLM5_E1_DIM", str(self.dim)), ("GLM5_E1_STAGES", str(STAGES)),
-            ("GLM5_E1_PREFETCH", str(PREFETCH_PAGES)), ("GLM5_E1_SMEM_BYTES", str(self.smem_bytes))))
+            ("GLM5_E1_PREFETCH", str(PREFETCH_PAGES)), ("GLM5_E1_SMEM_BYTES", str(self.smem_bytes)))
+            + wait_defines(self.wait_at))
 
 
 def config_for(heads: int, dim: int) -> E1Config:
@@ -309,7 +317,9 @@ def _prefer_max_smem_carveout(k) -> None:
 
 
 def _launch(cfg: E1Config, q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, pages_per_split: int,
-            pdl: bool, meta_before_wait: bool) -> None:
+            pdl: bool, meta_before_wait: bool, wait_at: int = PDL_WAIT_NATIVE) -> None:
+    if wait_at != PDL_WAIT_NATIVE:
+        cfg = replace(cfg, wait_at=wait_at)
     sms = _check_device(q_fp8, head_w, index_k_cache, seq_lens, block_table, logits)
     m, max_ctx = logits.shape
     if m == 0 or max_ctx == 0:
@@ -340,19 +350,22 @@ def _check_slots(m: object, max_ctx: object) -> None:
 @torch.library.custom_op("glm5_fastpath::e1_indexer_logits", mutates_args=())
 def _e1_indexer_logits(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: torch.Tensor, seq_lens: torch.Tensor,
                        block_table: torch.Tensor, max_ctx: int, pages_per_split: int = 0, pdl: bool = True,
-                       meta_before_wait: bool = True) -> torch.Tensor:
+                       meta_before_wait: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE) -> torch.Tensor:
     cfg = _check_inputs(q_fp8, head_w, index_k_cache, seq_lens, block_table)
     _check_max_ctx(max_ctx, block_table)
     _check_pps(pages_per_split)
+    check_wait_at(OP, pdl_wait_at)
     logits = torch.empty((q_fp8.shape[0], max_ctx), dtype=torch.float32, device=q_fp8.device)
-    _launch(cfg, q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, pages_per_split, pdl, meta_before_wait)
+    _launch(cfg, q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, pages_per_split, pdl, meta_before_wait,
+            pdl_wait_at)
     return logits
 
 
 @_e1_indexer_logits.register_fake
 def _e1_indexer_logits_fake(q_fp8, head_w, index_k_cache, seq_lens, block_table, max_ctx, pages_per_split=0,
-                            pdl=True, meta_before_wait=True):
+                            pdl=True, meta_before_wait=True, pdl_wait_at=PDL_WAIT_NATIVE):
     _check_inputs(q_fp8, head_w, index_k_cache, seq_lens, block_table)
+    check_wait_at(OP, pdl_wait_at)
     _check_max_ctx(max_ctx, block_table)
     _check_pps(pages_per_split)
     return q_fp8.new_empty((q_fp8.shape[0], max_ctx), dtype=torch.float32)
@@ -361,17 +374,21 @@ def _e1_indexer_logits_fake(q_fp8, head_w, index_k_cache, seq_lens, block_table,
 @torch.library.custom_op("glm5_fastpath::e1_indexer_logits_out", mutates_args=("logits",))
 def _e1_indexer_logits_out(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: torch.Tensor,
                            seq_lens: torch.Tensor, block_table: torch.Tensor, logits: torch.Tensor,
-                           pages_per_split: int = 0, pdl: bool = True, meta_before_wait: bool = True) -> None:
+                           pages_per_split: int = 0, pdl: bool = True, meta_before_wait: bool = True,
+                           pdl_wait_at: int = PDL_WAIT_NATIVE) -> None:
     cfg = _check_inputs(q_fp8, head_w, index_k_cache, seq_lens, block_table)
     _check_max_ctx(_check_out(logits, q_fp8.shape[0], q_fp8.device), block_table)
     _check_pps(pages_per_split)
-    _launch(cfg, q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, pages_per_split, pdl, meta_before_wait)
+    check_wait_at(OP, pdl_wait_at)
+    _launch(cfg, q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, pages_per_split, pdl, meta_before_wait,
+            pdl_wait_at)
 
 
 @_e1_indexer_logits_out.register_fake
 def _e1_indexer_logits_out_fake(q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, pages_per_split=0,
-                                pdl=True, meta_before_wait=True):
+                                pdl=True, meta_before_wait=True, pdl_wait_at=PDL_WAIT_NATIVE):
     _check_inputs(q_fp8, head_w, index_k_cache, seq_lens, block_table)
+    check_wait_at(OP, pdl_wait_at)
     _check_max_ctx(_check_out(logits, q_fp8.shape[0], q_fp8.device), block_table)
     _check_pps(pages_per_split)
 
@@ -379,7 +396,7 @@ def _e1_indexer_logits_out_fake(q_fp8, head_w, index_k_cache, seq_lens, block_ta
 def e1_indexer_logits(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: torch.Tensor, seq_lens: torch.Tensor,
                       block_table: torch.Tensor, cfg: Glm5Config, *, max_ctx: int | None = None,
                       out: torch.Tensor | None = None, pages_per_split: int | None = None, pdl: bool = True,
-                      meta_before_wait: bool = True) -> torch.Tensor:
+                      meta_before_wait: bool = True, pdl_wait: str | None = None) -> torch.Tensor:
     """Paged FP8 indexer logits -> float32 [M, max_ctx]; see the module docstring for the math.
 
     cfg: the model config; q_fp8 must be [M, cfg.index_n_heads, cfg.index_head_dim].
@@ -388,9 +405,10 @@ def e1_indexer_logits(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: 
     out: a float32 [M, N] buffer to write (N is the width; max_ctx, if also given, must equal N).
     pages_per_split: grid override, ceil(M * ceil(max_ctx / 64) / pages_per_split) CTAs
         (1..MAX_PAGES_PER_SPLIT); None -> plan_ctas (CTAS_PER_SM per SM). The result does not depend on it.
-    pdl / meta_before_wait: see the module docstring (PDL).
+    pdl / meta_before_wait / pdl_wait: see the module docstring (PDL); pdl_wait None = native.
     Returns the logits (`out` itself when given).
     """
+    wait_at = pdl_wait_code(OP, pdl_wait, _fail)
     if not isinstance(cfg, Glm5Config):
         raise _fail(f"cfg must be a Glm5Config, got {type(cfg).__name__}")
     _check_inputs(q_fp8, head_w, index_k_cache, seq_lens, block_table)
@@ -404,13 +422,13 @@ def e1_indexer_logits(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: 
         if max_ctx is not None and (isinstance(max_ctx, bool) or max_ctx != width):
             raise _fail(f"max_ctx={max_ctx} but out has {width} columns")
         torch.ops.glm5_fastpath.e1_indexer_logits_out(q_fp8, head_w, index_k_cache, seq_lens, block_table, out, pps,
-                                                      pdl, meta_before_wait)
+                                                      pdl, meta_before_wait, wait_at)
         return out
     if max_ctx is None:
         max_ctx = _host_max_ctx(seq_lens, block_table)
     _check_max_ctx(max_ctx, block_table)
     return torch.ops.glm5_fastpath.e1_indexer_logits(q_fp8, head_w, index_k_cache, seq_lens, block_table, max_ctx, pps,
-                                                     pdl, meta_before_wait)
+                                                     pdl, meta_before_wait, wait_at)
 
 
 def precompile(device: object = None, configs: tuple[tuple[int, int], ...] = ((32, 128),)) -> None:

@@ -32,13 +32,17 @@ Checked on the device instead of raising (a kernel cannot raise): seq_lens[m] is
 [0, min(W, 64 * P)] (the reference raises when it exceeds either).
 
 Ops (namespace glm5_fastpath; each with a fake implementation for torch.compile / graphs):
-- torch.ops.glm5_fastpath.e2_topk(logits, seq_lens, block_table, topk, pdl=True, meta_before_wait=True)
-  -> int32 [M, topk]
+- torch.ops.glm5_fastpath.e2_topk(logits, seq_lens, block_table, topk, pdl=True, meta_before_wait=True,
+  pdl_wait_at=2) -> int32 [M, topk]
 - torch.ops.glm5_fastpath.e2_topk_out(logits, seq_lens, block_table, topk, out, pdl=True,
-  meta_before_wait=True) -> None
+  meta_before_wait=True, pdl_wait_at=2) -> None
 
 The Python entry point `e2_topk(logits, seq_lens, block_table, topk, out=None, *, pdl=True,
-meta_before_wait=True)` picks one.
+meta_before_wait=True, pdl_wait=None)` picks one. pdl_wait="entry" moves the first
+griddepcontrol.wait to the kernel's first instruction (GLM5_PDL_WAIT_AT of csrc/common/pdl.cuh; a
+separate cubin) for the CMP benchmark's PDL decomposition; "after_prologue" (a separate cubin too) and
+"after_prefetch" wait at the native point: the histogram zeroing and the metadata reads are the whole
+prologue, and there are no weights.
 
 PDL: the kernel zeroes its shared histograms, issues griddepcontrol.launch_dependents, reads
 seq_lens and the block-table entries it needs first (meta_before_wait=True, the default), and then
@@ -69,10 +73,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines
 from ._device import overlaps as _overlaps, require_hopper
 from ..jit import KernelSpec, env
 
@@ -95,6 +100,7 @@ _SMEM_OPTIN_FALLBACK = 227 * 1024  # Hopper's opt-in shared memory per block
 class E2Config:
     threads: int = 1024
     items: int = 8  # contiguous positions per thread and chunk
+    wait_at: int = PDL_WAIT_NATIVE  # GLM5_PDL_WAIT_AT (csrc/common/pdl.cuh); native: no define
 
     @property
     def chunk(self) -> int:
@@ -104,7 +110,8 @@ class E2Config:
     @functools.cached_property
     def spec(self) -> KernelSpec:
         return KernelSpec(FUNCTION, source=SOURCE, functions=(FUNCTION, FUNCTION_CLUSTER),
-                          defines=(("GLM5_E2_THREADS", str(self.threads)), ("GLM5_E2_ITEMS", str(self.items))))
+                          defines=(("GLM5_E2_THREADS", str(self.threads)), ("GLM5_E2_ITEMS", str(self.items)))
+                          + wait_defines(self.wait_at))
 
 
 # Every config holds a chunk of 8192 positions (the GLM-5 benchmark row) in registers. Which one is
@@ -371,12 +378,14 @@ def _sms(idx: int) -> int:
 
 
 def _launch(logits, seq_lens, block_table, topk: int, out, pdl: bool, cfg: E2Config | None = None, *,
-            meta_before_wait: bool = True, cluster: int | None = None) -> E2Plan | None:
+            meta_before_wait: bool = True, cluster: int | None = None, wait_at: int = PDL_WAIT_NATIVE) -> E2Plan | None:
     idx = _check_device(logits, seq_lens, block_table, out)
     m, w = logits.shape
     if m == 0:
         return None
     cfg = cfg or config_for(w, m)
+    if wait_at != PDL_WAIT_NATIVE:
+        cfg = replace(cfg, wait_at=wait_at)
     plan = plan_launch(m, w, _sms(idx), cfg, cluster)
     env.print_config("e2_topk", {"M": m, "width": w, "topk": topk},
                      {"threads": cfg.threads, "items": cfg.items, "cluster": plan.cluster, "chunks": plan.chunks,
@@ -393,50 +402,59 @@ def _launch(logits, seq_lens, block_table, topk: int, out, pdl: bool, cfg: E2Con
 
 @torch.library.custom_op("glm5_fastpath::e2_topk", mutates_args=())
 def _e2_topk(logits: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int,
-             pdl: bool = True, meta_before_wait: bool = True) -> torch.Tensor:
+             pdl: bool = True, meta_before_wait: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE) -> torch.Tensor:
     _check_inputs(logits, seq_lens, block_table, topk)
+    check_wait_at(OP, pdl_wait_at)
     out = torch.empty((logits.shape[0], topk), dtype=torch.int32, device=logits.device)
-    _launch(logits, seq_lens, block_table, topk, out, pdl, meta_before_wait=meta_before_wait)
+    _launch(logits, seq_lens, block_table, topk, out, pdl, meta_before_wait=meta_before_wait, wait_at=pdl_wait_at)
     return out
 
 
 @_e2_topk.register_fake
-def _e2_topk_fake(logits, seq_lens, block_table, topk, pdl=True, meta_before_wait=True):
+def _e2_topk_fake(logits, seq_lens, block_table, topk, pdl=True, meta_before_wait=True, pdl_wait_at=PDL_WAIT_NATIVE):
     _check_inputs(logits, seq_lens, block_table, topk)
+    check_wait_at(OP, pdl_wait_at)
     return torch.empty((logits.shape[0], topk), dtype=torch.int32, device=logits.device)
 
 
 @torch.library.custom_op("glm5_fastpath::e2_topk_out", mutates_args=("out",))
 def _e2_topk_out(logits: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int,
-                 out: torch.Tensor, pdl: bool = True, meta_before_wait: bool = True) -> None:
+                 out: torch.Tensor, pdl: bool = True, meta_before_wait: bool = True,
+                 pdl_wait_at: int = PDL_WAIT_NATIVE) -> None:
     _check_inputs(logits, seq_lens, block_table, topk)
     _check_out(logits, topk, out)
+    check_wait_at(OP, pdl_wait_at)
     for name, t in (("logits", logits), ("seq_lens", seq_lens), ("block_table", block_table)):
         if _overlaps(out, t):
             raise _fail(f"out overlaps input {name} in memory")
-    _launch(logits, seq_lens, block_table, topk, out, pdl, meta_before_wait=meta_before_wait)
+    _launch(logits, seq_lens, block_table, topk, out, pdl, meta_before_wait=meta_before_wait, wait_at=pdl_wait_at)
 
 
 @_e2_topk_out.register_fake
-def _e2_topk_out_fake(logits, seq_lens, block_table, topk, out, pdl=True, meta_before_wait=True):
+def _e2_topk_out_fake(logits, seq_lens, block_table, topk, out, pdl=True, meta_before_wait=True,
+                      pdl_wait_at=PDL_WAIT_NATIVE):
     _check_inputs(logits, seq_lens, block_table, topk)
     _check_out(logits, topk, out)
+    check_wait_at(OP, pdl_wait_at)
 
 
 def e2_topk(logits: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int,
-            out: torch.Tensor | None = None, *, pdl: bool = True, meta_before_wait: bool = True) -> torch.Tensor:
+            out: torch.Tensor | None = None, *, pdl: bool = True, meta_before_wait: bool = True,
+            pdl_wait: str | None = None) -> torch.Tensor:
     """-> int32 [M, topk] physical KV slots of each row's top-k logits in ascending position, -1 padded
     (see the module docstring).
 
     out: None allocates; an int32 [M, topk] contiguous tensor (e.g. a CUDA-graph static buffer) is
     written and returned. meta_before_wait: read seq_lens / block_table before griddepcontrol.wait
-    (False when a kernel that may still be running writes them).
+    (False when a kernel that may still be running writes them). pdl_wait: where the kernel first
+    waits under PDL (module docstring); None = native.
     """
+    wait_at = pdl_wait_code(OP, pdl_wait, _fail)
     if isinstance(topk, bool) or not isinstance(topk, int):
         raise _fail(f"topk must be an int in [1, 2^31-1], got {topk!r}")  # before the schema coerces it
     if out is None:
-        return torch.ops.glm5_fastpath.e2_topk(logits, seq_lens, block_table, topk, pdl, meta_before_wait)
-    torch.ops.glm5_fastpath.e2_topk_out(logits, seq_lens, block_table, topk, out, pdl, meta_before_wait)
+        return torch.ops.glm5_fastpath.e2_topk(logits, seq_lens, block_table, topk, pdl, meta_before_wait, wait_at)
+    torch.ops.glm5_fastpath.e2_topk_out(logits, seq_lens, block_table, topk, out, pdl, meta_before_wait, wait_at)
     return out
 
 

@@ -43,6 +43,13 @@ kept zero at rest by the kernel (graph-replay safe). Two launches of the same op
 theta, max_position_embeddings) fp32 table built with glm5_fastpath.ref.rope.rope_cos_sin (bitwise the
 reference's values); positions outside it fall back to the same float64 formula on the device.
 Call precompile(cfg=...) before CUDA-graph capture so tables and workspaces exist.
+
+PDL wait point: every entry point takes pdl_wait= ("entry" | "after_prologue" | "after_prefetch";
+None = native = after the weight ring fill) and every op pdl_wait_at (GLM5_PDL_WAIT_AT of
+csrc/common/pdl.cuh, 2 = native): the kernel's first griddepcontrol.wait moves to its entry or to
+after the generic prologue (tile coordinates; wgmma: barrier init + tensor-map prefetch), before any
+weight load; a separate cubin, for the CMP benchmark's PDL decomposition. B0 split mode passes it
+to both of its kernels.
 """
 from __future__ import annotations
 
@@ -57,6 +64,7 @@ from typing import Any
 import torch
 
 from ..config import FP8_BLOCK, INDEX_K_PAGE_TOKENS, INDEXER_K_NORM_EPS, Glm5Config
+from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines
 from ._device import device_index as _dev_index, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
@@ -225,9 +233,9 @@ class SkinnyConfig:
     def counter_ints(self) -> int:
         return self.tiles_n * self.tiles_m + self.tiles_m
 
-    def spec(self) -> KernelSpec:
+    def spec(self, wait_at: int = PDL_WAIT_NATIVE) -> KernelSpec:
         return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag, self.impl, self.pipe,
-                           self.reduce if self.splits > 1 else "global")
+                           self.reduce if self.splits > 1 else "global", wait_at)
 
     def describe(self) -> dict[str, Any]:
         return {"impl": self.impl, "tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb,
@@ -242,7 +250,7 @@ DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* 
 
 @functools.lru_cache(maxsize=None)
 def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, impl: str = "mma", pipe: int = 0,
-                reduce: str = "global") -> KernelSpec:
+                reduce: str = "global", wait_at: int = PDL_WAIT_NATIVE) -> KernelSpec:
     if impl not in IMPLS:
         raise ValueError(f"glm5_fastpath.fp8_gemm: impl={impl!r}: expected one of {', '.join(IMPLS)}")
     if reduce not in REDUCES or pipe not in (0, 1):
@@ -260,6 +268,7 @@ def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, im
         defines.append(("GLM5_SKINNY_PIPE", "1"))
     if reduce == "cluster":
         defines.append(("GLM5_SKINNY_REDUCE", "1"))
+    defines += wait_defines(check_wait_at("glm5_fastpath.fp8_gemm", wait_at))
     if impl == "wgmma":
         return KernelSpec(WGMMA_FUNCTION, source=WGMMA_SOURCE, defines=tuple(defines))
     return KernelSpec(FUNCTION, source=SOURCE, defines=tuple(defines))
@@ -553,16 +562,16 @@ def _check_capability(epi: int, dev: torch.device) -> None:
     require_hopper(_op_name(epi), dev, lambda msg: _fail(epi, msg))
 
 
-def _kernel(cfg: SkinnyConfig, dev: torch.device):
+def _kernel(cfg: SkinnyConfig, dev: torch.device, wait_at: int = PDL_WAIT_NATIVE):
     key = (cfg.impl, cfg.tm, cfg.stages, cfg.epi, cfg.minb, cfg.diag, cfg.pipe,
-           cfg.reduce if cfg.splits > 1 else "global", _dev_index(dev))
+           cfg.reduce if cfg.splits > 1 else "global", wait_at, _dev_index(dev))
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
         with _state_lock:
             k = _kernels.get(key)
             if k is None:
-                k = _kernels[key] = get_kernel(cfg.spec(), device=dev)
+                k = _kernels[key] = get_kernel(cfg.spec(wait_at), device=dev)
     return k
 
 
@@ -670,8 +679,9 @@ def _check_aligned(epi: int, *named: tuple[str, torch.Tensor]) -> None:
 
 
 def _launch(epi: int, cfg: SkinnyConfig, dev: torch.device, p: _Params, pdl: bool, x8: torch.Tensor,
-            w: torch.Tensor) -> None:
-    kernel = _kernel(cfg, dev)
+            w: torch.Tensor, wait_at: int = PDL_WAIT_NATIVE) -> None:
+    check_wait_at(_op_name(epi), wait_at)
+    kernel = _kernel(cfg, dev, wait_at)
     env.print_config(EPI_NAMES[epi], {"M": cfg.m, "N": cfg.n, "K": cfg.k}, cfg.describe())
     args: list[Any] = [p]
     if cfg.impl == "wgmma":  # (SkinnyParams, CUtensorMap w_map, CUtensorMap x_map): fp8_gemm_wgmma.cu
@@ -732,19 +742,21 @@ def _rope_args(epi: int, positions: torch.Tensor, table: torch.Tensor, rope_dim:
 
 @torch.library.custom_op("glm5_fastpath::fp8_gemm_skinny", mutates_args=())
 def _fp8_gemm_skinny_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
-                        pdl: bool = True) -> torch.Tensor:
+                        pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE) -> torch.Tensor:
     cfg, dev = _prepare(EPI_PLAIN, x8, xs, w, ws)
     y = torch.empty(x8.shape[0], w.shape[0], dtype=BF16, device=x8.device)
     if cfg is None:
         return y
     p = _base_params(EPI_PLAIN, cfg, x8, xs, w, ws, dev)
     p.out_a = _ptr(y)
-    _launch(EPI_PLAIN, cfg, dev, p, pdl, x8, w)
+    _launch(EPI_PLAIN, cfg, dev, p, pdl, x8, w, pdl_wait_at)
     return y
 
 
 @_fp8_gemm_skinny_op.register_fake
-def _(x8, xs, w, ws, pdl=True):
+def _(x8, xs, w, ws, pdl=True,
+      pdl_wait_at=PDL_WAIT_NATIVE):
+    check_wait_at("glm5_fastpath.fp8_gemm", pdl_wait_at)
     m, n, _ = _check_gemm(EPI_PLAIN, x8, xs, w, ws)
     return x8.new_empty((m, n), dtype=BF16)
 
@@ -764,7 +776,8 @@ def _check_qkv_a_dims(q: int, kv: int, r: int, n: int) -> None:
 @torch.library.custom_op("glm5_fastpath::fp8_qkv_a", mutates_args=())
 def _fp8_qkv_a_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, q_norm: torch.Tensor,
                   kv_norm: torch.Tensor, q_lora_rank: int, kv_lora_rank: int, rope_dim: int, eps: float,
-                  pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     e = EPI_QKV_A
     outs = _qkv_a_outputs(x8, w, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim)
     cfg, dev = _prepare(e, x8, xs, w, ws, (q_norm, kv_norm))
@@ -776,7 +789,7 @@ def _fp8_qkv_a_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch
     p.out_a, p.out_b, p.out_c, p.out_fp8, p.out_scale = _ptr(q_lora), _ptr(c_kv), _ptr(k_pe), _ptr(q8), _ptr(qs)
     p.norm_a, p.norm_b = _ptr(q_norm), _ptr(kv_norm)
     p.dim_a, p.dim_b, p.rope_dim, p.eps = q_lora_rank, kv_lora_rank, rope_dim, eps
-    _launch(e, cfg, dev, p, pdl, x8, w)
+    _launch(e, cfg, dev, p, pdl, x8, w, pdl_wait_at)
     return outs
 
 
@@ -793,7 +806,9 @@ def _qkv_a_outputs(x8, w, q_norm, kv_norm, q, kv, r):
 
 
 @_fp8_qkv_a_op.register_fake
-def _(x8, xs, w, ws, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim, eps, pdl=True):
+def _(x8, xs, w, ws, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim, eps, pdl=True,
+      pdl_wait_at=PDL_WAIT_NATIVE):
+    check_wait_at("glm5_fastpath.fp8_gemm", pdl_wait_at)
     _check_gemm(EPI_QKV_A, x8, xs, w, ws)
     return _qkv_a_outputs(x8, w, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim)
 
@@ -836,11 +851,12 @@ def _check_row_dims(q: int, kv: int, r: int) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def row_norms_spec(q: int, kv: int, r: int) -> KernelSpec:
-    """The row kernel of B0 split mode for q_lora_rank q, kv_lora_rank kv, rope dim r."""
+def row_norms_spec(q: int, kv: int, r: int, wait_at: int = PDL_WAIT_NATIVE) -> KernelSpec:
+    """The row kernel of B0 split mode for q_lora_rank q, kv_lora_rank kv, rope dim r (wait_at: GLM5_PDL_WAIT_AT)."""
     return KernelSpec(ROW_FUNCTION, source=ROW_SOURCE,
                       defines=(("GLM5_B0N_Q", str(q)), ("GLM5_B0N_KV", str(kv)), ("GLM5_B0N_R", str(r)),
-                               ("GLM5_B0N_THREADS", str(_row_threads(q, kv, r)))))
+                               ("GLM5_B0N_THREADS", str(_row_threads(q, kv, r))))
+                      + wait_defines(check_wait_at(_op_name(EPI_QKV_A), wait_at)))
 
 
 def _row_specs() -> list[KernelSpec]:
@@ -851,15 +867,15 @@ def _row_specs() -> list[KernelSpec]:
     return out
 
 
-def _row_kernel(q: int, kv: int, r: int, dev: torch.device):
-    key = ("b0_row_norms", q, kv, r, _dev_index(dev))
+def _row_kernel(q: int, kv: int, r: int, dev: torch.device, wait_at: int = PDL_WAIT_NATIVE):
+    key = ("b0_row_norms", q, kv, r, wait_at, _dev_index(dev))
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
         with _state_lock:
             k = _kernels.get(key)
             if k is None:
-                k = _kernels[key] = get_kernel(row_norms_spec(q, kv, r), device=dev)
+                k = _kernels[key] = get_kernel(row_norms_spec(q, kv, r, wait_at), device=dev)
     return k
 
 
@@ -877,12 +893,14 @@ def _row_outputs(qkv, q_norm, kv_norm, q: int, kv: int, r: int):
 
 @torch.library.custom_op("glm5_fastpath::b0_row_norms", mutates_args=())
 def _b0_row_norms_op(qkv: torch.Tensor, q_norm: torch.Tensor, kv_norm: torch.Tensor, q_lora_rank: int,
-                     kv_lora_rank: int, rope_dim: int, eps: float, pdl: bool = True
+                     kv_lora_rank: int, rope_dim: int, eps: float, pdl: bool = True,
+                     pdl_wait_at: int = PDL_WAIT_NATIVE
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """B0's row epilogue on the plain GEMM's bf16 output qkv [M, q+kv+r] -> (q_lora, q_lora_fp8,
     q_lora_scale [M, q/128] row-major, c_kv, k_pe), the outputs (and layouts) of fp8_qkv_a."""
     e = EPI_QKV_A
     outs = _row_outputs(qkv, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim)
+    check_wait_at(_op_name(e), pdl_wait_at)
     dev = _same_device(e, qkv, q_norm, kv_norm)
     m = qkv.shape[0]
     if m == 0:
@@ -893,7 +911,7 @@ def _b0_row_norms_op(qkv: torch.Tensor, q_norm: torch.Tensor, kv_norm: torch.Ten
     _check_aligned(e, ("qkv", qkv), ("q_a_norm", q_norm), ("kv_a_norm", kv_norm))
     q_lora, q8, qs, c_kv, k_pe = outs
     threads = _row_threads(q_lora_rank, kv_lora_rank, rope_dim)
-    kernel = _row_kernel(q_lora_rank, kv_lora_rank, rope_dim, dev)
+    kernel = _row_kernel(q_lora_rank, kv_lora_rank, rope_dim, dev, pdl_wait_at)
     env.print_config("b0_row_norms", {"M": m, "Q": q_lora_rank, "KV": kv_lora_rank, "R": rope_dim},
                      {"threads": threads, "grid": "M CTAs"})
     kernel.launch((m, 1, 1), (threads, 1, 1),
@@ -902,7 +920,9 @@ def _b0_row_norms_op(qkv: torch.Tensor, q_norm: torch.Tensor, kv_norm: torch.Ten
 
 
 @_b0_row_norms_op.register_fake
-def _(qkv, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim, eps, pdl=True):
+def _(qkv, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim, eps, pdl=True,
+      pdl_wait_at=PDL_WAIT_NATIVE):
+    check_wait_at("glm5_fastpath.fp8_gemm", pdl_wait_at)
     return _row_outputs(qkv, q_norm, kv_norm, q_lora_rank, kv_lora_rank, rope_dim)
 
 
@@ -917,7 +937,7 @@ def _check_q_b_dims(n: int, heads: int, nope: int, r: int) -> None:
 @torch.library.custom_op("glm5_fastpath::fp8_q_b_rope", mutates_args=())
 def _fp8_q_b_rope_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, positions: torch.Tensor,
                      rope_table: torch.Tensor, heads: int, nope_dim: int, rope_dim: int, rope_theta: float,
-                     pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                     pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE) -> tuple[torch.Tensor, torch.Tensor]:
     e = EPI_Q_B
     _check_q_b_dims(w.shape[0], heads, nope_dim, rope_dim)
     m = x8.shape[0]
@@ -931,12 +951,14 @@ def _fp8_q_b_rope_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: to
     p.out_a, p.out_b = _ptr(q_nope), _ptr(q_pe)
     p.positions, p.rope_table, p.rope_table_len, p.rope_theta = _ptr(positions), _ptr(rope_table), rope_table.shape[0], rope_theta
     p.dim_a, p.dim_b, p.rope_dim, p.flags = nope_dim + rope_dim, nope_dim, rope_dim, flags
-    _launch(e, cfg, dev, p, pdl, x8, w)
+    _launch(e, cfg, dev, p, pdl, x8, w, pdl_wait_at)
     return q_nope, q_pe
 
 
 @_fp8_q_b_rope_op.register_fake
-def _(x8, xs, w, ws, positions, rope_table, heads, nope_dim, rope_dim, rope_theta, pdl=True):
+def _(x8, xs, w, ws, positions, rope_table, heads, nope_dim, rope_dim, rope_theta, pdl=True,
+      pdl_wait_at=PDL_WAIT_NATIVE):
+    check_wait_at("glm5_fastpath.fp8_gemm", pdl_wait_at)
     m, n, _ = _check_gemm(EPI_Q_B, x8, xs, w, ws)
     _check_q_b_dims(n, heads, nope_dim, rope_dim)
     return x8.new_empty((m, heads, nope_dim), dtype=BF16), x8.new_empty((m, heads, rope_dim), dtype=BF16)
@@ -954,8 +976,8 @@ def _check_head_dims(epi: int, n: int, heads: int, d: int, r: int) -> None:
 @torch.library.custom_op("glm5_fastpath::fp8_indexer_q", mutates_args=())
 def _fp8_indexer_q_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, w_raw: torch.Tensor,
                       positions: torch.Tensor, rope_table: torch.Tensor, heads: int, head_dim: int, rope_dim: int,
-                      head_w_scale: float, rope_theta: float, pdl: bool = True
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      head_w_scale: float, rope_theta: float, pdl: bool = True,
+                      pdl_wait_at: int = PDL_WAIT_NATIVE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     e = EPI_IDX_Q
     _check_head_dims(e, w.shape[0], heads, head_dim, rope_dim)
     m = x8.shape[0]
@@ -971,12 +993,14 @@ def _fp8_indexer_q_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: t
     p.out_fp8, p.out_scale, p.out_head_w, p.w_raw = _ptr(q8), _ptr(qs), _ptr(hw), _ptr(w_raw)
     p.positions, p.rope_table, p.rope_table_len, p.rope_theta = _ptr(positions), _ptr(rope_table), rope_table.shape[0], rope_theta
     p.dim_a, p.dim_b, p.rope_dim, p.flags, p.head_w_scale = head_dim, heads, rope_dim, flags, head_w_scale
-    _launch(e, cfg, dev, p, pdl, x8, w)
+    _launch(e, cfg, dev, p, pdl, x8, w, pdl_wait_at)
     return q8, qs, hw
 
 
 @_fp8_indexer_q_op.register_fake
-def _(x8, xs, w, ws, w_raw, positions, rope_table, heads, head_dim, rope_dim, head_w_scale, rope_theta, pdl=True):
+def _(x8, xs, w, ws, w_raw, positions, rope_table, heads, head_dim, rope_dim, head_w_scale, rope_theta, pdl=True,
+      pdl_wait_at=PDL_WAIT_NATIVE):
+    check_wait_at("glm5_fastpath.fp8_gemm", pdl_wait_at)
     m, n, _ = _check_gemm(EPI_IDX_Q, x8, xs, w, ws)
     _check_head_dims(EPI_IDX_Q, n, heads, head_dim, rope_dim)
     return (x8.new_empty((m, heads, head_dim), dtype=FP8), x8.new_empty((m, heads), dtype=torch.float32),
@@ -987,7 +1011,8 @@ def _(x8, xs, w, ws, w_raw, positions, rope_table, heads, head_dim, rope_dim, he
 def _fp8_indexer_k_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, ln_w: torch.Tensor,
                       ln_b: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor,
                       index_k_cache: torch.Tensor, rope_table: torch.Tensor, rope_dim: int, eps: float,
-                      rope_theta: float, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                      rope_theta: float, pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     e = EPI_IDX_K
     d = w.shape[0]
     _check_head_dims(e, d, 1, d, rope_dim)
@@ -1011,13 +1036,15 @@ def _fp8_indexer_k_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: t
     p.positions, p.slots = _ptr(positions), _ptr(out_cache_loc)
     p.rope_table, p.rope_table_len, p.rope_theta = _ptr(rope_table), rope_table.shape[0], rope_theta
     p.dim_a, p.rope_dim, p.flags, p.eps = d, rope_dim, flags, eps
-    _launch(e, cfg, dev, p, pdl, x8, w)
+    _launch(e, cfg, dev, p, pdl, x8, w, pdl_wait_at)
     return k8, ks
 
 
 @_fp8_indexer_k_op.register_fake
 def _(x8, xs, w, ws, ln_w, ln_b, positions, out_cache_loc, index_k_cache, rope_table, rope_dim, eps, rope_theta,
-      pdl=True):
+      pdl=True,
+      pdl_wait_at=PDL_WAIT_NATIVE):
+    check_wait_at("glm5_fastpath.fp8_gemm", pdl_wait_at)
     m, d, _ = _check_gemm(EPI_IDX_K, x8, xs, w, ws)
     _check_head_dims(EPI_IDX_K, d, 1, d, rope_dim)
     return x8.new_empty((m, d), dtype=FP8), x8.new_empty((m,), dtype=torch.float32)
@@ -1035,10 +1062,17 @@ def _table_for(cfg: Glm5Config, device: torch.device) -> torch.Tensor:
     return rope_table(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.max_position_embeddings, device)
 
 
-def fp8_gemm_skinny(x8: torch.Tensor, xs: torch.Tensor, w, *, pdl: bool = True) -> torch.Tensor:
-    """y [M, N] bf16 = bf16(block-scaled FP8 GEMM); w is an Fp8Linear (weight [N,K] e4m3, scale_inv fp32)."""
+def fp8_gemm_skinny(x8: torch.Tensor, xs: torch.Tensor, w, *, pdl: bool = True,
+                    pdl_wait: str | None = None) -> torch.Tensor:
+    """y [M, N] bf16 = bf16(block-scaled FP8 GEMM); w is an Fp8Linear (weight [N,K] e4m3, scale_inv fp32).
+    pdl_wait: where the kernel first waits under PDL (module docstring); None = native."""
+    wait_at = _wait_at(EPI_PLAIN, pdl_wait)
     weight, scale = _unpack_linear(EPI_PLAIN, "w", w)
-    return torch.ops.glm5_fastpath.fp8_gemm_skinny(x8, xs, weight, scale, pdl)
+    return torch.ops.glm5_fastpath.fp8_gemm_skinny(x8, xs, weight, scale, pdl, wait_at)
+
+
+def _wait_at(epi: int, pdl_wait: object) -> int:
+    return pdl_wait_code(EPI_NAMES[epi], pdl_wait, lambda msg: _fail(epi, msg))
 
 
 def _unpack_linear(epi: int, name: str, lin) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1048,13 +1082,15 @@ def _unpack_linear(epi: int, name: str, lin) -> tuple[torch.Tensor, torch.Tensor
 
 
 def b0_qkv_a(x_fp8: torch.Tensor, x_scale: torch.Tensor, w, cfg: Glm5Config, *, pdl: bool = True,
-             mode: str | None = None) -> dict[str, torch.Tensor]:
+             mode: str | None = None, pdl_wait: str | None = None) -> dict[str, torch.Tensor]:
     """QKV-A GEMM + q_a / kv_a RMSNorm + q_lora 1x128 quant (ref.prefix.b0_qkv_a).
 
     mode "fused": one kernel (the last n tile of a token block runs the row epilogue); "split": the
     plain GEMM into a bf16 [M, q+kv+rope] buffer, then the row kernel (PDL, same stream). None:
-    GLM5_FASTPATH_B0_MODE when set, else B0_DEFAULT_MODE (see b0_mode)."""
+    GLM5_FASTPATH_B0_MODE when set, else B0_DEFAULT_MODE (see b0_mode). pdl_wait: where the kernel(s)
+    first wait under PDL (module docstring; split mode: both kernels); None = native."""
     e = EPI_QKV_A
+    wait_at = _wait_at(e, pdl_wait)
     c = _cfg_check(e, cfg)
     use = b0_mode(mode)
     weight, scale = _unpack_linear(e, "w.qkv_a", w.qkv_a)
@@ -1065,32 +1101,36 @@ def b0_qkv_a(x_fp8: torch.Tensor, x_scale: torch.Tensor, w, cfg: Glm5Config, *, 
         _check_row_dims(q, kv, r)
         if isinstance(weight, torch.Tensor) and weight.dim() == 2:
             _check_qkv_a_dims(q, kv, r, weight.shape[0])
-        qkv = torch.ops.glm5_fastpath.fp8_gemm_skinny(x_fp8, x_scale, weight, scale, pdl)
+        qkv = torch.ops.glm5_fastpath.fp8_gemm_skinny(x_fp8, x_scale, weight, scale, pdl, wait_at)
         q_lora, q8, qs, c_kv, k_pe = torch.ops.glm5_fastpath.b0_row_norms(qkv, w.q_a_norm, w.kv_a_norm, q, kv, r,
-                                                                          eps, pdl)
+                                                                          eps, pdl, wait_at)
     else:
         q_lora, q8, qs, c_kv, k_pe = torch.ops.glm5_fastpath.fp8_qkv_a(
-            x_fp8, x_scale, weight, scale, w.q_a_norm, w.kv_a_norm, q, kv, r, eps, pdl)
+            x_fp8, x_scale, weight, scale, w.q_a_norm, w.kv_a_norm, q, kv, r, eps, pdl, wait_at)
     return {"q_lora": q_lora, "q_lora_fp8": q8, "q_lora_scale": qs, "c_kv": c_kv, "k_pe": k_pe}
 
 
 def d0_q_b(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w, positions: torch.Tensor, cfg: Glm5Config,
-           *, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """q_b_proj GEMM + interleaved RoPE of the trailing rope dims of each head (ref.prefix.d0_q_b)."""
+           *, pdl: bool = True, pdl_wait: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q_b_proj GEMM + interleaved RoPE of the trailing rope dims of each head (ref.prefix.d0_q_b).
+    pdl_wait: where the kernel first waits under PDL (module docstring); None = native."""
     e = EPI_Q_B
+    wait_at = _wait_at(e, pdl_wait)
     c = _cfg_check(e, cfg)
     weight, scale = _unpack_linear(e, "w.q_b", w.q_b)
     table = _table_for(c, positions.device if isinstance(positions, torch.Tensor) else q_lora_fp8.device)
     return torch.ops.glm5_fastpath.fp8_q_b_rope(q_lora_fp8, q_lora_scale, weight, scale, positions, table,
                                                c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
-                                               float(c.rope_theta), pdl)
+                                               float(c.rope_theta), pdl, wait_at)
 
 
 def d1_indexer_q(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w_raw: torch.Tensor, idx,
-                 positions: torch.Tensor, cfg: Glm5Config, *, pdl: bool = True
+                 positions: torch.Tensor, cfg: Glm5Config, *, pdl: bool = True, pdl_wait: str | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """wq_b GEMM + RoPE (leading dims) + per-(token, head) FP8 quant + head weights (ref.prefix.d1_indexer_q)."""
+    """wq_b GEMM + RoPE (leading dims) + per-(token, head) FP8 quant + head weights (ref.prefix.d1_indexer_q).
+    pdl_wait: where the kernel first waits under PDL (module docstring); None = native."""
     e = EPI_IDX_Q
+    wait_at = _wait_at(e, pdl_wait)
     c = _cfg_check(e, cfg)
     if idx is None:
         raise _fail(e, "idx (IndexerWeights) is None: this layer has no indexer (GLM-5.2 shared layer)")
@@ -1099,17 +1139,20 @@ def d1_indexer_q(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w_raw: to
     head_w_scale = float(torch.tensor(c.index_weight_scale, dtype=torch.float32))  # torch casts the scalar to fp32
     return torch.ops.glm5_fastpath.fp8_indexer_q(q_lora_fp8, q_lora_scale, weight, scale, w_raw, positions, table,
                                                 c.index_n_heads, c.index_head_dim, c.qk_rope_head_dim, head_w_scale,
-                                                float(c.rope_theta), pdl)
+                                                float(c.rope_theta), pdl, wait_at)
 
 
 def b1_indexer_k(x_bf16: torch.Tensor | None, x_fp8: torch.Tensor, x_scale: torch.Tensor, idx,
                  positions: torch.Tensor, out_cache_loc: torch.Tensor, index_k_cache: torch.Tensor,
-                 cfg: Glm5Config, gemm: str = "fp8", *, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                 cfg: Glm5Config, gemm: str = "fp8", *, pdl: bool = True,
+                 pdl_wait: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """wk GEMM + LayerNorm + RoPE + per-token quant + paged index-K cache store (ref.prefix.b1_indexer_k).
 
     Only gemm="fp8" (x_fp8 / x_scale read, x_bf16 ignored). out_cache_loc must hold distinct valid
-    slots (not checked on the device; the reference checks it with a host sync)."""
+    slots (not checked on the device; the reference checks it with a host sync). pdl_wait: where the
+    kernel first waits under PDL (module docstring); None = native."""
     e = EPI_IDX_K
+    wait_at = _wait_at(e, pdl_wait)
     c = _cfg_check(e, cfg)
     if gemm != "fp8":
         raise _fail(e, f"only gemm='fp8' is implemented by the kernel, got {gemm!r} (use glm5_fastpath.ref.prefix for 'bf16')")
@@ -1121,7 +1164,7 @@ def b1_indexer_k(x_bf16: torch.Tensor | None, x_fp8: torch.Tensor, x_scale: torc
     table = _table_for(c, positions.device if isinstance(positions, torch.Tensor) else x_fp8.device)
     return torch.ops.glm5_fastpath.fp8_indexer_k(x_fp8, x_scale, weight, scale, idx.k_norm_weight, idx.k_norm_bias,
                                                 positions, out_cache_loc, index_k_cache, table, c.qk_rope_head_dim,
-                                                float(INDEXER_K_NORM_EPS), float(c.rope_theta), pdl)
+                                                float(INDEXER_K_NORM_EPS), float(c.rope_theta), pdl, wait_at)
 
 
 # ---- precompile / compile check ------------------------------------------------------------------------

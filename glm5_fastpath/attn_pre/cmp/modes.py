@@ -20,15 +20,15 @@ Wait points (where the consumer kernel executes griddepcontrol.wait), earliest f
 `NATIVE_WAIT_POINTS` records where each of our kernels (glm5_fastpath.ops, csrc/attn_pre) waits
 when launched with pdl=True. A mode asking for a LATER point than a kernel's native one gets the
 native one (that kernel has nothing more to do before its wait, e.g. E2 has no weights). A mode
-asking for an EARLIER point needs a kernel flag that moves the wait: E1 has one
-(meta_before_wait=False moves the metadata reads and the L2 page prefetch after the wait); any op
-whose Python entry point accepts `pdl_wait=` ("entry" | "after_prologue" | "after_prefetch") is
-taken to have one too. Today no other op does, so the entry / prologue modes raise
-NotImplementedError naming the ops that lack the flag (see `resolve_wait_points`): the entry vs
-prologue vs prefetch decomposition cannot be measured on these kernels until csrc/common/pdl.cuh
-grows a compile-time wait-point switch (e.g. a GLM5_PDL_WAIT_AT template parameter placing
-griddep_wait() at kernel entry / after the prologue / after the weight ring fill) and each op
-exposes it as `pdl_wait=`.
+asking for an EARLIER point needs a kernel flag that moves the wait: any op whose Python entry
+point accepts `pdl_wait=` ("entry" | "after_prologue" | "after_prefetch") has one, and every op of
+glm5_fastpath.ops in OP_FUNCTIONS does: it compiles the kernel with GLM5_PDL_WAIT_AT (the
+compile-time wait-point switch of csrc/common/pdl.cuh: griddep_wait_at<0>() at kernel entry,
+griddep_wait_at<1>() after the generic prologue and before the first weight load; a separate cubin,
+the native build unchanged). E1 also has an older flag (meta_before_wait=False moves the metadata
+reads and the L2 page prefetch after the wait), used for after_prologue only when pdl_wait is
+missing. A namespace without the flag (e.g. glm5_fastpath.ref.prefix) makes the entry / prologue
+modes raise NotImplementedError naming the ops that lack it (see `resolve_wait_points`).
 """
 from __future__ import annotations
 
@@ -64,17 +64,20 @@ MODES: dict[str, Mode] = {m.name: m for m in (
 # the order the benchmark decomposes the gain in (each step adds one mechanism)
 DECOMPOSITION = ("serial", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full")
 
-# where each kernel waits when launched with pdl=True (read from csrc/attn_pre/*.cu)
+# where each kernel waits when launched with pdl=True (read from csrc/attn_pre/*.cu); with pdl_wait=
+# "entry" it waits first thing, with "after_prologue" where the comment says (GLM5_PDL_WAIT_AT=1)
 NATIVE_WAIT_POINTS: dict[str, str] = {
-    "A0": "after_prefetch",  # norm weight loaded, then wait (a0_add_rmsnorm_quant.cu)
-    "B0": "after_prefetch",  # weight cp.async ring filled before the wait (fp8_gemm_skinny.cuh)
-    "C0": "after_prefetch",  # weights_proj tile loaded before the wait (c0_head_gate.cu)
-    "B1": "after_prefetch",  # fp8_gemm_skinny (indexer-K epilogue)
-    "D1": "after_prefetch",  # fp8_gemm_skinny (indexer-Q epilogue)
-    "D0": "after_prefetch",  # fp8_gemm_skinny (q_b RoPE epilogue)
-    "D2": "after_prefetch",  # 48 KB W_UK tile cp.async before the wait (d2_absorb_kv_store.cu)
-    "E1": "after_prefetch",  # meta_before_wait=True: block table + L2 page prefetch before the wait
-    "E2": "after_prologue",  # zeroes its histograms, then waits; nothing static to prefetch
+    "A0": "after_prefetch",  # norm weight loaded, then wait (a0_add_rmsnorm_quant.cu); 1: barriers armed, then wait
+    "B0": "after_prefetch",  # weight ring filled before the wait (fp8_gemm_skinny / _wgmma, split: + b0_row_norms);
+                             # 1: after the tile coordinates (wgmma: + barrier init, tensor-map prefetch)
+    "C0": "after_prefetch",  # weights_proj tile loaded before the wait (c0_head_gate.cu); 1: barriers armed, then wait
+    "B1": "after_prefetch",  # fp8_gemm_skinny / _wgmma (indexer-K epilogue); 1: as B0
+    "D1": "after_prefetch",  # fp8_gemm_skinny / _wgmma (indexer-Q epilogue); 1: as B0
+    "D0": "after_prefetch",  # fp8_gemm_skinny / _wgmma (q_b RoPE epilogue); 1: as B0
+    "D2": "after_prefetch",  # 48 KB W_UK tile cp.async before the wait (d2_absorb_kv_store.cu); 1: before it
+    "E1": "after_prefetch",  # meta_before_wait=True: block table + L2 page prefetch before the wait;
+                             # 1: barrier init + block table / plan, wait, then the prefetch
+    "E2": "after_prologue",  # zeroes its histograms (+ metadata), then waits; nothing static to prefetch
 }
 # the entry point each op of the prefix graph calls (graph/prefix_graph.py adapters)
 OP_FUNCTIONS: dict[str, str] = {
@@ -141,7 +144,9 @@ def resolve_wait_points(mode: Mode, ops: list[str], support: Mapping[str, frozen
             plans[op] = WaitPlan(op, want, native, kw)
         elif want in support.get(op, frozenset()):
             if op == "E1" and want == "after_prologue" and "entry" not in support[op]:
-                kw = {"meta_before_wait": False}
+                kw = {"meta_before_wait": False}  # no pdl_wait: the older flag
+            elif op == "E1":
+                kw = {"pdl_wait": want, "meta_before_wait": True}  # "after_prologue": metadata before the wait
             else:
                 kw = {"pdl_wait": want}
             plans[op] = WaitPlan(op, want, want, kw)

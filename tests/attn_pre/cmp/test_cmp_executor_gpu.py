@@ -1,6 +1,6 @@
 """CmpExecutor on the H200: graph replay == eager run of the same kernels (bitwise) and == the reference
-graph (FP8 tolerances), every bucket and M below it; 1000 replays with changing inputs; a late producer
-captured before the prefix under PDL; cache rebinding."""
+graph (FP8 tolerances), every bucket and M below it; the early-wait PDL modes == serial (bitwise); 1000
+replays with changing inputs; a late producer captured before the prefix under PDL; cache rebinding."""
 import ctypes
 
 import pytest
@@ -113,6 +113,21 @@ def test_modes_agree_bitwise(layer, step):
     for mode in MODES[1:]:
         for n in OUTS:
             assert_equal(f"{mode} vs serial {n}", outs[mode][n], outs["serial"][n])
+
+
+@pytest.mark.parametrize("mode", ["multistream_pdl_entry", "multistream_pdl_prologue"])
+def test_early_wait_modes_equal_serial_bitwise(layer, step, mode):
+    """The decomposition modes (every kernel compiled with pdl_wait= entry / after_prologue, GLM5_PDL_WAIT_AT)
+    replay the same bits as serial, and as an eager run of their own kernels."""
+    r = _rows(step, torch.arange(16, device="cuda"))
+    serial = {k: v.clone() for k, v in _executor(layer, step, "serial", buckets=(16,)).run(**r, all_tensors=True).items()}
+    ex = _executor(layer, step, mode, buckets=(16,))
+    assert all(p.realized == ex.mode.wait_point for p in ex.wait_plans.values())
+    out = ex.run(**r, all_tensors=True)
+    torch.cuda.synchronize()
+    for n in OUTS:
+        assert_equal(f"{mode} vs serial {n}", out[n], serial[n])
+    _check_vs_eager(ex, out, r, step, mode)
 
 
 def test_1000_replays_with_changing_inputs(layer, step):

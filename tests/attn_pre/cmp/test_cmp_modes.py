@@ -25,9 +25,9 @@ def test_mode_table():
 
 
 def test_entry_and_prologue_need_a_kernel_flag():
-    from glm5_fastpath import ops
+    from glm5_fastpath.ref import prefix as ref_prefix
 
-    sup = wait_support(ops, ORDER)
+    sup = wait_support(ref_prefix, ORDER)  # the reference has no pdl_wait= (nor pdl=)
     with pytest.raises(NotImplementedError, match="pdl_wait") as e:
         resolve_wait_points(MODES["multistream_pdl_entry"], ORDER, sup)
     for op in ("A0", "B0", "C0", "B1", "D1", "D0", "D2", "E1", "E2"):
@@ -35,9 +35,27 @@ def test_entry_and_prologue_need_a_kernel_flag():
     with pytest.raises(NotImplementedError) as e:
         resolve_wait_points(MODES["multistream_pdl_prologue"], ORDER, sup)
     msg = str(e.value)
-    assert "'D2'" in msg and "'E1'" not in msg and "'E2'" not in msg  # E1: meta_before_wait; E2: native
+    assert "'D2'" in msg and "'E1'" in msg and "'E2'" not in msg  # E2: native
     for m in ("serial", "serial_pdl", "multistream", "full"):
         resolve_wait_points(MODES[m], ORDER, sup)
+
+
+def test_the_kernels_realize_every_mode():
+    from glm5_fastpath import ops
+
+    sup = wait_support(ops, ORDER)
+    for m in MODES.values():
+        plans = resolve_wait_points(m, ORDER, sup)
+        if m.wait_point in ("entry", "after_prologue"):
+            assert all(p.realized == m.wait_point for p in plans.values())
+
+
+def test_e1_meta_before_wait_alone_realizes_the_prologue_point():
+    def e1(*a, pdl=True, meta_before_wait=True, **k):
+        return None
+    ns = types.SimpleNamespace(e1_indexer_logits=e1)
+    plans = resolve_wait_points(MODES["multistream_pdl_prologue"], ["E1"], wait_support(ns, ["E1"]))
+    assert plans["E1"].kwargs == {"meta_before_wait": False}
 
 
 def _fake_ns_with_flag():
@@ -62,8 +80,12 @@ def test_executor_rejects_unrealizable_mode_at_construction():
 
     cfg = small_config()
     w = random_layer(cfg, 1, seed=0)
+    from glm5_fastpath.ref import prefix as ref_prefix
+
     with pytest.raises(NotImplementedError, match="pdl_wait"):
-        CmpExecutor(cfg, w, "cpu", mode="multistream_pdl_entry")
+        CmpExecutor(cfg, w, "cpu", mode="multistream_pdl_entry", impl=ref_prefix)
+    ex = CmpExecutor(cfg, w, "cpu", mode="multistream_pdl_entry")  # the kernels have pdl_wait=
+    assert ex.bound._kwargs["d2_absorb_and_kv_store"] == {"pdl": True, "pdl_wait": "entry"}
     with pytest.raises(ValueError, match="unknown CMP mode"):
         CmpExecutor(cfg, w, "cpu", mode="nope")
     with pytest.raises(ValueError, match="CUDA"):
