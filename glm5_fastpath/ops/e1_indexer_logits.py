@@ -7,9 +7,8 @@ Math (the reference is glm5_fastpath.ref.prefix.e1_indexer_logits, same position
 
 where logical token t of row m is row t % 64 of physical page block_table[m, t // 64] of the
 index-K cache, a page being [64 x D e4m3][64 x fp32 s_k] (8448 B for D = 128). Products of the
-fp8 values are exact (e4m3 -> f16 is exact); sums are fp32 (f16 wgmma with fp32 accumulation over d,
-then an FMA chain + a fixed shuffle tree over h), so the result is deterministic and matches the
-reference to ~1e-7 relative.
+fp8 values are exact; sums are fp32 (tensor-core accumulation over d, then an FMA chain + a fixed
+shuffle tree over h), so the result is deterministic and matches the reference to ~1e-7 relative.
 ReLU propagates NaN like torch.clamp_min.
 
 Inputs (GLM-5: H = 32 heads, D = 128; the small preset's 4 x 64 works too; any H <= 32 with
@@ -20,7 +19,7 @@ D in {64, 128} is supported):
   per row (SGLang's index page size must be 64).
 - seq_lens [M] int32 contiguous; block_table [M, P] int32 with unit column stride (any row stride).
   Only block-table entries of pages holding live tokens are read; the rest may hold anything.
-- Output: [M, max_ctx] float32, contiguous. M * ceil(max_ctx / 64) must stay below 2^31.
+- Output: [M, max_ctx] float32, contiguous.
 
 Width of the output, and host syncs:
 - max_ctx=None (the reference's contract): max_ctx = max(seq_lens), computed on the host, i.e.
@@ -40,33 +39,28 @@ Ops (namespace glm5_fastpath; each with a fake implementation for torch.compile 
 The Python entry point `e1_indexer_logits(q_fp8, head_w, index_k_cache, seq_lens, block_table, cfg,
 *, max_ctx=None, out=None, pages_per_split=None, pdl=True, meta_before_wait=True, pdl_wait=None)` picks one.
 
-Kernel (csrc/attn_pre/e1_indexer_logits.{cuh,cu}): a 1-D grid of CTAS_PER_SM CTAs per SM (fewer
-when the batch has fewer page slots), each a producer warp + a consumer warpgroup (160 threads,
-~68 KB of shared memory, <= 136 registers: 3 CTAs fit an SM, so the next kernel's CTAs can start
-under PDL while two of ours run). The batch's live pages (sum of ceil(seq_len / 64)) are split into
-equal contiguous shares per CTA inside the kernel (two block scans over seq_lens: no host sync, any
-mix of lengths keeps every SM equally busy), and so are the -inf page blocks past each row's
-length. The producer streams whole pages (8448 B) global -> shared with the bulk copy engine
-through a STAGES-page mbarrier ring (~59 KB in flight per CTA, ~118 KB per SM); the consumer loads
-each page into registers (e4m3 -> f16, exact), releases the stage at once and runs 8 wgmma
-m64n32k16 (64 tokens x 32 heads, fp32 accumulation) against q in shared memory, then the ReLU +
-head-weight epilogue in registers. pages_per_split (1..MAX_PAGES_PER_SPLIT, default auto) overrides
-the grid: ceil(M * ceil(max_ctx / 64) / pages_per_split) CTAs (more than fit run in waves). The
-result does not depend on the grid, bit for bit.
+Kernel (csrc/attn_pre/e1_indexer_logits.{cuh,cu}): grid (KV splits, M), one CTA of 128 threads
+per split of `pages_per_split` pages (chosen by `plan_pages_per_split` so that ~4 CTAs per SM
+cover the batch; each SM then has ~16 pages = 135 KB in flight). Thread 0 streams pages
+global -> shared with the bulk copy engine, 4 pages ahead; 4 warps compute the 32 heads x 64
+tokens of each page with mma.sync m16n8k16 on exactly-converted f16 operands (q stays in
+registers), and the CTA writes its columns coalesced, -inf included.
+A bulk-copy + wgmma rewrite (commit 9b62ba4) measured slower on the H200 at every M and was not kept.
 
 PDL: the kernel is launched with Programmatic Dependent Launch by default (pdl=True). q_fp8 and
 head_w (D1) and the cache (B1) are the preceding kernels' outputs: none is read before
-griddepcontrol.wait, and no output is written before it. With meta_before_wait=True (default) it
-reads seq_lens / block_table (work split, page ids) and L2-prefetches its first pages BEFORE the
-wait (the prefetch returns no data, and L2 is coherent, so it is safe while B1 still writes). That
-is valid only when no kernel that may still be running writes seq_lens / block_table (step metadata
-written before the step's first kernel, as in SGLang's graph replay); pass meta_before_wait=False
-otherwise. Each CTA calls griddepcontrol.launch_dependents once its last page is in flight.
+griddepcontrol.wait. With meta_before_wait=True (default) it reads seq_lens / block_table and
+L2-prefetches its first pages BEFORE the wait (the prefetch returns no data, and L2 is coherent,
+so it is safe while B1 still writes). That is valid only when no kernel that may still be running
+writes seq_lens / block_table (step metadata written before the step's first kernel, as in
+SGLang's graph replay); pass meta_before_wait=False otherwise.
 pdl_wait ("entry" | "after_prologue" | "after_prefetch"; None = native) moves the first
 griddepcontrol.wait (GLM5_PDL_WAIT_AT of csrc/common/pdl.cuh; a separate cubin) for the CMP
-benchmark's PDL decomposition: "entry" waits before anything (the barrier init included);
-"after_prologue" after the barrier init and, with meta_before_wait=True, the metadata reads, but
-before the L2 page prefetch; "after_prefetch" is the native point.
+benchmark's PDL decomposition: "entry" waits before anything; "after_prologue" after the
+prologue (with meta_before_wait=True: the block-table reads, the mbarrier init and the CTA
+barrier) but before the L2 prefetch of the first pages, which then follows the wait;
+"after_prefetch" is the native point. With meta_before_wait=False the native wait already comes
+before any read, so "after_prologue" and native are the same.
 GLM5_FASTPATH_DISABLE_PDL=1 turns the launch attribute off globally.
 """
 from __future__ import annotations
@@ -87,18 +81,15 @@ SOURCE = "attn_pre/e1_indexer_logits.cu"
 FUNCTION = "glm5_e1_indexer_logits"
 FP8 = torch.float8_e4m3fn
 PAGE = INDEX_K_PAGE_TOKENS
-THREADS = 160  # a consumer warpgroup (64 tokens x heads per wgmma tile) + a producer warp
-STAGES = 7  # pages in flight per CTA (shared-memory ring): 59 KB, 3 CTAs still fit an SM
-PREFETCH_PAGES = 8  # pages per CTA L2-prefetched before griddepcontrol.wait (meta_before_wait)
-CTAS_PER_SM = 2  # grid target; the third CTA slot of an SM is left to the next kernel under PDL
-MAX_PAGES_PER_SPLIT = 1 << 16  # the pages_per_split override's upper bound (no kernel limit)
+THREADS = 128  # 4 warps x 16 tokens of each page
+STAGES = 4  # pages in flight per CTA
+MAX_PAGES_PER_SPLIT = 16  # sizes the kernel's shared logits buffer (4 KB)
+CTAS_PER_SM = 4  # planning target; 94 registers and 38 KB smem allow 5 resident CTAs per SM
 DIMS = (64, 128)
 MAX_HEADS = 32
 _MAX_CTX = 1 << 30  # the kernel's token arithmetic is int32
-_MAX_PAGE_SLOTS = (1 << 31) - 1  # M * ceil(max_ctx / 64): the kernel's work-split arithmetic is int32
-_MAX_GRID = (1 << 31) - 1
+_MAX_GRID_Y = 65535
 _FLAG_META_BEFORE_WAIT = 1
-_SCAN_WARPS = THREADS // 32
 
 if PAGE != 64:
     raise ImportError(f"{OP}: csrc/attn_pre/e1_indexer_logits.cuh hard-codes 64-token pages; "
@@ -117,66 +108,53 @@ class E1Config:
     wait_at: int = PDL_WAIT_NATIVE  # GLM5_PDL_WAIT_AT (csrc/common/pdl.cuh); native: no define
 
     @property
-    def mma_n(self) -> int:
-        """wgmma N: the heads padded with zero rows to a multiple of 8."""
-        return -(-self.heads // 8) * 8
-
-    @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory; mirrors E1PagedLogits::kSmemBytes (the .cu static_asserts the two agree)."""
-        q = self.mma_n * self.dim * 2  # q as f16, 128B-swizzled k-blocks
-        stages = STAGES * page_bytes(self.dim)
-        info = STAGES * 16
-        bars = 2 * STAGES * 8
-        plan = 32
-        scan = 2 * _SCAN_WARPS * 2 * 4
-        return q + stages + info + bars + plan + scan + 1024  # + alignment slack for the 1024-byte q base
+        """Dynamic shared memory; mirrors E1IndexerLogitsTile::kSmemBytes (the kernel traps if it gets less)."""
+        logits_off = STAGES * page_bytes(self.dim)
+        ids_off = logits_off + MAX_PAGES_PER_SPLIT * PAGE * 4
+        bars_off = (ids_off + MAX_PAGES_PER_SPLIT * 4 + 7) // 8 * 8
+        return bars_off + STAGES * 8
 
     @functools.cached_property
     def spec(self) -> KernelSpec:
         return KernelSpec(FUNCTION, source=SOURCE, defines=(
             ("GLM5_E1_HEADS", str(self.heads)), ("GLM5_E1_DIM", str(self.dim)), ("GLM5_E1_STAGES", str(STAGES)),
-            ("GLM5_E1_PREFETCH", str(PREFETCH_PAGES)), ("GLM5_E1_SMEM_BYTES", str(self.smem_bytes)))
+            ("GLM5_E1_MAX_PAGES", str(MAX_PAGES_PER_SPLIT)), ("GLM5_E1_THREADS", str(THREADS)))
             + wait_defines(self.wait_at))
 
 
 def config_for(heads: int, dim: int) -> E1Config:
-    """The kernel variant for H heads of dim D: H in [1, 32] (wgmma N <= 32), D in {64, 128}
-    (4 threads x D/4 bytes per token row; D = 256 would need twice the A registers)."""
+    """The kernel variant for H heads of dim D: H in [1, 32] (q lives in registers as two 16-row
+    MMA tiles), D in {64, 128} (4 lanes x 16 B per 64 dims; D = 256 would need 128 registers of q)."""
     if not (1 <= heads <= MAX_HEADS) or dim not in DIMS:
         raise ValueError(f"{OP}: indexer heads x dim = {heads} x {dim} is not supported: needs 1 <= heads <= "
                          f"{MAX_HEADS} and dim in {DIMS} (GLM-5: 32 x 128, small preset: 4 x 64)")
     return E1Config(heads, dim)
 
 
-def _check_pages_per_split(pages_per_split: object) -> int:
-    if isinstance(pages_per_split, bool) or not isinstance(pages_per_split, int) or \
-            not 1 <= pages_per_split <= MAX_PAGES_PER_SPLIT:
-        raise _fail(f"pages_per_split must be an int in [1, {MAX_PAGES_PER_SPLIT}], got {pages_per_split!r}")
-    return pages_per_split
+def plan_pages_per_split(m: int, max_ctx: int, num_sms: int, pages_per_split: int | None = None) -> int:
+    """Pages per CTA: the whole batch's pages (sized by max_ctx) spread over CTAS_PER_SM CTAs per SM,
+    at least 1, at most MAX_PAGES_PER_SPLIT (the shared logits buffer) and one row's pages.
 
-
-def plan_ctas(m: int, max_ctx: int, num_sms: int, pages_per_split: int | None = None) -> int:
-    """CTAs of the launch: CTAS_PER_SM per SM, but never more than the batch's page slots
-    M * ceil(max_ctx / 64) (a CTA per live page at most, e.g. 128 for M=1 x 8192); at least 1.
-
-    Why: the kernel splits the live pages (from seq_lens, on the device) evenly over whatever grid
-    it gets, so one resident wave of equal CTAs keeps every SM streaming; two per SM give ~118 KB in
-    flight per SM (Little's law needs ~40-60 KB at ~32 GB/s per SM and 1.5-2 us loaded latency)
-    and two consumer warpgroups to hide each other's latencies, while the third slot lets the next
-    kernel start under PDL. pages_per_split (validated) overrides: ceil(slots / pages_per_split) CTAs.
+    Why: ~4 resident CTAs per SM with 4 pages in flight each keep ~135 KB per SM outstanding
+    (Little's law needs ~35 KB at 4.3 TB/s and ~1 us latency), and equal-sized CTAs keep the SMs
+    balanced (M=16, L=8192: 4 pages x 512 CTAs, one wave); large batches run 16-page CTAs in
+    waves. An explicit pages_per_split is validated and used as given.
     """
-    slots = m * -(-max_ctx // PAGE)
     if pages_per_split is not None:
-        pps = _check_pages_per_split(pages_per_split)
-        return max(1, min(-(-slots // pps), _MAX_GRID))
-    if m <= 0 or slots <= 0:
+        if isinstance(pages_per_split, bool) or not isinstance(pages_per_split, int) or \
+                not 1 <= pages_per_split <= MAX_PAGES_PER_SPLIT:
+            raise _fail(f"pages_per_split must be an int in [1, {MAX_PAGES_PER_SPLIT}], got {pages_per_split!r}")
+        return pages_per_split
+    pages_row = -(-max_ctx // PAGE)
+    if m <= 0 or pages_row <= 0:
         return 1
-    return max(1, min(CTAS_PER_SM * max(1, num_sms), slots))
+    want = -(-m * pages_row // max(1, num_sms * CTAS_PER_SM))
+    return max(1, min(want, MAX_PAGES_PER_SPLIT, pages_row))
 
 
-def grid_for(ctas: int) -> tuple[int, int, int]:
-    return (ctas, 1, 1)
+def grid_for(m: int, max_ctx: int, pages_per_split: int) -> tuple[int, int, int]:
+    return (-(-max_ctx // (pages_per_split * PAGE)), m, 1)
 
 
 # ---- validation (shared by the real and the fake implementation) ---------------------------------
@@ -219,6 +197,8 @@ def _check_inputs(q_fp8, head_w, index_k_cache, seq_lens, block_table) -> E1Conf
     devices = {t.device for t in (q_fp8, head_w, index_k_cache, seq_lens, block_table)}
     if len(devices) != 1:
         raise _fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    if m > _MAX_GRID_Y:
+        raise _fail(f"M={m} sequences exceeds the grid limit {_MAX_GRID_Y}")
     return cfg
 
 
@@ -231,7 +211,6 @@ def _check_max_ctx(max_ctx: object, block_table: torch.Tensor) -> int:
     if not 0 <= max_ctx <= min(cap, _MAX_CTX):
         raise _fail(f"max_ctx={max_ctx} must be in [0, {min(cap, _MAX_CTX)}]: the block table holds "
                     f"{block_table.shape[1]} pages x {PAGE} = {cap} tokens")
-    _check_slots(block_table.shape[0], max_ctx)
     return max_ctx
 
 
@@ -280,11 +259,12 @@ def _check_device(q_fp8, head_w, index_k_cache, seq_lens, block_table, logits) -
     return sms
 
 
-def _kernel_args(q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, meta_before_wait: bool) -> tuple:
+def _kernel_args(q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, pages_per_split: int,
+                 meta_before_wait: bool) -> tuple:
     """The kernel's parameter list, in csrc/attn_pre/e1_indexer_logits.cu order (checked at load)."""
     return (q_fp8, head_w, index_k_cache, seq_lens, block_table, logits,
             ctypes.c_int64(index_k_cache.shape[0]), ctypes.c_int64(block_table.stride(0)),
-            ctypes.c_int32(q_fp8.shape[0]), ctypes.c_int32(block_table.shape[1]), ctypes.c_int32(logits.shape[1]),
+            ctypes.c_int32(block_table.shape[1]), ctypes.c_int32(logits.shape[1]), ctypes.c_int32(pages_per_split),
             ctypes.c_int32(_FLAG_META_BEFORE_WAIT if meta_before_wait else 0))
 
 
@@ -298,22 +278,8 @@ def _kernel(cfg: E1Config, device: torch.device):
         from ..jit.runtime import get_kernel
         k = get_kernel(cfg.spec, device=idx)
         k.set_max_dynamic_smem(cfg.smem_bytes)
-        _prefer_max_smem_carveout(k)
         _kernels[(cfg, idx)] = k
     return k
-
-
-def _prefer_max_smem_carveout(k) -> None:
-    """Ask for the largest shared-memory carveout: 3 CTAs of ~68 KB per SM need ~206 KB, and a
-    smaller carveout would silently cut the PDL overlap with the next kernel (a hint to the driver)."""
-    from ..jit import runtime as rt
-    d = rt.driver()
-    try:
-        attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-        with rt._InContext(k.module.device):
-            rt.check(d.cuFuncSetAttribute(k.func, attr, 100), f"cuFuncSetAttribute({k.name}, smem carveout=100)")
-    except (AttributeError, rt.CudaDriverError):  # a performance hint only: never fail the op over it
-        pass
 
 
 def _launch(cfg: E1Config, q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, pages_per_split: int,
@@ -324,25 +290,19 @@ def _launch(cfg: E1Config, q_fp8, head_w, index_k_cache, seq_lens, block_table, 
     m, max_ctx = logits.shape
     if m == 0 or max_ctx == 0:
         return
-    ctas = plan_ctas(m, max_ctx, sms, pages_per_split or None)
-    grid = grid_for(ctas)
+    pps = plan_pages_per_split(m, max_ctx, sms, pages_per_split or None)
+    grid = grid_for(m, max_ctx, pps)
     env.print_config("e1_indexer_logits", {"M": m, "max_ctx": max_ctx, "H": cfg.heads, "D": cfg.dim},
-                     {"ctas": ctas, "grid": grid, "threads": THREADS, "stages": STAGES,
-                      "prefetch_pages": PREFETCH_PAGES, "smem": cfg.smem_bytes})
+                     {"pages_per_split": pps, "grid": grid, "threads": THREADS, "stages": STAGES,
+                      "smem": cfg.smem_bytes, "pdl_wait_at": cfg.wait_at})
     _kernel(cfg, q_fp8.device).launch(grid, (THREADS, 1, 1), _kernel_args(
-        q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, meta_before_wait),
+        q_fp8, head_w, index_k_cache, seq_lens, block_table, logits, pps, meta_before_wait),
         smem=cfg.smem_bytes, pdl=pdl)
 
 
 def _check_pps(pages_per_split: int) -> None:
     if pages_per_split != 0:
-        _check_pages_per_split(pages_per_split)
-
-
-def _check_slots(m: object, max_ctx: object) -> None:
-    if isinstance(m, int) and isinstance(max_ctx, int) and m * -(-max_ctx // PAGE) >= _MAX_PAGE_SLOTS:
-        raise _fail(f"M={m} x ceil(max_ctx={max_ctx} / {PAGE}) page slots exceed {_MAX_PAGE_SLOTS} "
-                    f"(the kernel's work split is int32)")
+        plan_pages_per_split(1, 1, 1, pages_per_split)  # validates
 
 
 # ---- custom ops -----------------------------------------------------------------------------------
@@ -403,8 +363,7 @@ def e1_indexer_logits(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: 
     max_ctx: output width. None -> max(seq_lens) with one host sync (the reference's contract);
         an int -> no sync (CUDA graphs), columns past each row's seq_len are -inf.
     out: a float32 [M, N] buffer to write (N is the width; max_ctx, if also given, must equal N).
-    pages_per_split: grid override, ceil(M * ceil(max_ctx / 64) / pages_per_split) CTAs
-        (1..MAX_PAGES_PER_SPLIT); None -> plan_ctas (CTAS_PER_SM per SM). The result does not depend on it.
+    pages_per_split: 64-token pages per CTA (1..16); None -> plan_pages_per_split.
     pdl / meta_before_wait / pdl_wait: see the module docstring (PDL); pdl_wait None = native.
     Returns the logits (`out` itself when given).
     """
@@ -416,7 +375,7 @@ def e1_indexer_logits(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: 
     if tuple(q_fp8.shape[1:]) != want:
         raise _fail(f"q_fp8 must be [M, {want[0]}, {want[1]}] for this config (index_n_heads x index_head_dim), "
                     f"got {list(q_fp8.shape)}")
-    pps = 0 if pages_per_split is None else _check_pages_per_split(pages_per_split)
+    pps = 0 if pages_per_split is None else plan_pages_per_split(1, 1, 1, pages_per_split)
     if out is not None:
         width = _check_out(out, q_fp8.shape[0], q_fp8.device)
         if max_ctx is not None and (isinstance(max_ctx, bool) or max_ctx != width):

@@ -1,22 +1,23 @@
 """E1 paged FP8 indexer logits: the custom op against glm5_fastpath.ref.prefix.e1_indexer_logits.
 
 GPU tests (marked gpu) need an sm_90 GPU, nvcc and cuda-bindings; the CPU tests check argument
-validation, the grid planner, the fake (meta) implementation, two Python emulations of the kernel
-(its fragment / K-permutation / swizzle index math, and its in-kernel work split) and, when nvcc is
-present, that every variant compiles without spills or serialized wgmma.
+validation, the split planner, the fake (meta) implementation, the PDL wait-point switch
+(pdl_wait= / pdl_wait_at, GLM5_PDL_WAIT_AT), the kernel's fragment index math (a Python emulation)
+and, when nvcc is present, that every variant (and every wait point) compiles without spills.
 
 What is compared, and why the bar is where it is:
 - Both sides start from the SAME fp8 q / k bytes and fp32 scales / head weights. Every fp8 x fp8
   product is exact in fp32 (4-bit significands); the kernel sums the 128 products with fp32
-  tensor-core accumulation (f16 wgmma; e4m3 -> f16 is exact), the reference with an fp32 einsum,
-  and the 32 ReLU'd heads in another order. Only summation order and the tensor core's accumulation rounding
+  tensor-core accumulation (e4m3 -> f16 is exact), the reference with an fp32 einsum, and the 32
+  ReLU'd heads in another order. Only summation order and the tensor core's accumulation rounding
   separate them: ~1e-7 relative, so the live logits are judged with tol=1e-5 (the project's fp32
   bar, 200x tighter than kind "fp8_same_quant" = 2e-2, which would also pass a kernel with a
   wrong scale on a few heads).
 - Columns at or past seq_len must be exactly -inf; outputs start poisoned (NaN), so an unwritten
   column fails; slots of the last page past seq_len hold NaN bytes, so a leak of them fails.
-- The kernel is deterministic and its per-token arithmetic does not depend on the work split: outputs
-  must be bitwise equal across runs, grids (pages_per_split), PDL on/off and the metadata flag.
+- The kernel is deterministic and its per-token arithmetic does not depend on the split: outputs
+  must be bitwise equal across runs, splits, PDL on/off, the metadata-before-wait flag and the
+  PDL wait point.
 - Out-of-bounds writes: outputs may sit inside a larger poisoned buffer whose guard bytes must
   come back untouched.
 The reference runs on the GPU (fp32 matmul precision "highest", i.e. no TF32).
@@ -24,7 +25,9 @@ The reference runs on the GPU (fp32 matmul precision "highest", i.e. no TF32).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib
+import inspect
 import random
 
 import numpy as np
@@ -32,9 +35,8 @@ import pytest
 import torch
 
 from glm5_fastpath.config import Glm5Config
-from glm5_fastpath.ops.e1_indexer_logits import (CTAS_PER_SM, MAX_PAGES_PER_SPLIT, PREFETCH_PAGES, STAGES, THREADS,
-                                                 config_for, e1_indexer_logits, floor_us, grid_for, page_bytes,
-                                                 plan_ctas)
+from glm5_fastpath.ops.e1_indexer_logits import (CTAS_PER_SM, MAX_PAGES_PER_SPLIT, config_for, e1_indexer_logits,
+                                                 floor_us, grid_for, page_bytes, plan_pages_per_split)
 from glm5_fastpath.ref.fp8 import FP8, quant_per_row
 from glm5_fastpath.ref.prefix import e1_indexer_logits as ref_e1
 from glm5_fastpath.testing.numerics import assert_close, assert_equal, poison_
@@ -48,6 +50,7 @@ LEN_POOL = [1, 63, 64, 65, 2047, 8191, 129, 4000, 200, 1000, 6001, 7, 128, 3333,
 
 GLM5 = Glm5Config.preset("glm5")
 SMALL = Glm5Config.preset("small")
+WAIT_POINTS = ("entry", "after_prologue", "after_prefetch")
 
 
 # ---- inputs ------------------------------------------------------------------------------------------
@@ -136,7 +139,7 @@ def check(out: torch.Tensor, ref: torch.Tensor, lens: list[int], ctx: str) -> No
         assert_close(OP, out[live], ref[live], tol=TOL, context=ctx)
 
 
-# ---- CPU: validation, planning, fake implementation --------------------------------------------
+# ---- CPU: validation, planning, fake implementation ------------------------------------------------
 
 def _cpu_args(m=3, h=32, d=128, pages=5, width=4):
     return (torch.zeros(m, h, d, dtype=torch.uint8).view(FP8), torch.zeros(m, h), torch.zeros(pages, page_bytes(d),
@@ -188,19 +191,6 @@ def test_config_and_width_errors():
         config_for(32, 256)
 
 
-def test_page_slot_bound():
-    """M * ceil(max_ctx / 64) is the kernel's int32 work-split range: refused beyond it (meta tensors)."""
-    m, width = 40000, 60000  # 40000 rows x 60000 page slots > 2^31
-    meta = dict(device="meta")
-    args = (torch.empty(m, 32, 128, dtype=FP8, **meta), torch.empty(m, 32, **meta),
-            torch.empty(4, 8448, dtype=torch.uint8, **meta), torch.empty(m, dtype=torch.int32, **meta),
-            torch.empty(m, width, dtype=torch.int32, **meta))
-    with pytest.raises(ValueError, match="page slots exceed"):
-        e1_indexer_logits(*args, GLM5, max_ctx=width * 64)
-    out = e1_indexer_logits(*args, GLM5, max_ctx=64 * 1000)  # 40M slots: fine
-    assert tuple(out.shape) == (m, 64000)
-
-
 def test_host_max_ctx_checks_seq_lens():
     q, w, c, s, b = _cpu_args()
     with pytest.raises(ValueError, match="negative entry"):
@@ -211,35 +201,33 @@ def test_host_max_ctx_checks_seq_lens():
         e1_indexer_logits(q, w, c, s, b, GLM5)
 
 
-def test_plan_ctas():
+def test_plan_pages_per_split():
     sms = 132
-    assert plan_ctas(16, 8192, sms) == CTAS_PER_SM * sms   # 2048 pages over 264 CTAs: 7-8 each, one wave
-    assert plan_ctas(256, 8192, sms) == CTAS_PER_SM * sms  # 124 pages each
-    assert plan_ctas(1, 8192, sms) == 128                  # a CTA per page slot: 128 pages in parallel
-    assert plan_ctas(1, 10, sms) == 1
-    assert plan_ctas(0, 0, sms) == 1
-    assert plan_ctas(600, 100, sms) == CTAS_PER_SM * sms
-    assert plan_ctas(3, 8191, sms) == CTAS_PER_SM * sms
-    assert plan_ctas(2, 4000, sms) == 2 * 63
-    assert plan_ctas(16, 8192, sms, 7) == -(-16 * 128 // 7)  # explicit: ceil(slots / pages_per_split)
-    assert plan_ctas(16, 8192, sms, 1) == 16 * 128
-    assert plan_ctas(2, 100, sms, MAX_PAGES_PER_SPLIT) == 1
-    for bad in (0, MAX_PAGES_PER_SPLIT + 1, True, 2.0):
+    assert plan_pages_per_split(16, 8192, sms) == 4      # 2048 pages over 528 CTA slots: one wave of 512
+    assert plan_pages_per_split(64, 8192, sms) == 16     # 512 CTAs of 16 pages
+    assert plan_pages_per_split(256, 8192, sms) == 16    # capped: 2048 CTAs in waves
+    assert plan_pages_per_split(1, 8192, sms) == 1       # 128 CTAs of one page
+    assert plan_pages_per_split(1, 10, sms) == 1
+    assert plan_pages_per_split(0, 0, sms) == 1
+    assert plan_pages_per_split(600, 100, sms) == 2      # never more pages than a row has
+    assert plan_pages_per_split(16, 8192, sms, 7) == 7
+    for bad in (0, 17, True, 2.0):
         with pytest.raises(ValueError, match="pages_per_split"):
-            plan_ctas(16, 8192, sms, bad)
-    assert grid_for(264) == (264, 1, 1)
+            plan_pages_per_split(16, 8192, sms, bad)
+    assert grid_for(16, 8192, 4) == (32, 16, 1)
+    assert grid_for(3, 8191, 4) == (32, 3, 1)
+    assert grid_for(3, 8193, 4) == (33, 3, 1)
+    # every plan fills the machine: at least one CTA per SM slot target unless the batch is tiny
+    for m in (16, 64, 256):
+        pps = plan_pages_per_split(m, 8192, sms)
+        ctas = grid_for(m, 8192, pps)[0] * m
+        assert ctas >= sms * CTAS_PER_SM * 0.9 or pps == MAX_PAGES_PER_SPLIT, (m, pps, ctas)
 
 
 def test_smem_and_floor():
-    # mirrors E1PagedLogits::kSmemBytes (and the .cu static_asserts it against GLM5_E1_SMEM_BYTES):
-    # q f16 [32 x 128] + 7 stages x 8448 + 7 x 16 (stage records) + 14 x 8 (mbarriers) + 32 (plan)
-    # + 2 x 5 x 2 x 4 (scan scratch) + 1024 (alignment slack)
-    assert config_for(32, 128).smem_bytes == 8192 + 7 * 8448 + 112 + 112 + 32 + 80 + 1024 == 68688
-    assert config_for(4, 64).smem_bytes == 8 * 64 * 2 + 7 * 4352 + 112 + 112 + 32 + 80 + 1024
-    assert config_for(20, 128).smem_bytes == 24 * 256 + 7 * 8448 + 112 + 112 + 32 + 80 + 1024
-    assert (THREADS, STAGES) == (160, 7) and PREFETCH_PAGES >= 1
-    # 3 CTAs per SM (2 of ours + the next kernel's under PDL) fit the H200's 228 KB (1 KB reserved each)
-    assert 3 * (config_for(32, 128).smem_bytes + 1024) <= 228 * 1024
+    # mirrors E1IndexerLogitsTile::kSmemBytes: 4 stages x 8448 + 16 x 64 x 4 + 16 x 4 (+pad) + 4 x 8
+    assert config_for(32, 128).smem_bytes == 37984
+    assert config_for(4, 64).smem_bytes == 4 * 4352 + 4096 + 64 + 32
     assert abs(floor_us(16, 8192) - 4.19) < 0.01  # 17.9 MB at 4.27 TB/s
 
 
@@ -262,201 +250,123 @@ def test_fake_shapes_and_compile_meta():
     assert tuple(got.shape) == (m, 192)
 
 
-# ---- CPU: emulations of the kernel's index math and work split ----------------------------------------
+# ---- CPU: the PDL wait-point switch (pdl_wait= / pdl_wait_at / GLM5_PDL_WAIT_AT) -------------------------
 
-def _logical_pair(pp: int, dim: int) -> int:
-    """E1PagedLogits::logical_pair: physical byte pair of a row -> logical f16 pair of the K dimension."""
-    t, r = divmod(pp, dim // 8)
-    return 8 * (r >> 1) + 4 * (r & 1) + t
-
-
-def _b_offset(n: int, kp: int, mma_n: int) -> int:
-    """E1PagedLogits::b_offset: byte offset of logical pair kp of head n in the 128B-swizzled B tile."""
-    return (kp >> 5) * mma_n * 128 + n * 128 + ((((kp & 31) >> 2) ^ (n & 7)) << 4) + ((kp & 3) << 2)
+def _meta_args(m=5):
+    meta = dict(device="meta")
+    return (torch.empty(m, 32, 128, dtype=FP8, **meta), torch.empty(m, 32, **meta),
+            torch.empty(9, 8448, dtype=torch.uint8, **meta), torch.empty(m, dtype=torch.int32, **meta),
+            torch.empty(m, 3, dtype=torch.int32, **meta))
 
 
-def _wgmma_b_read(smem_elems: np.ndarray, start: int, n: int, k: int) -> float:
-    """What wgmma reads for B[k][n] (f16, K-major, 128B swizzle, SBO 1024) from a k-step whose
-    descriptor start address is `start` (bytes from the 1024-aligned tile base): the linear address
-    start + (n // 8) * 1024 + (n % 8) * 128 + 2k, then address bits [4:6] ^= bits [7:9]."""
-    lin = start + (n // 8) * 1024 + (n % 8) * 128 + 2 * k
-    phys = lin ^ (((lin >> 7) & 7) << 4)
-    return smem_elems[phys // 2]
+def test_pdl_wait_entry_point_and_schemas():
+    p = inspect.signature(e1_indexer_logits).parameters["pdl_wait"]
+    assert p.default is None and p.kind == inspect.Parameter.KEYWORD_ONLY
+    for name in ("e1_indexer_logits", "e1_indexer_logits_out"):
+        schema = str(getattr(torch.ops.glm5_fastpath, name).default._schema)
+        assert "Int pdl_wait_at=2" in schema, schema
+    args = _meta_args()
+    for wait in (None,) + WAIT_POINTS:  # every point gets through the entry point to the fake impls
+        for mbw in (True, False):
+            got = e1_indexer_logits(*args, GLM5, max_ctx=150, pdl_wait=wait, meta_before_wait=mbw)
+            assert tuple(got.shape) == (5, 150)
+            out = torch.empty(5, 192, device="meta")
+            assert e1_indexer_logits(*args, GLM5, out=out, pdl_wait=wait, meta_before_wait=mbw) is out
+
+
+@pytest.mark.parametrize("bad", ["early", "ENTRY", "native", 0, 2, True, 1.0])
+def test_bad_pdl_wait_raises_naming_the_op(bad):
+    with pytest.raises(ValueError, match=rf"glm5_fastpath.e1_indexer_logits: pdl_wait={bad!r}"):
+        e1_indexer_logits(*_meta_args(), GLM5, max_ctx=150, pdl_wait=bad)
+    # validated before anything else (like every op's entry point): even with no tensors at all
+    with pytest.raises(ValueError, match=rf"e1_indexer_logits.*pdl_wait={bad!r}"):
+        e1_indexer_logits(None, None, None, None, None, None, pdl_wait=bad)
+
+
+@pytest.mark.parametrize("code", [0, 1, 2])
+def test_fake_impls_take_every_wait_code(code):
+    args = _meta_args()
+    out = torch.ops.glm5_fastpath.e1_indexer_logits(*args, 150, 0, True, True, code)
+    assert tuple(out.shape) == (5, 150) and out.dtype == torch.float32
+    torch.ops.glm5_fastpath.e1_indexer_logits_out(*args, torch.empty(5, 192, device="meta"), 0, True, False, code)
+
+
+@pytest.mark.parametrize("bad", [3, -1, 7])
+def test_fake_impls_reject_a_bad_wait_code(bad):
+    args = _meta_args()
+    with pytest.raises(ValueError, match=f"e1_indexer_logits.*pdl_wait_at={bad}"):
+        torch.ops.glm5_fastpath.e1_indexer_logits(*args, 150, 0, True, True, bad)
+    with pytest.raises(ValueError, match=f"e1_indexer_logits.*pdl_wait_at={bad}"):
+        torch.ops.glm5_fastpath.e1_indexer_logits_out(*args, torch.empty(5, 192, device="meta"), 0, True, True, bad)
+
+
+@pytest.mark.parametrize("heads, dim", [(32, 128), (4, 64)])
+def test_specs_carry_the_wait_define_only_when_not_native(heads, dim):
+    native = config_for(heads, dim)
+    assert native.wait_at == 2
+    assert dict(native.spec.defines) == {"GLM5_E1_HEADS": str(heads), "GLM5_E1_DIM": str(dim), "GLM5_E1_STAGES": "4",
+                                         "GLM5_E1_MAX_PAGES": str(MAX_PAGES_PER_SPLIT), "GLM5_E1_THREADS": "128"}
+    assert dataclasses.replace(native, wait_at=2).spec == native.spec  # native: the default cubin, same cache key
+    for code in (0, 1):
+        c = dataclasses.replace(native, wait_at=code)
+        d = dict(c.spec.defines)
+        assert d.pop("GLM5_PDL_WAIT_AT") == str(code)
+        assert d == dict(native.spec.defines)
+        assert c.spec.source == native.spec.source and c.spec.functions == native.spec.functions
+        assert c.smem_bytes == native.smem_bytes
 
 
 @pytest.mark.parametrize("heads, dim", [(32, 128), (4, 64), (20, 128), (17, 64), (1, 128)])
 def test_fragment_index_math_emulation(heads, dim):
-    """A numpy emulation of one page through the kernel (csrc/attn_pre/e1_indexer_logits.cuh):
-    the consumer's shared loads of its rows (with the odd-g chunk swap), e4m3 -> f16 pairs into the
-    wgmma register layout (CuTe ALayout_64x16), q stored by store_q (logical_pair + b_offset) and
-    read back the way a 128B-swizzle descriptor addresses it, the k16 steps, the accumulator layout
-    (CLayout_64xN) and the epilogue (ReLU, head weights, xor-1/2 quad reduction, lanes t = 0 / 1
-    storing tokens g / g + 8) reproduce the plain formula. Every A/B fragment slot must be filled
-    exactly once (NaN spreads otherwise), and the 16-byte loads must be bank-conflict free."""
-    rng = np.random.default_rng(heads * 1000 + dim)
-    mma_n, steps, chunks = -(-heads // 8) * 8, dim // 16, dim // 64
+    """A numpy emulation of the kernel's lane -> (head, token, dim) mapping (csrc/attn_pre/
+    e1_indexer_logits.cuh: 16-byte chunks c*64 + t*16, f16 pairs 2s / 2s+1 per m16n8k16 step, PTX
+    fragment layouts, epilogue shuffles) reproduces the plain formula for one page."""
+    rng = np.random.default_rng(heads * dim)
     q = rng.integers(-8, 8, size=(heads, dim)).astype(np.float64)
     k = rng.integers(-8, 8, size=(PAGE, dim)).astype(np.float64)
     sk = rng.random(PAGE) + 0.5
     w = rng.standard_normal(heads)
     want = (np.maximum(q @ k.T, 0) * w[:, None]).sum(0) * sk
+    mtiles, chunks, steps = (heads + 15) // 16, dim // 64, dim // 16
 
-    # store_q: B in shared memory, as f16 elements indexed by byte offset / 2
-    b_smem = np.full(mma_n * dim, np.nan)
-    for n in range(mma_n):
-        for c in range(dim // 16):
-            for wi in range(4):
-                for half in range(2):
-                    pp = c * 8 + wi * 2 + half
-                    off = _b_offset(n, _logical_pair(pp, dim), mma_n)
-                    assert off % 4 == 0 and 0 <= off < mma_n * dim * 2
-                    assert np.isnan(b_smem[off // 2]), "two pairs stored at one place"
-                    b_smem[off // 2: off // 2 + 2] = q[n, 2 * pp: 2 * pp + 2] if n < heads else 0.0
-    assert not np.isnan(b_smem).any()
+    def pairs(row, t):  # the lane's 16-byte chunks, as f16 pairs
+        return np.concatenate([row[c * 64 + t * 16: c * 64 + t * 16 + 16] for c in range(chunks)]).reshape(-1, 2)
 
-    # the consumer's loads: page K as bytes (values), row stride dim
-    page = k.reshape(-1)
-    acc = {}
-    for warp in range(4):
-        a_steps = np.full((steps, 64, 16), np.nan)
-        addrs = {}  # (h, load) -> per-lane byte address, for the bank check
-        for lane in range(32):
-            g, t = lane >> 2, lane & 3
-            for h in range(2):
-                row = 16 * warp + g + 8 * h
-                rowp = row * dim + t * (dim // 4)
-                if chunks == 2:
-                    odd = g & 1
-                    x_at, y_at = rowp + 16 * odd, rowp + 16 * (odd ^ 1)
-                    addrs.setdefault((h, 0), [None] * 32)[lane] = x_at
-                    addrs.setdefault((h, 1), [None] * 32)[lane] = y_at
-                    x, y = page[x_at: x_at + 16], page[y_at: y_at + 16]
-                    raw = np.concatenate([y, x] if odd else [x, y])
-                else:
-                    addrs.setdefault((h, 0), [None] * 32)[lane] = rowp
-                    raw = page[rowp: rowp + 16]
-                for st in range(steps):  # raw word st: bytes 4st..4st+3; lo pair -> a0/a1, hi pair -> a2/a3
-                    lo, hi = raw[4 * st: 4 * st + 2], raw[4 * st + 2: 4 * st + 4]
-                    for kk, vals in ((2 * t, lo), (2 * t + 8, hi)):
-                        assert np.isnan(a_steps[st, 16 * warp + g + 8 * h, kk: kk + 2]).all()
-                        a_steps[st, 16 * warp + g + 8 * h, kk: kk + 2] = vals
-        for key, lanes in addrs.items():  # 16-byte loads: each quarter-warp hits 8 distinct bank groups
-            for qw in range(4):
-                groups = {(a // 16) % 8 for a in lanes[8 * qw: 8 * qw + 8]}
-                assert len(groups) == 8, (heads, dim, warp, key, qw, lanes[8 * qw: 8 * qw + 8])
-        rows = slice(16 * warp, 16 * warp + 16)
-        d = np.zeros((16, mma_n))
-        for st in range(steps):
-            start = (st >> 2) * mma_n * 128 + (st & 3) * 32
-            bmat = np.array([[_wgmma_b_read(b_smem, start, n, kk) for n in range(mma_n)] for kk in range(16)])
-            d += a_steps[st, rows] @ bmat
-        acc[warp] = d
+    zero = np.zeros((chunks * 8, 2))
     got = np.full(PAGE, np.nan)
     for warp in range(4):
-        d = acc[warp]
-        p = np.zeros((32, 2))
-        for lane in range(32):
-            g, t = lane >> 2, lane & 3
-            for j in range(mma_n // 8):
-                for b in range(2):
-                    head = 8 * j + 2 * t + b
-                    wt = w[head] if head < heads else 0.0
-                    p[lane, 0] += wt * max(d[g, 8 * j + 2 * t + b], 0.0)      # acc[4j + b]
-                    p[lane, 1] += wt * max(d[g + 8, 8 * j + 2 * t + b], 0.0)  # acc[4j + 2 + b]
-        for off in (1, 2):
-            p = p + p[np.arange(32) ^ off]
-        for lane in range(32):
-            g, t = lane >> 2, lane & 3
-            if t < 2:
-                tok = 16 * warp + g + 8 * t
-                assert np.isnan(got[tok])
-                got[tok] = p[lane, t] * sk[tok]
+        for j in range(2):
+            base = warp * 16 + j * 8
+            acc = np.zeros((32, mtiles, 4))
+            for s in range(steps):
+                for mt in range(mtiles):
+                    a = np.full((16, 16), np.nan)
+                    bm = np.full((16, 8), np.nan)
+                    for lane in range(32):
+                        g, t = lane >> 2, lane & 3
+                        h0, h1 = g + 16 * mt, g + 8 + 16 * mt
+                        q0 = pairs(q[h0], t) if h0 < heads else zero
+                        q1 = pairs(q[h1], t) if h1 < heads else zero
+                        a[g, 2 * t:2 * t + 2], a[g + 8, 2 * t:2 * t + 2] = q0[2 * s], q1[2 * s]
+                        a[g, 2 * t + 8:2 * t + 10], a[g + 8, 2 * t + 8:2 * t + 10] = q0[2 * s + 1], q1[2 * s + 1]
+                        kp = pairs(k[base + g], t)
+                        bm[2 * t:2 * t + 2, g], bm[2 * t + 8:2 * t + 10, g] = kp[2 * s], kp[2 * s + 1]
+                    d = a @ bm  # every fragment slot filled exactly once, else NaN spreads
+                    for lane in range(32):
+                        g, t = lane >> 2, lane & 3
+                        acc[lane, mt] += (d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1])
+            wl = lambda lane, r: w[(lane >> 2) + 8 * r] if (lane >> 2) + 8 * r < heads else 0.0  # noqa: E731
+            p = np.zeros((32, 2))
+            for lane in range(32):
+                for mt in range(mtiles):
+                    x = np.maximum(acc[lane, mt], 0)
+                    p[lane] += (wl(lane, 2 * mt) * x[0] + wl(lane, 2 * mt + 1) * x[2],
+                                wl(lane, 2 * mt) * x[1] + wl(lane, 2 * mt + 1) * x[3])
+            for off in (4, 8, 16):
+                p = p + p[np.arange(32) ^ off]
+            for t in range(4):
+                got[base + 2 * t: base + 2 * t + 2] = p[t] * sk[base + 2 * t: base + 2 * t + 2]
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9 * np.abs(want).max())
-
-
-def _emulate_plan(lens, max_ctx, bt_width, ctas, threads=THREADS):
-    """E1PagedLogits::plan + walk in Python (same integer arithmetic, same chunked block scans):
-    -> per CTA the (row, page) list of its live pages and of its dead pages, in walk order."""
-    cap = min(max_ctx, bt_width * PAGE)
-    pw = -(-max_ctx // PAGE)
-    clamped = [min(max(L, 0), cap) for L in lens]
-    live = [-(-c // PAGE) for c in clamped]
-    m = len(lens)
-    total_live = sum(live)
-    total_dead = m * pw - total_live
-    out = []
-    for cta in range(ctas):
-        ql, rl = divmod(total_live, ctas)
-        qd, rd = divmod(total_dead, ctas)
-        p0, n_live = ql * cta + min(cta, rl), ql + (cta < rl)
-        d0, n_dead = qd * cta + min(cta, rd), qd + (cta < rd)
-        plan = dict(live_row=0, live_pg=0, dead_row=0, dead_pg=0)
-        need_l, need_d, carry_l, carry_d = n_live > 0, n_dead > 0, 0, 0
-        for base in range(0, m, threads):
-            if not (need_l or need_d):
-                break
-            ls = [live[r] if r < m else 0 for r in range(base, base + threads)]
-            ds = [pw - live[r] if r < m else 0 for r in range(base, base + threads)]
-            il, id_ = np.cumsum(ls), np.cumsum(ds)
-            for i, r in enumerate(range(base, base + threads)):
-                el, ed = carry_l + il[i] - ls[i], carry_d + id_[i] - ds[i]
-                if need_l and ls[i] > 0 and el <= p0 < el + ls[i]:
-                    plan.update(live_row=r, live_pg=p0 - el)
-                if need_d and ds[i] > 0 and ed <= d0 < ed + ds[i]:
-                    plan.update(dead_row=r, dead_pg=ls[i] + d0 - ed)
-            carry_l, carry_d = carry_l + il[-1], carry_d + id_[-1]
-            need_l, need_d = need_l and carry_l <= p0, need_d and carry_d <= d0
-
-        def walk(row, pg, count, is_live):
-            got = []
-            while count > 0 and row < m:
-                segs = []
-                for lane in range(32):
-                    r = row + lane
-                    lo = hi = 0
-                    if r < m:
-                        lo, hi = (0, live[r]) if is_live else (live[r], pw)
-                        if lane == 0:
-                            lo = max(lo, pg)
-                    segs.append((r, lo, max(hi - lo, 0)))
-                incl = np.cumsum([n for _, _, n in segs])
-                for (r, lo, n), inc in zip(segs, incl):
-                    take = max(min(inc, count) - (inc - n), 0)
-                    got += [(r, lo + j) for j in range(take)]
-                count -= min(int(incl[-1]), count)
-                row, pg = row + 32, 0
-            return got
-        out.append((walk(plan["live_row"], plan["live_pg"], n_live, True),
-                    walk(plan["dead_row"], plan["dead_pg"], n_dead, False)))
-    return out, live, pw
-
-
-@pytest.mark.parametrize("case", range(12))
-def test_work_split_emulation(case):
-    """Every live page and every -inf page block is owned by exactly one CTA, the shares are equal
-    to +-1 page, and each CTA's share is contiguous in row-major order: for short and long rows,
-    empty rows, rows longer than max_ctx or the block table, M across the 160-row scan chunks, and
-    grids larger than the work."""
-    rnd = random.Random(1000 + case)
-    m = [1, 3, 16, 161, 320, 7, 64, 1, 2, 500, 33, 16][case]
-    max_ctx = [8192, 100, 8191, 640, 1000, 65, 8192, 1, 64, 333, 4000, 130][case]
-    bt_width = -(-max_ctx // PAGE) + rnd.choice([0, 0, 3])
-    if case == 11:
-        bt_width = 1  # the block table caps rows at 64 tokens
-    ctas = [264, 264, 7, 264, 1000, 3, 130, 1, 5, 264, 17, 2048][case]
-    lens = [rnd.choice([0, 1, 63, 64, 65, rnd.randint(0, max_ctx + 200)]) for _ in range(m)]
-    shares, live, pw = _emulate_plan(lens, max_ctx, bt_width, ctas)
-    all_live = [(r, p) for r in range(m) for p in range(live[r])]
-    all_dead = [(r, p) for r in range(m) for p in range(live[r], pw)]
-    got_live = [x for lv, _ in shares for x in lv]
-    got_dead = [x for _, dd in shares for x in dd]
-    assert sorted(got_live) == all_live and len(set(got_live)) == len(got_live)
-    assert sorted(got_dead) == all_dead and len(set(got_dead)) == len(got_dead)
-    for kind in (0, 1):
-        sizes = [len(sh[kind]) for sh in shares]
-        assert max(sizes) - min(sizes) <= 1, (kind, sizes[:20])
-        flat = [x for sh in shares for x in sh[kind]]
-        assert flat == sorted(flat), "shares must follow row-major order, CTA by CTA"
 
 
 try:
@@ -468,20 +378,19 @@ except Exception:  # noqa: BLE001 - NvccNotFoundError or a broken toolkit: skip 
 
 
 @pytest.mark.skipif(not _HAVE_NVCC, reason="nvcc not found (compile tests need the CUDA toolkit)")
+@pytest.mark.parametrize("wait_at", [2, 1, 0])
 @pytest.mark.parametrize("heads, dim", [(32, 128), (4, 64), (20, 128)])
-def test_compiles_for_sm90a_without_spills(heads, dim, monkeypatch, tmp_path):
+def test_compiles_for_sm90a_without_spills(heads, dim, wait_at, monkeypatch, tmp_path):
     from glm5_fastpath.jit import env
     for name in env.VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
-    ck = compile_kernel(config_for(heads, dim).spec, "sm_90a")
+    ck = compile_kernel(dataclasses.replace(config_for(heads, dim), wait_at=wait_at).spec, "sm_90a")
     r = ck.resources()["glm5_e1_indexer_logits"]
     assert r.spill_store_bytes == 0 and r.spill_load_bytes == 0 and r.stack_bytes == 0, r
-    # __launch_bounds__(160, 3): <= 136 registers, so 3 CTAs (2 of ours + 1 of the next kernel) fit an SM
-    assert 0 < r.registers <= 136, r
-    # ptxas must not serialize the wgmma chain (C7518/C7510 "wgmma.mma_async instructions are serialized")
-    assert "serialized" not in ck.log, ck.log
+    # <= 128 registers keeps >= 4 CTAs of 128 threads per SM (the planner's CTAS_PER_SM)
+    assert 0 < r.registers <= 128, r
 
 
 # ---- GPU --------------------------------------------------------------------------------------------
@@ -510,7 +419,7 @@ def test_matches_reference_mixed_lengths(m, seed, no_pdl_override):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg_name", ["glm5", "small"])
 def test_one_hot_queries_locate_layout_errors(cfg_name, seed, no_pdl_override):
-    """Diagnostic for the wgmma fragment / K-permutation / B-swizzle mapping: row m's q is one-hot
+    """Diagnostic for the mma.sync fragment / K-permutation mapping: row m's q is one-hot
     (head h_m, dim d_m, value 1), the head weights are distinct powers of two and every row reads
     the same page, so logits[m, t] = w[h_m] * relu(k[t, d_m]) * s_k[t] exactly. Rows cover every
     head and every dim; a failure lists the (head, dim) pairs that came out wrong."""
@@ -580,17 +489,19 @@ def test_out_of_range_live_page_gives_nan_not_a_fault(seed):
 
 
 @pytest.mark.gpu
-def test_deterministic_across_runs_grids_and_flags(seed, no_pdl_override):
-    """Bitwise equal outputs whatever the grid: one CTA for everything (the ring wraps ~50 times),
-    one CTA per page slot (1024 CTAs in waves), odd grids, PDL off and metadata after the wait."""
+def test_deterministic_across_runs_splits_and_flags(seed, no_pdl_override):
     lens = [8191, 65, 1, 4097, 2048, 3000, 64, 129]
     case = Case(GLM5, lens, seed)
     base = e1_indexer_logits(*case.args(), GLM5, max_ctx=8192)
     outs = {"again": e1_indexer_logits(*case.args(), GLM5, max_ctx=8192)}
-    for pps in (1, 2, 3, 5, 37, 200, MAX_PAGES_PER_SPLIT):
+    for pps in (1, 2, 3, 5, MAX_PAGES_PER_SPLIT):
         outs[f"{pps=}"] = e1_indexer_logits(*case.args(), GLM5, max_ctx=8192, pages_per_split=pps)
     outs["pdl off"] = e1_indexer_logits(*case.args(), GLM5, max_ctx=8192, pdl=False)
     outs["meta after wait"] = e1_indexer_logits(*case.args(), GLM5, max_ctx=8192, meta_before_wait=False)
+    for wait in WAIT_POINTS:  # the GLM5_PDL_WAIT_AT cubins: bitwise the native one
+        for mbw in (True, False):
+            outs[f"pdl_wait={wait} {mbw=}"] = e1_indexer_logits(*case.args(), GLM5, max_ctx=8192, pdl_wait=wait,
+                                                                meta_before_wait=mbw)
     torch.cuda.synchronize()
     check(base, reference(case, 8192), lens, "base")
     for name, o in outs.items():
@@ -600,8 +511,8 @@ def test_deterministic_across_runs_grids_and_flags(seed, no_pdl_override):
 @pytest.mark.gpu
 @pytest.mark.parametrize("lens_kind", ["ones_263", "zeros_and_ones_300", "all_zero_but_one", "many_short_1000"])
 def test_tiny_and_empty_rows(lens_kind, seed, no_pdl_override):
-    """ctx = 1 everywhere, empty rows (seq_len 0) among short ones, and M = 1000 short rows (the
-    work split's block scans then run over several 160-row chunks)."""
+    """ctx = 1 everywhere (one live token per row, many all -inf splits), empty rows (seq_len 0)
+    among short ones, and M = 1000 short rows."""
     rnd = random.Random(seed)
     lens = {"ones_263": [1] * 263,
             "zeros_and_ones_300": [rnd.choice([0, 1, 2, 63, 64, 65]) for _ in range(300)],
@@ -617,7 +528,8 @@ def test_tiny_and_empty_rows(lens_kind, seed, no_pdl_override):
 
 @pytest.mark.gpu
 def test_long_context(seed, no_pdl_override):
-    """Rows of 100k tokens (1563 pages: each CTA's share spans many ring wraps) next to tiny ones."""
+    """Rows of 100k tokens (1563 pages: the 4-stage ring wraps several times per split, and the
+    grid has ~130 splits per row) next to tiny ones."""
     lens = [100_000, 70_001, 1, 65_536]
     case = Case(GLM5, lens, seed)
     out = poison_(torch.empty(len(lens), 100_000, device="cuda"))
@@ -739,7 +651,8 @@ def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
 @pytest.mark.parametrize("meta_before_wait", [True, False])
 @pytest.mark.parametrize("written", ["q_fp8", "head_w", "index_k_cache"])
 @pytest.mark.parametrize("m", [1, 16, 64, 256])
-def test_e1_waits_for_the_previous_kernel_under_pdl(written, m, meta_before_wait, seed, no_pdl_override):
+def test_e1_waits_for_the_previous_kernel_under_pdl(written, m, meta_before_wait, seed, no_pdl_override,
+                                                    pdl_wait=None):
     """The producer spins ~50 us, then writes one input; E1, launched right after it with PDL
     (reading metadata and L2-prefetching pages before its wait, or not), must see the new values."""
     producer = _producer()
@@ -753,15 +666,23 @@ def test_e1_waits_for_the_previous_kernel_under_pdl(written, m, meta_before_wait
     args[idx] = stale
     width = max(lens)
     ref = reference(case, width)
-    e1_indexer_logits(*args, GLM5, max_ctx=width)  # compile + load outside the timed sequence
+    e1_indexer_logits(*args, GLM5, max_ctx=width, pdl_wait=pdl_wait)  # compile + load outside the timed sequence
     for _ in range(3):
         stale.view(torch.uint8).zero_()
         out = poison_(torch.empty(m, width, device="cuda"))
         torch.cuda.synchronize()
         _produce(producer, true_args[idx], stale)
-        e1_indexer_logits(*args, GLM5, out=out, pdl=True, meta_before_wait=meta_before_wait)
+        e1_indexer_logits(*args, GLM5, out=out, pdl=True, meta_before_wait=meta_before_wait, pdl_wait=pdl_wait)
         torch.cuda.synchronize()
-        check(out, ref, lens, f"PDL after a producer writing {written}, {m=}, {meta_before_wait=}")
+        check(out, ref, lens, f"PDL after a producer writing {written}, {m=}, {meta_before_wait=}, {pdl_wait=}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl_wait", ["entry", "after_prologue"])
+@pytest.mark.parametrize("written", ["q_fp8", "head_w", "index_k_cache"])
+def test_early_wait_points_still_wait_for_the_previous_kernel(written, pdl_wait, seed, no_pdl_override):
+    """The GLM5_PDL_WAIT_AT=0 / 1 cubins (the CMP benchmark's PDL decomposition) keep the ordering."""
+    test_e1_waits_for_the_previous_kernel_under_pdl(written, 16, True, seed, None, pdl_wait=pdl_wait)
 
 
 # ---- CUDA graphs ----------------------------------------------------------------------------------------
@@ -807,8 +728,8 @@ def test_cuda_graph_capture_and_replay_with_changing_lengths(m, seed, no_pdl_ove
 @pytest.mark.parametrize("m", [1, 16, 128])
 def test_back_to_back_launches_in_one_graph(m, seed, no_pdl_override):
     """Several E1 launches chained with PDL in one CUDA graph, each on its own inputs and output
-    (how the benchmark times it): a launch's early CTAs plan and L2-prefetch while the previous one
-    still streams, and its writes wait for the previous one to finish. Replayed twice, outputs
+    (how the benchmark times it): a launch's early CTAs read the block table and L2-prefetch while
+    the previous one still streams, and its writes wait for the previous one to finish. Replayed twice, outputs
     poisoned in between."""
     n = 4
     cases = [Case(GLM5, lens_for(m, seed + i), seed + i) for i in range(n)]
@@ -842,6 +763,8 @@ def test_opcheck_fake_and_schema(seed):
     out = torch.zeros(2, 192, device="cuda")
     torch.library.opcheck(torch.ops.glm5_fastpath.e1_indexer_logits_out.default, (*args, out, 0, True, True),
                           test_utils=("test_faketensor",))
+    torch.library.opcheck(torch.ops.glm5_fastpath.e1_indexer_logits.default, (*args, 192, 0, True, True, 1),
+                          test_utils=("test_faketensor",))
     for op, want in ((torch.ops.glm5_fastpath.e1_indexer_logits.default, []),
                      (torch.ops.glm5_fastpath.e1_indexer_logits_out.default, ["logits"])):
         written = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
@@ -850,9 +773,9 @@ def test_opcheck_fake_and_schema(seed):
 
 @pytest.mark.gpu
 def test_kernel_resources_report():
-    """No local memory (spills), the parameter layout check is active, 3 CTAs of 160 threads fit per SM."""
+    """No local memory (spills), the parameter layout check is active, >= 4 CTAs fit per SM."""
     from glm5_fastpath.jit import get_kernel
     k = get_kernel(config_for(32, 128).spec)
     assert k.local_bytes == 0, k
     assert k.param_sizes is None or k.param_sizes == (8, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4), k.param_sizes
-    assert 0 < k.num_regs <= 136 and k.max_threads >= THREADS, k
+    assert 0 < k.num_regs <= 128 and k.max_threads >= 128, k

@@ -95,8 +95,8 @@ def test_specs_carry_the_define_and_defaults_are_unchanged():
     assert set(dict(d2.spec.defines)) == {"GLM5_D2_NOPE", "GLM5_D2_KV_LORA", "GLM5_D2_ROPE", "GLM5_D2_MT", "GLM5_D2_NT"}
     e1 = E1.config_for(32, 128)
     assert _native_and_waits(lambda w: dataclasses.replace(e1, wait_at=w).spec) == e1.spec
-    assert set(dict(e1.spec.defines)) == {"GLM5_E1_HEADS", "GLM5_E1_DIM", "GLM5_E1_STAGES", "GLM5_E1_PREFETCH",
-                                          "GLM5_E1_SMEM_BYTES"}
+    assert set(dict(e1.spec.defines)) == {"GLM5_E1_HEADS", "GLM5_E1_DIM", "GLM5_E1_STAGES", "GLM5_E1_MAX_PAGES",
+                                          "GLM5_E1_THREADS"}
     e2 = E2.DEFAULT_CONFIG
     assert _native_and_waits(lambda w: dataclasses.replace(e2, wait_at=w).spec) == e2.spec
     assert set(dict(e2.spec.defines)) == {"GLM5_E2_THREADS", "GLM5_E2_ITEMS"}
