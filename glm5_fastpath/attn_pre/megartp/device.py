@@ -50,10 +50,10 @@ THREADS = 288  # 8 worker warps + the controller warp
 WORKER_THREADS = 256
 SUPPORTED_FAMILIES = ("B0", "B1", "D1", "D2")  # csrc/megartp/megakernel.cuh dispatch()
 UNSUPPORTED_WHY = {
-    "A0": "tile code being rewritten (csrc/attn_pre/a0_add_rmsnorm_quant.cuh); not in megakernel v1",
-    "C0": "tile code being rewritten (csrc/attn_pre/c0_head_gate.cuh); not in megakernel v1",
-    "E1": "tile code being rewritten (csrc/attn_pre/e1_indexer_logits.cuh); not in megakernel v1",
-    "E2": "tile code being rewritten (csrc/attn_pre/e2_topk.cuh); not in megakernel v1",
+    "A0": "no megakernel adapter yet for csrc/attn_pre/a0_add_rmsnorm_quant.cuh (cluster / own launch shape); not in megakernel v1",
+    "C0": "no megakernel adapter yet for csrc/attn_pre/c0_head_gate.cuh (cluster / own launch shape); not in megakernel v1",
+    "E1": "no megakernel adapter yet for csrc/attn_pre/e1_indexer_logits.cuh (cluster / own launch shape); not in megakernel v1",
+    "E2": "no megakernel adapter yet for csrc/attn_pre/e2_topk.cuh (cluster / own launch shape); not in megakernel v1",
     "D0": "the plan's per-head N tiles start at multiples of qk_head_dim (192) rows, the GEMM tile covers "
           "128-row weight-scale blocks (needs 128-aligned D0 tiles in graph/prefix_graph.py)",
 }
