@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 from .selection import SCHEMA_VERSION, STOCK, parse
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-TUNE_MODES = ("serial", "multistream", "full")  # the CMP modes a production table chooses from
+TUNE_MODES = ("serial", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full")  # candidates per bucket
 MIN_GAIN = 0.03
 
 
