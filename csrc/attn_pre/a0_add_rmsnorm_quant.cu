@@ -33,8 +33,8 @@ glm5_a0_add_rmsnorm_quant(const uint16_t* __restrict__ hidden,  // [M, H] bf16
     const int64_t row = blockIdx.x / GLM5_A0_CLUSTER;
     // The grid is exactly M clusters; a stray one leaves as a whole, before any cluster barrier.
     if (row >= num_rows) return;
-    glm5::attn_pre::dsmem::require_cluster_size<GLM5_A0_CLUSTER>();
-    const int rank = static_cast<int>(glm5::attn_pre::dsmem::cluster_ctarank());
+    glm5::ptx::require_cluster_size<GLM5_A0_CLUSTER>();
+    const int rank = static_cast<int>(glm5::ptx::cluster_ctarank());
 
     // Prologue that does not depend on the previous kernel: gamma into registers, the receive
     // barrier armed, the start-up cluster barrier arrived at. Waiting at point 1 (pdl_wait=

@@ -36,6 +36,7 @@
 
 #include "../common/arch.cuh"
 #include "../common/bulk_copy.cuh"
+#include "../common/cluster.cuh"
 #include "../common/convert.cuh"
 #include "../common/pdl.cuh"
 #include "../common/reduce.cuh"
@@ -43,86 +44,6 @@
 
 namespace glm5 {
 namespace attn_pre {
-
-// ---- thread-block cluster / distributed shared memory (one PTX instruction per function) ----------
-// NOTES: these belong in csrc/common/ (a cluster.cuh); they live here, in their own namespace, because
-// this change was limited to the A0/C0 files. C0 (c0_head_gate.cuh) includes this header for them.
-namespace dsmem {
-
-GLM5_DEVICE uint32_t cluster_ctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-GLM5_DEVICE uint32_t cluster_nctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-    return r;
-}
-
-// First half of a cluster-wide barrier (every thread of every CTA of the cluster arrives).
-GLM5_DEVICE void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
-
-// Second half: returns once every thread of the cluster has arrived (acquire).
-GLM5_DEVICE void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
-
-// The shared::cluster address of the variable at shared::cta address `local` in the CTA of rank `rank`.
-GLM5_DEVICE uint32_t map_to_rank(uint32_t local, uint32_t rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(local), "r"(rank));
-    return r;
-}
-
-// 4 / 16 bytes into a peer's shared memory (shared::cluster address), completing that many
-// transaction bytes on the peer's mbarrier `remote_bar` (shared::cluster address, same CTA).
-GLM5_DEVICE void st_async_b32(uint32_t remote_addr, uint32_t v, uint32_t remote_bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote_addr),
-                 "r"(v), "r"(remote_bar)
-                 : "memory");
-}
-
-GLM5_DEVICE void st_async_v4_b32(uint32_t remote_addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d,
-                                 uint32_t remote_bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
-                     remote_addr),
-                 "r"(a), "r"(b), "r"(c), "r"(d), "r"(remote_bar)
-                 : "memory");
-}
-
-// try_wait with cluster-scope acquire: the peers' st.async bytes (released at cluster scope by the
-// complete_tx) are visible to this thread's ordinary shared loads once it returns true.
-GLM5_DEVICE bool mbarrier_try_wait_parity_cluster(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    asm volatile(
-        "{\n"
-        " .reg .pred p;\n"
-        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    return done != 0;
-}
-
-// Spin until the phase of parity `parity` completes. Bounded: a peer that never sends (a launch
-// without the cluster attribute, a bug) traps after ~2^32 cycles (seconds) instead of hanging.
-GLM5_DEVICE void mbarrier_wait_parity_cluster(uint32_t bar, uint32_t parity) {
-    if (mbarrier_try_wait_parity_cluster(bar, parity)) return;
-    const long long t0 = clock64();
-    while (!mbarrier_try_wait_parity_cluster(bar, parity)) {
-        if (clock64() - t0 > (1ll << 32)) __trap();
-    }
-}
-
-// Trap unless the launch really formed clusters of kCluster CTAs (the kernels index peers by rank).
-template <int kCluster>
-GLM5_DEVICE void require_cluster_size() {
-    if (cluster_nctarank() != static_cast<uint32_t>(kCluster)) __trap();
-}
-
-}  // namespace dsmem
 
 // Pointers of one row (the row base; the tile adds its own column offset). bf16 rows are contiguous
 // and 16-byte aligned; residual_out may equal residual (in place: each element is read and then
@@ -172,7 +93,7 @@ struct A0AddRmsNormQuantClusterTile {
             ptx::mbarrier_arrive_expect_tx(&s.bar, kRecvBytes);
             ptx::fence_mbarrier_init();
         }
-        dsmem::cluster_arrive_relaxed();
+        ptx::cluster_arrive_relaxed();
     }
 
     static GLM5_DEVICE uint32_t word(const ptx::u32x4& v, int w) {
@@ -210,13 +131,13 @@ struct A0AddRmsNormQuantClusterTile {
 
         // 3. Row sum of squares: warp butterfly, then every warp partial to every CTA of the cluster.
         ss = warp_sum(ss);
-        dsmem::cluster_wait();  // every peer is running and has armed its barrier (arrived in init())
+        ptx::cluster_wait();  // every peer is running and has armed its barrier (arrived in init())
         const uint32_t bar = ptx::cvta_shared(&s.bar);
         if (lane < kCluster) {
             const uint32_t slot = ptx::cvta_shared(&s.recv[rank * kWarps + warp]);
-            dsmem::st_async_b32(dsmem::map_to_rank(slot, lane), __float_as_uint(ss), dsmem::map_to_rank(bar, lane));
+            ptx::st_async_b32(ptx::mapa_shared(slot, lane), __float_as_uint(ss), ptx::mapa_shared(bar, lane));
         }
-        dsmem::mbarrier_wait_parity_cluster(bar, 0);
+        ptx::mbarrier_wait_parity_cluster(bar, 0);
         const volatile float* recv = s.recv;  // written by peers' st.async, invisible to the compiler
         float total = 0.0f;
 #pragma unroll

@@ -40,8 +40,8 @@ glm5_c0_head_gate(const uint16_t* __restrict__ x,             // [M, HIDDEN] bf1
     const int tile = blockIdx.y;
     // The grid holds exactly ceil(M / kTok) tiles; a stray cluster leaves as a whole, before any barrier.
     if (tile * C0Tile::kTok >= num_tokens) return;
-    glm5::attn_pre::dsmem::require_cluster_size<GLM5_C0_CLUSTER>();
-    const int rank = static_cast<int>(glm5::attn_pre::dsmem::cluster_ctarank());
+    glm5::ptx::require_cluster_size<GLM5_C0_CLUSTER>();
+    const int rank = static_cast<int>(glm5::ptx::cluster_ctarank());
 
     // Prologue that does not depend on the previous kernel: this lane's weight fragments of the CTA's
     // K slice, the receive barrier armed, the start-up cluster barrier arrived at. Waiting at point 1

@@ -36,11 +36,11 @@
 
 #include "../common/arch.cuh"
 #include "../common/bulk_copy.cuh"
+#include "../common/cluster.cuh"
 #include "../common/convert.cuh"
 #include "../common/mma_bf16_sm80.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_io.cuh"
-#include "a0_add_rmsnorm_quant.cuh"  // attn_pre::dsmem, the cluster / DSMEM helpers
 
 namespace glm5 {
 namespace attn_pre {
@@ -149,7 +149,7 @@ struct C0HeadGateClusterTile {
             ptx::mbarrier_arrive_expect_tx(&s.bar, recv_bytes(rank));
             ptx::fence_mbarrier_init();
         }
-        dsmem::cluster_arrive_relaxed();
+        ptx::cluster_arrive_relaxed();
     }
 
     // All 256 threads of every CTA of the cluster call this after init() and griddepcontrol.wait, with
@@ -213,7 +213,7 @@ struct C0HeadGateClusterTile {
         ptx::named_barrier_sync<kBarrierId, kThreads>();
 
         // 3. the CTA's partial of (token, head quad): the 8 warps in warp order -> the token's owner CTA
-        dsmem::cluster_wait();  // every peer is running and has armed its barrier (arrived in init())
+        ptx::cluster_wait();  // every peer is running and has armed its barrier (arrived in init())
         const uint32_t bar = ptx::cvta_shared(&s.bar);
         if (tid < kTok * kQuads) {
             const int tk = tid / kQuads, q = tid % kQuads;
@@ -228,15 +228,15 @@ struct C0HeadGateClusterTile {
             }
             const uint32_t owner = static_cast<uint32_t>(tk % kCluster);
             const uint32_t slot = ptx::cvta_shared(s.recv + (rank * kSlots + tk / kCluster) * kHeads + 4 * q);
-            dsmem::st_async_v4_b32(dsmem::map_to_rank(slot, owner), __float_as_uint(sum.x), __float_as_uint(sum.y),
-                                   __float_as_uint(sum.z), __float_as_uint(sum.w), dsmem::map_to_rank(bar, owner));
+            ptx::st_async_v4_b32(ptx::mapa_shared(slot, owner), __float_as_uint(sum.x), __float_as_uint(sum.y),
+                                   __float_as_uint(sum.z), __float_as_uint(sum.w), ptx::mapa_shared(bar, owner));
         }
 
         // 4. owner: sum the kCluster partials of each owned token in rank order, round to bf16, store
         if (tid < owned_tokens(rank) * kQuads) {
             const int slot = tid / kQuads, q = tid % kQuads;
             const int tk = slot * kCluster + rank;
-            dsmem::mbarrier_wait_parity_cluster(bar, 0);
+            ptx::mbarrier_wait_parity_cluster(bar, 0);
             // Written by the peers' st.async; the wait's "memory" clobber keeps these loads after it.
             const float* src = s.recv + slot * kHeads + 4 * q;
             float4 sum = *reinterpret_cast<const float4*>(src);

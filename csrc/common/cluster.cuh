@@ -1,6 +1,6 @@
 // Thread-block cluster and distributed shared memory (DSMEM) helpers, sm_90. One PTX instruction
-// per function. (A0 has private copies in csrc/attn_pre/a0_add_rmsnorm_quant.cuh namespace
-// attn_pre::dsmem; to be deduplicated onto this file.)
+// per function. Used by A0 / C0 (cross-CTA row reductions with st.async) and the FP8 GEMM's cluster
+// reduce.
 #pragma once
 
 #include "arch.cuh"
@@ -15,6 +15,19 @@ GLM5_DEVICE uint32_t cluster_ctarank() {
     return r;
 }
 
+// The number of CTAs in this CTA's cluster.
+GLM5_DEVICE uint32_t cluster_nctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+
+// Trap unless the launch really formed clusters of kCluster CTAs (kernels that index peers by rank).
+template <int kCluster>
+GLM5_DEVICE void require_cluster_size() {
+    if (cluster_nctarank() != static_cast<uint32_t>(kCluster)) __trap();
+}
+
 // Cluster-wide barrier, first half: this thread's prior memory accesses (shared::cluster included)
 // are released at cluster scope. Every non-exited thread of every CTA of the cluster must arrive;
 // .aligned: all threads of the warp execute it together.
@@ -27,6 +40,13 @@ GLM5_DEVICE void cluster_sync() {
     cluster_arrive_release();
     cluster_wait_acquire();
 }
+
+// The same split barrier without ordering: arrive.relaxed, then wait (acquire is wait's default).
+// A0 / C0 use it as the DSMEM start-up rule (a peer must be running, its mbarrier initialised,
+// before anyone writes into it): arrive in the prologue, wait just before the first st.async.
+GLM5_DEVICE void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+
+GLM5_DEVICE void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
 // The shared::cluster address of shared::cta address `local` in the CTA of cluster rank `rank`.
 GLM5_DEVICE uint32_t mapa_shared(uint32_t local, uint32_t rank) {
@@ -43,6 +63,48 @@ GLM5_DEVICE float4 ld_shared_cluster_f32x4(uint32_t addr) {
                  : "r"(addr)
                  : "memory");
     return v;
+}
+
+// 4 / 16 bytes into a peer's shared memory (shared::cluster address), completing that many
+// transaction bytes on the peer's mbarrier `remote_bar` (shared::cluster address, same CTA).
+GLM5_DEVICE void st_async_b32(uint32_t remote_addr, uint32_t v, uint32_t remote_bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote_addr),
+                 "r"(v), "r"(remote_bar)
+                 : "memory");
+}
+
+GLM5_DEVICE void st_async_v4_b32(uint32_t remote_addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d,
+                                 uint32_t remote_bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                     remote_addr),
+                 "r"(a), "r"(b), "r"(c), "r"(d), "r"(remote_bar)
+                 : "memory");
+}
+
+// try_wait with cluster-scope acquire: the peers' st.async bytes (released at cluster scope by the
+// complete_tx) are visible to this thread's ordinary shared loads once it returns true.
+GLM5_DEVICE bool mbarrier_try_wait_parity_cluster(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n"
+        " .reg .pred p;\n"
+        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+
+// Spin until the phase of parity `parity` completes. Bounded: a peer that never sends (a launch
+// without the cluster attribute, a bug) traps after ~2^32 cycles (seconds) instead of hanging.
+GLM5_DEVICE void mbarrier_wait_parity_cluster(uint32_t bar, uint32_t parity) {
+    if (mbarrier_try_wait_parity_cluster(bar, parity)) return;
+    const long long t0 = clock64();
+    while (!mbarrier_try_wait_parity_cluster(bar, parity)) {
+        if (clock64() - t0 > (1ll << 32)) __trap();
+    }
 }
 
 }  // namespace ptx

@@ -1,5 +1,6 @@
 // Warp-level bf16 tensor-core MMA (mma.sync m16n8k16), ldmatrix, cp.async and the few L2-coherent
-// memory ops the split-K kernels need: one PTX instruction per function.
+// memory ops the split-K kernels need: one PTX instruction per function. smem_addr, cp_async_commit
+// and cp_async_wait<> are those of ptx_cp_async.cuh (one definition each).
 //
 // Fragment layouts of mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 (PTX ISA, "Matrix fragments for
 // mma.m16n8k16"), lane = 4*g + t (g = lane/4 in 0..7, t = lane%4 in 0..3); each 32-bit register
@@ -16,6 +17,7 @@
 #pragma once
 
 #include "arch.cuh"
+#include "ptx_cp_async.cuh"
 #include "vec_io.cuh"
 
 namespace glm5 {
@@ -31,8 +33,6 @@ GLM5_DEVICE void mma_m16n8k16_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-GLM5_DEVICE uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
 // Four transposed 8x8 b16 matrices from shared memory (see the header comment for the layout).
 GLM5_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_row_addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -44,15 +44,6 @@ GLM5_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_row_addr) {
 // 16-byte global -> shared copy that bypasses L1 (cp.async.cg); completes per commit group.
 GLM5_DEVICE void cp_async_16(uint32_t smem_dst, const void* gmem_src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_dst), "l"(gmem_src) : "memory");
-}
-
-GLM5_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// Wait until at most kPending of this thread's committed groups are still in flight.
-template <int kPending>
-GLM5_DEVICE void cp_async_wait() {
-    static_assert(kPending >= 0 && kPending <= 7, "cp.async.wait_group takes a small immediate");
-    asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
 // The same with a run-time count (a switch over the immediates; folds away when n is a constant

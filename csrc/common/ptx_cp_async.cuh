@@ -18,6 +18,7 @@ GLM5_DEVICE void cp_async_16(uint32_t dst_smem, const void* src, uint32_t src_by
 
 GLM5_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
+// Wait until at most kPending of this thread's committed groups are still in flight.
 template <int kPending>
 GLM5_DEVICE void cp_async_wait() {
     static_assert(kPending >= 0 && kPending < 8, "0..7 groups may stay pending");

@@ -31,17 +31,7 @@
 #include "runtime.cuh"
 
 #include "../attn_pre/fp8_gemm_skinny.cuh"
-// NOTES: d2_absorb_kv_store.cuh includes common/mma_bf16_sm80.cuh, which defines smem_addr,
-// cp_async_commit and cp_async_wait<> under the same names as common/ptx_cp_async.cuh (included by
-// the GEMM above): one translation unit cannot hold both. Rename the second set while it is parsed
-// (the D2 tile's own calls are renamed with it, so they still call its definitions).
-#define smem_addr smem_addr_mma_bf16
-#define cp_async_commit cp_async_commit_mma_bf16
-#define cp_async_wait cp_async_wait_mma_bf16
 #include "../attn_pre/d2_absorb_kv_store.cuh"
-#undef smem_addr
-#undef cp_async_commit
-#undef cp_async_wait
 #include "../attn_pre/b0_row_norms.cuh"
 
 namespace glm5 {

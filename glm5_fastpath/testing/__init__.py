@@ -1,1 +1,1 @@
-"""Test support shared by the test suite and the GPU check scripts (numerics, generators)."""
+"""Test support shared by the test suite and the GPU check scripts (numerics, generators, the PDL late producer)."""

@@ -31,6 +31,7 @@ from glm5_fastpath.ops import A0Result, add_rmsnorm_quant
 from glm5_fastpath.ops.add_rmsnorm_quant import config_for
 from glm5_fastpath.ref.fp8 import FP8, dequant_act, quant_act_per_token
 from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_no_poison, poison_
+from glm5_fastpath.testing.pdl import PRODUCER_CTAS, late_producer, produce
 
 OP = "add_rmsnorm_quant"
 EPS = 1e-5
@@ -334,18 +335,9 @@ def test_gpu_error_cases(monkeypatch):
 
 # ---- PDL ------------------------------------------------------------------------------------------------
 
+# The PDL control pair (the late producer itself is glm5_fastpath.testing.pdl's).
 PDL_TEST_KERNELS = r"""
 #include "common/pdl.cuh"
-// Lets its dependents launch at once, spins spin_ns, then copies src -> dst (16-byte vectors).
-extern "C" __global__ void pdl_test_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
-                                                   unsigned long long spin_ns) {
-    glm5::ptx::griddep_launch_dependents();
-    const uint64_t t0 = glm5::ptx::globaltimer_ns();
-    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
-    }
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
 // Control producer: lets its dependents launch at once, then waits (bounded by timeout_ns) until
 // `expect` consumer CTAs have checked in, and only then copies src -> dst. With PDL the consumer runs
 // during that wait; without overlap the wait times out and the consumer starts after the copy.
@@ -382,25 +374,17 @@ extern "C" __global__ void pdl_test_copy(const uint4* src, uint4* dst, long long
     }
 }
 """
-SPIN_NS = 50_000
-PRODUCER_CTAS = 8  # few CTAs: the dependent grid fits beside them and really starts early
 
 
 def _pdl_spec():
     from glm5_fastpath.jit import KernelSpec
     return KernelSpec("pdl_test_kernels", code=PDL_TEST_KERNELS,
-                      functions=("pdl_test_spin_then_copy", "pdl_test_wait_checkins_then_copy", "pdl_test_copy"))
+                      functions=("pdl_test_wait_checkins_then_copy", "pdl_test_copy"))
 
 
 def _pdl_kernels():
     from glm5_fastpath.jit import get_kernel
-    return get_kernel(_pdl_spec(), "pdl_test_spin_then_copy"), get_kernel(_pdl_spec(), "pdl_test_copy")
-
-
-def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
-    n_vec = src.numel() * src.element_size() // 16
-    producer.launch((PRODUCER_CTAS, 1, 1), (256, 1, 1),
-                    [src, dst, ctypes.c_int64(n_vec), ctypes.c_uint64(SPIN_NS)], pdl=False)
+    return late_producer(), get_kernel(_pdl_spec(), "pdl_test_copy")
 
 
 CONTROL_TIMEOUT_NS = 20_000_000  # 20 ms: only reached when the consumer did NOT overlap (or waits)
@@ -466,7 +450,7 @@ def test_a0_waits_for_the_previous_kernel_under_pdl(m, h, seed, no_pdl_override)
         hidden.fill_(7.0)
         out = poisoned_outputs(m, h)
         torch.cuda.synchronize()
-        _produce(producer, hidden_true, hidden)
+        produce(producer, hidden_true, hidden)
         add_rmsnorm_quant(hidden, residual, weight, EPS, out=out, pdl=True)
         torch.cuda.synchronize()
         check_outputs(hidden_true, residual, weight, EPS, out, f"PDL after producer {m=} {h=}")
@@ -487,7 +471,7 @@ def test_cuda_graph_capture_and_replay(m, h, seed, no_pdl_override):
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        _produce(producer, hidden_src, static_hidden)          # producer -> A0 with a PDL edge
+        produce(producer, hidden_src, static_hidden)           # producer -> A0 with a PDL edge
         add_rmsnorm_quant(static_hidden, static_residual, weight, EPS, out=out, pdl=True)
         func = add_rmsnorm_quant(static_hidden, static_residual, weight, EPS)  # graph-pool outputs
     for step in range(3):

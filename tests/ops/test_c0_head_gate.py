@@ -16,8 +16,6 @@ What is compared, and why each bar is where it is:
 """
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 
@@ -25,6 +23,7 @@ from glm5_fastpath.config import Glm5Config
 from glm5_fastpath.ops.c0_head_gate import C0Config, c0_head_gate, config_for
 from glm5_fastpath.ref.prefix import c0_head_gate as ref_c0
 from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_no_poison, poison_
+from glm5_fastpath.testing.pdl import late_producer, produce
 
 OP = "c0_head_gate"
 BF16 = torch.bfloat16
@@ -263,31 +262,6 @@ def test_empty_batch_and_errors(glm5_weights_proj):
 
 # ---- PDL ------------------------------------------------------------------------------------------------
 
-PDL_PRODUCER = r"""
-#include "common/pdl.cuh"
-// Lets its dependents launch at once, spins spin_ns, then copies src -> dst (16-byte vectors).
-extern "C" __global__ void c0_test_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
-                                                  unsigned long long spin_ns) {
-    glm5::ptx::griddep_launch_dependents();
-    const uint64_t t0 = glm5::ptx::globaltimer_ns();
-    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
-    }
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-"""
-SPIN_NS = 50_000
-
-
-def _producer():
-    from glm5_fastpath.jit import KernelSpec, get_kernel
-    return get_kernel(KernelSpec("c0_test_producer", code=PDL_PRODUCER, functions=("c0_test_spin_then_copy",)))
-
-
-def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
-    n_vec = src.numel() * src.element_size() // 16
-    producer.launch((8, 1, 1), (256, 1, 1), [src, dst, ctypes.c_int64(n_vec), ctypes.c_uint64(SPIN_NS)], pdl=False)
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 64, 129, 256])
@@ -295,14 +269,14 @@ def test_waits_for_the_late_producer_under_pdl(m, seed, glm5_weights_proj, no_pd
     """The producer (A0's stand-in) spins ~50 us, then writes x; C0 launched with PDL right behind it
     loads its weights early but must read only the fresh x. A second C0 launch right behind the first
     (PDL-overlapped: its clusters start and arm their barriers while the first still runs) must agree."""
-    producer = _producer()
+    producer = late_producer()
     x_true = make_x(m, 6144, seed)
     x = torch.full_like(x_true, 7.0)
     c0_head_gate(x_true, glm5_weights_proj)  # compile + load first
     for _ in range(3):
         x.fill_(7.0)
         torch.cuda.synchronize()
-        _produce(producer, x_true, x)
+        produce(producer, x_true, x)
         out = c0_head_gate(x, glm5_weights_proj, pdl=True)
         out2 = c0_head_gate(x, glm5_weights_proj, pdl=True)
         torch.cuda.synchronize()
@@ -315,14 +289,14 @@ def test_waits_for_the_late_producer_under_pdl(m, seed, glm5_weights_proj, no_pd
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 77, 250])
 def test_cuda_graph_capture_and_replay(m, seed, glm5_weights_proj, no_pdl_override):
-    producer = _producer()
+    producer = late_producer()
     x_src = make_x(m, 6144, seed)
     static_x = torch.empty_like(x_src)
     c0_head_gate(x_src, glm5_weights_proj)  # warm up (compile, load) outside capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        _produce(producer, x_src, static_x)
+        produce(producer, x_src, static_x)
         out = c0_head_gate(static_x, glm5_weights_proj, pdl=True)
         out2 = c0_head_gate(static_x, glm5_weights_proj, pdl=True)
     for step in range(3):

@@ -17,7 +17,6 @@ What is compared, and why each bar is where it is:
 """
 from __future__ import annotations
 
-import ctypes
 import types
 
 import pytest
@@ -28,6 +27,7 @@ from glm5_fastpath.ops.d2_absorb import (D2Config, config_for, d2_absorb_and_kv_
 from glm5_fastpath.ref.prefix import d2_absorb_and_kv_store as ref_d2
 from glm5_fastpath.ref.rope import rope_cos_sin
 from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_no_poison, poison_
+from glm5_fastpath.testing.pdl import late_producer, produce
 
 OP = "d2_absorb_and_kv_store"
 BF16 = torch.bfloat16
@@ -363,38 +363,13 @@ def test_gpu_error_cases(glm5_w_kc):
 
 # ---- PDL ------------------------------------------------------------------------------------------------
 
-PDL_PRODUCER = r"""
-#include "common/pdl.cuh"
-// Lets its dependents launch at once, spins spin_ns, then copies src -> dst (16-byte vectors).
-extern "C" __global__ void d2_test_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
-                                                  unsigned long long spin_ns) {
-    glm5::ptx::griddep_launch_dependents();
-    const uint64_t t0 = glm5::ptx::globaltimer_ns();
-    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
-    }
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-"""
-SPIN_NS = 50_000
-
-
-def _producer():
-    from glm5_fastpath.jit import KernelSpec, get_kernel
-    return get_kernel(KernelSpec("d2_test_producer", code=PDL_PRODUCER, functions=("d2_test_spin_then_copy",)))
-
-
-def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
-    n_vec = src.numel() * src.element_size() // 16
-    producer.launch((8, 1, 1), (256, 1, 1), [src, dst, ctypes.c_int64(n_vec), ctypes.c_uint64(SPIN_NS)], pdl=False)
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 64, 256])
 def test_waits_for_the_late_producer_under_pdl(m, seed, glm5_w_kc, no_pdl_override):
     """The producer (q_nope's writer, D0's stand-in) spins ~50 us, then writes q_nope; D2 launched with
     PDL right behind it loads its weights early but must read only the fresh q_nope."""
-    producer = _producer()
+    producer = late_producer()
     q_true, c, k, pos, loc, cache = make_inputs(GLM5, m, seed)
     w = types.SimpleNamespace(w_kc=glm5_w_kc)
     q = torch.full_like(q_true, 7.0)
@@ -404,7 +379,7 @@ def test_waits_for_the_late_producer_under_pdl(m, seed, glm5_w_kc, no_pdl_overri
         poison_rows_(cache, loc)
         before = cache.clone()
         torch.cuda.synchronize()
-        _produce(producer, q_true, q)
+        produce(producer, q_true, q)
         q_lat = d2_absorb_and_kv_store(q, c, k, w, pos, loc, cache, GLM5, pdl=True)
         torch.cuda.synchronize()
         check_call(GLM5, glm5_w_kc, q_true, c, k, pos, loc, before, cache, q_lat, f"PDL after producer {m=}")
@@ -415,7 +390,7 @@ def test_waits_for_the_late_producer_under_pdl(m, seed, glm5_w_kc, no_pdl_overri
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [16, 100])
 def test_cuda_graph_capture_and_replay(m, seed, glm5_w_kc, no_pdl_override):
-    producer = _producer()
+    producer = late_producer()
     w = types.SimpleNamespace(w_kc=glm5_w_kc)
     q_src, c, k, pos, loc, cache = make_inputs(GLM5, m, seed, num_slots=4 * 256)
     static_q = torch.empty_like(q_src)
@@ -423,7 +398,7 @@ def test_cuda_graph_capture_and_replay(m, seed, glm5_w_kc, no_pdl_override):
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        _produce(producer, q_src, static_q)  # producer -> D2 with a PDL edge
+        produce(producer, q_src, static_q)  # producer -> D2 with a PDL edge
         q_lat = d2_absorb_and_kv_store(static_q, c, k, w, pos, loc, cache, GLM5, pdl=True)
     for step in range(3):
         nq, nc, nk, npos, nloc, _ = make_inputs(GLM5, m, seed + 100 + step, num_slots=4 * 256)

@@ -24,7 +24,6 @@ The reference runs on the GPU (fp32 matmul precision "highest", i.e. no TF32).
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import importlib
 import inspect
@@ -40,6 +39,7 @@ from glm5_fastpath.ops.e1_indexer_logits import (CTAS_PER_SM, MAX_PAGES_PER_SPLI
 from glm5_fastpath.ref.fp8 import FP8, quant_per_row
 from glm5_fastpath.ref.prefix import e1_indexer_logits as ref_e1
 from glm5_fastpath.testing.numerics import assert_close, assert_equal, poison_
+from glm5_fastpath.testing.pdl import late_producer, produce
 
 OP = "e1_indexer_logits"
 TOL = 1e-5
@@ -618,34 +618,6 @@ def test_gpu_error_cases(monkeypatch):
 
 # ---- PDL ------------------------------------------------------------------------------------------------
 
-PDL_TEST_KERNELS = r"""
-#include "common/pdl.cuh"
-// Lets its dependents launch at once, spins spin_ns, then copies src -> dst (16-byte vectors).
-extern "C" __global__ void e1_pdl_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
-                                                 unsigned long long spin_ns) {
-    glm5::ptx::griddep_launch_dependents();
-    const uint64_t t0 = glm5::ptx::globaltimer_ns();
-    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
-    }
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-"""
-SPIN_NS = 50_000
-PRODUCER_CTAS = 8  # few CTAs: E1's grid fits beside them and really starts early
-
-
-def _producer():
-    from glm5_fastpath.jit import KernelSpec, get_kernel
-    return get_kernel(KernelSpec("e1_pdl_test_kernels", code=PDL_TEST_KERNELS, functions=("e1_pdl_spin_then_copy",)))
-
-
-def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
-    n_vec = src.numel() * src.element_size() // 16
-    assert n_vec * 16 == src.numel() * src.element_size()
-    producer.launch((PRODUCER_CTAS, 1, 1), (256, 1, 1), [src, dst, ctypes.c_int64(n_vec), ctypes.c_uint64(SPIN_NS)],
-                    pdl=False)
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("meta_before_wait", [True, False])
@@ -655,7 +627,7 @@ def test_e1_waits_for_the_previous_kernel_under_pdl(written, m, meta_before_wait
                                                     pdl_wait=None):
     """The producer spins ~50 us, then writes one input; E1, launched right after it with PDL
     (reading metadata and L2-prefetching pages before its wait, or not), must see the new values."""
-    producer = _producer()
+    producer = late_producer()
     lens = lens_for(m, seed)
     case = Case(GLM5, lens, seed)
     idx = {"q_fp8": 0, "head_w": 1, "index_k_cache": 2}[written]
@@ -671,7 +643,7 @@ def test_e1_waits_for_the_previous_kernel_under_pdl(written, m, meta_before_wait
         stale.view(torch.uint8).zero_()
         out = poison_(torch.empty(m, width, device="cuda"))
         torch.cuda.synchronize()
-        _produce(producer, true_args[idx], stale)
+        produce(producer, true_args[idx], stale)
         e1_indexer_logits(*args, GLM5, out=out, pdl=True, meta_before_wait=meta_before_wait, pdl_wait=pdl_wait)
         torch.cuda.synchronize()
         check(out, ref, lens, f"PDL after a producer writing {written}, {m=}, {meta_before_wait=}, {pdl_wait=}")
@@ -690,7 +662,7 @@ def test_early_wait_points_still_wait_for_the_previous_kernel(written, pdl_wait,
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [3, 16])
 def test_cuda_graph_capture_and_replay_with_changing_lengths(m, seed, no_pdl_override):
-    producer = _producer()
+    producer = late_producer()
     lens0 = lens_for(m, seed)
     case = Case(GLM5, [8191] * m, seed, extra_cols=0)  # pages for the longest row everywhere
     max_ctx = case.block_table.shape[1] * PAGE
@@ -702,7 +674,7 @@ def test_cuda_graph_capture_and_replay_with_changing_lengths(m, seed, no_pdl_ove
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        _produce(producer, q_src, static_q)  # producer -> E1 with a PDL edge
+        produce(producer, q_src, static_q)  # producer -> E1 with a PDL edge
         e1_indexer_logits(static_q, case.head_w, case.cache, static_lens, case.block_table, GLM5, out=out, pdl=True)
         func = e1_indexer_logits(static_q, case.head_w, case.cache, static_lens, case.block_table, GLM5,
                                  max_ctx=max_ctx)

@@ -19,7 +19,6 @@ no poison left, exact -1 count, no duplicate slots, every selected logit >= ever
 """
 from __future__ import annotations
 
-import ctypes
 import importlib
 import re
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 
 from glm5_fastpath.ref.prefix import e2_topk as ref_e2_topk
 from glm5_fastpath.testing.numerics import assert_equal, assert_no_poison, assert_topk_sets, poison_
+from glm5_fastpath.testing.pdl import late_producer, produce
 
 e2mod = importlib.import_module("glm5_fastpath.ops.e2_topk")
 e2_topk = e2mod.e2_topk
@@ -860,35 +860,6 @@ def _overlapping_out(logits: torch.Tensor) -> torch.Tensor:
 
 # ---- PDL ------------------------------------------------------------------------------------------------
 
-PDL_TEST_KERNELS = r"""
-#include "common/pdl.cuh"
-// Lets its dependents launch at once, spins spin_ns, then copies src -> dst (16-byte vectors).
-extern "C" __global__ void e2_pdl_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
-                                                 unsigned long long spin_ns) {
-    glm5::ptx::griddep_launch_dependents();
-    const uint64_t t0 = glm5::ptx::globaltimer_ns();
-    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
-    }
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-"""
-SPIN_NS = 50_000
-PRODUCER_CTAS = 8
-
-
-def _producer():
-    from glm5_fastpath.jit import KernelSpec, get_kernel
-    return get_kernel(KernelSpec("e2_pdl_test_kernels", code=PDL_TEST_KERNELS, functions=("e2_pdl_spin_then_copy",)),
-                      "e2_pdl_spin_then_copy")
-
-
-def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
-    assert src.is_contiguous() and dst.is_contiguous() and (src.numel() * src.element_size()) % 16 == 0
-    producer.launch((PRODUCER_CTAS, 1, 1), (256, 1, 1),
-                    [src, dst, ctypes.c_int64(src.numel() * src.element_size() // 16), ctypes.c_uint64(SPIN_NS)],
-                    pdl=False)
-
 
 def _stale_like(logits: torch.Tensor) -> torch.Tensor:
     """What the consumer would see without waiting: a row of large constants that WOULD change the top-k."""
@@ -900,7 +871,7 @@ def _stale_like(logits: torch.Tensor) -> torch.Tensor:
 def test_e2_waits_for_the_previous_kernel_under_pdl(m, long, seed, no_pdl_override):
     """The producer (launched first, PDL edge to E2) spins, then writes the logits: E2 must wait.
     long=True: rows of 40000 take the cluster path (8 CTAs per row)."""
-    producer = _producer()
+    producer = late_producer()
     lens = [40000, 40000 - 7, 9000] if long else ([8192 if i % 3 else 40000 for i in range(m)] if m > 1 else [8192])
     logits_true, seq, bt, k = _case(m, seed, "gauss_pos", lens=lens, width=40000 if long else None)
     width = logits_true.shape[1]
@@ -913,7 +884,7 @@ def test_e2_waits_for_the_previous_kernel_under_pdl(m, long, seed, no_pdl_overri
         logits.fill_(1.0e30)
         out = poison_(torch.empty(m, k, dtype=torch.int32, device="cuda"))
         torch.cuda.synchronize()
-        _produce(producer, logits_true, logits)
+        produce(producer, logits_true, logits)
         e2_topk(logits, seq, bt, k, out=out, pdl=True)
         torch.cuda.synchronize()
         assert_equal(OP, out.cpu(), want, context=f"PDL after producer {m=} {long=}")
@@ -922,7 +893,7 @@ def test_e2_waits_for_the_previous_kernel_under_pdl(m, long, seed, no_pdl_overri
 @pytest.mark.gpu
 def test_meta_after_wait_sees_late_seq_lens(seed, no_pdl_override):
     """meta_before_wait=False: seq_lens written by the producer (late) are read after the wait."""
-    producer = _producer()
+    producer = late_producer()
     m = 16
     lens = [8192 - 3 * i for i in range(m)]
     logits, seq_true, bt, k = _case(m, seed, "gauss_pos", lens=lens)
@@ -934,7 +905,7 @@ def test_meta_after_wait_sees_late_seq_lens(seed, no_pdl_override):
         seq.fill_(5)
         out = poison_(torch.empty(m, k, dtype=torch.int32, device="cuda"))
         torch.cuda.synchronize()
-        _produce(producer, seq_true, seq)
+        produce(producer, seq_true, seq)
         e2_topk(logits, seq, bt, k, out=out, pdl=True, meta_before_wait=False)
         torch.cuda.synchronize()
         assert_equal(OP, out.cpu(), want, context="seq_lens written late")
@@ -945,7 +916,7 @@ def test_meta_after_wait_sees_late_seq_lens(seed, no_pdl_override):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, L", [(16, 8192), (3, 8192), (4, 50000)])
 def test_cuda_graph_capture_and_replay(m, L, seed, no_pdl_override):
-    producer = _producer()
+    producer = late_producer()
     lens = [L] * m
     src, seq, bt, k = _case(m, seed, "gauss_pos", lens=lens)
     static_logits = torch.empty_like(src)
@@ -954,7 +925,7 @@ def test_cuda_graph_capture_and_replay(m, L, seed, no_pdl_override):
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        _produce(producer, src, static_logits)  # producer -> E2 with a PDL edge
+        produce(producer, src, static_logits)  # producer -> E2 with a PDL edge
         e2_topk(static_logits, seq, bt, k, out=out, pdl=True)
         func = e2_topk(static_logits, seq, bt, k)  # graph-pool output
     for step in range(4):

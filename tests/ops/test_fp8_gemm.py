@@ -27,6 +27,7 @@ from glm5_fastpath.config import Glm5Config
 from glm5_fastpath.ref import fp8 as rfp8
 from glm5_fastpath.ref import prefix as ref
 from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_no_poison, poison_
+from glm5_fastpath.testing.pdl import late_producer, produce
 
 F = importlib.import_module("glm5_fastpath.ops.fp8_gemm")
 BF16 = torch.bfloat16
@@ -782,35 +783,11 @@ def test_mma_and_wgmma_agree(m, layer, monkeypatch):
 
 # ---- GPU: PDL late producer --------------------------------------------------------------------------------
 
-PDL_PRODUCER = r"""
-#include "common/pdl.cuh"
-extern "C" __global__ void fp8_gemm_test_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
-                                                        unsigned long long spin_ns) {
-    glm5::ptx::griddep_launch_dependents();
-    const uint64_t t0 = glm5::ptx::globaltimer_ns();
-    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
-    }
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-"""
-
-
-def _producer():
-    from glm5_fastpath.jit import KernelSpec, get_kernel
-    return get_kernel(KernelSpec("fp8_gemm_test_producer", code=PDL_PRODUCER, functions=("fp8_gemm_test_spin_then_copy",)))
-
-
-def _produce(prod, src: torch.Tensor, dst: torch.Tensor, spin_ns: int = 50_000) -> None:
-    n_vec = src.numel() * src.element_size() // 16
-    prod.launch((8, 1, 1), (256, 1, 1), [src.view(torch.uint8), dst.view(torch.uint8), ctypes.c_int64(n_vec),
-                                         ctypes.c_uint64(spin_ns)], pdl=False)
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 64, 256])
 def test_pdl_late_producer(m, layer, no_pdl_override, impl):
-    prod = _producer()
+    prod = late_producer()
     c = GLM5
     x, x8_true, xs = make_x(m, c, 80 + m)
     want_y = F.fp8_gemm_skinny(x8_true, xs, layer.attn.qkv_a)
@@ -825,20 +802,20 @@ def test_pdl_late_producer(m, layer, no_pdl_override, impl):
     for _ in range(3):
         x8.view(torch.uint8).fill_(0x38)  # stale: all 1.0 until the producer overwrites it
         torch.cuda.synchronize()
-        _produce(prod, x8_true, x8)
+        produce(prod, x8_true, x8)
         y = F.fp8_gemm_skinny(x8, xs, layer.attn.qkv_a, pdl=True)
         torch.cuda.synchronize()
         assert_equal("fp8_gemm_skinny", y, want_y, context=f"PDL late producer {m=}")
         x8.view(torch.uint8).fill_(0x38)
         torch.cuda.synchronize()
-        _produce(prod, x8_true, x8)
+        produce(prod, x8_true, x8)
         got = F.b0_qkv_a(x8, xs, layer.attn, c, mode="fused")
         torch.cuda.synchronize()
         for k in got:
             assert_equal("b0_qkv_a", got[k], want_b0[k], context=f"PDL late producer {k} {m=}")
         x8.view(torch.uint8).fill_(0x38)
         torch.cuda.synchronize()
-        _produce(prod, x8_true, x8)
+        produce(prod, x8_true, x8)
         got = F.b0_qkv_a(x8, xs, layer.attn, c, mode="split")
         torch.cuda.synchronize()
         for k in got:
@@ -846,7 +823,7 @@ def test_pdl_late_producer(m, layer, no_pdl_override, impl):
         # the row kernel itself behind a late producer of its bf16 input
         qkv.fill_(1.0)
         torch.cuda.synchronize()
-        _produce(prod, qkv_true, qkv)
+        produce(prod, qkv_true, qkv)
         outs = torch.ops.glm5_fastpath.b0_row_norms(qkv, layer.attn.q_a_norm, layer.attn.kv_a_norm, c.q_lora_rank,
                                                     c.kv_lora_rank, c.qk_rope_head_dim, float(c.rms_norm_eps), True)
         torch.cuda.synchronize()
@@ -854,7 +831,7 @@ def test_pdl_late_producer(m, layer, no_pdl_override, impl):
             assert_equal("b0_row_norms", o, want_b0_split[k], context=f"PDL late producer row kernel {k} {m=}")
         x8.view(torch.uint8).fill_(0x38)
         torch.cuda.synchronize()
-        _produce(prod, x8_true, x8)
+        produce(prod, x8_true, x8)
         k8, _ = F.b1_indexer_k(x, x8, xs, layer.attn.indexer, pos, slots, cache, c)
         torch.cuda.synchronize()
         assert_equal("b1_indexer_k", k8, want_k8, context=f"PDL late producer {m=}")

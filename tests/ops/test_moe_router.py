@@ -25,8 +25,6 @@ What is compared, and why each bar is where it is:
 """
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 
@@ -35,6 +33,7 @@ from glm5_fastpath.ops import moe_router as R
 from glm5_fastpath.ops.moe_router import RouterConfig, config_for, moe_route, moe_route_scaled
 from glm5_fastpath.ref.moe import route as ref_route
 from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_no_poison, poison_
+from glm5_fastpath.testing.pdl import late_producer, produce
 
 OP = "moe_router"
 BF16 = torch.bfloat16
@@ -366,32 +365,6 @@ def test_empty_batch_and_errors(glm5_router):
 
 # ---- PDL ------------------------------------------------------------------------------------------------
 
-PDL_PRODUCER = r"""
-#include "common/pdl.cuh"
-// Lets its dependents launch at once, spins spin_ns, then copies src -> dst (16-byte vectors).
-extern "C" __global__ void moe_router_test_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
-                                                          unsigned long long spin_ns) {
-    glm5::ptx::griddep_launch_dependents();
-    const uint64_t t0 = glm5::ptx::globaltimer_ns();
-    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
-    }
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-"""
-SPIN_NS = 50_000
-
-
-def _producer():
-    from glm5_fastpath.jit import KernelSpec, get_kernel
-    return get_kernel(KernelSpec("moe_router_test_producer", code=PDL_PRODUCER,
-                                 functions=("moe_router_test_spin_then_copy",)))
-
-
-def _produce(producer, src: torch.Tensor, dst: torch.Tensor) -> None:
-    n_vec = src.numel() * src.element_size() // 16
-    producer.launch((8, 1, 1), (256, 1, 1), [src, dst, ctypes.c_int64(n_vec), ctypes.c_uint64(SPIN_NS)], pdl=False)
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 64, 256])
@@ -400,14 +373,14 @@ def test_waits_for_the_late_producer_under_pdl(m, seed, glm5_router, no_pdl_over
     with PDL right behind it loads the gate early but must read only the fresh h. Two router launches back
     to back also check that a PDL-overlapped second launch does not race the first on the workspace."""
     gate, bias = glm5_router
-    producer = _producer()
+    producer = late_producer()
     h_true = make_h(m, GLM5.hidden_size, seed)
     h = torch.full_like(h_true, 7.0)
     moe_route(h_true, gate, bias, GLM5)  # compile + load first
     for _ in range(3):
         h.fill_(7.0)
         torch.cuda.synchronize()
-        _produce(producer, h_true, h)
+        produce(producer, h_true, h)
         out = moe_route(h, gate, bias, GLM5, pdl=True)
         out2 = moe_route(h, gate, bias, GLM5, pdl=True)
         torch.cuda.synchronize()
@@ -423,14 +396,14 @@ def test_waits_for_the_late_producer_under_pdl(m, seed, glm5_router, no_pdl_over
 @pytest.mark.parametrize("m", [16, 77])
 def test_cuda_graph_capture_and_replay(m, seed, glm5_router, no_pdl_override):
     gate, bias = glm5_router
-    producer = _producer()
+    producer = late_producer()
     h_src = make_h(m, GLM5.hidden_size, seed)
     static_h = torch.empty_like(h_src)
     moe_route(h_src, gate, bias, GLM5)  # warm up (compile, load, workspace) outside capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        _produce(producer, h_src, static_h)
+        produce(producer, h_src, static_h)
         out = moe_route_scaled(static_h, gate, bias, GLM5, pdl=True)
         out2 = moe_route_scaled(static_h, gate, bias, GLM5, pdl=True)
     for step in range(3):
