@@ -47,6 +47,7 @@ from ...config import INDEX_K_PAGE_TOKENS, Glm5Config
 from ...graph.eager import run_eager
 from ...graph.op_graph import OpDef, OpGraph, TensorDef
 from ...graph.prefix_graph import build_prefix_graph, weight_tensors
+from ...metrics import PREFIX_LAYER_TOTAL as METRIC  # listed in metrics.METRICS
 from ...ref import fp8 as ref_fp8
 from . import prefix_adapter as A
 
@@ -56,7 +57,6 @@ STATE = "_glm5_fastpath_prefix"
 PAGE = INDEX_K_PAGE_TOKENS
 BF16, I32, I64 = torch.bfloat16, torch.int32, torch.int64
 DEFAULT_MODE = "full"  # CMP: branches on streams + PDL (on a CPU device every mode runs serially)
-from ...metrics import PREFIX_LAYER_TOTAL as METRIC  # noqa: E402  (one name, listed in metrics.METRICS)
 
 
 # ---- Q0: the activation quant the seam needs --------------------------------------------------------------

@@ -1,7 +1,6 @@
 """CmpExecutor on the H200: graph replay == eager run of the same kernels (bitwise) and == the reference
 graph (FP8 tolerances), every bucket and M below it; the early-wait PDL modes == serial (bitwise); 1000
 replays with changing inputs; a late producer captured before the prefix under PDL; cache rebinding."""
-import ctypes
 
 import pytest
 import torch
@@ -145,27 +144,12 @@ def test_1000_replays_with_changing_inputs(layer, step):
     assert ex.captures == 3
 
 
-PRODUCER = r"""
-#include "common/pdl.cuh"
-// Lets its dependents launch at once, spins spin_ns, then copies src -> dst (16-byte vectors).
-extern "C" __global__ void cmp_test_spin_then_copy(const uint4* src, uint4* dst, long long n_vec,
-                                                   unsigned long long spin_ns) {
-    glm5::ptx::griddep_launch_dependents();
-    const uint64_t t0 = glm5::ptx::globaltimer_ns();
-    while (glm5::ptx::globaltimer_ns() - t0 < spin_ns) {
-    }
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-"""
-
-
 def test_late_producer_inside_the_graph(layer, step):
     """A producer that lets dependents launch, spins 50 us, then writes A0's input is captured right before
     the prefix (A0 launched with PDL behind it): the prefix must see the produced hidden state."""
-    from glm5_fastpath.jit import KernelSpec, get_kernel
+    from glm5_fastpath.testing.pdl import late_producer, produce
 
-    prod = get_kernel(KernelSpec("cmp_test_producer", code=PRODUCER, functions=("cmp_test_spin_then_copy",)))
+    prod = late_producer()
     ex = _executor(layer, step, "full", buckets=(16,))
     r = _rows(step, torch.arange(16, device="cuda"))
     ex.run(**r)  # capture the bucket once (the warm-up happens there)
@@ -173,17 +157,16 @@ def test_late_producer_inside_the_graph(layer, step):
     static_hidden = ex.staging.buf["hidden"][:16]
     ex.staging.load({**r, "hidden": torch.full_like(src, 7.0)}, 16)  # poison what A0 would read too early
     ex.staging.buf["hidden"][:16].fill_(7.0)
-    n_vec = src.numel() * src.element_size() // 16
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        prod.launch((8, 1, 1), (256, 1, 1), [src, static_hidden, ctypes.c_int64(n_vec), ctypes.c_uint64(50_000)], pdl=False)
+        produce(prod, src, static_hidden)  # static_hidden <- src after ~50 us, dependents launched at once
         env = ex.enqueue(16)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     with torch.cuda.graph(g):
-        prod.launch((8, 1, 1), (256, 1, 1), [src, static_hidden, ctypes.c_int64(n_vec), ctypes.c_uint64(50_000)], pdl=False)
+        produce(prod, src, static_hidden)  # static_hidden <- src after ~50 us, dependents launched at once
         env = ex.enqueue(16)
     for _ in range(3):
         static_hidden.fill_(7.0)

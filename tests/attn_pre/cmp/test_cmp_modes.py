@@ -90,3 +90,11 @@ def test_executor_rejects_unrealizable_mode_at_construction():
         CmpExecutor(cfg, w, "cpu", mode="nope")
     with pytest.raises(ValueError, match="CUDA"):
         CmpExecutor(cfg, w, "cpu", mode="serial", capture=True)
+
+
+def test_selection_knows_exactly_the_cmp_modes():
+    """selection.py spells the mode names out (it must stay import-light for the plugin's register())."""
+    from glm5_fastpath.attn_pre.cmp.modes import MODES
+    from glm5_fastpath.selection import CMP_MODES
+
+    assert tuple(MODES) == CMP_MODES
