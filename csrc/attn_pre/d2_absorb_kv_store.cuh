@@ -163,7 +163,7 @@ struct D2AbsorbTile {
 #pragma unroll
             for (int kb = 0; kb < kKBlocks; ++kb) {
                 if (pass == 0) {  // CTA-uniform: every warp runs pass 0
-                    ptx::cp_async_wait_n(kKBlocks - 1 - kb);  // a constant once unrolled
+                    ptx::cp_async_wait_dyn(kKBlocks - 1 - kb);  // a constant once unrolled
                     ptx::named_barrier_sync<kBarrierId, kThreads>();
                 }
                 if (kb + 1 < kKBlocks) load_b(bnext, q_lane, tok_stride, tok0, ntv, m, g, kb + 1);

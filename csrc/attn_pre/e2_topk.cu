@@ -63,8 +63,8 @@ __device__ __forceinline__ void e2_topk_body(const float* logits, int64_t logits
     int n_cta = 1, rank = 0;
     int64_t row = blockIdx.x;
     if constexpr (kCluster) {
-        n_cta = static_cast<int>(glm5::attn_pre::e2ptx::cluster_nctarank());
-        rank = static_cast<int>(glm5::attn_pre::e2ptx::cluster_ctarank());
+        n_cta = static_cast<int>(glm5::ptx::cluster_nctarank());
+        rank = static_cast<int>(glm5::ptx::cluster_ctarank());
         row = blockIdx.x / n_cta;  // the grid is exactly M clusters: no CTA of a cluster leaves alone
     } else {
         if (row >= num_rows) return;  // whole CTA leaves together: no barrier is skipped by a part

@@ -69,6 +69,7 @@
 #pragma once
 
 #include "../common/arch.cuh"
+#include "../common/cluster.cuh"
 #include "../common/pdl.cuh"
 #include "../common/ptx_cp_async.cuh"
 #include "../common/vec_io.cuh"
@@ -82,41 +83,6 @@
 
 namespace glm5 {
 namespace attn_pre {
-
-// PTX wrappers for the cluster path (one instruction each).
-namespace e2ptx {
-GLM5_DEVICE uint32_t cluster_ctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-GLM5_DEVICE uint32_t cluster_nctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-    return r;
-}
-GLM5_DEVICE void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-GLM5_DEVICE void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-// Address of the same shared variable in CTA `rank` of the cluster.
-GLM5_DEVICE uint32_t mapa(uint32_t smem_addr, uint32_t rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr), "r"(rank));
-    return r;
-}
-GLM5_DEVICE uint32_t ld_cluster_u32(uint32_t addr) {
-    uint32_t v;
-    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-    return v;
-}
-GLM5_DEVICE void ld_cluster_v2(uint32_t addr, uint32_t& a, uint32_t& b) {
-    asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "r"(addr) : "memory");
-}
-GLM5_DEVICE void cp_async_4(uint32_t dst_smem, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst_smem), "l"(src) : "memory");
-}
-GLM5_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-}  // namespace e2ptx
-
 
 // Order keys of fp32 bit patterns (host-visible constants: the tests emulate them).
 constexpr uint32_t kE2KeyNegInf = 0x007fffffu;  // key of -inf
@@ -191,8 +157,8 @@ struct E2TopkTile {
     // of shared memory, so peers' shared writes before it are visible to DSMEM reads after it).
     static GLM5_DEVICE void row_sync() {
         if constexpr (kCluster) {
-            e2ptx::cluster_arrive_release();
-            e2ptx::cluster_wait_acquire();
+            ptx::cluster_arrive_release();
+            ptx::cluster_wait_acquire();
         } else {
             bar();
         }
@@ -201,14 +167,14 @@ struct E2TopkTile {
     // 32-bit shared variable of CTA `r` (this CTA without a cluster).
     static GLM5_DEVICE uint32_t peek(const void* p, int r) {
         if constexpr (kCluster) {
-            return e2ptx::ld_cluster_u32(e2ptx::mapa(ptx::smem_addr(p), static_cast<uint32_t>(r)));
+            return ptx::ld_shared_cluster_u32(ptx::mapa_shared(ptx::smem_addr(p), static_cast<uint32_t>(r)));
         } else {
             return *static_cast<const volatile uint32_t*>(p);
         }
     }
     static GLM5_DEVICE void peek2(const void* p, int r, uint32_t& a, uint32_t& b) {
         if constexpr (kCluster) {
-            e2ptx::ld_cluster_v2(e2ptx::mapa(ptx::smem_addr(p), static_cast<uint32_t>(r)), a, b);
+            ptx::ld_shared_cluster_v2_u32(ptx::mapa_shared(ptx::smem_addr(p), static_cast<uint32_t>(r)), a, b);
         } else {
             const uint2 v = *static_cast<const uint2*>(p);
             a = v.x;
@@ -1043,13 +1009,13 @@ struct E2TopkTile {
                 } else {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        if (e < nq) e2ptx::cp_async_4(ptx::smem_addr(dst + e), a.logits + b + 4 * q + e);
+                        if (e < nq) ptx::cp_async_ca_4(ptx::smem_addr(dst + e), a.logits + b + 4 * q + e);
                         else dst[e] = 0u;
                     }
                 }
             }
         }
-        if (n_smem > 0) e2ptx::cp_async_wait_all();
+        if (n_smem > 0) ptx::cp_async_wait_all();
         const Row row{a, L, seg0, n_chunks, vec_ok, tid, r0};
 
         // 1. range -> value bins; 2. value pass (hist[0], zeroed by prologue)

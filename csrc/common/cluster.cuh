@@ -1,6 +1,6 @@
 // Thread-block cluster and distributed shared memory (DSMEM) helpers, sm_90. One PTX instruction
-// per function. Used by A0 / C0 (cross-CTA row reductions with st.async) and the FP8 GEMM's cluster
-// reduce.
+// per function. Used by A0 / C0 (cross-CTA row reductions with st.async), the FP8 GEMM's cluster
+// reduce and E2 (cross-CTA top-k merge).
 #pragma once
 
 #include "arch.cuh"
@@ -53,6 +53,17 @@ GLM5_DEVICE uint32_t mapa_shared(uint32_t local, uint32_t rank) {
     uint32_t r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(local), "r"(rank));
     return r;
+}
+
+// 4 / 8 bytes from a (possibly remote) shared::cluster address.
+GLM5_DEVICE uint32_t ld_shared_cluster_u32(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+GLM5_DEVICE void ld_shared_cluster_v2_u32(uint32_t addr, uint32_t& a, uint32_t& b) {
+    asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "r"(addr) : "memory");
 }
 
 // 16 bytes from a (possibly remote) shared::cluster address.

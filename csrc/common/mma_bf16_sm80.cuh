@@ -1,6 +1,7 @@
 // Warp-level bf16 tensor-core MMA (mma.sync m16n8k16), ldmatrix, cp.async and the few L2-coherent
-// memory ops the split-K kernels need: one PTX instruction per function. smem_addr, cp_async_commit
-// and cp_async_wait<> are those of ptx_cp_async.cuh (one definition each).
+// memory ops the split-K kernels need: one PTX instruction per function. smem_addr, cp_async_commit,
+// cp_async_wait<> / cp_async_wait_dyn and the .cg f32x4 loads / stores (ld_cg_f32x4, st_cg_f32x4)
+// are those of ptx_cp_async.cuh (one definition each).
 //
 // Fragment layouts of mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 (PTX ISA, "Matrix fragments for
 // mma.m16n8k16"), lane = 4*g + t (g = lane/4 in 0..7, t = lane%4 in 0..3); each 32-bit register
@@ -44,34 +45,6 @@ GLM5_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_row_addr) {
 // 16-byte global -> shared copy that bypasses L1 (cp.async.cg); completes per commit group.
 GLM5_DEVICE void cp_async_16(uint32_t smem_dst, const void* gmem_src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_dst), "l"(gmem_src) : "memory");
-}
-
-// The same with a run-time count (a switch over the immediates; folds away when n is a constant
-// after unrolling).
-GLM5_DEVICE void cp_async_wait_n(int n) {
-    switch (n) {
-        case 0: cp_async_wait<0>(); break;
-        case 1: cp_async_wait<1>(); break;
-        case 2: cp_async_wait<2>(); break;
-        case 3: cp_async_wait<3>(); break;
-        case 4: cp_async_wait<4>(); break;
-        case 5: cp_async_wait<5>(); break;
-        case 6: cp_async_wait<6>(); break;
-        default: cp_async_wait<7>(); break;
-    }
-}
-
-// 16-byte load straight from L2 (.cg: never a stale L1 line): for data other CTAs of the same grid
-// wrote (split-K partials), read after the arrival counter said they are complete.
-GLM5_DEVICE float4 ld_global_cg_f32x4(const float* p) {
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-    return v;
-}
-
-GLM5_DEVICE void st_global_cg_f32x4(float* p, const float4& v) {
-    asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                 : "memory");
 }
 
 // Device-scope acq_rel fetch-and-add on an arrival counter (orders this CTA's earlier partial

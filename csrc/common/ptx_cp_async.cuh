@@ -16,6 +16,11 @@ GLM5_DEVICE void cp_async_16(uint32_t dst_smem, const void* src, uint32_t src_by
                  : "memory");
 }
 
+// 4-byte async copy through L1 (.ca); for rows whose 16-byte alignment is not guaranteed.
+GLM5_DEVICE void cp_async_ca_4(uint32_t dst_smem, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst_smem), "l"(src) : "memory");
+}
+
 GLM5_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // Wait until at most kPending of this thread's committed groups are still in flight.
@@ -24,6 +29,9 @@ GLM5_DEVICE void cp_async_wait() {
     static_assert(kPending >= 0 && kPending < 8, "0..7 groups may stay pending");
     asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
+
+// Wait for all of this thread's cp.async copies, committed or not.
+GLM5_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // wait_group with a run-time bound (the immediate must be a constant: unrolled switch).
 GLM5_DEVICE void cp_async_wait_dyn(int pending) {

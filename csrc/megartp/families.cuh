@@ -506,7 +506,7 @@ struct D2Family {
         const int ntile = n0 / Tile1::kNTile;
         Tile1::issue_weight_copies(smem, c.template operand<const uint16_t>(sl::w_w_kc), head, ntile, c.tid);
         if (!c.wait_inputs()) {
-            ptx::cp_async_wait_n(0);
+            ptx::cp_async_wait<0>();
             return false;
         }
         if (head == 0 && n1 == D::kKV) {  // while the weight tile streams in: the KV rows of the block

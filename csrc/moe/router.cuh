@@ -161,7 +161,7 @@ struct RouterTile {
                 sum.z += v.z;
                 sum.w += v.w;
             }
-            ptx::st_global_cg_f32x4(part + split * kPartialFloatsPerSplit + tk * kGroupExperts + 4 * q, sum);
+            ptx::st_cg_f32x4(part + split * kPartialFloatsPerSplit + tk * kGroupExperts + 4 * q, sum);
         }
 
         // 4. level 1: the last CTA of (tile, group) sums the splits in split order -> logits columns
@@ -172,7 +172,7 @@ struct RouterTile {
             const float* src = part + tk * kGroupExperts + 4 * q;
             float4 v[kSplits];
 #pragma unroll
-            for (int s = 0; s < kSplits; ++s) v[s] = ptx::ld_global_cg_f32x4(src + s * kPartialFloatsPerSplit);
+            for (int s = 0; s < kSplits; ++s) v[s] = ptx::ld_cg_f32x4(src + s * kPartialFloatsPerSplit);
             float4 sum = v[0];
 #pragma unroll
             for (int s = 1; s < kSplits; ++s) {
@@ -181,8 +181,8 @@ struct RouterTile {
                 sum.z += v[s].z;
                 sum.w += v[s].w;
             }
-            ptx::st_global_cg_f32x4(p.logits + static_cast<int64_t>(tok_base + tk) * kExperts + group * kGroupExperts + 4 * q,
-                                    sum);
+            ptx::st_cg_f32x4(p.logits + static_cast<int64_t>(tok_base + tk) * kExperts + group * kGroupExperts + 4 * q,
+                             sum);
         }
 
         // 5. level 2: the last group CTA of the tile runs the top-k epilogue. It reads logits rows other
