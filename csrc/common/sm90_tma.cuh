@@ -67,6 +67,27 @@ GLM5_DEVICE void tma_load_2d_hint(const CUtensorMap* map, uint32_t smem_dst, uin
         : "memory");
 }
 
+// 5-D tiled load: box at (c0, c1, c2, c3, c4) (c0 = the contiguous dimension), same completion and
+// L2 policy as tma_load_2d_hint. Lets one load gather rows from two strided row sets in an
+// interleaved order (MegaMoE's gate/up rows: glm5_fastpath/moe/megamoe.py::w13_map_geometry).
+GLM5_DEVICE void tma_load_5d(const CUtensorMap* map, uint32_t smem_dst, uint32_t bar, int32_t c0, int32_t c1,
+                             int32_t c2, int32_t c3, int32_t c4) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(smem_dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+        : "memory");
+}
+
+GLM5_DEVICE void tma_load_5d_hint(const CUtensorMap* map, uint32_t smem_dst, uint32_t bar, int32_t c0, int32_t c1,
+                                  int32_t c2, int32_t c3, int32_t c4, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%3, %4, %5, %6, %7}], [%2], %8;" ::"r"(smem_dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "l"(policy)
+        : "memory");
+}
+
 // Arrive on `bar` once all of this thread's prior cp.async (non-bulk) copies have completed; the
 // arrival counts against the init count (.noinc).
 GLM5_DEVICE void cp_async_16_mbar_arrive(uint32_t bar) {

@@ -35,7 +35,7 @@ glm5_megamoe_plan(const glm5::moe::megamoe::Params p) {
 }
 
 extern "C" __global__ void __launch_bounds__(glm5::moe::megamoe::kThreads, 1)
-glm5_megamoe(const __grid_constant__ CUtensorMap tm_w13,  // [E_tot * 2I, H] e4m3, box {128, 256}, 128B swizzle
+glm5_megamoe(const __grid_constant__ CUtensorMap tm_w13,  // 5-D view of w13 [E_tot, 2I, H] e4m3, box {128, 8, 2, 16, 1}
              const __grid_constant__ CUtensorMap tm_w2,   // [E_tot * H, I] e4m3, box {128, 256}, 128B swizzle
              const glm5::moe::megamoe::Params p) {
     extern __shared__ __align__(1024) uint8_t smem[];

@@ -13,7 +13,8 @@
 //
 // Work decomposition (all tasks cover 256 weight rows, 128 K per pipeline stage):
 //   FC1 task (e, rt, b): rows [256 rt, 256 rt + 256) of the gate/up weight interleaved by 8 rows
-//     ([g0..7, u0..7, g8..15, u8..15, ...], done once by prepare_weights) = intermediate channels
+//     ([g0..7, u0..7, g8..15, u8..15, ...], gathered in that order by one 5-D TMA box from the natural
+//     gate || up layout: no weight copy) = intermediate channels
 //     [128 rt, 128 rt + 128) = exactly one 1x128 quant group of FC2's input; token block b (kBN tokens)
 //     of expert e. 48 K stages (H = 6144). Writes a8 rows + their scales, then fc1_done[e, b] += 1.
 //   FC2 task (e, rt, b): output rows [256 rt, 256 rt + 256); 16 K stages (I = 2048); waits until
@@ -423,8 +424,11 @@ struct MegaMoE {
             if (task_is_end(desc)) break;
             const int e = task_expert(desc), rt = task_rt(desc);
             const bool fc2 = task_fc2(desc);
-            const CUtensorMap* map = fc2 ? tm_w2 : tm_w13;
-            const int row0 = fc2 ? e * kH + rt * kTileRows : e * 2 * kI + rt * kTileRows;
+            // FC2: 2-D map over w2 [E_tot * H, I], box = 256 rows at row0. FC1: 5-D map over w13 whose
+            // box (dims: K, 8 rows, gate|up, group of 8 rows, expert) lands rows in the interleaved order
+            // g0..7 u0..7 g8..15 ...: tile rt = 16 groups of 8 channels of expert e. The host decides
+            // whether w13 is natural (gate || up) or pre-interleaved through the map's strides.
+            const int row0 = e * kH + rt * kTileRows;
             const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
             const int kb0 = task_half(desc) * (kKb1 / 2);
             // Read exactly once unless the expert has several token blocks (those re-read it from L2).
@@ -434,10 +438,18 @@ struct MegaMoE {
                 sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
                 sm90::mbar_arrive_expect_tx(bar.full(s), kStageWBytes);
                 const uint32_t dst = sbase + L::kW + s * kStageWBytes;
-                if (once)
-                    sm90::tma_load_2d_hint(map, dst, bar.full(s), (kb0 + kb) * kBK, row0, policy);
-                else
-                    sm90::tma_load_2d(map, dst, bar.full(s), (kb0 + kb) * kBK, row0);
+                const int k0 = (kb0 + kb) * kBK;
+                if (fc2) {
+                    if (once)
+                        sm90::tma_load_2d_hint(tm_w2, dst, bar.full(s), k0, row0, policy);
+                    else
+                        sm90::tma_load_2d(tm_w2, dst, bar.full(s), k0, row0);
+                } else {
+                    if (once)
+                        sm90::tma_load_5d_hint(tm_w13, dst, bar.full(s), k0, 0, 0, rt * (kTileRows / 16), e, policy);
+                    else
+                        sm90::tma_load_5d(tm_w13, dst, bar.full(s), k0, 0, 0, rt * (kTileRows / 16), e);
+                }
             }
         }
     }

@@ -135,7 +135,7 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
     print(f"setting ({name}): {experts} experts (+1 shared), generating weights ...", flush=True)
     raw = make_weights(experts + 1, seed=experts, dev=dev)
     shared = MM.prepare_weights(*raw, num_shared=1)  # routed experts first, the shared expert last
-    routed = MM.MegaMoEWeights(shared.w13[: experts * 2 * I], shared.w13_scale[:experts], shared.w2[: experts * H],
+    routed = MM.MegaMoEWeights(shared.w13[:experts], shared.w13_scale[:experts], shared.w2[:experts],
                                shared.w2_scale[:experts], experts, 0)  # views: the same bytes without the shared expert
     dg, dg_error = None, ""
     if not args.no_deepgemm:

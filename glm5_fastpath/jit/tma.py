@@ -16,6 +16,9 @@ CUDA-graph capture, whose parameters are copied at capture time) cost a dictiona
 only holds the address, shape and strides, so a new tensor at a cached pointer with the same
 geometry gets a correct (identical) map. Encoding needs the CUDA driver but no current context.
 
+`tensor_map_strided(t, sizes, strides, box)` encodes an N-D (<= 5) map over an as_strided view of t
+(outermost first, element strides, in any order): MegaMoE's gate/up gather uses it.
+
 Argument errors raise TensorMapError (a ValueError) naming the tensor and the violated rule
 (misaligned base or row stride, box too large for the swizzle, non-contiguous inner dimension, ...).
 """
@@ -112,6 +115,18 @@ _cache: "OrderedDict[tuple, CUtensorMap]" = OrderedDict()
 _lock = threading.Lock()
 
 
+def _as_map(raw: Any) -> CUtensorMap:
+    """The driver's CUtensorMap object as our ctypes structure."""
+    out = CUtensorMap()
+    words = getattr(raw, "opaque", None)
+    if words is not None and len(words) == 16:
+        for i, w in enumerate(words):
+            out.opaque[i] = int(w) & 0xFFFFFFFFFFFFFFFF
+    else:  # an older binding without .opaque: copy the 128 bytes it points at
+        ctypes.memmove(ctypes.addressof(out), int(raw.getPtr()), 128)
+    return out
+
+
 def _encode(dtype_name: str, ptr: int, inner: int, outer: int, row_bytes: int, box_inner: int, box_outer: int,
             swizzle: int) -> CUtensorMap:
     from .runtime import check, driver
@@ -129,14 +144,7 @@ def _encode(dtype_name: str, ptr: int, inner: int, outer: int, row_bytes: int, b
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         f"cuTensorMapEncodeTiled(ptr=0x{ptr:x}, dims=[{inner}, {outer}], row={row_bytes} B, box={box_inner}x{box_outer}, "
         f"swizzle={swizzle})")
-    out = CUtensorMap()
-    words = getattr(raw, "opaque", None)
-    if words is not None and len(words) == 16:
-        for i, w in enumerate(words):
-            out.opaque[i] = int(w) & 0xFFFFFFFFFFFFFFFF
-    else:  # an older binding without .opaque: copy the 128 bytes it points at
-        ctypes.memmove(ctypes.addressof(out), int(raw.getPtr()), 128)
-    return out
+    return _as_map(raw)
 
 
 def tensor_map_2d(t: Any, box_inner: int, box_outer: int, swizzle: int = 128, *, name: str = "tensor") -> CUtensorMap:
@@ -164,9 +172,88 @@ def tensor_map_2d(t: Any, box_inner: int, box_outer: int, swizzle: int = 128, *,
     return m
 
 
+def check_strided(sizes: tuple[int, ...], strides: tuple[int, ...], elem_bytes: int, data_ptr: int,
+                  box: tuple[int, ...], swizzle: int, storage_elems: int, name: str = "tensor") -> None:
+    """Validate an N-D (1..5) tensor map over an as_strided view (sizes/strides outermost first, in
+    elements, like torch): the rules of cuTensorMapEncodeTiled plus the swizzle's inner-box limit, and
+    that the view stays inside the tensor's `storage_elems` elements."""
+    where = (f"tensor_map_strided({name}: sizes {list(sizes)}, strides {list(strides)}, box {list(box)}, "
+             f"swizzle {swizzle})")
+    n = len(sizes)
+    if not 1 <= n <= 5 or len(strides) != n or len(box) != n:
+        raise TensorMapError(f"{where}: sizes, strides and box need the same rank, 1..5")
+    if strides[-1] != 1:
+        raise TensorMapError(f"{where}: the innermost dimension must be contiguous (stride 1)")
+    if any(d < 1 or d > 2**32 for d in sizes):
+        raise TensorMapError(f"{where}: every size must be in 1..2^32")
+    for d, st in zip(sizes[:-1], strides[:-1]):
+        b = st * elem_bytes
+        if d > 1 and (b <= 0 or b % 16 or b >= 2**40):
+            raise TensorMapError(f"{where}: stride {b} bytes must be a positive multiple of 16 below 2^40")
+    if data_ptr % 16:
+        raise TensorMapError(f"{where}: base address 0x{data_ptr:x} is not 16-byte aligned")
+    if swizzle not in SWIZZLES:
+        raise TensorMapError(f"{where}: swizzle must be one of {SWIZZLES} (bytes)")
+    for d, b in zip(sizes, box):
+        if not isinstance(b, int) or not 1 <= b <= min(MAX_BOX, d):
+            raise TensorMapError(f"{where}: box entry {b!r} must be an int in 1..min({MAX_BOX}, size {d})")
+    inner = box[-1] * elem_bytes
+    if inner % 16:
+        raise TensorMapError(f"{where}: the inner box is {inner} bytes; it must be a multiple of 16")
+    if swizzle and inner > swizzle:
+        raise TensorMapError(f"{where}: the inner box is {inner} bytes but swizzle {swizzle} allows at most {swizzle}")
+    last = sum((d - 1) * st for d, st in zip(sizes, strides))
+    if last >= storage_elems:
+        raise TensorMapError(f"{where}: the view reaches element {last}, past the tensor's {storage_elems} elements")
+
+
+def tensor_map_strided(t: Any, sizes: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...],
+                       swizzle: int = 128, *, name: str = "tensor") -> CUtensorMap:
+    """A cached N-D (1..5) tiled CUtensorMap over torch.as_strided(t, sizes, strides) (outermost first,
+    element strides; t contiguous). Strides need not be ordered, so one box can gather rows of several
+    row sets in an interleaved order. A kernel passes coordinates innermost first (tma_load_5d)."""
+    import torch
+    if not isinstance(t, torch.Tensor):
+        raise TensorMapError(f"tensor_map_strided({name}): expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise TensorMapError(f"tensor_map_strided({name}): the tensor must be on a CUDA device, got {t.device}")
+    if not t.is_contiguous():
+        raise TensorMapError(f"tensor_map_strided({name}): the tensor must be contiguous")
+    dtype_name, eb = _dtype_info(t.dtype)
+    sizes, strides, box, ptr = tuple(map(int, sizes)), tuple(map(int, strides)), tuple(map(int, box)), int(t.data_ptr())
+    key = ("nd", ptr, t.numel(), sizes, strides, t.dtype, box, swizzle)
+    m = _cache.get(key)
+    if m is not None:
+        return m
+    check_strided(sizes, strides, eb, ptr, box, swizzle, t.numel(), name)
+    from .runtime import check, driver
+    d = driver()
+    u64, u32 = d.cuuint64_t, d.cuuint32_t
+    n = len(sizes)
+    dims = [u64(x) for x in reversed(sizes)]
+    # cuTensorMapEncodeTiled takes the strides of dims 1..n-1 in bytes (dim 0 is the contiguous one);
+    # a size-1 dim's stride is unused but must be valid: use 16.
+    gstr = [u64(st * eb if sz > 1 else 16) for sz, st in zip(reversed(sizes[:-1]), reversed(strides[:-1]))]
+    sw = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B", 64: "CU_TENSOR_MAP_SWIZZLE_64B",
+          128: "CU_TENSOR_MAP_SWIZZLE_128B"}[swizzle]
+    raw = check(d.cuTensorMapEncodeTiled(
+        getattr(d.CUtensorMapDataType, dtype_name), n, ptr, dims, gstr, [u32(x) for x in reversed(box)],
+        [u32(1)] * n, d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, getattr(d.CUtensorMapSwizzle, sw),
+        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+        f"cuTensorMapEncodeTiled({name}: ptr=0x{ptr:x}, sizes={list(sizes)}, strides={list(strides)}, box={list(box)})")
+    out = _as_map(raw)
+    with _lock:
+        _cache[key] = out
+        while len(_cache) > CACHE_ENTRIES:
+            _cache.popitem(last=False)
+    return out
+
+
 def cache_clear() -> None:
     with _lock:
         _cache.clear()
 
 
-__all__ = ["CUtensorMap", "SWIZZLES", "TensorMapError", "cache_clear", "check_args", "tensor_map_2d"]
+__all__ = ["CUtensorMap", "SWIZZLES", "TensorMapError", "cache_clear", "check_args", "check_strided", "tensor_map_2d",
+           "tensor_map_strided"]

@@ -25,11 +25,11 @@ Combine (deterministic): the FC2 epilogue writes bf16 y per (token, slot) into a
 sums the S slots in slot order (fp32), multiplies by rsf and writes the bf16 output. Same slot order and
 roundings as the reference's moe_sum_reduce, so repeated runs are bitwise identical.
 
-Weights: `prepare_weights` stacks experts (routed 0..E-1, then the shared expert) and interleaves the
-gate/up rows by 8 ([g0..7, u0..7, g8..15, u8..15, ...]) so that each wgmma thread holds matching gate
-and up values. Memory cost: one new [E_tot * 2I, H] e4m3 tensor (25.2 MB per GLM-5 expert, 6.47 GB
-for 257 experts) -- the caller may free its original gate/up tensors afterwards; down weights and all
-block scales are used in their natural layout (views, no copy, when already stacked and contiguous).
+Weights: the kernel reads the stacked checkpoint layout as it is (SGLang's w13_weight [E_tot, 2I, H]
+gate || up, w2_weight [E_tot, H, I], their block scales; routed experts 0..E-1, then the shared expert):
+no copy, so the plugin can point it at SGLang's own tensors. Each FC1 stage needs the gate/up rows
+interleaved by 8 ([g0..7, u0..7, g8..15, u8..15, ...]) so that each wgmma thread holds matching gate
+and up values; one 5-D TMA box over the strided view `w13_map_geometry` gathers them in that order.
 
 Workspace per (device, H, I, E_tot, S), grown (outside CUDA-graph capture) to the largest token count
 seen or precompiled: slot buffer max_tokens x S x H bf16 (GLM-5, S = 9: 110.6 KB per token, 453 MB at
@@ -237,9 +237,9 @@ def deinterleave_gate_up(w: torch.Tensor, gran: int = GATE_UP_INTERLEAVE) -> tor
 class MegaMoEWeights:
     """Stacked, prepared expert weights: routed experts 0..E-1, then the shared expert (index E).
 
-    w13:       [E_tot * 2I, H] e4m3, gate/up rows interleaved by 8 per expert
+    w13:       [E_tot, 2I, H] e4m3, gate rows then up rows (checkpoint / SGLang layout)
     w13_scale: [E_tot, 2I/128, H/128] fp32, natural (gate blocks then up blocks) order
-    w2:        [E_tot * H, I] e4m3
+    w2:        [E_tot, H, I] e4m3
     w2_scale:  [E_tot, H/128, I/128] fp32
     """
 
@@ -256,11 +256,11 @@ class MegaMoEWeights:
 
     @property
     def hidden(self) -> int:
-        return int(self.w13.shape[1])
+        return int(self.w13.shape[2])
 
     @property
     def inter(self) -> int:
-        return int(self.w2.shape[1])
+        return int(self.w2.shape[2])
 
     @property
     def nbytes(self) -> int:
@@ -271,8 +271,8 @@ def prepare_weights(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor
                     num_shared: int = 1) -> MegaMoEWeights:
     """From stacked checkpoint-layout tensors (SGLang's w13_weight / w2_weight and their scale_inv):
     w13 [E_tot, 2I, H] e4m3 (gate||up), w13_scale [E_tot, 2I/128, H/128] fp32, w2 [E_tot, H, I] e4m3,
-    w2_scale [E_tot, H/128, I/128] fp32; the last num_shared experts are shared. Interleaves w13 (a
-    copy); everything else is viewed as is (made contiguous if it is not)."""
+    w2_scale [E_tot, H/128, I/128] fp32; the last num_shared experts are shared. No copy when the
+    tensors are contiguous (SGLang's are): the kernel reads them in place."""
     op = "prepare_weights"
     for name, t, dt, dim in (("w13", w13, FP8, 3), ("w13_scale", w13_scale, torch.float32, 3),
                              ("w2", w2, FP8, 3), ("w2_scale", w2_scale, torch.float32, 3)):
@@ -293,8 +293,34 @@ def prepare_weights(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor
         raise _fail(f"{op}: num_shared={num_shared} must be 0 or 1 with at least one routed expert (E_tot={E_tot})")
     if E_tot > MAX_EXPERTS:
         raise _fail(f"{op}: {E_tot} experts > {MAX_EXPERTS} (9-bit expert field of a task)")
-    return MegaMoEWeights(interleave_gate_up(w13).view(E_tot * n13, H), w13_scale.contiguous(),
-                          w2.contiguous().view(E_tot * H, I), w2_scale.contiguous(), E_tot - num_shared, num_shared)
+    return MegaMoEWeights(w13.contiguous(), w13_scale.contiguous(), w2.contiguous(), w2_scale.contiguous(),
+                          E_tot - num_shared, num_shared)
+
+
+def w13_map_geometry(num_total: int, inter: int, hidden: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(sizes, element strides, box) of the strided view of w13 [E_tot, 2I, H] that FC1's TMA loads:
+    dims (expert, group of 8 channels, gate|up, channel in group, K). Its box (1, 16, 2, 8, BK) is one
+    FC1 stage: 16 groups x (8 gate rows, 8 up rows) x BK columns = the 256 rows of tile rt in the
+    interleaved order, read straight from the gate || up layout. The kernel addresses it at
+    (k, 0, 0, 16 rt, e), innermost first. Equals interleave_gate_up: tests/moe/test_megamoe.py."""
+    g = GATE_UP_INTERLEAVE
+    sizes = (num_total, inter // g, 2, g, hidden)
+    strides = (2 * inter * hidden, g * hidden, inter * hidden, hidden, 1)
+    box = (1, TILE_ROWS // (2 * g), 2, g, BK)
+    return sizes, strides, box
+
+
+def _w13_map(w13: torch.Tensor):
+    from ..jit.tma import tensor_map_strided
+    e_tot, n13, h = w13.shape
+    sizes, strides, box = w13_map_geometry(int(e_tot), int(n13) // 2, int(h))
+    return tensor_map_strided(w13, sizes, strides, box, 128, name="w13")
+
+
+def _w2_map(w2: torch.Tensor):
+    from ..jit.tma import tensor_map_2d
+    e_tot, h, i = w2.shape
+    return tensor_map_2d(w2.view(e_tot * h, i), BK, TILE_ROWS, 128, name="w2")
 
 
 def prepare_weights_from_experts(experts: Sequence[tuple[Any, Any]], num_shared: int = 1,
@@ -513,21 +539,21 @@ def _check_inputs(x, xs, ids, wts, w13, s13, w2, s2, num_shared: int, rsf: float
     _check_tensor("x_scale", xs, (torch.float32,), 2)
     _check_tensor("topk_ids", ids, (torch.int32, torch.int64), 2)
     _check_tensor("topk_weights", wts, (torch.float32,), 2)
-    _check_tensor("w13 (prepared gate/up)", w13, (FP8,), 2)
+    _check_tensor("w13 (gate||up)", w13, (FP8,), 3)
     _check_tensor("w13_scale", s13, (torch.float32,), 3)
-    _check_tensor("w2", w2, (FP8,), 2)
+    _check_tensor("w2", w2, (FP8,), 3)
     _check_tensor("w2_scale", s2, (torch.float32,), 3)
     m, h = x.shape
-    inter = int(w2.shape[1])
+    inter = int(w2.shape[2])
     if h % 256 or h // 256 > 63:
         raise _fail(f"hidden size H={h} must be a multiple of 256 and at most 16128")
     if inter % 128 or inter // 128 > 63 or inter == 0:
         raise _fail(f"intermediate size I={inter} (w2 columns) must be a positive multiple of 128, at most 8064")
-    if w13.shape[1] != h or w13.shape[0] % (2 * inter):
-        raise _fail(f"w13 must be [E_tot * 2I, H] = [E_tot * {2 * inter}, {h}], got {list(w13.shape)}")
-    e_tot = int(w13.shape[0]) // (2 * inter)
-    if tuple(w2.shape) != (e_tot * h, inter):
-        raise _fail(f"w2 must be [E_tot * H, I] = {[e_tot * h, inter]}, got {list(w2.shape)}")
+    if w13.shape[2] != h or w13.shape[1] != 2 * inter:
+        raise _fail(f"w13 must be [E_tot, 2I, H] = [E_tot, {2 * inter}, {h}], got {list(w13.shape)}")
+    e_tot = int(w13.shape[0])
+    if tuple(w2.shape) != (e_tot, h, inter):
+        raise _fail(f"w2 must be [E_tot, H, I] = {[e_tot, h, inter]}, got {list(w2.shape)}")
     if tuple(s13.shape) != (e_tot, 2 * inter // 128, h // 128):
         raise _fail(f"w13_scale must be {[e_tot, 2 * inter // 128, h // 128]}, got {list(s13.shape)}")
     if tuple(s2.shape) != (e_tot, h // 128, inter // 128):
@@ -558,7 +584,6 @@ def _check_inputs(x, xs, ids, wts, w13, s13, w2, s2, num_shared: int, rsf: float
 
 def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float, cfg: MegaMoEConfig, flags: int,
             pdl: bool) -> Workspace:
-    from ..jit.tma import tensor_map_2d
     dev = x.device
     require_hopper(OP, dev, _fail)
     require_aligned(_fail, {"x": x, "x_scale": xs, "topk_ids": ids, "topk_weights": wts, "w13": wv.w13,
@@ -569,8 +594,7 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
     env.print_config("mega_moe", {"M": m, "H": wv.hidden, "I": wv.inter, "experts": wv.num_total, "topk": k,
                                   "shared": num_shared},
                      {"config": cfg.name, "smem": cfg.smem, "grid": _sms(dev), "threads": THREADS})
-    tm13 = tensor_map_2d(wv.w13, BK, TILE_ROWS, 128, name="w13")
-    tm2 = tensor_map_2d(wv.w2, BK, TILE_ROWS, 128, name="w2")
+    tm13, tm2 = _w13_map(wv.w13), _w2_map(wv.w2)
     p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
     plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
     main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, p], smem=cfg.smem, pdl=True)
@@ -707,7 +731,6 @@ def precompile(weights: MegaMoEWeights, topk: int = 8, max_tokens: int = 256, de
                configs: Sequence[MegaMoEConfig] | None = None) -> None:
     """Compile/load the kernels of every default config up to max_tokens (or `configs`), allocate the
     workspace for max_tokens tokens and build the weight tensor maps: call before CUDA-graph capture."""
-    from ..jit.tma import tensor_map_2d
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -726,8 +749,8 @@ def precompile(weights: MegaMoEWeights, topk: int = 8, max_tokens: int = 256, de
     for c in configs:
         _kernels_for(c.validate(), weights.hidden, weights.inter, dev)
     get_workspace(dev, weights.hidden, weights.inter, weights.num_total, topk + weights.num_shared, max_tokens)
-    tensor_map_2d(weights.w13, BK, TILE_ROWS, 128, name="w13")
-    tensor_map_2d(weights.w2, BK, TILE_ROWS, 128, name="w2")
+    _w13_map(weights.w13)
+    _w2_map(weights.w2)
 
 
 def compile_check_specs() -> list[KernelSpec]:

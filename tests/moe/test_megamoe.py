@@ -114,14 +114,32 @@ def test_interleave_maps_tiles_to_quant_groups():
         assert torch.equal(tile[(R % 16) < 8] - 128 * rt, (8 * (R // 16) + R % 8)[(R % 16) < 8])
 
 
+@pytest.mark.parametrize("e_tot,inter,hidden", [(1, 128, 256), (3, 256, 512), (2, 2048, 384)])
+def test_w13_map_geometry_gathers_the_interleaved_rows(e_tot, inter, hidden):
+    """The FC1 TMA view over the natural gate||up layout, read box by box in the kernel's order (coordinates
+    (k, 0, 0, 16 rt, e)), yields exactly interleave_gate_up's tiles: the kernel reads SGLang's w13 in place."""
+    w = torch.arange(e_tot * 2 * inter * hidden, dtype=torch.float64).view(e_tot, 2 * inter, hidden)
+    sizes, strides, box = M.w13_map_geometry(e_tot, inter, hidden)
+    view = w.as_strided(sizes, strides)
+    ref = M.interleave_gate_up(w)
+    assert box[1] * box[2] * box[3] == M.TILE_ROWS and box[4] == M.BK
+    for e in range(e_tot):
+        for rt in range(2 * inter // M.TILE_ROWS):
+            for kb in range(hidden // M.BK):
+                g0, k0 = rt * box[1], kb * M.BK
+                tile = view[e, g0:g0 + box[1], :, :, k0:k0 + M.BK].reshape(M.TILE_ROWS, M.BK)
+                assert torch.equal(tile, ref[e, rt * M.TILE_ROWS:(rt + 1) * M.TILE_ROWS, k0:k0 + M.BK]), (e, rt, kb)
+    # the view stays inside the tensor and satisfies the tensor-map rules (16-byte strides for e4m3)
+    from glm5_fastpath.jit.tma import check_strided
+    check_strided(sizes, strides, 1, 0, box, 128, w.numel(), "w13")
+
+
 def test_prepare_weights_layout_and_errors():
     w13, s13, w2, s2 = make_experts(3, 256, 128, 0)
     wt = M.prepare_weights(w13, s13, w2, s2, num_shared=1)
     assert (wt.num_experts, wt.num_shared, wt.num_total, wt.hidden, wt.inter) == (2, 1, 3, 256, 128)
-    assert tuple(wt.w13.shape) == (3 * 256, 256) and tuple(wt.w2.shape) == (3 * 256, 128)
-    back = M.deinterleave_gate_up(wt.w13.view(3, 256, 256))
-    assert torch.equal(back.view(torch.uint8), w13.view(torch.uint8))
-    assert wt.w2.data_ptr() == w2.data_ptr()  # no copy of down weights
+    assert tuple(wt.w13.shape) == (3, 256, 256) and tuple(wt.w2.shape) == (3, 256, 128)
+    assert wt.w13.data_ptr() == w13.data_ptr() and wt.w2.data_ptr() == w2.data_ptr()  # no copies
     with pytest.raises(M.MegaMoEInputError, match="w2 must be"):
         M.prepare_weights(w13, s13, w2[:, :128], s2, 1)
     with pytest.raises(M.MegaMoEInputError, match="num_shared"):
@@ -163,9 +181,9 @@ def _meta_inputs(m=5, h=512, inter=128, e_tot=5, k=4, dev="meta"):
     return dict(
         x=torch.empty(m, h, dtype=FP8, device=dev), x_scale=torch.empty(m, h // 128, device=dev),
         topk_ids=torch.empty(m, k, dtype=torch.int32, device=dev), topk_weights=torch.empty(m, k, device=dev),
-        w13=torch.empty(e_tot * 2 * inter, h, dtype=FP8, device=dev),
+        w13=torch.empty(e_tot, 2 * inter, h, dtype=FP8, device=dev),
         w13_scale=torch.empty(e_tot, 2 * inter // 128, h // 128, device=dev),
-        w2=torch.empty(e_tot * h, inter, dtype=FP8, device=dev), w2_scale=torch.empty(e_tot, h // 128, inter // 128, device=dev))
+        w2=torch.empty(e_tot, h, inter, dtype=FP8, device=dev), w2_scale=torch.empty(e_tot, h // 128, inter // 128, device=dev))
 
 
 def _call(d, shared=1, rsf=2.5, bn=8, st=6, g=8):
@@ -186,7 +204,8 @@ def test_fake_shape_and_compile():
     (lambda d: d.update(topk_ids=torch.empty(5, 4, dtype=torch.int16, device="meta")), "topk_ids must be int32 or int64"),
     (lambda d: d.update(topk_weights=torch.empty(5, 3, device="meta")), "topk_weights"),
     (lambda d: d.update(x_scale=torch.empty(5, 3, device="meta")), "x_scale must be"),
-    (lambda d: d.update(w2=torch.empty(5 * 512, 256, dtype=FP8, device="meta")), "w13 must be|w2 must be"),
+    (lambda d: d.update(w2=torch.empty(5, 512, 256, dtype=FP8, device="meta")), "w13 must be|w2 must be"),
+    (lambda d: d.update(w13=torch.empty(5 * 256, 512, dtype=FP8, device="meta")), "w13 \\(gate\\|\\|up\\) must be 3-D"),
     (lambda d: d.update(w13_scale=torch.empty(5, 2, 3, device="meta")), "w13_scale must be"),
     (lambda d: d.update(topk_ids=torch.empty(5, 5, dtype=torch.int32, device="meta"),
                         topk_weights=torch.empty(5, 5, device="meta")), "top-k=5"),
@@ -413,8 +432,8 @@ def emulate_megamoe(x8, xs, ids, wts, wt: M.MegaMoEWeights, rsf: float, block_n:
     act8 = torch.zeros(plan.total_rows + block_n, I)
     act_scale = torch.zeros(I // 128, plan.total_rows + block_n)
     slots = torch.full((m, S, H), float("nan"))
-    w13 = wt.w13.float().view(E, 2 * I, H).double()
-    w2 = wt.w2.float().view(E, H, I).double()
+    w13 = M.interleave_gate_up(wt.w13.float()).double()  # the row order the 5-D TMA box delivers
+    w2 = wt.w2.float().double()
     s13, s2 = wt.w13_scale.double(), wt.w2_scale.double()
     shared_w = torch.tensor(1.0 / rsf, dtype=torch.float32).item()
     R = torch.arange(256)
