@@ -123,7 +123,9 @@ __host__ __device__ constexpr int32_t encode_pair(int t, int j) { return (t << 4
 struct Params {
     const uint8_t* x;          // [M, H] e4m3, activations quantised 1x128
     const float* x_scale;      // [M, H/128] fp32
-    const void* topk_ids;      // [M, k] int32 (ids_int64 = 0) or int64, routed expert ids in [0, e_local)
+    const void* topk_ids;      // [M, k] int32 (ids_int64 = 0) or int64, routed expert ids in [0, e_local);
+                               // a row whose first id is negative is padding (CUDA-graph batch padding,
+                               // SGLang masks it with -1): no pairs, not even the shared expert; out row = 0
     const float* topk_w;       // [M, k] fp32, normalised, without routed_scaling_factor
     const float* w13_scale;    // [E_tot, 2I/128, H/128] fp32 (natural gate||up block order)
     const float* w2_scale;     // [E_tot, H/128, I/128] fp32
@@ -259,11 +261,19 @@ struct MegaMoE {
         int totals[4];  // 0 pairs rows, 1 blocks, 2 active experts, 3 tasks
     };
 
+    static GLM5_DEVICE int64_t topk_id(const Params& p, int t, int j) {
+        const int64_t idx = static_cast<int64_t>(t) * p.topk + j;
+        return p.ids_int64 ? static_cast<const int64_t*>(p.topk_ids)[idx]
+                           : static_cast<int64_t>(static_cast<const int32_t*>(p.topk_ids)[idx]);
+    }
+
+    // Padding token (first id negative): takes no pairs and gets a zero output row from the plan kernel.
+    static GLM5_DEVICE bool token_masked(const Params& p, int t) { return topk_id(p, t, 0) < 0; }
+
+    // Expert of pair (t, j) of an unmasked token.
     static GLM5_DEVICE int pair_expert(const Params& p, int t, int j) {
         if (j >= p.topk) return p.e_local;  // the fused shared expert
-        const int64_t idx = static_cast<int64_t>(t) * p.topk + j;
-        const int64_t e = p.ids_int64 ? static_cast<const int64_t*>(p.topk_ids)[idx]
-                                      : static_cast<int64_t>(static_cast<const int32_t*>(p.topk_ids)[idx]);
+        const int64_t e = topk_id(p, t, j);
         if (e < 0 || e >= p.e_local) {
             printf("glm5 megamoe: topk_ids[%d][%d] = %lld is outside the routed experts [0, %d)\n", t, j,
                    static_cast<long long>(e), p.e_local);
@@ -288,7 +298,13 @@ struct MegaMoE {
 
         for (int e = tid; e < kMaxExperts; e += kPlanThreads) s.cnt[e] = 0, s.cursor[e] = 0;
         __syncthreads();
-        for (int i = tid; i < pairs; i += kPlanThreads) atomicAdd(&s.cnt[pair_expert(p, i / S, i % S)], 1);
+        for (int i = tid; i < pairs; i += kPlanThreads)
+            if (!token_masked(p, i / S)) atomicAdd(&s.cnt[pair_expert(p, i / S, i % S)], 1);
+        // Padding tokens: zero output rows (nothing else writes them); 16-byte stores.
+        for (int i = tid; i < p.num_tokens * (kH / 8); i += kPlanThreads) {
+            const int t = i / (kH / 8);
+            if (token_masked(p, t)) ptx::st_global_v4(p.out + static_cast<int64_t>(i) * 8, ptx::u32x4{0u, 0u, 0u, 0u});
+        }
         __syncthreads();
 
         // Warp 0: exclusive scans in order position q over pair rows (8-aligned), token blocks, active rank.
@@ -364,6 +380,7 @@ struct MegaMoE {
         // token block a pair lands in; every column is computed independently, so results do not depend on it).
         for (int i = tid; i < pairs; i += kPlanThreads) {
             const int t = i / S, j = i % S;
+            if (token_masked(p, t)) continue;
             const int e = pair_expert(p, t, j);
             const int pos = atomicAdd(&s.cursor[e], 1);
             p.pair_list[s.off[e] + pos] = encode_pair(t, j);

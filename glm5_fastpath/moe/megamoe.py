@@ -798,6 +798,8 @@ def plan_reference(topk_ids: torch.Tensor, num_experts: int, num_shared: int, bl
     E = num_experts + num_shared
     pairs: dict[int, list[int]] = {e: [] for e in range(E)}
     for t in range(m):
+        if int(ids[t, 0]) < 0:  # padding token (SGLang masks CUDA-graph padding rows with -1): no pairs
+            continue
         for j in range(k + num_shared):
             e = int(ids[t, j]) if j < k else num_experts
             if not 0 <= e < num_experts and j < k:

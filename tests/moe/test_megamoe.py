@@ -816,3 +816,37 @@ def test_gpu_cuda_graph_replay():
         torch.cuda.synchronize()
         eager = M.mega_moe(nx8, nxs, nids, nwts, wt)
         assert_equal(OP + " graph replay", out, eager, context=f"{seed=}")
+
+
+def test_plan_reference_skips_padding_tokens():
+    """A row whose first id is negative (SGLang's CUDA-graph padding mask) takes no pairs, not even the
+    shared expert's; the other rows plan exactly as without the padding rows."""
+    ids = torch.tensor([[0, 1], [-1, -1], [1, 2], [-1, -1]], dtype=torch.int32)
+    p = M.plan_reference(ids, 3, 1, 8, 8, 256, 128)
+    assert p.counts == [1, 2, 1, 2]  # expert 0, 1, 2, shared
+    assert sorted(c >> 4 for e in range(4) for c in p.pairs[e]) == [0, 0, 0, 2, 2, 2]
+    with pytest.raises(M.MegaMoEInputError, match=r"topk_ids\[0\]\[1\] = -1"):
+        M.plan_reference(torch.tensor([[0, -1]], dtype=torch.int32), 3, 1, 8, 8, 256, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [5, 64])
+def test_gpu_padding_rows_are_zero_and_the_rest_unchanged(m):
+    """SGLang pads a decode batch to its CUDA-graph bucket and sets topk_ids of the padding rows to -1:
+    those rows come out zero, take no expert work, and the real rows are bitwise what they are alone."""
+    raw, wt = _weights(32)
+    x8, xs, ids, wts = _inputs(m, 32, 8, "uniform", seed=50 + m)
+    pad = torch.zeros(m, dtype=torch.bool, device=ids.device)
+    pad[1::3] = True
+    ids_p = ids.clone()
+    ids_p[pad] = -1
+    ws = M.get_workspace(x8.device, wt.hidden, wt.inter, wt.num_total, 9, m)
+    out = M.mega_moe(x8, xs, ids_p, wts, wt)
+    real = (~pad).nonzero().squeeze(1)
+    alone = M.mega_moe(x8[real].contiguous(), xs[real].contiguous(), ids[real].contiguous(), wts[real].contiguous(), wt)
+    assert int(out[pad].abs().float().sum()) == 0, "padding rows must be zero"
+    assert_close(OP + " padded batch", out[real].float(), alone.float(), kind="fp8_same_quant")
+    assert int(ws.combine_ctr.abs().sum()) == 0, "combine counters must return to zero"
+    again = M.mega_moe(x8, xs, ids, wts, wt)  # and the next unpadded call is unaffected
+    ref = ref_f64(x8, xs, ids, wts, raw, 32, 1, 2.5)
+    assert_close(OP + " after padding", again.float(), ref.float(), kind="fp8_same_quant")
