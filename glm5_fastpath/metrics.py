@@ -6,6 +6,8 @@
 | glm5_fastpath_path_total | counter | path, reason | forward passes by path and reason (fast path vs the reason for SGLang's path) |
 | glm5_fastpath_selected_info | gauge (=1) | bucket, prefix, moe | the selection table in force: executor / MoE config per bucket |
 | glm5_fastpath_jit_compile_seconds | histogram | kernel | time to compile (or load from the cache) each kernel at install |
+| glm5_fastpath_prefix_layer_total | counter | route, reason | attention-prefix seam calls by route (full / partial / shared / stock) and reason |
+| glm5_fastpath_moe_layer_total | counter | route, reason | MoE layer calls by route (megamoe / stock) and reason |
 
 Multiprocess mode: SGLang's `--enable-metrics` sets PROMETHEUS_MULTIPROC_DIR before it spawns the
 scheduler, so prometheus_client (imported here only when the first metric is created, inside the
@@ -26,8 +28,9 @@ DECODE_STEP = PREFIX + "decode_step_seconds"
 PATH_TOTAL = PREFIX + "path_total"
 SELECTED_INFO = PREFIX + "selected_info"
 JIT_COMPILE = PREFIX + "jit_compile_seconds"
-# created by integrations/sglang/prefix_executor.layer_counter (per layer seam call, host side)
+# created by integrations/sglang/{prefix,moe}_executor.layer_counter (per layer seam call, host side)
 PREFIX_LAYER_TOTAL = PREFIX + "prefix_layer_total"
+MOE_LAYER_TOTAL = PREFIX + "moe_layer_total"
 
 # name -> (type, labels): the dashboard test checks panel queries against this table
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -36,6 +39,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     SELECTED_INFO: ("gauge", ("bucket", "prefix", "moe")),
     JIT_COMPILE: ("histogram", ("kernel",)),
     PREFIX_LAYER_TOTAL: ("counter", ("route", "reason")),
+    MOE_LAYER_TOTAL: ("counter", ("route", "reason")),
 }
 
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)

@@ -10,12 +10,13 @@ are errors, so a typo never silently falls back to a default):
       "comment": "free text",            # optional
       "buckets": [                       # strictly increasing "tokens"
         {"tokens": 1,  "prefix": "stock", "moe": "stock"},
-        {"tokens": 16, "prefix": "cmp",   "moe": "megamoe:m16", "cmp_mode": "multistream"},
+        {"tokens": 16, "prefix": "cmp",   "moe": "megamoe", "cmp_mode": "multistream"},
         ...
       ]
     }
 
-prefix: one of PREFIX_EXECUTORS (cmp | megartp | stock). moe: "stock" or "megamoe:<config name>".
+prefix: one of PREFIX_EXECUTORS (cmp | megartp | stock). moe: "stock", "megamoe" (MegaMoE with its default
+config for the bucket) or "megamoe:<config name>" (MegaMoEConfig.name, e.g. megamoe:bn16_s6_g512_w4).
 cmp_mode (optional, default "full"): the CMP executor's mode for this bucket (attn_pre/cmp/modes.py:
 serial | serial_pdl | multistream | multistream_pdl_entry | multistream_pdl_prologue | full); the mode
 that measured fastest in `glm5-fastpath tune` (PDL does not win at every bucket).
@@ -38,7 +39,7 @@ from typing import Any
 
 PREFIX_EXECUTORS = ("cmp", "megartp", "stock")
 STOCK = "stock"
-MOE_CONFIG_RE = re.compile(r"^megamoe:[A-Za-z0-9_.\-]+$")
+MOE_CONFIG_RE = re.compile(r"^megamoe(:[A-Za-z0-9_.\-]+)?$")  # "megamoe" = MegaMoE's default config per bucket
 SCHEMA_VERSION = 1
 SHIPPED_DIR = Path(__file__).resolve().parent / "configs" / "selection"
 DEFAULT_TABLE = "default.json"

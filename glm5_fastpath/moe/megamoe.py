@@ -50,6 +50,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -178,6 +179,20 @@ class MegaMoEConfig:
     @property
     def name(self) -> str:
         return f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}"
+
+    @classmethod
+    def from_name(cls, name: str) -> "MegaMoEConfig":
+        """Inverse of .name ("bn16_s6_g512_w4"; "bn16" alone = deepest stages, defaults for the rest)."""
+        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?", name)
+        if m is None:
+            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>]")
+        bn = int(m.group(1))
+        if bn not in BLOCK_NS:
+            raise _fail(f"config {name!r}: block_n={bn} is not supported (one of {BLOCK_NS})")
+        st = int(m.group(2)) if m.group(2) else max_stages(bn)
+        g = int(m.group(3)) if m.group(3) else MAX_EXPERTS
+        w = int(m.group(4)) if m.group(4) else 4
+        return cls(bn, st, g, w).validate()
 
 
 @functools.lru_cache(maxsize=None)

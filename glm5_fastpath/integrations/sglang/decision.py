@@ -25,7 +25,12 @@ SUPPORTED_TP = frozenset({1})  # TP1 only for now: the prefix ops assume all 64 
 
 # Executors that exist and may be called (patch.EXECUTORS holds their functions).
 BUILT_PREFIX: frozenset[str] = frozenset({"cmp"})
-BUILT_MOE: frozenset[str] = frozenset()
+BUILT_MOE: frozenset[str] = frozenset({"megamoe"})  # MoE entries are "<family>[:<config>]": the family is checked
+
+
+def moe_family(name: str) -> str:
+    """"megamoe:bn16_s6_g512_w4" -> "megamoe" (the executor); "stock" -> "stock"."""
+    return name.split(":", 1)[0]
 
 # reason codes (metric label values); the text is what the log says
 REASONS = {
@@ -143,7 +148,7 @@ def route_step(mode_name: str | None, m: int, table: SelectionTable,
         return StepRoute(kind, m, None, STOCK, STOCK, look.reason)
     c = look.choice
     prefix = c.prefix if c.prefix in built_prefix else STOCK
-    moe = c.moe if c.moe in built_moe else STOCK
+    moe = c.moe if moe_family(c.moe) in built_moe else STOCK
     if c.prefix == STOCK and c.moe == STOCK:
         reason = "table_selects_stock"
     elif (c.prefix != STOCK and prefix == STOCK) or (c.moe != STOCK and moe == STOCK):

@@ -18,9 +18,9 @@ model package (models/). Steps:
    static buffers and side streams): before KV-pool sizing and CUDA-graph capture.
 
 WHAT IS ROUTED: decode steps whose bucket the table maps to "cmp" run the attention prefix through our
-ops (prefix_executor.py; per-layer and per-call fallbacks logged once with the reason). The shipped
-tables select "stock" everywhere, so without a user table (--glm5-fastpath-config) results do not
-change. MegaRTP and MegaMoE are not built (issues #5, #6).
+ops (prefix_executor.py), and those it maps to "megamoe[:<config>]" run the MoE experts through MegaMoE
+(moe_executor.py: SGLang's router, MegaMoE on SGLang's own expert tensors); per-layer and per-call
+fallbacks are logged once with the reason. MegaRTP is not routed yet (issue #5).
 
 Supported layout today: TP1 only (no EP, no DP attention, no PP): our prefix ops are written for all
 64 heads on one GPU. TP8 (H_local = 8) needs the per-rank head split in the executors first.
@@ -109,7 +109,7 @@ def facts_from_model(model: Any, tp_size: int = 1, gpu: tuple | None = None) -> 
 # ---- install -------------------------------------------------------------------------------------------
 def _effective_rows(table) -> list[tuple[int, str, str]]:
     bp, bm = decision.BUILT_PREFIX, decision.BUILT_MOE
-    return [(b.tokens, b.prefix if b.prefix in bp else STOCK, b.moe if b.moe in bm else STOCK)
+    return [(b.tokens, b.prefix if b.prefix in bp else STOCK, b.moe if decision.moe_family(b.moe) in bm else STOCK)
             for b in table.buckets]
 
 
@@ -156,16 +156,19 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
         metrics.set_selected(rows)
     log.info("glm5_fastpath: selection table %s (largest bucket %d): %s", table.source, table.largest,
              ", ".join(f"{b.tokens}:{b.prefix}/{b.moe}" for b in table.buckets))
-    needs_kernels = any(p != STOCK for _, p, _ in rows)
-    if needs_kernels:
+    needs_kernels = any(p != STOCK or m != STOCK for _, p, m in rows)
+    if any(p != STOCK for _, p, _ in rows):
         _precompile(getattr(model, "config", None), metrics, log)
-    else:
+    if not needs_kernels:
         log.info("glm5_fastpath: the selection table routes no bucket to a built glm5_fastpath executor: every "
                  "bucket runs SGLang's own kernels; nothing to compile")
     router = Router(table, metrics, log)
     patched = patch_layers(model, router)
     if any(p == "cmp" for _, p, _ in rows):
         _prepare_prefix(model, router, log)
+    moe_buckets = [t for t, _, m in rows if decision.moe_family(m) == "megamoe"]
+    if moe_buckets:
+        _prepare_moe(model, router, moe_buckets, metrics, log)
     if model_runner is not None:
         timer = None
         if metrics is not None:
@@ -198,6 +201,26 @@ def _prepare_prefix(model: Any, router: Any, log: logging.Logger) -> Any:
         ex.cfg = None
         return None
     return ex.prepare_model(model)
+
+
+def _prepare_moe(model: Any, router: Any, buckets: list[int], metrics: Any, log: logging.Logger) -> Any:
+    """Configure the process-wide MoE executor (patch.EXECUTORS["moe"]["megamoe"]): check every MoE layer, build
+    MegaMoE's views of SGLang's expert tensors, compile the kernels of the buckets' configs and allocate the
+    workspace of the largest bucket, all before the decode CUDA graphs are captured."""
+    from .moe_executor import default_executor
+
+    ex = default_executor()
+    ex.router, ex.log = router, log
+    t0 = time.perf_counter()
+    try:
+        s = ex.prepare_model(model, buckets)
+    except Exception as e:  # noqa: BLE001 - e.g. no GPU toolchain: the calls fall back per layer, loudly
+        log.warning("glm5_fastpath: MoE: preparing MegaMoE failed (%s: %s); MoE layers will take SGLang's path",
+                    type(e).__name__, e)
+        return None
+    if metrics is not None and s.routed:
+        metrics.observe_jit("megamoe", time.perf_counter() - t0)
+    return s
 
 
 def install(model_runner: Any) -> InstallReport:

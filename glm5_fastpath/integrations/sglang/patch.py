@@ -7,11 +7,10 @@ Seams (SGLang 0.5.23, spec/sglang_integration.md section 7; 0.5.14 has the same 
 
 Each wrapper asks the Router for this call's route (host-side, from the forward mode and the token
 count, so a captured decode graph bakes one bucket) and then calls the executor registered for the
-route, or SGLang's ORIGINAL bound method. Registered today: EXECUTORS["prefix"]["cmp"], the prefix
-route of prefix_executor.py (our ops compute forward_absorb_prepare's tuple; it falls back to the
-original per layer / per call, logged once per reason). No MoE executor is registered yet (#6). The
-shipped selection tables still select "stock" everywhere, so enabling the plugin changes nothing until
-a table names "cmp". The wrappers are set as instance attributes and `unpatch` restores them.
+route, or SGLang's ORIGINAL bound method. Registered: EXECUTORS["prefix"]["cmp"], the prefix route of
+prefix_executor.py (our ops compute forward_absorb_prepare's tuple), and EXECUTORS["moe"]["megamoe"], the
+MoE route of moe_executor.py (SGLang's router, MegaMoE for the experts); both fall back to the original
+per layer / per call, logged once per reason. The wrappers are set as instance attributes and `unpatch` restores them.
 """
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from .decision import OnceLog, StepRoute, component_log_line, route_step, step_log_line
+from .decision import OnceLog, StepRoute, component_log_line, moe_family, route_step, step_log_line
 
 logger = logging.getLogger("glm5_fastpath")
 
@@ -34,8 +33,17 @@ def _run_prefix_cmp(original: Callable[..., Any], *args, **kwargs):
     return run_cmp(original, *args, **kwargs)
 
 
-# component -> executor name -> fn(original, *args, **kwargs); decision.BUILT_* lists the same names.
-EXECUTORS: dict[str, dict[str, Callable[..., Any]]] = {"prefix": {"cmp": _run_prefix_cmp}, "moe": {}}
+def _run_moe_megamoe(original: Callable[..., Any], *args, **kwargs):
+    """EXECUTORS["moe"]["megamoe"]: imports MegaMoE (torch) on the first routed call only."""
+    from .moe_executor import run_megamoe
+
+    return run_megamoe(original, *args, **kwargs)
+
+
+# component -> executor family -> fn(original, *args, **kwargs); decision.BUILT_* lists the same names.
+# A MoE table entry "megamoe:<config>" runs family "megamoe" (the executor reads the config from the table).
+EXECUTORS: dict[str, dict[str, Callable[..., Any]]] = {"prefix": {"cmp": _run_prefix_cmp},
+                                                       "moe": {"megamoe": _run_moe_megamoe}}
 
 
 class Router:
@@ -77,7 +85,7 @@ def wrap_component(obj: Any, method: str, component: str, router: Router, hidden
         fb = _arg(args, kwargs, fb_index, "forward_batch")
         r = router.route(component, _mode_name(fb), _num_tokens(_arg(args, kwargs, hidden_index, "hidden_states")))
         impl = r.prefix if component == "prefix" else r.moe
-        fn = EXECUTORS[component].get(impl)
+        fn = EXECUTORS[component].get(moe_family(impl))
         if fn is None:
             return original(*args, **kwargs)
         return fn(original, *args, **kwargs)

@@ -60,31 +60,33 @@ def test_route_step_reasons(mode, m, reason, bucket):
 
 def test_unbuilt_executor_falls_back_and_built_one_is_used():
     t = parse({"version": 1, "buckets": [{"tokens": 8, "prefix": "megartp", "moe": "megamoe:m8"}]})
-    r = d.route_step("DECODE", 5, t)
-    assert (r.prefix, r.moe, r.reason, r.path) == ("stock", "stock", "executor_not_built", "stock")
+    r = d.route_step("DECODE", 5, t)  # MegaMoE is built (family "megamoe"), MegaRTP is not routed
+    assert (r.prefix, r.moe, r.reason, r.path) == ("stock", "megamoe:m8", "executor_not_built", "fast")
     assert (r.wanted_prefix, r.wanted_moe) == ("megartp", "megamoe:m8")
     t = parse({"version": 1, "buckets": [{"tokens": 8, "prefix": "cmp", "moe": "megamoe:m8"}]})
-    r = d.route_step("DECODE", 5, t)  # the prefix executor is built, MegaMoE is not
-    assert (r.prefix, r.moe, r.reason, r.path) == ("cmp", "stock", "executor_not_built", "fast")
-    r = d.route_step("DECODE", 5, t, built_prefix=frozenset())
-    assert (r.prefix, r.moe, r.reason, r.path) == ("stock", "stock", "executor_not_built", "stock")
-    r = d.route_step("DECODE", 5, t, built_prefix=frozenset({"cmp"}), built_moe=frozenset({"megamoe:m8"}))
+    r = d.route_step("DECODE", 5, t)
     assert (r.prefix, r.moe, r.reason, r.path, r.bucket_label) == ("cmp", "megamoe:m8", "selected", "fast", "8")
-    r = d.route_step("DECODE", 5, t, built_prefix=frozenset({"cmp"}))
+    r = d.route_step("DECODE", 5, t, built_prefix=frozenset(), built_moe=frozenset())
+    assert (r.prefix, r.moe, r.reason, r.path) == ("stock", "stock", "executor_not_built", "stock")
+    r = d.route_step("DECODE", 5, t, built_prefix=frozenset({"cmp"}), built_moe=frozenset())
     assert (r.prefix, r.moe, r.reason, r.path) == ("cmp", "stock", "executor_not_built", "fast")
+    t = parse({"version": 1, "buckets": [{"tokens": 8, "prefix": "stock", "moe": "megamoe"}]})
+    r = d.route_step("DECODE", 8, t)  # plain "megamoe": MegaMoE's default config for the bucket
+    assert (r.prefix, r.moe, r.reason, r.path) == ("stock", "megamoe", "selected", "fast")
+    assert d.moe_family("megamoe:bn16_s6_g512_w4") == "megamoe" and d.moe_family("stock") == "stock"
 
 
 def test_built_executors_match_the_registered_ones():
     from glm5_fastpath.integrations.sglang import patch
 
-    assert d.BUILT_PREFIX == frozenset({"cmp"}) and d.BUILT_MOE == frozenset()
+    assert d.BUILT_PREFIX == frozenset({"cmp"}) and d.BUILT_MOE == frozenset({"megamoe"})
     assert set(patch.EXECUTORS["prefix"]) == d.BUILT_PREFIX and set(patch.EXECUTORS["moe"]) == d.BUILT_MOE
 
 
 def test_log_lines():
     r = d.route_step("DECODE", 16, TABLE)
     assert d.component_log_line("prefix", r) == "glm5_fastpath: bucket 16 -> stock (prefix: selection table picks stock)"
-    assert d.component_log_line("moe", r) == "glm5_fastpath: bucket 16 -> stock (MoE executor not built yet)"
+    assert d.component_log_line("moe", r) == "glm5_fastpath: bucket 16 -> stock (MoE: selection table picks stock)"
     t = parse({"version": 1, "buckets": [{"tokens": 8, "prefix": "cmp", "moe": "stock"}]})
     assert d.component_log_line("prefix", d.route_step("DECODE", 2, t)) == "glm5_fastpath: bucket 8 -> cmp (prefix)"
     t = parse({"version": 1, "buckets": [{"tokens": 8, "prefix": "megartp", "moe": "stock"}]})

@@ -99,7 +99,7 @@ def test_install_wraps_and_calls_stock(metrics, caplog):
     assert "forward" not in vars(layers[0].mlp)
     text = caplog.text
     assert text.count("glm5_fastpath: bucket 4 -> stock (prefix: selection table picks stock)") == 1
-    assert text.count("glm5_fastpath: bucket 4 -> stock (MoE executor not built yet)") == 1
+    assert text.count("glm5_fastpath: bucket 4 -> stock (MoE: selection table picks stock)") == 1
     assert text.count("glm5_fastpath: prefill_extend M=500 -> stock (MoE: prefill") == 1
     assert "routes no bucket to a built glm5_fastpath executor" in text and "nothing to compile" in text
     # selected info: every bucket stock
@@ -131,12 +131,15 @@ def test_refused_model_is_untouched(metrics, caplog):
 
 
 def test_user_table_and_registered_executor(metrics, tmp_path, monkeypatch, caplog):
-    """The dispatch works once an executor exists: a fake 'cmp' executor gets the original method."""
+    """The dispatch works once an executor exists: fake 'cmp' / 'megamoe' executors get the original method."""
     p = tmp_path / "sel.json"
     p.write_text('{"version": 1, "buckets": [{"tokens": 8, "prefix": "cmp", "moe": "megamoe:m8"}]}')
     monkeypatch.setenv("GLM5_FASTPATH_CONFIG", str(p))
     monkeypatch.setattr(decision, "BUILT_PREFIX", frozenset({"cmp"}))
     monkeypatch.setitem(patch.EXECUTORS, "prefix", {"cmp": lambda orig, *a, **k: ("cmp", orig(*a, **k))})
+    monkeypatch.setitem(patch.EXECUTORS, "moe", {"megamoe": lambda orig, *a, **k: ("megamoe", orig(*a, **k))})
+    moe_buckets = []
+    monkeypatch.setattr(inst, "_prepare_moe", lambda model, router, buckets, m, log: moe_buckets.append(buckets))
     compiled = []
     monkeypatch.setattr(inst, "_precompile", lambda cfg, m, log: compiled.append(1))
     caplog.set_level(logging.INFO, "glm5_fastpath")
@@ -147,10 +150,12 @@ def test_user_table_and_registered_executor(metrics, tmp_path, monkeypatch, capl
     attn, moe = model.model.layers[1].self_attn, model.model.layers[1].mlp
     assert attn.forward_absorb_prepare(None, H(2), fb("DECODE")) == ("cmp", ("stock-prefix", 2))
     assert attn.forward_absorb_prepare(None, H(2), fb("EXTEND")) == ("stock-prefix", 2)
-    assert moe.forward(H(2), fb("DECODE")) == ("stock-moe", 2)
+    assert moe.forward(H(2), fb("DECODE")) == ("megamoe", ("stock-moe", 2))
+    assert moe.forward(H(2), fb("EXTEND")) == ("stock-moe", 2)
+    assert moe_buckets == [[8]]
     assert "glm5_fastpath: bucket 8 -> cmp (prefix)" in caplog.text
-    assert "glm5_fastpath: bucket 8 -> stock (MoE executor megamoe:m8 not built yet)" in caplog.text
-    assert val(metrics, "glm5_fastpath_selected_info", bucket="8", prefix="cmp", moe="stock") == 1
+    assert "glm5_fastpath: bucket 8 -> megamoe:m8 (MoE)" in caplog.text
+    assert val(metrics, "glm5_fastpath_selected_info", bucket="8", prefix="cmp", moe="megamoe:m8") == 1
     assert patch.unpatch(attn, "forward_absorb_prepare") and attn.forward_absorb_prepare(None, H(2), fb("DECODE"))[0] == "stock-prefix"
     assert not patch.unpatch(attn, "forward_absorb_prepare")
 

@@ -1,0 +1,341 @@
+"""The MoE route: a DeepseekV2MoE layer's decode forward computed by MegaMoE (issue #7, kernel: issue #6).
+
+`MoEExecutor` is what patch.EXECUTORS["moe"]["megamoe"] calls as fn(original, *args, **kwargs) for a decode
+step the Router sent to "megamoe[:<config>]". It replaces the routed + shared experts and keeps SGLang's
+own router, so expert choice is exactly SGLang's:
+
+    logits = mlp.gate(h)                       SGLang's MoEGate (bf16 GEMM)
+    topk   = mlp.topk(h, logits)               SGLang's TopK (noaux_tc, renormalised; with the shared expert
+                                               fused (GLM-5 on one GPU) a 9th column = the shared expert)
+    x8, xs = 1x128 FP8 quant of h              ops.act_quant_fp8 (or SGLang's per-token-group quant)
+    out    = mega_moe(x8, xs, topk_ids[:, :k], topk_weights[:, :k], w13, w2, ...)
+                                               routed experts + the shared expert (expert E, weight 1/rsf),
+                                               x routed_scaling_factor in the combine: what SGLang's fused
+                                               Triton MoE + moe_sum_reduce compute, to FP8 noise
+    (+ SGLang's shared-expert MLP when it is not fused)
+
+MegaMoE reads SGLang's own expert tensors in place (w13_weight [E_tot, 2I, H] e4m3 gate || up,
+w2_weight [E_tot, H, I], their fp32 128x128 block scales): no weight copy, and SGLang's path keeps
+working for every call we leave to it (prefill, buckets the table maps to stock, refusals).
+
+A layer is refused at install (stays on SGLang's path, logged once with the reason, counted in
+glm5_fastpath_moe_layer_total{route="stock", reason}) when its experts are not plain block-FP8 (e4m3fn,
+fp32 [*, N/128, K/128] scales, not UE8M0-requantized), the top-k weights carry the routed scaling factor
+(a runner that folds it into top-k), expert-parallel / a2a backends / EPLB remapping are on, or the
+dimensions are not MegaMoE's (H % 256, I % 128). A call is refused when its top-k output is not the
+standard (ids, weights) form.
+
+Padding rows: SGLang may mask CUDA-graph padding rows' top-k ids with -1; MegaMoE gives such rows a zero
+output and no expert work (csrc/moe/megamoe.cuh, token_masked).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+logger = logging.getLogger("glm5_fastpath")
+
+STATE = "_glm5_fastpath_moe"
+from ...metrics import MOE_LAYER_TOTAL as METRIC  # listed in metrics.METRICS
+FAMILY = "megamoe"
+
+REFUSALS = {
+    "no_experts": "the layer has no FusedMoE experts with w13_weight / w2_weight",
+    "weight_dtype": "expert weights are not float8_e4m3fn",
+    "weight_layout": "expert weights / block scales are not [E, 2I, H] / [E, H, I] with fp32 128x128 scales",
+    "ue8m0_scales": "expert scales were requantized to UE8M0 (DeepGEMM layout)",
+    "dims": "hidden size or expert intermediate size not supported by MegaMoE (H % 256, I % 128)",
+    "shared_layout": "more than one fused shared expert",
+    "scaled_topk": "the top-k weights already carry routed_scaling_factor",
+    "expert_parallel": "expert parallelism / an a2a backend / EPLB remapping is on",
+    "topk_format": "the top-k output is not the standard (ids, weights) form",
+    "error": "our executor raised; SGLang's path for this call",
+}
+
+
+@dataclass
+class MoELayerRoute:
+    layer_id: int
+    refusal: str | None = None
+    detail: str = ""
+    weights: Any = None           # glm5_fastpath.moe.MegaMoEWeights (views of SGLang's tensors)
+    topk: int = 8                 # routed top-k (without the fused shared column)
+    fused_shared: int = 0         # shared experts fused into the expert tensors (0 or 1)
+    rsf: float = 1.0              # routed_scaling_factor
+    shared_mlp: Any = None        # SGLang's separate shared-expert module when not fused
+
+
+@dataclass
+class MoEPrepareSummary:
+    routed: list[int] = field(default_factory=list)
+    refused: dict[str, list[int]] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)
+
+
+def _server_args() -> Any:
+    try:
+        from sglang.srt.server_args import get_global_server_args
+
+        return get_global_server_args()
+    except Exception:  # noqa: BLE001 - outside a server (tests) there are none
+        return None
+
+
+def _check_parallel(mlp: Any) -> str | None:
+    if int(getattr(mlp, "ep_size", 1) or 1) > 1 or int(getattr(mlp, "tp_size", 1) or 1) > 1:
+        return "expert_parallel"
+    if getattr(mlp, "_enable_a2a_moe", False):
+        return "expert_parallel"
+    sa = _server_args()
+    if sa is not None:
+        if getattr(sa, "enable_eplb", False) or int(getattr(sa, "ep_num_redundant_experts", 0) or 0) > 0:
+            return "expert_parallel"
+        if str(getattr(sa, "init_expert_location", "trivial") or "trivial") != "trivial":
+            return "expert_parallel"
+        a2a = str(getattr(sa, "moe_a2a_backend", "none") or "none")
+        if a2a not in ("none", "None"):
+            return "expert_parallel"
+    return None
+
+
+def layer_route(mlp: Any) -> MoELayerRoute:
+    """Check one DeepseekV2MoE layer and build its MegaMoE weight views (no copies)."""
+    import torch
+
+    lid = int(getattr(mlp, "layer_id", -1))
+    r = MoELayerRoute(lid)
+
+    def refuse(reason: str, detail: str = "") -> MoELayerRoute:
+        r.refusal, r.detail = reason, detail
+        return r
+
+    experts = getattr(mlp, "experts", None)
+    w13, w2 = getattr(experts, "w13_weight", None), getattr(experts, "w2_weight", None)
+    s13 = getattr(experts, "w13_weight_scale_inv", None)
+    s2 = getattr(experts, "w2_weight_scale_inv", None)
+    if not all(isinstance(t, torch.Tensor) for t in (w13, w2)):
+        return refuse("no_experts")
+    why = _check_parallel(mlp)
+    if why:
+        return refuse(why)
+    if w13.dtype != torch.float8_e4m3fn or w2.dtype != torch.float8_e4m3fn:
+        return refuse("weight_dtype", f"w13 {w13.dtype}, w2 {w2.dtype}")
+    if getattr(s13, "format_ue8m0", False) or getattr(s2, "format_ue8m0", False):
+        return refuse("ue8m0_scales")
+    if not all(isinstance(t, torch.Tensor) for t in (s13, s2)) or w13.dim() != 3 or w2.dim() != 3:
+        return refuse("weight_layout", "missing block scales or not 3-D expert stacks")
+    e_tot, n13, h = (int(x) for x in w13.shape)
+    inter = n13 // 2
+    want = {"w2": (e_tot, h, inter), "w13_scale": (e_tot, -(-n13 // 128), -(-h // 128)),
+            "w2_scale": (e_tot, -(-h // 128), -(-inter // 128))}
+    got = {"w2": tuple(w2.shape), "w13_scale": tuple(s13.shape), "w2_scale": tuple(s2.shape)}
+    bad = [f"{k} {list(got[k])} != {list(v)}" for k, v in want.items() if got[k] != v]
+    if bad or s13.dtype != torch.float32 or s2.dtype != torch.float32:
+        return refuse("weight_layout", "; ".join(bad) or f"scales {s13.dtype}/{s2.dtype}, want float32")
+    if h % 256 or inter % 128:
+        return refuse("dims", f"H={h}, I={inter}")
+    fused = int(getattr(mlp, "num_fused_shared_experts", 0) or 0)
+    if fused > 1:
+        return refuse("shared_layout", f"{fused} fused shared experts")
+    cfg = getattr(getattr(mlp, "topk", None), "topk_config", None)
+    if cfg is not None and getattr(cfg, "apply_routed_scaling_factor_on_output", False):
+        return refuse("scaled_topk")
+    top_k = int(getattr(cfg, "top_k", 0) or getattr(mlp, "top_k", 0) or 0)
+    r.topk = (top_k - fused) if top_k else 8
+    r.fused_shared = fused
+    r.rsf = float(getattr(mlp, "routed_scaling_factor", None) or 1.0)
+    if not fused:
+        r.shared_mlp = getattr(mlp, "shared_experts", None)
+    from ...moe import megamoe as MM
+
+    try:
+        r.weights = MM.prepare_weights(w13.data, s13.data, w2.data, s2.data, num_shared=fused)
+    except MM.MegaMoEInputError as e:
+        return refuse("weight_layout", str(e))
+    if r.weights.w13.data_ptr() != w13.data_ptr():  # never hold a second copy of the experts
+        return refuse("weight_layout", "expert weights are not contiguous (MegaMoE would need a copy)")
+    return r
+
+
+def _quant_fn() -> Callable:
+    """1x128 FP8 activation quant: our kernel, else SGLang's per-token-group quant, else the reference."""
+    try:
+        from ...ops import act_quant
+
+        return lambda x: act_quant.act_quant_fp8(x)
+    except Exception:  # noqa: BLE001 - older tree / no kernel: SGLang's, then the reference
+        pass
+    from .prefix_executor import ref_quant, sglang_quant
+
+    return sglang_quant() or ref_quant
+
+
+class MoEExecutor:
+    """fn(original, *args, **kwargs) for patch.EXECUTORS["moe"]["megamoe"]; see the module doc."""
+
+    def __init__(self, router: Any = None, quant: Callable | None = None, log: logging.Logger = logger) -> None:
+        self.router, self.log = router, log
+        self._quant = quant
+        self._once: set = set()
+
+    @property
+    def quant(self) -> Callable:
+        if self._quant is None:
+            self._quant = _quant_fn()
+        return self._quant
+
+    def config_for(self, m: int, route: MoELayerRoute) -> Any:
+        """The table's megamoe:<config> for m's bucket, else MegaMoE's default for the bucket size."""
+        from ...moe import megamoe as MM
+
+        table = getattr(self.router, "table", None)
+        look = table.lookup(m) if table is not None else None
+        choice = getattr(look, "choice", None)
+        name = choice.moe.split(":", 1)[1] if choice is not None and ":" in choice.moe else ""
+        if name and name != "default":
+            return MM.MegaMoEConfig.from_name(name)
+        tokens = choice.tokens if choice is not None else m
+        w = route.weights
+        return MM.default_config(tokens, w.num_experts, route.topk, w.num_shared, inter=w.inter)
+
+    # -- install ---------------------------------------------------------------------------------------------
+    def prepare_model(self, model: Any, buckets: list[int], precompile: bool = True) -> MoEPrepareSummary:
+        from .patch import decoder_layers
+        from .prefix_executor import _ranges
+
+        s = MoEPrepareSummary()
+        first: MoELayerRoute | None = None
+        for layer in decoder_layers(model):
+            mlp = getattr(layer, "mlp", None)
+            if mlp is None or not (hasattr(mlp, "experts") and hasattr(mlp, "gate")):
+                continue
+            r = layer_route(mlp)
+            mlp.__dict__[STATE] = r
+            if r.refusal is None:
+                s.routed.append(r.layer_id)
+                first = first or r
+            else:
+                s.refused.setdefault(r.refusal, []).append(r.layer_id)
+                s.details.setdefault(r.refusal, r.detail)
+        for reason, ids in s.refused.items():
+            self.log.info("glm5_fastpath: MoE: layers %s stay on SGLang's path: %s%s", _ranges(ids), REFUSALS[reason],
+                          f" ({s.details[reason]})" if s.details.get(reason) else "")
+        if first is not None:
+            self.log.info("glm5_fastpath: MoE: layers %s -> MegaMoE (%d routed experts + %d shared, top-%d, in place "
+                          "on SGLang's expert tensors: no weight copy)", _ranges(s.routed), first.weights.num_experts,
+                          first.weights.num_shared, first.topk)
+            if precompile and buckets:
+                self._precompile(first, buckets)
+        return s
+
+    def _precompile(self, route: MoELayerRoute, buckets: list[int]) -> None:
+        """Kernels of every bucket's config and the workspace of the largest bucket, before CUDA-graph capture."""
+        from ...moe import megamoe as MM
+
+        configs = {self.config_for(b, route).name: self.config_for(b, route) for b in buckets}
+        MM.precompile(route.weights, topk=route.topk, max_tokens=max(buckets), configs=list(configs.values()))
+        self.log.info("glm5_fastpath: MoE: MegaMoE kernels ready for buckets %s (configs %s)",
+                      ",".join(map(str, buckets)), ", ".join(sorted(configs)))
+
+    # -- the call --------------------------------------------------------------------------------------------
+    def __call__(self, original: Callable, *args, **kwargs):
+        mlp = getattr(original, "__self__", None)
+        route = mlp.__dict__.get(STATE) if mlp is not None else None
+        if route is None and mlp is not None:
+            route = layer_route(mlp)
+            mlp.__dict__[STATE] = route
+        if route is None or route.refusal is not None:
+            reason = route.refusal if route is not None else "no_experts"
+            return self._fallback(original, args, kwargs, reason, getattr(route, "layer_id", -1))
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if hidden is None or hidden.shape[0] == 0:
+            return original(*args, **kwargs)
+        alloc = kwargs.get("gemm_output_zero_allocator", args[4] if len(args) > 4 else None)
+        try:
+            out = self.run(mlp, route, hidden, alloc)
+        except _CallRefused as e:
+            return self._fallback(original, args, kwargs, e.reason, route.layer_id)
+        except Exception as e:  # noqa: BLE001 - never take the server down: SGLang's path, loudly, once
+            self._note("stock", "error", f"glm5_fastpath: MoE layer {route.layer_id}: our executor raised "
+                       f"{type(e).__name__}: {e}; SGLang's path for this call", logging.WARNING)
+            self.log.debug("glm5_fastpath: MoE executor traceback", exc_info=True)
+            return original(*args, **kwargs)
+        self._note("megamoe", "routed")
+        return out
+
+    def run(self, mlp: Any, route: MoELayerRoute, hidden: Any, alloc: Any = None) -> Any:
+        from ...moe import megamoe as MM
+
+        logits = mlp.gate(hidden, alloc) if alloc is not None else mlp.gate(hidden)
+        topk = mlp.topk(hidden, logits)
+        ids, wts = getattr(topk, "topk_ids", None), getattr(topk, "topk_weights", None)
+        if ids is None or wts is None or ids.dim() != 2 or ids.shape[1] != route.topk + route.fused_shared:
+            raise _CallRefused("topk_format")
+        k = route.topk
+        if route.fused_shared:  # the last column is the fused shared expert: MegaMoE adds it itself
+            ids, wts = ids[:, :k], wts[:, :k]
+        ids = ids.contiguous()
+        wts = wts.float().contiguous()
+        x8, xs = self.quant(hidden)
+        out = MM.mega_moe(x8, xs, ids, wts, route.weights, routed_scaling_factor=route.rsf,
+                          config=self.config_for(int(hidden.shape[0]), route))
+        if route.shared_mlp is not None:  # SGLang's separate shared expert (not fused): added as the stock path does
+            out = out + route.shared_mlp(hidden)
+        return out
+
+    # -- logging / metrics -----------------------------------------------------------------------------------
+    def _fallback(self, original, args, kwargs, reason: str, layer_id: int):
+        self._note("stock", reason, f"glm5_fastpath: MoE layer {layer_id} -> stock ({REFUSALS.get(reason, reason)}); "
+                   "logged once per reason")
+        return original(*args, **kwargs)
+
+    def _note(self, route: str, reason: str, message: str | None = None, level: int = logging.INFO) -> None:
+        once = getattr(self.router, "once", None)
+        first = once.first("moe-layer", route, reason) if once is not None else (route, reason) not in self._once
+        self._once.add((route, reason))
+        if first and message:
+            self.log.log(level, message)
+        metrics = getattr(self.router, "metrics", None)
+        if metrics is not None:
+            layer_counter(metrics.registry).labels(route=route, reason=reason).inc()
+
+
+class _CallRefused(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_counters: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_counters_lock = threading.Lock()
+
+
+def layer_counter(registry: Any) -> Any:
+    """glm5_fastpath_moe_layer_total on `registry`, created once per registry."""
+    with _counters_lock:
+        c = _counters.get(registry)
+        if c is None:
+            from prometheus_client import Counter
+
+            c = Counter(METRIC[: -len("_total")], "MoE layer calls by route (megamoe / stock) and reason; host-side, "
+                        "so under CUDA graphs a call is a capture, not a replay.", ["route", "reason"], registry=registry)
+            _counters[registry] = c
+        return c
+
+
+_default: MoEExecutor | None = None
+
+
+def default_executor() -> MoEExecutor:
+    global _default
+    if _default is None:
+        _default = MoEExecutor()
+    return _default
+
+
+def run_megamoe(original: Callable, *args, **kwargs):
+    """patch.EXECUTORS["moe"]["megamoe"]."""
+    return default_executor()(original, *args, **kwargs)
