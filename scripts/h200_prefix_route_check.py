@@ -52,6 +52,11 @@ SGLANG_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}  # avoid FA
 # ---- orchestration ----------------------------------------------------------------------------------------
 
 def _install_wheels(wheels: str) -> None:
+    if Path(wheels).is_file():  # scripts/build_h200_site.sh's archive: already an installed tree
+        print(f"unpacking {wheels} -> {SITE}", flush=True)
+        Path(SITE).mkdir(parents=True, exist_ok=True)
+        subprocess.run(["tar", "-xJf", wheels, "-C", SITE], check=True)
+        return
     for part in ("part1", "part2", "part3"):
         d = Path(wheels) / part
         whl = sorted(str(p) for p in d.glob("*.whl"))
@@ -80,7 +85,11 @@ def _env() -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--wheels", help="folder with part1/ part2/ part3/ (shared/tools/sglang-h200-wheels.sh)")
+    p.add_argument("--wheels", help="scripts/build_h200_site.sh's .tar.xz, or a folder with part1/ part2/ part3/ "
+                                    "(shared/tools/sglang-h200-wheels.sh)")
+    p.add_argument("--moe-layers", type=int, default=1,
+                   help="MoE layers after the dense ones (full GLM-5 dims, random FP8 experts, N(0,0.02) routers): "
+                        "their decode forward is checked through the MoE route (MegaMoE) too; 0 = prefix only")
     p.add_argument("--out", default=str(REPO / "build" / "h200-prefix-route"))
     p.add_argument("--phases", default="eager,graph")
     p.add_argument("--also-unfused", action="store_true", help="extra eager phase with SGLANG_DSA_FUSE_TOPK=0")
@@ -109,7 +118,7 @@ def main(argv=None) -> int:
         res_file.unlink(missing_ok=True)
         cmd = [sys.executable, __file__, "--worker", ph, "--fused-topk", fused, "--result", str(res_file),
                "--batches", a.batches, "--layers", str(a.layers), "--decode-steps", str(a.decode_steps),
-               "--prompt-lens", a.prompt_lens, "--mode", a.mode, "--out", str(out)]
+               "--prompt-lens", a.prompt_lens, "--mode", a.mode, "--out", str(out), "--moe-layers", str(a.moe_layers)]
         env = _env()
         env["SGLANG_DSA_FUSE_TOPK"] = fused
         print(f"[{time.time() - t0:5.0f}s] phase {ph} (SGLANG_DSA_FUSE_TOPK={fused}) ...", flush=True)
@@ -157,6 +166,25 @@ def render(results: list) -> tuple[str, bool]:
             if any(o.startswith("stock:") for o in r["executor_outcomes"]):
                 ok = False
                 lines.append("FAIL: some prefix calls fell back to SGLang's path (reasons above)")
+        if r.get("moe_routes"):
+            lines.append(f"MoE layer routes: {r['moe_routes']}")
+        if any(o.startswith("stock:") for o in r.get("moe_outcomes", [])):
+            ok = False
+            lines.append(f"FAIL: some MoE calls fell back to SGLang's path: {r['moe_outcomes']}")
+        if r["phase"] == "eager" and r.get("moe_records") is not None and r.get("moe_routes"):
+            lines.append("| MoE layer | route | M | out rel err vs SGLang | SGLang mean abs | result |")
+            lines.append("|---|---|---|---|---|---|")
+            if not r["moe_records"] and not r.get("error"):
+                ok = False
+                lines.append("(no routed MoE decode call was checked)")
+            for c in r["moe_records"]:
+                ok &= bool(c["passed"])
+                lines.append(f"| {c['layer']} | {c['route']} | {c['M']} | {_f(c['rel_err'])} | "
+                             f"{_f(c['stock_abs_mean'])} | {'PASS' if c['passed'] else 'FAIL'} |")
+        if r["phase"] == "graph" and r.get("moe_routes"):
+            lines.append(f"captured calls routed to MegaMoE: {r.get('moe_captured_calls')}")
+            if not r.get("moe_captured_calls"):
+                ok = False
         if r["phase"] == "eager":
             lines.append("| layer | route | M | max L | q_pe | k_pe | q_nope_out | k_nope | top-k overlap (min row) | "
                          "index-K rel / bytes= | other bytes kept | MLA KV rel | result |")
@@ -203,6 +231,7 @@ def render(results: list) -> tuple[str, bool]:
 # ---- worker (one phase, one process) -------------------------------------------------------------------
 
 GRAPH_TOL, ROUTE_TOL = 1e-3, 5e-2
+MOE_TOL = 3e-2  # MegaMoE vs SGLang's Triton MoE on the same FP8 weights: accumulation order, bf16 / FP8 rounding points
 
 
 def _one_batch_module():
@@ -221,11 +250,12 @@ def _server_arg_fields(ServerArgs) -> set:
         return set(getattr(ServerArgs, "__struct_fields__", ()))
 
 
-def _make_model(out: Path, layers: int):
+def _make_model(out: Path, layers: int, moe_layers: int = 0):
     from glm5_fastpath.checkpoint import checkpoint_config, write_model_files
 
-    cfg = checkpoint_config("glm5", layers=layers).replace(first_k_dense_replace=layers)  # dense MLPs only
-    d = out / f"glm5-{layers}l-dense"
+    # `layers` dense layers, then `moe_layers` MoE layers
+    cfg = checkpoint_config("glm5", layers=layers + moe_layers).replace(first_k_dense_replace=layers)
+    d = out / f"glm5-{layers}d{moe_layers}m"
     d.mkdir(parents=True, exist_ok=True)
     write_model_files(d, cfg)
     return d, cfg
@@ -292,6 +322,64 @@ def _overwrite_weights(model, cfg, seed: int = 0) -> int:
     return n
 
 
+def _overwrite_moe(model, seed: int = 0) -> int:
+    """Realistic MoE weights where dummy loading leaves near-zero ones: router N(0, 0.02) with a zero
+    correction bias (tokens spread over the experts), experts random FP8 (|w8| up to ~256) with 128x128
+    block scales ~ 0.02 / 64 (weights of magnitude ~0.02, as a trained checkpoint's); one expert at a time."""
+    import torch
+
+    n = 0
+    for layer in getattr(model, "model", model).layers:
+        mlp = getattr(layer, "mlp", None)
+        ex = getattr(mlp, "experts", None)
+        if ex is None or not hasattr(ex, "w13_weight"):
+            continue
+        dev = ex.w13_weight.device
+        g = torch.Generator(device=dev).manual_seed(seed + 77 + n)
+        mlp.gate.weight.data.normal_(0.0, 0.02, generator=g)
+        bias = getattr(mlp.gate, "e_score_correction_bias", None)
+        if bias is not None:
+            bias.data.zero_()
+        for w, s in ((ex.w13_weight, ex.w13_weight_scale_inv), (ex.w2_weight, ex.w2_weight_scale_inv)):
+            for e in range(w.shape[0]):
+                w.data[e].copy_((torch.randn(w.shape[1:], generator=g, device=dev) * 64).clamp(-448, 448).to(w.dtype))
+            s.data.copy_(0.02 / 64 * (0.5 + torch.rand(s.shape, generator=g, device=dev)))
+        n += 1
+    torch.cuda.synchronize()
+    return n
+
+
+class MoECheck:
+    """EXECUTORS["moe"]["megamoe"] for the eager phase: runs our MoE route AND SGLang's original on the same
+    hidden states, records the relative error, returns SGLang's output (the model then evolves exactly as
+    stock, so every later comparison starts from the same state)."""
+
+    def __init__(self, ex, records: list, tol: float):
+        self.ex, self.records, self.tol = ex, records, tol
+
+    def __call__(self, original, *args, **kwargs):
+        import torch
+
+        from glm5_fastpath.integrations.sglang import moe_executor as ME
+        from glm5_fastpath.testing.numerics import rel_err
+
+        h = args[0] if args else kwargs["hidden_states"]
+        h0 = h.clone()
+        mlp = original.__self__
+        ours = self.ex(original, *args, **kwargs)
+        torch.cuda.synchronize()
+        stock = original(h0.clone(), *args[1:], **kwargs) if args else original(**{**kwargs, "hidden_states": h0.clone()})
+        route = mlp.__dict__.get(ME.STATE)
+        routed = route is not None and route.refusal is None and ("stock", "error") not in self.ex._once
+        rec = {"layer": int(getattr(mlp, "layer_id", -1)), "M": int(h.shape[0]),
+               "route": "megamoe" if routed else f"stock: {getattr(route, 'refusal', None) or 'error'}",
+               "rel_err": rel_err(ours.float(), stock.float()),
+               "stock_abs_mean": float(stock.float().abs().mean())}
+        rec["passed"] = routed and rec["rel_err"] <= self.tol
+        self.records.append(rec)
+        return stock
+
+
 def worker(a) -> int:
     res: dict = {"mode": a.mode}
     rpath = Path(a.result)
@@ -316,7 +404,7 @@ def worker(a) -> int:
         res["sglang_version"] = importlib.import_module("sglang").__version__
         batches = [int(x) for x in a.batches.split(",")]
         lens = [int(x) for x in a.prompt_lens.split(",")]
-        model_dir, cfg = _make_model(Path(a.out), a.layers)
+        model_dir, cfg = _make_model(Path(a.out), a.layers, a.moe_layers)
         graph = a.worker == "graph"
         kw = dict(model_path=str(model_dir), load_format="dummy", tp_size=1, attention_backend="dsa",
                   dsa_prefill_backend="flashmla_sparse", dsa_decode_backend="flashmla_sparse", kv_cache_dtype="bfloat16",
@@ -339,10 +427,12 @@ def worker(a) -> int:
         mr = getattr(wrapped, "torch_runner", None) or getattr(wrapped, "model_runner", None) or wrapped
         res["load_s"] = time.time() - t
         res["weights_overwritten_layers"] = _overwrite_weights(mr.model, cfg)
-        # install: every bucket -> cmp, our executor in the requested CMP mode
+        res["moe_layers_overwritten"] = _overwrite_moe(mr.model) if a.moe_layers else 0
+        # install: every bucket -> cmp (+ MegaMoE), our executor in the requested CMP mode
         table = Path(a.out) / "selection-all-cmp.json"
-        table.write_text(json.dumps({"version": 1, "buckets": [{"tokens": t_, "prefix": "cmp", "moe": "stock"}
-                                                               for t_ in (1, 2, 4, 8, 16, 32, 64, 128, 256)]}))
+        moe = "megamoe" if a.moe_layers else "stock"
+        table.write_text(json.dumps({"version": 1, "buckets": [{"tokens": t_, "prefix": "cmp", "moe": moe}
+                                                               for t_ in sorted(set(batches) | {1, 16, 64})]}))
         os.environ["GLM5_FASTPATH_CONFIG"] = str(table)
         PX._default = PX.PrefixExecutor(mode=a.mode)
         t = time.time()
@@ -367,10 +457,20 @@ def worker(a) -> int:
             mr.req_to_token_pool.clear()
             mr.token_to_kv_pool_allocator.clear()
 
+        from glm5_fastpath.integrations.sglang import moe_executor as ME
+
+        mex = ME.default_executor()
+        if a.moe_layers:
+            res["moe_routes"] = {str(i): (lambda st: "not prepared" if st is None else (st.refusal or "megamoe"))(
+                getattr(L, "mlp").__dict__.get(ME.STATE)) for i, L in enumerate(mr.model.model.layers)
+                if hasattr(getattr(L, "mlp", None), "experts")}
         if not graph:
             records: list = []
             patch.EXECUTORS["prefix"]["cmp"] = PrefixCheck(ex, records)
             res["records"] = records
+            moe_records: list = []
+            patch.EXECUTORS["moe"]["megamoe"] = MoECheck(mex, moe_records, MOE_TOL)
+            res["moe_records"] = moe_records
             for b in batches:
                 clear()
                 ids, _, batch = mod.extend(reqs_for(b), mr)
@@ -386,10 +486,18 @@ def worker(a) -> int:
                 return ex(original, *args, **kwargs)
 
             patch.EXECUTORS["prefix"]["cmp"] = counting
+            moe_counts = {"captured": 0, "eager": 0}
+
+            def moe_counting(original, *args, **kwargs):
+                moe_counts["captured" if torch.cuda.is_current_stream_capturing() else "eager"] += 1
+                return mex(original, *args, **kwargs)
+
+            patch.EXECUTORS["moe"]["megamoe"] = moe_counting
             t = time.time()
             mr.init_cuda_graphs()  # re-capture the decode graphs with our route in them
             res["recapture_s"] = time.time() - t
             res["captured_calls"], res["warmup_calls"] = counts["captured"], counts["eager"]
+            res["moe_captured_calls"] = moe_counts["captured"]
             runner_attr = next((n for n in ("decode_cuda_graph_runner", "graph_runner", "cuda_graph_runner")
                                 if getattr(mr, n, None) is not None), None)
 
@@ -397,16 +505,19 @@ def worker(a) -> int:
             def eager(stock_prefix=False):
                 saved = getattr(mr, runner_attr) if runner_attr else None
                 saved_fn = patch.EXECUTORS["prefix"]["cmp"]
+                saved_moe = patch.EXECUTORS["moe"]["megamoe"]
                 if runner_attr:
                     setattr(mr, runner_attr, None)
-                if stock_prefix:
+                if stock_prefix:  # SGLang's path for the prefix AND the MoE
                     patch.EXECUTORS["prefix"]["cmp"] = lambda original, *ar, **kw_: original(*ar, **kw_)
+                    patch.EXECUTORS["moe"]["megamoe"] = lambda original, *ar, **kw_: original(*ar, **kw_)
                 try:
                     yield
                 finally:
                     if runner_attr:
                         setattr(mr, runner_attr, saved)
                     patch.EXECUTORS["prefix"]["cmp"] = saved_fn
+                    patch.EXECUTORS["moe"]["megamoe"] = saved_moe
 
             steps: list = []
             res["steps"] = steps
@@ -435,6 +546,7 @@ def worker(a) -> int:
                     ids = ls.argmax(-1)
                     save()
         res["executor_outcomes"] = sorted(f"{r}:{why}" for r, why in PX.default_executor()._once)
+        res["moe_outcomes"] = sorted(f"{r}:{why}" for r, why in mex._once)
         return 0
     except Exception as e:  # noqa: BLE001 - record it for the table
         res["error"] = f"{type(e).__name__}: {e}"

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Stock SGLang 0.5.14 vs glm5_fastpath, offline Engine, on a lent H200 (no network). Issue #9.
 #
-# usage (repo root on the H200 machine; WHEELS = carried folder holding part1/ part2/ part3/ made by
+# usage (repo root on the H200 machine; WHEELS = the carried archive made by scripts/build_h200_site.sh
+# (.carry/h200site.tar.xz, one call), or a folder holding part1/ part2/ part3/ made by
 # ../shared/tools/sglang-h200-wheels.sh):
 #   scripts/h200_sglang_offline.sh WHEELS MODE [MODE...]     MODE: stock | fastpath
+# FASTPATH_CONFIG (default benchmarks/tables/h200_engine_cmp_megamoe.json) is the selection table of the
+# fastpath run: which prefix executor / MoE config each decode bucket takes.
 # Each MODE is one fresh Engine process (`glm5-fastpath bench offline --modes MODE`); results of
 # earlier calls with the same settings are merged from $RES, so run one mode per 10-minute command:
 #   call 1: scripts/h200_sglang_offline.sh .carry/wheels stock
@@ -39,7 +42,11 @@ exec > >(tee -a "$RES/script.log") 2>&1
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
 # 1. wheels (no network): three parts into one --target dir
-if [ ! -d "$SITE/sglang" ]; then
+FASTPATH_CONFIG=${FASTPATH_CONFIG:-$PWD/benchmarks/tables/h200_engine_cmp_megamoe.json}
+if [ ! -d "$SITE/sglang" ] && [ -f "$WHEELS" ]; then
+  el "unpacking $WHEELS"
+  mkdir -p "$SITE" && tar -xJf "$WHEELS" -C "$SITE"
+elif [ ! -d "$SITE/sglang" ]; then
   for part in "$WHEELS"/part1 "$WHEELS"/part2 "$WHEELS"/part3; do
     el "installing $part"
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$part"/*.whl
@@ -57,7 +64,7 @@ if [ "$LOAD_FORMAT" = dummy ] && [ ! -f "$MODEL/config.json" ]; then
 fi
 
 ARGS=(--model "$MODEL" --load-format "$LOAD_FORMAT" --batch-sizes "$BS" --input-len "$IN_LEN"
-      --output-len "$OUT_LEN" --out "$RES" --timeout 540)
+      --output-len "$OUT_LEN" --out "$RES" --timeout 540 --fastpath-config "$FASTPATH_CONFIG")
 [ "$LOAD_FORMAT" = dummy ] && ARGS+=(--randomize-routers)
 python3 -m glm5_fastpath.cli bench offline "${ARGS[@]}" --dry-run | head -3
 

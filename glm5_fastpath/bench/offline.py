@@ -48,6 +48,7 @@ SEAMS = ("auto", "plugin", "external-model-package")
 EXTERNAL_PACKAGE = "glm5_fastpath.integrations.sglang.models"
 ENV_SWITCH = "GLM5_FASTPATH"
 ENV_EXTERNAL = "SGLANG_EXTERNAL_MODEL_PACKAGE"
+ENV_CONFIG = "GLM5_FASTPATH_CONFIG"
 PLUGIN_MIN_VERSION = (0, 5, 23)  # first SGLang with the sglang.srt.plugins entry-point group
 ROUTER_STD = 0.02
 WARMUP_TOKENS = 4
@@ -90,6 +91,7 @@ class OfflineOptions:
     seam: str = "auto"
     stream_pass: bool = True
     timeout_s: int = 3600
+    fastpath_config: str | None = None  # selection table for the fastpath worker (GLM5_FASTPATH_CONFIG)
 
     def prompts_per_batch(self, b: int) -> int:
         return self.num_prompts if self.num_prompts is not None else b
@@ -155,6 +157,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-stream-pass", dest="stream_pass", action="store_false",
                    help="skip the streamed TTFT/ITL pass")
     p.add_argument("--timeout", dest="timeout_s", type=int, default=3600, help="per-mode worker timeout (s)")
+    p.add_argument("--fastpath-config", default=None, metavar="TABLE.json",
+                   help="selection table for the fastpath run (GLM5_FASTPATH_CONFIG); default: the shipped table "
+                        "for the GPU (which selects SGLang's path everywhere until a measured table ships)")
 
 
 def options_from_args(a: argparse.Namespace) -> OfflineOptions:
@@ -162,7 +167,7 @@ def options_from_args(a: argparse.Namespace) -> OfflineOptions:
                           output_len=a.output_len, num_prompts=a.num_prompts, load_format=a.load_format,
                           randomize_routers=a.randomize_routers, modes=list(a.modes), out=a.out, dry_run=a.dry_run,
                           engine_args=parse_engine_args(a.engine_arg), seed=a.seed, seam=a.seam,
-                          stream_pass=a.stream_pass, timeout_s=a.timeout_s)
+                          stream_pass=a.stream_pass, timeout_s=a.timeout_s, fastpath_config=a.fastpath_config)
 
 
 def read_model_config(model: str) -> dict:
@@ -202,6 +207,10 @@ def validate(o: OfflineOptions) -> dict:
     for k in ("model_path", "load_format"):
         if k in o.engine_args:
             raise ValueError(f"--engine-arg {k}: use --model / --load-format instead")
+    if o.fastpath_config is not None:
+        from ..selection import load as load_table
+
+        load_table(o.fastpath_config)  # a bad table fails here, with the key named, not inside the engine
     cfg = read_model_config(o.model)
     if o.load_format == "auto" and not any(Path(o.model).glob("*.safetensors")):
         raise ValueError(f"--model {o.model} holds no *.safetensors; use --load-format dummy for a config-only dir")
@@ -283,15 +292,18 @@ def resolve_seam(seam: str, sglang_version: str | None) -> str:
     return "external-model-package"
 
 
-def mode_env(mode: str, seam: str, base: dict[str, str] | None = None) -> dict[str, str]:
+def mode_env(mode: str, seam: str, base: dict[str, str] | None = None, config: str | None = None) -> dict[str, str]:
     """Environment of a worker: the parent's, the sm90 defaults, and the mode's switch."""
     env = dict(os.environ if base is None else base)
     for k, v in DEFAULT_ENV.items():
         env.setdefault(k, v)
     env.pop(ENV_SWITCH, None)
     env.pop(ENV_EXTERNAL, None)
+    env.pop(ENV_CONFIG, None)
     if mode == "fastpath":
         env[ENV_SWITCH] = "1"
+        if config:
+            env[ENV_CONFIG] = os.path.abspath(config)
         if seam == "external-model-package":
             env[ENV_EXTERNAL] = EXTERNAL_PACKAGE
     return env
@@ -328,10 +340,10 @@ def plan(o: OfflineOptions, sglang_version: str | None = None) -> list[dict]:
     seam = resolve_seam(o.seam, sglang_version)
     out = []
     for mode in o.modes:
-        env = mode_env(mode, seam, base={})
+        env = mode_env(mode, seam, base={}, config=o.fastpath_config)
         wc = worker_config(o, mode, seam, cfg)
         cpath = str(Path(o.out).resolve() / f"worker-{mode}.json")
-        shown_env = {k: env.get(k) for k in (ENV_SWITCH, ENV_EXTERNAL, *DEFAULT_ENV)}
+        shown_env = {k: env.get(k) for k in (ENV_SWITCH, ENV_EXTERNAL, ENV_CONFIG, *DEFAULT_ENV)}
         out.append({"mode": mode, "command": worker_command(cpath), "config_path": cpath, "env": shown_env,
                     "config": wc})
     return out
@@ -551,7 +563,7 @@ def run_bench(o: OfflineOptions) -> int:
     rc = 0
     for s in steps:
         Path(s["config_path"]).write_text(json.dumps(s["config"], indent=2))
-        env = mode_env(s["mode"], s["config"]["seam"])
+        env = mode_env(s["mode"], s["config"]["seam"], config=o.fastpath_config)
         log = out / f"worker-{s['mode']}.log"
         print(f"[{s['mode']}] {' '.join(s['command'])}  (log: {log})", flush=True)
         t0 = time.perf_counter()
@@ -562,6 +574,7 @@ def run_bench(o: OfflineOptions) -> int:
             except subprocess.TimeoutExpired:
                 code = 124
         print(f"[{s['mode']}] exit {code} after {time.perf_counter() - t0:.0f} s", flush=True)
+        record_paths(Path(s["config"]["result_file"]), log)
         if code != 0:
             rc = 1
             rp = Path(s["config"]["result_file"])
@@ -590,6 +603,30 @@ def run_bench(o: OfflineOptions) -> int:
         print(f"wrote {p}")
     print(render_markdown(rep))
     return rc
+
+
+def paths_from_log(text: str) -> list[str]:
+    """The plugin's routing decisions as logged by the scheduler ('glm5_fastpath: bucket 16 -> cmp (prefix)',
+    'MoE: layers 1-7 -> MegaMoE ...', fallbacks with their reason), each distinct line once, in order."""
+    seen: dict[str, None] = {}
+    for line in text.splitlines():
+        i = line.find("glm5_fastpath: ")
+        if i < 0:
+            continue
+        msg = line[i:].strip()
+        if any(k in msg for k in (" -> ", "stay on SGLang", "selection table", "installed on", "not routing")):
+            seen.setdefault(msg, None)
+    return list(seen)
+
+
+def record_paths(result_file: Path, log: Path) -> None:
+    """Add the worker log's routing lines to its mode-*.json (which bucket paths were taken)."""
+    try:
+        res = json.loads(result_file.read_text())
+        res["paths_logged"] = paths_from_log(log.read_text(errors="replace"))
+        result_file.write_text(json.dumps(res, indent=2, default=str))
+    except (OSError, ValueError):
+        pass
 
 
 # ---- worker (runs in its own process; imports sglang) ------------------------------------------------------
@@ -678,9 +715,14 @@ def worker_main(config_path: str) -> int:
     c = json.loads(Path(config_path).read_text())
     res: dict[str, Any] = {"mode": c["mode"], "run_key": c["run_key"], "seam": c["seam"],
                            "sglang_version": installed_sglang_version(), "gpu": _gpu_name(),
-                           "env": {k: os.environ.get(k) for k in (ENV_SWITCH, ENV_EXTERNAL, *DEFAULT_ENV)},
+                           "env": {k: os.environ.get(k) for k in (ENV_SWITCH, ENV_EXTERNAL, ENV_CONFIG, *DEFAULT_ENV)},
                            "batches": {}}
     rpath = Path(c["result_file"])
+    if os.environ.get(ENV_CONFIG):
+        try:
+            res["selection_table"] = json.loads(Path(os.environ[ENV_CONFIG]).read_text())
+        except (OSError, ValueError) as e:
+            res["selection_table"] = f"unreadable: {e}"
 
     def save():
         rpath.write_text(json.dumps(res, indent=2, default=str))

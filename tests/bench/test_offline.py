@@ -192,3 +192,41 @@ def test_write_dummy_model(tmp_path):
     assert (d / "tokenizer.json").is_file() and not list(d.glob("*.safetensors"))
     with pytest.raises(ValueError):
         off.write_dummy_model(str(tmp_path / "m2"), layers=2, dense_layers=2)
+
+
+def test_paths_from_log_keeps_routing_lines_once():
+    from glm5_fastpath.bench.offline import paths_from_log
+
+    log = "\n".join([
+        "[2026-11-29 12:00:00 TP0] glm5_fastpath: selection table /t.json (largest bucket 64): 1:cmp/megamoe",
+        "[2026-11-29 12:00:01 TP0] glm5_fastpath: MoE: layers 1-7 -> MegaMoE (256 routed experts + 1 shared, top-8, ...)",
+        "[2026-11-29 12:00:02 TP0] glm5_fastpath: bucket 16 -> cmp (prefix)",
+        "[2026-11-29 12:00:03 TP0] glm5_fastpath: bucket 16 -> cmp (prefix)",
+        "[2026-11-29 12:00:03 TP0] Capture cuda graph bs [1, 16]",
+        "[2026-11-29 12:00:04 TP0] glm5_fastpath: kernels ready in 3.0 s",
+    ])
+    got = paths_from_log(log)
+    assert got == ["glm5_fastpath: selection table /t.json (largest bucket 64): 1:cmp/megamoe",
+                   "glm5_fastpath: MoE: layers 1-7 -> MegaMoE (256 routed experts + 1 shared, top-8, ...)",
+                   "glm5_fastpath: bucket 16 -> cmp (prefix)"]
+
+
+def test_fastpath_config_is_validated_and_reaches_only_the_fastpath_worker(tmp_path):
+    import pytest
+
+    from glm5_fastpath.bench import offline as off
+    from glm5_fastpath.selection import SelectionError
+
+    model = tmp_path / "m"
+    off.write_dummy_model(str(model), layers=2, dense_layers=1)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 1, "buckets": [{"tokens": 8, "prefix": "cmp", "moe": "nope"}]}')
+    o = off.OfflineOptions(model=str(model), load_format="dummy", fastpath_config=str(bad), out=str(tmp_path / "o"))
+    with pytest.raises(SelectionError, match="moe"):
+        off.plan(o, "0.5.14")
+    good = tmp_path / "good.json"
+    good.write_text('{"version": 1, "buckets": [{"tokens": 8, "prefix": "cmp", "moe": "megamoe"}]}')
+    o.fastpath_config = str(good)
+    steps = {s["mode"]: s for s in off.plan(o, "0.5.14")}
+    assert steps["fastpath"]["env"]["GLM5_FASTPATH_CONFIG"] == str(good)
+    assert steps["stock"]["env"]["GLM5_FASTPATH_CONFIG"] is None
