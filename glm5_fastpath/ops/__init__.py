@@ -16,12 +16,14 @@ benchmarks swap one for the other.
 | fp8_gemm_skinny, b0_qkv_a (B0), d0_q_b (D0), d1_indexer_q (D1), b1_indexer_k (B1) | glm5_fastpath.fp8_gemm_skinny, fp8_qkv_a, fp8_q_b_rope, fp8_indexer_q, fp8_indexer_k | csrc/attn_pre/fp8_gemm_skinny.{cuh,cu} |
 | b0_qkv_a(..., mode="split") (B0 split: plain GEMM + row kernel) | glm5_fastpath.fp8_gemm_skinny, b0_row_norms | csrc/attn_pre/fp8_gemm_skinny.{cuh,cu}, csrc/attn_pre/b0_row_norms.{cuh,cu} |
 | moe_route, moe_route_scaled (MoE router) | glm5_fastpath.moe_router | csrc/moe/router.{cuh,cu} |
+| act_quant_fp8 (bf16 -> 1x128 FP8 before MegaMoE) | glm5_fastpath.act_quant_fp8, glm5_fastpath.act_quant_fp8_out | csrc/moe/act_quant.{cuh,cu} |
 | e1_indexer_logits (E1) | glm5_fastpath.e1_indexer_logits, glm5_fastpath.e1_indexer_logits_out | csrc/attn_pre/e1_indexer_logits.{cuh,cu} |
 | e2_topk (E2) | glm5_fastpath.e2_topk, glm5_fastpath.e2_topk_out | csrc/attn_pre/e2_topk.{cuh,cu} |
 """
 from __future__ import annotations
 
 # Submodules first: the re-exported functions below shadow some submodule names.
+from . import act_quant as _act_quant
 from . import add_rmsnorm_quant as _a0
 from . import c0_head_gate as _c0
 from . import d2_absorb as _d2
@@ -29,6 +31,7 @@ from . import e1_indexer_logits as _e1
 from . import e2_topk as _e2
 from . import fp8_gemm as _fp8
 from . import moe_router as _moe_router
+from .act_quant import ActQuantResult, act_quant_fp8
 from .add_rmsnorm_quant import A0Result, add_rmsnorm_quant
 from .c0_head_gate import c0_head_gate
 from .d2_absorb import d2_absorb_and_kv_store
@@ -40,7 +43,7 @@ from .moe_router import moe_route, moe_route_scaled
 # The reference's name for A0 (same signature), so `ops` can stand in for `ref.prefix` as a namespace.
 a0_add_rmsnorm_quant = add_rmsnorm_quant
 
-_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _moe_router)
+_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _moe_router, _act_quant)
 
 
 def precompile(cfg=None, device: object = None) -> None:
@@ -73,7 +76,7 @@ def compile_check_specs() -> list:
     return specs + early
 
 
-__all__ = ["A0Result", "a0_add_rmsnorm_quant", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
+__all__ = ["A0Result", "ActQuantResult", "a0_add_rmsnorm_quant", "act_quant_fp8", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
            "fp8_gemm_skinny", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
            "e2_topk",
            "precompile"]
