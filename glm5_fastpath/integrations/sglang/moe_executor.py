@@ -237,6 +237,16 @@ class MoEExecutor:
 
         configs = {self.config_for(b, route).name: self.config_for(b, route) for b in buckets}
         MM.precompile(route.weights, topk=route.topk, max_tokens=max(buckets), configs=list(configs.values()))
+        if self._quant is None:
+            try:
+                from ...ops import act_quant
+
+                act_quant.precompile(route.weights.w13.device)
+            except Exception as e:  # noqa: BLE001 - the first call falls back to SGLang's quant, say why
+                self.log.info("glm5_fastpath: MoE: act_quant_fp8 unavailable (%s); SGLang's FP8 quant is used", e)
+                from .prefix_executor import ref_quant, sglang_quant
+
+                self._quant = sglang_quant() or ref_quant
         self.log.info("glm5_fastpath: MoE: MegaMoE kernels ready for buckets %s (configs %s)",
                       ",".join(map(str, buckets)), ", ".join(sorted(configs)))
 
