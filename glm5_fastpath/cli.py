@@ -78,6 +78,12 @@ def _cmd_bench_moe(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_bench_decode_step(args: argparse.Namespace) -> int:
+    from .bench.decode_step import run
+
+    return run(args)
+
+
 def _cmd_bench_offline(args: argparse.Namespace) -> int:
     from .bench.offline import options_from_args, run_bench
 
@@ -152,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_moe_args(b)
     b.set_defaults(fn=_cmd_bench_moe)
+    b = bsub.add_parser("decode-step", help="(GPU) one whole decode step, all layers: ours vs the stock kernel "
+                                            "sequence per bucket, bytes floor, per-layer breakdown, correctness")
+    from .bench.decode_step import add_arguments as _bench_step_args
+
+    _bench_step_args(b)
+    b.set_defaults(fn=_cmd_bench_decode_step)
     b = bsub.add_parser("offline", help="SGLang offline Engine, stock vs fastpath: tok/s, TTFT/ITL, speedup")
     from .bench.offline import add_arguments as _bench_offline_args
 

@@ -18,6 +18,9 @@ def test_names_types_labels():
     from glm5_fastpath.integrations.sglang.prefix_executor import layer_counter
 
     layer_counter(reg).labels(route="full", reason="ok").inc()  # the prefix seam's own counter
+    from glm5_fastpath.integrations.sglang.moe_executor import layer_counter as moe_layer_counter
+
+    moe_layer_counter(reg).labels(route="megamoe", reason="routed").inc()  # the MoE seam's own counter
     fams = {f.name: f for f in reg.collect()}
     # prometheus_client strips _total from counter family names
     assert fams["glm5_fastpath_decode_step_seconds"].type == "histogram"
