@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One lent-H200 call (<= 10 min) checking the SGLang routes before an engine benchmark (issues #7, #9):
+#   1. unpack the carried site (scripts/build_h200_site.sh) and JIT cache (tar.xz of a warmed
+#      GLM5_FASTPATH_CACHE_DIR) into /tmp
+#   2. GPU tests of MegaMoE (tests/moe) and act_quant_fp8 (tests/ops/test_act_quant.py)
+#   3. the route check inside real SGLang 0.5.14: prefix + MoE routes vs SGLang's own path, eager phase
+#   4. bench decode-step (ours vs the stock kernel sequence) for the buckets in DS_BUCKETS
+# Every step has its own time limit and writes straight into OUTDIR, so a call cut short still returns
+# what finished. usage: scripts/h200_integration_check.sh OUTDIR [SITE.tar.xz] [JIT.tar.xz]
+set -uo pipefail
+out=${1:?usage: $0 OUTDIR [SITE.tar.xz] [JIT.tar.xz]}
+site_tar=${2:-.carry/h200site.tar.xz}
+jit_tar=${3:-.carry/jit.tar.xz}
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/steps.log"; }
+export SITE=${SITE:-/tmp/site} PYTHONUNBUFFERED=1
+export GLM5_FASTPATH_CACHE_DIR=${GLM5_FASTPATH_CACHE_DIR:-/tmp/glm5jit}
+[ -d "$SITE/sglang" ] || { mkdir -p "$SITE" && tar -xJf "$site_tar" -C "$SITE"; }
+[ -d "$GLM5_FASTPATH_CACHE_DIR/sm_90a" ] || { mkdir -p "$GLM5_FASTPATH_CACHE_DIR" && tar -xJf "$jit_tar" -C "$GLM5_FASTPATH_CACHE_DIR"; }
+export PYTHONPATH="$SITE:$PWD"
+el "unpacked; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); commit ${GLM5_FASTPATH_COMMIT:-?}"
+
+el "GPU tests"
+timeout "${T_TESTS:-200}" python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/moe tests/ops/test_act_quant.py \
+  ${TEST_K:+-k "$TEST_K"} > "$out/gpu-tests.log" 2>&1; el "GPU tests rc=$? ($(tail -1 "$out/gpu-tests.log"))"
+
+el "route check (eager: prefix + MoE vs SGLang)"
+timeout "${T_ROUTE:-260}" python3 scripts/h200_prefix_route_check.py --phases "${ROUTE_PHASES:-eager}" --layers 1 \
+  --moe-layers 1 --batches "${ROUTE_BATCHES:-1,4,16}" --out "$out/route" --timeout "${T_ROUTE:-260}" \
+  > "$out/route.log" 2>&1; el "route check rc=$?"
+
+left=$(( ${T_TOTAL:-570} - ($(date +%s) - t0) ))
+el "bench decode-step (budget ${left}s)"
+[ "$left" -gt 120 ] && timeout "$left" python3 -m glm5_fastpath.cli bench decode-step --out "$out/decode_step" \
+  --buckets "${DS_BUCKETS:-1,16,64}" --repeat "${DS_REPEAT:-10}" --budget-s $(( left - 90 )) \
+  --selection "${DS_TABLE:-benchmarks/tables/h200_engine_cmp_megamoe.json}" > "$out/decode_step.log" 2>&1
+el "decode-step rc=$?"
