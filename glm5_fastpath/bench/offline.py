@@ -302,6 +302,7 @@ def mode_env(mode: str, seam: str, base: dict[str, str] | None = None, config: s
     env.pop(ENV_CONFIG, None)
     if mode == "fastpath":
         env[ENV_SWITCH] = "1"
+        env.setdefault("GLM5_FASTPATH_LOG_LEVEL", "INFO")  # routing lines in the worker log (Engine logs at error)
         if config:
             env[ENV_CONFIG] = os.path.abspath(config)
         if seam == "external-model-package":

@@ -43,8 +43,29 @@ ENV_CONFIG = "GLM5_FASTPATH_CONFIG"
 _MARK = "_glm5_fastpath_install"
 
 
+ENV_LOG_LEVEL = "GLM5_FASTPATH_LOG_LEVEL"
+
+
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "") == "1"
+
+
+def configure_logging(log: logging.Logger = logger) -> None:
+    """GLM5_FASTPATH_LOG_LEVEL=INFO (or DEBUG, ...) gives the glm5_fastpath logger its own stderr handler at that
+    level, so the routing decisions show even where SGLang's level hides INFO (the offline Engine defaults to
+    log_level="error"). Unset: the logger follows SGLang's logging configuration."""
+    level = os.environ.get(ENV_LOG_LEVEL, "").strip().upper()
+    if not level or getattr(log, "_glm5_handler", False):
+        return
+    if not isinstance(logging.getLevelName(level), int):
+        log.warning("glm5_fastpath: %s=%r is not a logging level; ignored", ENV_LOG_LEVEL, level)
+        return
+    h = logging.StreamHandler()
+    h.setFormatter(logging.Formatter("[%(asctime)s glm5_fastpath] %(message)s", "%Y-%m-%d %H:%M:%S"))
+    log.addHandler(h)
+    log.setLevel(level)
+    log.propagate = False
+    log._glm5_handler = True  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -139,6 +160,7 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
     prev = model.__dict__.get(_MARK) if hasattr(model, "__dict__") else None
     if prev is not None:
         return prev
+    configure_logging(log)
     refusal = check_model(facts)
     if refusal is not None:
         log.info("glm5_fastpath: not routing this model: %s; every forward pass stays on SGLang's path",

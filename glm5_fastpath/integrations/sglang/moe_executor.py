@@ -254,7 +254,12 @@ class MoEExecutor:
     def __call__(self, original: Callable, *args, **kwargs):
         mlp = getattr(original, "__self__", None)
         route = mlp.__dict__.get(STATE) if mlp is not None else None
-        if route is None and mlp is not None:
+        if mlp is not None and (route is None or _stale(route, mlp)):
+            # not prepared, or SGLang replaced the expert tensors after install (install may run from
+            # post_load_weights, before process_weights_after_loading): views only, no allocation
+            if route is not None:
+                self._note("megamoe", "rebound", f"glm5_fastpath: MoE layer {route.layer_id}: expert tensors were "
+                           "replaced after install; MegaMoE re-bound to the new ones")
             route = layer_route(mlp)
             mlp.__dict__[STATE] = route
         if route is None or route.refusal is not None:
@@ -311,6 +316,15 @@ class MoEExecutor:
         metrics = getattr(self.router, "metrics", None)
         if metrics is not None:
             layer_counter(metrics.registry).labels(route=route, reason=reason).inc()
+
+
+def _stale(route: MoELayerRoute, mlp: Any) -> bool:
+    if route.weights is None:
+        return False
+    w = getattr(getattr(mlp, "experts", None), "w13_weight", None)
+    s = getattr(getattr(mlp, "experts", None), "w2_weight_scale_inv", None)
+    return (w is not None and w.data_ptr() != route.weights.w13.data_ptr()) or \
+        (s is not None and s.data_ptr() != route.weights.w2_scale.data_ptr())
 
 
 class _CallRefused(Exception):

@@ -184,6 +184,9 @@ def indexer_is_fused(indexer: Any) -> bool:
     return bool(getattr(indexer, "use_dsa_indexer_fusion", False)) and hasattr(indexer, "wk_weights_proj")
 
 
+DSA_BACKENDS = ("dsa", "nsa")
+
+
 def check_layer(attn: Any, cfg: Glm5Config) -> tuple[str, Refusal | None]:
     """-> (kind, None) when the layer can be routed ("full" | "partial" | "shared"), else ("", Refusal)."""
     if not (hasattr(attn, "fused_qkv_a_proj_with_mqa") and hasattr(attn, "q_b_proj")
@@ -194,8 +197,10 @@ def check_layer(attn: Any, cfg: Glm5Config) -> tuple[str, Refusal | None]:
         return "", sig
     if hasattr(attn, "prepare_attention_output_gate"):
         return "", Refusal("output_gate")
-    backend = getattr(attn, "current_attention_backend", "dsa")
-    if backend not in ("dsa", "nsa"):
+    # SGLang stamps the backend on the module at each forward (dispatch_attn_forward_method); at install it is
+    # still None, so None defers the check to each call (PrefixExecutor.call_refusal).
+    backend = getattr(attn, "current_attention_backend", None)
+    if backend is not None and backend not in DSA_BACKENDS:
         return "", Refusal("attention_backend", str(backend))
     c = cfg
     dims = {"num_heads": c.num_attention_heads, "qk_nope_head_dim": c.qk_nope_head_dim,

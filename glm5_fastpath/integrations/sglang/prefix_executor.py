@@ -422,6 +422,9 @@ class PrefixExecutor:
         mode = getattr(fb, "forward_mode", None)
         if mode is not None and hasattr(mode, "is_decode") and not mode.is_decode():
             return A.Refusal("sglang_option", f"forward mode {getattr(mode, 'name', mode)}")
+        backend = getattr(attn, "current_attention_backend", None)  # this forward's, stamped by SGLang's dispatch
+        if backend is not None and backend not in A.DSA_BACKENDS:
+            return A.Refusal("attention_backend", str(backend))
         if b.get("llama_4_scaling") is not None:
             return A.Refusal("llama4_scaling")
         for flag in ("_ENABLE_DSA_Q8KV8_BORN_FP8_Q", "_SGLANG_EXPERIMENTAL_LORA_OPTI"):

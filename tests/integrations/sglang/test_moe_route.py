@@ -212,3 +212,17 @@ def test_config_names_round_trip():
         MM.MegaMoEConfig.from_name("m8")
     with pytest.raises(MM.MegaMoEInputError, match="block_n=12"):
         MM.MegaMoEConfig.from_name("bn12")
+
+
+def test_replaced_expert_tensors_are_rebound(calls):
+    """Install may run before SGLang's process_weights_after_loading; if that replaces the expert tensors,
+    the next call re-binds MegaMoE to the new ones (views, no copy)."""
+    reg = CollectorRegistry()
+    ex = executor(registry=reg)
+    mlp = MoE()
+    call(ex, mlp)
+    first = calls[-1]["weights"].w13.data_ptr()
+    mlp.experts.w13_weight = mlp.experts.w13_weight.clone()
+    call(ex, mlp)
+    assert calls[-1]["weights"].w13.data_ptr() == mlp.experts.w13_weight.data_ptr() != first
+    assert reg.get_sample_value("glm5_fastpath_moe_layer_total", {"route": "megamoe", "reason": "rebound"}) == 1

@@ -9,6 +9,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 import prefix_fakes as F
+from glm5_fastpath.ref import prefix as ref_prefix
 from glm5_fastpath.integrations.sglang import decision, install as inst, patch, prefix_adapter as A
 from glm5_fastpath.integrations.sglang import prefix_executor as PX
 from glm5_fastpath.integrations.sglang.prefix_check import PrefixCheck
@@ -86,6 +87,19 @@ def _mutate(**changes):
 def test_layer_refusals(changes, reason):
     kind, r = A.check_layer(_mutate(**changes), CFG)
     assert kind == "" and r.reason == reason and r.message()
+
+
+def test_backend_unknown_at_install_is_checked_per_call():
+    """SGLang 0.5.14 stamps current_attention_backend at each forward; at install (post_load_weights) it is None:
+    the layer is prepared, and each call is checked against the backend of that forward."""
+    a = _mutate(current_attention_backend=None)
+    kind, r = A.check_layer(a, CFG)
+    assert r is None and kind
+    ex = PX.PrefixExecutor(impl=ref_prefix, cfg=CFG)
+    route = ex.prepare_layer(a)
+    a.current_attention_backend = "fa3"
+    got = ex.call_refusal(a, route, {"forward_batch": None, "llama_4_scaling": None})
+    assert isinstance(got, A.Refusal) and got.reason == "attention_backend" and "fa3" in got.message()
 
 
 def test_layer_refusal_weights():

@@ -195,3 +195,15 @@ def test_install_entry_uses_runner(monkeypatch, metrics):
     r = Runner(fake_model())
     inst.install(r)
     assert seen["m"] is r.model and seen["f"].capability == (9, 0)
+
+
+def test_log_level_env_gives_our_logger_a_handler(monkeypatch):
+    log = logging.getLogger("glm5_fastpath.test_level")
+    monkeypatch.delenv("GLM5_FASTPATH_LOG_LEVEL", raising=False)
+    inst.configure_logging(log)
+    assert not log.handlers  # unset: SGLang's configuration rules
+    monkeypatch.setenv("GLM5_FASTPATH_LOG_LEVEL", "info")
+    inst.configure_logging(log)
+    inst.configure_logging(log)  # idempotent
+    assert len(log.handlers) == 1 and log.level == logging.INFO and not log.propagate
+    log.removeHandler(log.handlers[0])
