@@ -66,7 +66,13 @@ DEFAULT_ENGINE_ARGS: dict[str, Any] = {
     "disable_prefill_cuda_graph": True,
     "skip_tokenizer_init": True,
 }
-DEFAULT_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}
+DEFAULT_ENV = {
+    "SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0",  # no FA3 on sm90 (shared/tools/sglang-h200-wheels.sh)
+    # SGLang's DeepGEMM warm-up JIT-compiles every GEMM shape for M = 1..16384 at start-up (on a fresh H200 on
+    # 2026-11-29 the batch-64 graph capture that contains it took 357 s of a 540 s budget); off, each shape
+    # compiles on first use, in the warm-up generate before the timed pass. Same for both modes.
+    "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "0",
+}
 # decode-graph sizes: whichever of these ServerArgs fields exist get the measured batch sizes / their max
 GRAPH_LIST_KEYS = ("cuda_graph_bs_decode", "cuda_graph_bs")
 GRAPH_MAX_KEYS = ("cuda_graph_max_bs_decode", "cuda_graph_max_bs")
