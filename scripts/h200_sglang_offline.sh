@@ -66,6 +66,11 @@ fi
 ARGS=(--model "$MODEL" --load-format "$LOAD_FORMAT" --batch-sizes "$BS" --input-len "$IN_LEN"
       --output-len "$OUT_LEN" --out "$RES" --timeout 540 --fastpath-config "$FASTPATH_CONFIG")
 [ "$LOAD_FORMAT" = dummy ] && ARGS+=(--randomize-routers)
+# PROFILE_STEPS=5 PROFILE_BS=1,16,64: torch-profiler traces of 5 pure-decode engine steps per listed batch,
+# analysed into per-kernel-category GPU time / idle time (glm5_fastpath/bench/trace_breakdown.py)
+PROFILE_STEPS=${PROFILE_STEPS:-0}
+[ "$PROFILE_STEPS" != 0 ] && ARGS+=(--profile-steps "$PROFILE_STEPS")
+[ -n "${PROFILE_BS:-}" ] && ARGS+=(--profile-batches "$PROFILE_BS")
 python3 -m glm5_fastpath.cli bench offline "${ARGS[@]}" --dry-run | head -3
 
 # 3. one mode per fresh Engine process; each run re-merges every mode-*.json of the same settings in $RES

@@ -17,7 +17,16 @@ batch size B runs:
    `output_len` new tokens -> output tok/s = generated tokens / wall time of those calls (prefill of
    the short prompts included); TTFT / per-request ITL from the response meta_info when SGLang gives
    `first_token_latency` / `e2e_latency`, else not reported from this pass;
-3. a streamed pass (B concurrent `async_generate(stream=True)`) -> per-token wall-clock TTFT and ITL.
+3. a streamed pass (B concurrent `async_generate(stream=True)`) -> per-token wall-clock TTFT and ITL;
+4. with `--profile-steps N` and B in `--profile-batches` (default: every measured B), a profiled pass: B
+   streamed requests of `output_len` tokens; once every request has its first token (prefill done, all B
+   decoding), SGLang's own profiler is started through the Engine's tokenizer manager (what
+   `Engine.start_profile` calls) with `num_steps = N + 2`, CPU + GPU activities, no stacks, no shapes,
+   `output_dir = --out/profile-<mode>-b<B>/`; the scheduler starts the torch profiler at once and stops it by
+   itself after N + 2 forward passes, all of them decode steps at batch B, and writes one
+   `*.trace.json.gz` there. The parent analyzes each trace with `trace_breakdown` (per step: GPU busy / idle,
+   busy per kernel category, top kernels, host launch interval), writes `breakdown.json` / `breakdown.md`
+   beside it and puts the summary into the report.
 
 It writes `mode-<mode>.json` into --out. The parent then merges every `mode-*.json` with the same
 run key found in --out (so stock and fastpath can run in separate 10-minute commands) into
@@ -54,6 +63,14 @@ ROUTER_STD = 0.02
 WARMUP_TOKENS = 4
 FIRST_TOKENS_KEPT = 32
 H200_COPY_BW = 4.27e12
+PROFILE_ACTIVITIES = ("CPU", "GPU")
+# forward passes asked of SGLang beyond --profile-steps: the last profiled step has no next step to close its
+# GPU window, and the one the scheduler is running on the GPU when the profiler stops may lose its tail
+PROFILE_EXTRA_STEPS = 2
+PROFILE_MAX_STEPS = 50  # keep traces small: ~5 steps is enough for a per-step breakdown
+PROFILE_TAIL_TOKENS = 16  # output tokens beyond the profiled steps (the profile request reaches the scheduler late)
+PROFILE_FIRST_TOKEN_TIMEOUT_S = 300.0
+PROFILE_DIR = "profile-{mode}-b{batch}"
 
 # sm90 arguments that avoid FA3 and tilelang (header of shared/tools/sglang-h200-wheels.sh).
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {
@@ -98,6 +115,14 @@ class OfflineOptions:
     stream_pass: bool = True
     timeout_s: int = 3600
     fastpath_config: str | None = None  # selection table for the fastpath worker (GLM5_FASTPATH_CONFIG)
+    profile_steps: int = 0  # decode steps to profile per batch size (0: no profile)
+    profile_batches: list[int] | None = None  # None: every measured batch size
+    profile_activities: list[str] = field(default_factory=lambda: list(PROFILE_ACTIVITIES))
+
+    def profiled_batches(self) -> list[int]:
+        if not self.profile_steps:
+            return []
+        return sorted(self.profile_batches) if self.profile_batches is not None else sorted(self.batch_sizes)
 
     def prompts_per_batch(self, b: int) -> int:
         return self.num_prompts if self.num_prompts is not None else b
@@ -118,6 +143,14 @@ def _mode_list(s: str) -> list[str]:
     bad = [v for v in vals if v not in MODES]
     if bad or not vals:
         raise argparse.ArgumentTypeError(f"modes must be from {','.join(MODES)}, got {s!r}")
+    return list(dict.fromkeys(vals))
+
+
+def _activity_list(s: str) -> list[str]:
+    vals = [x.strip().upper() for x in s.split(",") if x.strip()]
+    bad = [v for v in vals if v not in PROFILE_ACTIVITIES]
+    if bad or not vals:
+        raise argparse.ArgumentTypeError(f"profile activities must be from {','.join(PROFILE_ACTIVITIES)}, got {s!r}")
     return list(dict.fromkeys(vals))
 
 
@@ -166,6 +199,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fastpath-config", default=None, metavar="TABLE.json",
                    help="selection table for the fastpath run (GLM5_FASTPATH_CONFIG); default: the shipped table "
                         "for the GPU (which selects SGLang's path everywhere until a measured table ships)")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="after the timed passes of a batch size, profile N pure decode steps at that batch with "
+                        "SGLang's profiler (torch profiler, no stacks/shapes) into OUT/profile-<mode>-b<B>/ and add "
+                        f"the per-step breakdown to the report (0: off; at most {PROFILE_MAX_STEPS}; ~5 is enough)")
+    p.add_argument("--profile-batches", type=_int_list, default=None, metavar="B,B",
+                   help="batch sizes to profile (default: every measured one); each must be in --batch-sizes")
+    p.add_argument("--profile-activities", type=_activity_list, default=list(PROFILE_ACTIVITIES),
+                   help="profiler activities, CPU,GPU (default; CPU adds the host side) or GPU")
 
 
 def options_from_args(a: argparse.Namespace) -> OfflineOptions:
@@ -173,7 +214,9 @@ def options_from_args(a: argparse.Namespace) -> OfflineOptions:
                           output_len=a.output_len, num_prompts=a.num_prompts, load_format=a.load_format,
                           randomize_routers=a.randomize_routers, modes=list(a.modes), out=a.out, dry_run=a.dry_run,
                           engine_args=parse_engine_args(a.engine_arg), seed=a.seed, seam=a.seam,
-                          stream_pass=a.stream_pass, timeout_s=a.timeout_s, fastpath_config=a.fastpath_config)
+                          stream_pass=a.stream_pass, timeout_s=a.timeout_s, fastpath_config=a.fastpath_config,
+                          profile_steps=a.profile_steps, profile_batches=a.profile_batches,
+                          profile_activities=list(a.profile_activities))
 
 
 def read_model_config(model: str) -> dict:
@@ -187,6 +230,40 @@ def read_model_config(model: str) -> dict:
     if not isinstance(d, dict):
         raise ValueError(f"{p}: top level must be a JSON object")
     return d
+
+
+def validate_profile(o: OfflineOptions) -> None:
+    if o.profile_steps < 0 or o.profile_steps > PROFILE_MAX_STEPS:
+        raise ValueError(f"--profile-steps must be in 0..{PROFILE_MAX_STEPS} (traces stay small; ~5 steps is "
+                         f"enough), got {o.profile_steps}")
+    if not o.profile_steps:
+        if o.profile_batches is not None:
+            raise ValueError("--profile-batches needs --profile-steps N (N >= 1)")
+        return
+    if o.profile_batches is not None:
+        if not o.profile_batches or any(b < 1 for b in o.profile_batches):
+            raise ValueError(f"--profile-batches must be positive integers, got {o.profile_batches}")
+        bad = sorted(set(o.profile_batches) - set(o.batch_sizes))
+        if bad:
+            raise ValueError(f"--profile-batches {bad} not among the measured batch sizes {sorted(o.batch_sizes)} "
+                             "(the decode CUDA graphs are captured for those only)")
+    if not o.profile_activities or any(a not in PROFILE_ACTIVITIES for a in o.profile_activities):
+        raise ValueError(f"--profile-activities must be from {PROFILE_ACTIVITIES}, got {o.profile_activities}")
+    if "GPU" not in o.profile_activities:
+        raise ValueError("--profile-activities must include GPU (the breakdown is of GPU kernels)")
+    need = o.profile_steps + PROFILE_EXTRA_STEPS + PROFILE_TAIL_TOKENS
+    if o.output_len < need:
+        raise ValueError(f"--output-len {o.output_len} is too short to profile {o.profile_steps} decode steps: "
+                         f"needs >= {need} (steps + {PROFILE_EXTRA_STEPS} closing steps + {PROFILE_TAIL_TOKENS} "
+                         "for the profile request to reach the scheduler)")
+
+
+def profile_config(o: OfflineOptions) -> dict | None:
+    if not o.profile_steps:
+        return None
+    return {"steps": o.profile_steps, "sglang_num_steps": o.profile_steps + PROFILE_EXTRA_STEPS,
+            "batches": o.profiled_batches(), "activities": list(o.profile_activities), "with_stack": False,
+            "record_shapes": False, "dir_pattern": str(Path(o.out).resolve() / PROFILE_DIR)}
 
 
 def validate(o: OfflineOptions) -> dict:
@@ -213,6 +290,7 @@ def validate(o: OfflineOptions) -> dict:
     for k in ("model_path", "load_format"):
         if k in o.engine_args:
             raise ValueError(f"--engine-arg {k}: use --model / --load-format instead")
+    validate_profile(o)
     if o.fastpath_config is not None:
         from ..selection import load as load_table
 
@@ -334,6 +412,7 @@ def worker_config(o: OfflineOptions, mode: str, seam: str, cfg: dict) -> dict:
         "prompts_file": str(out / "prompts.json"), "randomize_routers": o.randomize_routers,
         "router_tensors": [[n, list(s)] for n, s in router_tensor_names(cfg)] if o.randomize_routers else [],
         "stream_pass": o.stream_pass, "result_file": str(out / f"mode-{mode}.json"),
+        "profile": profile_config(o),
     }
 
 
@@ -366,6 +445,12 @@ def render_plan(steps: list[dict], sglang_version: str | None) -> str:
         cfg["router_tensors"] = f"{len(cfg['router_tensors'])} tensors" + (
             f" ({cfg['router_tensors'][0][0]} ...)" if cfg["router_tensors"] else "")
         lines.append(json.dumps(cfg, sort_keys=True))
+        prof = cfg.get("profile")
+        if prof:
+            lines.append(f"profile: {prof['steps']} decode steps (SGLang num_steps={prof['sglang_num_steps']}) at "
+                         f"batch {','.join(map(str, prof['batches']))}, activities {','.join(prof['activities'])}, "
+                         "no stacks, no shapes -> "
+                         + prof["dir_pattern"].format(mode=s["mode"], batch="<B>") + "/ (breakdown.md beside)")
     return "\n".join(lines)
 
 
@@ -423,6 +508,11 @@ def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | Non
             br = r.get("batches", {}).get(str(b), {})
             row[mode] = {k: br.get(k) for k in ("output_tok_s", "ttft_ms", "itl_ms", "latency_source", "error",
                                                  "wall_s", "output_tokens")}
+            if br.get("profile"):
+                p = br["profile"]
+                row[mode]["profile"] = {k: p.get(k) for k in ("dir", "steps_requested", "traces", "trace_bytes",
+                                                               "error", "breakdown_error", "breakdown", "wall_s")
+                                        if p.get(k) is not None}
         s = (row.get("stock") or {}).get("output_tok_s")
         f = (row.get("fastpath") or {}).get("output_tok_s")
         row["speedup"] = (f / s) if (s and f) else None
@@ -495,6 +585,7 @@ def render_markdown(rep: dict) -> str:
             lines.append(f"- {mo}: engine args not in this SGLang's ServerArgs, dropped: {info['dropped_engine_args']}")
         if info.get("error"):
             lines.append(f"- {mo}: worker error: {info['error']}")
+    lines += render_profiles(rep)
     return "\n".join(lines) + "\n"
 
 
@@ -554,6 +645,103 @@ def load_mode_results(out: Path, key: str) -> tuple[dict[str, dict], list[str]]:
     return res, skipped
 
 
+# ---- profiles (parent; pure Python) ----------------------------------------------------------------------
+
+PROFILE_TOP_IN_REPORT = 10
+
+
+def compact_breakdown(res: dict, top: int = PROFILE_TOP_IN_REPORT) -> dict:
+    """What the offline report keeps of a trace_breakdown result (the full one is breakdown.json)."""
+    return {"source": res.get("source"), "split": res.get("split"), "summary": res.get("summary"),
+            "top_kernels": (res.get("top_kernels") or [])[:top], "largest_gaps": (res.get("largest_gaps") or [])[:5],
+            "warnings": res.get("warnings") or []}
+
+
+def attach_profiles(results: dict[str, dict], out: Path) -> list[str]:
+    """Analyze the trace of every profiled (mode, batch) the workers recorded, write breakdown.json / .md
+    beside it and put the compact breakdown into the batch result (key profile.breakdown). Returns log lines."""
+    from .trace_breakdown import analyze_file, find_traces, summary_lines, write_outputs
+
+    lines = []
+    for mode, r in results.items():
+        for b, br in (r.get("batches") or {}).items():
+            p = br.get("profile")
+            if not isinstance(p, dict) or not p.get("dir"):
+                continue
+            d = Path(p["dir"])
+            if not d.is_dir() and (out / d.name).is_dir():  # results moved with their folder
+                d = out / d.name
+            try:
+                traces = find_traces(d) if d.is_dir() else []
+                if not traces:
+                    p["breakdown_error"] = p.get("error") or f"no trace in {d}"
+                    continue
+                if len(traces) > 1:
+                    p["traces_ignored"] = [t.name for t in traces[1:]]
+                res = analyze_file(traces[0])
+                write_outputs([res], d)
+                p["breakdown"] = compact_breakdown(res)
+                lines.append(f"[{mode} b{b}] profile: " + " | ".join(summary_lines(res)) + f" ({d}/breakdown.md)")
+            except Exception as e:  # noqa: BLE001 - a bad trace must not lose the timed report
+                p["breakdown_error"] = f"{type(e).__name__}: {e}"
+    return lines
+
+
+def render_profiles(rep: dict) -> list[str]:
+    """The offline report's breakdown section: one row per profiled (mode, batch), then the top kernels."""
+    from .trace_breakdown import CATEGORIES
+
+    items = []
+    for r in rep["rows"]:
+        for mo in rep["modes"]:
+            p = (r.get(mo) or {}).get("profile")
+            if p:
+                items.append((mo, r["batch"], p, (r.get(mo) or {}).get("itl_ms") or {}))
+    if not items:
+        return []
+
+    def ms(x):
+        return "-" if x is None else f"{x / 1e3:.3f}"
+
+    def p50(d):
+        return (d or {}).get("p50")
+
+    def cat_max(p, c):
+        d = (((p.get("breakdown") or {}).get("summary") or {}).get("category_us") or {}).get(c)
+        return d["max"] if d else 0.0
+
+    used = [c for c in CATEGORIES if any(cat_max(p, c) > 0 for _, _, p, _ in items)]
+    head = ["mode", "batch", "steps", "step ms p50", "ITL p50 ms (stream)", "GPU busy ms", "busy %", "GPU idle ms",
+            "idle between steps ms"] + [f"{c} ms" for c in used] + ["host launch interval ms",
+                                                                     "GPU drained before next launch ms"]
+    lines = ["", "## Decode-step breakdown (SGLang's torch profiler, complete decode steps, p50 per step)", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    tops = []
+    for mo, b, p, itl in items:
+        s = (p.get("breakdown") or {}).get("summary")
+        if not s:
+            why = p.get("breakdown_error") or p.get("error") or "; ".join((p.get("breakdown") or {}).get("warnings") or [])
+            lines.append(f"| {mo} | {b} | - | no breakdown: {str(why)[:100]} |" + " |" * (len(head) - 4))
+            continue
+        h = s.get("host") or {}
+        cells = [mo, str(b), str(s["steps"]), ms(p50(s["window_us"])), _f(itl.get("p50"), 3), ms(p50(s["busy_us"])),
+                 _f(100 * s["busy_fraction"] if s.get("busy_fraction") is not None else None),
+                 ms(p50(s["idle_us"])), ms(p50(s["idle_between_steps_us"]))]
+        cells += [ms(p50(s["category_us"].get(c))) for c in used]
+        cells += [ms(p50(h.get("launch_interval_us"))), ms(p50(h.get("gpu_drained_before_next_launch_us")))]
+        lines.append("| " + " | ".join(cells) + " |")
+        tk = p["breakdown"].get("top_kernels") or []
+        if tk:
+            tops.append(f"- {mo} b{b}: " + "; ".join(
+                f"`{k['name'][:70]}` ({k['category']}) {k['us_per_step']:.1f} us/step" for k in tk[:5]))
+    lines += ["", "step = GPU step period (first kernel of one decode step to the next); busy = union of GPU "
+              "activity; category columns = summed kernel time per step; host launch interval = CPU time between "
+              "the first launch calls of consecutive steps. Full tables (every step, top 25 kernels, largest idle "
+              "gaps): profile-<mode>-b<B>/breakdown.md. Profiler overhead: compare step ms with the unprofiled "
+              "ITL p50.", "", "Top kernels per step:", ""] + tops
+    return lines
+
+
 # ---- parent ------------------------------------------------------------------------------------------
 
 def run_bench(o: OfflineOptions) -> int:
@@ -592,6 +780,8 @@ def run_bench(o: OfflineOptions) -> int:
     results, skipped = load_mode_results(out, run_key(o))
     for sk in skipped:
         print(f"ignoring {sk}")
+    for line in attach_profiles(results, out):
+        print(line)
     from .meta import git_commit, utc_now
 
     first = next(iter(results.values()), {})
@@ -695,6 +885,93 @@ def _stream_pass(engine, prompts, sp) -> tuple[list[float], list[float]]:
     return ttft, itl
 
 
+def _start_profile_kwargs(start_profile, want: dict) -> dict:
+    """The subset of `want` that this SGLang's TokenizerManager.start_profile accepts (0.5.14:
+    srt/managers/tokenizer_control_mixin.py:318; later releases may drop or add keywords)."""
+    import inspect
+
+    try:
+        params = inspect.signature(start_profile).parameters
+    except (TypeError, ValueError):
+        return dict(want)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(want)
+    return {k: v for k, v in want.items() if k in params}
+
+
+def _profile_pass(engine, prompts, sp, pdir: Path, prof: dict, prefix: str) -> dict:
+    """B streamed requests; once each has its first token (prefill over, all B decoding), SGLang's profiler
+    for `sglang_num_steps` forward passes, started through the Engine's tokenizer manager in the same event
+    loop (Engine.start_profile would block that loop: it is `loop.run_until_complete(...)`, engine.py:964)."""
+    import asyncio
+    import shutil
+
+    from .trace_breakdown import find_traces
+
+    if pdir.exists():
+        shutil.rmtree(pdir)
+    pdir.mkdir(parents=True)
+    tm = engine.tokenizer_manager
+    want = {"output_dir": str(pdir), "num_steps": prof["sglang_num_steps"], "activities": list(prof["activities"]),
+            "with_stack": False, "record_shapes": False, "profile_by_stage": False, "merge_profiles": False,
+            "profile_prefix": prefix}
+    kw = _start_profile_kwargs(tm.start_profile, want)
+    info: dict[str, Any] = {"dir": str(pdir), "steps_requested": prof["steps"],
+                            "sglang_num_steps": prof["sglang_num_steps"], "activities": list(prof["activities"]),
+                            "start_profile_kwargs": kw,
+                            "start_profile_kwargs_dropped": sorted(set(want) - set(kw))}
+
+    async def run():
+        first = [asyncio.Event() for _ in prompts]
+
+        async def one(i, ids):
+            n = 0
+            gen = await engine.async_generate(input_ids=ids, sampling_params=sp, stream=True)
+            async for chunk in gen:
+                first[i].set()
+                n = int((chunk.get("meta_info") or {}).get("completion_tokens", n + 1))
+            return n
+
+        tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(prompts)]
+        waiter = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in first)))
+        deadline = time.perf_counter() + PROFILE_FIRST_TOKEN_TIMEOUT_S
+        try:
+            while not waiter.done():
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    raise TimeoutError(f"not every request had its first token after {PROFILE_FIRST_TOKEN_TIMEOUT_S} s")
+                await asyncio.wait([waiter, *tasks], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                for t in tasks:
+                    if t.done() and not waiter.done():
+                        t.result()  # raises the request's error
+                        raise RuntimeError("a request finished before every request had started decoding")
+            t0 = time.perf_counter()
+            await tm.start_profile(**kw)
+            info["start_profile_s"] = time.perf_counter() - t0
+            info["completion_tokens"] = await asyncio.gather(*tasks)
+        finally:
+            waiter.cancel()
+            for t in tasks:
+                t.cancel()
+        if not find_traces(pdir):  # the requests ended before N + 2 forward passes: stop it ourselves
+            try:
+                await tm.stop_profile()
+                info["stopped_by"] = "stop_profile"
+            except Exception as e:  # noqa: BLE001 - "not in progress" when it had stopped by itself
+                info["stop_profile"] = f"{type(e).__name__}: {e}"
+        else:
+            info["stopped_by"] = "num_steps"
+
+    loop = getattr(engine, "loop", None) or asyncio.new_event_loop()
+    loop.run_until_complete(run())
+    traces = find_traces(pdir)
+    info["traces"] = [t.name for t in traces]
+    info["trace_bytes"] = sum(t.stat().st_size for t in traces)
+    if not traces:
+        info["error"] = f"no trace written into {pdir}"
+    return info
+
+
 def _randomize_routers(engine, names: list, seed: int) -> int:
     import torch
 
@@ -725,6 +1002,10 @@ def worker_main(config_path: str) -> int:
                            "env": {k: os.environ.get(k) for k in (ENV_SWITCH, ENV_EXTERNAL, ENV_CONFIG, *DEFAULT_ENV)},
                            "batches": {}}
     rpath = Path(c["result_file"])
+    prof = c.get("profile")
+    if prof and os.environ.pop("SGLANG_PROFILE_V2", None) is not None:
+        # the v2 profile manager supports only profile_by_stage (srt/utils/profile_utils.py:92, :118)
+        res["profile_note"] = "SGLANG_PROFILE_V2 unset for this worker (the v2 manager has no num_steps start)"
     if os.environ.get(ENV_CONFIG):
         try:
             res["selection_table"] = json.loads(Path(os.environ[ENV_CONFIG]).read_text())
@@ -782,6 +1063,16 @@ def worker_main(config_path: str) -> int:
             except Exception as e:  # noqa: BLE001 - record, go on with the next batch size
                 br["error"] = f"{type(e).__name__}: {e}"
             save()
+            if prof and b in prof["batches"] and "error" not in br:
+                pdir = Path(prof["dir_pattern"].format(mode=c["mode"], batch=b))
+                t = time.perf_counter()
+                try:
+                    br["profile"] = _profile_pass(engine, prompts[:b], sp, pdir, prof, f"{c['mode']}-b{b}")
+                except Exception as e:  # noqa: BLE001 - the timed numbers of this batch stand without it
+                    br["profile"] = {"dir": str(pdir), "steps_requested": prof["steps"],
+                                     "error": f"{type(e).__name__}: {e}"}
+                br["profile"]["wall_s"] = time.perf_counter() - t
+                save()
         return 0 if not any("error" in v for v in res["batches"].values()) else 1
     except Exception as e:  # noqa: BLE001
         import traceback

@@ -230,3 +230,196 @@ def test_fastpath_config_is_validated_and_reaches_only_the_fastpath_worker(tmp_p
     steps = {s["mode"]: s for s in off.plan(o, "0.5.14")}
     assert steps["fastpath"]["env"]["GLM5_FASTPATH_CONFIG"] == str(good)
     assert steps["stock"]["env"]["GLM5_FASTPATH_CONFIG"] is None
+
+
+# ---- --profile-steps (issue #9: where the engine's decode step time goes) --------------------------------------
+
+def test_profile_options_default_off_and_in_config(tmp_path):
+    o = _opts(tmp_path)
+    assert o.profile_steps == 0 and o.profile_batches is None and o.profiled_batches() == []
+    assert all(s["config"]["profile"] is None for s in off.plan(o, "0.5.14"))
+    o = _opts(tmp_path, "--batch-sizes", "1,8,16", "--profile-steps", "5")
+    assert o.profiled_batches() == [1, 8, 16]  # default: every measured batch size
+    prof = off.plan(o, "0.5.14")[0]["config"]["profile"]
+    assert prof["steps"] == 5 and prof["sglang_num_steps"] == 5 + off.PROFILE_EXTRA_STEPS
+    assert prof["activities"] == ["CPU", "GPU"] and prof["with_stack"] is False and prof["record_shapes"] is False
+    assert prof["dir_pattern"].endswith("profile-{mode}-b{batch}")
+    o = _opts(tmp_path, "--batch-sizes", "1,8,16", "--profile-steps", "3", "--profile-batches", "16,1",
+              "--profile-activities", "gpu")
+    prof = off.plan(o, "0.5.14")[0]["config"]["profile"]
+    assert prof["batches"] == [1, 16] and prof["activities"] == ["GPU"]
+    assert off.run_key(o) == off.run_key(_opts(tmp_path, "--batch-sizes", "1,8,16"))  # profiling: same run key
+
+
+def test_dry_run_shows_profile(tmp_path, capsys):
+    m = _model(tmp_path)
+    rc = main(["bench", "offline", "--model", str(m), "--load-format", "dummy", "--dry-run", "--batch-sizes", "1,8",
+               "--out", str(tmp_path / "o"), "--profile-steps", "5", "--profile-batches", "1"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    for mode in ("stock", "fastpath"):
+        assert (f"profile: 5 decode steps (SGLang num_steps=7) at batch 1, activities CPU,GPU, no stacks, no shapes "
+                f"-> {tmp_path / 'o'}/profile-{mode}-b<B>/") in out
+    assert '"profile": {"activities": ["CPU", "GPU"], "batches": [1]' in out
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--batch-sizes", "1,8", "--profile-steps", "5", "--profile-batches", "1,16"], "not among the measured batch"),
+    (["--profile-batches", "1"], "needs --profile-steps"),
+    (["--profile-steps", "-1"], "--profile-steps must be in"),
+    (["--profile-steps", str(off.PROFILE_MAX_STEPS + 1)], "traces stay small"),
+    (["--profile-steps", "5", "--output-len", "20"], "too short to profile"),
+])
+def test_profile_validation_errors(tmp_path, extra, msg):
+    with pytest.raises(ValueError, match=msg):
+        off.validate(_opts(tmp_path, *extra))
+
+
+def test_profile_validation_cli(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "offline", "--model", "m", "--profile-activities", "CPU,MEM"])
+    o = _opts(tmp_path, "--profile-steps", "5")
+    o.profile_activities = ["CPU"]
+    with pytest.raises(ValueError, match="include GPU"):
+        off.validate(o)
+    rc = main(["bench", "offline", "--model", str(_model(tmp_path)), "--load-format", "dummy", "--dry-run",
+               "--batch-sizes", "1,8", "--profile-steps", "5", "--profile-batches", "32"])
+    assert rc == 2 and "not among the measured batch sizes [1, 8]" in capsys.readouterr().err
+
+
+def test_start_profile_kwargs_follow_the_signature():
+    async def v0514(output_dir=None, start_step=None, num_steps=None, activities=None, with_stack=None,
+                    record_shapes=None, profile_by_stage=False, merge_profiles=False, profile_prefix=None,
+                    profile_stages=None):
+        pass
+
+    async def older(output_dir=None, num_steps=None, activities=None):
+        pass
+
+    async def anything(**kw):
+        pass
+
+    want = {"output_dir": "/d", "num_steps": 7, "activities": ["CPU", "GPU"], "with_stack": False,
+            "record_shapes": False, "profile_prefix": "stock-b1"}
+    assert off._start_profile_kwargs(v0514, want) == want
+    assert off._start_profile_kwargs(older, want) == {"output_dir": "/d", "num_steps": 7, "activities": ["CPU", "GPU"]}
+    assert off._start_profile_kwargs(anything, want) == want
+
+
+def _trace(steps=4, period=3000.0, t0=1e6):
+    """Minimal SGLang-like trace: per step a host step[DECODE bs=1] range with one cudaGraphLaunch, two kernels."""
+    ev, host, dev = [], {"pid": 1, "tid": 2}, {"pid": 0, "tid": 7}
+    for k in range(steps):
+        t = t0 + k * period
+        ev.append({"ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=1]", "ts": t, "dur": 200, **host})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t + 50, "dur": 20, **host,
+                   "args": {"correlation": k}})
+        ev.append({"ph": "X", "cat": "kernel", "name": "glm5_megamoe", "ts": t + 100, "dur": 1000, **dev,
+                   "args": {"correlation": k, "stream": 7}})
+        ev.append({"ph": "X", "cat": "kernel", "name": "flash_fwd_splitkv_mla_fp8_sparse_kernel", "ts": t + 1100,
+                   "dur": 500, **dev, "args": {"correlation": k, "stream": 7}})
+    return {"traceEvents": ev}
+
+
+class _FakeTokenizerManager:
+    def __init__(self, trace, write_on="start"):
+        self.trace, self.calls, self.write_on = trace, [], write_on
+
+    def _write(self, output_dir, prefix):
+        import gzip
+        from pathlib import Path
+
+        p = Path(output_dir) / f"{prefix}-1700000000.0-TP-0.trace.json.gz"
+        p.write_bytes(gzip.compress(json.dumps(self.trace).encode()))
+
+    async def start_profile(self, output_dir=None, num_steps=None, activities=None, with_stack=None,
+                            record_shapes=None, profile_by_stage=False, merge_profiles=False, profile_prefix=None):
+        self.calls.append(dict(output_dir=output_dir, num_steps=num_steps, activities=activities,
+                               with_stack=with_stack, record_shapes=record_shapes, profile_prefix=profile_prefix))
+        if self.write_on == "start":  # the scheduler writes it after num_steps forward passes, requests still decoding
+            self._write(output_dir, profile_prefix)
+
+    async def stop_profile(self):
+        if self.write_on != "stop":
+            raise RuntimeError("Profiling is not in progress. Call /start_profile first.")
+        self._write(self.calls[-1]["output_dir"], self.calls[-1]["profile_prefix"])
+
+
+class _FakeEngine:
+    def __init__(self, trace, tokens=40, fail=False, write_on="start"):
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+        self.tokenizer_manager = _FakeTokenizerManager(trace, write_on)
+        self.tokens, self.fail = tokens, fail
+
+    async def async_generate(self, input_ids=None, sampling_params=None, stream=False):
+        if self.fail:
+            raise RuntimeError("engine gone")
+        tm, n_tok = self.tokenizer_manager, self.tokens
+
+        async def gen():
+            import asyncio
+
+            for i in range(1, n_tok + 1):
+                await asyncio.sleep(0)
+                if i > 1:
+                    assert tm.calls, "decode continued past the first token before the profile started"
+                yield {"output_ids": [i], "meta_info": {"completion_tokens": i}}
+                if i == 1:  # hold at the first token until the profile is requested (as a slow engine would)
+                    while not tm.calls:
+                        await asyncio.sleep(0)
+
+        return gen()
+
+
+def test_profile_pass_with_a_fake_engine(tmp_path):
+    eng = _FakeEngine(_trace())
+    prof = {"steps": 5, "sglang_num_steps": 7, "activities": ["CPU", "GPU"]}
+    pdir = tmp_path / "profile-stock-b2"
+    pdir.mkdir()
+    (pdir / "old.trace.json.gz").write_bytes(b"stale")  # an earlier run's trace is removed first
+    info = off._profile_pass(eng, [[11, 12], [13, 14]], {"max_new_tokens": 40}, pdir, prof, "stock-b2")
+    assert "error" not in info and info["stopped_by"] == "num_steps"
+    assert info["traces"] == ["stock-b2-1700000000.0-TP-0.trace.json.gz"] and info["trace_bytes"] > 0
+    assert info["completion_tokens"] == [40, 40]
+    call = eng.tokenizer_manager.calls[0]
+    assert call == {"output_dir": str(pdir), "num_steps": 7, "activities": ["CPU", "GPU"], "with_stack": False,
+                    "record_shapes": False, "profile_prefix": "stock-b2"}
+    assert info["start_profile_kwargs_dropped"] == []  # the fake takes every keyword we send, like 0.5.14
+    with pytest.raises(RuntimeError, match="engine gone"):
+        off._profile_pass(_FakeEngine(_trace(), fail=True), [[1]], {}, tmp_path / "p2", prof, "x")
+    # requests ended before num_steps forward passes: the worker stops the profiler itself
+    info = off._profile_pass(_FakeEngine(_trace(), write_on="stop"), [[1]], {}, tmp_path / "p3", prof, "s")
+    assert info["stopped_by"] == "stop_profile" and info["traces"] and "error" not in info
+    info = off._profile_pass(_FakeEngine(_trace(), write_on="never"), [[1]], {}, tmp_path / "p4", prof, "n")
+    assert "not in progress" in info["stop_profile"] and info["error"].startswith("no trace written")
+
+
+def test_attach_profiles_and_report_section(tmp_path):
+    import gzip
+
+    pdir = tmp_path / "profile-fastpath-b1"
+    pdir.mkdir()
+    (pdir / "fastpath-b1-1.0-TP-0.trace.json.gz").write_bytes(gzip.compress(json.dumps(_trace(5)).encode()))
+    res = {"stock": _fake("stock", {1: 280.0}, [1, 2]), "fastpath": _fake("fastpath", {1: 300.0}, [1, 2])}
+    res["fastpath"]["batches"]["1"]["profile"] = {"dir": str(tmp_path / "elsewhere" / pdir.name), "steps_requested": 5}
+    res["stock"]["batches"]["1"]["profile"] = {"dir": str(tmp_path / "profile-stock-b1"), "steps_requested": 5,
+                                               "error": "TimeoutError: no first token"}
+    lines = off.attach_profiles(res, tmp_path)
+    assert len(lines) == 1 and "4 complete step(s) of 5" in lines[0]
+    p = res["fastpath"]["batches"]["1"]["profile"]
+    s = p["breakdown"]["summary"]
+    assert s["steps"] == 4 and s["window_us"]["p50"] == pytest.approx(3000.0) and s["busy_us"]["p50"] == 1500.0
+    assert s["category_us"]["ours"]["p50"] == 1000.0 and s["category_us"]["flashmla"]["p50"] == 500.0
+    assert (pdir / "breakdown.json").is_file() and (pdir / "breakdown.md").is_file()
+    assert res["stock"]["batches"]["1"]["profile"]["breakdown_error"] == "TimeoutError: no first token"
+    rep = off.build_report(res)
+    assert rep["rows"][0]["fastpath"]["profile"]["breakdown"]["split"] == "host-step"
+    md = off.render_markdown(rep)
+    assert "## Decode-step breakdown" in md
+    assert "| fastpath | 1 | 4 | 3.000 | 3.000 | 1.500 | 50.0 | 1.500 | 1.500 | 1.000 | 0.500 | 3.000 | 1.450 |" in md
+    assert "| stock | 1 | - | no breakdown: TimeoutError: no first token |" in md
+    assert "`glm5_megamoe` (ours) 1000.0 us/step" in md
+    json.dumps(rep)  # the report stays JSON

@@ -1,0 +1,677 @@
+"""Per-decode-step breakdown of a torch-profiler Chrome trace as SGLang writes it (issue #9).
+
+    python -m glm5_fastpath.bench.trace_breakdown TRACE_OR_DIR [--out DIR] [--split auto|host-step|gpu-step|graph|gap]
+
+Pure Python (json, gzip; no torch): runs on the CPU machine over a trace fetched from the GPU one.
+
+What the trace holds (Kineto's Chrome-trace export, `*.trace.json.gz`):
+- GPU activity: `cat` "kernel" / "gpu_memcpy" / "gpu_memset", `ts` / `dur` in microseconds, `args.stream`,
+  `args.correlation`. Kernels replayed by a CUDA graph are listed one by one on their stream, and all of them
+  carry the correlation id of the `cudaGraphLaunch` that replayed them (CUPTI gives graph nodes no launch call
+  of their own).
+- Host launch calls: `cat` "cuda_runtime" / "cuda_driver" (`cudaGraphLaunch`, `cudaLaunchKernel`,
+  `cuLaunchKernelEx`, `cudaMemcpyAsync`, ...) with the same `args.correlation` (only with the CUDA activity).
+- Host ranges (`cat` "user_annotation", only with the CPU activity): SGLang 0.5.14 opens one per forward
+  pass in `ModelRunner.forward`, named `step[DECODE bs=B]` / `step[EXTEND bs=B toks=T]`
+  (srt/model_executor/model_runner.py:2917, name built at :3256), and one per scheduler stage
+  (`scheduler.recv_requests`, `scheduler.process_input_requests`, `scheduler.get_next_batch_to_run`,
+  `scheduler.run_batch`, `scheduler.process_batch_result`; srt/utils/nvtx_utils.py emits them as
+  `record_function` whenever a torch profiler is active). Kineto mirrors host ranges that launched GPU work
+  as "gpu_user_annotation" events on the GPU timeline.
+
+How steps are delimited (`--split auto` tries these in order, and says which one it used):
+1. `host-step`: each host `step[...]` range; the step's GPU start is the first GPU activity whose
+   correlation id belongs to a launch call inside that range (the graph replay and the input copies before it).
+2. `gpu-step`: the GPU-side mirror of those ranges (`gpu_user_annotation` named `step[...]`), start = its ts.
+3. `graph`: each `cudaGraphLaunch` / `cuGraphLaunch` call with GPU work; start = its first kernel.
+4. `gap`: GPU idle gaps of at least `--gap-us` (default: half the largest gap, at least 5 us) on the union
+   of all streams.
+Step i's window is [start_i, start_{i+1}): every GPU activity that starts in it is charged to step i, which
+therefore includes the sampling / logits kernels and copies that follow the forward. The last window has no
+next start, so it is reported but marked incomplete and left out of the summary; GPU activity before the
+first start (the tail of a step launched before the profiler started) is dropped. Busy time in a window counts
+all activity running in it, also activity that started in the window before. When the step names carry a
+forward mode, the summary keeps only DECODE steps.
+
+Per step: window (the GPU step period), GPU busy (union of all activity over every stream), idle (window -
+busy) split into the gap before the next step's first kernel ("between steps") and the gaps inside the step,
+busy time per category (sum of activity durations; overlapping streams can make the sum exceed the union),
+and, when the trace has launch calls, the host side: the interval between the first launch calls of
+consecutive steps (the CPU's step period, scheduler overhead included), how long the GPU sat drained before
+the host launched the next step, the host `step[...]` span, and the time in each `scheduler.*` range of the
+host loop iteration (from the `scheduler.run_batch` around one step's range to the next one's).
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+CATEGORIES = ("ours", "flashmla", "deepgemm", "triton", "nccl", "cublas", "sampling", "aten", "memcpy", "other")
+CATEGORY_HELP = {
+    "ours": "glm5_fastpath kernels (names glm5_*)",
+    "flashmla": "FlashMLA (flash_mla / sparse / splitkv_mla / mla_combine)",
+    "deepgemm": "DeepGEMM (deep_gemm / fp8_gemm / sm90_fp8 / mqa_logits / mega_moe)",
+    "triton": "Triton (triton_* / fused_moe / plain identifier names that no other rule took)",
+    "nccl": "NCCL",
+    "cublas": "cuBLAS / CUTLASS GEMMs (gemm / cutlass / cublas / nvjet / xmma)",
+    "sampling": "sampling / logits (sampling / argmax / softmax / penalt / logit)",
+    "aten": "torch elementwise / reduce / copy kernels (at::native / at::cuda)",
+    "memcpy": "memcpy / memset activity",
+    "other": "everything else (flashinfer, sgl-kernel, ...)",
+}
+SPLIT_METHODS = ("auto", "host-step", "gpu-step", "graph", "gap")
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "concurrent kernel"}
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
+HOST_ANNOT_CATS = {"user_annotation"}
+GPU_ANNOT_CATS = {"gpu_user_annotation"}
+STEP_RE = re.compile(r"^step\[\s*([A-Za-z_]+)(?:\s+bs=(\d+))?")
+SCHED_PREFIX = "scheduler."
+TOP_K = 25
+GAPS_KEPT = 8
+
+_PLAIN_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def category(name: str, cat: str = "kernel") -> str:
+    """Category of one GPU activity (first rule that matches, in CATEGORIES order with memcpy first)."""
+    c = (cat or "").lower()
+    if "memcpy" in c or "memset" in c:
+        return "memcpy"
+    n = name or ""
+    lo = n.lower()
+    if lo.startswith("glm5_") or "glm5_fastpath" in lo or re.search(r"\bglm5_", lo):
+        return "ours"
+    if "nccl" in lo:
+        return "nccl"
+    if any(k in lo for k in ("flash_mla", "flashmla", "splitkv_mla", "mla_combine", "sparse")):
+        return "flashmla"
+    if any(k in lo for k in ("deep_gemm", "deepgemm", "fp8_gemm", "sm90_fp8", "mqa_logits", "mega_moe",
+                             "m_grouped")):
+        return "deepgemm"
+    if any(k in lo for k in ("sampling", "argmax", "softmax", "penalt", "logit")):
+        return "sampling"
+    if any(k in lo for k in ("gemm", "cutlass", "cublas", "nvjet", "xmma")):
+        return "cublas"
+    if "triton" in lo or "fused_moe" in lo:
+        return "triton"
+    if "at::native" in n or "at::cuda" in n or lo.startswith("void at::"):
+        return "aten"
+    if _PLAIN_ID.match(n):  # Triton kernels carry their Python function's plain name; CUDA C++ ones a signature
+        return "triton"
+    return "other"
+
+
+# ---- parsing -----------------------------------------------------------------------------------------------
+
+@dataclass
+class GpuOp:
+    name: str
+    cat: str
+    ts: float
+    dur: float
+    stream: Any = None
+    corr: Any = None
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.dur
+
+
+@dataclass
+class HostEv:
+    name: str
+    cat: str
+    ts: float
+    dur: float
+    corr: Any = None
+    tid: Any = None
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.dur
+
+
+@dataclass
+class Trace:
+    gpu: list[GpuOp] = field(default_factory=list)
+    launches: list[HostEv] = field(default_factory=list)
+    host_annotations: list[HostEv] = field(default_factory=list)
+    gpu_annotations: list[HostEv] = field(default_factory=list)
+    events_total: int = 0
+    events_skipped: int = 0
+
+
+def load_trace(path: str | Path) -> Any:
+    """The parsed JSON of a Chrome trace (.json or .json.gz; gzip detected by magic bytes, not the name)."""
+    p = Path(path)
+    raw = p.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return json.loads(raw.decode("utf-8", errors="replace"))
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, str):
+        try:
+            return float(x)
+        except ValueError:
+            return None
+    return None
+
+
+def parse_events(obj: Any) -> Trace:
+    """Sort a trace's events into GPU activity, launch calls and annotations; events missing what their kind
+    needs (ts; name for annotations) are counted as skipped, never raised on."""
+    evs = obj.get("traceEvents", []) if isinstance(obj, dict) else obj if isinstance(obj, list) else []
+    tr = Trace()
+    for e in evs:
+        tr.events_total += 1
+        if not isinstance(e, dict):
+            tr.events_skipped += 1
+            continue
+        ph = e.get("ph", "X")
+        if ph not in ("X", None):  # metadata, flow (s/f), instant and counter events carry no span
+            continue
+        cat = str(e.get("cat") or "").lower()
+        if not cat:
+            continue
+        ts, dur = _num(e.get("ts")), _num(e.get("dur"))
+        if ts is None:
+            tr.events_skipped += 1
+            continue
+        dur = max(dur or 0.0, 0.0)
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        name = str(e.get("name") or "")
+        corr = args.get("correlation", args.get("correlation id"))
+        if cat in GPU_CATS:
+            if ts <= 0:  # Kineto writes ts=0 for activity it could not time
+                tr.events_skipped += 1
+                continue
+            tr.gpu.append(GpuOp(name or "<unnamed>", cat, ts, dur, args.get("stream", e.get("tid")), corr))
+        elif cat in LAUNCH_CATS:
+            tr.launches.append(HostEv(name, cat, ts, dur, corr, e.get("tid")))
+        elif cat in HOST_ANNOT_CATS and name:
+            tr.host_annotations.append(HostEv(name, cat, ts, dur, None, e.get("tid")))
+        elif cat in GPU_ANNOT_CATS and name:
+            tr.gpu_annotations.append(HostEv(name, cat, ts, dur, None, e.get("tid")))
+    for lst in (tr.gpu, tr.launches, tr.host_annotations, tr.gpu_annotations):
+        lst.sort(key=lambda x: x.ts)
+    return tr
+
+
+# ---- step split --------------------------------------------------------------------------------------------
+
+@dataclass
+class StepMark:
+    gpu_start: float
+    mode: str | None = None
+    bs: int | None = None
+    launch_ts: float | None = None  # first launch call of the step (host clock)
+    graph_launches: int = 0
+    host_step_us: float | None = None  # the host step[...] range's duration
+    host_anchor: float | None = None  # start of the host loop iteration (enclosing scheduler.run_batch, else launch)
+
+
+def _step_name(name: str) -> tuple[str | None, int | None] | None:
+    m = STEP_RE.match(name)
+    if not m:
+        return None
+    return m.group(1).upper(), (int(m.group(2)) if m.group(2) else None)
+
+
+def _first_gpu_by_corr(tr: Trace) -> dict[Any, float]:
+    first: dict[Any, float] = {}
+    for g in tr.gpu:
+        if g.corr is None:
+            continue
+        if g.corr not in first or g.ts < first[g.corr]:
+            first[g.corr] = g.ts
+    return first
+
+
+def _is_graph_launch(name: str) -> bool:
+    return "graphlaunch" in name.lower()
+
+
+def marks_host_step(tr: Trace) -> list[StepMark]:
+    steps = [(a, _step_name(a.name)) for a in tr.host_annotations]
+    steps = [(a, s) for a, s in steps if s is not None]
+    if not steps or not tr.launches:
+        return []
+    first = _first_gpu_by_corr(tr)
+    lts = [x.ts for x in tr.launches]
+    run_batch = [r for r in tr.host_annotations if r.name == SCHED_PREFIX + "run_batch"]
+    out = []
+    for a, (mode, bs) in steps:
+        lo, hi = bisect.bisect_left(lts, a.ts), bisect.bisect_right(lts, a.end)
+        own = [x for x in tr.launches[lo:hi] if x.corr is not None and x.corr in first]
+        if not own:
+            continue
+        encl = [r.ts for r in run_batch if r.ts <= a.ts and r.end >= a.end and r.tid == a.tid]
+        out.append(StepMark(gpu_start=min(first[x.corr] for x in own), mode=mode, bs=bs,
+                            launch_ts=min(x.ts for x in own),
+                            graph_launches=sum(1 for x in own if _is_graph_launch(x.name)), host_step_us=a.dur,
+                            host_anchor=max(encl) if encl else a.ts))
+    return out
+
+
+def marks_gpu_step(tr: Trace) -> list[StepMark]:
+    out = []
+    for a in tr.gpu_annotations:
+        s = _step_name(a.name)
+        if s is not None:
+            out.append(StepMark(gpu_start=a.ts, mode=s[0], bs=s[1]))
+    return out
+
+
+def marks_graph(tr: Trace) -> list[StepMark]:
+    first = _first_gpu_by_corr(tr)
+    return [StepMark(gpu_start=first[x.corr], launch_ts=x.ts, graph_launches=1)
+            for x in tr.launches if _is_graph_launch(x.name) and x.corr is not None and x.corr in first]
+
+
+def busy_intervals(ops: Iterable[GpuOp], lo: float = float("-inf"), hi: float = float("inf")) -> list[list[float]]:
+    """Union of [ts, end) over ops, clipped to [lo, hi), as sorted disjoint intervals."""
+    iv = sorted((max(o.ts, lo), min(o.end, hi)) for o in ops if o.end > lo and o.ts < hi)
+    out: list[list[float]] = []
+    for a, b in iv:
+        if b < a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _clip(iv: list[list[float]], starts: list[float], lo: float, hi: float) -> list[list[float]]:
+    """The part of sorted disjoint intervals iv (starts = their starts) inside [lo, hi)."""
+    out = []
+    j = max(bisect.bisect_right(starts, lo) - 1, 0)
+    while j < len(iv) and iv[j][0] < hi:
+        a, b = max(iv[j][0], lo), min(iv[j][1], hi)
+        if b > a:
+            out.append([a, b])
+        j += 1
+    return out
+
+
+def marks_gap(tr: Trace, gap_us: float | None = None) -> list[StepMark]:
+    iv = busy_intervals(tr.gpu)
+    gaps = [iv[i + 1][0] - iv[i][1] for i in range(len(iv) - 1)]
+    if not gaps:
+        return []
+    thr = gap_us if gap_us is not None else max(5.0, 0.5 * max(gaps))
+    # the first busy interval may be the tail of a step launched before the profiler started: not a start
+    return [StepMark(gpu_start=iv[i + 1][0]) for i, g in enumerate(gaps) if g >= thr]
+
+
+def _attach_launches(tr: Trace, marks: list[StepMark]) -> None:
+    """For marks found without host ranges: the launch call of each step's first GPU activity, if recorded."""
+    if not tr.launches:
+        return
+    by_corr = {x.corr: x for x in tr.launches if x.corr is not None}
+    starts = {m.gpu_start: m for m in marks if m.launch_ts is None}
+    for g in tr.gpu:
+        m = starts.get(g.ts)
+        if m is not None and g.corr in by_corr:
+            m.launch_ts = by_corr[g.corr].ts
+            m.graph_launches = max(m.graph_launches, int(_is_graph_launch(by_corr[g.corr].name)))
+
+
+def split_steps(tr: Trace, method: str = "auto", gap_us: float | None = None) -> tuple[str, list[StepMark]]:
+    if method not in SPLIT_METHODS:
+        raise ValueError(f"split method must be one of {SPLIT_METHODS}, got {method!r}")
+    order = ("host-step", "gpu-step", "graph", "gap") if method == "auto" else (method,)
+    for m in order:
+        if m == "host-step":
+            marks = marks_host_step(tr)
+        elif m == "gpu-step":
+            marks = marks_gpu_step(tr)
+        elif m == "graph":
+            marks = marks_graph(tr)
+        else:
+            marks = marks_gap(tr, gap_us)
+        if marks:
+            marks.sort(key=lambda s: s.gpu_start)
+            dedup: list[StepMark] = []
+            for s in marks:
+                if dedup and s.gpu_start <= dedup[-1].gpu_start:
+                    continue
+                dedup.append(s)
+            if m in ("gpu-step", "gap"):
+                _attach_launches(tr, dedup)
+            return m, dedup
+    return "none", []
+
+
+# ---- analysis ----------------------------------------------------------------------------------------------
+
+def _stats(xs: Sequence[float]) -> dict[str, float] | None:
+    if not xs:
+        return None
+    return {"p50": statistics.median(xs), "mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs)}
+
+
+def _drop_private(res: dict) -> None:
+    for s in res["steps"]:
+        for k in [k for k in s if k.startswith("_")]:
+            del s[k]
+
+
+def analyze(obj: Any, *, method: str = "auto", gap_us: float | None = None, top_k: int = TOP_K,
+            source: str | None = None) -> dict:
+    """The breakdown of one parsed trace (see the module docstring). Times in microseconds."""
+    tr = parse_events(obj)
+    used, marks = split_steps(tr, method, gap_us)
+    res: dict[str, Any] = {
+        "source": source, "split": used, "events_total": tr.events_total, "events_skipped": tr.events_skipped,
+        "gpu_activities": len(tr.gpu), "launch_calls": len(tr.launches),
+        "has_host_annotations": bool(tr.host_annotations), "categories": list(CATEGORIES),
+        "category_rules": CATEGORY_HELP, "steps": [], "summary": None, "top_kernels": [], "largest_gaps": [],
+        "warnings": [],
+    }
+    if not tr.gpu:
+        res["warnings"].append("no GPU activity (kernel / gpu_memcpy / gpu_memset events) in the trace: "
+                               "was the profile taken with the GPU activity?")
+        return res
+    if not marks:
+        res["warnings"].append("could not delimit any step (no step annotations, graph launches or gaps)")
+        return res
+    gpu_ts = [g.ts for g in tr.gpu]
+    sched = [a for a in tr.host_annotations if a.name.startswith(SCHED_PREFIX) or _step_name(a.name)]
+    sched_ts = [a.ts for a in sched]
+    per_step_ops: list[list[GpuOp]] = []
+    all_iv = busy_intervals(tr.gpu)  # activity that started in an earlier window but runs on counts as busy here
+    iv_starts = [a for a, _ in all_iv]
+    for i, mk in enumerate(marks):
+        nxt = marks[i + 1] if i + 1 < len(marks) else None
+        lo = bisect.bisect_left(gpu_ts, mk.gpu_start)
+        hi = bisect.bisect_left(gpu_ts, nxt.gpu_start) if nxt else len(tr.gpu)
+        ops = tr.gpu[lo:hi]
+        end = nxt.gpu_start if nxt else max((o.end for o in ops), default=mk.gpu_start)
+        iv = _clip(all_iv, iv_starts, mk.gpu_start, max(end, mk.gpu_start))
+        busy = sum(b - a for a, b in iv)
+        window = end - mk.gpu_start
+        last_end = iv[-1][1] if iv else mk.gpu_start
+        cats = {c: 0.0 for c in CATEGORIES}
+        for o in ops:
+            cats[category(o.name, o.cat)] += o.dur
+        gaps = [(iv[j + 1][0] - iv[j][1], iv[j][1], iv[j + 1][0]) for j in range(len(iv) - 1)]
+        st: dict[str, Any] = {
+            "index": i, "mode": mk.mode, "bs": mk.bs, "complete": nxt is not None,
+            "gpu_start_us": mk.gpu_start - marks[0].gpu_start, "window_us": window, "busy_us": busy,
+            "idle_us": max(window - busy, 0.0), "idle_between_steps_us": max(end - last_end, 0.0) if nxt else None,
+            "idle_inside_step_us": sum(g for g, _, _ in gaps), "activities": len(ops),
+            "kernels": sum(1 for o in ops if category(o.name, o.cat) != "memcpy"),
+            "streams": len({o.stream for o in ops}), "graph_launches": mk.graph_launches, "category_us": cats,
+        }
+        host: dict[str, Any] = {}
+        if mk.launch_ts is not None:
+            host["launch_to_gpu_start_us"] = mk.gpu_start - mk.launch_ts
+            if nxt is not None and nxt.launch_ts is not None:
+                host["launch_interval_us"] = nxt.launch_ts - mk.launch_ts
+                host["gpu_drained_before_next_launch_us"] = max(nxt.launch_ts - last_end, 0.0)
+                a0 = mk.host_anchor if mk.host_anchor is not None else mk.launch_ts
+                a1 = nxt.host_anchor if nxt.host_anchor is not None else nxt.launch_ts
+                a, b = bisect.bisect_left(sched_ts, a0), bisect.bisect_left(sched_ts, a1)
+                per: dict[str, float] = {}
+                for ev in sched[a:b]:
+                    key = "step[...]" if _step_name(ev.name) else ev.name
+                    per[key] = per.get(key, 0.0) + ev.dur
+                if per:
+                    host["annotated_us"] = per
+        if mk.host_step_us is not None:
+            host["host_step_us"] = mk.host_step_us
+        if host:
+            st["host"] = host
+        st["_gaps"], st["_last_end"] = gaps, last_end
+        res["steps"].append(st)
+        per_step_ops.append(ops)
+    # summary over complete steps (DECODE only when the split knows the mode)
+    done = [s for s in res["steps"] if s["complete"]]
+    if any(s["mode"] for s in done):
+        other = [s for s in done if s["mode"] != "DECODE"]
+        if other:
+            res["warnings"].append(f"{len(other)} complete step(s) not DECODE left out of the summary: "
+                                   + ", ".join(sorted({str(s['mode']) for s in other})))
+        done = [s for s in done if s["mode"] == "DECODE"]
+    if not done:
+        res["warnings"].append("no complete step to summarize (a step needs the next step's start to close it: "
+                               "profile at least 2 steps)")
+        _drop_private(res)
+        return res
+    if res["split"] == "gap":
+        res["warnings"].append("steps split by GPU idle gaps (no step annotations or graph launches): check "
+                               "the kernels per step against the model before trusting the split")
+    ks = {s["kernels"] for s in done}
+    if len(ks) > 1:
+        res["warnings"].append(f"kernels per step differ between steps ({sorted(ks)}): the split or the "
+                               "profile window may be uneven")
+    n = len(done)
+    win = [s["window_us"] for s in done]
+    summ: dict[str, Any] = {
+        "steps": n, "steps_total": len(res["steps"]), "bs": sorted({s["bs"] for s in done if s["bs"]}) or None,
+        "window_us": _stats(win), "busy_us": _stats([s["busy_us"] for s in done]),
+        "idle_us": _stats([s["idle_us"] for s in done]),
+        "idle_between_steps_us": _stats([s["idle_between_steps_us"] for s in done]),
+        "idle_inside_step_us": _stats([s["idle_inside_step_us"] for s in done]),
+        "kernels_per_step": _stats([float(s["kernels"]) for s in done]),
+        "category_us": {c: _stats([s["category_us"][c] for s in done]) for c in CATEGORIES},
+    }
+    summ["busy_fraction"] = summ["busy_us"]["p50"] / summ["window_us"]["p50"] if summ["window_us"]["p50"] else None
+    hosts = [s.get("host", {}) for s in done]
+    for k in ("launch_interval_us", "gpu_drained_before_next_launch_us", "launch_to_gpu_start_us", "host_step_us"):
+        v = [h[k] for h in hosts if k in h]
+        if v:
+            summ.setdefault("host", {})[k] = _stats(v)
+    ann_keys = sorted({k for h in hosts for k in h.get("annotated_us", {})})
+    if ann_keys:
+        summ.setdefault("host", {})["annotated_us"] = {
+            k: _stats([h.get("annotated_us", {}).get(k, 0.0) for h in hosts if "annotated_us" in h]) for k in ann_keys}
+    res["summary"] = summ
+    # top kernels over the complete steps summarized
+    agg: dict[str, dict[str, Any]] = {}
+    busy_total = sum(s["busy_us"] for s in done)
+    done_idx = {s["index"] for s in done}
+    for s, ops in zip(res["steps"], per_step_ops):
+        if s["index"] not in done_idx:
+            continue
+        for o in ops:
+            a = agg.setdefault(o.name, {"name": o.name, "category": category(o.name, o.cat), "calls": 0, "total_us": 0.0})
+            a["calls"] += 1
+            a["total_us"] += o.dur
+    top = sorted(agg.values(), key=lambda a: -a["total_us"])[:max(top_k, 0)]
+    for a in top:
+        a["calls_per_step"] = a["calls"] / n
+        a["us_per_step"] = a["total_us"] / n
+        a["mean_us"] = a["total_us"] / a["calls"]
+        a["pct_of_busy"] = 100 * a["total_us"] / busy_total if busy_total else None
+    res["top_kernels"] = top
+    # largest idle gaps inside / between the summarized steps, with the activity on either side
+    ends = {}
+    for ops in per_step_ops:
+        for o in ops:
+            ends.setdefault(round(o.end, 3), o.name)
+    starts = {round(o.ts, 3): o.name for ops in per_step_ops for o in ops}
+    gl = []
+    for s in done:
+        for g, a, b in s["_gaps"]:
+            gl.append({"step": s["index"], "gap_us": g, "where": "inside", "after": ends.get(round(a, 3)),
+                       "before": starts.get(round(b, 3))})
+        if s["idle_between_steps_us"]:
+            gl.append({"step": s["index"], "gap_us": s["idle_between_steps_us"], "where": "between steps",
+                       "after": ends.get(round(s["_last_end"], 3)),
+                       "before": starts.get(round(marks[s["index"] + 1].gpu_start, 3))})
+    res["largest_gaps"] = sorted(gl, key=lambda g: -g["gap_us"])[:GAPS_KEPT]
+    _drop_private(res)
+    return res
+
+
+def find_traces(path: str | Path) -> list[Path]:
+    """A trace file, or the trace files in a directory (SGLang's `*.trace.json.gz`, else any *.json[.gz])."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: no such trace file or directory")
+    got = sorted(p.glob("*.trace.json.gz")) + sorted(p.glob("*.trace.json"))
+    if not got:
+        got = sorted(x for x in p.glob("*.json*") if x.name.endswith((".json", ".json.gz"))
+                     and not x.name.startswith("breakdown"))
+    return got
+
+
+def analyze_file(path: str | Path, **kw: Any) -> dict:
+    return analyze(load_trace(path), source=str(path), **kw)
+
+
+# ---- rendering ---------------------------------------------------------------------------------------------
+
+def _ms(x: float | None, nd: int = 3) -> str:
+    return "-" if x is None else f"{x / 1e3:.{nd}f}"
+
+
+def _p50(d: dict | None) -> float | None:
+    return None if not d else d.get("p50")
+
+
+def _short(name: str, n: int = 90) -> str:
+    name = name.replace("|", "\\|")
+    return name if len(name) <= n else name[: n - 3] + "..."
+
+
+def summary_lines(res: dict) -> list[str]:
+    """A few lines that say where a step's time goes (used by the offline report too)."""
+    s = res.get("summary")
+    if not s:
+        return ["no summary: " + "; ".join(res.get("warnings") or ["no steps"])]
+    w, b, i = _p50(s["window_us"]), _p50(s["busy_us"]), _p50(s["idle_us"])
+    lines = [f"{s['steps']} complete step(s) of {s['steps_total']} (split: {res['split']}), batch {s.get('bs') or '?'}: "
+             f"step {_ms(w)} ms p50, GPU busy {_ms(b)} ms ({100 * (s.get('busy_fraction') or 0):.0f} %), "
+             f"idle {_ms(i)} ms = {_ms(_p50(s['idle_between_steps_us']))} between steps + "
+             f"{_ms(_p50(s['idle_inside_step_us']))} inside the step"]
+    h = s.get("host") or {}
+    if h:
+        parts = []
+        if "launch_interval_us" in h:
+            parts.append(f"host launch interval {_ms(_p50(h['launch_interval_us']))} ms")
+        if "gpu_drained_before_next_launch_us" in h:
+            parts.append(f"GPU drained before the next launch {_ms(_p50(h['gpu_drained_before_next_launch_us']))} ms")
+        if "host_step_us" in h:
+            parts.append(f"host forward span {_ms(_p50(h['host_step_us']))} ms")
+        if parts:
+            lines.append("host (p50): " + ", ".join(parts))
+    return lines
+
+
+def render_markdown(res: dict, title: str | None = None) -> str:
+    lines = [f"# {title or 'Decode-step breakdown'}", ""]
+    if res.get("source"):
+        lines.append(f"- trace: `{res['source']}`")
+    lines.append(f"- events: {res['events_total']} ({res['gpu_activities']} GPU activities, {res['launch_calls']} "
+                 f"launch calls, {res['events_skipped']} skipped)")
+    lines += ["- " + x for x in summary_lines(res)]
+    for w in res.get("warnings") or []:
+        lines.append(f"- warning: {w}")
+    s = res.get("summary")
+    if s:
+        lines += ["", "| category | busy ms/step p50 | mean | % of step (p50) |", "|---|---:|---:|---:|"]
+        w = _p50(s["window_us"]) or 0
+        def pct(x: float | None) -> str:
+            return f"{100 * x / w:.1f}" if (w and x is not None) else "-"
+
+        for c in CATEGORIES:
+            d = s["category_us"][c]
+            if d and d["max"] > 0:
+                lines.append(f"| {c} | {_ms(d['p50'])} | {_ms(d['mean'])} | {pct(d['p50'])} |")
+        lines.append(f"| GPU idle | {_ms(_p50(s['idle_us']))} | {_ms(s['idle_us']['mean'])} | "
+                     f"{pct(_p50(s['idle_us']))} |")
+        h = (s.get("host") or {}).get("annotated_us")
+        if h:
+            lines += ["", "Host time per step interval (annotated ranges, p50 ms; `step[...]` is nested in "
+                      "`scheduler.run_batch`):", "",
+                      "| range | ms p50 | mean |", "|---|---:|---:|"]
+            for k, d in h.items():
+                lines.append(f"| {k} | {_ms(d['p50'])} | {_ms(d['mean'])} |")
+    if res.get("steps"):
+        cats = [c for c in CATEGORIES if any(st["category_us"][c] > 0 for st in res["steps"])]
+        head = ["step", "mode", "bs", "complete", "window ms", "busy ms", "idle ms", "idle between ms",
+                "host launch interval ms", "kernels"] + [f"{c} ms" for c in cats]
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for st in res["steps"]:
+            hst = st.get("host") or {}
+            cells = [str(st["index"]), str(st["mode"] or "-"), str(st["bs"] or "-"), "yes" if st["complete"] else "no",
+                     _ms(st["window_us"]), _ms(st["busy_us"]), _ms(st["idle_us"]), _ms(st["idle_between_steps_us"]),
+                     _ms(hst.get("launch_interval_us")), str(st["kernels"])]
+            cells += [_ms(st["category_us"][c]) for c in cats]
+            lines.append("| " + " | ".join(cells) + " |")
+    if res.get("top_kernels"):
+        lines += ["", f"Top {len(res['top_kernels'])} kernels (over the summarized steps):", "",
+                  "| # | kernel | category | calls/step | us/step | mean us | % of busy |",
+                  "|---:|---|---|---:|---:|---:|---:|"]
+        for j, a in enumerate(res["top_kernels"], 1):
+            pct = "-" if a["pct_of_busy"] is None else f"{a['pct_of_busy']:.1f}"
+            lines.append(f"| {j} | `{_short(a['name'])}` | {a['category']} | {a['calls_per_step']:.1f} | "
+                         f"{a['us_per_step']:.1f} | {a['mean_us']:.1f} | {pct} |")
+    if res.get("largest_gaps"):
+        lines += ["", "Largest GPU idle gaps:", "", "| step | gap us | where | after | before |",
+                  "|---:|---:|---|---|---|"]
+        for g in res["largest_gaps"]:
+            lines.append(f"| {g['step']} | {g['gap_us']:.1f} | {g['where']} | `{_short(g['after'] or '?', 50)}` | "
+                         f"`{_short(g['before'] or '?', 50)}` |")
+    lines += ["", "Categories: " + "; ".join(f"{k}: {v}" for k, v in CATEGORY_HELP.items()) + ".",
+              "Busy = union of GPU activity over all streams; category times are sums of durations."]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(results: list[dict], out: str | Path, stem: str = "breakdown") -> list[Path]:
+    """`<stem>.json` (a list, one entry per trace) and `<stem>.md` in out."""
+    o = Path(out)
+    o.mkdir(parents=True, exist_ok=True)
+    pj, pm = o / f"{stem}.json", o / f"{stem}.md"
+    pj.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    pm.write_text("\n".join(render_markdown(r, title=f"Decode-step breakdown: {Path(r.get('source') or '?').name}")
+                            for r in results))
+    return [pj, pm]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m glm5_fastpath.bench.trace_breakdown",
+                                description="per-decode-step GPU / host breakdown of a torch-profiler Chrome trace")
+    p.add_argument("trace", help="trace file (.json / .json.gz) or a directory of them (SGLang's profile dir)")
+    p.add_argument("--out", default=None, help="write breakdown.json + breakdown.md here")
+    p.add_argument("--split", choices=SPLIT_METHODS, default="auto", help="how to delimit steps (default auto)")
+    p.add_argument("--gap-us", type=float, default=None, help="gap split threshold (us); default half the largest gap")
+    p.add_argument("--top", type=int, default=TOP_K, help=f"kernels in the top list (default {TOP_K})")
+    a = p.parse_args(argv)
+    try:
+        paths = find_traces(a.trace)
+        if not paths:
+            raise FileNotFoundError(f"{a.trace}: no trace files there")
+        results = [analyze_file(x, method=a.split, gap_us=a.gap_us, top_k=a.top) for x in paths]
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for r in results:
+        print(render_markdown(r, title=f"Decode-step breakdown: {Path(r['source']).name}"))
+    if a.out:
+        for x in write_outputs(results, a.out):
+            print(f"wrote {x}")
+    return 0 if all(r.get("summary") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
