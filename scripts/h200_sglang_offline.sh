@@ -68,6 +68,8 @@ ARGS=(--model "$MODEL" --load-format "$LOAD_FORMAT" --batch-sizes "$BS" --input-
 [ "$LOAD_FORMAT" = dummy ] && ARGS+=(--randomize-routers)
 # PROFILE_STEPS=5 PROFILE_BS=1,16,64: torch-profiler traces of 5 pure-decode engine steps per listed batch,
 # analysed into per-kernel-category GPU time / idle time (glm5_fastpath/bench/trace_breakdown.py)
+# ROUTING_STATS=1 (default): distinct experts per MoE layer per decode step, measured in both modes
+[ "${ROUTING_STATS:-1}" = 1 ] && ARGS+=(--routing-stats)
 PROFILE_STEPS=${PROFILE_STEPS:-0}
 [ "$PROFILE_STEPS" != 0 ] && ARGS+=(--profile-steps "$PROFILE_STEPS")
 [ -n "${PROFILE_BS:-}" ] && ARGS+=(--profile-batches "$PROFILE_BS")

@@ -62,6 +62,7 @@ PLUGIN_MIN_VERSION = (0, 5, 23)  # first SGLang with the sglang.srt.plugins entr
 ROUTER_STD = 0.02
 WARMUP_TOKENS = 4
 FIRST_TOKENS_KEPT = 32
+ROUTING_TOKENS = 16  # generated tokens per request in the --routing-stats pass
 H200_COPY_BW = 4.27e12
 PROFILE_ACTIVITIES = ("CPU", "GPU")
 # forward passes asked of SGLang beyond --profile-steps: the last profiled step has no next step to close its
@@ -115,6 +116,7 @@ class OfflineOptions:
     stream_pass: bool = True
     timeout_s: int = 3600
     fastpath_config: str | None = None  # selection table for the fastpath worker (GLM5_FASTPATH_CONFIG)
+    routing_stats: bool = False  # measure distinct experts per MoE layer per decode step (both modes)
     profile_steps: int = 0  # decode steps to profile per batch size (0: no profile)
     profile_batches: list[int] | None = None  # None: every measured batch size
     profile_activities: list[str] = field(default_factory=lambda: list(PROFILE_ACTIVITIES))
@@ -196,6 +198,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-stream-pass", dest="stream_pass", action="store_false",
                    help="skip the streamed TTFT/ITL pass")
     p.add_argument("--timeout", dest="timeout_s", type=int, default=3600, help="per-mode worker timeout (s)")
+    p.add_argument("--routing-stats", action="store_true",
+                   help="start both engines with enable_return_routed_experts and, after each batch's timed passes, "
+                        f"generate {ROUTING_TOKENS} tokens per request with return_routed_experts=True to measure the "
+                        "distinct experts per MoE layer per decode step (SGLang's own routed-experts capturer)")
     p.add_argument("--fastpath-config", default=None, metavar="TABLE.json",
                    help="selection table for the fastpath run (GLM5_FASTPATH_CONFIG); default: the shipped table "
                         "for the GPU (which selects SGLang's path everywhere until a measured table ships)")
@@ -215,6 +221,7 @@ def options_from_args(a: argparse.Namespace) -> OfflineOptions:
                           randomize_routers=a.randomize_routers, modes=list(a.modes), out=a.out, dry_run=a.dry_run,
                           engine_args=parse_engine_args(a.engine_arg), seed=a.seed, seam=a.seam,
                           stream_pass=a.stream_pass, timeout_s=a.timeout_s, fastpath_config=a.fastpath_config,
+                          routing_stats=a.routing_stats,
                           profile_steps=a.profile_steps, profile_batches=a.profile_batches,
                           profile_activities=list(a.profile_activities))
 
@@ -347,6 +354,8 @@ def engine_kwargs(o: OfflineOptions) -> dict[str, Any]:
     for k in GRAPH_MAX_KEYS:
         kw[k] = max(bs)
     kw["context_length"] = o.input_len + o.output_len + 16
+    if o.routing_stats:
+        kw["enable_return_routed_experts"] = True
     kw.update(o.engine_args)
     return kw
 
@@ -398,7 +407,7 @@ def run_key(o: OfflineOptions) -> str:
     """Identifies comparable runs: same model, prompts, lengths, batch sizes, load format, routers, engine args."""
     d = {"model": os.path.abspath(o.model), "bs": sorted(o.batch_sizes), "in": o.input_len, "out": o.output_len,
          "n": o.num_prompts, "lf": o.load_format, "rr": o.randomize_routers, "seed": o.seed,
-         "ea": sorted(o.engine_args.items(), key=lambda kv: kv[0])}
+         "ea": sorted(o.engine_args.items(), key=lambda kv: kv[0]), **({"rs": True} if o.routing_stats else {})}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -412,6 +421,8 @@ def worker_config(o: OfflineOptions, mode: str, seam: str, cfg: dict) -> dict:
         "prompts_file": str(out / "prompts.json"), "randomize_routers": o.randomize_routers,
         "router_tensors": [[n, list(s)] for n, s in router_tensor_names(cfg)] if o.randomize_routers else [],
         "stream_pass": o.stream_pass, "result_file": str(out / f"mode-{mode}.json"),
+        "routing_stats": o.routing_stats, "moe_layers": moe_layers(cfg), "num_layers": int(cfg.get("num_hidden_layers", 0)),
+        "topk": int(cfg.get("num_experts_per_tok") or 0),
         "profile": profile_config(o),
     }
 
@@ -507,7 +518,7 @@ def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | Non
         for mode, r in mode_results.items():
             br = r.get("batches", {}).get(str(b), {})
             row[mode] = {k: br.get(k) for k in ("output_tok_s", "ttft_ms", "itl_ms", "latency_source", "error",
-                                                 "wall_s", "output_tokens")}
+                                                 "wall_s", "output_tokens", "distinct_experts")}
             if br.get("profile"):
                 p = br["profile"]
                 row[mode]["profile"] = {k: p.get(k) for k in ("dir", "steps_requested", "traces", "trace_bytes",
@@ -530,11 +541,16 @@ def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | Non
             row["greedy_first_divergence"] = first_divergence(a, c)
             row["greedy_compared_tokens"] = min(len(a), len(c)) if a and c else 0
         rows.append(row)
+    measured = any((row.get(mo) or {}).get("distinct_experts", {}) and "mean" in row[mo]["distinct_experts"]
+                   for row in rows for mo in mode_results)
+    note = ("measured per decode step with SGLang's routed-experts capturer (--routing-stats: union over the B "
+            f"requests at each of {ROUTING_TOKENS - 1} decode steps, mean over steps, per MoE layer; the table gives "
+            "the mean over layers); the floor still uses the uniform-routing expectation" if measured else
+            "not measured (run with --routing-stats); expected_distinct_experts is the uniform-routing value the "
+            "floor uses")
     return {"meta": meta or {}, "modes": {m: {k: v for k, v in r.items() if k != "batches"}
                                          for m, r in mode_results.items()},
-            "rows": rows,
-            "distinct_experts_per_layer": "not measured (the Engine API exposes no routing); "
-                                          "expected_distinct_experts is the uniform-routing value the floor uses"}
+            "rows": rows, "distinct_experts_per_layer": note}
 
 
 def _f(x: Any, nd: int = 1) -> str:
@@ -557,7 +573,7 @@ def render_markdown(rep: dict) -> str:
     head = ["batch"]
     for mo in modes:
         head += [f"{mo} tok/s", f"{mo} % floor", f"{mo} TTFT p50 ms", f"{mo} ITL p50/p99 ms"]
-    head += ["speedup", "floor tok/s", "exp. experts/layer", "greedy 1st diff"]
+    head += ["speedup", "floor tok/s", "exp. experts/layer", "measured experts/layer", "greedy 1st diff"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in rep["rows"]:
@@ -573,8 +589,13 @@ def render_markdown(rep: dict) -> str:
         div = r.get("greedy_first_divergence")
         cmp_n = r.get("greedy_compared_tokens")
         greedy = "-" if not cmp_n else ("same" if div is None else str(div)) + f" (of {cmp_n})"
+        meas = []
+        for mo in modes:
+            de = (r.get(mo) or {}).get("distinct_experts") or {}
+            if "mean" in de:
+                meas.append(f"{mo} {_f(de['mean'])} ({_f(de.get('min'))}-{_f(de.get('max'))})")
         cells += [_f(r.get("speedup"), 2) + ("x" if r.get("speedup") else ""), _f(r.get("floor_tok_s")),
-                  _f(r.get("expected_distinct_experts")), greedy]
+                  _f(r.get("expected_distinct_experts")), "; ".join(meas) or "-", greedy]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "tok/s: generated tokens / wall time of the timed generate calls (B prompts per call, prefill "
               "included). % floor: of the decode-step bytes floor (all layers + lm_head at 4.27 TB/s, "
@@ -972,6 +993,47 @@ def _profile_pass(engine, prompts, sp, pdir: Path, prof: dict, prefix: str) -> d
     return info
 
 
+def decode_step_distinct_experts(per_request: list, num_layers: int, topk: int, moe_layers: Sequence[int],
+                                 input_len: int) -> dict[str, Any]:
+    """Distinct experts per MoE layer per decode step, from SGLang's routed experts of B requests decoded in
+    lockstep: request i's array is [tokens, num_layers, topk] int32 (prompt tokens first); decode step s is row
+    input_len + s of every request; the union over the B requests at one step is what that step's MoE reads."""
+    import numpy as np
+
+    arrs = []
+    for a in per_request:
+        a = np.asarray(a, dtype=np.int64).reshape(-1, num_layers, topk)
+        arrs.append(a[input_len:])
+    steps = min(len(a) for a in arrs) if arrs else 0
+    if not steps:
+        return {"steps": 0}
+    per_layer: dict[str, float] = {}
+    for layer in moe_layers:
+        counts = [len(set(np.concatenate([a[s, layer] for a in arrs]).tolist()) - {-1}) for s in range(steps)]
+        per_layer[str(layer)] = float(np.mean(counts))
+    vals = list(per_layer.values())
+    return {"steps": steps, "requests": len(arrs), "per_layer": per_layer,
+            "mean": float(np.mean(vals)) if vals else None, "min": min(vals) if vals else None,
+            "max": max(vals) if vals else None}
+
+
+def _routing_pass(engine, prompts: list, c: dict) -> dict[str, Any]:
+    import base64
+
+    import numpy as np
+
+    sp = {"temperature": 0.0, "max_new_tokens": ROUTING_TOKENS, "ignore_eos": True}
+    outs = engine.generate(input_ids=prompts, sampling_params=sp, return_routed_experts=True)
+    outs = outs if isinstance(outs, list) else [outs]
+    per = []
+    for o in outs:
+        v = (o.get("meta_info") or {}).get("routed_experts")
+        if v is None:
+            return {"error": "no routed_experts in meta_info (enable_return_routed_experts not in force?)"}
+        per.append(np.frombuffer(base64.b64decode(v), dtype=np.int32) if isinstance(v, str) else np.asarray(v))
+    return decode_step_distinct_experts(per, c["num_layers"], c["topk"], c["moe_layers"], c["input_len"])
+
+
 def _randomize_routers(engine, names: list, seed: int) -> int:
     import torch
 
@@ -1060,6 +1122,11 @@ def worker_main(config_path: str) -> int:
                     if sttft:
                         ttft, itl, br["latency_source"] = sttft, sitl, "stream wall-clock"
                 br["ttft_ms"], br["itl_ms"] = percentiles(ttft), percentiles(itl)
+                if c.get("routing_stats"):
+                    try:
+                        br["distinct_experts"] = _routing_pass(engine, prompts[:b], c)
+                    except Exception as e:  # noqa: BLE001 - recorded; the throughput numbers stand
+                        br["distinct_experts"] = {"error": f"{type(e).__name__}: {e}"}
             except Exception as e:  # noqa: BLE001 - record, go on with the next batch size
                 br["error"] = f"{type(e).__name__}: {e}"
             save()

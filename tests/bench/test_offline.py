@@ -423,3 +423,38 @@ def test_attach_profiles_and_report_section(tmp_path):
     assert "| stock | 1 | - | no breakdown: TimeoutError: no first token |" in md
     assert "`glm5_megamoe` (ours) 1000.0 us/step" in md
     json.dumps(rep)  # the report stays JSON
+
+
+def test_decode_step_distinct_experts_from_routed_experts():
+    import numpy as np
+
+    from glm5_fastpath.bench.offline import decode_step_distinct_experts
+
+    L, k, inp = 3, 2, 4  # layer 0 dense (ignored), layers 1-2 MoE
+    def req(rows):
+        return np.asarray(rows, dtype=np.int32).reshape(-1)
+    prompt = [[[0, 0]] * L] * inp
+    a = req(prompt + [[[0, 0], [1, 2], [5, 6]], [[0, 0], [1, 3], [5, 6]]])
+    b = req(prompt + [[[0, 0], [1, 2], [7, 8]], [[0, 0], [4, 3], [5, 6]]])
+    got = decode_step_distinct_experts([a, b], L, k, [1, 2], inp)
+    # step 0: layer 1 {1,2}, layer 2 {5,6,7,8}; step 1: layer 1 {1,3,4}, layer 2 {5,6}
+    assert got["steps"] == 2 and got["per_layer"] == {"1": 2.5, "2": 3.0}
+    assert got["mean"] == 2.75 and got["min"] == 2.5 and got["max"] == 3.0
+
+
+def test_routing_stats_option_reaches_engine_args_and_report(tmp_path):
+    from glm5_fastpath.bench import offline as off
+
+    model = tmp_path / "m"
+    off.write_dummy_model(str(model), layers=2, dense_layers=1)
+    o = off.OfflineOptions(model=str(model), load_format="dummy", routing_stats=True, out=str(tmp_path / "o"))
+    steps = off.plan(o, "0.5.14")
+    assert all(s["config"]["engine_kwargs"]["enable_return_routed_experts"] for s in steps)
+    assert steps[0]["config"]["routing_stats"] and steps[0]["config"]["moe_layers"] == [1]
+    assert off.run_key(o) != off.run_key(off.OfflineOptions(model=str(model), load_format="dummy", out=str(tmp_path / "o")))
+    de = {"steps": 15, "per_layer": {"1": 9.0}, "mean": 9.0, "min": 9.0, "max": 9.0}
+    res = {"stock": {"batches": {"1": {"output_tok_s": 100.0, "distinct_experts": de}}},
+           "fastpath": {"batches": {"1": {"output_tok_s": 110.0, "distinct_experts": de}}}}
+    rep = off.build_report(res)
+    md = off.render_markdown(rep)
+    assert "stock 9.0 (9.0-9.0); fastpath 9.0 (9.0-9.0)" in md and "measured per decode step" in md
