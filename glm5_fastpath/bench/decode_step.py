@@ -45,9 +45,15 @@ next to the raw one.
 
 Floor: cost.layer_summary(fused_prefix=True) per layer (MoE weight bytes from the distinct experts the
 routing actually touched) + final norm + lm_head, at 4.27 TB/s and at the copy bandwidth measured in
-the run. Correctness (same run, eager): ours vs stock final hidden state (the lm_head input) relative
-L2 and max error, lm_head argmax agreement, per layer: indexer top-k slot overlap, routed-expert
-overlap, attention-output and MLP-output relative error.
+the run. Correctness (same run, eager, outside the timed graphs), TEACHER-FORCED per layer: our pieces of
+layer L run on the stock path's recorded inputs of L and are compared with the stock path's outputs on
+identical inputs: prefix outputs (q_lat, q_pe, residual, the current token's KV and index-K cache entries),
+the attention core on the STOCK top-k, the post-attention norm, the MLP / MoE on the STOCK routing, each
+relative L2 <= --tol (default 0.03); the indexer top-k and router expert overlaps on identical inputs
+(near-tie flips) >= --min-topk-overlap / --min-expert-overlap (0.9). The free-running steps' end-to-end
+drift (final hidden state, lm_head argmax, per-layer selections) is reported as information only: there
+the paths' selections differ at near-ties and the differences compound over layers (selection
+sensitivity, not kernel numerics).
 
 Output: DIR/decode_step.json, decode_step.md, decode_step.png (matplotlib). `--append` merges the
 buckets of this run into an existing decode_step.json (split a long run over several commands).
@@ -116,8 +122,9 @@ class Plan:
     seed: int = 0
     pieces: bool = True
     lm_head: bool = True
-    tol: float = 0.05
+    tol: float = 0.03  # per-piece relative L2 tolerance of the teacher-forced check (FP8 numerics)
     min_topk_overlap: float = 0.9
+    min_expert_overlap: float = 0.9
     budget_s: float | None = None
     append: bool = False
     randomize_routers: bool = False
@@ -288,6 +295,8 @@ def make_plan(args: argparse.Namespace, *, capacity_bytes: float | None = None) 
         raise ValueError(f"{P}: --tol must be in (0, 1), got {args.tol}")
     if not 0 <= args.min_topk_overlap <= 1:
         raise ValueError(f"{P}: --min-topk-overlap must be in [0, 1], got {args.min_topk_overlap}")
+    if not 0 <= args.min_expert_overlap <= 1:
+        raise ValueError(f"{P}: --min-expert-overlap must be in [0, 1], got {args.min_expert_overlap}")
     if args.budget_s is not None and args.budget_s <= 0:
         raise ValueError(f"{P}: --budget-s must be > 0, got {args.budget_s}")
     table = None
@@ -312,7 +321,8 @@ def make_plan(args: argparse.Namespace, *, capacity_bytes: float | None = None) 
     plan = Plan(cfg=cfg, source=source, model=model, layers=layers, buckets=buckets, kv_pattern=kv, paths=paths,
                 cmp_modes=modes, megamoe_configs=mm, out=args.out, repeat=args.repeat, seed=args.seed,
                 pieces=not args.no_pieces, lm_head=not args.no_lm_head, tol=args.tol,
-                min_topk_overlap=args.min_topk_overlap, budget_s=args.budget_s, append=args.append,
+                min_topk_overlap=args.min_topk_overlap, min_expert_overlap=args.min_expert_overlap,
+                budget_s=args.budget_s, append=args.append,
                 randomize_routers=args.randomize_routers, prewarm=args.prewarm)
     plan.memory = estimate_memory(cfg, layers, buckets, kv, paths, plan.lm_head,
                                   prepare_copies=_prepare_weights_copies() if "ours" in paths else False,
@@ -406,6 +416,95 @@ def compare(a, b) -> dict[str, Any]:
     nb = float(b.norm()) or 1e-30
     mb = float(b.abs().max()) or 1e-30
     return {"rel_l2": float((a - b).norm()) / nb, "max_rel": float((a - b).abs().max()) / mb, "finite": fin}
+
+
+def cache_digest(t, chunk: int = 1 << 24) -> tuple[int, int]:
+    """An exact content digest of a (GB-sized) cache tensor without copying it: int64 sums of its 16-bit words,
+    plain and position-weighted (weights 1..251), over chunks. Equal contents -> equal digests; any change of a
+    word changes the plain sum unless others compensate it exactly, which the weighted sum then catches."""
+    import torch
+
+    flat = t.detach().contiguous().reshape(-1)
+    w = flat.view(torch.int16) if flat.numel() * flat.element_size() % 2 == 0 else flat.view(torch.uint8)
+    s1 = torch.zeros((), dtype=torch.int64, device=t.device)
+    s2 = torch.zeros((), dtype=torch.int64, device=t.device)
+    for a in range(0, w.numel(), chunk):
+        c = w[a:a + chunk].long()
+        s1 += c.sum()
+        s2 += (c * (torch.arange(a, a + c.numel(), device=t.device) % 251 + 1)).sum()
+    return int(s1), int(s2)
+
+
+def dequant_rows(k8, s):
+    """fp32 values of per-row FP8 entries (index-K cache rows: k8 [T, D] e4m3, scale [T] fp32)."""
+    return k8.float() * s.float()[:, None]
+
+
+def _worst(cmps) -> float | None:
+    """The largest rel L2 of some compare() results (inf where one is not finite)."""
+    vals = [c["rel_l2"] if c.get("finite", True) else float("inf") for c in cmps]
+    return max(vals) if vals else None
+
+
+def teacher_forced_failures(row: Mapping[str, Any], tol: float, min_topk: float, min_expert: float) -> list[str]:
+    """The pass criteria of one layer of the teacher-forced check (every comparison on identical inputs):
+    prefix outputs and cache entries, attention core on the stock top-k, post-attention norm, MLP / MoE on the
+    stock routing: rel L2 <= tol and finite; indexer top-k and expert overlap >= the minimums; each path wrote
+    the current token's cache entries before reading them and the caches were left as found. The chained
+    layer output and the stock re-run are information."""
+    i = row["layer"]
+    fails = []
+    for piece, cmps in (("prefix", row.get("prefix", {})), ("norm", row.get("rest", {})),
+                        ("core", {"out": row["core"]} if "core" in row else {}),
+                        ("mlp", {"out": row["mlp"]} if "mlp" in row else {})):
+        for name, c in cmps.items():
+            what = piece if name == "out" else f"{piece} {name}"
+            if not c.get("finite", True):
+                fails.append(f"layer {i} {what}: not finite")
+            elif not c["rel_l2"] <= tol:
+                fails.append(f"layer {i} {what}: rel L2 {c['rel_l2']:.4f} > tol {tol:g}")
+    if row.get("topk_overlap") is not None and row["topk_overlap"] < min_topk:
+        fails.append(f"layer {i} indexer top-k overlap {row['topk_overlap']:.4f} < {min_topk:g} (identical inputs)")
+    if row.get("expert_overlap") is not None and row["expert_overlap"] < min_expert:
+        fails.append(f"layer {i} expert overlap {row['expert_overlap']:.4f} < {min_expert:g} (identical inputs)")
+    cs = row.get("caches", {})
+    for key, msg in (("ours_writes_current", "our prefix did not write the current token's cache entries"),
+                     ("stock_writes_current", "the stock prefix did not write the current token's cache entries"),
+                     ("restored", "the caches differ after the check (restore failed)")):
+        if cs.get(key) is False:
+            fails.append(f"layer {i}: {msg}")
+    return fails
+
+
+def summarize_teacher_forced(rows: list[dict[str, Any]], tol: float, min_topk: float, min_expert: float,
+                             e2e: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The bucket's correctness record from the teacher-forced layer rows (each gets failures / passed), the
+    worst error per piece, the lowest selection agreements, and the end-to-end drift (information)."""
+    fails: list[str] = []
+    for r in rows:
+        r["failures"] = teacher_forced_failures(r, tol, min_topk, min_expert)
+        r["passed"] = not r["failures"]
+        fails += r["failures"]
+    tk = [r["topk_overlap"] for r in rows if r.get("topk_overlap") is not None]
+    eo = [r["expert_overlap"] for r in rows if r.get("expert_overlap") is not None]
+    rr = [r["stock_rerun"]["max_rel_l2"] for r in rows if (r.get("stock_rerun") or {}).get("max_rel_l2") is not None]
+    worst = {"prefix": _worst([c for r in rows for c in r.get("prefix", {}).values()]),
+             "core": _worst([r["core"] for r in rows if "core" in r]),
+             "norm": _worst([c for r in rows for c in r.get("rest", {}).values()]),
+             "mlp": _worst([r["mlp"] for r in rows if "mlp" in r]),
+             "layer_out": _worst([c for r in rows for c in r.get("layer_out", {}).values()]),
+             "stock_rerun": max(rr) if rr else None}
+    return {"method": "teacher-forced per layer", "tol": tol, "min_topk_overlap": min_topk,
+            "min_expert_overlap": min_expert, "layers": rows, "worst": worst,
+            "min_topk_overlap_seen": min(tk) if tk else None, "min_expert_overlap_seen": min(eo) if eo else None,
+            "caches_ok": all(v is not False for r in rows for v in r.get("caches", {}).values()),
+            "passed": not fails, "failures": fails, "e2e_drift": dict(e2e) if e2e is not None else None}
+
+
+def _dequant_act(x8, xs):
+    from ..ref.fp8 import dequant_act
+
+    return dequant_act(x8, xs)
 
 
 def silu_and_mul(gu):
@@ -524,6 +623,7 @@ class StepBench:
         self.h0 = self.r0 = None
         self.inp: dict[str, Any] = {}
         self.M = 0
+        self.prefix_impl: Any = None  # our prefix's op namespace: None = glm5_fastpath.ops (the kernels)
 
     # -- setup --------------------------------------------------------------------------------------------------
 
@@ -878,7 +978,7 @@ class StepBench:
         if ex is None:
             ex = CmpExecutor(self.cfg, L.attn, self.dev, buckets=(max(self.plan.buckets),), mode=self.mode,
                              kv_cache=L.kv, index_k_cache=L.ik, max_pages=self.base.block_table.shape[1],
-                             pad_slot=self.pad_page * PAGE)
+                             pad_slot=self.pad_page * PAGE, impl=self.prefix_impl)
             ex.prepare()
             from ..graph.prefix_graph import weight_tensors
 
@@ -928,7 +1028,9 @@ class StepBench:
         return q_lat, q_pe, prev_topk, res
 
     def core(self, L: _Layer, q_lat, q_pe, topk):
-        """SHARED attention core: sparse MLA -> W_UV -> 1x128 quant -> o_proj -> [M, H] bf16."""
+        """SHARED attention core over the given top-k slots (the step passes its own prefix's; the teacher-forced
+        check passes the stock path's): sparse MLA -> W_UV -> 1x128 quant -> o_proj -> [M, H] bf16. Reads L.kv,
+        including the current token's entry the prefix wrote."""
         import torch
 
         c = self.cfg
@@ -950,33 +1052,44 @@ class StepBench:
         x8, xs = self.sp._quant(x)
         return x, r2, x8, xs
 
-    def mlp(self, path: str, L: _Layer, x, x8, xs):
-        """MoE (path-specific) or dense MLP (shared) -> (out [M, H] bf16, routed ids or None)."""
+    def route(self, path: str, L: _Layer, x):
+        """The MoE router of a path on x [M, H] bf16 -> (topk_ids [M, k] int32, topk_weights [M, k] fp32, without
+        routed_scaling_factor)."""
+        c = self.cfg
+        if path == "ours":
+            from .. import ops
+
+            ids, wts, _ = ops.moe_route(x, L.gate, L.bias, c)
+            return ids, wts
+        logits = self._router_gemm(x, L.gate, getattr(L, "gate32", None))
+        return self._c["route_topk"](logits, L.bias, c.num_experts_per_tok)
+
+    def mlp(self, path: str, L: _Layer, x, x8, xs, routing: tuple | None = None):
+        """MoE (path-specific) or dense MLP (shared) -> (out [M, H] bf16, routed ids, routing weights; both None
+        for a dense layer). routing=(ids, weights) forces the experts (the teacher-forced check runs our MoE on the
+        stock path's routing); None (the step, the timed graphs) routes with the path's own router."""
         c, sp = self.cfg, self.sp
         H = c.hidden_size
         if not L.plan.moe:
             gu = sp._gemm(x8, xs, L.w["gate_up"], 2 * c.intermediate_size)
             a8, as_ = sp._quant(self._c["silu_and_mul"](gu))
-            return sp._gemm(a8, as_, L.w["down"], H), None
+            return sp._gemm(a8, as_, L.w["down"], H), None, None
+        ids, wts = self.route(path, L, x) if routing is None else routing
         if path == "ours":
-            from .. import ops
             from ..moe import megamoe as MM
 
-            ids, wts, _ = ops.moe_route(x, L.gate, L.bias, c)
             return MM.mega_moe(x8, xs, ids, wts, L.mm, routed_scaling_factor=c.routed_scaling_factor,
-                               config=self.mm_cfg), ids
-        logits = self._router_gemm(x, L.gate, getattr(L, "gate32", None))
-        ids, wts = self._c["route_topk"](logits, L.bias, c.num_experts_per_tok)
+                               config=self.mm_cfg), ids, wts
         if L.ref_moe is not None:
             from ..ref.moe import moe_forward
 
-            return moe_forward(x, L.ref_moe, c, ids, wts), ids
+            return moe_forward(x, L.ref_moe, c, ids, wts), ids, wts
         y = L.dg(x8, xs, ids, wts, x.shape[0], H)
         for (w13, w2) in L.w["shared"]:
             gu = sp._gemm(x8, xs, w13, 2 * c.moe_intermediate_size)
             a8, as_ = sp._quant(self._c["silu_and_mul"](gu))
             y = self._c["combine_shared"](y, sp._gemm(a8, as_, w2, H), c.routed_scaling_factor)
-        return y, ids
+        return y, ids, wts
 
     def tail(self, h, r):
         """SHARED final add+RMSNorm (+ lm_head) -> (x_final [M, H] bf16, logits [M, V] bf16 or None)."""
@@ -993,10 +1106,10 @@ class StepBench:
             pre = self.prefix(path, L, h, r, prev)
             attn = self.core(L, *pre[:3])
             post = self.rest(path, L, attn, pre[3])
-            y, ids = self.mlp(path, L, post[0], post[2], post[3])
+            y, ids, wts = self.mlp(path, L, post[0], post[2], post[3])
             if rec is not None:
                 rec[("prefix", L.i)], rec[("attn", L.i)], rec[("rest", L.i)] = pre, attn, post
-                rec[("mlp", L.i)], rec[("ids", L.i)] = y, ids
+                rec[("mlp", L.i)], rec[("ids", L.i)], rec[("routing", L.i)] = y, ids, (ids, wts)
             if L.plan.full_indexer:
                 prev = pre[2]
             h, r = y, post[1]
@@ -1018,11 +1131,14 @@ class StepBench:
             traceback.print_exc()
             return {"error": f"{type(e).__name__}: {str(e)[:400]}"}
 
-    def check(self, ours: dict, stock: dict) -> dict[str, Any]:
-        p = self.plan
+    # -- correctness (eager, after the recording steps, before the timed graphs) ----------------------------------
+
+    def e2e_drift(self, ours: Mapping, stock: Mapping) -> dict[str, Any]:
+        """The two free-running eager steps compared (INFORMATION, not a pass criterion: see E2E_NOTE): final
+        hidden state, lm_head argmax, and per layer the attention / MLP outputs and the selections each path made
+        on its own (diverging) inputs."""
         fin = compare(ours["final"][0], stock["final"][0])
-        out: dict[str, Any] = {"final_hidden": fin, "tol_rel_l2": p.tol, "min_topk_overlap": p.min_topk_overlap,
-                               "layers": []}
+        out: dict[str, Any] = {"final_hidden": fin, "layers": [], "note": E2E_NOTE}
         if ours["final"][1] is not None:
             out["logits_argmax_agree"] = float((ours["final"][1].argmax(-1) == stock["final"][1].argmax(-1)).float().mean())
         for L in self.layers:
@@ -1034,16 +1150,133 @@ class StepBench:
                 row["expert_overlap"] = set_overlap(ours[("ids", L.i)], stock[("ids", L.i)])
             out["layers"].append(row)
         ov = [r["topk_overlap"] for r in out["layers"] if "topk_overlap" in r]
+        eo = [r["expert_overlap"] for r in out["layers"] if "expert_overlap" in r]
         out["min_topk_overlap_seen"] = min(ov) if ov else None
-        fails = []
-        if not fin["finite"]:
-            fails.append("non-finite final hidden state")
-        if not fin["rel_l2"] <= p.tol:
-            fails.append(f"final hidden rel L2 {fin['rel_l2']:.4f} > tol {p.tol}")
-        if ov and min(ov) < p.min_topk_overlap:
-            fails.append(f"indexer top-k overlap {min(ov):.3f} < {p.min_topk_overlap}")
-        out["passed"], out["failures"] = not fails, fails
+        out["mean_expert_overlap"] = sum(eo) / len(eo) if eo else None
         return out
+
+    def _entries(self, L: _Layer) -> dict[str, Any]:
+        """Copies of the current token's entries in layer L's caches: kv [M, kv_cache_dim] bf16 and, with an
+        indexer, ik = (k8 [M, D] e4m3, scale [M] fp32)."""
+        from ..ref.fp8 import index_k_cache_load
+
+        slots = self.inp["out_cache_loc"].long()
+        e: dict[str, Any] = {"kv": L.kv.index_select(0, slots)}
+        if L.ik is not None:
+            e["ik"] = index_k_cache_load(L.ik, slots, self.cfg.index_head_dim)
+        return e
+
+    def _write_entries(self, L: _Layer, e: Mapping[str, Any]) -> None:
+        from ..ref.fp8 import index_k_cache_store
+
+        slots = self.inp["out_cache_loc"].long()
+        L.kv.index_copy_(0, slots, e["kv"])
+        if L.ik is not None:
+            index_k_cache_store(L.ik, slots, *e["ik"])
+
+    def _poison_entries(self, L: _Layer) -> None:
+        """NaN into the current token's entries (KV row; index-K bytes 0xFF = e4m3 NaN and a NaN scale): a path
+        that reads them before writing them shows as non-finite output, one that never writes them is caught
+        by _written."""
+        import torch
+
+        m, dev = self.M, L.kv.device
+        e: dict[str, Any] = {"kv": torch.full((m, L.kv.shape[1]), float("nan"), dtype=L.kv.dtype, device=dev)}
+        if L.ik is not None:
+            e["ik"] = (torch.full((m, self.cfg.index_head_dim), 0xFF, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn),
+                       torch.full((m,), float("nan"), dtype=torch.float32, device=dev))
+        self._write_entries(L, e)
+
+    @staticmethod
+    def _written(e: Mapping[str, Any]) -> bool:
+        import torch
+
+        ok = bool(torch.isfinite(e["kv"].float()).all())
+        if "ik" in e:
+            ok = ok and bool(torch.isfinite(dequant_rows(*e["ik"])).all())
+        return ok
+
+    @staticmethod
+    def _entry_cmp(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+        out = {"kv_entry": compare(a["kv"], b["kv"])}
+        if "ik" in a:
+            out["index_k_entry"] = compare(dequant_rows(*a["ik"]), dequant_rows(*b["ik"]))
+        return out
+
+    def _digests(self, L: _Layer) -> tuple:
+        return (cache_digest(L.kv),) + ((cache_digest(L.ik),) if L.ik is not None else ())
+
+    def teacher_forced_layer(self, L: _Layer, stock: Mapping) -> dict[str, Any]:
+        """Layer L of OUR path fed the STOCK path's recorded inputs of that layer, each piece compared with the
+        stock path's recorded output on identical inputs:
+        - prefix on stock's (h, r, prev_topk): q_lat, q_pe, residual_out, and the current token's KV / index-K
+          cache entries it writes; its top-k vs stock's: the indexer's selection agreement (reported);
+        - attention core on OUR q_lat / q_pe and KV entry but the STOCK top-k (the core is shared code, so this
+          is how our prefix numerics look through attention, without selection differences);
+        - post-attention norm (+ quant) on stock's attention output and residual;
+        - MLP on stock's quantized input; a MoE on the STOCK routing (ids, weights): our MegaMoE vs stock's MoE;
+          our router on stock's input vs stock's ids: the router's selection agreement (reported);
+        - the whole layer chained on our own intermediates (stock selection): information.
+        Caches: the stock eager step left its current-token entries in L's caches. They are saved, poisoned,
+        rewritten by a stock re-run of the prefix (which must reproduce its record), poisoned again, written by
+        our prefix (read by the core above), then restored; the caches' digests must match the state found."""
+        import torch
+
+        h, r, prev = stock[("in", L.i)]
+        s_pre, s_attn, s_rest, s_mlp = (stock[(k, L.i)] for k in ("prefix", "attn", "rest", "mlp"))
+        s_ids, s_wts = stock[("routing", L.i)]
+        row: dict[str, Any] = {"layer": L.i, "kind": L.plan.kind}
+        digest0 = self._digests(L)
+        saved = self._entries(L)
+        stock_writes = ours_writes = None
+        try:
+            # the stock prefix again, on its own inputs, over poisoned entries
+            self._poison_entries(L)
+            again = self.prefix("stock", L, h, r, prev)
+            e_stock = self._entries(L)
+            rr = [compare(again[k], s_pre[k]) for k in (0, 1, 3)] + list(self._entry_cmp(e_stock, saved).values())
+            row["stock_rerun"] = {"max_rel_l2": _worst(rr),
+                                  "topk_overlap": set_overlap(again[2], s_pre[2]) if L.plan.full_indexer else None}
+            stock_writes = self._written(e_stock)
+            # ours, same inputs
+            self._poison_entries(L)
+            pre = self.prefix("ours", L, h, r, prev)
+            e_ours = self._entries(L)
+            ours_writes = self._written(e_ours)
+            row["prefix"] = {"q_lat": compare(pre[0], s_pre[0]), "q_pe": compare(pre[1], s_pre[1]),
+                             "residual_out": compare(pre[3], s_pre[3]), **self._entry_cmp(e_ours, saved)}
+            if L.plan.full_indexer:
+                row["topk_overlap"] = set_overlap(pre[2], s_pre[2])
+            attn = self.core(L, pre[0], pre[1], s_pre[2])  # the stock top-k; reads our KV entry
+            row["core"] = compare(attn, s_attn)
+            rest = self.rest("ours", L, s_attn, s_pre[3])
+            row["rest"] = {"x": compare(rest[0], s_rest[0]), "residual": compare(rest[1], s_rest[1]),
+                           "x_fp8": compare(_dequant_act(rest[2], rest[3]), _dequant_act(s_rest[2], s_rest[3]))}
+            # fresh contiguous copies for our MegaMoE (its contract: contiguous, aligned; the recorded stock tensors may be
+            # compiled-kernel outputs), and row-major activation scales (A0 writes them so; the stock quant's are MN-major)
+            routing = (s_ids.clone(memory_format=torch.contiguous_format),
+                       s_wts.clone(memory_format=torch.contiguous_format)) if L.plan.moe else None
+            x8, xs = ((s_rest[2].clone(memory_format=torch.contiguous_format),
+                       s_rest[3].clone(memory_format=torch.contiguous_format)) if L.plan.moe else s_rest[2:4])
+            row["mlp"] = compare(self.mlp("ours", L, s_rest[0], x8, xs, routing=routing)[0], s_mlp)
+            if L.plan.moe:
+                row["expert_overlap"] = set_overlap(self.route("ours", L, s_rest[0])[0], s_ids)
+            chain = self.rest("ours", L, attn, pre[3])
+            y = self.mlp("ours", L, chain[0], chain[2], chain[3], routing=routing)[0]
+            row["layer_out"] = {"hidden": compare(y, s_mlp), "residual": compare(chain[1], s_rest[1])}
+        finally:  # the stock step's entries back, whatever happened above
+            self._write_entries(L, saved)
+        row["caches"] = {"stock_writes_current": stock_writes, "ours_writes_current": ours_writes,
+                         "restored": self._digests(L) == digest0}
+        return row
+
+    def check(self, ours: Mapping, stock: Mapping) -> dict[str, Any]:
+        """The correctness of bucket M: the teacher-forced per-layer check (pass / fail) plus the end-to-end
+        drift of the free-running steps (information)."""
+        p = self.plan
+        e2e = self.e2e_drift(ours, stock)  # first: the re-runs below reuse per-layer executors ours' record came from
+        rows = [self.teacher_forced_layer(L, stock) for L in self.layers]
+        return summarize_teacher_forced(rows, p.tol, p.min_topk_overlap, p.min_expert_overlap, e2e)
 
     def pieces(self, recs: Mapping[str, dict]) -> dict[str, Any]:
         """Separately captured pieces: per path prefix[full|shared], rest, mlp[moe]; shared core, mlp[dense], tail.
@@ -1152,7 +1385,17 @@ class StepBench:
                 if err:
                     raise RuntimeError(f"CUDA context lost after the {path} step at M={m}: {err}") from e
         if "ours" in recs and "stock" in recs:
-            row["correctness"] = self.check(recs["ours"], recs["stock"])
+            try:
+                row["correctness"] = self.check(recs["ours"], recs["stock"])
+                torch.cuda.synchronize(self.dev)
+            except Exception as e:  # noqa: BLE001 - a check that could not run fails the bucket; timing goes on
+                traceback.print_exc()
+                msg = f"check raised {type(e).__name__}: {str(e)[:400]}"
+                row["correctness"] = {"method": "teacher-forced per layer", "layers": [], "passed": False,
+                                      "failures": [msg], "error": msg}
+                err = cuda_context_error(self.dev)
+                if err:
+                    raise RuntimeError(f"CUDA context lost in the correctness check at M={m}: {err}") from e
         routing = {}
         for path, rec in recs.items():
             de = {L.i: int(rec[("ids", L.i)].unique().numel()) for L in self.layers if L.plan.moe}
@@ -1312,24 +1555,7 @@ def render_markdown(rep: Mapping[str, Any]) -> str:
             lines.append("Pieces whose rotated weights do not cover 2x L2 (may read from L2): " + ", ".join(flags) + ".")
     chk = [r for r in rep["buckets"] if r.get("correctness")]
     if chk:
-        lines += ["", "## Correctness (ours vs stock, same inputs and weights, eager run of the whole step)", "",
-                  "| M | final hidden rel L2 | max abs err / max abs | lm_head argmax agree | min top-k overlap | "
-                  "mean expert overlap | passed |", "|---:|---:|---:|---:|---:|---:|---|"]
-        for r in chk:
-            c = r["correctness"]
-            eo = [x["expert_overlap"] for x in c["layers"] if "expert_overlap" in x]
-            lines.append(f"| {r['M']} | {c['final_hidden']['rel_l2']:.4f} | {c['final_hidden']['max_rel']:.4f} | "
-                         f"{_f(c.get('logits_argmax_agree'), '.3f')} | {_f(c.get('min_topk_overlap_seen'), '.4f')} | "
-                         f"{_f(sum(eo) / len(eo) if eo else None, '.3f')} | "
-                         f"{'yes' if c['passed'] else 'NO: ' + '; '.join(c['failures'])} |")
-        lines += ["", "Per layer (M: layer: top-k overlap / expert overlap / attn-out rel L2 / MLP-out rel L2):", ""]
-        for r in chk:
-            parts = [f"{x['layer']}: {_f(x.get('topk_overlap'), '.4f')} / {_f(x.get('expert_overlap'), '.3f')} / "
-                     f"{x['attn_out']['rel_l2']:.4f} / {x['mlp_out']['rel_l2']:.4f}" for x in r["correctness"]["layers"]]
-            lines.append(f"- M={r['M']}: " + "; ".join(parts))
-        lines.append(f"\nPass: final hidden rel L2 <= {chk[0]['correctness']['tol_rel_l2']} and every indexer top-k "
-                     f"overlap >= {chk[0]['correctness']['min_topk_overlap']}. Routing can differ in later layers "
-                     "(FP8 noise flips near-tie experts), which is reported, not failed.")
+        lines += render_correctness(chk)
     lines += ["", "## Method", "", m.get("method", "")]
     notes = list(m.get("notes", []))
     for r in rep["buckets"]:
@@ -1344,6 +1570,104 @@ def render_markdown(rep: Mapping[str, Any]) -> str:
     if notes:
         lines += ["", "## Notes, fallbacks and errors", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _rel(c: Mapping[str, Any] | None) -> str:
+    if not c:
+        return "-"
+    return f"{c['rel_l2']:.4f}" if c.get("finite", True) else "NaN"
+
+
+def _rel_worst(cs: Mapping[str, Any] | None) -> str:
+    w = _worst(list((cs or {}).values()))
+    return "-" if w is None else ("NaN" if w == float("inf") else f"{w:.4f}")
+
+
+def _exact(x: float | None) -> str:
+    return "-" if x is None else ("exact" if x == 0 else f"{x:.2e}")
+
+
+def _is_teacher_forced(c: Mapping[str, Any]) -> bool:
+    return c.get("method") == "teacher-forced per layer"
+
+
+def render_correctness(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The correctness sections of the report: the teacher-forced per-layer check (pass / fail; a summary per
+    bucket and a per-layer table) and the end-to-end drift (information). Buckets merged (--append) from a run
+    before the teacher-forced check show their end-to-end check only."""
+    tf = [r for r in rows if _is_teacher_forced(r["correctness"])]
+    lines = []
+    if tf:
+        c0 = tf[0]["correctness"]
+        lines += ["", "## Correctness: teacher-forced per layer (ours on the stock path's inputs, same top-k and "
+                      "routing)", "",
+                  "Each layer of OUR path is fed the STOCK path's recorded inputs of that layer (eager, outside the "
+                  "timed graphs) and each piece is compared with the stock path's output on identical inputs: prefix "
+                  "outputs (q_lat, q_pe, residual, the current token's KV and index-K cache entries); the attention "
+                  "core on our prefix outputs but the STOCK top-k (the core is shared code: this is our prefix's "
+                  "numerics seen through attention); the post-attention norm (+ FP8 quant); the MLP / MoE on the "
+                  "stock's quantized input and the STOCK routing (our MegaMoE vs the stock MoE). Selection agreement "
+                  "on identical inputs (indexer top-k, router experts) is reported on its own: near-tie flips. "
+                  "Errors: relative L2, ||ours - stock|| / ||stock||.", "",
+                  "| M | prefix (worst) | core, stock top-k | norm | MLP / MoE, stock routing | layer out, chained "
+                  "(info) | min top-k overlap | min expert overlap | stock re-run (info) | caches | passed |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+        for r in tf:
+            c = r["correctness"]
+            w = c.get("worst", {})
+            n = len(c["failures"])
+            passed = "yes" if c["passed"] else f"NO ({n} failure{'s' if n != 1 else ''}, below)"
+            lines.append(f"| {r['M']} | {_f(w.get('prefix'), '.4f')} | {_f(w.get('core'), '.4f')} | "
+                         f"{_f(w.get('norm'), '.4f')} | {_f(w.get('mlp'), '.4f')} | {_f(w.get('layer_out'), '.4f')} | "
+                         f"{_f(c.get('min_topk_overlap_seen'), '.4f')} | {_f(c.get('min_expert_overlap_seen'), '.4f')} | "
+                         f"{_exact(w.get('stock_rerun'))} | {'ok' if c.get('caches_ok', True) else 'PROBLEM'} | "
+                         f"{passed} |")
+        lines += ["", "Per layer (relative L2 on identical inputs; overlaps on identical inputs):", "",
+                  "| M | layer | kind | q_lat | q_pe | residual | KV entry | index-K entry | core, stock top-k | norm | "
+                  "MLP / MoE, stock routing | layer out (info) | top-k overlap | expert overlap | result |",
+                  "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in tf:
+            for x in r["correctness"]["layers"]:
+                pr = x.get("prefix", {})
+                res = "ok" if x.get("passed") else "FAIL: " + "; ".join(
+                    f.removeprefix(f"layer {x['layer']}").lstrip(": ") for f in x.get("failures", []))
+                lines.append(f"| {r['M']} | {x['layer']} | {x.get('kind', '-')} | {_rel(pr.get('q_lat'))} | "
+                             f"{_rel(pr.get('q_pe'))} | {_rel(pr.get('residual_out'))} | {_rel(pr.get('kv_entry'))} | "
+                             f"{_rel(pr.get('index_k_entry'))} | {_rel(x.get('core'))} | {_rel_worst(x.get('rest'))} | "
+                             f"{_rel(x.get('mlp'))} | {_rel_worst(x.get('layer_out'))} | "
+                             f"{_f(x.get('topk_overlap'), '.4f')} | {_f(x.get('expert_overlap'), '.4f')} | {res} |")
+        lines.append(f"\nPass (per layer, identical inputs): every piece above <= {c0['tol']:g} relative L2 and finite "
+                     f"(--tol), indexer top-k overlap >= {c0['min_topk_overlap']:g} and expert overlap >= "
+                     f"{c0['min_expert_overlap']:g}, each path wrote the current token's cache entries before reading "
+                     "them (checked by poisoning them first) and the caches were left as found (digests). 'layer out' "
+                     "(our whole layer chained on its own intermediates, stock selection) and 'stock re-run' (the "
+                     "stock prefix run again on its own inputs vs its record: run-to-run determinism) are information.")
+        fails = [f"M={r['M']} {f}" for r in tf for f in r["correctness"]["failures"]]
+        if fails:
+            lines += ["", "Failures:", ""] + [f"- {f}" for f in fails]
+    e2e = [(r["M"], r["correctness"].get("e2e_drift") if _is_teacher_forced(r["correctness"]) else r["correctness"])
+           for r in rows]
+    e2e = [(m, d) for m, d in e2e if d and "final_hidden" in d]
+    if e2e:
+        lines += ["", "### End-to-end drift (information, not a pass criterion)", "", E2E_NOTE, "",
+                  "| M | final hidden rel L2 | max abs err / max abs | lm_head argmax agree | min top-k overlap | "
+                  "mean expert overlap |", "|---:|---:|---:|---:|---:|---:|"]
+        for m, d in e2e:
+            eo = [x["expert_overlap"] for x in d.get("layers", []) if "expert_overlap" in x]
+            lines.append(f"| {m} | {d['final_hidden']['rel_l2']:.4f} | {d['final_hidden']['max_rel']:.4f} | "
+                         f"{_f(d.get('logits_argmax_agree'), '.3f')} | {_f(d.get('min_topk_overlap_seen'), '.4f')} | "
+                         f"{_f(sum(eo) / len(eo) if eo else None, '.3f')} |")
+        lines += ["", "Per layer, free-running (M: layer: top-k overlap / expert overlap / attn-out rel L2 / MLP-out "
+                      "rel L2):", ""]
+        for m, d in e2e:
+            parts = [f"{x['layer']}: {_f(x.get('topk_overlap'), '.4f')} / {_f(x.get('expert_overlap'), '.3f')} / "
+                     f"{x['attn_out']['rel_l2']:.4f} / {x['mlp_out']['rel_l2']:.4f}" for x in d.get("layers", [])]
+            lines.append(f"- M={m}: " + "; ".join(parts))
+        old = [m for m, _ in e2e if not any(r["M"] == m for r in tf)]
+        if old:
+            lines.append(f"\nM={old}: merged from a run before the teacher-forced check; its pass / fail was the "
+                         "end-to-end tolerance of that run.")
+    return lines
 
 
 def render_png(rep: Mapping[str, Any], path: Path) -> str | None:
@@ -1405,11 +1729,21 @@ def merge_existing(rep: dict[str, Any], out: str | Path) -> dict[str, Any]:
     return rep
 
 
+E2E_NOTE = (
+    "End-to-end drift is information, not a pass criterion: each path runs the whole step on its own outputs, so "
+    "its router and indexer pick slightly different experts / KV tokens at near-ties; with random synthetic KV caches "
+    "the sparse attention output swings when a few % of the selected tokens differ, and the differences compound over "
+    "layers. It measures selection sensitivity, not kernel numerics (the teacher-forced check above does).")
+
 METHOD = (
     "Per bucket M (M sequences, each with its KV context in per-layer paged caches from "
     "testing.decode_step.make_decode_step; ours and stock share the caches, each path writes the current "
-    "token's entries before reading them): (1) one eager step per path records every layer's tensors and the "
-    "correctness check compares them; (2) the whole step per path is captured in one CUDA graph "
+    "token's entries before reading them): (1) one eager step per path records every layer's tensors; the "
+    "correctness check then runs OUR pieces of each layer eagerly on the STOCK path's recorded inputs of that layer "
+    "(teacher-forced: attention core on the stock top-k, MoE on the stock routing) and compares each with the stock "
+    "output, and reports the two free-running steps' end-to-end drift as information; it saves, poisons, lets each "
+    "path rewrite and finally restores the current token's cache entries, checking the caches' digests (outside "
+    "every timed graph); (2) the whole step per path is captured in one CUDA graph "
     "(bench.timing.time_launches, 1 launch per graph, --repeat replays, median; our CMP prefix is enqueued into "
     "that graph with its side streams, DeepGEMM's buffer copies are inside the stock graph); (3) pieces are "
     "captured separately, each graph rotating over the layers of its kind (>= 4 launches per graph). Floors: "
@@ -1433,6 +1767,9 @@ def format_plan(plan: Plan) -> str:
                                 else f"pattern {plan.kv_pattern} (cycled over the sequences)"),
              f"  paths:    {', '.join(plan.paths)}; lm_head {'on' if plan.lm_head else 'off'}; pieces "
              f"{'on' if plan.pieces else 'off'}; repeat {plan.repeat}",
+             f"  check:    teacher-forced per layer, each piece rel L2 <= {plan.tol:g} on identical inputs; indexer "
+             f"top-k overlap >= {plan.min_topk_overlap:g}, expert overlap >= {plan.min_expert_overlap:g}; end-to-end "
+             "drift reported as information",
              "  CMP mode per bucket: " + ", ".join(f"{m}: {v}" for m, v in plan.cmp_modes.items()),
              "  MegaMoE config per bucket: " + (", ".join(f"{m}: {v}" for m, v in plan.megamoe_configs.items()) or "-"),
              "  step floor per bucket (uniform-routing expectation, 4.27 TB/s): " + ", ".join(
@@ -1556,8 +1893,15 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-pieces", action="store_true", help="skip the per-layer breakdown (whole steps only)")
     ap.add_argument("--no-lm-head", action="store_true", help="leave the final lm_head GEMM out of the step")
-    ap.add_argument("--tol", type=float, default=0.05, help="max relative L2 error of ours vs stock final hidden state")
-    ap.add_argument("--min-topk-overlap", type=float, default=0.9, help="min indexer top-k overlap per layer (ours vs stock)")
+    ap.add_argument("--tol", type=float, default=0.03,
+                    help="max relative L2 error of each piece of each layer, ours vs stock on IDENTICAL inputs "
+                         "(teacher-forced: prefix outputs and cache entries, attention core on the stock top-k, "
+                         "post-attention norm, MLP / MoE on the stock routing); the end-to-end final-hidden drift is "
+                         "reported, not judged")
+    ap.add_argument("--min-topk-overlap", type=float, default=0.9,
+                    help="min indexer top-k overlap per layer, ours vs stock on identical inputs (near-tie flips)")
+    ap.add_argument("--min-expert-overlap", type=float, default=0.9,
+                    help="min routed-expert overlap per MoE layer, ours vs stock router on identical inputs")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting new buckets once this many seconds (plus one bucket's time) are spent")
     ap.add_argument("--append", action="store_true", help="merge into an existing decode_step.json in --out")
@@ -1602,8 +1946,8 @@ def run(args: argparse.Namespace) -> int:
     rep = run_bench(plan)
     failed = [r["M"] for r in rep["buckets"] if r.get("correctness") and not r["correctness"]["passed"]]
     if failed:
-        print(f"bench decode-step: correctness check FAILED at M={failed} (see {Path(plan.out) / FILES[1]})",
-              file=sys.stderr)
+        print(f"bench decode-step: teacher-forced correctness check FAILED at M={failed} (see "
+              f"{Path(plan.out) / FILES[1]})", file=sys.stderr)
         return 1
     return 0
 
