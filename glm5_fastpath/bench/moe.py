@@ -222,6 +222,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--launches", type=int, default=10, help="launches per captured graph")
     ap.add_argument("--replays", type=int, default=10, help="graph replays (median reported)")
     ap.add_argument("--no-deepgemm", action="store_true", help="skip the DeepGEMM baseline")
+    # --ep N (issue #8): expert parallelism over N GPUs, a separate harness (glm5_fastpath/moe/ep/bench.py)
+    from ..moe.ep.bench import add_ep_arguments
+    add_ep_arguments(ap)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "ep", 1) > 1:  # --ep N: the EP bench (glm5_fastpath/moe/ep/bench.py), its own options
+        from ..moe.ep.bench import run_ep
+        return run_ep(args)
     bad = [s for s in args.settings.split(",") if s and s not in SETTINGS]
     if bad:
         raise ValueError(f"bench moe: unknown setting(s) {bad}; choose from {', '.join(SETTINGS)}")
