@@ -444,7 +444,9 @@ def worker(a) -> int:
         routes = {}
         for i, L in enumerate(mr.model.model.layers):
             st = L.self_attn.__dict__.get(PX.STATE)
-            routes[str(i)] = "not prepared" if st is None else (st.kind or "stock: " + st.refusal.message())
+            routes[str(i)] = "not prepared" if st is None else \
+                (st.kind + (" (Hadamard-rotated indexer)" if getattr(st, "rotate", False) else "")
+                 if st.kind else "stock: " + st.refusal.message())
         res["routes"] = routes
         save()
         rng = np.random.default_rng(0)

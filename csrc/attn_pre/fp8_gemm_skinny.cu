@@ -4,6 +4,8 @@
 //   GLM5_SKINNY_TM       tokens per CTA: 8, 16, 32 or 64
 //   GLM5_SKINNY_STAGES   cp.async ring depth (stages - 1 K groups of 16 KB weights in flight)
 //   GLM5_SKINNY_EPI      epilogue: 0 plain, 1 B0 qkv_a, 2 D0 q_b, 3 D1 indexer q, 4 B1 indexer k
+//   GLM5_SKINNY_ROT      0 (default), or n: the n-point Walsh-Hadamard rotation option of epilogues 3 / 4
+//                        (n = head dim; SkinnyFinish::rotate_rows)
 // Launch: grid (tiles_n, splits, tiles_m), block 256, dynamic smem SkinnySmem<TM, STAGES>::bytes(gmax);
 // PDL-ready (weights are prefetched before griddepcontrol.wait).
 #include "fp8_gemm_skinny.cuh"
@@ -17,6 +19,9 @@
 #ifndef GLM5_SKINNY_EPI
 #define GLM5_SKINNY_EPI 0
 #endif
+#ifndef GLM5_SKINNY_ROT
+#define GLM5_SKINNY_ROT 0
+#endif
 // Tuning / diagnostics (benchmarks/fp8_gemm_sweep.py); the defaults are the production kernel.
 //   GLM5_SKINNY_MINB     __launch_bounds__ min CTAs per SM (2: registers capped at 128 per thread)
 //   GLM5_SKINNY_DIAG     0 off; 1 loads only; 2 no split-K reduce; 3 no loads in the K loop (see .cuh)
@@ -28,7 +33,9 @@
 #endif
 
 using SkinnyTile =
-    glm5::attn_pre::skinny::SkinnyGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES, GLM5_SKINNY_EPI, GLM5_SKINNY_DIAG>;
+    glm5::attn_pre::skinny::SkinnyGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES,
+                                           glm5::attn_pre::skinny::epi_with_rot(GLM5_SKINNY_EPI, GLM5_SKINNY_ROT),
+                                           GLM5_SKINNY_DIAG>;
 
 extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kThreads, GLM5_SKINNY_MINB)
 glm5_fp8_gemm_skinny(const glm5::attn_pre::skinny::SkinnyParams p) {

@@ -63,6 +63,12 @@
 //                  rows) lies inside one n tile, so the amax is a CTA reduction.
 //   kEpiIdxK (B1)  bf16(acc) -> LayerNorm (fp32 affine) -> RoPE leading dims -> bf16 -> per-token
 //                  FP8 quant (floor 1e-4) -> k8, scale, and the paged index-K cache store.
+// Epilogue option (in the epilogue id's upper bits, epi_with_rot; -DGLM5_SKINNY_ROT=n in the launchers):
+//   rotation n     D1 / B1 only (n = head dim, 16..128): the normalised n-point Walsh-Hadamard transform of
+//                  every (token, head) row after RoPE, before the amax / quant (SGLang 0.5.14's indexer,
+//                  glm5_fastpath/ref/prefix.py): D1 rotates the fp32 q; B1 rotates the bf16 k in fp32 and
+//                  rounds the result to bf16 again. SkinnyFinish::rotated_rows (csrc/common/hadamard.cuh).
+//                  Without it (the default) the code is exactly the unrotated epilogue.
 // Elementwise epilogue math uses explicit _rn intrinsics in the reference's operation order (no
 // FMA contraction), so RoPE / affine results match the PyTorch reference bit for bit given the
 // same inputs; only reduction orders (GEMM sums, norms) differ.
@@ -70,6 +76,7 @@
 
 #include "../common/arch.cuh"
 #include "../common/convert.cuh"
+#include "../common/hadamard.cuh"
 #include "../common/pdl.cuh"
 #include "../common/ptx_cp_async.cuh"
 #include "../common/ptx_mma_fp8.cuh"
@@ -87,6 +94,13 @@ constexpr int kWStageBytes = kBlockN * kBlockK;
 constexpr int kIndexKPage = 64;   // tokens per index-K cache page
 
 enum : int { kEpiPlain = 0, kEpiQkvA = 1, kEpiQb = 2, kEpiIdxQ = 3, kEpiIdxK = 4 };
+
+// An epilogue id with options: bits 0-3 the epilogue (kEpi* above), bits 4-7 log2 of the Hadamard rotation
+// length (0: none). Plain ids are their own encoding, so every unrotated instantiation (and its symbol
+// names) is unchanged.
+__host__ __device__ constexpr int epi_base(int epi) { return epi & 15; }
+__host__ __device__ constexpr int epi_rot(int epi) { return (epi >> 4) & 15 ? 1 << ((epi >> 4) & 15) : 0; }
+__host__ __device__ constexpr int epi_with_rot(int epi, int rot) { return rot > 1 ? epi | (wht::ilog2(rot) << 4) : epi; }
 
 // Launch parameters. Field order is the ABI of glm5_fastpath/ops/fp8_gemm.py (_Params, a
 // ctypes.Structure): 8-byte fields first, then 4-byte fields, total a multiple of 8.
@@ -135,12 +149,22 @@ GLM5_DEVICE float bf16_round(float v) { return ptx::bf16lo_to_f32(ptx::f32x2_to_
 constexpr int kRopePairsMax = 32;     // rope_dim <= 64 (checked on the host)
 constexpr int kHeadsPerTileMax = 8;   // head_dim >= 16
 
-// Bytes of SkinnyFinish<kTM, kEpi>'s scratch (mirrored by glm5_fastpath/ops/fp8_gemm.py scratch_bytes).
-__host__ __device__ constexpr int finish_scratch_bytes(int tm, int epi) {
+// Rotation transpose buffer (SkinnyFinish::rotated_rows): 2 slots (double buffer) x 8 token rows (one n8
+// tile) x kRotRowStride floats (the tile's 128 features + 4 of padding: a half-warp's float2 stores,
+// (g = 0..3 | 4..7, t = 0..3) at float 16*warp + 2g of row 2t + e, land on 16 distinct 8-byte bank slots;
+// rows stay 16-byte aligned for the float4 reads).
+constexpr int kRotRowStride = 132;
+constexpr int kRotBufBytes = 2 * 8 * kRotRowStride * 4;
+
+// Bytes of SkinnyFinish<kTM, kEpi>'s scratch (mirrored by glm5_fastpath/ops/fp8_gemm.py scratch_bytes);
+// epi may carry options (epi_with_rot).
+__host__ __device__ constexpr int finish_scratch_bytes(int tm, int epi_opts) {
+    const int epi = epi_base(epi_opts);
     return 3 * kWarps * tm * 4 + 16                                        // red + flag
            + ((epi == 2 || epi == 3 || epi == 4) ? tm * kRopePairsMax * 8 + tm * 8 : 0)  // cs + positions
            + (epi == 4 ? tm * 8 : 0)                                       // slots
-           + (epi == 3 ? tm * kHeadsPerTileMax * 4 : 0);                   // w_raw
+           + (epi == 3 ? tm * kHeadsPerTileMax * 4 : 0)                    // w_raw
+           + (epi_rot(epi_opts) ? kRotBufBytes : 0);                       // rotation exchange
 }
 // Shared-memory carve-up of one CTA (dynamic smem, 128-byte aligned base).
 template <int kTM, int kStages, int kEpi = 0>
@@ -170,6 +194,7 @@ struct Scratch {
     float2* cs;     // RoPE epilogues: float2[kTM][kRopePairsMax] (cos, sin) of each token's position
     int64_t* idx;   // D0/D1/B1: int64[kTM] positions; B1: then int64[kTM] cache slots
     float* wraw;    // D1: float[kTM][kHeadsPerTileMax] fp32(w_raw) of the tile's heads
+    float* rot;     // rotation option: float[2][8][kRotRowStride] (rotated_rows)
 };
 
 
@@ -205,10 +230,15 @@ GLM5_DEVICE void consumer_sync() { ptx::named_barrier_sync<1, kThreads>(); }
 template <int kTM, int kEpi>
 struct SkinnyFinish {
     static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64 || kTM == 128, "token block: 8..128");
+    static constexpr int kBase = epi_base(kEpi);  // the epilogue; kEpi may carry options
+    static constexpr int kRot = epi_rot(kEpi);    // Hadamard rotation length (0: none)
+    static_assert(kRot == 0 || ((kBase == kEpiIdxQ || kBase == kEpiIdxK) && kRot >= 16 && kRot <= kBlockN),
+                  "rotation: D1 / B1 only, 16..128 (a row spans whole warps of 16 features)");
+    static_assert(kEpi == epi_with_rot(kBase, kRot), "unknown epilogue option bits");
     static constexpr int kNT = kTM / 8;  // n8 tiles per warp
     static constexpr int kRedFloats = kWarps * kTM;
     static constexpr int kScratchBytes = finish_scratch_bytes(kTM, kEpi);
-    static constexpr bool kRope = kEpi == kEpiQb || kEpi == kEpiIdxQ || kEpi == kEpiIdxK;
+    static constexpr bool kRope = kBase == kEpiQb || kBase == kEpiIdxQ || kBase == kEpiIdxK;
 
     static GLM5_DEVICE Scratch scratch(uint8_t* base) {
         Scratch s;
@@ -219,8 +249,10 @@ struct SkinnyFinish {
         q += kRope ? kTM * kRopePairsMax * 8 : 0;
         s.idx = reinterpret_cast<int64_t*>(q);
         q += kRope ? kTM * 8 : 0;
-        q += kEpi == kEpiIdxK ? kTM * 8 : 0;
+        q += kBase == kEpiIdxK ? kTM * 8 : 0;
         s.wraw = reinterpret_cast<float*>(q);
+        q += kBase == kEpiIdxQ ? kTM * kHeadsPerTileMax * 4 : 0;
+        s.rot = reinterpret_cast<float*>(q);
         return s;
     }
 
@@ -244,9 +276,9 @@ struct SkinnyFinish {
             if (tid < kTM) {
                 const int m = m0 + tid;
                 sc.idx[tid] = m < p.M ? load_index(p.positions, p.flags & 1, m) : 0;
-                if constexpr (kEpi == kEpiIdxK) sc.idx[kTM + tid] = m < p.M ? load_index(p.slots, p.flags & 2, m) : 0;
+                if constexpr (kBase == kEpiIdxK) sc.idx[kTM + tid] = m < p.M ? load_index(p.slots, p.flags & 2, m) : 0;
             }
-            if constexpr (kEpi == kEpiIdxQ) {
+            if constexpr (kBase == kEpiIdxQ) {
                 const int D = p.dim_a, H = p.dim_b;
                 const int hpt = kBlockN / D, head0 = c.tile_n * kBlockN / D;
                 for (int i = tid; i < kTM * hpt; i += kThreads) {
@@ -262,7 +294,7 @@ struct SkinnyFinish {
     // Rope pair i is needed by this tile when some head's row of that pair lies in the tile.
     static GLM5_DEVICE bool tile_needs_pair(const SkinnyParams& p, const Coord& c, int i) {
         const int hd = p.dim_a;
-        const int off = kEpi == kEpiQb ? p.dim_b : 0;  // D0: rope dims trail the nope dims
+        const int off = kBase == kEpiQb ? p.dim_b : 0;  // D0: rope dims trail the nope dims
         const int n0 = c.tile_n * kBlockN, n1 = min(n0 + kBlockN, p.N);
         for (int h = n0 / hd; h * hd < n1; ++h) {
             const int f = h * hd + off + 2 * i;
@@ -402,17 +434,65 @@ struct SkinnyFinish {
             }
     }
 
+    // ---- Hadamard rotation (epilogue option) --------------------------------------------------
+    // D1 / B1 with kRot: after RoPE (B1: and the bf16 rounding) the tile goes through shared memory from
+    // the accumulator's fragment layout (x[j][e] = feature 16*warp + 2g + (e >> 1) of token 8j + 2t + (e & 1))
+    // to one token row per warp, 4 contiguous features per lane (features 4*lane .. 4*lane + 3), one n8
+    // tile (8 tokens, one per warp) per round. There every (token, head) row of kRot features is kRot/4
+    // aligned lanes, so the whole normalised Walsh-Hadamard transform is register butterflies + lane
+    // shuffles (wht::transform_rows4), the per-row amax a shuffle reduction, and the FP8 / scale / cache
+    // stores 4 contiguous bytes per lane (coalesced). The rounds are double-buffered (sc.rot): a slot is
+    // rewritten two rounds later, after the next barrier, so one consumer barrier per round suffices.
+    // `row(r, v)` gets token r (< m_end, warp-uniform) of the tile and this lane's rotated features v[0..3];
+    // every consumer thread must call rotated_rows (barriers, shuffles).
+    template <class RowFn>
+    static GLM5_DEVICE void rotated_rows(const float (&x)[kNT][4], const Scratch& sc, int tid, int m_end, RowFn&& row) {
+        static_assert(kRot >= 16, "rotated_rows: a rotation option is needed");
+        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+            float* buf = sc.rot + (j & 1) * 8 * kRotRowStride;
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                *reinterpret_cast<float2*>(buf + (2 * t + e) * kRotRowStride + 16 * warp + 2 * g) =
+                    make_float2(x[j][e], x[j][e + 2]);
+            consumer_sync();
+            const int r = 8 * j + warp;
+            if (r < m_end) {  // warp-uniform
+                const float4 q = *reinterpret_cast<const float4*>(buf + warp * kRotRowStride + 4 * lane);
+                float v[4] = {q.x, q.y, q.z, q.w};
+                wht::transform_rows4<kRot>(v, lane);
+                row(r, v);
+            }
+        }
+    }
+
+    // Max of |v| over the kRot / 4 lanes of this lane's row (rotated_rows layout).
+    static GLM5_DEVICE float row_amax(const float (&v)[4]) {
+        float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+        for (int mask = 1; mask < kRot / 4; mask <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, mask));
+        return a;
+    }
+
+    // e4m3 of v[0..3] / s, packed in feature order (byte i = feature 4*lane + i).
+    static GLM5_DEVICE uint32_t quant4(const float (&v)[4], float s) {
+        const uint32_t lo = ptx::f32x2_to_e4m3x2_satfinite(v[0] / s, v[1] / s);
+        const uint32_t hi = ptx::f32x2_to_e4m3x2_satfinite(v[2] / s, v[3] / s);
+        return lo | (hi << 16);
+    }
+
     // ---- epilogues ------------------------------------------------------------------------
     static GLM5_DEVICE void epilogue(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
                                      float (&acc)[kNT][4]) {
         stage_wait();  // staged positions / (cos, sin) / slots / w_raw visible to every consumer thread
-        if constexpr (kEpi == kEpiPlain) {
+        if constexpr (kBase == kEpiPlain) {
             epi_plain(p, c, tid, acc);
-        } else if constexpr (kEpi == kEpiQkvA) {
+        } else if constexpr (kBase == kEpiQkvA) {
             epi_qkv_a(p, c, sc, tid, acc);
-        } else if constexpr (kEpi == kEpiQb) {
+        } else if constexpr (kBase == kEpiQb) {
             epi_q_b(p, c, sc, tid, acc);
-        } else if constexpr (kEpi == kEpiIdxQ) {
+        } else if constexpr (kBase == kEpiIdxQ) {
             epi_idx_q(p, c, sc, tid, acc);
         } else {
             epi_idx_k(p, c, sc, tid, acc);
@@ -620,8 +700,9 @@ struct SkinnyFinish {
             }
     }
 
-    // D1: q = bf16(acc) viewed [M, H, D]; RoPE on dims < R in fp32 (no rounding after);
-    // per (token, head) s = max(amax, 1e-4)/448, q8 = e4m3(q / s); head_w = (fp32(w_raw) * c) * s.
+    // D1: q = bf16(acc) viewed [M, H, D]; RoPE on dims < R in fp32 (no rounding after); [kRot: fp32
+    // Walsh-Hadamard of each (token, head) row;] per (token, head) s = max(amax, 1e-4)/448,
+    // q8 = e4m3(q / s); head_w = (fp32(w_raw) * c) * s.
     static GLM5_DEVICE void epi_idx_q(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
                                       float (&acc)[kNT][4]) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -641,8 +722,25 @@ struct SkinnyFinish {
                 if (d < R && r < m_end) rope_pair(x0, x1, cs[r * kRopePairsMax]);
                 x[j][e] = x0;
                 x[j][e + 2] = x1;
-                am[j][e] = fmaxf(fabsf(x0), fabsf(x1));
+                if constexpr (kRot == 0) am[j][e] = fmaxf(fabsf(x0), fabsf(x1));
             }
+        if constexpr (kRot != 0) {  // the fp32 q of each (token, head), no rounding (ref.prefix.d1_head_epilogue)
+            // Row layout (rotated_rows): lane holds features 4*lane.. of the tile; head rows of kRot = D.
+            const int fr = c.tile_n * kBlockN + 4 * (tid & 31);
+            const int hr = fr / D, dr = fr - hr * D;
+            const int hlr = hr - c.tile_n * kBlockN / D;
+            rotated_rows(x, sc, tid, m_end, [&](int r, const float (&v)[4]) {
+                const int64_t m = static_cast<int64_t>(c.tile_m) * kTM + r;
+                const float s = fmaxf(row_amax(v), 1e-4f) / 448.0f;
+                *reinterpret_cast<uint32_t*>(p.out_fp8 + (m * H + hr) * D + dr) = quant4(v, s);
+                if (dr == 0) {
+                    const float wr = sc.wraw[r * kHeadsPerTileMax + hlr];
+                    p.out_scale[m * H + hr] = s;
+                    p.out_head_w[m * H + hr] = __fmul_rn(__fmul_rn(wr, p.head_w_scale), s);
+                }
+            });
+            return;
+        }
         const int wph = D / 16;  // warps per head
         float* red = sc.red;
         cta_reduce<true>(am, red, (warp / wph) * wph, wph, tid);
@@ -667,7 +765,8 @@ struct SkinnyFinish {
     }
 
     // B1: key = bf16(acc) [M, D] (N = D <= 128: one tile); LayerNorm (fp32 affine); RoPE on dims < R;
-    // bf16; s = max(amax, 1e-4)/448; k8 = e4m3(k / s); store k8, s and the index-K cache entry.
+    // bf16; [kRot: Walsh-Hadamard of the bf16 k in fp32, bf16 again;] s = max(amax, 1e-4)/448;
+    // k8 = e4m3(k / s); store k8, s and the index-K cache entry.
     static GLM5_DEVICE void epi_idx_k(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
                                       float (&acc)[kNT][4]) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -719,8 +818,33 @@ struct SkinnyFinish {
                 k1 = live ? bf16_round(k1) : 0.0f;
                 x[j][e] = k0;
                 x[j][e + 2] = k1;
-                r[j][e] = fmaxf(fabsf(k0), fabsf(k1));
+                if constexpr (kRot == 0) r[j][e] = fmaxf(fabsf(k0), fabsf(k1));
             }
+        if constexpr (kRot != 0) {  // bf16 k -> fp32 rotation -> bf16 (ref.prefix.b1_key_epilogue)
+            // Row layout (rotated_rows): lane holds features 4*lane.. of the key (D = kRot <= 128; lanes past D
+            // hold the zeros of the warps past D and form their own rows, never stored).
+            const int64_t page_bytes = static_cast<int64_t>(kIndexKPage) * (D + 4);
+            const int dr = 4 * (tid & 31);
+            rotated_rows(x, sc, tid, m_end, [&](int r_, const float (&v0)[4]) {
+                float v[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) v[i] = bf16_round(v0[i]);
+                const float s = fmaxf(row_amax(v), 1e-4f) / 448.0f;
+                if (dr >= D) return;
+                const int m = c.tile_m * kTM + r_;
+                const uint32_t q = quant4(v, s);
+                *reinterpret_cast<uint32_t*>(p.out_fp8 + static_cast<int64_t>(m) * D + dr) = q;
+                const int64_t slot = sc.idx[kTM + r_];
+                uint8_t* page = p.cache + (slot / kIndexKPage) * page_bytes;
+                const int64_t off = slot % kIndexKPage;
+                *reinterpret_cast<uint32_t*>(page + off * D + dr) = q;
+                if (dr == 0) {
+                    p.out_scale[m] = s;
+                    *reinterpret_cast<float*>(page + static_cast<int64_t>(kIndexKPage) * D + off * 4) = s;
+                }
+            });
+            return;
+        }
         cta_reduce<true>(r, red + 2 * kRedFloats, 0, nw, tid);
         if (!live) return;
         const int64_t page_bytes = static_cast<int64_t>(kIndexKPage) * (D + 4);

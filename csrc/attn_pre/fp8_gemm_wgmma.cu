@@ -5,6 +5,8 @@
 //   GLM5_SKINNY_TM       tokens per CTA (wgmma N): 8, 16, 32, 64 or 128
 //   GLM5_SKINNY_STAGES   TMA ring depth (stages of 16 KB weights + TM x 128 B activations)
 //   GLM5_SKINNY_EPI      epilogue: 0 plain, 1 B0 qkv_a, 2 D0 q_b, 3 D1 indexer q, 4 B1 indexer k
+//   GLM5_SKINNY_ROT      0 (default), or n: the n-point Walsh-Hadamard rotation option of epilogues 3 / 4
+//                        (n = head dim; SkinnyFinish::rotate_rows)
 //   GLM5_SKINNY_MINB     __launch_bounds__ min CTAs per SM (tuning; 1 = production)
 //   GLM5_SKINNY_DIAG     0 off; 1 loads only; 2 no split-K reduce; 3 no loads in the K loop
 //   GLM5_SKINNY_PIPE     0: wait each stage's wgmmas; 1: two partials, next stage issued first (TM <= 64)
@@ -26,6 +28,9 @@
 #ifndef GLM5_SKINNY_EPI
 #define GLM5_SKINNY_EPI 0
 #endif
+#ifndef GLM5_SKINNY_ROT
+#define GLM5_SKINNY_ROT 0
+#endif
 #ifndef GLM5_SKINNY_MINB
 #define GLM5_SKINNY_MINB 1
 #endif
@@ -39,7 +44,8 @@
 #define GLM5_SKINNY_REDUCE 0
 #endif
 
-using WgmmaTile = glm5::attn_pre::skinny::WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES, GLM5_SKINNY_EPI,
+using WgmmaTile = glm5::attn_pre::skinny::WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES,
+                                                        glm5::attn_pre::skinny::epi_with_rot(GLM5_SKINNY_EPI, GLM5_SKINNY_ROT),
                                                         GLM5_SKINNY_DIAG, GLM5_SKINNY_PIPE, GLM5_SKINNY_REDUCE>;
 
 extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kWgThreads, GLM5_SKINNY_MINB)

@@ -25,6 +25,12 @@ Tile decisions (all sizes are PrefixTiling fields, defaults = the article's; dim
   ceil(seq_len/512) splits each (16 x 16 = 256 at M=16, L=8192). A request's last split also writes
   the -inf tail up to max_ctx, so the logits are covered exactly once.
 - E2: one tile per row.
+
+Indexer rotation (`indexer_rotate`, default off): B1 and D1 apply the normalised 128-point Walsh-Hadamard
+rotation after RoPE, before the FP8 quant (rotate=True of the reference / the ops), so the index-K cache holds
+rotated keys: the format of SGLang 0.5.14's indexer (ref/prefix.py, "Hadamard rotation"). It is a property of
+the serving engine's cache, not of the model, so the caller (the SGLang seam) decides it per layer; tiles,
+tensors and def-use do not change (E1 reads rotated q and k alike: q.k is invariant).
 """
 from __future__ import annotations
 
@@ -132,15 +138,22 @@ def _fp8_wdefs(prefix: str, n: int, k: int) -> list[TensorDef]:
 # ---- the graph --------------------------------------------------------------------------------------------
 
 def build_prefix_graph(cfg: Glm5Config, full_indexer: bool = True, tiling: PrefixTiling = PrefixTiling(),
-                       indexer_k_gemm: str = "fp8", impl=None) -> OpGraph:
+                       indexer_k_gemm: str = "fp8", impl=None, indexer_rotate: bool = False) -> OpGraph:
     """The prefix graph; full_indexer=False is a GLM-5.2 shared layer (no C0/B1/D1/E1/E2; topk_slots
     becomes a caller-supplied input: the previous full layer's top-k).
 
     impl: the namespace the ops call (default the reference, glm5_fastpath.ref.prefix); any namespace
-    with the same function names and signatures works, e.g. glm5_fastpath.ops (the kernels)."""
+    with the same function names and signatures works, e.g. glm5_fastpath.ops (the kernels).
+    indexer_rotate: B1 / D1 with the Hadamard rotation (module doc); passed to the ops only when on, so a
+    namespace without the `rotate` argument still builds the default graph."""
     impl = P if impl is None else impl
     if indexer_k_gemm not in ("fp8", "bf16"):
         raise GraphError(f"indexer_k_gemm must be 'fp8' or 'bf16', got {indexer_k_gemm!r}")
+    if not isinstance(indexer_rotate, bool):
+        raise GraphError(f"indexer_rotate must be a bool, got {indexer_rotate!r}")
+    if indexer_rotate and (cfg.index_head_dim < 1 or cfg.index_head_dim & (cfg.index_head_dim - 1)):
+        raise GraphError(f"indexer_rotate needs a power-of-two index_head_dim, got {cfg.index_head_dim}")
+    rot_kw = {"rotate": True} if indexer_rotate else {}
     c, tp = cfg, tiling
     H, Q, KVL, R = c.hidden_size, c.q_lora_rank, c.kv_lora_rank, c.qk_rope_head_dim
     NH, NOPE, QKH = c.num_attention_heads, c.qk_nope_head_dim, c.qk_head_dim
@@ -201,12 +214,12 @@ def build_prefix_graph(cfg: Glm5Config, full_indexer: bool = True, tiling: Prefi
 
     def ref_b1(i):
         k8, s = impl.b1_indexer_k(i.get("x_bf16"), i.get("x_fp8"), i.get("x_scale"), _weights_view(i).indexer,
-                               i["positions"], i["out_cache_loc"], i["index_k_cache"], c, gemm=indexer_k_gemm)
+                               i["positions"], i["out_cache_loc"], i["index_k_cache"], c, gemm=indexer_k_gemm, **rot_kw)
         return {"index_k_fp8": k8, "index_k_scale": s, "index_k_cache_written": i["index_k_cache"]}
 
     def ref_d1(i):
         q8, s, hw = impl.d1_indexer_q(i["q_lora_fp8"], i["q_lora_scale"], i["w_raw"], _weights_view(i).indexer,
-                                   i["positions"], c)
+                                   i["positions"], c, **rot_kw)
         return {"index_q_fp8": q8, "index_q_scale": s, "head_w": hw}
 
     def ref_d0(i):
@@ -365,10 +378,12 @@ def build_prefix_graph(cfg: Glm5Config, full_indexer: bool = True, tiling: Prefi
         OpDef("B1", (*b1_x, *fp8_w("w.indexer.wk"), "w.indexer.k_norm_weight", "w.indexer.k_norm_bias",
                      "positions", "out_cache_loc", "index_k_cache"),
               ("index_k_fp8", "index_k_scale", "index_k_cache_written"), ref_b1, tiles_b1, ("m_block", "k_split"),
-              reduce_extent=H, doc=f"indexer K: wk GEMM ({indexer_k_gemm}) + LayerNorm + RoPE + quant + cache store"),
+              reduce_extent=H, doc=f"indexer K: wk GEMM ({indexer_k_gemm}) + LayerNorm + RoPE"
+                                   f"{' + Hadamard' if indexer_rotate else ''} + quant + cache store"),
         OpDef("D1", ("q_lora_fp8", "q_lora_scale", "w_raw", *fp8_w("w.indexer.wq_b"), "positions"),
               ("index_q_fp8", "index_q_scale", "head_w"), ref_d1, tiles_d1, ("m_block", "head", "k_split"),
-              reduce_extent=Q, doc="indexer Q: wq_b GEMM + RoPE + per-head quant + head weights"),
+              reduce_extent=Q, doc=f"indexer Q: wq_b GEMM + RoPE{' + Hadamard' if indexer_rotate else ''} + per-head quant "
+                                   "+ head weights"),
         OpDef("D0", ("q_lora_fp8", "q_lora_scale", *fp8_w("w.q_b"), "positions"), ("q_nope", "q_pe"), ref_d0, tiles_d0,
               ("m_block", "head", "n_block"), doc="q_b_proj FP8 GEMM + MLA q RoPE"),
         OpDef("D2", ("q_nope", "c_kv", "k_pe", "w.w_kc", "positions", "out_cache_loc", "kv_cache"),
@@ -379,15 +394,16 @@ def build_prefix_graph(cfg: Glm5Config, full_indexer: bool = True, tiling: Prefi
         OpDef("E2", ("logits", "seq_lens", "block_table"), ("topk_slots",), ref_e2, tiles_e2, ("token",),
               doc="top-k + page-table transform"),
     ]
-    g = OpGraph(ops, tensors, name=f"glm5_prefix[{'full' if full_indexer else 'shared'}]")
+    g = OpGraph(ops, tensors, name=f"glm5_prefix[{'full' if full_indexer else 'shared'}{',rotated' if indexer_rotate and full_indexer else ''}]")
     if not full_indexer:
         g = g.without(INDEXER_OPS, retype={"topk_slots": "input"}, name=g.name)
     return g.validate()
 
 
 def prefix_graph_for_layer(cfg: Glm5Config, layer: int, tiling: PrefixTiling = PrefixTiling(),
-                           indexer_k_gemm: str = "fp8") -> OpGraph:
-    return build_prefix_graph(cfg, cfg.is_full_indexer_layer(layer), tiling, indexer_k_gemm)
+                           indexer_k_gemm: str = "fp8", indexer_rotate: bool = False) -> OpGraph:
+    return build_prefix_graph(cfg, cfg.is_full_indexer_layer(layer), tiling, indexer_k_gemm,
+                              indexer_rotate=indexer_rotate)
 
 
 def prefix_env(graph: OpGraph, *, hidden: torch.Tensor, residual: torch.Tensor, positions: torch.Tensor,
@@ -406,7 +422,9 @@ def prefix_env(graph: OpGraph, *, hidden: torch.Tensor, residual: torch.Tensor, 
     return {k: v for k, v in env.items() if k in need}
 
 
-def op_impls(cfg: Glm5Config, impl, *, full_indexer: bool = True, indexer_k_gemm: str = "fp8") -> dict:
+def op_impls(cfg: Glm5Config, impl, *, full_indexer: bool = True, indexer_k_gemm: str = "fp8",
+             indexer_rotate: bool = False) -> dict:
     """Per-op callables (named tensors in -> named tensors out) bound to `impl`, for run_eager(impls=...)."""
-    g = build_prefix_graph(cfg, full_indexer=full_indexer, indexer_k_gemm=indexer_k_gemm, impl=impl)
+    g = build_prefix_graph(cfg, full_indexer=full_indexer, indexer_k_gemm=indexer_k_gemm, impl=impl,
+                           indexer_rotate=indexer_rotate)
     return {name: op.ref for name, op in g.ops.items()}

@@ -20,6 +20,12 @@ fp32 accumulation with per-128-K-group promotion; the GEMM output is rounded to 
 | d1_indexer_q(q_lora_fp8, q_lora_scale, w_raw, idx, positions, cfg) -> (q8, s, head_w) | fp8_indexer_q | RoPE leading dims, per-(token, head) quant, head weights |
 | b1_indexer_k(x_bf16, x_fp8, x_scale, idx, positions, out_cache_loc, index_k_cache, cfg, gemm="fp8") -> (k8, s) | fp8_indexer_k | LayerNorm, RoPE, quant, index-K cache store (cache mutated) |
 
+D1 / B1 take `rotate=True` (op argument `rotate`): the normalised Walsh-Hadamard rotation of each (token,
+head) row after RoPE, before the quant, as SGLang 0.5.14's indexer does (ref.prefix, "Hadamard rotation").
+It is a compile-time epilogue option (-DGLM5_SKINNY_ROT=head_dim, part of the JIT cache key; absent when
+off, so the unrotated kernels and their cache keys are unchanged): SkinnyConfig.rot, +8448 B of shared
+memory (the cross-warp exchange), the ring depth reduced where that no longer fits.
+
 Design (details in the .cuh header): swapAB mma.sync m16n8k32 e4m3 (weight rows on the MMA M side,
 tokens on N), 128 weight rows per CTA, a cp.async ring of 16 KB weight stages issued before
 griddepcontrol.wait (PDL), split-K with fp32 partials in a workspace and a self-resetting
@@ -54,6 +60,7 @@ to both of its kernels.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import json
 import threading
@@ -98,6 +105,9 @@ MAX_CLUSTER_SPLITS = 8            # portable cluster size
 PIPE_MAX_TM = 64                  # pipe=1 keeps two partials: 3 x tm/2 accumulator registers
 
 EPI_PLAIN, EPI_QKV_A, EPI_Q_B, EPI_IDX_Q, EPI_IDX_K = 0, 1, 2, 3, 4
+ROT_EPIS = (EPI_IDX_Q, EPI_IDX_K)  # epilogues with the Hadamard rotation option
+ROT_SIZES = (16, 32, 64, 128)     # rotation length = head dim: whole warps of 16 features, <= one 128-row tile
+ROT_SCRATCH_BYTES = 2 * 8 * 66 * 8  # kRotBufBytes of fp8_gemm_skinny.cuh (rotate_rows' double-buffered exchange)
 EPI_NAMES = {EPI_PLAIN: "fp8_gemm_skinny", EPI_QKV_A: "b0_qkv_a", EPI_Q_B: "d0_q_b",
              EPI_IDX_Q: "d1_indexer_q", EPI_IDX_K: "b1_indexer_k"}
 
@@ -129,11 +139,11 @@ ROPE_PAIRS_MAX = 32        # kRopePairsMax: rope_dim <= 64 (the epilogues stage 
 HEADS_PER_TILE_MAX = 8     # kHeadsPerTileMax: head_dim >= 16
 
 
-def scratch_bytes(tm: int, epi: int = EPI_PLAIN) -> int:
-    """finish_scratch_bytes(tm, epi) of csrc/attn_pre/fp8_gemm_skinny.cuh (keep in sync): cross-warp
-    reduction buffers + flag, and the epilogue inputs staged during the K loop (RoPE (cos, sin),
-    positions, B1 slots, D1 w_raw)."""
-    b = 3 * 8 * tm * 4 + 16
+def scratch_bytes(tm: int, epi: int = EPI_PLAIN, rot: int = 0) -> int:
+    """finish_scratch_bytes(tm, epi_with_rot(epi, rot)) of csrc/attn_pre/fp8_gemm_skinny.cuh (keep in sync):
+    cross-warp reduction buffers + flag, the epilogue inputs staged during the K loop (RoPE (cos, sin),
+    positions, B1 slots, D1 w_raw), and the rotation option's exchange buffer."""
+    b = 3 * 8 * tm * 4 + 16 + (ROT_SCRATCH_BYTES if rot else 0)
     if epi in (EPI_Q_B, EPI_IDX_Q, EPI_IDX_K):
         b += tm * ROPE_PAIRS_MAX * 8 + tm * 8
     if epi == EPI_IDX_K:
@@ -143,18 +153,19 @@ def scratch_bytes(tm: int, epi: int = EPI_PLAIN) -> int:
     return b
 
 
-def wgmma_smem_bytes(tm: int, stages: int, gmax: int, epi: int = EPI_PLAIN) -> int:
-    """WgmmaSmem<tm, stages, epi>::launch_bytes(gmax) of csrc/attn_pre/fp8_gemm_wgmma.cuh (keep in sync)."""
+def wgmma_smem_bytes(tm: int, stages: int, gmax: int, epi: int = EPI_PLAIN, rot: int = 0) -> int:
+    """WgmmaSmem<tm, stages, epi_with_rot(epi, rot)>::launch_bytes(gmax) of csrc/attn_pre/fp8_gemm_wgmma.cuh
+    (keep in sync)."""
     off_bar = stages * 128 * 128 + stages * tm * 128
-    off_ws = off_bar + 16 * stages + scratch_bytes(tm, epi)
+    off_ws = off_bar + 16 * stages + scratch_bytes(tm, epi, rot)
     off_xs = off_ws + (gmax * 4 + 15) // 16 * 16
     return off_xs + gmax * tm * 4 + 1024
 
 
-def wgmma_stages(tm: int, gmax: int, want: int | None = None, epi: int = EPI_PLAIN) -> int:
+def wgmma_stages(tm: int, gmax: int, want: int | None = None, epi: int = EPI_PLAIN, rot: int = 0) -> int:
     """The deepest ring <= `want` (default WGMMA_STAGES[tm]) that fits in SMEM_LIMIT for gmax K groups."""
     s = WGMMA_STAGES[tm] if want is None else want
-    while s > 2 and wgmma_smem_bytes(tm, s, gmax, epi) > SMEM_LIMIT:
+    while s > 2 and wgmma_smem_bytes(tm, s, gmax, epi, rot) > SMEM_LIMIT:
         s -= 1
     return s
 
@@ -178,6 +189,7 @@ class SkinnyConfig:
     pipe: int = 0   # wgmma consumer: 0 = wait each stage's wgmmas before promoting; 1 = two partials,
                     # stage s+1's wgmmas issued before stage s is waited for and promoted
     reduce: str = "global"  # split-K: "global" (workspace + counter) | "cluster" (wgmma, splits 2..8: DSMEM)
+    rot: int = 0    # Walsh-Hadamard rotation option of D1 / B1 (0: none, else the head dim; see `rotated`)
 
     @property
     def groups(self) -> int:
@@ -212,9 +224,9 @@ class SkinnyConfig:
         """Dynamic shared memory of the launch: SkinnySmem<tm, stages>::bytes(gmax) (mma) or
         WgmmaSmem<tm, stages>::launch_bytes(gmax) (wgmma) of the .cuh files (keep in sync)."""
         if self.impl == "wgmma":
-            return wgmma_smem_bytes(self.tm, self.stages, self.gmax, self.epi)
+            return wgmma_smem_bytes(self.tm, self.stages, self.gmax, self.epi, self.rot)
         off_red = self.stages * 128 * 128 + self.stages * self.tm * 128
-        off_ws = off_red + scratch_bytes(self.tm, self.epi)
+        off_ws = off_red + scratch_bytes(self.tm, self.epi, self.rot)
         off_xs = off_ws + (self.gmax * 4 + 15) // 16 * 16
         return off_xs + self.gmax * self.tm * 4
 
@@ -235,14 +247,17 @@ class SkinnyConfig:
 
     def spec(self, wait_at: int = PDL_WAIT_NATIVE) -> KernelSpec:
         return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag, self.impl, self.pipe,
-                           self.reduce if self.splits > 1 else "global", wait_at)
+                           self.reduce if self.splits > 1 else "global", wait_at, self.rot)
 
     def describe(self) -> dict[str, Any]:
-        return {"impl": self.impl, "tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb,
-                "pipe": self.pipe, "reduce": self.reduce,
-                "diag": self.diag, "grid": self.grid, "threads": self.threads,
-                "ctas": self.ctas, "smem": self.smem_bytes, "k_per_cta": self.k // self.splits,
-                "est_us": round(estimate_us(self), 2)}
+        d = {"impl": self.impl, "tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb,
+             "pipe": self.pipe, "reduce": self.reduce,
+             "diag": self.diag, "grid": self.grid, "threads": self.threads,
+             "ctas": self.ctas, "smem": self.smem_bytes, "k_per_cta": self.k // self.splits,
+             "est_us": round(estimate_us(self), 2)}
+        if self.rot:
+            d["rot"] = self.rot
+        return d
 
 
 DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* of the .cuh (benchmarks only)
@@ -250,7 +265,7 @@ DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* 
 
 @functools.lru_cache(maxsize=None)
 def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, impl: str = "mma", pipe: int = 0,
-                reduce: str = "global", wait_at: int = PDL_WAIT_NATIVE) -> KernelSpec:
+                reduce: str = "global", wait_at: int = PDL_WAIT_NATIVE, rot: int = 0) -> KernelSpec:
     if impl not in IMPLS:
         raise ValueError(f"glm5_fastpath.fp8_gemm: impl={impl!r}: expected one of {', '.join(IMPLS)}")
     if reduce not in REDUCES or pipe not in (0, 1):
@@ -259,7 +274,12 @@ def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, im
         raise ValueError(f"glm5_fastpath.fp8_gemm: pipe={pipe} / reduce={reduce!r} exist for impl 'wgmma' only")
     if pipe and tm > PIPE_MAX_TM:
         raise ValueError(f"glm5_fastpath.fp8_gemm: pipe=1 needs tm <= {PIPE_MAX_TM} (two partials), got {tm}")
+    if rot and (epi not in ROT_EPIS or rot not in ROT_SIZES or diag):
+        raise ValueError(f"glm5_fastpath.fp8_gemm: rot={rot} exists for the D1 / B1 epilogues only, with a length in "
+                         f"{ROT_SIZES} (got epi={epi}, diag={diag})")
     defines = [("GLM5_SKINNY_TM", str(tm)), ("GLM5_SKINNY_STAGES", str(stages)), ("GLM5_SKINNY_EPI", str(epi))]
+    if rot:  # absent when off: the unrotated kernels' cache keys do not change
+        defines.append(("GLM5_SKINNY_ROT", str(rot)))
     if minb != 1:  # defaults stay out of the defines: the production cache keys do not change
         defines.append(("GLM5_SKINNY_MINB", str(minb)))
     if diag != 0:
@@ -493,6 +513,30 @@ def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132,
     return cfg
 
 
+_rotated_configs: dict[tuple[SkinnyConfig, int], SkinnyConfig] = {}
+
+
+def rotated(c: SkinnyConfig, rot: int) -> SkinnyConfig:
+    """`c` with the Walsh-Hadamard rotation option `rot` (D1 / B1; 0 = `c` itself): the same tiles, split-K
+    and workspace; the ring depth is reduced only when the rotation's exchange buffer no longer fits."""
+    if not rot:
+        return c
+    key = (c, rot)
+    out = _rotated_configs.get(key)
+    if out is not None:
+        return out
+    if c.epi not in ROT_EPIS or rot not in ROT_SIZES:
+        raise _fail(c.epi, f"the Hadamard rotation ({rot}) exists for the D1 / B1 epilogues with a head dim in {ROT_SIZES}")
+    out = dataclasses.replace(c, rot=rot)
+    while out.smem_bytes > SMEM_LIMIT and out.stages > 2:
+        out = dataclasses.replace(out, stages=out.stages - 1)
+    if out.smem_bytes > SMEM_LIMIT:
+        raise _fail(c.epi, f"rotation: {out.smem_bytes} B of shared memory > 227 KB even with 2 stages")
+    with _config_lock:
+        _rotated_configs[key] = out
+    return out
+
+
 def _max_workspace(n: int, k: int, epi: int, num_sms: int, cc: tuple[int, int] = (9, 0)) -> tuple[int, int]:
     """(partial floats, counter ints) enough for every M in 1..MAX_M and either mainloop (so
     switching GLM5_FASTPATH_FP8_GEMM_IMPL never needs a larger workspace under graph capture)."""
@@ -564,7 +608,7 @@ def _check_capability(epi: int, dev: torch.device) -> None:
 
 def _kernel(cfg: SkinnyConfig, dev: torch.device, wait_at: int = PDL_WAIT_NATIVE):
     key = (cfg.impl, cfg.tm, cfg.stages, cfg.epi, cfg.minb, cfg.diag, cfg.pipe,
-           cfg.reduce if cfg.splits > 1 else "global", wait_at, _dev_index(dev))
+           cfg.reduce if cfg.splits > 1 else "global", wait_at, cfg.rot, _dev_index(dev))
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
@@ -716,7 +760,7 @@ def _base_params(epi: int, cfg: SkinnyConfig, x8, xs, w, ws, dev) -> _Params:
     return p
 
 
-def _prepare(epi: int, x8, xs, w, ws, extra: tuple = ()) -> tuple[SkinnyConfig | None, torch.device]:
+def _prepare(epi: int, x8, xs, w, ws, extra: tuple = (), rot: int = 0) -> tuple[SkinnyConfig | None, torch.device]:
     m, n, k = _check_gemm(epi, x8, xs, w, ws)
     dev = _same_device(epi, x8, xs, w, ws, *extra)
     if m == 0:
@@ -728,8 +772,8 @@ def _prepare(epi: int, x8, xs, w, ws, extra: tuple = ()) -> tuple[SkinnyConfig |
     if forced is not None:
         if forced.impl == "wgmma" and not wgmma_supported(cc):
             raise _fail(epi, f"forced_config: impl 'wgmma' needs an sm_90 GPU, {dev} is sm_{cc[0]}{cc[1]}")
-        return forced, dev
-    return config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), dev
+        return rotated(forced, rot), dev
+    return rotated(config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), rot), dev
 
 
 def _rope_args(epi: int, positions: torch.Tensor, table: torch.Tensor, rope_dim: int, m: int) -> int:
@@ -973,19 +1017,31 @@ def _check_head_dims(epi: int, n: int, heads: int, d: int, r: int) -> None:
         raise _fail(epi, f"rope dim {r} must be even and in (0, min(head_dim={d}, {2 * ROPE_PAIRS_MAX})]")
 
 
+def _rot_of(epi: int, rotate: object, head_dim: int) -> int:
+    """The kernel's rotation option for the op argument `rotate` (the head dim, or 0)."""
+    if not isinstance(rotate, bool):
+        raise _fail(epi, f"rotate must be a bool, got {type(rotate).__name__}")
+    if rotate and head_dim not in ROT_SIZES:
+        raise _fail(epi, f"rotate=True needs head_dim in {ROT_SIZES} (a Walsh-Hadamard row of whole warps), got {head_dim}")
+    return head_dim if rotate else 0
+
+
 @torch.library.custom_op("glm5_fastpath::fp8_indexer_q", mutates_args=())
 def _fp8_indexer_q_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, w_raw: torch.Tensor,
                       positions: torch.Tensor, rope_table: torch.Tensor, heads: int, head_dim: int, rope_dim: int,
                       head_w_scale: float, rope_theta: float, pdl: bool = True,
-                      pdl_wait_at: int = PDL_WAIT_NATIVE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      pdl_wait_at: int = PDL_WAIT_NATIVE, rotate: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rotate: the Walsh-Hadamard rotation of each (token, head) q row after RoPE (SGLang 0.5.14's indexer)."""
     e = EPI_IDX_Q
     _check_head_dims(e, w.shape[0], heads, head_dim, rope_dim)
+    rot = _rot_of(e, rotate, head_dim)
     m = x8.shape[0]
     _check_tensor(e, "w_raw", w_raw, BF16, (m, heads))
     q8 = x8.new_empty((m, heads, head_dim), dtype=FP8)
     qs = x8.new_empty((m, heads), dtype=torch.float32)
     hw = x8.new_empty((m, heads), dtype=torch.float32)
-    cfg, dev = _prepare(e, x8, xs, w, ws, (w_raw, positions, rope_table))
+    cfg, dev = _prepare(e, x8, xs, w, ws, (w_raw, positions, rope_table), rot)
     flags = _rope_args(e, positions, rope_table, rope_dim, m)
     if cfg is None:
         return q8, qs, hw
@@ -999,10 +1055,11 @@ def _fp8_indexer_q_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: t
 
 @_fp8_indexer_q_op.register_fake
 def _(x8, xs, w, ws, w_raw, positions, rope_table, heads, head_dim, rope_dim, head_w_scale, rope_theta, pdl=True,
-      pdl_wait_at=PDL_WAIT_NATIVE):
+      pdl_wait_at=PDL_WAIT_NATIVE, rotate=False):
     check_wait_at("glm5_fastpath.fp8_gemm", pdl_wait_at)
     m, n, _ = _check_gemm(EPI_IDX_Q, x8, xs, w, ws)
     _check_head_dims(EPI_IDX_Q, n, heads, head_dim, rope_dim)
+    _rot_of(EPI_IDX_Q, rotate, head_dim)
     return (x8.new_empty((m, heads, head_dim), dtype=FP8), x8.new_empty((m, heads), dtype=torch.float32),
             x8.new_empty((m, heads), dtype=torch.float32))
 
@@ -1011,11 +1068,14 @@ def _(x8, xs, w, ws, w_raw, positions, rope_table, heads, head_dim, rope_dim, he
 def _fp8_indexer_k_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, ln_w: torch.Tensor,
                       ln_b: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor,
                       index_k_cache: torch.Tensor, rope_table: torch.Tensor, rope_dim: int, eps: float,
-                      rope_theta: float, pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      rope_theta: float, pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE,
+                      rotate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotate: the Walsh-Hadamard rotation of each token's bf16 key after RoPE, rounded to bf16 again, before the
+    quant and the cache store (SGLang 0.5.14's index-K cache format)."""
     e = EPI_IDX_K
     d = w.shape[0]
     _check_head_dims(e, d, 1, d, rope_dim)
+    rot = _rot_of(e, rotate, d)
     m = x8.shape[0]
     _check_tensor(e, "k_norm_weight", ln_w, torch.float32, (d,))
     _check_tensor(e, "k_norm_bias", ln_b, torch.float32, (d,))
@@ -1023,7 +1083,7 @@ def _fp8_indexer_k_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: t
     _check_tensor(e, "index_k_cache", index_k_cache, torch.uint8, (None, INDEX_K_PAGE_TOKENS * (d + 4)))
     k8 = x8.new_empty((m, d), dtype=FP8)
     ks = x8.new_empty((m,), dtype=torch.float32)
-    cfg, dev = _prepare(e, x8, xs, w, ws, (ln_w, ln_b, positions, out_cache_loc, index_k_cache, rope_table))
+    cfg, dev = _prepare(e, x8, xs, w, ws, (ln_w, ln_b, positions, out_cache_loc, index_k_cache, rope_table), rot)
     flags = _rope_args(e, positions, rope_table, rope_dim, m)
     if cfg is None:
         return k8, ks
@@ -1043,10 +1103,11 @@ def _fp8_indexer_k_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: t
 @_fp8_indexer_k_op.register_fake
 def _(x8, xs, w, ws, ln_w, ln_b, positions, out_cache_loc, index_k_cache, rope_table, rope_dim, eps, rope_theta,
       pdl=True,
-      pdl_wait_at=PDL_WAIT_NATIVE):
+      pdl_wait_at=PDL_WAIT_NATIVE, rotate=False):
     check_wait_at("glm5_fastpath.fp8_gemm", pdl_wait_at)
     m, d, _ = _check_gemm(EPI_IDX_K, x8, xs, w, ws)
     _check_head_dims(EPI_IDX_K, d, 1, d, rope_dim)
+    _rot_of(EPI_IDX_K, rotate, d)
     return x8.new_empty((m, d), dtype=FP8), x8.new_empty((m,), dtype=torch.float32)
 
 
@@ -1125,9 +1186,10 @@ def d0_q_b(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w, positions: t
 
 
 def d1_indexer_q(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w_raw: torch.Tensor, idx,
-                 positions: torch.Tensor, cfg: Glm5Config, *, pdl: bool = True, pdl_wait: str | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """wq_b GEMM + RoPE (leading dims) + per-(token, head) FP8 quant + head weights (ref.prefix.d1_indexer_q).
+                 positions: torch.Tensor, cfg: Glm5Config, rotate: bool = False, *, pdl: bool = True,
+                 pdl_wait: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """wq_b GEMM + RoPE (leading dims) + [Walsh-Hadamard rotation,] per-(token, head) FP8 quant + head weights
+    (ref.prefix.d1_indexer_q). rotate: SGLang 0.5.14's indexer rotation (fp32, before the quant).
     pdl_wait: where the kernel first waits under PDL (module docstring); None = native."""
     e = EPI_IDX_Q
     wait_at = _wait_at(e, pdl_wait)
@@ -1139,14 +1201,15 @@ def d1_indexer_q(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w_raw: to
     head_w_scale = float(torch.tensor(c.index_weight_scale, dtype=torch.float32))  # torch casts the scalar to fp32
     return torch.ops.glm5_fastpath.fp8_indexer_q(q_lora_fp8, q_lora_scale, weight, scale, w_raw, positions, table,
                                                 c.index_n_heads, c.index_head_dim, c.qk_rope_head_dim, head_w_scale,
-                                                float(c.rope_theta), pdl, wait_at)
+                                                float(c.rope_theta), pdl, wait_at, rotate)
 
 
 def b1_indexer_k(x_bf16: torch.Tensor | None, x_fp8: torch.Tensor, x_scale: torch.Tensor, idx,
                  positions: torch.Tensor, out_cache_loc: torch.Tensor, index_k_cache: torch.Tensor,
-                 cfg: Glm5Config, gemm: str = "fp8", *, pdl: bool = True,
+                 cfg: Glm5Config, gemm: str = "fp8", rotate: bool = False, *, pdl: bool = True,
                  pdl_wait: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """wk GEMM + LayerNorm + RoPE + per-token quant + paged index-K cache store (ref.prefix.b1_indexer_k).
+    """wk GEMM + LayerNorm + RoPE + [Walsh-Hadamard rotation,] per-token quant + paged index-K cache store
+    (ref.prefix.b1_indexer_k). rotate: SGLang 0.5.14's index-K format (the bf16 key rotated, bf16 again).
 
     Only gemm="fp8" (x_fp8 / x_scale read, x_bf16 ignored). out_cache_loc must hold distinct valid
     slots (not checked on the device; the reference checks it with a host sync). pdl_wait: where the
@@ -1164,7 +1227,7 @@ def b1_indexer_k(x_bf16: torch.Tensor | None, x_fp8: torch.Tensor, x_scale: torc
     table = _table_for(c, positions.device if isinstance(positions, torch.Tensor) else x_fp8.device)
     return torch.ops.glm5_fastpath.fp8_indexer_k(x_fp8, x_scale, weight, scale, idx.k_norm_weight, idx.k_norm_bias,
                                                 positions, out_cache_loc, index_k_cache, table, c.qk_rope_head_dim,
-                                                float(INDEXER_K_NORM_EPS), float(c.rope_theta), pdl, wait_at)
+                                                float(INDEXER_K_NORM_EPS), float(c.rope_theta), pdl, wait_at, rotate)
 
 
 # ---- precompile / compile check ------------------------------------------------------------------------
@@ -1193,10 +1256,27 @@ def _variants(cfg: Glm5Config, num_sms: int = 132, impl: str | None = None,
     return out
 
 
-def precompile(device: object = None, cfg: Glm5Config | None = None) -> None:
+def _rotated_variants(cfg: Glm5Config, num_sms: int = 132, impl: str | None = None,
+                      cc: tuple[int, int] = (9, 0)) -> set[tuple[str, int, int, int, int, int]]:
+    """(impl, tm, stages, epi, minb, rot) of the D1 / B1 kernels with the Hadamard rotation option (rot = the
+    index head dim) for M in 1..MAX_M; empty when the head dim cannot be rotated."""
+    rot = cfg.index_head_dim
+    if rot not in ROT_SIZES:
+        return set()
+    out: set[tuple[str, int, int, int, int, int]] = set()
+    for epi, n, k in _glm_shapes(cfg):
+        if epi in ROT_EPIS:
+            for m in range(1, MAX_M + 1):
+                c = rotated(config_for(m, n, k, epi, num_sms, impl, cc), rot)
+                out.add((c.impl, c.tm, c.stages, c.epi, c.minb, c.rot))
+    return out
+
+
+def precompile(device: object = None, cfg: Glm5Config | None = None, rotate: bool = False) -> None:
     """Compile + load every kernel variant the GLM-5 shapes use for M in 1..256 (with the impl
     GLM5_FASTPATH_FP8_GEMM_IMPL selects now, else the table / default), and allocate the workspaces
-    and the RoPE table on `device` (call before CUDA-graph capture)."""
+    and the RoPE table on `device` (call before CUDA-graph capture). rotate: also the D1 / B1 kernels
+    with the Hadamard rotation option (SGLang 0.5.14's indexer format)."""
     cfg = cfg or Glm5Config.preset("glm5")
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
@@ -1204,6 +1284,9 @@ def precompile(device: object = None, cfg: Glm5Config | None = None) -> None:
     sms, cc = _sms(dev), _cc(dev)
     for impl, tm, stages, epi, minb in sorted(_variants(cfg, sms, env_impl(), cc)):
         _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb, 0, impl), dev)
+    if rotate:
+        for impl, tm, stages, epi, minb, rot in sorted(_rotated_variants(cfg, sms, env_impl(), cc)):
+            _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb, 0, impl, rot=rot), dev)
     for epi, n, k in _glm_shapes(cfg):
         _workspace(epi, n, k, dev)
         _workspace(EPI_PLAIN, n, k, dev)
@@ -1225,11 +1308,36 @@ def compile_check_specs() -> list[KernelSpec]:
             for tm in (16, 64) for pp, rd in ((1, "global"), (0, "cluster"), (1, "cluster"))]
     opts += [kernel_spec(128, WGMMA_STAGES[128], EPI_PLAIN, impl="wgmma", reduce="cluster")]
     return [kernel_spec(tm, st, epi, minb=mb, impl=impl) for impl, tm, st, epi, mb in sorted(base | tuned | heur)] + \
-        opts + _row_specs()
+        opts + _row_specs() + rotated_specs()
+
+
+def rotated_specs() -> list[KernelSpec]:
+    """The D1 / B1 kernels with the Hadamard rotation option: every token block of both mainloops at the GLM-5
+    index head dim (128, stages as `rotated` fits them), the ones the GLM-5 shapes pick (tuned table / both
+    heuristics), and the small preset's 64-point rotation at two token blocks."""
+    glm5 = Glm5Config.preset("glm5")
+    rot = glm5.index_head_dim
+    out: set[tuple[str, int, int, int, int, int]] = set()
+    for epi, n, k in _glm_shapes(glm5):
+        if epi not in ROT_EPIS:
+            continue
+        for impl in IMPLS:
+            for tm in token_blocks(impl, epi):
+                st = STAGES[tm] if impl == "mma" else wgmma_stages(tm, -(-k // 128), epi=epi)
+                c = rotated(SkinnyConfig(epi, 1, n, k, tm, 1, st, impl=impl), rot)
+                out.add((c.impl, c.tm, c.stages, c.epi, c.minb, c.rot))
+    for impl in (None, "mma", "wgmma"):
+        out |= _rotated_variants(glm5, 132, impl)
+    small = Glm5Config.preset("small")
+    for epi in ROT_EPIS:
+        for impl, tm in (("mma", 8), ("wgmma", 32)):
+            out.add((impl, tm, STAGES[tm] if impl == "mma" else WGMMA_STAGES[tm], epi, 1, small.index_head_dim))
+    return [kernel_spec(tm, st, epi, minb=mb, impl=impl, rot=rot) for impl, tm, st, epi, mb, rot in sorted(out)]
 
 
 __all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig",
            "B0_DEFAULT_MODE", "B0_MODES", "IMPLS", "IMPL_ENV", "b0_mode", "b0_qkv_a", "b1_indexer_k",
            "compile_check_specs", "config_for", "d0_q_b", "d1_indexer_q", "default_impl", "diag_specs", "env_impl",
-           "estimate_us", "forced_config", "fp8_gemm_skinny", "precompile", "rope_table", "tensor_maps",
+           "estimate_us", "forced_config", "fp8_gemm_skinny", "precompile", "rope_table", "rotated", "rotated_specs",
+           "tensor_maps",
            "wgmma_supported"]

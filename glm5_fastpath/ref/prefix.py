@@ -12,6 +12,8 @@ Tensor names used in the returned dicts match the op graph (glm5_fastpath/graph/
     C0  x_bf16                     -> w_raw
     B1  x_fp8, x_scale (or x_bf16) -> index_k_fp8, index_k_scale, index-K cache written at out_cache_loc
     D1  q_lora_fp8/scale, w_raw    -> index_q_fp8, index_q_scale, head_w
+    (B1 / D1 take rotate=True for SGLang 0.5.14's indexer: a 128-point Walsh-Hadamard rotation after RoPE,
+     before the FP8 quant; see the "Hadamard rotation" note above b1_indexer_k)
     D0  q_lora_fp8/scale           -> q_nope, q_pe (roped)
     D2  q_nope, c_kv, k_pe         -> q_lat, MLA KV cache written at out_cache_loc
     E1  index_q_fp8, head_w, cache -> logits
@@ -26,6 +28,7 @@ import torch
 from ..config import INDEX_K_PAGE_TOKENS, INDEXER_K_NORM_EPS, INDEX_QK_SCALE_FLOOR, Glm5Config
 from ..weights import AttnWeights, Fp8Linear, IndexerWeights
 from . import fp8
+from .hadamard import fwht
 from .rope import apply_rope_interleaved, rope_cos_sin
 
 BF16 = torch.bfloat16
@@ -189,18 +192,39 @@ def c0_head_gate(x_bf16: torch.Tensor, weights_proj: torch.Tensor) -> torch.Tens
     return _bf16_gemm(x_bf16, weights_proj)
 
 
-# ---- B1: indexer K (GEMM + LayerNorm + RoPE + quant + cache store) ---------------------------------------
+# ---- Hadamard rotation (SGLang 0.5.14's indexer) ----------------------------------------------------------
+#
+# SGLang 0.5.14 (and 0.5.23 with SGLANG_DISABLE_DSA_INDEXER_FUSION=1) rotates the indexer key and query
+# with the normalised 128-point Walsh-Hadamard transform (ref/hadamard.py) after RoPE and before the FP8
+# quant (dsa_indexer.py `_get_q_k_bf16` / `_get_k_bf16` -> `rotate_activation`), so its index-K cache holds
+# rotated keys. rotate=True reproduces that on our side (B1 writes rotated keys, D1 emits rotated queries;
+# E1 is unchanged: q.k is invariant under the orthonormal rotation, up to the FP8 rounding).
+#
+# Rounding of the rotated value, decided per op:
+# * B1 (key): SGLang's key is bf16 going into the rotation (LayerNorm and RoPE kernels emit bf16) and its
+#   Hadamard kernel returns bf16 (fp32 butterflies, fp32 scale, one bf16 rounding), which the fused store
+#   kernel quantises (s = max(amax, 1e-4)/448). We do the same: the existing bf16 rounding after RoPE, the
+#   fp32 butterfly `fwht` (bit-identical to SGLang's kernel on the same bf16 input), a bf16 rounding, then
+#   the quant. The key is PERSISTENT: it lands in the index-K cache next to keys SGLang's own prefill /
+#   stock decode wrote, so matching SGLang's bytes is what counts here. (Remaining differences: SGLang also
+#   rounds the LayerNorm output to bf16 before RoPE on the 64 rope dims, and uses x * (1/s) in the store.)
+# * D1 (query): kept in fp32 through RoPE, rotation and quant (no bf16 rounding), as our unrotated D1
+#   already is. The query is TRANSIENT (only our E1 reads it, in the same step), SGLang's bytes cannot be
+#   matched anyway (0.5.14 quantises q with UE8M0 power-of-two scales, act_quant(..., "ue8m0")), and
+#   skipping the two bf16 roundings SGLang does (after RoPE, after the rotation) is strictly more accurate.
+
 
 def b1_indexer_k(x_bf16: torch.Tensor | None, x_fp8: torch.Tensor | None, x_scale: torch.Tensor | None,
                  idx: IndexerWeights, positions: torch.Tensor, out_cache_loc: torch.Tensor,
-                 index_k_cache: torch.Tensor, cfg: Glm5Config, gemm: str = "fp8"
+                 index_k_cache: torch.Tensor, cfg: Glm5Config, gemm: str = "fp8", rotate: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (index_k_fp8 [M, D_i] e4m3, index_k_scale [M] fp32); writes index_k_cache IN PLACE.
 
     key = bf16(GEMM): gemm="fp8" is our path (x_fp8 block-scaled x wk FP8, only x_fp8/x_scale read);
     gemm="bf16" is SGLang's (bf16 x times wk dequantized to bf16 at load, only x_bf16 read).
     k = LayerNorm_1e-6(fp32 key) with fp32 weight/bias; interleaved RoPE on the LEADING
-    qk_rope_head_dim dims (fp32); round to bf16; s = max(amax, 1e-4)/448, k8 = fp8(k/s).
+    qk_rope_head_dim dims (fp32); round to bf16; rotate=True: k = bf16(fwht(k)) (normalised
+    Walsh-Hadamard, SGLang 0.5.14's indexer; see the note above); s = max(amax, 1e-4)/448, k8 = fp8(k/s).
     Token m is stored at physical slot out_cache_loc[m] (page slot//64, row slot%64); no other
     cache byte changes.
     """
@@ -222,16 +246,26 @@ def b1_indexer_k(x_bf16: torch.Tensor | None, x_fp8: torch.Tensor | None, x_scal
     _check(op, "index_k_cache", index_k_cache, torch.uint8, (None, fp8.index_k_page_bytes(d)))
     _check_slots(op, "out_cache_loc", out_cache_loc, m, index_k_cache.shape[0] * PAGE)
 
+    _check_rotate(op, rotate, d)
     if gemm == "fp8":
         key = _fp8_gemm_bf16(x_fp8, x_scale, idx.wk)
     else:
         key = _bf16_gemm(x_bf16, idx.wk.dequant().to(BF16))
-    return b1_key_epilogue(key, idx, positions, out_cache_loc, index_k_cache, cfg)
+    return b1_key_epilogue(key, idx, positions, out_cache_loc, index_k_cache, cfg, rotate=rotate)
+
+
+def _check_rotate(op: str, rotate: object, d: int) -> None:
+    if not isinstance(rotate, bool):
+        raise _fail(op, f"rotate must be a bool, got {type(rotate).__name__}")
+    if rotate and (d < 1 or d & (d - 1)):
+        raise _fail(op, f"rotate=True needs a power-of-two index head dim (Walsh-Hadamard), got {d}")
 
 
 def b1_key_epilogue(key: torch.Tensor, idx: IndexerWeights, positions: torch.Tensor, out_cache_loc: torch.Tensor,
-                    index_k_cache: torch.Tensor, cfg: Glm5Config) -> tuple[torch.Tensor, torch.Tensor]:
-    """B1 after its K reduction: key [M, D_i] bf16 -> LayerNorm, RoPE, quant, index-K cache store (in place)."""
+                    index_k_cache: torch.Tensor, cfg: Glm5Config, rotate: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """B1 after its K reduction: key [M, D_i] bf16 -> LayerNorm, RoPE, [rotation,] quant, index-K cache store
+    (in place)."""
     kf = key.float()
     mean = kf.mean(-1, keepdim=True)
     var = (kf - mean).pow(2).mean(-1, keepdim=True)
@@ -239,6 +273,8 @@ def b1_key_epilogue(key: torch.Tensor, idx: IndexerWeights, positions: torch.Ten
     r = cfg.qk_rope_head_dim
     cos, sin = _rope_cs(positions, cfg)
     k = torch.cat([apply_rope_interleaved(k[:, :r], cos, sin), k[:, r:]], dim=-1).to(BF16)
+    if rotate:  # bf16 in, fp32 butterflies, bf16 out: SGLang 0.5.14's rotate_activation (note above b1_indexer_k)
+        k = fwht(k).to(BF16)
     k8, s = fp8.quant_per_row(k, INDEX_QK_SCALE_FLOOR)
     fp8.index_k_cache_store(index_k_cache, out_cache_loc, k8, s)
     return k8, s
@@ -247,13 +283,16 @@ def b1_key_epilogue(key: torch.Tensor, idx: IndexerWeights, positions: torch.Ten
 # ---- D1: indexer Q (GEMM + RoPE + per-head quant + head weights) -----------------------------------------
 
 def d1_indexer_q(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w_raw: torch.Tensor, idx: IndexerWeights,
-                 positions: torch.Tensor, cfg: Glm5Config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 positions: torch.Tensor, cfg: Glm5Config, rotate: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (index_q_fp8 [M, H_i, D_i] e4m3, index_q_scale [M, H_i] fp32, head_w [M, H_i] fp32).
 
     q = bf16(q_lora · wq_b^T) viewed [M, H_i, D_i]; interleaved RoPE on the leading rope dims in
     fp32 (kept in fp32: the fused kernel quantizes from registers, spec row 8 has no bf16 round);
-    per (token, head) s_q = max(amax, 1e-4)/448, q8 = fp8(q/s_q);
-    head_w = fp32(w_raw) * H_i^-0.5 * D_i^-0.5 * s_q. No Hadamard (SGLang's fused CUDA path).
+    rotate=True: q = fwht(q) per (token, head) in fp32, no rounding (SGLang 0.5.14's rotation; see the
+    note above b1_indexer_k); per (token, head) s_q = max(amax, 1e-4)/448, q8 = fp8(q/s_q);
+    head_w = fp32(w_raw) * H_i^-0.5 * D_i^-0.5 * s_q. rotate=False: no Hadamard (SGLang 0.5.23's fused
+    CUDA path).
     """
     op = "D1 indexer_q"
     c = cfg
@@ -263,17 +302,20 @@ def d1_indexer_q(q_lora_fp8: torch.Tensor, q_lora_scale: torch.Tensor, w_raw: to
     _check(op, "w_raw", w_raw, BF16, (m, hi))
     _check_fp8_linear(op, "wq_b", idx.wq_b, hi * d, c.q_lora_rank)
     _check(op, "positions", positions, shape=(m,), dtypes=_INDEX_DTYPES)
+    _check_rotate(op, rotate, d)
     q = _fp8_gemm_bf16(q_lora_fp8, q_lora_scale, idx.wq_b).view(m, hi, d)
-    return d1_head_epilogue(q, w_raw, positions, cfg)
+    return d1_head_epilogue(q, w_raw, positions, cfg, rotate=rotate)
 
 
-def d1_head_epilogue(q: torch.Tensor, w_raw: torch.Tensor, positions: torch.Tensor, cfg: Glm5Config
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def d1_head_epilogue(q: torch.Tensor, w_raw: torch.Tensor, positions: torch.Tensor, cfg: Glm5Config,
+                     rotate: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """D1 after its K reduction, per (token, head): q [M, h, D_i] bf16 (any subset of heads, w_raw [M, h]
-    the same heads) -> RoPE, per-head quant, head weights."""
+    the same heads) -> RoPE, [rotation,] per-head quant, head weights."""
     r = cfg.qk_rope_head_dim
     cos, sin = _rope_cs(positions, cfg)
     qf = torch.cat([apply_rope_interleaved(q[..., :r], cos, sin), q[..., r:].float()], dim=-1)
+    if rotate:  # fp32 in and out (note above b1_indexer_k)
+        qf = fwht(qf)
     q8, s_q = fp8.quant_per_row(qf, INDEX_QK_SCALE_FLOOR)
     head_w = w_raw.float() * cfg.index_weight_scale * s_q
     return q8, s_q, head_w
@@ -423,7 +465,8 @@ def attention_prefix(hidden: torch.Tensor, residual: torch.Tensor, positions: to
                      out_cache_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                      w: AttnWeights, cfg: Glm5Config, kv_cache: torch.Tensor,
                      index_k_cache: torch.Tensor | None = None, *, prev_topk: torch.Tensor | None = None,
-                     layer: int | None = None, indexer_k_gemm: str = "fp8") -> PrefixOutputs:
+                     layer: int | None = None, indexer_k_gemm: str = "fp8",
+                     indexer_rotate: bool = False) -> PrefixOutputs:
     """One decode layer's attention prefix, op by op (A0, B0, C0, B1, D1, D0, D2, E1, E2).
 
     Inputs: hidden/residual [M, hidden] bf16 (the previous layer's output and residual), positions [M]
@@ -434,6 +477,7 @@ def attention_prefix(hidden: torch.Tensor, residual: torch.Tensor, positions: to
 
     GLM-5.2 shared layers (w.indexer is None): C0/B1/D1/E1/E2 are skipped, index_k_cache is not
     touched, and prev_topk (the last full layer's top-k slots) is returned as topk_slots.
+    indexer_rotate: B1 / D1 with rotate=True (SGLang 0.5.14's Hadamard-rotated index-K cache format).
     """
     op = "attention_prefix"
     full = w.indexer is not None
@@ -453,9 +497,10 @@ def attention_prefix(hidden: torch.Tensor, residual: torch.Tensor, positions: to
         idx = w.indexer
         t["w_raw"] = c0_head_gate(t["x_bf16"], idx.weights_proj)
         t["index_k_fp8"], t["index_k_scale"] = b1_indexer_k(
-            t["x_bf16"], t["x_fp8"], t["x_scale"], idx, positions, out_cache_loc, index_k_cache, cfg, gemm=indexer_k_gemm)
+            t["x_bf16"], t["x_fp8"], t["x_scale"], idx, positions, out_cache_loc, index_k_cache, cfg, gemm=indexer_k_gemm,
+            rotate=indexer_rotate)
         t["index_q_fp8"], t["index_q_scale"], t["head_w"] = d1_indexer_q(
-            t["q_lora_fp8"], t["q_lora_scale"], t["w_raw"], idx, positions, cfg)
+            t["q_lora_fp8"], t["q_lora_scale"], t["w_raw"], idx, positions, cfg, rotate=indexer_rotate)
     t["q_nope"], t["q_pe"] = d0_q_b(t["q_lora_fp8"], t["q_lora_scale"], w, positions, cfg)
     t["q_lat"] = d2_absorb_and_kv_store(t["q_nope"], t["c_kv"], t["k_pe"], w, positions, out_cache_loc, kv_cache, cfg)
     if full:

@@ -275,6 +275,54 @@ def test_eager_graph_equals_attention_prefix(name, m, gemm, seed):
                  direct.tensors["logits"].gather(1, own), kind="fp32")
 
 
+@pytest.mark.parametrize("name,m", [("small", 1), ("small", 37), pytest.param("glm5", 3, marks=pytest.mark.slow)])
+def test_rotated_graph_equals_attention_prefix(name, m, seed):
+    """indexer_rotate: B1 / D1 with rotate=True (SGLang 0.5.14's index-K format); same tensors, edges and tiles."""
+    cfg, w, lay = weights(name)
+    step = decode_step(cfg, m, cfg.index_topk // 2, cfg.index_topk + 200)
+    direct_step = _clone_caches(step)
+    direct = P.attention_prefix(**direct_step, w=w, cfg=cfg, layer=lay, indexer_rotate=True)
+    g = build_prefix_graph(cfg, indexer_rotate=True)
+    plain = build_prefix_graph(cfg)
+    assert g.name == "glm5_prefix[full,rotated]" and plain.name == "glm5_prefix[full]"
+    assert edge_map(g) == edge_map(plain) and set(g.tensors) == set(plain.tensors)
+    assert "Hadamard" in g.ops["B1"].doc and "Hadamard" in g.ops["D1"].doc and "Hadamard" not in plain.ops["B1"].doc
+    env = run_eager(g, prefix_env(g, w=w, **step))
+    for t in g.produced_tensors():
+        if g.tensors[t].inplace_of is None:
+            assert_equal(f"rotated eager vs attention_prefix: {t}", env[t], direct.tensors[t])
+    assert_equal("rotated eager index_k_cache", step["index_k_cache"], direct_step["index_k_cache"])
+    unrot = P.attention_prefix(**_clone_caches(step), w=w, cfg=cfg, layer=lay)
+    assert not torch.equal(direct.tensors["index_k_fp8"].view(torch.uint8), unrot.tensors["index_k_fp8"].view(torch.uint8))
+
+
+def test_rotate_flag_reaches_only_b1_d1_and_only_when_on():
+    """The default graph calls the ops without `rotate` (namespaces without the argument keep working); the rotated
+    one passes rotate=True to B1 and D1 only."""
+    calls = {}
+
+    class Spy:
+        def __getattr__(self, name):
+            def f(*a, **k):
+                calls.setdefault(name, []).append(k.get("rotate", "absent"))
+                raise StopIteration
+            return f
+
+    for rotate in (False, True):
+        calls.clear()
+        g = build_prefix_graph(SMALL, impl=Spy(), indexer_rotate=rotate)
+        for op in ("B1", "D1", "B0", "E1"):
+            with pytest.raises(StopIteration):
+                g.ops[op].ref({k: None for k in g.ops[op].inputs})
+        want = True if rotate else "absent"
+        assert calls["b1_indexer_k"] == [want] and calls["d1_indexer_q"] == [want]
+        assert calls["b0_qkv_a"] == ["absent"] and calls["e1_indexer_logits"] == ["absent"]
+    with pytest.raises(GraphError, match="indexer_rotate"):
+        build_prefix_graph(SMALL, indexer_rotate=1)
+    with pytest.raises(GraphError, match="power-of-two"):
+        build_prefix_graph(small_config(index_head_dim=48), indexer_rotate=True)
+
+
 def test_eager_shared_layer_equals_attention_prefix(seed):
     cfg, w, lay = weights("small_shared")
     step = decode_step(cfg, 5, 10, 200)

@@ -292,6 +292,122 @@ def test_d1_indexer_q(preset, m, seed):
     assert_close("D1 head_w", head_w, w_raw.double() * hi ** -0.5 * d ** -0.5 * s64, kind="bf16")
 
 
+# ---- B1 / D1 with the Hadamard rotation (SGLang 0.5.14's indexer) -------------------------------------------
+
+@pytest.mark.parametrize("preset,m", CASES)
+def test_b1_indexer_k_rotated(preset, m, seed):
+    """rotate=True: the stored key is bf16(fwht(k)) of the unrotated path's bf16 k (after RoPE), then quantised:
+    exactly, given the same bf16 k (reconstructed here from the float64 reference), and the cache bytes
+    change only at the new tokens' slots."""
+    from glm5_fastpath.ref.hadamard import fwht, hadamard_matrix
+
+    cfg, w = layer(preset)
+    idx, d = w.indexer, cfg.index_head_dim
+    x, x8, xs = x_inputs(cfg, m)
+    b = make_batch(cfg, m)
+    cache = poison_(fp8.new_index_k_cache(b["num_pages"], d))
+    cache0 = poison_(fp8.new_index_k_cache(b["num_pages"], d))
+    before = cache.clone()
+    k8, s = P.b1_indexer_k(x, x8, xs, idx, b["positions"], b["out_cache_loc"], cache, cfg, rotate=True)
+    k8u, su = P.b1_indexer_k(x, x8, xs, idx, b["positions"], b["out_cache_loc"], cache0, cfg)
+    # the same bf16 k the epilogue rotates: recompute it as the reference does, then rotate / quantise
+    key = P._fp8_gemm_bf16(x8, xs, idx.wk)
+    kf = key.float()
+    mean = kf.mean(-1, keepdim=True)
+    k = (kf - mean) * torch.rsqrt((kf - mean).pow(2).mean(-1, keepdim=True) + 1e-6) * idx.k_norm_weight + idx.k_norm_bias
+    r = cfg.qk_rope_head_dim
+    from glm5_fastpath.ref.rope import apply_rope_interleaved, rope_cos_sin
+    cos, sin = rope_cos_sin(b["positions"], r, cfg.rope_theta)
+    k = torch.cat([apply_rope_interleaved(k[:, :r], cos, sin), k[:, r:]], -1).to(BF16)
+    want8, want_s = fp8.quant_per_row(fwht(k).to(BF16))
+    assert_equal("B1 rotated k8", k8.view(torch.uint8), want8.view(torch.uint8))
+    assert_equal("B1 rotated scale", s, want_s)
+    # the rotation is orthonormal: un-rotating the stored key gives the unrotated key (FP8 noise)
+    h = hadamard_matrix(d)
+    assert_close("B1 rotated k un-rotated", fp8_row_deq(k8, s) @ h, fp8_row_deq(k8u, su), kind="fp8_vs_exact")
+    written = torch.zeros_like(cache, dtype=torch.bool)
+    for i, slot in enumerate(b["out_cache_loc"].tolist()):
+        (pg, a, e), (pg2, sa, se) = index_k_bytes_of_slot(cfg, slot)
+        assert_equal("B1 rotated cache row", cache[pg, a:e], k8[i].view(torch.uint8), context=f"slot {slot}")
+        assert_equal("B1 rotated cache scale", cache[pg2, sa:se], s[i:i + 1].view(torch.uint8))
+        written[pg, a:e] = True
+        written[pg2, sa:se] = True
+    assert_equal("B1 rotated untouched cache bytes", cache[~written], before[~written])
+
+
+@pytest.mark.parametrize("preset,m", CASES)
+def test_d1_indexer_q_rotated(preset, m, seed):
+    """rotate=True: per (token, head) the fp32 q after RoPE is rotated (no bf16 rounding) and quantised; head_w
+    carries the rotated q's scale."""
+    from glm5_fastpath.ref.hadamard import fwht, hadamard_matrix
+
+    cfg, w = layer(preset)
+    idx, hi, d, r = w.indexer, cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope_head_dim
+    ql8, qls = q_lora_inputs(cfg, m)
+    w_raw = torch.randn(m, hi).to(BF16)
+    positions = torch.randint(0, cfg.max_position_embeddings, (m,))
+    q8, s_q, head_w = P.d1_indexer_q(ql8, qls, w_raw, idx, positions, cfg, rotate=True)
+    q = P._fp8_gemm_bf16(ql8, qls, idx.wq_b).view(m, hi, d)
+    from glm5_fastpath.ref.rope import apply_rope_interleaved, rope_cos_sin
+    cos, sin = rope_cos_sin(positions, r, cfg.rope_theta)
+    qf = torch.cat([apply_rope_interleaved(q[..., :r], cos, sin), q[..., r:].float()], -1)
+    want8, want_s = fp8.quant_per_row(fwht(qf))
+    assert_equal("D1 rotated q8", q8.view(torch.uint8), want8.view(torch.uint8))
+    assert_equal("D1 rotated scale", s_q, want_s)
+    assert_equal("D1 rotated head_w", head_w, w_raw.float() * cfg.index_weight_scale * s_q)
+    q64 = (deq_act64(ql8, qls) @ deq_w64(preset, "wq_b", idx.wq_b).t()).view(m, hi, d)
+    q64 = torch.cat([rope64(q64[..., :r], positions, cfg.rope_theta), q64[..., r:]], dim=-1)
+    assert_close("D1 rotated q (dequant)", fp8_row_deq(q8, s_q), q64 @ hadamard_matrix(d), kind="fp8_vs_exact")
+
+
+def test_rotation_preserves_indexer_logits_and_topk(seed):
+    """E1 needs no change: logits of (rotated q, rotated k cache) equal those of (q, k) up to FP8 noise, so the
+    top-k sets agree but at the selection boundary."""
+    cfg, w = layer("small")
+    m = 16
+    case = prefix_case(cfg, m)
+    case_r = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    out = P.attention_prefix(**case, w=w, cfg=cfg, layer=cfg.first_k_dense_replace)
+    out_r = P.attention_prefix(**case_r, w=w, cfg=cfg, layer=cfg.first_k_dense_replace, indexer_rotate=True)
+    for name in ("q_lat", "q_pe", "residual_out"):  # the indexer's format touches nothing else
+        assert_equal(f"rotated prefix {name}", getattr(out_r, name), getattr(out, name))
+    assert_equal("rotated prefix kv_cache", case_r["kv_cache"], case["kv_cache"])
+    assert not torch.equal(out_r.tensors["index_q_fp8"].view(torch.uint8), out.tensors["index_q_fp8"].view(torch.uint8))
+    # old cache entries were written unrotated by prefix_case: compare on the new tokens' own keys only,
+    # plus a fully rotated cache below
+    lg, lgr = out.tensors["logits"], out_r.tensors["logits"]
+    own = (case["seq_lens"].long() - 1)[:, None]
+    assert_close("logit at own position", lgr.gather(1, own), lg.gather(1, own), kind="fp8_vs_exact")
+    # a cache that is rotated everywhere (what SGLang 0.5.14's prefill writes): the whole logits row
+    from glm5_fastpath.ref.hadamard import fwht
+    d = cfg.index_head_dim
+    npg = case["index_k_cache"].shape[0]
+    k8, ks = fp8.index_k_cache_load(case["index_k_cache"], torch.arange(npg * PAGE), d)
+    rk8, rks = fp8.quant_per_row(fwht(k8.float() * ks[:, None]).to(BF16))
+    rot_cache = fp8.new_index_k_cache(npg, d)
+    fp8.index_k_cache_store(rot_cache, torch.arange(npg * PAGE), rk8, rks)
+    lg_all = P.e1_indexer_logits(out_r.tensors["index_q_fp8"], out_r.tensors["head_w"], rot_cache,
+                                 case["seq_lens"], case["block_table"], cfg)
+    valid = torch.isfinite(lg)
+    assert torch.equal(valid, torch.isfinite(lg_all))
+    assert_close("rotated logits", lg_all[valid], lg[valid], kind="fp8_vs_exact")
+    topk_r = P.e2_topk(lg_all, case["seq_lens"], case["block_table"], cfg.index_topk)
+    assert_topk_sets("rotated topk", topk_r, out.topk_slots, min_overlap=0.9)
+
+
+def test_rotate_argument_validation(seed):
+    cfg, w = layer("small")
+    _, x8, xs = x_inputs(cfg, 2)
+    b = make_batch(cfg, 2)
+    cache = fp8.new_index_k_cache(b["num_pages"], cfg.index_head_dim)
+    with pytest.raises(P.PrefixInputError, match="rotate must be a bool"):
+        P.b1_indexer_k(None, x8, xs, w.indexer, b["positions"], b["out_cache_loc"], cache, cfg, rotate=1)
+    ql8, qls = q_lora_inputs(cfg, 2)
+    with pytest.raises(P.PrefixInputError, match="rotate must be a bool"):
+        P.d1_indexer_q(ql8, qls, torch.zeros(2, cfg.index_n_heads, dtype=BF16), w.indexer, b["positions"], cfg,
+                       rotate="yes")
+
+
 # ---- D0 -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("preset,m", CASES)

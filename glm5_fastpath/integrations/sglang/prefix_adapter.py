@@ -4,10 +4,14 @@ Three things, all host-side and read-only unless stated:
 
 1. `check_layer(attn, cfg)`: may this `DeepseekV2AttentionMLA` instance take our route, and which one?
    - "full":    our ops compute everything forward_absorb_prepare returns, top-k included, and write the
-                index-K cache (SGLang 0.5.23+ with the fused, Hadamard-free indexer: GLM-5 on CUDA);
+                index-K cache, in the format of the layer's indexer (`layer_rotate(attn)`): SGLang 0.5.23+'s
+                fused, Hadamard-free indexer (GLM-5 on CUDA), or SGLang 0.5.14's indexer, which rotates
+                q and k with a 128-point Walsh-Hadamard transform (`indexer_rotates`): then our B1 / D1 run
+                with rotate=True and the cache keeps 0.5.14's format;
    - "partial": our Q0/B0/D0/D2 (QKV-A, q_b, W_UK, RoPE), SGLang's own indexer for the top-k and the
-                index-K write, because the cache holds Hadamard-rotated keys our B1/D1 do not produce
-                (SGLang 0.5.14, or SGLANG_DISABLE_DSA_INDEXER_FUSION=1 on 0.5.23);
+                index-K write: an indexer whose format we cannot tell for sure (0.5.23 with
+                SGLANG_DISABLE_DSA_INDEXER_FUSION=1 rotates through `_maybe_rotate`: not recognised), or a
+                0.5.14 indexer failing a full-route requirement;
    - "shared":  a GLM-5.2 IndexShare layer: our Q0/B0/D0/D2, the previous full layer's top-k passed on;
    or a `Refusal` naming why SGLang keeps the whole prefix.
 2. `build_weights(attn, cfg, kind)`: our `AttnWeights` over SGLang's parameters. Views where the layouts
@@ -16,7 +20,9 @@ Three things, all host-side and read-only unless stated:
      (dequantized from the checkpoint FP8 at load); our B1 is an FP8 GEMM, so it is re-quantized to
      128x128 block FP8: +D_i*H + 4*ceil(D_i/128)*ceil(H/128) bytes per layer (786 624 B for GLM-5,
      61 MB for 78 layers). The e4m3 values come back exactly (the bf16 rounding of w8*s is < 2^-8
-     relative, far below e4m3's half-ulp); the scale differs by < 2^-9 relative.
+     relative, far below e4m3's half-ulp); the scale differs by < 2^-9 relative. SGLang 0.5.14 keeps
+     `indexer.wk` as its own block-FP8 ReplicatedLinear (and `indexer.weights_proj` bf16): views, no
+     repack (a bf16 wk there is re-quantized as above).
    - w_kc: SGLang stores it [heads, nope, kv_lora] with strides of a [heads, kv_lora, nope] buffer
      (`w_kc.transpose(1, 2).contiguous().transpose(1, 2)`); our D2 reads it row-major. policy
      "relayout" (default) replaces attn.w_kc by its contiguous copy (same shape and values: SGLang's
@@ -34,6 +40,7 @@ lookup has a plain-attribute fallback, so CPU tests drive it with faithful fakes
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -184,6 +191,76 @@ def indexer_is_fused(indexer: Any) -> bool:
     return bool(getattr(indexer, "use_dsa_indexer_fusion", False)) and hasattr(indexer, "wk_weights_proj")
 
 
+def _src(obj: Any) -> str | None:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
+
+
+def _squash(src: str) -> str:
+    return "".join(src.split())
+
+
+def indexer_rotates(indexer: Any) -> bool:
+    """True only when `indexer` is SGLang 0.5.14's DSA indexer, whose index-K cache holds Walsh-Hadamard-rotated
+    keys: read from the source of its class and module (docs/sglang_prefix_contract.md section 4):
+    - the module defines `rotate_activation(x)` = `hadamard_transform(x, scale=hidden_size**-0.5)` with
+      hidden_size = x.size(-1) (the normalised transform over the 128-dim head; ref/hadamard.py);
+    - `_get_q_k_bf16` (decode / extend) calls rotate_activation(query) and rotate_activation(key) directly, and
+      `_get_k_bf16` (the k-only prefill path) rotate_activation(key): every writer and every query rotates;
+    - nothing conditional: no `use_dsa_indexer_fusion` / `_maybe_rotate` (0.5.23's switch) in those methods,
+      and not the fused layout (no `wk_weights_proj`).
+    False whenever any of it cannot be read or does not match (the caller then keeps the "partial" route)."""
+    if indexer is None or indexer_is_fused(indexer) or hasattr(indexer, "wk_weights_proj") \
+            or getattr(indexer, "use_dsa_indexer_fusion", False):
+        return False
+    return _class_rotates(type(indexer))
+
+
+@functools.lru_cache(maxsize=None)
+def _class_rotates(cls: type) -> bool:
+    """indexer_rotates' source checks, once per class (install prepares every layer)."""
+    mod = sys.modules.get(getattr(cls, "__module__", ""), None)
+    rot = getattr(mod, "rotate_activation", None)
+    qk, k = getattr(cls, "_get_q_k_bf16", None), getattr(cls, "_get_k_bf16", None)
+    if not (callable(rot) and callable(qk) and callable(k)):
+        return False
+    srcs = [_src(f) for f in (rot, qk, k)]
+    if any(x is None for x in srcs):
+        return False
+    rot_s, qk_s, k_s = (_squash(x) for x in srcs)
+    if "hadamard_transform(x,scale=hidden_size**-0.5)" not in rot_s or "hidden_size=x.size(-1)" not in rot_s:
+        return False
+    if "rotate_activation(query)" not in qk_s or "rotate_activation(key)" not in qk_s \
+            or "rotate_activation(key)" not in k_s:
+        return False
+    return not any(w in x for x in (qk_s, k_s) for w in ("use_dsa_indexer_fusion", "_maybe_rotate"))
+
+
+def layer_rotate(attn: Any) -> bool:
+    """Does this layer's index-K cache hold Hadamard-rotated keys (the "full" route's B1 / D1 rotate)?"""
+    return indexer_rotates(getattr(attn, "indexer", None))
+
+
+def _full_indexer_refusal(idx: Any, cfg: Glm5Config) -> Refusal | None:
+    """The indexer requirements of the "full" route beyond the cache format."""
+    c = cfg
+    if type(idx).__name__ != "Indexer":
+        return Refusal("indexer_format", f"{type(idx).__name__} (kpool indexer)")
+    kn = getattr(idx, "k_norm", None)
+    if type(kn).__name__ != "LayerNorm" or not math.isclose(float(getattr(kn, "variance_epsilon", -1)),
+                                                             INDEXER_K_NORM_EPS, rel_tol=1e-6):
+        return Refusal("indexer_format", f"k_norm {type(kn).__name__} eps={getattr(kn, 'variance_epsilon', None)}")
+    if getattr(idx, "num_init_tokens", 0) or getattr(idx, "num_local_tokens", 0):
+        return Refusal("indexer_format", "index_init_tokens / index_local_tokens")
+    want = {"n_heads": c.index_n_heads, "head_dim": c.index_head_dim, "index_topk": c.index_topk}
+    bad = {k: getattr(idx, k, None) for k, v in want.items() if getattr(idx, k, v) != v}
+    if bad:
+        return Refusal("dims", f"indexer {bad} vs config {want}")
+    return _rope_ok(getattr(idx, "rotary_emb", None), cfg, "indexer.rotary_emb")
+
+
 DSA_BACKENDS = ("dsa", "nsa")
 
 
@@ -229,24 +306,15 @@ def check_layer(attn: Any, cfg: Glm5Config) -> tuple[str, Refusal | None]:
     idx = getattr(attn, "indexer", None)
     if idx is None:
         return "", Refusal("indexer_format", "DSA layer without an indexer module")
-    if not indexer_is_fused(idx):
-        return "partial", None
-    if type(idx).__name__ != "Indexer":
-        return "", Refusal("indexer_format", f"{type(idx).__name__} (kpool indexer)")
-    kn = getattr(idx, "k_norm", None)
-    if type(kn).__name__ != "LayerNorm" or not math.isclose(float(getattr(kn, "variance_epsilon", -1)),
-                                                             INDEXER_K_NORM_EPS, rel_tol=1e-6):
-        return "", Refusal("indexer_format", f"k_norm {type(kn).__name__} eps={getattr(kn, 'variance_epsilon', None)}")
-    if getattr(idx, "num_init_tokens", 0) or getattr(idx, "num_local_tokens", 0):
-        return "", Refusal("indexer_format", "index_init_tokens / index_local_tokens")
-    want = {"n_heads": c.index_n_heads, "head_dim": c.index_head_dim, "index_topk": c.index_topk}
-    bad = {k: getattr(idx, k, None) for k, v in want.items() if getattr(idx, k, v) != v}
-    if bad:
-        return "", Refusal("dims", f"indexer {bad} vs config {want}")
-    r = _rope_ok(getattr(idx, "rotary_emb", None), cfg, "indexer.rotary_emb")
-    if r is not None:
-        return "", r
-    return "full", None
+    if indexer_is_fused(idx):
+        r = _full_indexer_refusal(idx, cfg)
+        return ("", r) if r is not None else ("full", None)
+    # 0.5.14: the full route with rotate=True, else SGLang's indexer as before. GLM5_FASTPATH_ROTATED_INDEXER=0
+    # keeps the partial route (the rotated B1 / D1 have not run inside SGLang on a GPU yet: a kill switch).
+    if indexer_rotates(idx) and os.environ.get("GLM5_FASTPATH_ROTATED_INDEXER", "1") != "0":
+        if _full_indexer_refusal(idx, cfg) is None and _indexer_weights_0514(idx, cfg)[1] is None:
+            return "full", None
+    return "partial", None
 
 
 # ---- weights ------------------------------------------------------------------------------------------
@@ -268,6 +336,31 @@ def requant_bf16_fp8(w: torch.Tensor) -> Fp8Linear:
     """128x128 block-FP8 of a bf16 weight that SGLang dequantized from a block-FP8 checkpoint (see module doc)."""
     w8, s = quant_weight_block(w.float())
     return Fp8Linear(w8.contiguous(), s.contiguous())
+
+
+def _indexer_weights_0514(idx: Any, cfg: Glm5Config) -> tuple[tuple[Any, Any] | None, Refusal | None]:
+    """SGLang 0.5.14's separate indexer projections: ((wk, weights_proj), None) where wk is the block-FP8
+    `indexer.wk` (an Fp8Linear view) or a bf16 [D_i, H] weight (to re-quantize), weights_proj the bf16
+    [H_i, H] `indexer.weights_proj.weight`; or (None, Refusal)."""
+    c = cfg
+    d, h = c.index_head_dim, c.hidden_size
+    wk_mod = getattr(idx, "wk", None)
+    w = getattr(wk_mod, "weight", None)
+    if isinstance(w, torch.Tensor) and w.dtype == BF16 and tuple(w.shape) == (d, h) and w.is_contiguous():
+        wk: Any = w
+    else:
+        wk = _fp8_linear(wk_mod, d, h, "indexer.wk")
+        if isinstance(wk, Refusal):
+            return None, wk
+    wp = getattr(getattr(idx, "weights_proj", None), "weight", None)
+    if not _is_mat(wp, (c.index_n_heads, h), BF16):
+        return None, Refusal("weights_format", f"indexer.weights_proj.weight {getattr(wp, 'dtype', None)} "
+                                               f"{tuple(getattr(wp, 'shape', ()))}, need bf16 {(c.index_n_heads, h)}")
+    return (wk, wp), None
+
+
+def _is_mat(t: Any, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype == dtype and tuple(t.shape) == shape and t.is_contiguous()
 
 
 def build_weights(attn: Any, cfg: Glm5Config, kind: str, w_kc_policy: str = "relayout"
@@ -310,19 +403,33 @@ def build_weights(attn: Any, cfg: Glm5Config, kind: str, w_kc_policy: str = "rel
         wq_b = _fp8_linear(idx.wq_b, c.index_n_heads * d, c.q_lora_rank, "indexer.wq_b")
         if isinstance(wq_b, Refusal):
             return None, rep, wq_b
-        kw = getattr(idx.wk_weights_proj, "weight", None)
-        if not isinstance(kw, torch.Tensor) or kw.dtype != BF16 or tuple(kw.shape) != (d + c.index_n_heads, h) \
-                or not kw.is_contiguous():
-            return None, rep, Refusal("weights_format", f"indexer.wk_weights_proj.weight {getattr(kw, 'dtype', None)} "
-                                                        f"{tuple(getattr(kw, 'shape', ()))}, need bf16 {(d + c.index_n_heads, h)}")
-        wk = requant_bf16_fp8(kw.detach()[:d])
-        rep.repacked["indexer.wk (fp8 re-quantized from wk_weights_proj)"] = wk.nbytes
+        if hasattr(idx, "wk_weights_proj"):  # 0.5.23's fused layout
+            kw = getattr(idx.wk_weights_proj, "weight", None)
+            if not _is_mat(kw, (d + c.index_n_heads, h), BF16):
+                return None, rep, Refusal("weights_format", f"indexer.wk_weights_proj.weight {getattr(kw, 'dtype', None)} "
+                                                            f"{tuple(getattr(kw, 'shape', ()))}, need bf16 {(d + c.index_n_heads, h)}")
+            wk = requant_bf16_fp8(kw.detach()[:d])
+            rep.repacked["indexer.wk (fp8 re-quantized from wk_weights_proj)"] = wk.nbytes
+            wp = kw.detach()[d:]  # rows [D_i, D_i + H_i): a contiguous view
+            rep.views.append("indexer.weights_proj (rows of wk_weights_proj)")
+        else:  # 0.5.14: indexer.wk (block FP8) and indexer.weights_proj (bf16)
+            got, r = _indexer_weights_0514(idx, cfg)
+            if r is not None:
+                return None, rep, r
+            wk, wp = got
+            if isinstance(wk, torch.Tensor):
+                wk = requant_bf16_fp8(wk.detach())
+                rep.repacked["indexer.wk (fp8 re-quantized from bf16)"] = wk.nbytes
+            else:
+                rep.views.append("indexer.wk")
+            wp = wp.detach()
+            rep.views.append("indexer.weights_proj")
         kn = idx.k_norm
         if not (_vec(kn.weight, d, torch.float32) and _vec(kn.bias, d, torch.float32)):
             return None, rep, Refusal("indexer_format", "k_norm weight/bias is not fp32 [index_head_dim]")
         indexer = IndexerWeights(wq_b=wq_b, wk=wk, k_norm_weight=kn.weight.detach(), k_norm_bias=kn.bias.detach(),
-                                 weights_proj=kw.detach()[d:])  # rows [D_i, D_i + H_i): a contiguous view
-        rep.views += ["indexer.wq_b", "indexer.weights_proj (rows of wk_weights_proj)", "indexer.k_norm"]
+                                 weights_proj=wp)
+        rep.views += ["indexer.wq_b", "indexer.k_norm"]
     w = AttnWeights(input_norm=None, qkv_a=qkv, q_a_norm=qn.detach(), kv_a_norm=kvn.detach(), q_b=q_b, w_kc=w_kc,
                     w_vc=None, o_proj=None, indexer=indexer)
     return w, rep, None

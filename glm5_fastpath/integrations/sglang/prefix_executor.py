@@ -23,9 +23,10 @@ normed hidden state), and run by one of:
   (CmpExecutor) cannot be nested: PyTorch allows one capture per process, and a capture cannot replay
   another graph, so the schedule, not the CmpExecutor object, is what runs here.
 
-Routes per layer (prefix_adapter.check_layer): "full" (our ops for everything, SGLang >= 0.5.23 with the
-fused indexer), "partial" (SGLang's own indexer for top-k and index-K: its cache holds Hadamard-rotated
-keys, 0.5.14), "shared" (GLM-5.2 IndexShare layer: the previous top-k passed on). Anything else, and
+Routes per layer (prefix_adapter.check_layer): "full" (our ops for everything: SGLang >= 0.5.23 with the
+fused indexer, or SGLang 0.5.14 with B1 / D1 rotating q and k like its indexer, LayerRoute.rotate),
+"partial" (SGLang's own indexer for top-k and index-K: an indexer format we do not recognise for sure),
+"shared" (GLM-5.2 IndexShare layer: the previous top-k passed on). Anything else, and
 any call whose inputs we do not mirror, falls back to SGLang's original method, logged once per reason
 and counted in glm5_fastpath_prefix_layer_total{route, reason} (host-side: under CUDA graphs a call is
 a capture, replays are counted by glm5_fastpath_path_total per step).
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import logging
 import sys
 import threading
@@ -97,12 +99,13 @@ def _no_tiles(ctx) -> list:
     return []
 
 
-def seam_graph(cfg: Glm5Config, kind: str, impl: Any, quant: Callable) -> OpGraph:
+def seam_graph(cfg: Glm5Config, kind: str, impl: Any, quant: Callable, rotate: bool = False) -> OpGraph:
     """The prefix graph as the forward_absorb_prepare seam sees it (module doc): Q0 instead of A0; D2
     stores into the caller's scratch at `kv_slots`; E1 is as wide as the block table; E2 maps through
-    `topk_table` (the page table for physical slots, an identity table for logical positions)."""
+    `topk_table` (the page table for physical slots, an identity table for logical positions).
+    rotate: B1 / D1 Hadamard-rotate (the index-K format of SGLang 0.5.14's indexer; full route only)."""
     full = kind == "full"
-    base = build_prefix_graph(cfg, full_indexer=full, impl=impl)
+    base = build_prefix_graph(cfg, full_indexer=full, impl=impl, indexer_rotate=bool(rotate and full))
 
     def ref_q0(i):
         x8, xs = quant(i["x_in"])
@@ -133,7 +136,7 @@ def seam_graph(cfg: Glm5Config, kind: str, impl: Any, quant: Callable) -> OpGrap
         extra.append(TensorDef("topk_table", ("M", "max_pages"), I32, "input"))
     used = {t for o in ops for t in o.inputs + o.outputs}
     tensors = [t for t in base.tensors.values() if t.name in used] + extra
-    return OpGraph(ops, tensors, name=f"glm5_prefix_seam[{kind}]").validate()
+    return OpGraph(ops, tensors, name=f"glm5_prefix_seam[{kind}{',rotated' if rotate and full else ''}]").validate()
 
 
 def _record(t: Any, stream: Any) -> None:
@@ -204,6 +207,7 @@ class LayerRoute:
     weight_env: dict[str, torch.Tensor] = field(default_factory=dict)
     signature: A.SeamSignature | None = None
     report: A.WeightReport | None = None
+    rotate: bool = False  # full route: B1 / D1 Hadamard-rotate (SGLang 0.5.14's index-K format)
 
 
 @dataclass
@@ -212,6 +216,7 @@ class PrepareSummary:
     added_bytes: int = 0
     relayout_bytes: int = 0
     refusals: dict[str, str] = field(default_factory=dict)  # reason -> first message
+    rotated: list[int] = field(default_factory=list)  # full-route layers whose B1 / D1 rotate (SGLang 0.5.14)
 
 
 def _bind_prepare(args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -284,24 +289,25 @@ class PrefixExecutor:
         choice = getattr(look, "choice", None)
         return get_mode(choice.cmp_mode) if choice is not None and choice.prefix == "cmp" else self.mode
 
-    def plan(self, kind: str, mode: Any = None) -> _Plan:
+    def plan(self, kind: str, mode: Any = None, rotate: bool = False) -> _Plan:
         mode = self.mode if mode is None else mode
-        p = self._plans.get((kind, mode.name))
+        rotate = bool(rotate and kind == "full")
+        p = self._plans.get((kind, mode.name, rotate))
         if p is not None:
             return p
         from ...attn_pre.cmp.executor import BoundOps
         from ...attn_pre.cmp.modes import NATIVE_WAIT_POINTS, OP_FUNCTIONS, WaitPlan, resolve_wait_points, wait_support
         from ...attn_pre.cmp.streams import build_schedule
 
-        probe = seam_graph(self.cfg, kind, self.impl, self.quant)  # op names only
+        probe = seam_graph(self.cfg, kind, self.impl, self.quant, rotate)  # op names only
         known = [o for o in probe.topo_order() if o in NATIVE_WAIT_POINTS]
         plans = dict(resolve_wait_points(mode, known, wait_support(self.impl, known)))
         plans["Q0"] = WaitPlan("Q0", mode.wait_point, None, {})
         bound = BoundOps(self.impl, {OP_FUNCTIONS[o]: {"pdl": mode.pdl, **plans[o].kwargs} for o in known})
-        graph = seam_graph(self.cfg, kind, bound, self.quant)
+        graph = seam_graph(self.cfg, kind, bound, self.quant, rotate)
         sched = build_schedule(graph, mode, wait_plans=plans) if mode.multistream else None
         p = _Plan(graph, sched, sched.num_streams if sched is not None else 1)
-        self._plans[(kind, mode.name)] = p
+        self._plans[(kind, mode.name, rotate)] = p
         return p
 
     # -- logging / metrics --------------------------------------------------------------------------------------
@@ -337,6 +343,7 @@ class PrefixExecutor:
             route.report = rep
             if refusal is None:
                 route.weights = w
+                route.rotate = kind == "full" and A.layer_rotate(attn)
                 route.signature = A.seam_signature(attn)
                 route.weight_env = {k: v for k, v in weight_tensors(w).items() if v is not None}
                 self._prepare_device(w.q_b.weight.device)
@@ -373,19 +380,55 @@ class PrefixExecutor:
             if r.report is not None and r.refusal is None:
                 s.added_bytes += r.report.added_bytes
                 s.relayout_bytes += sum(r.report.relayout.values())
+            if r.refusal is None and r.rotate:
+                s.rotated.append(r.layer_id)
         for key, ids in s.routes.items():
             if key.startswith("stock:"):
                 reason = key.split(":", 1)[1]
                 self.log.info("glm5_fastpath: prefix: layers %s stay on SGLang's path: %s", _ranges(ids), s.refusals[reason])
             elif key == "partial":
                 self.log.info("glm5_fastpath: prefix: layers %s -> our QKV-A / q_b / W_UK ops, SGLang's indexer "
-                              "(its index-K cache holds Hadamard-rotated keys our B1/D1 do not write)", _ranges(ids))
+                              "(an index-K cache format we do not recognise for sure, or a full-route requirement "
+                              "missing)", _ranges(ids))
             else:
                 self.log.info("glm5_fastpath: prefix: layers %s -> %s route (mode %s)", _ranges(ids), key, self.mode.name)
+        if s.rotated:
+            self.log.info("glm5_fastpath: prefix: layers %s: B1 / D1 Hadamard-rotate the indexer key / query (the "
+                          "index-K format of SGLang 0.5.14's indexer)", _ranges(s.rotated))
+            self._precompile_rotated(model)
         if s.added_bytes or s.relayout_bytes:
             self.log.info("glm5_fastpath: prefix weights: %.1f MB added (indexer wk re-quantized to FP8), %.1f MB of "
                           "W_UK relaid out in place (no net memory)", s.added_bytes / 2**20, s.relayout_bytes / 2**20)
         return s
+
+    def _precompile_rotated(self, model: Any) -> None:
+        """The rotated D1 / B1 kernel variants (install's ops.precompile compiled the default ones), before SGLang
+        captures its decode graphs; nothing for a namespace without `precompile` (the reference) or off CUDA."""
+        pre = getattr(self.impl, "precompile", None)
+        dev = next((r.weights.q_b.weight.device for r in self._routes(model) if r.weights is not None), None)
+        if pre is None or dev is None or dev.type != "cuda":
+            return
+        try:
+            if "indexer_rotate" not in inspect.signature(pre).parameters:
+                return  # a namespace without the option: first use compiles (SGLang's eager warm-up)
+        except (TypeError, ValueError):
+            return
+        try:
+            pre(self.cfg, dev, indexer_rotate=True)
+        except Exception as e:  # noqa: BLE001 - compiled at first use instead (SGLang's eager warm-up), say so
+            self.log.warning("glm5_fastpath: prefix: precompiling the rotated indexer kernels failed (%s: %s); they "
+                             "compile at first use", type(e).__name__, e)
+
+    @staticmethod
+    def _routes(model: Any) -> list[LayerRoute]:
+        from .patch import decoder_layers
+
+        out = []
+        for layer in decoder_layers(model):
+            r = getattr(getattr(layer, "self_attn", None), "__dict__", {}).get(STATE)
+            if r is not None:
+                out.append(r)
+        return out
 
     # -- the call -----------------------------------------------------------------------------------------------
     def __call__(self, original: Callable, *args, **kwargs):
@@ -480,7 +523,7 @@ class PrefixExecutor:
             table = v.block_table if v.topk_physical else self._iota[dev][: v.block_table.shape[1]].expand(m, -1)
             env.update(out_cache_loc=v.out_cache_loc, seq_lens=v.seq_lens, block_table=v.block_table,
                        index_k_cache=v.index_k_cache, topk_table=table)
-        plan = self.plan(route.kind, self.mode_for(m))
+        plan = self.plan(route.kind, self.mode_for(m), route.rotate)
         env = {k: t for k, t in env.items() if k in plan.graph.tensors}
         if plan.schedule is None:
             out = run_eager(plan.graph, env)

@@ -8,7 +8,8 @@ transposed strides, the fused indexer's bf16 `wk_weights_proj` = [dequant(wk) ; 
 
 `stock_prepare` is a stand-in for SGLang's forward_absorb_prepare built from the reference ops with
 SGLang 0.5.23's fused-indexer numerics (bf16 x * bf16 wk for the indexer key, torch.bmm on the strided
-W_UK), returning the same tuple and writing the index-K cache at out_cache_loc.
+W_UK), returning the same tuple and writing the index-K cache at out_cache_loc; with a non-fused indexer it
+calls the indexer module itself (0.5.14's rotating indexer: prefix_fakes_0514.py).
 """
 from __future__ import annotations
 
@@ -242,7 +243,7 @@ def stock_prepare(attn, positions, hidden, fb, zero_allocator, llama_4_scaling=N
         topk = prev_topk_indices
     else:
         topk = attn.indexer(x=hidden, q_lora=q_lora, positions=positions, forward_batch=fb, layer_id=attn.layer_id) \
-            if not attn.indexer.use_dsa_indexer_fusion else \
+            if not getattr(attn.indexer, "use_dsa_indexer_fusion", False) else \
             _indexer_topk(cfg, _sglang_indexer_weights(attn.indexer), hidden, q_lora, positions, fb, attn.layer_id)
     q8l, qsl = quant_act_per_token(q_lora)
     qf = P._fp8_gemm_bf16(q8l, qsl, _lin(attn.q_b_proj)).view(-1, cfg.num_attention_heads, cfg.qk_head_dim)

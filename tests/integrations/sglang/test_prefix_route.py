@@ -9,6 +9,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 import prefix_fakes as F
+import prefix_fakes_0514 as F14
 from glm5_fastpath.ref import prefix as ref_prefix
 from glm5_fastpath.integrations.sglang import decision, install as inst, patch, prefix_adapter as A
 from glm5_fastpath.integrations.sglang import prefix_executor as PX
@@ -26,13 +27,13 @@ def executor(mode="serial", **kw):
     return PX.PrefixExecutor(impl=P, mode=mode, cfg=CFG, **kw)
 
 
-def ref_outputs(attn, step, w):
+def ref_outputs(attn, step, w, rotate=False):
     """The project's reference prefix (A0 included) on the adapter's weights: the definition of correct."""
     w = types.SimpleNamespace(**{**vars(w), "input_norm": torch.ones(CFG.hidden_size, dtype=torch.bfloat16)})
     kv, ik = step.kv_cache.clone(), step.index_k_cache.clone()
     prev = None if w.indexer is not None else torch.full((step.M, CFG.index_topk), -1, dtype=torch.int32)
     out = P.attention_prefix(step.hidden, step.residual, step.positions, step.out_cache_loc, step.seq_lens,
-                             step.block_table, w, CFG, kv, ik, prev_topk=prev)
+                             step.block_table, w, CFG, kv, ik, prev_topk=prev, indexer_rotate=rotate)
     return out, kv, ik
 
 
@@ -248,6 +249,175 @@ def _bound(attn, calls):
             return "stock"
 
     return B()
+
+
+# ---- SGLang 0.5.14: the full route with the Hadamard rotation ------------------------------------------------
+
+def test_0514_rotated_indexer_kill_switch(monkeypatch):
+    """GLM5_FASTPATH_ROTATED_INDEXER=0 keeps 0.5.14 layers on the partial route (SGLang's indexer)."""
+    a = F14.attn_0514(CFG)
+    assert A.check_layer(a, CFG) == ("full", None)
+    monkeypatch.setenv("GLM5_FASTPATH_ROTATED_INDEXER", "0")
+    assert A.check_layer(a, CFG) == ("partial", None)
+
+
+def test_0514_rotating_indexer_takes_the_full_route():
+    a = F14.attn_0514(CFG)
+    assert A.indexer_rotates(a.indexer) and A.layer_rotate(a)
+    assert A.check_layer(a, CFG) == ("full", None)
+    fused = F.DeepseekV2AttentionMLA(CFG)
+    assert not A.indexer_rotates(fused.indexer) and not A.layer_rotate(fused)  # 0.5.23's fused indexer: no rotation
+    plain = F.DeepseekV2AttentionMLA(CFG, fused_indexer=False)  # non-fused, source not 0.5.14's: unsure
+    assert not A.indexer_rotates(plain.indexer) and A.check_layer(plain, CFG) == ("partial", None)
+    ex = executor()
+    route = ex.prepare_layer(a)
+    assert (route.kind, route.rotate, route.refusal) == ("full", True, None)
+    assert ex.prepare_layer(F.DeepseekV2AttentionMLA(CFG)).rotate is False
+    g = PX.seam_graph(CFG, "full", P, PX.ref_quant, rotate=True)
+    assert g.name == "glm5_prefix_seam[full,rotated]" and "Hadamard" in g.ops["B1"].doc
+    assert PX.seam_graph(CFG, "partial", P, PX.ref_quant, rotate=True).name == "glm5_prefix_seam[partial]"
+    assert executor("full").plan("full", rotate=True) is not executor("full").plan("full")
+
+
+class _Unsure(F14.Indexer):
+    """0.5.14's layout, but the rotation is conditional (0.5.23's `_maybe_rotate` switch): not recognised."""
+
+    def _get_q_k_bf16(self, q_lora, x, positions, enable_dual_stream, forward_batch):
+        query, key = F14.Indexer._get_q_k_bf16(self, q_lora, x, positions, enable_dual_stream, forward_batch)
+        return self._maybe_rotate(query), self._maybe_rotate(key)
+
+
+class _NoRotation(F14.Indexer):
+    def _get_k_bf16(self, x, positions, enable_dual_stream):
+        return x  # a prefill path that writes unrotated keys: the cache would mix formats
+
+
+_Unsure.__name__ = _NoRotation.__name__ = "Indexer"
+
+
+@pytest.mark.parametrize("cls", [_Unsure, _NoRotation])
+def test_0514_detection_falls_back_to_partial_when_unsure(cls):
+    a = F14.attn_0514(CFG)
+    a.indexer = cls(CFG, a.indexer._iw)
+    assert not A.indexer_rotates(a.indexer)
+    assert A.check_layer(a, CFG) == ("partial", None)
+
+
+@pytest.mark.parametrize("change", ["k_norm_eps", "wk_format", "weights_proj", "rope"])
+def test_0514_full_requirement_missing_keeps_partial(change):
+    a = F14.attn_0514(CFG)
+    if change == "k_norm_eps":
+        a.indexer.k_norm.variance_epsilon = 1e-5
+    elif change == "wk_format":
+        a.indexer.wk.weight = a.indexer.wk.weight.float()
+    elif change == "weights_proj":
+        a.indexer.weights_proj.weight = a.indexer.weights_proj.weight.float()
+    else:
+        a.indexer.rotary_emb.is_neox_style = True
+    assert A.indexer_rotates(a.indexer)
+    assert A.check_layer(a, CFG) == ("partial", None)  # SGLang's own indexer, as before the rotation option
+
+
+def test_0514_weights_are_views_and_bf16_wk_is_requantized():
+    a = F14.attn_0514(CFG)
+    w, rep, r = A.build_weights(a, CFG, "full")
+    assert r is None and rep.repacked == {}
+    same = lambda x, y: x.data_ptr() == y.data_ptr()  # noqa: E731
+    assert same(w.indexer.wk.weight, a.indexer.wk.weight) and same(w.indexer.wk.scale_inv, a.indexer.wk.weight_scale_inv)
+    assert same(w.indexer.weights_proj, a.indexer.weights_proj.weight) and same(w.indexer.wq_b.weight, a.indexer.wq_b.weight)
+    assert {"indexer.wk", "indexer.weights_proj", "indexer.wq_b", "indexer.k_norm"} <= set(rep.views)
+    b = F14.attn_0514(CFG)
+    ck = b.indexer.wk
+    b.indexer.wk = F.ReplicatedLinear(b.weights.indexer.wk.dequant().to(torch.bfloat16).contiguous())
+    assert A.check_layer(b, CFG) == ("full", None)
+    w2, rep2, r2 = A.build_weights(b, CFG, "full")
+    assert r2 is None and list(rep2.repacked) == ["indexer.wk (fp8 re-quantized from bf16)"]
+    assert_equal("0.5.14 bf16 wk re-quant", w2.indexer.wk.weight, ck.weight)
+
+
+@pytest.mark.parametrize("mode", ["serial", "full"])
+@pytest.mark.parametrize("fused_topk", [True, False])
+def test_0514_full_route_reproduces_rotated_reference_prefix(mode, fused_topk):
+    a = F14.attn_0514(CFG)
+    step, x, fb = F.make_batch(CFG, SEQ, fused_topk=fused_topk)
+    ex = executor(mode)
+    out = ex(a.forward_absorb_prepare, step.positions, x, fb, None)
+    assert len(out) == 9 and out[8] is None and a.indexer.calls == []  # SGLang's indexer never ran
+    route = ex.layer_route(a)
+    assert route.kind == "full" and route.rotate
+    ref, kv, ik = ref_outputs(a, step, route.weights, rotate=True)
+    assert_equal("q_lat", out[2], ref.q_lat)
+    assert_equal("q_pe", out[0], ref.q_pe)
+    assert_equal("index-K cache (rotated)", fb.token_to_kv_pool.get_index_k_with_scale_buffer(1), ik)
+    unrot, _, ik_u = ref_outputs(a, step, route.weights)
+    assert not torch.equal(ik, ik_u)  # the rotation changed the stored keys
+    topk = out[7]
+    if fused_topk:
+        assert_topk_sets("topk", topk, ref.topk_slots, min_overlap=1.0)
+    assert topk.dtype == torch.int32 and topk.shape == (3, CFG.index_topk)
+    assert (topk[0, :5] >= 0).all() and (topk[0, 5:] == -1).all()
+
+
+def test_0514_full_route_matches_sglang_0514_indexer():
+    """Shadow check against the 0.5.14 stand-in (rotated bf16 q / k, UE8M0 q scales, fp32 head gate): the same
+    rotated cache format (index-K entries within FP8 noise), the same top-k."""
+    a = F14.attn_0514(CFG)
+    step, x, fb = F.make_batch(CFG, SEQ)
+    recs = []
+    stock = PrefixCheck(executor("full"), recs)(a.forward_absorb_prepare, step.positions, x, fb, None)
+    assert len(stock) == 9 and len(a.indexer.calls) == 1 and recs[0]["passed"], recs
+    r = recs[0]
+    assert r["route"] == "full" and r["index_k_other_bytes_untouched"] and r["topk_valid_counts_equal"]
+    # the selection boundary moves a little: 0.5.14 quantises q with UE8M0 scales and keeps the head gate fp32
+    assert r["topk_overlap"] > 0.98 and r["topk_min_row_overlap"] > 0.95, r
+    assert max(r[f"{n}_rel_err"] for n in ("q_pe", "k_pe", "q_nope_out", "k_nope")) == 0.0
+    # same FP8 GEMM for the key as 0.5.14; what differs is SGLang's extra bf16 roundings (LayerNorm out, RoPE out)
+    assert r["index_k_rel_err"] < 0.02, r["index_k_rel_err"]
+
+
+def test_0514_unrotated_keys_would_not_match():
+    """Why the rotation is needed: our unrotated B1 against 0.5.14's rotated cache entries fails the check."""
+    a = F14.attn_0514(CFG)
+    ex = executor("full")
+    ex.prepare_layer(a)
+    ex.layer_route(a).rotate = False  # force the 0.5.23 format on a 0.5.14 layer
+    step, x, fb = F.make_batch(CFG, SEQ)
+    recs = []
+    PrefixCheck(ex, recs)(a.forward_absorb_prepare, step.positions, x, fb, None)
+    assert recs[0]["index_k_rel_err"] > 0.5 and not recs[0]["passed"]
+
+
+def test_0514_install_logs_rotation_and_precompiles_rotated_kernels(caplog):
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    seen = []
+
+    class Impl:  # the ops namespace as far as prepare_model uses it (CPU: never runs a kernel here)
+        @staticmethod
+        def precompile(cfg, device, indexer_rotate=False):
+            seen.append((cfg, device.type, indexer_rotate))
+
+    ex = PX.PrefixExecutor(impl=Impl(), mode="full", cfg=CFG)
+    attns = [F14.attn_0514(CFG, layer_id=i) for i in range(2)] + [F.DeepseekV2AttentionMLA(CFG, layer_id=2)]
+    s = ex.prepare_model(F.fake_model(attns))
+    assert s.routes == {"full": [0, 1, 2]} and s.rotated == [0, 1]
+    assert "layers 0-1: B1 / D1 Hadamard-rotate" in caplog.text
+    assert seen == []  # CPU weights: nothing to compile
+    ex2 = PX.PrefixExecutor(impl=Impl(), mode="full", cfg=CFG)
+    ex2._precompile_rotated = lambda model: seen.append("called")
+    ex2.prepare_model(F.fake_model([F14.attn_0514(CFG, layer_id=0)]))
+    ex2.prepare_model(F.fake_model([F.DeepseekV2AttentionMLA(CFG, layer_id=0)]))
+    assert seen == ["called"]
+    # on a CUDA model: the rotated D1 / B1 variants are compiled before SGLang captures its decode graphs
+    seen.clear()
+    cuda_route = types.SimpleNamespace(weights=types.SimpleNamespace(
+        q_b=types.SimpleNamespace(weight=types.SimpleNamespace(device=torch.device("cuda", 0)))))
+    ex._routes = lambda model: [cuda_route]
+    ex._precompile_rotated(None)
+    assert seen == [(CFG, "cuda", True)]
+    ex3 = PX.PrefixExecutor(impl=types.SimpleNamespace(precompile=lambda cfg, device: seen.append("old")), cfg=CFG)
+    ex3._routes = ex._routes
+    ex3._precompile_rotated(None)  # a precompile without the option is not called (first use compiles)
+    assert seen == [(CFG, "cuda", True)]
 
 
 # ---- fallbacks: logged once, counted ----------------------------------------------------------------------
