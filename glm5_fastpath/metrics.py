@@ -21,6 +21,7 @@ Pass `registry=` for tests (a fresh CollectorRegistry).
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Iterable
 
 PREFIX = "glm5_fastpath_"
@@ -28,7 +29,7 @@ DECODE_STEP = PREFIX + "decode_step_seconds"
 PATH_TOTAL = PREFIX + "path_total"
 SELECTED_INFO = PREFIX + "selected_info"
 JIT_COMPILE = PREFIX + "jit_compile_seconds"
-# created by integrations/sglang/{prefix,moe}_executor.layer_counter (per layer seam call, host side)
+# created by seam_counter from integrations/sglang/{prefix,moe}_executor.layer_counter (per layer seam call, host side)
 PREFIX_LAYER_TOTAL = PREFIX + "prefix_layer_total"
 MOE_LAYER_TOTAL = PREFIX + "moe_layer_total"
 
@@ -41,6 +42,23 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     PREFIX_LAYER_TOTAL: ("counter", ("route", "reason")),
     MOE_LAYER_TOTAL: ("counter", ("route", "reason")),
 }
+
+_seam_counters: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_seam_lock = threading.Lock()
+
+
+def seam_counter(registry: Any, name: str, doc: str) -> Any:
+    """A {route, reason} Counter `name` (ending in _total) on `registry`, created once per registry: the per-layer
+    seam counters of integrations/sglang/{prefix,moe}_executor (executors may be replaced; the counter stays)."""
+    with _seam_lock:
+        per = _seam_counters.setdefault(registry, {})
+        c = per.get(name)
+        if c is None:
+            from prometheus_client import Counter
+
+            c = per[name] = Counter(name[: -len("_total")], doc, ["route", "reason"], registry=registry)
+        return c
+
 
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 JIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)

@@ -31,15 +31,13 @@ output and no expert work (csrc/moe/megamoe.cuh, token_masked).
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 logger = logging.getLogger("glm5_fastpath")
 
 STATE = "_glm5_fastpath_moe"
-from ...metrics import MOE_LAYER_TOTAL as METRIC  # listed in metrics.METRICS
+from ...metrics import MOE_LAYER_TOTAL as METRIC, seam_counter  # listed in metrics.METRICS
 FAMILY = "megamoe"
 
 REFUSALS = {
@@ -333,21 +331,10 @@ class _CallRefused(Exception):
         self.reason = reason
 
 
-_counters: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-_counters_lock = threading.Lock()
-
-
 def layer_counter(registry: Any) -> Any:
-    """glm5_fastpath_moe_layer_total on `registry`, created once per registry."""
-    with _counters_lock:
-        c = _counters.get(registry)
-        if c is None:
-            from prometheus_client import Counter
-
-            c = Counter(METRIC[: -len("_total")], "MoE layer calls by route (megamoe / stock) and reason; host-side, "
-                        "so under CUDA graphs a call is a capture, not a replay.", ["route", "reason"], registry=registry)
-            _counters[registry] = c
-        return c
+    """glm5_fastpath_moe_layer_total on `registry` (metrics.seam_counter)."""
+    return seam_counter(registry, METRIC, "MoE layer calls by route (megamoe / stock) and reason; host-side, so "
+                        "under CUDA graphs a call is a capture, not a replay.")
 
 
 _default: MoEExecutor | None = None

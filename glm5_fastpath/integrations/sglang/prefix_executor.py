@@ -38,8 +38,6 @@ import dataclasses
 import inspect
 import logging
 import sys
-import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -49,7 +47,7 @@ from ...config import INDEX_K_PAGE_TOKENS, Glm5Config
 from ...graph.eager import run_eager
 from ...graph.op_graph import OpDef, OpGraph, TensorDef
 from ...graph.prefix_graph import build_prefix_graph, weight_tensors
-from ...metrics import PREFIX_LAYER_TOTAL as METRIC  # listed in metrics.METRICS
+from ...metrics import PREFIX_LAYER_TOTAL as METRIC, seam_counter  # listed in metrics.METRICS
 from ...ref import fp8 as ref_fp8
 from . import prefix_adapter as A
 
@@ -542,22 +540,10 @@ class PrefixExecutor:
                 b["llama_4_scaling"], *A.core_extras(route.signature))
 
 
-_counters: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-_counters_lock = threading.Lock()
-
-
 def layer_counter(registry: Any) -> Any:
-    """glm5_fastpath_prefix_layer_total on `registry`, created once per registry (executors may be replaced)."""
-    with _counters_lock:
-        c = _counters.get(registry)
-        if c is None:
-            from prometheus_client import Counter
-
-            c = Counter(METRIC[: -len("_total")], "Attention-prefix seam calls by route (full / partial / shared / "
-                        "stock) and reason; host-side, so under CUDA graphs a call is a capture, not a replay.",
-                        ["route", "reason"], registry=registry)
-            _counters[registry] = c
-        return c
+    """glm5_fastpath_prefix_layer_total on `registry` (metrics.seam_counter)."""
+    return seam_counter(registry, METRIC, "Attention-prefix seam calls by route (full / partial / shared / stock) and "
+                        "reason; host-side, so under CUDA graphs a call is a capture, not a replay.")
 
 
 def _capture_topk(layer_id: int, topk: torch.Tensor) -> torch.Tensor:
