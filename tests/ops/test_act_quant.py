@@ -354,11 +354,6 @@ def test_compile_spec_without_spills_or_warnings(tmp_path, monkeypatch):
 
 # ---- GPU -------------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def no_pdl_override(monkeypatch):
-    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("h", H_VALUES)
 @pytest.mark.parametrize("m", M_VALUES)

@@ -221,11 +221,6 @@ def test_fake_under_torch_compile_meta():
 
 # ---- GPU -------------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def no_pdl_override(monkeypatch):
-    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("h", H_VALUES)
 @pytest.mark.parametrize("m", M_VALUES)

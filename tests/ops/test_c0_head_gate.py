@@ -215,11 +215,6 @@ def small_weights_proj():
     return random_layer(SMALL, 0, 77, device="cuda").attn.indexer.weights_proj
 
 
-@pytest.fixture
-def no_pdl_override(monkeypatch):
-    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", M_VALUES)
 def test_matches_reference_glm5(m, seed, glm5_weights_proj, no_pdl_override):

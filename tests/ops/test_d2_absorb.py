@@ -281,11 +281,6 @@ def small_w_kc():
     return random_layer(SMALL, 1, 99, device="cuda").attn.w_kc
 
 
-@pytest.fixture
-def no_pdl_override(monkeypatch):
-    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
-
-
 def run_checked(cfg, w_kc, m, seed, ctx, idx_dtype=torch.int64, pdl=True):
     q, c, k, pos, loc, cache = make_inputs(cfg, m, seed, idx_dtype=idx_dtype)
     poison_rows_(cache, loc)

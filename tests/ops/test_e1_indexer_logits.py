@@ -395,11 +395,6 @@ def test_compiles_for_sm90a_without_spills(heads, dim, wait_at, monkeypatch, tmp
 
 # ---- GPU --------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def no_pdl_override(monkeypatch):
-    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", M_VALUES)
 def test_matches_reference_mixed_lengths(m, seed, no_pdl_override):

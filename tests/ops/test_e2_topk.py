@@ -687,11 +687,6 @@ def _run(logits, seq, bt, k, *, cfg=None, cluster=None, meta_before_wait=True, p
     return out, plan
 
 
-@pytest.fixture
-def no_pdl_override(monkeypatch):
-    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["indexer", "bf16", "gauss_pos"])
 @pytest.mark.parametrize("m", M_VALUES)

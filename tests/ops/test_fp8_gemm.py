@@ -467,11 +467,6 @@ def small_layer():
     return random_layer(SMALL, 1, 99, device="cuda")
 
 
-@pytest.fixture
-def no_pdl_override(monkeypatch):
-    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
-
-
 @pytest.fixture(params=F.IMPLS)
 def impl(request, monkeypatch):
     """Run the test with each mainloop, forced for every op through GLM5_FASTPATH_FP8_GEMM_IMPL."""

@@ -259,11 +259,6 @@ def small_layer():
     return random_layer(SMALL, 1, 77, device="cuda")
 
 
-@pytest.fixture
-def no_pdl_override(monkeypatch):
-    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
-
-
 @pytest.fixture(params=F.IMPLS)
 def impl(request, monkeypatch):
     monkeypatch.setenv(F.IMPL_ENV, request.param)

@@ -273,11 +273,6 @@ def small_router():
     return mlp.gate.contiguous(), mlp.e_score_correction_bias.contiguous()
 
 
-@pytest.fixture
-def no_pdl_override(monkeypatch):
-    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
-
-
 def _poison_allocator(m: int, cfg) -> None:
     """Fill the caching allocator's next blocks of the op's output sizes with poison, so an unwritten
     output element shows up as NaN / INT_MIN."""
