@@ -25,3 +25,18 @@ def seed():
     print(f"seed={s}")
     torch.manual_seed(s)
     return s
+
+
+@pytest.fixture
+def nvcc_jit(tmp_path, monkeypatch):
+    """compile(spec) -> CompiledKernel for sm_90a into a fresh JIT cache, with the ptxas report on; skips the
+    test where there is no nvcc (compile checks need the CUDA toolkit, not a GPU)."""
+    from glm5_fastpath.jit import NvccNotFoundError, compile_kernel, find_nvcc
+
+    try:
+        find_nvcc()
+    except NvccNotFoundError:
+        pytest.skip("nvcc not found")
+    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "jit"))
+    monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
+    return lambda spec, arch="sm_90a": compile_kernel(spec, arch)

@@ -238,31 +238,17 @@ def test_cpu_tensors_are_refused():
 
 # ---- compile: no spills, Python mirrors == C++ ----------------------------------------------------------
 
-def _nvcc_or_skip():
-    from glm5_fastpath.jit import NvccNotFoundError, find_nvcc
-    try:
-        find_nvcc()
-    except NvccNotFoundError:
-        pytest.skip("nvcc not found")
-
-
-def test_compile_specs_without_spills(tmp_path, monkeypatch):
-    from glm5_fastpath.jit import compile_kernel
-    _nvcc_or_skip()
-    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
+def test_compile_specs_without_spills(nvcc_jit):
     for spec in M.compile_check_specs():
-        res = compile_kernel(spec, "sm_90a").resources()
+        res = nvcc_jit(spec).resources()
         for fn in (M.FUNCTION, M.PLAN_FUNCTION):
             r = res[fn]
             assert r.spill_store_bytes == 0 and r.spill_load_bytes == 0, (spec.describe(), fn, r)
         assert res[M.FUNCTION].stack_bytes == 0, (spec.describe(), res[M.FUNCTION])
 
 
-def test_python_mirrors_match_cpp(tmp_path, monkeypatch):
-    from glm5_fastpath.jit import KernelSpec, compile_kernel
-    _nvcc_or_skip()
-    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path))
+def test_python_mirrors_match_cpp(nvcc_jit):
+    from glm5_fastpath.jit import KernelSpec
     lines = ['#include "moe/megamoe.cuh"', "namespace mm = glm5::moe::megamoe;"]
     for bn in M.BLOCK_NS:
         for st in range(2, M.max_stages(bn) + 1):
@@ -286,7 +272,7 @@ def test_python_mirrors_match_cpp(tmp_path, monkeypatch):
         off = getattr(M._Params, name).offset
         lines.append(f"static_assert(offsetof(mm::Params, {name}) == {off}, \"Params.{name}\");")
     code = "#include <stddef.h>\n" + "\n".join(lines) + "\n"
-    assert compile_kernel(KernelSpec("megamoe_mirror_check", code=code), "sm_90a").cubin is not None
+    assert nvcc_jit(KernelSpec("megamoe_mirror_check", code=code)).cubin is not None
 
 
 # ---- the plan (CPU mirror) --------------------------------------------------------------------------------
@@ -426,7 +412,7 @@ def emulate_megamoe(x8, xs, ids, wts, wt: M.MegaMoEWeights, rsf: float, block_n:
     interleaved W13 rows, gate/up block-scale rows rt and I/128 + rt, act_scale[kb][pair], the slot buffer
     [M, S, H] and the ordered combine. Accumulation in float64 (the kernel: fp32)."""
     m, k = ids.shape
-    H, I, E = wt.hidden, wt.inter, wt.num_total
+    H, I = wt.hidden, wt.inter
     S = k + wt.num_shared
     plan = M.plan_reference(ids, wt.num_experts, wt.num_shared, block_n, 8, H, I)
     act8 = torch.zeros(plan.total_rows + block_n, I)

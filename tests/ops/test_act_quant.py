@@ -337,15 +337,8 @@ def test_spec_is_in_the_compile_check():
     assert AQ.SPEC.functions == (AQ.FUNCTION,) and AQ.SPEC.defines == ()
 
 
-def test_compile_spec_without_spills_or_warnings(tmp_path, monkeypatch):
-    from glm5_fastpath.jit import NvccNotFoundError, compile_kernel, find_nvcc
-    try:
-        find_nvcc()
-    except NvccNotFoundError:
-        pytest.skip("nvcc not found")
-    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
-    ck = compile_kernel(AQ.SPEC, "sm_90a")
+def test_compile_spec_without_spills_or_warnings(nvcc_jit):
+    ck = nvcc_jit(AQ.SPEC)
     res = ck.resources()[AQ.FUNCTION]
     assert res.spill_store_bytes == 0 and res.spill_load_bytes == 0 and res.stack_bytes == 0, res
     assert res.smem_bytes == 0 and 0 < res.registers <= 32, res  # full occupancy (2048 threads x 32 regs)

@@ -125,14 +125,9 @@ extern "C" __global__ void smem_formula_check() {}
 """
 
 
-def test_smem_formulas_compile_against_the_headers(tmp_path, monkeypatch):
+def test_smem_formulas_compile_against_the_headers(nvcc_jit):
     """static_asserts of SkinnySmem / WgmmaSmem sizes against the Python formulas (nvcc, no GPU)."""
-    from glm5_fastpath.jit import KernelSpec, NvccNotFoundError, compile_kernel, find_nvcc
-    try:
-        find_nvcc()
-    except NvccNotFoundError:
-        pytest.skip("nvcc not found")
-    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "jit"))
+    from glm5_fastpath.jit import KernelSpec
     lines = []
     for tm, st, g in ((8, 6, 48), (16, 3, 8), (64, 4, 16), (32, 5, 1)):
         c = F.SkinnyConfig(F.EPI_PLAIN, 1, 128, g * 128, tm, 1, st)
@@ -141,7 +136,7 @@ def test_smem_formulas_compile_against_the_headers(tmp_path, monkeypatch):
         c = F.SkinnyConfig(F.EPI_PLAIN, 1, 128, g * 128, tm, 1, st, impl="wgmma")
         lines.append(f"static_assert(WgmmaSmem<{tm}, {st}>::launch_bytes({g}) == {c.smem_bytes}, \"wgmma {tm} {st} {g}\");")
     spec = KernelSpec("fp8_gemm_smem_check", code=_SMEM_CHECK % "\n".join(lines), functions=("smem_formula_check",))
-    assert compile_kernel(spec, "sm_90a").cubin
+    assert nvcc_jit(spec).cubin
 
 
 def test_wgmma_stages_fit():
@@ -336,20 +331,14 @@ def test_compile_check_specs_cover_both_impls():
     assert ("128", str(F.EPI_IDX_K)) not in wg
 
 
-def test_diag_variants_compile(tmp_path, monkeypatch):
+def test_diag_variants_compile(nvcc_jit):
     """The sweep's diagnostic / minb=2 variants build for sm_90a (needs nvcc, not a GPU)."""
-    from glm5_fastpath.jit import NvccNotFoundError, compile_kernel, find_nvcc
-    try:
-        find_nvcc()
-    except NvccNotFoundError:
-        pytest.skip("nvcc not found")
-    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "jit"))
     specs = [F.kernel_spec(tm, F.STAGES[tm], F.EPI_PLAIN, 1, d) for d in (1, 2, 3) for tm in (8, 64)]
     specs += [F.kernel_spec(32, 4, F.EPI_PLAIN, 2, 0), F.kernel_spec(16, 3, F.EPI_QKV_A, 2, 0)]
     specs += [F.kernel_spec(tm, F.WGMMA_STAGES[tm], F.EPI_PLAIN, 1, d, "wgmma") for d in (1, 2, 3) for tm in (8, 128)]
     specs += [F.kernel_spec(16, 4, F.EPI_PLAIN, 2, 0, "wgmma")]
     for spec in specs:
-        assert compile_kernel(spec, "sm_90a").cubin, spec.describe()
+        assert nvcc_jit(spec).cubin, spec.describe()
 
 
 # ---- CPU: B0 mode selection (fused / split) --------------------------------------------------------------

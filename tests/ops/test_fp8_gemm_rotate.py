@@ -81,13 +81,8 @@ extern "C" __global__ void smem_formula_check() {}
 """
 
 
-def test_rotation_smem_formulas_compile_against_the_headers(tmp_path, monkeypatch):
-    from glm5_fastpath.jit import KernelSpec, NvccNotFoundError, compile_kernel, find_nvcc
-    try:
-        find_nvcc()
-    except NvccNotFoundError:
-        pytest.skip("nvcc not found")
-    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "jit"))
+def test_rotation_smem_formulas_compile_against_the_headers(nvcc_jit):
+    from glm5_fastpath.jit import KernelSpec
     lines = []
     for epi in F.ROT_EPIS:
         for tm, st, g, rot in ((8, 6, 48, 128), (64, 4, 16, 128), (16, 3, 8, 64)):
@@ -99,7 +94,7 @@ def test_rotation_smem_formulas_compile_against_the_headers(tmp_path, monkeypatc
             lines.append(f"static_assert(WgmmaSmem<{tm}, {st}, epi_with_rot({epi}, {rot})>::launch_bytes({g}) == "
                          f"{c.smem_bytes}, \"wgmma {epi} {tm} {rot}\");")
     spec = KernelSpec("fp8_gemm_rot_smem_check", code=_SMEM_CHECK % "\n".join(lines), functions=("smem_formula_check",))
-    assert compile_kernel(spec, "sm_90a").cubin
+    assert nvcc_jit(spec).cubin
 
 
 def test_rotated_variants_are_compile_checked():

@@ -169,30 +169,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) sm90_every_primitive(const 
 """
 
 
-def test_every_primitive_assembles(tmp_path, monkeypatch):
+def test_every_primitive_assembles(nvcc_jit):
     """ptxas accepts every wrapper's PTX for sm_90a (compile only: not a meaningful kernel)."""
-    from glm5_fastpath.jit import KernelSpec, NvccNotFoundError, compile_kernel, find_nvcc
-    try:
-        find_nvcc()
-    except NvccNotFoundError:
-        pytest.skip("nvcc not found")
-    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "jit"))
+    from glm5_fastpath.jit import KernelSpec
     spec = KernelSpec("sm90_every_primitive", code=EVERY_PRIMITIVE, functions=("sm90_every_primitive",))
-    monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
-    ck = compile_kernel(spec, "sm_90a")
+    ck = nvcc_jit(spec)
     r = ck.resources()["sm90_every_primitive"]
     assert r.spill_store_bytes == 0, r
 
 
-def test_primitive_kernel_compiles_for_sm90a(tmp_path, monkeypatch):
-    from glm5_fastpath.jit import NvccNotFoundError, compile_kernel, find_nvcc
-    try:
-        find_nvcc()
-    except NvccNotFoundError:
-        pytest.skip("nvcc not found")
-    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "jit"))
-    monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
-    ck = compile_kernel(_spec(), "sm_90a")
+def test_primitive_kernel_compiles_for_sm90a(nvcc_jit):
+    ck = nvcc_jit(_spec())
     res = ck.resources()
     assert set(res) == {f"sm90_prim_tile_n{n}" for n in NS}, res
     for fn, r in res.items():

@@ -11,15 +11,8 @@ MAX_REGS = 168  # 9 warps per CTA: three share one SM sub-partition's 16K regist
 @pytest.mark.slow  # ~40 s per variant (ptxas)
 @pytest.mark.parametrize("cfg,trace", [(Glm5Config.preset("glm5"), True), (small_config(), False)],
                          ids=["glm5-trace", "small"])
-def test_megakernel_variant_compiles_without_spills(tmp_path, monkeypatch, cfg, trace):
-    from glm5_fastpath.jit import NvccNotFoundError, compile_kernel, find_nvcc
-    try:
-        find_nvcc()
-    except NvccNotFoundError:
-        pytest.skip("nvcc not found")
-    monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
-    ck = compile_kernel(D.kernel_spec(cfg, trace), "sm_90a")
+def test_megakernel_variant_compiles_without_spills(nvcc_jit, cfg, trace):
+    ck = nvcc_jit(D.kernel_spec(cfg, trace))
     res = ck.resources()[D.FUNCTION]
     assert (res.spill_store_bytes, res.spill_load_bytes) == (0, 0), ck.log[-3000:]
     assert 0 < res.registers <= MAX_REGS, res
