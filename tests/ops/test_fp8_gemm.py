@@ -456,13 +456,6 @@ def small_layer():
     return random_layer(SMALL, 1, 99, device="cuda")
 
 
-@pytest.fixture(params=F.IMPLS)
-def impl(request, monkeypatch):
-    """Run the test with each mainloop, forced for every op through GLM5_FASTPATH_FP8_GEMM_IMPL."""
-    monkeypatch.setenv(F.IMPL_ENV, request.param)
-    return request.param
-
-
 def poison_pool():
     """Fill freed blocks of torch's caching allocator (small and large pools) with 0xFF bytes (NaN in
     bf16 / fp32 / e4m3fn), so the op outputs allocated next start poisoned: an element the kernel

@@ -254,12 +254,6 @@ def small_layer():
     return random_layer(SMALL, 1, 77, device="cuda")
 
 
-@pytest.fixture(params=F.IMPLS)
-def impl(request, monkeypatch):
-    monkeypatch.setenv(F.IMPL_ENV, request.param)
-    return request.param
-
-
 def _fp8_gemm_tests():
     return importlib.import_module("test_fp8_gemm")
 
