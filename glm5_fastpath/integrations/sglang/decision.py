@@ -28,8 +28,8 @@ BUILT_PREFIX: frozenset[str] = frozenset({"cmp"})
 BUILT_MOE: frozenset[str] = frozenset({"megamoe"})  # MoE entries are "<family>[:<config>]": the family is checked
 
 
-def moe_family(name: str) -> str:
-    """"megamoe:bn16_s6_g512_w4" -> "megamoe" (the executor); "stock" -> "stock"."""
+def executor_family(name: str) -> str:
+    """The executor a table entry names: megamoe:bn16_s6_g512_w4 -> megamoe, cmp -> cmp, stock -> stock."""
     return name.split(":", 1)[0]
 
 # reason codes (metric label values); the text is what the log says
@@ -148,7 +148,7 @@ def route_step(mode_name: str | None, m: int, table: SelectionTable,
         return StepRoute(kind, m, None, STOCK, STOCK, look.reason)
     c = look.choice
     prefix = c.prefix if c.prefix in built_prefix else STOCK
-    moe = c.moe if moe_family(c.moe) in built_moe else STOCK
+    moe = c.moe if executor_family(c.moe) in built_moe else STOCK
     if c.prefix == STOCK and c.moe == STOCK:
         reason = "table_selects_stock"
     elif (c.prefix != STOCK and prefix == STOCK) or (c.moe != STOCK and moe == STOCK):

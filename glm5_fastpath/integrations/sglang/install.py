@@ -130,7 +130,7 @@ def facts_from_model(model: Any, tp_size: int = 1, gpu: tuple | None = None) -> 
 # ---- install -------------------------------------------------------------------------------------------
 def _effective_rows(table) -> list[tuple[int, str, str]]:
     bp, bm = decision.BUILT_PREFIX, decision.BUILT_MOE
-    return [(b.tokens, b.prefix if b.prefix in bp else STOCK, b.moe if decision.moe_family(b.moe) in bm else STOCK)
+    return [(b.tokens, b.prefix if b.prefix in bp else STOCK, b.moe if decision.executor_family(b.moe) in bm else STOCK)
             for b in table.buckets]
 
 
@@ -188,7 +188,7 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
     patched = patch_layers(model, router)
     if any(p == "cmp" for _, p, _ in rows):
         _prepare_prefix(model, router, log)
-    moe_buckets = [t for t, _, m in rows if decision.moe_family(m) == "megamoe"]
+    moe_buckets = [t for t, _, m in rows if decision.executor_family(m) == "megamoe"]
     if moe_buckets:
         _prepare_moe(model, router, moe_buckets, metrics, log)
     if model_runner is not None:

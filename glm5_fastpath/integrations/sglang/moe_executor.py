@@ -178,6 +178,7 @@ class MoEExecutor:
         self.router, self.log = router, log
         self._quant = quant
         self._once: set = set()
+        self._configs: dict[tuple, Any] = {}  # (table, m, layer dims) -> MegaMoEConfig: host work off the call path
 
     @property
     def quant(self) -> Callable:
@@ -186,18 +187,25 @@ class MoEExecutor:
         return self._quant
 
     def config_for(self, m: int, route: MoELayerRoute) -> Any:
-        """The table's megamoe:<config> for m's bucket, else MegaMoE's default for the bucket size."""
+        """The table's megamoe:<config> for m's bucket, else MegaMoE's default for the bucket size (memoised)."""
         from ...moe import megamoe as MM
 
         table = getattr(self.router, "table", None)
+        w = route.weights
+        key = (id(table), m, w.num_experts, w.num_shared, w.inter, route.topk)
+        cfg = self._configs.get(key)
+        if cfg is not None:
+            return cfg
         look = table.lookup(m) if table is not None else None
         choice = getattr(look, "choice", None)
         name = choice.moe.split(":", 1)[1] if choice is not None and ":" in choice.moe else ""
         if name and name != "default":
-            return MM.MegaMoEConfig.from_name(name)
-        tokens = choice.tokens if choice is not None else m
-        w = route.weights
-        return MM.default_config(tokens, w.num_experts, route.topk, w.num_shared, inter=w.inter)
+            cfg = MM.MegaMoEConfig.from_name(name)
+        else:
+            tokens = choice.tokens if choice is not None else m
+            cfg = MM.default_config(tokens, w.num_experts, route.topk, w.num_shared, inter=w.inter)
+        self._configs[key] = cfg
+        return cfg
 
     # -- install ---------------------------------------------------------------------------------------------
     def prepare_model(self, model: Any, buckets: list[int], precompile: bool = True) -> MoEPrepareSummary:
@@ -233,7 +241,7 @@ class MoEExecutor:
         """Kernels of every bucket's config and the workspace of the largest bucket, before CUDA-graph capture."""
         from ...moe import megamoe as MM
 
-        configs = {self.config_for(b, route).name: self.config_for(b, route) for b in buckets}
+        configs = {c.name: c for c in (self.config_for(b, route) for b in buckets)}
         MM.precompile(route.weights, topk=route.topk, max_tokens=max(buckets), configs=list(configs.values()))
         if self._quant is None:
             try:

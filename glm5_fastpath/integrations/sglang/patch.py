@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from .decision import OnceLog, StepRoute, component_log_line, moe_family, route_step, step_log_line
+from .decision import OnceLog, StepRoute, component_log_line, executor_family, route_step, step_log_line
 
 logger = logging.getLogger("glm5_fastpath")
 
@@ -85,7 +85,7 @@ def wrap_component(obj: Any, method: str, component: str, router: Router, hidden
         fb = _arg(args, kwargs, fb_index, "forward_batch")
         r = router.route(component, _mode_name(fb), _num_tokens(_arg(args, kwargs, hidden_index, "hidden_states")))
         impl = r.prefix if component == "prefix" else r.moe
-        fn = EXECUTORS[component].get(moe_family(impl))
+        fn = EXECUTORS[component].get(executor_family(impl))
         if fn is None:
             return original(*args, **kwargs)
         return fn(original, *args, **kwargs)

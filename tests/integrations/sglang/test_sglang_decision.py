@@ -73,7 +73,7 @@ def test_unbuilt_executor_falls_back_and_built_one_is_used():
     t = parse({"version": 1, "buckets": [{"tokens": 8, "prefix": "stock", "moe": "megamoe"}]})
     r = d.route_step("DECODE", 8, t)  # plain "megamoe": MegaMoE's default config for the bucket
     assert (r.prefix, r.moe, r.reason, r.path) == ("stock", "megamoe", "selected", "fast")
-    assert d.moe_family("megamoe:bn16_s6_g512_w4") == "megamoe" and d.moe_family("stock") == "stock"
+    assert d.executor_family("megamoe:bn16_s6_g512_w4") == "megamoe" and d.executor_family("stock") == "stock"
 
 
 def test_built_executors_match_the_registered_ones():
