@@ -327,10 +327,13 @@ class MoEExecutor:
 def _stale(route: MoELayerRoute, mlp: Any) -> bool:
     if route.weights is None:
         return False
-    w = getattr(getattr(mlp, "experts", None), "w13_weight", None)
-    s = getattr(getattr(mlp, "experts", None), "w2_weight_scale_inv", None)
+    ex = getattr(mlp, "experts", None)
+    w = getattr(ex, "w13_weight", None)
+    s = getattr(ex, "w2_weight_scale_inv", None)
+    # replaced tensors, or scales requantized in place to UE8M0 after install (then layer_route refuses)
     return (w is not None and w.data_ptr() != route.weights.w13.data_ptr()) or \
-        (s is not None and s.data_ptr() != route.weights.w2_scale.data_ptr())
+        (s is not None and s.data_ptr() != route.weights.w2_scale.data_ptr()) or \
+        any(getattr(getattr(ex, n, None), "format_ue8m0", False) for n in ("w13_weight_scale_inv", "w2_weight_scale_inv"))
 
 
 class _CallRefused(Exception):

@@ -226,3 +226,15 @@ def test_replaced_expert_tensors_are_rebound(calls):
     call(ex, mlp)
     assert calls[-1]["weights"].w13.data_ptr() == mlp.experts.w13_weight.data_ptr() != first
     assert reg.get_sample_value("glm5_fastpath_moe_layer_total", {"route": "megamoe", "reason": "rebound"}) == 1
+
+
+def test_scales_requantized_after_install_are_refused(calls):
+    """Scales flagged UE8M0 after install (SGLang's DeepGEMM requant) must not reach MegaMoE as fp32 scales."""
+    reg = CollectorRegistry()
+    ex = executor(registry=reg)
+    mlp = MoE()
+    call(ex, mlp)
+    n = len(calls)
+    mlp.experts.w13_weight_scale_inv.format_ue8m0 = True
+    assert call(ex, mlp)[0] == ("stock", 3) and len(calls) == n
+    assert reg.get_sample_value("glm5_fastpath_moe_layer_total", {"route": "stock", "reason": "ue8m0_scales"}) == 1
