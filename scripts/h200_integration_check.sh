@@ -19,20 +19,32 @@ export GLM5_FASTPATH_CACHE_DIR=${GLM5_FASTPATH_CACHE_DIR:-/tmp/glm5jit}
 [ -d "$SITE/sglang" ] || { mkdir -p "$SITE" && tar -xJf "$site_tar" -C "$SITE"; }
 [ -d "$GLM5_FASTPATH_CACHE_DIR/sm_90a" ] || { mkdir -p "$GLM5_FASTPATH_CACHE_DIR" && tar -xJf "$jit_tar" -C "$GLM5_FASTPATH_CACHE_DIR"; }
 export PYTHONPATH="$SITE:$PWD"
+# the same JIT caches as scripts/h200_sglang_offline.sh, so an engine run earlier on this machine warms them
+cache=$PWD/build/h200-cache; mkdir -p "$cache"
+export TRITON_CACHE_DIR=$cache/triton TORCHINDUCTOR_CACHE_DIR=$cache/inductor SGLANG_DG_CACHE_DIR=$cache/deep_gemm
 el "unpacked; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); commit ${GLM5_FASTPATH_COMMIT:-?}"
 
 el "GPU tests"
-timeout "${T_TESTS:-200}" python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/moe tests/ops/test_act_quant.py \
+timeout "${T_TESTS:-200}" python3 -m pytest -m gpu -q -rs -p no:cacheprovider ${TESTS:-tests/moe tests/ops/test_act_quant.py} \
   ${TEST_K:+-k "$TEST_K"} > "$out/gpu-tests.log" 2>&1; el "GPU tests rc=$? ($(tail -1 "$out/gpu-tests.log"))"
 
 el "route check (eager: prefix + MoE vs SGLang)"
-timeout "${T_ROUTE:-260}" python3 scripts/h200_prefix_route_check.py --phases "${ROUTE_PHASES:-eager}" --layers 1 \
+[ "${T_ROUTE:-260}" -gt 0 ] && timeout "${T_ROUTE:-260}" python3 scripts/h200_prefix_route_check.py --phases "${ROUTE_PHASES:-eager}" --layers 1 \
   --moe-layers 1 --batches "${ROUTE_BATCHES:-1,4,16}" --out "$out/route" --timeout "${T_ROUTE:-260}" \
   > "$out/route.log" 2>&1; el "route check rc=$?"
 
-left=$(( ${T_TOTAL:-570} - ($(date +%s) - t0) ))
+left=$(( ${T_TOTAL:-570} - ($(date +%s) - t0) - ${T_TUNE:-0} ))
 el "bench decode-step (budget ${left}s)"
 [ "$left" -gt 120 ] && timeout "$left" python3 -m glm5_fastpath.cli bench decode-step --out "$out/decode_step" \
   --buckets "${DS_BUCKETS:-1,16,64}" --repeat "${DS_REPEAT:-10}" --budget-s $(( left - 90 )) \
   --selection "${DS_TABLE:-benchmarks/tables/h200_engine_cmp_megamoe.json}" > "$out/decode_step.log" 2>&1
 el "decode-step rc=$?"
+
+# T_TUNE=S: the last S seconds go to `glm5-fastpath tune` (prefix executors + MoE column) on TUNE_BUCKETS
+if [ "${T_TUNE:-0}" -gt 0 ]; then
+  left=$(( ${T_TOTAL:-570} - ($(date +%s) - t0) ))
+  el "tune (budget ${left}s)"
+  timeout "$left" python3 -m glm5_fastpath.cli tune --out "$out/tune/selection.json" --buckets "${TUNE_BUCKETS:-1,16,64}" \
+    --moe auto --moe-candidates "${TUNE_MOE_CANDIDATES:-2}" > "$out/tune.log" 2>&1
+  el "tune rc=$?"
+fi

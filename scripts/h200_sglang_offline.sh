@@ -54,7 +54,12 @@ elif [ ! -d "$SITE/sglang" ]; then
 fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_CACHE_DIR=$CACHE/triton TORCHINDUCTOR_CACHE_DIR=$CACHE/inductor XDG_CACHE_HOME=$CACHE/xdg
-export FLASHINFER_WORKSPACE_BASE=$CACHE/flashinfer
+export FLASHINFER_WORKSPACE_BASE=$CACHE/flashinfer SGLANG_DG_CACHE_DIR=$CACHE/deep_gemm
+# JIT caches of an earlier machine (ENGINE_CACHE=.carry/engine-cache.tar.xz, made by SAVE_CACHE=1 below): a
+# fresh machine then skips the sgl-deep-gemm / Triton compiles of engine start-up
+if [ -n "${ENGINE_CACHE:-}" ] && [ -f "$ENGINE_CACHE" ] && [ ! -e "$CACHE/.from-archive" ]; then
+  el "unpacking $ENGINE_CACHE into $CACHE"; tar -xJf "$ENGINE_CACHE" -C "$CACHE" && touch "$CACHE/.from-archive"
+fi
 export GLM5_FASTPATH_COMMIT=${GLM5_FASTPATH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 el "sglang $(python3 -c 'from importlib.metadata import version; print(version("sglang"))'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 
@@ -85,7 +90,15 @@ for mode in "$@"; do
   esac
 done
 
+# SAVE_CACHE=1: the engine's JIT caches (sgl-deep-gemm, Triton; not Inductor/FlashInfer workspaces) as an
+# archive to carry into the next session's machine (ENGINE_CACHE above)
+if [ "${SAVE_CACHE:-0}" = 1 ]; then
+  XZ_OPT=-T0 tar -cJf "$OUT/engine-cache.tar.xz" -C "$CACHE" $(cd "$CACHE" && ls -d deep_gemm triton 2>/dev/null) \
+    && el "wrote $OUT/engine-cache.tar.xz ($(du -h "$OUT/engine-cache.tar.xz" | cut -f1))"
+fi
+
 # 4. everything into one tarball under $OUT (results, worker logs, per-mode JSON)
-tar -czf "$OUT/h200-sglang-offline.tar.gz" -C "$(dirname "$RES")" "$(basename "$RES")"
-el "wrote $OUT/h200-sglang-offline.tar.gz (rc=$rc)"
+case "$RES/" in "$OUT"/*) el "results in $RES (rc=$rc)" ;;  # already under OUT: nothing to pack
+  *) tar -czf "$OUT/h200-sglang-offline.tar.gz" -C "$(dirname "$RES")" "$(basename "$RES")"
+     el "wrote $OUT/h200-sglang-offline.tar.gz (rc=$rc)" ;; esac
 exit $rc
