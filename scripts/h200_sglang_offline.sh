@@ -55,6 +55,13 @@ fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_CACHE_DIR=$CACHE/triton TORCHINDUCTOR_CACHE_DIR=$CACHE/inductor XDG_CACHE_HOME=$CACHE/xdg
 export FLASHINFER_WORKSPACE_BASE=$CACHE/flashinfer SGLANG_DG_CACHE_DIR=$CACHE/deep_gemm
+# our kernels' JIT cache: seeded from the carried compile-check cache (JIT_CACHE, scripts/compile_check.py
+# --cache-dir D; tar.xz of D) so the plugin's install loads instead of compiling
+export GLM5_FASTPATH_CACHE_DIR=${GLM5_FASTPATH_CACHE_DIR:-$CACHE/glm5}
+JIT_CACHE=${JIT_CACHE:-.carry/jit.tar.xz}
+if [ -f "$JIT_CACHE" ] && [ ! -d "$GLM5_FASTPATH_CACHE_DIR/sm_90a" ]; then
+  mkdir -p "$GLM5_FASTPATH_CACHE_DIR" && tar -xJf "$JIT_CACHE" -C "$GLM5_FASTPATH_CACHE_DIR"
+fi
 # JIT caches of an earlier machine (ENGINE_CACHE=.carry/engine-cache.tar.xz, made by SAVE_CACHE=1 below): a
 # fresh machine then skips the sgl-deep-gemm / Triton compiles of engine start-up
 if [ -n "${ENGINE_CACHE:-}" ] && [ -f "$ENGINE_CACHE" ] && [ ! -e "$CACHE/.from-archive" ]; then
@@ -69,7 +76,7 @@ if [ "$LOAD_FORMAT" = dummy ] && [ ! -f "$MODEL/config.json" ]; then
 fi
 
 ARGS=(--model "$MODEL" --load-format "$LOAD_FORMAT" --batch-sizes "$BS" --input-len "$IN_LEN"
-      --output-len "$OUT_LEN" --out "$RES" --timeout 540 --fastpath-config "$FASTPATH_CONFIG")
+      --output-len "$OUT_LEN" --out "$RES" --timeout "${WORKER_TIMEOUT:-540}" --fastpath-config "$FASTPATH_CONFIG")
 [ "$LOAD_FORMAT" = dummy ] && ARGS+=(--randomize-routers)
 # PROFILE_STEPS=5 PROFILE_BS=1,16,64: torch-profiler traces of 5 pure-decode engine steps per listed batch,
 # analysed into per-kernel-category GPU time / idle time (glm5_fastpath/bench/trace_breakdown.py)
@@ -90,10 +97,10 @@ for mode in "$@"; do
   esac
 done
 
-# SAVE_CACHE=1: the engine's JIT caches (sgl-deep-gemm, Triton; not Inductor/FlashInfer workspaces) as an
+# SAVE_CACHE=1: the engine's JIT caches (sgl-deep-gemm, Triton, ours; not Inductor/FlashInfer workspaces) as an
 # archive to carry into the next session's machine (ENGINE_CACHE above)
 if [ "${SAVE_CACHE:-0}" = 1 ]; then
-  XZ_OPT=-T0 tar -cJf "$OUT/engine-cache.tar.xz" -C "$CACHE" $(cd "$CACHE" && ls -d deep_gemm triton 2>/dev/null) \
+  XZ_OPT=-T0 tar -cJf "$OUT/engine-cache.tar.xz" -C "$CACHE" $(cd "$CACHE" && ls -d deep_gemm triton glm5 2>/dev/null) \
     && el "wrote $OUT/engine-cache.tar.xz ($(du -h "$OUT/engine-cache.tar.xz" | cut -f1))"
 fi
 

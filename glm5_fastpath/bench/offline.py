@@ -83,6 +83,10 @@ DEFAULT_ENGINE_ARGS: dict[str, Any] = {
     "grammar_backend": "none",
     "disable_prefill_cuda_graph": True,
     "skip_tokenizer_init": True,
+    # the warm-up generate uses the timed pass's prompts: with the radix cache on, the timed prefill (and the
+    # streamed pass's TTFT) would be one cached-prefix token, a shape the warm-up never compiled (on 2026-11-29
+    # the first engine's lazy DeepGEMM JIT landed in its timed passes: stock batch 8 at 19 % of the floor)
+    "disable_radix_cache": True,
 }
 DEFAULT_ENV = {
     "SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0",  # no FA3 on sm90 (shared/tools/sglang-h200-wheels.sh)
@@ -110,6 +114,7 @@ class OfflineOptions:
     modes: list[str] = field(default_factory=lambda: list(MODES))
     out: str = "benchmarks/results/offline"
     dry_run: bool = False
+    report_only: bool = False  # merge the mode-*.json already in --out (same settings) into the report; run nothing
     engine_args: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     seam: str = "auto"
@@ -190,6 +195,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", type=_mode_list, default=list(MODES), help="comma list of stock,fastpath")
     p.add_argument("--out", default="benchmarks/results/offline", help="output dir (JSON, markdown, PNG)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the worker commands; import no sglang")
+    p.add_argument("--report-only", action="store_true",
+                   help="run no engine: merge the mode-*.json results already in --out that have these settings "
+                        "(e.g. stock and fastpath from separate calls) into offline.json / .md / .png")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="override/add an Engine (ServerArgs) argument; VALUE parsed as JSON if it parses")
     p.add_argument("--seed", type=int, default=0)
@@ -218,7 +226,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(a: argparse.Namespace) -> OfflineOptions:
     return OfflineOptions(model=a.model, batch_sizes=list(a.batch_sizes), input_len=a.input_len,
                           output_len=a.output_len, num_prompts=a.num_prompts, load_format=a.load_format,
-                          randomize_routers=a.randomize_routers, modes=list(a.modes), out=a.out, dry_run=a.dry_run,
+                          randomize_routers=a.randomize_routers, modes=list(a.modes), out=a.out, dry_run=a.dry_run, report_only=a.report_only,
                           engine_args=parse_engine_args(a.engine_arg), seed=a.seed, seam=a.seam,
                           stream_pass=a.stream_pass, timeout_s=a.timeout_s, fastpath_config=a.fastpath_config,
                           routing_stats=a.routing_stats,
@@ -694,6 +702,8 @@ def attach_profiles(results: dict[str, dict], out: Path) -> list[str]:
                 d = out / d.name
             try:
                 traces = find_traces(d) if d.is_dir() else []
+                if not traces and isinstance(p.get("breakdown"), dict):
+                    continue  # analysed by an earlier merge (mode-*.json keeps it); the trace stayed behind
                 if not traces:
                     p["breakdown_error"] = p.get("error") or f"no trace in {d}"
                     continue
@@ -775,9 +785,10 @@ def run_bench(o: OfflineOptions) -> int:
     out = Path(o.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     n = max(o.prompts_per_batch(b) for b in o.batch_sizes)
-    (out / "prompts.json").write_text(json.dumps(make_prompts(n, o.input_len, cfg["vocab_size"], o.seed)))
+    if not o.report_only:
+        (out / "prompts.json").write_text(json.dumps(make_prompts(n, o.input_len, cfg["vocab_size"], o.seed)))
     rc = 0
-    for s in steps:
+    for s in ([] if o.report_only else steps):
         Path(s["config_path"]).write_text(json.dumps(s["config"], indent=2))
         env = mode_env(s["mode"], s["config"]["seam"], config=o.fastpath_config)
         log = out / f"worker-{s['mode']}.log"
@@ -803,6 +814,10 @@ def run_bench(o: OfflineOptions) -> int:
         print(f"ignoring {sk}")
     for line in attach_profiles(results, out):
         print(line)
+    for mode, r in results.items():  # keep each breakdown with its mode result: later merges need no trace
+        if any(isinstance((br or {}).get("profile"), dict) and "breakdown" in br["profile"]
+               for br in (r.get("batches") or {}).values()):
+            (out / f"mode-{mode}.json").write_text(json.dumps(r, indent=1))
     from .meta import git_commit, utc_now
 
     first = next(iter(results.values()), {})

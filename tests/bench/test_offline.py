@@ -458,3 +458,42 @@ def test_routing_stats_option_reaches_engine_args_and_report(tmp_path):
     rep = off.build_report(res)
     md = off.render_markdown(rep)
     assert "stock 9.0 (9.0-9.0); fastpath 9.0 (9.0-9.0)" in md and "measured per decode step" in md
+
+
+def test_report_only_merges_existing_results_and_keeps_breakdowns(tmp_path, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    """--report-only runs no worker: it merges the mode files of the same settings (stock and fastpath from two
+    device calls) and keeps a profile breakdown recorded earlier when its trace is no longer there."""
+    o = _opts(tmp_path, "--report-only")
+    assert o.report_only
+    out = Path(o.out)
+    out.mkdir(parents=True, exist_ok=True)
+    real_run = off.subprocess.run
+
+    def run(cmd, *a, **k):
+        if "worker" in cmd:
+            pytest.fail("report-only must not start a worker")
+        return real_run(cmd, *a, **k)
+
+    monkeypatch.setattr(off.subprocess, "run", run)
+    monkeypatch.setenv("GLM5_FASTPATH_COMMIT", "abc1234")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_trace_breakdown import sglang_like
+
+    from glm5_fastpath.bench import trace_breakdown as tb
+
+    bd = off.compact_breakdown(tb.analyze(sglang_like(4)))
+    for mode, tps in (("stock", 100.0), ("fastpath", 150.0)):
+        br = {"output_tokens": 10, "wall_s": 10 / tps, "output_tok_s": tps, "first_tokens": [1, 2, 3]}
+        if mode == "stock":
+            br["profile"] = {"dir": str(tmp_path / "gone"), "breakdown": bd}
+        (out / f"mode-{mode}.json").write_text(json.dumps({"mode": mode, "run_key": off.run_key(o),
+                                                           "batches": {str(b): dict(br) for b in o.batch_sizes}}))
+    assert off.run_bench(o) == 0
+    rep = json.loads((out / "offline.json").read_text())
+    row = rep["rows"][0]
+    assert row["speedup"] == pytest.approx(1.5)
+    assert row["stock"]["profile"]["breakdown"] == bd and "breakdown_error" not in row["stock"]["profile"]
+    assert not (out / "prompts.json").exists()  # nothing regenerated

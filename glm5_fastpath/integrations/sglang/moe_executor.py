@@ -4,6 +4,9 @@
 step the Router sent to "megamoe[:<config>]". It replaces the routed + shared experts and keeps SGLang's
 own router, so expert choice is exactly SGLang's:
 
+    ids, w = ops.moe_route(h, gate.weight, gate.e_score_correction_bias)
+                                               our fused router (fp32 logits, sigmoid + bias top-k, renormalised)
+                                               when the layer's gate + top-k is GLM-5's noaux_tc form; else
     logits = mlp.gate(h)                       SGLang's MoEGate (bf16 GEMM)
     topk   = mlp.topk(h, logits)               SGLang's TopK (noaux_tc, renormalised; with the shared expert
                                                fused (GLM-5 on one GPU) a 9th column = the shared expert)
@@ -18,6 +21,17 @@ MegaMoE reads SGLang's own expert tensors in place (w13_weight [E_tot, 2I, H] e4
 w2_weight [E_tot, H, I], their fp32 128x128 block scales): no weight copy, and SGLang's path keeps
 working for every call we leave to it (prefill, buckets the table maps to stock, refusals).
 
+The router. SGLang's decode router costs ~35 us per layer at one token on an H200 (a cuBLAS split-K
+GEMM, three torch top-k kernels, two sorts, compiled elementwise kernels: the 2026-11-29 engine profile), against
+~5 us for ops.moe_route, so the route uses ours when the layer's top-k is the noaux_tc form GLM-5 uses
+(module TopK, sigmoid scores + fp32 correction bias, no group stage (n_group = 1 or all groups kept),
+renormalised, no custom routing function, bf16 gate [E, H]) and M <= 256. It computes the logits in fp32, as
+the HF reference does, where SGLang rounds them to bf16 first (F.linear in bf16), so near-tie expert choices can
+differ from SGLang's: FP8-noise-level. SGLang's routed-experts capturer (--enable-return-routed-experts) still
+receives the ids (with the fused shared column); SGLang's CUDA-graph padding mask is not applied (padding rows
+route to real experts; their outputs are discarded). GLM5_FASTPATH_MOE_ROUTER=sglang keeps SGLang's gate +
+top-k (exact SGLang expert choice).
+
 A layer is refused at install (stays on SGLang's path, logged once with the reason, counted in
 glm5_fastpath_moe_layer_total{route="stock", reason}) when its experts are not plain block-FP8 (e4m3fn,
 fp32 [*, N/128, K/128] scales, not UE8M0-requantized), the top-k weights carry the routed scaling factor
@@ -31,6 +45,7 @@ output and no expert work (csrc/moe/megamoe.cuh, token_masked).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -64,6 +79,61 @@ class MoELayerRoute:
     fused_shared: int = 0         # shared experts fused into the expert tensors (0 or 1)
     rsf: float = 1.0              # routed_scaling_factor
     shared_mlp: Any = None        # SGLang's separate shared-expert module when not fused
+    router: Any = None            # RouterCfg when ops.moe_route replaces SGLang's gate + top-k
+    router_note: str = ""         # why SGLang's gate + top-k is kept (router None)
+
+
+ROUTER_ENV = "GLM5_FASTPATH_MOE_ROUTER"  # "sglang": keep SGLang's gate + top-k; default "ours"
+
+
+@dataclass(frozen=True)
+class RouterCfg:
+    """The cfg ops.moe_route reads (a Glm5Config subset)."""
+    hidden_size: int
+    num_experts_per_tok: int
+    routed_scaling_factor: float
+    norm_topk_prob: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+
+
+def fused_router(mlp: Any, route: "MoELayerRoute") -> tuple[RouterCfg | None, str]:
+    """(RouterCfg, "") when ops.moe_route computes exactly what this layer's gate + top-k compute (module doc),
+    else (None, why SGLang's gate + top-k stay)."""
+    import torch
+
+    if os.environ.get(ROUTER_ENV, "ours").strip().lower() in ("sglang", "stock", "off", "0"):
+        return None, f"{ROUTER_ENV}=sglang"
+    gate, topk = getattr(mlp, "gate", None), getattr(mlp, "topk", None)
+    cfg = getattr(topk, "topk_config", None)
+    w = getattr(gate, "weight", None)
+    bias = getattr(gate, "e_score_correction_bias", None)
+    if cfg is None or type(topk).__name__ != "TopK":
+        return None, f"top-k module {type(topk).__name__} is not SGLang's TopK"
+    if not isinstance(w, torch.Tensor) or w.dtype != torch.bfloat16 or w.dim() != 2 or not w.is_contiguous():
+        return None, "gate weight is not a contiguous bf16 [E, H] tensor"
+    if not isinstance(bias, torch.Tensor) or bias.dtype != torch.float32 or tuple(bias.shape) != (w.shape[0],):
+        return None, "no fp32 e_score_correction_bias (not noaux_tc)"
+    if getattr(cfg, "custom_routing_function", None) is not None:
+        return None, "custom routing function"
+    if not getattr(cfg, "renormalize", False):
+        return None, "top-k weights not renormalised"
+    if getattr(cfg, "use_grouped_topk", False):
+        groups, keep = getattr(cfg, "num_expert_group", None), getattr(cfg, "topk_group", None)
+        if not (groups in (None, 1) or keep == groups):
+            return None, f"grouped top-k ({keep} of {groups} groups)"
+    elif str(getattr(cfg, "scoring_func", "softmax")) != "sigmoid":
+        return None, f"scoring {getattr(cfg, 'scoring_func', None)}"
+    e, h = (int(x) for x in w.shape)
+    if e != route.weights.num_experts or h != route.weights.hidden:
+        return None, f"gate [{e}, {h}] does not match the experts ({route.weights.num_experts}, H {route.weights.hidden})"
+    from ...ops import moe_router as R
+
+    try:
+        R.config_for(h, e, route.topk)
+    except Exception as e:  # noqa: BLE001 - dims the kernel does not take: SGLang's router, say why
+        return None, str(e)
+    return RouterCfg(h, route.topk, route.rsf), ""
 
 
 @dataclass
@@ -155,6 +225,7 @@ def layer_route(mlp: Any) -> MoELayerRoute:
         return refuse("weight_layout", str(e))
     if r.weights.w13.data_ptr() != w13.data_ptr():  # never hold a second copy of the experts
         return refuse("weight_layout", "expert weights are not contiguous (MegaMoE would need a copy)")
+    r.router, r.router_note = fused_router(mlp, r)
     return r
 
 
@@ -179,6 +250,7 @@ class MoEExecutor:
         self._quant = quant
         self._once: set = set()
         self._configs: dict[tuple, Any] = {}  # (table, m, layer dims) -> MegaMoEConfig: host work off the call path
+        self.router_failed = ""  # set when our router kernel could not be prepared: SGLang's router everywhere
 
     @property
     def quant(self) -> Callable:
@@ -233,6 +305,8 @@ class MoEExecutor:
             self.log.info("glm5_fastpath: MoE: layers %s -> MegaMoE (%d routed experts + %d shared, top-%d, in place "
                           "on SGLang's expert tensors: no weight copy)", _ranges(s.routed), first.weights.num_experts,
                           first.weights.num_shared, first.topk)
+            self.log.info("glm5_fastpath: MoE: router %s", "ours (ops.moe_route: fp32 logits, sigmoid + bias top-k; "
+                          "M <= 256)" if first.router is not None else f"SGLang's gate + top-k ({first.router_note})")
             if precompile and buckets:
                 self._precompile(first, buckets)
         return s
@@ -243,6 +317,14 @@ class MoEExecutor:
 
         configs = {c.name: c for c in (self.config_for(b, route) for b in buckets)}
         MM.precompile(route.weights, topk=route.topk, max_tokens=max(buckets), configs=list(configs.values()))
+        if route.router is not None:  # kernel + workspace now: never inside a CUDA-graph capture
+            try:
+                from ...ops import moe_router as R
+
+                R.precompile(route.weights.w13.device, ((route.weights.hidden, route.weights.num_experts, route.topk),))
+            except Exception as e:  # noqa: BLE001 - keep SGLang's router everywhere, say why
+                self.log.info("glm5_fastpath: MoE: our router unavailable (%s); SGLang's gate + top-k are used", e)
+                self.router_failed = f"{type(e).__name__}: {e}"
         if self._quant is None:
             try:
                 from ...ops import act_quant
@@ -290,16 +372,26 @@ class MoEExecutor:
     def run(self, mlp: Any, route: MoELayerRoute, hidden: Any, alloc: Any = None) -> Any:
         from ...moe import megamoe as MM
 
-        logits = mlp.gate(hidden, alloc) if alloc is not None else mlp.gate(hidden)
-        topk = mlp.topk(hidden, logits)
-        ids, wts = getattr(topk, "topk_ids", None), getattr(topk, "topk_weights", None)
-        if ids is None or wts is None or ids.dim() != 2 or ids.shape[1] != route.topk + route.fused_shared:
-            raise _CallRefused("topk_format")
+        import torch
+
         k = route.topk
-        if route.fused_shared:  # the last column is the fused shared expert: MegaMoE adds it itself
-            ids, wts = ids[:, :k], wts[:, :k]
-        ids = ids.contiguous()
-        wts = wts.float().contiguous()
+        if route.router is not None and not self.router_failed and hidden.shape[0] <= ROUTER_MAX_TOKENS and hidden.dtype == torch.bfloat16 \
+                and hidden.dim() == 2 and hidden.is_contiguous():
+            from ...ops import moe_router as R
+
+            # the gate's tensors are read per call: SGLang updates weights in place, and a capture bakes them
+            ids, wts, _ = R.moe_route(hidden, mlp.gate.weight, mlp.gate.e_score_correction_bias, route.router)
+            _capture_routed(route, ids)
+        else:
+            logits = mlp.gate(hidden, alloc) if alloc is not None else mlp.gate(hidden)
+            topk = mlp.topk(hidden, logits)
+            ids, wts = getattr(topk, "topk_ids", None), getattr(topk, "topk_weights", None)
+            if ids is None or wts is None or ids.dim() != 2 or ids.shape[1] != route.topk + route.fused_shared:
+                raise _CallRefused("topk_format")
+            if route.fused_shared:  # the last column is the fused shared expert: MegaMoE adds it itself
+                ids, wts = ids[:, :k], wts[:, :k]
+            ids = ids.contiguous()
+            wts = wts.float().contiguous()
         x8, xs = self.quant(hidden)
         out = MM.mega_moe(x8, xs, ids, wts, route.weights, routed_scaling_factor=route.rsf,
                           config=self.config_for(int(hidden.shape[0]), route))
@@ -322,6 +414,34 @@ class MoEExecutor:
         metrics = getattr(self.router, "metrics", None)
         if metrics is not None:
             layer_counter(metrics.registry).labels(route=route, reason=reason).inc()
+
+
+ROUTER_MAX_TOKENS = 256  # ops.moe_router.MAX_TOKENS (not imported here: this module loads without the ops)
+_NO_CAPTURER = object()
+_capturer_getter: Any = None
+
+
+def _capture_routed(route: MoELayerRoute, ids: Any) -> None:
+    """Hand our router's ids to SGLang's routed-experts capturer when one is active (what select_experts does),
+    with the fused shared expert's column appended as SGLang's top-k has it."""
+    global _capturer_getter
+    if _capturer_getter is None:
+        try:
+            from sglang.srt.state_capturer.routed_experts import get_global_experts_capturer as g
+        except Exception:  # noqa: BLE001 - releases without the capturer
+            g = _NO_CAPTURER
+        _capturer_getter = g
+    if _capturer_getter is _NO_CAPTURER:
+        return
+    cap = _capturer_getter()
+    if cap is None:
+        return
+    if route.fused_shared:
+        import torch
+
+        shared = ids.new_full((ids.shape[0], route.fused_shared), route.weights.num_experts)
+        ids = torch.cat([ids, shared], dim=1)
+    cap.capture(layer_id=route.layer_id, topk_indices=ids)
 
 
 def _stale(route: MoELayerRoute, mlp: Any) -> bool:

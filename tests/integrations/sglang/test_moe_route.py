@@ -238,3 +238,158 @@ def test_scales_requantized_after_install_are_refused(calls):
     mlp.experts.w13_weight_scale_inv.format_ue8m0 = True
     assert call(ex, mlp)[0] == ("stock", 3) and len(calls) == n
     assert reg.get_sample_value("glm5_fastpath_moe_layer_total", {"route": "stock", "reason": "ue8m0_scales"}) == 1
+
+
+# ---- our fused router in place of SGLang's gate + top-k ---------------------------------------------------
+
+RE = 8  # routed experts of the router tests (ops.moe_route takes a multiple of 4 up to 32, or of 32)
+
+
+class NoauxGate(Gate):
+    def __init__(self, e=RE, h=H):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.weight = (torch.randn(e, h, generator=g) * 0.05).to(torch.bfloat16)
+        self.e_score_correction_bias = torch.randn(e, generator=g) * 0.01
+
+
+def router_moe(fused=1, e=RE, **cfg):
+    """A GLM-5-like layer: noaux_tc top-k (grouped with one group), fp32 bias, bf16 gate."""
+    mlp = MoE(fused=fused)
+    mlp.experts = Experts(e + fused)
+    mlp.gate = NoauxGate(e)
+    c = dict(top_k=K + fused, apply_routed_scaling_factor_on_output=False, use_grouped_topk=True,
+             num_expert_group=1, topk_group=1, renormalize=True, custom_routing_function=None, scoring_func="softmax")
+    c.update(cfg)
+    mlp.topk.topk_config = types.SimpleNamespace(**c)
+    return mlp
+
+
+@pytest.fixture
+def routes(monkeypatch):
+    """ops.moe_route replaced by the CPU reference (same signature); records its calls."""
+    from glm5_fastpath.ops import moe_router as R
+    from glm5_fastpath.ref import moe as ref_moe
+
+    seen = []
+
+    def fake(h, gate, bias, cfg, *, pdl=True):
+        c = types.SimpleNamespace(n_routed_experts=gate.shape[0], hidden_size=cfg.hidden_size,
+                                  num_experts_per_tok=cfg.num_experts_per_tok, norm_topk_prob=True,
+                                  n_group=1, topk_group=1, routed_scaling_factor=cfg.routed_scaling_factor)
+        out = ref_moe.route(h, gate, bias, c)
+        seen.append(dict(h=h, gate=gate, bias=bias, cfg=cfg, out=out))
+        return out
+
+    monkeypatch.setattr(R, "moe_route", fake)
+    monkeypatch.delenv(ME.ROUTER_ENV, raising=False)
+    return seen
+
+
+def test_noaux_layer_uses_our_router(calls, routes):
+    mlp = router_moe()
+    r = ME.layer_route(mlp)
+    assert r.refusal is None and r.router == ME.RouterCfg(H, K, 2.5) and r.router_note == ""
+    out, h = call(executor(), mlp, m=5)
+    assert out.shape == (5, H)
+    assert mlp.gate.calls == []  # SGLang's gate (and top-k) never ran
+    rc = routes[-1]
+    assert rc["gate"] is mlp.gate.weight and rc["bias"] is mlp.gate.e_score_correction_bias and rc["h"] is h
+    ids, w, _ = rc["out"]
+    c = calls[-1]
+    assert torch.equal(c["ids"], ids) and torch.equal(c["wts"], w) and c["ids"].shape == (5, K)
+    assert c["rsf"] == 2.5  # unscaled weights; MegaMoE applies the factor in its combine
+    assert torch.allclose(w.sum(1), torch.ones(5))
+
+
+def test_gate_tensors_are_read_per_call(calls, routes):
+    """SGLang updates router weights in place or by re-binding the parameter: each call reads the current one."""
+    mlp = router_moe()
+    ex = executor()
+    call(ex, mlp)
+    mlp.gate.weight = mlp.gate.weight.clone()
+    call(ex, mlp)
+    assert routes[-1]["gate"] is mlp.gate.weight
+
+
+@pytest.mark.parametrize("mutate, note", [
+    (lambda m: setattr(m.topk.topk_config, "num_expert_group", 4) or setattr(m.topk.topk_config, "topk_group", 2),
+     "grouped top-k (2 of 4 groups)"),
+    (lambda m: setattr(m.topk.topk_config, "renormalize", False), "not renormalised"),
+    (lambda m: setattr(m.topk.topk_config, "custom_routing_function", len), "custom routing function"),
+    (lambda m: setattr(m.gate, "e_score_correction_bias", None), "no fp32 e_score_correction_bias"),
+    (lambda m: setattr(m.gate, "weight", m.gate.weight.float()), "not a contiguous bf16"),
+    (lambda m: setattr(m.topk.topk_config, "use_grouped_topk", False), "scoring softmax"),
+    (lambda m: setattr(m, "topk", type("HashTopK", (), {"topk_config": m.topk.topk_config})()), "HashTopK"),
+])
+def test_other_routers_keep_sglangs_gate_and_topk(mutate, note, calls, routes):
+    mlp = router_moe()
+    mutate(mlp)
+    r = ME.layer_route(mlp)
+    assert r.refusal is None and r.router is None and note in r.router_note
+    if type(mlp.topk).__name__ == "TopK":
+        call(executor(), mlp)
+        assert not routes and len(mlp.gate.calls) == 1 and calls[-1]["ids"].tolist() == [[1, 3]] * 3
+
+
+def test_ungrouped_sigmoid_topk_uses_our_router(routes):
+    assert ME.layer_route(router_moe(use_grouped_topk=False, scoring_func="sigmoid")).router is not None
+
+
+def test_router_dims_the_kernel_does_not_take_stay_on_sglang(routes):
+    r = ME.layer_route(router_moe(e=6))  # 6 experts: not a multiple of 4
+    assert r.router is None and "routed experts are not supported" in r.router_note
+
+
+def test_router_kill_switch(monkeypatch, routes):
+    monkeypatch.setenv(ME.ROUTER_ENV, "sglang")
+    r = ME.layer_route(router_moe())
+    assert r.router is None and r.router_note == f"{ME.ROUTER_ENV}=sglang"
+
+
+def test_big_or_odd_calls_use_sglangs_router(calls, routes):
+    mlp = router_moe()
+    ex = executor()
+    call(ex, mlp, m=ME.ROUTER_MAX_TOKENS + 1)
+    assert not routes and len(mlp.gate.calls) == 1
+    h = torch.randn(4, 2 * H).to(torch.bfloat16)[:, :H]  # not contiguous
+    ex(mlp.forward, h, None)
+    assert not routes and len(mlp.gate.calls) == 2
+    ex.router_failed = "no kernel"
+    call(ex, mlp)
+    assert not routes and len(mlp.gate.calls) == 3
+
+
+def test_routed_experts_capturer_gets_ids_with_the_shared_column(calls, routes, monkeypatch):
+    got = []
+    cap = types.SimpleNamespace(capture=lambda layer_id, topk_indices: got.append((layer_id, topk_indices)))
+    monkeypatch.setattr(ME, "_capturer_getter", lambda: cap)
+    mlp = router_moe(fused=1)
+    call(executor(), mlp, m=2)
+    ids = routes[-1]["out"][0]
+    (lid, t), = got
+    assert lid == 3 and t.shape == (2, K + 1) and torch.equal(t[:, :K], ids) and t[:, K].tolist() == [RE, RE]
+    monkeypatch.setattr(ME, "_capturer_getter", lambda: None)  # no capturer active: nothing captured
+    call(executor(), mlp, m=2)
+    assert len(got) == 1
+
+
+def test_prepare_model_precompiles_and_logs_the_router(monkeypatch, caplog, routes):
+    from glm5_fastpath.ops import moe_router as R
+
+    monkeypatch.setattr(MM, "precompile", lambda *a, **k: None)
+    pre = []
+    monkeypatch.setattr(R, "precompile", lambda dev, shapes: pre.append(shapes))
+    model = types.SimpleNamespace(model=types.SimpleNamespace(layers=[types.SimpleNamespace(mlp=router_moe())]))
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    ex = executor()
+    ex.prepare_model(model, [1, 8])
+    assert pre == [((H, RE, K),)] and "MoE: router ours (ops.moe_route" in caplog.text and not ex.router_failed
+
+    def boom(dev, shapes):
+        raise RuntimeError("no nvcc")
+
+    monkeypatch.setattr(R, "precompile", boom)
+    ex2 = executor()
+    ex2.prepare_model(model, [1])
+    assert ex2.router_failed == "RuntimeError: no nvcc" and "our router unavailable" in caplog.text
