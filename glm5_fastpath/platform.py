@@ -86,18 +86,22 @@ def _paths(i: PlatformInfo) -> list[PathStatus]:
     else:
         kern_why = ""
     ok = kern_why == ""
-    out.append(PathStatus("JIT kernels (attention prefix ops A0..E2)", ok,
+    out.append(PathStatus("JIT kernels (attention prefix ops A0..E2, MoE router, act quant)", ok,
                           kern_why or f"sm_{i.capability[0]}{i.capability[1]}, nvcc {i.nvcc}; correct on H200, "
                                       "tuning toward the bytes floor in progress (issue #3)"))
-    pending = [("CMP executor", "issue #4"),
-               ("MegaRTP executor", "issue #5"), ("MegaMoE", "issue #6")]
-    for name, issue in pending:
-        out.append(PathStatus(name, False, f"not built yet ({issue})"))
-    routes = "wired (--enable-glm5-fastpath), but routes nothing yet: every layer calls SGLang's own path until the executors exist"
+    out.append(PathStatus("CMP executor (prefix: CUDA graph + streams + PDL)", ok, kern_why or "built (issue #4)"))
+    out.append(PathStatus("MegaMoE (fused FP8 MoE)", ok, kern_why or "built; single GPU (expert parallelism: issue #8)"))
+    out.append(PathStatus("MegaRTP executor (prefix megakernel)", False,
+                          "in progress (issue #5): host plan + megakernel for part of the op graph; the SGLang route "
+                          "does not select it yet"))
+    routes = ("routes decode steps per the selection table: the attention prefix to CMP and the MoE to MegaMoE "
+              "(the shipped H200 table is measured; other GPUs keep SGLang's path until `glm5-fastpath tune`)")
     if i.sglang is None:
-        out.append(PathStatus("SGLang plugin", False, f"sglang not installed (pip install 'glm5-fastpath[sglang]'); {routes}"))
+        out.append(PathStatus("SGLang plugin", False, f"sglang not installed (pip install 'glm5-fastpath[sglang]'); "
+                              "with it, --enable-glm5-fastpath " + routes))
     else:
-        out.append(PathStatus("SGLang plugin", False, f"sglang {i.sglang} found; {routes}"))
+        out.append(PathStatus("SGLang plugin", ok, f"sglang {i.sglang} found; --enable-glm5-fastpath " + routes
+                              + ("" if ok else f"; here: {kern_why}, so SGLang's path")))
     if i.deep_gemm is None:
         out.append(PathStatus("stock baselines (DeepGEMM)", False, "sgl-deep-gemm not installed (pip install 'glm5-fastpath[baselines]')"))
     else:
