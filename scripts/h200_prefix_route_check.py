@@ -46,7 +46,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SITE = os.environ.get("SITE", "/tmp/site")
 CACHE = REPO / "build" / "h200-cache"
-SGLANG_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}  # avoid FA3 on sm90 (sglang-h200-wheels.sh)
+SGLANG_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0",  # avoid FA3 on sm90 (sglang-h200-wheels.sh)
+              # SGLang's DeepGEMM warm-up compiles every GEMM shape for M = 1..99200 at model load: the 2026-11-29
+              # run spent its whole 120 s budget there. Off, each shape compiles on first use (what the check runs).
+              "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "0"}
 
 
 # ---- orchestration ----------------------------------------------------------------------------------------
