@@ -46,19 +46,24 @@ a0_add_rmsnorm_quant = add_rmsnorm_quant
 _MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _moe_router, _act_quant)
 
 
-def precompile(cfg=None, device: object = None, indexer_rotate: bool = False) -> None:
+def precompile(cfg=None, device: object = None, indexer_rotate: bool = False,
+               pdl_waits: tuple[str | None, ...] = (None,)) -> None:
     """Compile and load every kernel the ops need for `cfg` (default GLM-5) on `device` (default: current),
     and allocate their workspaces / RoPE tables: call before CUDA-graph capture, never inside it.
-    indexer_rotate: also D1 / B1 with the Hadamard rotation (rotate=True: SGLang 0.5.14's indexer format)."""
+    indexer_rotate: also D1 / B1 with the Hadamard rotation (rotate=True: SGLang 0.5.14's indexer format).
+    pdl_waits: the PDL wait points to build every kernel for (None = native; "entry" / "after_prologue" are
+    separate cubins, launched by the CMP modes that wait early: attn_pre/cmp/modes.py)."""
+    from ._device import pdl_wait_code
     from ..config import Glm5Config
 
     c = cfg or Glm5Config.preset("glm5")
-    _a0.precompile((c.hidden_size,), device)
-    _c0.precompile(device, ((c.hidden_size, c.index_n_heads),))
-    _d2.precompile(device, ((c.qk_nope_head_dim, c.kv_lora_rank, c.qk_rope_head_dim, c.rope_theta),))
-    _e1.precompile(device, ((c.index_n_heads, c.index_head_dim),))
-    _e2.precompile(device)
-    _fp8.precompile(device, c, rotate=indexer_rotate)
+    w = tuple(dict.fromkeys(pdl_wait_code("precompile", p) for p in (pdl_waits or (None,))))
+    _a0.precompile((c.hidden_size,), device, wait_ats=w)
+    _c0.precompile(device, ((c.hidden_size, c.index_n_heads),), wait_ats=w)
+    _d2.precompile(device, ((c.qk_nope_head_dim, c.kv_lora_rank, c.qk_rope_head_dim, c.rope_theta),), wait_ats=w)
+    _e1.precompile(device, ((c.index_n_heads, c.index_head_dim),), wait_ats=w)
+    _e2.precompile(device, wait_ats=w)
+    _fp8.precompile(device, c, rotate=indexer_rotate, wait_ats=w)
     _moe_router.precompile(device, ((c.hidden_size, c.n_routed_experts, c.num_experts_per_tok),))
 
 

@@ -361,13 +361,15 @@ def add_rmsnorm_quant(hidden: torch.Tensor, residual: torch.Tensor, weight: torc
     return outs
 
 
-def precompile(hidden_sizes: tuple[int, ...] = (6144,), device: object = None) -> None:
-    """Compile (or fetch from cache) and load the kernels for these H on `device`, ahead of first use."""
+def precompile(hidden_sizes: tuple[int, ...] = (6144,), device: object = None, wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,)) -> None:
+    """Compile (or fetch from cache) and load the kernels for these H on `device`, for each PDL wait point in
+    `wait_ats`, ahead of first use."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     for h in hidden_sizes:
-        _kernel(config_for(h), dev)
+        for w in wait_ats:
+            _kernel(replace(config_for(h), wait_at=w), dev)
 
 
 def compile_check_specs() -> list[KernelSpec]:

@@ -200,15 +200,18 @@ def _variants(hidden: int, heads: int) -> list[C0Config]:
     return [config_for(hidden, heads, 1), config_for(hidden, heads, MAX_TOKENS)]
 
 
-def precompile(device: object = None, shapes: tuple[tuple[int, int], ...] = ((6144, 32),)) -> None:
+def precompile(device: object = None, shapes: tuple[tuple[int, int], ...] = ((6144, 32),),
+               wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,)) -> None:
     """Compile (or fetch from cache) and load the kernels for these (H, heads) on `device`, every
-    token-tile variant, ahead of first use (and outside any CUDA-graph capture). No workspace is needed."""
+    token-tile variant, for each PDL wait point in `wait_ats` (GLM5_PDL_WAIT_AT codes), ahead of first use
+    (and outside any CUDA-graph capture). No workspace is needed."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     for h, n in shapes:
         for cfg in _variants(h, n):
-            _kernel(cfg, dev)
+            for w in wait_ats:
+                _kernel(replace(cfg, wait_at=w), dev)
 
 
 def compile_check_specs() -> list[KernelSpec]:

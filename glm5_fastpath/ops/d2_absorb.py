@@ -282,15 +282,18 @@ def d2_absorb_and_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch
                                                       float(cfg.rope_theta), pdl, wait_at)
 
 
-def precompile(device: object = None, dims: tuple[tuple[int, int, int, float], ...] = ((192, 512, 64, 1e6),)) -> None:
+def precompile(device: object = None, dims: tuple[tuple[int, int, int, float], ...] = ((192, 512, 64, 1e6),),
+               wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,)) -> None:
     """Compile (or fetch from cache) and load both M variants for these (nope, kv_lora, rope, rope_theta) on
-    `device`, and upload the RoPE table, ahead of first use (and outside any CUDA-graph capture)."""
+    `device`, for each PDL wait point in `wait_ats`, and upload the RoPE table, ahead of first use (and outside
+    any CUDA-graph capture)."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     for nope, kvl, r, theta in dims:
         for m in (1, MAX_TOKENS):
-            _kernel(config_for(nope, kvl, r, m), dev)
+            for w in wait_ats:
+                _kernel(replace(config_for(nope, kvl, r, m), wait_at=w), dev)
         _inv_freq_on(dev, r, theta)
 
 

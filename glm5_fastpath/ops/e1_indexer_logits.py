@@ -390,13 +390,16 @@ def e1_indexer_logits(q_fp8: torch.Tensor, head_w: torch.Tensor, index_k_cache: 
                                                      pdl, meta_before_wait, wait_at)
 
 
-def precompile(device: object = None, configs: tuple[tuple[int, int], ...] = ((32, 128),)) -> None:
-    """Compile (or fetch from cache) and load the kernels for these (heads, dim) on `device`."""
+def precompile(device: object = None, configs: tuple[tuple[int, int], ...] = ((32, 128),),
+               wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,)) -> None:
+    """Compile (or fetch from cache) and load the kernels for these (heads, dim) on `device`, for each PDL
+    wait point in `wait_ats`."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     for h, d in configs:
-        _kernel(config_for(h, d), dev)
+        for w in wait_ats:
+            _kernel(replace(config_for(h, d), wait_at=w), dev)
 
 
 def compile_check_specs() -> list[KernelSpec]:

@@ -458,14 +458,16 @@ def e2_topk(logits: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Ten
     return out
 
 
-def precompile(device: object = None) -> None:
-    """Compile (or fetch from cache) and load the kernel on `device` (default: current), ahead of first use."""
+def precompile(device: object = None, wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,)) -> None:
+    """Compile (or fetch from cache) and load the kernel on `device` (default: current), for each PDL wait point
+    in `wait_ats`, ahead of first use."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    for fn in (FUNCTION, FUNCTION_CLUSTER):
-        _kernel(DEFAULT_CONFIG, dev.index, fn)
-    _kernel(SINGLE_CHUNK_CONFIG, dev.index, FUNCTION)
+    for w in wait_ats:
+        for fn in (FUNCTION, FUNCTION_CLUSTER):
+            _kernel(replace(DEFAULT_CONFIG, wait_at=w), dev.index, fn)
+        _kernel(replace(SINGLE_CHUNK_CONFIG, wait_at=w), dev.index, FUNCTION)
 
 
 def compile_check_specs() -> list[KernelSpec]:

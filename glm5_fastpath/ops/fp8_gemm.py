@@ -1272,27 +1272,32 @@ def _rotated_variants(cfg: Glm5Config, num_sms: int = 132, impl: str | None = No
     return out
 
 
-def precompile(device: object = None, cfg: Glm5Config | None = None, rotate: bool = False) -> None:
+def precompile(device: object = None, cfg: Glm5Config | None = None, rotate: bool = False,
+               wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,)) -> None:
     """Compile + load every kernel variant the GLM-5 shapes use for M in 1..256 (with the impl
     GLM5_FASTPATH_FP8_GEMM_IMPL selects now, else the table / default), and allocate the workspaces
     and the RoPE table on `device` (call before CUDA-graph capture). rotate: also the D1 / B1 kernels
-    with the Hadamard rotation option (SGLang 0.5.14's indexer format)."""
+    with the Hadamard rotation option (SGLang 0.5.14's indexer format). wait_ats: the PDL wait points
+    (GLM5_PDL_WAIT_AT codes) to build each variant for: a CMP mode waiting earlier than the native point
+    launches separate cubins."""
     cfg = cfg or Glm5Config.preset("glm5")
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     sms, cc = _sms(dev), _cc(dev)
-    for impl, tm, stages, epi, minb in sorted(_variants(cfg, sms, env_impl(), cc)):
-        _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb, 0, impl), dev)
-    if rotate:
-        for impl, tm, stages, epi, minb, rot in sorted(_rotated_variants(cfg, sms, env_impl(), cc)):
-            _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb, 0, impl, rot=rot), dev)
+    for w in wait_ats:
+        for impl, tm, stages, epi, minb in sorted(_variants(cfg, sms, env_impl(), cc)):
+            _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb, 0, impl), dev, w)
+        if rotate:
+            for impl, tm, stages, epi, minb, rot in sorted(_rotated_variants(cfg, sms, env_impl(), cc)):
+                _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb, 0, impl, rot=rot), dev, w)
     for epi, n, k in _glm_shapes(cfg):
         _workspace(epi, n, k, dev)
         _workspace(EPI_PLAIN, n, k, dev)
     _table_for(cfg, dev)
     if cfg.qk_rope_head_dim % 8 == 0:  # B0 split mode's row kernel (its plain GEMM variants are above)
-        _row_kernel(cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, dev)
+        for w in wait_ats:
+            _row_kernel(cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, dev, w)
 
 
 def compile_check_specs() -> list[KernelSpec]:

@@ -39,3 +39,22 @@ def test_overlaps_by_byte_ranges():
     assert _device.overlaps(t[0], t[0, 4:]) and _device.overlaps(t, t[7])
     assert not _device.overlaps(t[0], t[1]) and not _device.overlaps(t[:0], t)
     assert _device.overlaps(t[:, 0], t[3])  # strided column crosses row 3
+
+
+def test_ops_precompile_builds_every_requested_wait_point(monkeypatch):
+    """ops.precompile(pdl_waits=...) hands the GLM5_PDL_WAIT_AT codes of the early-wait CMP modes to every op
+    family (separate cubins: without them a PDL mode's first launch compiles inside SGLang's graph capture)."""
+    from glm5_fastpath import ops
+
+    moe_router = ops._moe_router
+    got = {}
+    for mod in (ops._a0, ops._c0, ops._d2, ops._e1, ops._e2, ops._fp8):
+        monkeypatch.setattr(mod, "precompile", lambda *a, _m=mod.__name__, **k: got.setdefault(_m, k.get("wait_ats")))
+    monkeypatch.setattr(moe_router, "precompile", lambda *a, **k: None)
+    ops.precompile(None, "cpu", pdl_waits=(None, "entry", "after_prologue", None))
+    assert len(got) == 6 and all(w == (2, 0, 1) for w in got.values()), got
+    got.clear()
+    ops.precompile(None, "cpu")
+    assert all(w == (2,) for w in got.values())
+    with pytest.raises(ValueError, match="pdl_wait"):
+        ops.precompile(None, "cpu", pdl_waits=("sometime",))

@@ -134,9 +134,10 @@ def _effective_rows(table) -> list[tuple[int, str, str]]:
             for b in table.buckets]
 
 
-def _precompile(model_cfg: Any, metrics: Any, log: logging.Logger) -> None:
+def _precompile(model_cfg: Any, metrics: Any, log: logging.Logger, table: Any = None) -> None:
     from ...config import Glm5Config
     from ... import ops
+    from .prefix_executor import table_pdl_waits
 
     cfg = None
     try:
@@ -146,7 +147,8 @@ def _precompile(model_cfg: Any, metrics: Any, log: logging.Logger) -> None:
     log.info("glm5_fastpath: compiling / loading kernels for the selected buckets "
              "(first run compiles with nvcc and caches; later runs load from the cache)...")
     t0 = time.perf_counter()
-    ops.precompile(cfg)
+    waits = table_pdl_waits(table)  # the early-wait cubins the table's CMP modes launch, besides the native ones
+    ops.precompile(cfg, pdl_waits=waits)
     dt = time.perf_counter() - t0
     if metrics is not None:
         metrics.observe_jit("attn_prefix_ops", dt)
@@ -180,7 +182,7 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
              ", ".join(f"{b.tokens}:{b.prefix}/{b.moe}" for b in table.buckets))
     needs_kernels = any(p != STOCK or m != STOCK for _, p, m in rows)
     if any(p != STOCK for _, p, _ in rows):
-        _precompile(getattr(model, "config", None), metrics, log)
+        _precompile(getattr(model, "config", None), metrics, log, table)
     if not needs_kernels:
         log.info("glm5_fastpath: the selection table routes no bucket to a built glm5_fastpath executor: every "
                  "bucket runs SGLang's own kernels; nothing to compile")

@@ -59,6 +59,22 @@ BF16, I32, I64 = torch.bfloat16, torch.int32, torch.int64
 DEFAULT_MODE = "full"  # CMP: branches on streams + PDL (on a CPU device every mode runs serially)
 
 
+def table_pdl_waits(table: Any) -> tuple[str | None, ...]:
+    """The PDL wait points our kernels launch with in the table's CMP buckets, None (native) first: a mode that
+    waits earlier than a kernel's native point ("entry", "after_prologue") launches a separate cubin, so install
+    compiles those too (else they compile inside SGLang's graph capture; seen on the H200, 2026-11-29)."""
+    from ...attn_pre.cmp.modes import get_mode
+
+    out: list[str | None] = [None]
+    for b in getattr(table, "buckets", ()) or ():
+        if getattr(b, "prefix", None) != "cmp":
+            continue
+        m = get_mode(getattr(b, "cmp_mode", None) or DEFAULT_MODE)
+        if m.pdl and m.wait_point in ("entry", "after_prologue") and m.wait_point not in out:
+            out.append(m.wait_point)
+    return tuple(out)
+
+
 # ---- Q0: the activation quant the seam needs --------------------------------------------------------------
 
 def ref_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -407,12 +423,14 @@ class PrefixExecutor:
         if pre is None or dev is None or dev.type != "cuda":
             return
         try:
-            if "indexer_rotate" not in inspect.signature(pre).parameters:
+            params = inspect.signature(pre).parameters
+            if "indexer_rotate" not in params:
                 return  # a namespace without the option: first use compiles (SGLang's eager warm-up)
         except (TypeError, ValueError):
             return
+        kw = {"pdl_waits": table_pdl_waits(getattr(self.router, "table", None))} if "pdl_waits" in params else {}
         try:
-            pre(self.cfg, dev, indexer_rotate=True)
+            pre(self.cfg, dev, indexer_rotate=True, **kw)
         except Exception as e:  # noqa: BLE001 - compiled at first use instead (SGLang's eager warm-up), say so
             self.log.warning("glm5_fastpath: prefix: precompiling the rotated indexer kernels failed (%s: %s); they "
                              "compile at first use", type(e).__name__, e)

@@ -480,7 +480,7 @@ def test_install_routes_decode_through_the_prefix_executor(monkeypatch, tmp_path
     p = tmp_path / "sel.json"
     p.write_text('{"version": 1, "buckets": [{"tokens": 8, "prefix": "cmp", "moe": "stock"}]}')
     monkeypatch.setenv("GLM5_FASTPATH_CONFIG", str(p))
-    monkeypatch.setattr(inst, "_precompile", lambda cfg, m, log: None)
+    monkeypatch.setattr(inst, "_precompile", lambda cfg, m, log, table=None: None)
     monkeypatch.setattr(PX, "_default", PX.PrefixExecutor(impl=P, mode="full"))
     caplog.set_level(logging.INFO, "glm5_fastpath")
     attns = [F.DeepseekV2AttentionMLA(CFG, layer_id=i) for i in range(3)]
@@ -558,3 +558,38 @@ def test_mode_per_bucket_from_the_selection_table():
     assert ex.mode_for(8).name == "full" and ex.mode_for(40).name == "multistream"
     assert ex.mode_for(100).name == ex.mode.name  # a stock bucket never reaches the executor: its own mode
     assert PrefixExecutor(mode="serial").mode_for(8).name == "serial"  # no router / table
+
+
+def test_table_pdl_waits_are_the_early_wait_cubins_the_cmp_buckets_launch():
+    from glm5_fastpath.selection import parse
+
+    t = parse({"version": 1, "buckets": [
+        {"tokens": 1, "prefix": "cmp", "moe": "stock", "cmp_mode": "multistream_pdl_entry"},
+        {"tokens": 8, "prefix": "cmp", "moe": "stock", "cmp_mode": "multistream_pdl_prologue"},
+        {"tokens": 16, "prefix": "cmp", "moe": "stock", "cmp_mode": "multistream_pdl_prologue"},
+        {"tokens": 32, "prefix": "cmp", "moe": "stock", "cmp_mode": "multistream"},
+        {"tokens": 64, "prefix": "cmp", "moe": "stock"},  # default mode "full": waits after the prefetch (native)
+        {"tokens": 128, "prefix": "stock", "moe": "stock", "cmp_mode": "multistream_pdl_entry"}]})  # not CMP
+    assert PX.table_pdl_waits(t) == (None, "entry", "after_prologue")
+    assert PX.table_pdl_waits(parse({"version": 1, "buckets": [{"tokens": 1, "prefix": "cmp", "moe": "stock",
+                                                                 "cmp_mode": "full"}]})) == (None,)
+    assert PX.table_pdl_waits(None) == (None,)
+
+
+def test_precompile_rotated_builds_the_tables_wait_points(caplog):
+    from glm5_fastpath.selection import parse
+
+    seen = []
+
+    class Impl:
+        @staticmethod
+        def precompile(cfg, device, indexer_rotate=False, pdl_waits=(None,)):
+            seen.append((indexer_rotate, pdl_waits))
+
+    router = types.SimpleNamespace(table=parse({"version": 1, "buckets": [
+        {"tokens": 1, "prefix": "cmp", "moe": "stock", "cmp_mode": "multistream_pdl_entry"}]}))
+    ex = PX.PrefixExecutor(impl=Impl(), mode="full", cfg=CFG, router=router)
+    ex._routes = lambda model: [types.SimpleNamespace(weights=types.SimpleNamespace(
+        q_b=types.SimpleNamespace(weight=types.SimpleNamespace(device=torch.device("cuda", 0)))))]
+    ex._precompile_rotated(None)
+    assert seen == [(True, (None, "entry"))]

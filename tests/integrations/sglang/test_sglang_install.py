@@ -148,12 +148,12 @@ def test_user_table_and_registered_executor(metrics, tmp_path, monkeypatch, capl
     moe_buckets = []
     monkeypatch.setattr(inst, "_prepare_moe", lambda model, router, buckets, m, log: moe_buckets.append(buckets))
     compiled = []
-    monkeypatch.setattr(inst, "_precompile", lambda cfg, m, log: compiled.append(1))
+    monkeypatch.setattr(inst, "_precompile", lambda cfg, m, log, table=None: compiled.append(table.largest))
     caplog.set_level(logging.INFO, "glm5_fastpath")
     model = fake_model()
     rep = inst.install_model(model, decision.ModelFacts("GlmMoeDsaForCausalLM", gpu_name="H200", capability=(9, 0),
                                                         quant_method="fp8", weight_block_size=(128, 128)), metrics=metrics)
-    assert rep.compiled and compiled == [1]
+    assert rep.compiled and compiled == [8]  # with the table (its CMP modes pick the wait-point cubins)
     attn, moe = model.model.layers[1].self_attn, model.model.layers[1].mlp
     assert attn.forward_absorb_prepare(None, H(2), fb("DECODE")) == ("cmp", ("stock-prefix", 2))
     assert attn.forward_absorb_prepare(None, H(2), fb("EXTEND")) == ("stock-prefix", 2)
