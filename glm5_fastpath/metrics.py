@@ -32,6 +32,7 @@ JIT_COMPILE = PREFIX + "jit_compile_seconds"
 # created by seam_counter from integrations/sglang/{prefix,moe}_executor.layer_counter (per layer seam call, host side)
 PREFIX_LAYER_TOTAL = PREFIX + "prefix_layer_total"
 MOE_LAYER_TOTAL = PREFIX + "moe_layer_total"
+SPARSE_MLA_TOTAL = PREFIX + "sparse_mla_total"
 
 # name -> (type, labels): the dashboard test checks panel queries against this table
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -41,6 +42,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     JIT_COMPILE: ("histogram", ("kernel",)),
     PREFIX_LAYER_TOTAL: ("counter", ("route", "reason")),
     MOE_LAYER_TOTAL: ("counter", ("route", "reason")),
+    SPARSE_MLA_TOTAL: ("counter", ("route", "reason")),
 }
 
 _seam_counters: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()

@@ -21,6 +21,9 @@ def test_names_types_labels():
     from glm5_fastpath.integrations.sglang.moe_executor import layer_counter as moe_layer_counter
 
     moe_layer_counter(reg).labels(route="megamoe", reason="routed").inc()  # the MoE seam's own counter
+    from glm5_fastpath.integrations.sglang.attn_core import counter as sparse_mla_counter
+
+    sparse_mla_counter(reg).labels(route="ours", reason="routed").inc()  # the sparse-MLA seam's counter
     fams = {f.name: f for f in reg.collect()}
     # prometheus_client strips _total from counter family names
     assert fams["glm5_fastpath_decode_step_seconds"].type == "histogram"

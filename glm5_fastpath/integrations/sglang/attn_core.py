@@ -1,0 +1,180 @@
+"""The sparse-MLA route: SGLang's DSA attention core for small token counts computed by our split-KV kernel.
+
+Why: on an H200 (SGLang 0.5.14, bf16 KV cache, flashmla_sparse decode backend) FlashMLA's sparse kernel takes
+~60 us per layer at every decode batch from 1 to 64 tokens (benchmarks/results/2026-11-29_h200_session4): it
+walks a token's 2048 selected KV slots with one CTA per (token, 64 heads), so at 1-16 tokens a few SMs work.
+At batch 1 that is 0.48 ms of a 2.63 ms step. glm5_fastpath.ops.sparse_mla spreads the slots over many CTAs
+(split-KV + a combine kernel).
+
+Seam: `DeepseekSparseAttnBackend._forward_flashmla_sparse(self, q_all, kv_cache, v_head_dim, page_table_1,
+sm_scale, [topk_length, attn_sink])` (sglang.srt.layers.attention.dsa_backend, 0.5.14 and 0.5.23): one call per
+layer with q [T, H, 576] bf16, the layer's MLA key buffer, the [T, topk] int32 slot table (-1 = unused); it
+returns o [T, H, 512]. The attention backend is built after the model loads (after our install), so the
+method is wrapped on the CLASS, once per process; `unpatch_sparse_mla()` restores it.
+
+OPT-IN: GLM5_FASTPATH_SPARSE_MLA=ours turns the route on (default "sglang": FlashMLA everywhere) until the
+kernel has passed its GPU tests on an H200; GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS (default 16) is the largest
+T it takes (above, FlashMLA's one-CTA-per-token kernel has enough CTAs). A call outside what the kernel
+takes (another dtype, a sink / topk_length argument (DeepSeek V4), H not a multiple of 16, T above the
+limit, K > 2048) goes to FlashMLA, counted in glm5_fastpath_sparse_mla_total{route="stock", reason} and logged
+once per reason; routed calls count {route="ours", reason="routed"}. Under CUDA graphs a call is a capture.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+logger = logging.getLogger("glm5_fastpath")
+
+ENV = "GLM5_FASTPATH_SPARSE_MLA"
+ENV_MAX_TOKENS = "GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS"
+DEFAULT_MAX_TOKENS = 16
+MAX_TOPK = 2048
+HEAD_BLOCK = 16  # H must be a multiple of this (GLM-5: 64 heads at TP1, 32 / 16 at TP2 / TP4)
+ROPE_DIM = 64
+BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
+BACKEND_CLASS = "DeepseekSparseAttnBackend"
+METHOD = "_forward_flashmla_sparse"
+ORIGINAL_ATTR = "__glm5_fastpath_original__"
+
+from ...metrics import SPARSE_MLA_TOTAL as METRIC, seam_counter  # noqa: E402  listed in metrics.METRICS
+
+REASONS = {
+    "routed": "our split-KV sparse MLA kernel",
+    "tokens": "more tokens than GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS (FlashMLA has enough CTAs there)",
+    "extra_args": "topk_length / attn_sink given (not GLM-5's DSA)",
+    "layout": "q / kv / slot table not bf16 [T, H, d_v + 64] / bf16 rows / int32 [T, K <= 2048], or H % 16",
+    "error": "our kernel raised; FlashMLA for this call",
+}
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "sglang").strip().lower() in ("ours", "1", "on", "glm5_fastpath")
+
+
+def max_tokens() -> int:
+    try:
+        return max(0, int(os.environ.get(ENV_MAX_TOKENS, DEFAULT_MAX_TOKENS)))
+    except ValueError:
+        return DEFAULT_MAX_TOKENS
+
+
+def why_not(q_all: Any, kv_cache: Any, v_head_dim: Any, page_table_1: Any, extra: bool, limit: int,
+            devices: tuple[str, ...] = ("cuda",)) -> str | None:
+    """None when our kernel computes this call exactly, else the reason key (REASONS)."""
+    import torch
+
+    if extra:
+        return "extra_args"
+    if not isinstance(q_all, torch.Tensor) or q_all.dim() != 3:
+        return "layout"
+    if q_all.shape[0] > limit:
+        return "tokens"
+    t, h, d = q_all.shape
+    if (q_all.dtype != torch.bfloat16 or not isinstance(kv_cache, torch.Tensor) or kv_cache.dtype != torch.bfloat16
+            or kv_cache.shape[-1] != d or not isinstance(page_table_1, torch.Tensor)
+            or page_table_1.dtype != torch.int32 or page_table_1.dim() != 2 or page_table_1.shape[0] != t
+            or page_table_1.shape[1] > MAX_TOPK or h % HEAD_BLOCK or int(v_head_dim) + ROPE_DIM != d
+            or q_all.device.type not in devices or kv_cache.device != q_all.device):
+        return "layout"
+    return None
+
+
+class SparseMlaRoute:
+    """The wrapper's state: limit, once-per-reason log, metrics."""
+
+    def __init__(self, metrics: Any = None, log: logging.Logger = logger, limit: int | None = None,
+                 devices: tuple[str, ...] = ("cuda",)) -> None:
+        self.metrics, self.log, self.devices = metrics, log, devices
+        self.limit = max_tokens() if limit is None else limit
+        self._once: set = set()
+
+    def note(self, route: str, reason: str, level: int = logging.INFO) -> None:
+        if (route, reason) not in self._once:
+            self._once.add((route, reason))
+            self.log.log(level, "glm5_fastpath: sparse MLA -> %s (%s)", "ours" if route == "ours" else "FlashMLA",
+                         REASONS.get(reason, reason))
+        if self.metrics is not None:
+            counter(self.metrics.registry).labels(route=route, reason=reason).inc()
+
+    def call(self, original: Callable, backend: Any, q_all, kv_cache, v_head_dim, page_table_1, sm_scale,
+             *args, **kwargs):
+        extra = any(a is not None for a in args) or any(v is not None for v in kwargs.values())
+        why = why_not(q_all, kv_cache, v_head_dim, page_table_1, extra, self.limit, self.devices)
+        if why is not None:
+            self.note("stock", why)
+            return original(backend, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, *args, **kwargs)
+        try:
+            from ...ops import sparse_mla as SM
+
+            out = SM.sparse_mla_decode(q_all, kv_cache, page_table_1, float(sm_scale), int(v_head_dim))
+        except Exception as e:  # noqa: BLE001 - never take the server down: FlashMLA, loudly, once
+            if ("stock", "error") not in self._once:
+                self.log.warning("glm5_fastpath: sparse MLA kernel raised %s: %s; FlashMLA for this call",
+                                 type(e).__name__, e)
+            self.note("stock", "error", logging.WARNING)
+            return original(backend, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, *args, **kwargs)
+        self.note("ours", "routed")
+        return out
+
+
+def counter(registry: Any) -> Any:
+    return seam_counter(registry, METRIC, "DSA sparse-MLA attention-core calls by route (ours / stock = FlashMLA) "
+                        "and reason; host-side, so under CUDA graphs a call is a capture, not a replay.")
+
+
+def _backend_class() -> Any:
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(BACKEND_MODULE), BACKEND_CLASS, None)
+    except Exception:  # noqa: BLE001 - a release without the DSA backend: nothing to patch
+        return None
+
+
+def install_sparse_mla(metrics: Any = None, log: logging.Logger = logger, device: Any = None,
+                       backend_cls: Any = None, precompile: bool = True,
+                       devices: tuple[str, ...] = ("cuda",)) -> bool:
+    """Wrap the DSA backend's sparse-MLA call when GLM5_FASTPATH_SPARSE_MLA=ours (module doc). Compiles the
+    kernel first (never inside the first request); on failure the method stays SGLang's. Returns whether the
+    route is installed."""
+    if not enabled():
+        return False
+    cls = backend_cls if backend_cls is not None else _backend_class()
+    fn = getattr(cls, METHOD, None) if cls is not None else None
+    if fn is None:
+        log.info("glm5_fastpath: sparse MLA: %s.%s not found in this SGLang; FlashMLA stays", BACKEND_CLASS, METHOD)
+        return False
+    if getattr(fn, ORIGINAL_ATTR, None) is not None:
+        return True  # installed already (one class, one process)
+    if precompile:
+        try:
+            from ...ops import sparse_mla as SM
+
+            SM.precompile(device)
+        except Exception as e:  # noqa: BLE001 - no kernel: FlashMLA everywhere, say why
+            log.warning("glm5_fastpath: sparse MLA kernel unavailable (%s: %s); FlashMLA stays", type(e).__name__, e)
+            return False
+    route = SparseMlaRoute(metrics, log, devices=devices)
+    original = fn
+
+    def _forward_flashmla_sparse(self, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, *args, **kwargs):
+        return route.call(original, self, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, *args, **kwargs)
+
+    setattr(_forward_flashmla_sparse, ORIGINAL_ATTR, original)
+    _forward_flashmla_sparse.__glm5_fastpath_route__ = route
+    setattr(cls, METHOD, _forward_flashmla_sparse)
+    log.info("glm5_fastpath: sparse MLA: %s.%s -> our split-KV kernel for <= %d tokens (%s=ours), FlashMLA above",
+             BACKEND_CLASS, METHOD, route.limit, ENV)
+    return True
+
+
+def unpatch_sparse_mla(backend_cls: Any = None) -> bool:
+    cls = backend_cls if backend_cls is not None else _backend_class()
+    fn = getattr(cls, METHOD, None) if cls is not None else None
+    original = getattr(fn, ORIGINAL_ATTR, None)
+    if original is None:
+        return False
+    setattr(cls, METHOD, original)
+    return True

@@ -1,0 +1,171 @@
+"""The sparse-MLA route (integrations/sglang/attn_core.py) on CPU: opt-in switch, the class-level wrap of the DSA
+backend's _forward_flashmla_sparse, which calls reach our op and which stay on FlashMLA (each reason logged once,
+counted), precompile failure, unpatch. The op itself is a recorder here (its numerics: tests/ops/test_sparse_mla.py
+on a GPU)."""
+import logging
+import types
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+import glm5_fastpath.ops as ops_pkg
+from glm5_fastpath.integrations.sglang import attn_core as AC
+from glm5_fastpath.metrics import FastpathMetrics
+
+BF16 = torch.bfloat16
+
+
+class Backend:  # the shape of sglang's DeepseekSparseAttnBackend as far as the seam goes
+    def _forward_flashmla_sparse(self, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, topk_length=None,
+                                 attn_sink=None):
+        return ("flashmla", q_all.shape[0])
+
+
+@pytest.fixture
+def op(monkeypatch):
+    calls = []
+
+    def sparse_mla_decode(q, kv, idx, scale, d_v):
+        calls.append((q, kv, idx, scale, d_v))
+        return torch.zeros(q.shape[0], q.shape[1], d_v, dtype=BF16)
+
+    fake = types.SimpleNamespace(sparse_mla_decode=sparse_mla_decode, precompile=lambda device=None: calls.append("pre"))
+    monkeypatch.setattr(ops_pkg, "sparse_mla", fake, raising=False)
+    monkeypatch.setenv(AC.ENV, "ours")
+    monkeypatch.delenv(AC.ENV_MAX_TOKENS, raising=False)
+    cls = type("Backend", (Backend,), {})  # a fresh class per test: the wrap is class-level
+    return calls, cls
+
+
+def args(t=2, h=64, k=2048, d=576):
+    q = torch.randn(t, h, d).to(BF16)
+    kv = torch.randn(100, 1, d).to(BF16)
+    idx = torch.full((t, k), -1, dtype=torch.int32)
+    idx[:, :5] = torch.arange(5, dtype=torch.int32)
+    return q, kv, 512, idx, 0.1
+
+
+def install(cls, reg=None, **kw):
+    return AC.install_sparse_mla(FastpathMetrics(reg) if reg else None, backend_cls=cls, devices=("cpu",), **kw)
+
+
+def test_off_by_default(monkeypatch, op):
+    calls, cls = op
+    monkeypatch.delenv(AC.ENV)
+    assert not AC.enabled() and not install(cls)
+    assert cls._forward_flashmla_sparse is Backend._forward_flashmla_sparse and calls == []
+
+
+def test_small_calls_reach_our_kernel_and_are_counted(op, caplog):
+    calls, cls = op
+    reg = CollectorRegistry()
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    assert install(cls, reg) and calls == ["pre"]  # compiled at install, before any capture
+    q, kv, dv, idx, sc = args(t=3)
+    out = cls()._forward_flashmla_sparse(q_all=q, kv_cache=kv, v_head_dim=dv, page_table_1=idx, sm_scale=sc)
+    assert out.shape == (3, 64, 512)
+    cq, ckv, cidx, cscale, cdv = calls[-1]
+    assert cq is q and ckv is kv and cidx is idx and (cscale, cdv) == (0.1, 512)
+    cls()._forward_flashmla_sparse(q, kv, dv, idx, sc, None, None)  # 0.5.23's extra arguments, unset
+    assert reg.get_sample_value("glm5_fastpath_sparse_mla_total", {"route": "ours", "reason": "routed"}) == 2
+    assert "sparse MLA -> ours" in caplog.text and "for <= 16 tokens" in caplog.text
+    assert install(cls)  # idempotent: the class keeps one wrapper
+    assert getattr(cls._forward_flashmla_sparse, AC.ORIGINAL_ATTR) is Backend._forward_flashmla_sparse
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda a: (torch.randn(17, 64, 576).to(BF16),) + a[1:3] + (torch.zeros(17, 8, dtype=torch.int32),) + a[4:], "tokens"),
+    (lambda a: (a[0].float(),) + a[1:], "layout"),
+    (lambda a: a[:3] + (a[3].long(),) + a[4:], "layout"),
+    (lambda a: a[:3] + (torch.zeros(2, 4096, dtype=torch.int32),) + a[4:], "layout"),
+    (lambda a: (a[0][:, :8],) + a[1:], "layout"),  # 8 heads: not a multiple of 16
+    (lambda a: a[:2] + (448,) + a[3:], "layout"),  # d_v + 64 != head dim
+    (lambda a: a[:1] + (a[1].float(),) + a[2:], "layout"),
+])
+def test_calls_our_kernel_does_not_take_stay_on_flashmla(op, mutate, reason, caplog):
+    calls, cls = op
+    reg = CollectorRegistry()
+    install(cls, reg)
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    a = mutate(args())
+    for _ in range(2):
+        assert cls()._forward_flashmla_sparse(*a) == ("flashmla", a[0].shape[0])
+    assert calls == ["pre"]
+    assert reg.get_sample_value("glm5_fastpath_sparse_mla_total", {"route": "stock", "reason": reason}) == 2
+    assert caplog.text.count(f"sparse MLA -> FlashMLA ({AC.REASONS[reason]})") == 1
+
+
+def test_sink_or_topk_length_stay_on_flashmla(op):
+    calls, cls = op
+    install(cls)
+    q, kv, dv, idx, sc = args()
+    assert cls()._forward_flashmla_sparse(q, kv, dv, idx, sc, topk_length=torch.ones(2)) == ("flashmla", 2)
+    assert cls()._forward_flashmla_sparse(q, kv, dv, idx, sc, None, torch.zeros(64)) == ("flashmla", 2)
+
+
+def test_token_limit_from_env(op, monkeypatch):
+    calls, cls = op
+    monkeypatch.setenv(AC.ENV_MAX_TOKENS, "4")
+    install(cls)
+    q, kv, dv, idx, sc = args(t=5)
+    assert cls()._forward_flashmla_sparse(q, kv, dv, idx, sc) == ("flashmla", 5)
+    q, kv, dv, idx, sc = args(t=4)
+    assert cls()._forward_flashmla_sparse(q, kv, dv, idx, sc).shape == (4, 64, 512)
+
+
+def test_kernel_error_falls_back_once_loudly(op, monkeypatch, caplog):
+    calls, cls = op
+
+    def boom(*a):
+        raise RuntimeError("kaput")
+
+    monkeypatch.setattr(ops_pkg.sparse_mla, "sparse_mla_decode", boom)
+    reg = CollectorRegistry()
+    install(cls, reg)
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    for _ in range(2):
+        assert cls()._forward_flashmla_sparse(*args()) == ("flashmla", 2)
+    assert caplog.text.count("sparse MLA kernel raised RuntimeError: kaput") == 1
+    assert reg.get_sample_value("glm5_fastpath_sparse_mla_total", {"route": "stock", "reason": "error"}) == 2
+
+
+def test_precompile_failure_leaves_flashmla(op, monkeypatch, caplog):
+    calls, cls = op
+
+    def boom(device=None):
+        raise RuntimeError("no nvcc")
+
+    monkeypatch.setattr(ops_pkg.sparse_mla, "precompile", boom)
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    assert not install(cls)
+    assert cls._forward_flashmla_sparse is Backend._forward_flashmla_sparse
+    assert "sparse MLA kernel unavailable (RuntimeError: no nvcc); FlashMLA stays" in caplog.text
+
+
+def test_unpatch_and_missing_backend(op, caplog):
+    calls, cls = op
+    install(cls)
+    assert AC.unpatch_sparse_mla(cls) and cls._forward_flashmla_sparse is Backend._forward_flashmla_sparse
+    assert not AC.unpatch_sparse_mla(cls)
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    assert not install(type("Other", (), {}))
+    assert "not found in this SGLang; FlashMLA stays" in caplog.text
+
+
+def test_real_sglang_backend_has_the_seam():
+    """The seam exists with this signature in the installed SGLang (0.5.23 in CI), checked in a fresh interpreter
+    as test_sglang_real does (importing SGLang's attention backends patches nothing, but pulls in a lot)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang not installed")
+    from test_sglang_real import _run
+
+    out = _run(f"""
+import inspect
+from {AC.BACKEND_MODULE} import {AC.BACKEND_CLASS} as B
+print(list(inspect.signature(B.{AC.METHOD}).parameters))
+""")
+    params = eval(out.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's printed list
+    assert params[:6] == ["self", "q_all", "kv_cache", "v_head_dim", "page_table_1", "sm_scale"]
