@@ -78,6 +78,12 @@ def _cmd_bench_moe(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_bench_sparse_mla(args: argparse.Namespace) -> int:
+    from .bench.sparse_mla import main
+
+    return main(args)
+
+
 def _cmd_bench_decode_step(args: argparse.Namespace) -> int:
     from .bench.decode_step import run
 
@@ -158,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_moe_args(b)
     b.set_defaults(fn=_cmd_bench_moe)
+    b = bsub.add_parser("sparse-mla", help="(GPU) the DSA sparse-MLA decode core: our split-KV kernel vs FlashMLA "
+                                           "vs the bytes floor per token count")
+    from .bench.sparse_mla import add_arguments as _bench_sparse_mla_args
+
+    _bench_sparse_mla_args(b)
+    b.set_defaults(fn=_cmd_bench_sparse_mla)
     b = bsub.add_parser("decode-step", help="(GPU) one whole decode step, all layers: ours vs the stock kernel "
                                             "sequence per bucket, bytes floor, per-layer breakdown, correctness")
     from .bench.decode_step import add_arguments as _bench_step_args

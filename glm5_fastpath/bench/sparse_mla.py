@@ -1,0 +1,180 @@
+"""`glm5-fastpath bench sparse-mla`: the DSA attention core at decode sizes, ours vs FlashMLA, vs the bytes floor.
+
+Per token count T: q [T, H, 576] bf16, one KV cache of S slots x 576 bf16 (SGLang's MLA key buffer), a slot
+table [T, K] int32 of K distinct random slots per token (K = 2048: GLM-5's index top-k), sm_scale of GLM-5.
+- ours:  glm5_fastpath.ops.sparse_mla.sparse_mla_decode (split-KV + combine);
+- stock: sgl_kernel.flash_mla.flash_mla_sparse_fwd, what SGLang's DSA backend runs with the flashmla_sparse
+  decode backend and a bf16 KV cache (skipped, with the reason, where sgl_kernel does not import).
+Times: median per launch, CUDA-graph replay (bench.timing.time_launches), each launch on its own slot table
+(R tables of fresh random slots over a cache far larger than L2, so the gathered rows come from HBM as in a
+decode step). Floor: gathered KV rows (T K 1152 B) + q + o + the slot table, at the copy bandwidth measured in
+the same run. Correctness, same run: each output against the float64 reference (ref.attn_core.sparse_mla_flat
+when present, else the formula here), relative L2.
+Output: OUT/sparse_mla.json, OUT/sparse_mla.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+D_QK, D_V = 576, 512
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="directory for sparse_mla.json / .md")
+    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma list of token counts T")
+    p.add_argument("--topk", type=int, default=2048, help="slots per token (GLM-5: 2048)")
+    p.add_argument("--heads", type=int, default=64, help="query heads (GLM-5 TP1: 64)")
+    p.add_argument("--kv-slots", type=int, default=1 << 17, help="KV cache slots (1.2 KB each; default 151 MB)")
+    p.add_argument("--tables", type=int, default=8, help="slot tables rotated over the launches")
+    p.add_argument("--replays", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def parse_tokens(s: str) -> list[int]:
+    try:
+        ts = sorted({int(x) for x in s.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"bench sparse-mla: --tokens must be a comma list of integers, got {s!r}") from None
+    if not ts or ts[0] < 1:
+        raise ValueError(f"bench sparse-mla: --tokens must be positive, got {s!r}")
+    return ts
+
+
+def validate(a: argparse.Namespace) -> list[int]:
+    ts = parse_tokens(a.tokens)
+    if not 1 <= a.topk <= 2048:
+        raise ValueError(f"bench sparse-mla: --topk must be in 1..2048, got {a.topk}")
+    if a.heads < 16 or a.heads % 16:
+        raise ValueError(f"bench sparse-mla: --heads must be a positive multiple of 16, got {a.heads}")
+    if a.kv_slots < a.topk:
+        raise ValueError(f"bench sparse-mla: --kv-slots ({a.kv_slots}) must be >= --topk ({a.topk})")
+    if a.tables < 1 or a.replays < 1:
+        raise ValueError("bench sparse-mla: --tables and --replays must be >= 1")
+    return ts
+
+
+def floor_bytes(t: int, k: int, h: int) -> int:
+    """Bytes one call must move: the gathered KV rows, q, o and the slot table."""
+    return t * k * D_QK * 2 + t * h * D_QK * 2 + t * h * D_V * 2 + t * k * 4
+
+
+def reference(q, kv, idx, sm_scale: float, d_v: int = D_V):
+    """float64 sparse MLA over the valid slots of each row (zeros for a row without one)."""
+    import torch
+
+    q64, kv64 = q.double(), kv.reshape(kv.shape[0], -1).double()
+    valid = idx >= 0
+    rows = kv64[idx.clamp_min(0).long()]  # [T, K, D]
+    s = torch.einsum("thd,tkd->thk", q64, rows) * sm_scale
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return torch.einsum("thk,tkd->thd", p, rows[..., :d_v])
+
+
+def rel_l2(a, b) -> float:
+    d = (a.double() - b.double()).norm().item()
+    n = b.double().norm().item()
+    return d / n if n else d
+
+
+def _stock_fn() -> tuple[Callable | None, str]:
+    try:
+        from sgl_kernel.flash_mla import flash_mla_sparse_fwd
+    except Exception as e:  # noqa: BLE001 - report why the stock column is empty
+        return None, f"sgl_kernel.flash_mla not importable: {type(e).__name__}: {e}"
+
+    def stock(q, kv, idx, scale):
+        o, _, _ = flash_mla_sparse_fwd(q=q, kv=kv, indices=idx.unsqueeze(1), sm_scale=scale, d_v=D_V)
+        return o
+
+    return stock, "sgl_kernel.flash_mla.flash_mla_sparse_fwd"
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from ..config import Glm5Config
+    from ..ops import sparse_mla as SM
+    from .meta import git_commit, utc_now
+    from .timing import measure_copy_bandwidth, time_launches
+
+    tokens = validate(a)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator(device=dev).manual_seed(a.seed)
+    scale = float(Glm5Config.preset("glm5").softmax_scale)
+    kv = (torch.randn(a.kv_slots, 1, D_QK, device=dev, generator=g) * 0.5).to(torch.bfloat16)
+    bw = measure_copy_bandwidth(dev)
+    stock, stock_name = _stock_fn()
+    rows = []
+    for t in tokens:
+        q = (torch.randn(t, a.heads, D_QK, device=dev, generator=g) * 0.5).to(torch.bfloat16)
+        tables = [torch.stack([torch.randperm(a.kv_slots, device=dev, generator=g)[: a.topk] for _ in range(t)])
+                  .to(torch.int32) for _ in range(a.tables)]
+        ref = reference(q, kv, tables[0], scale)
+        row: dict[str, Any] = {"T": t, "K": a.topk, "H": a.heads, "floor_bytes": floor_bytes(t, a.topk, a.heads)}
+        row["floor_us"] = row["floor_bytes"] / (bw["bytes_per_s"]) * 1e6 if bw.get("bytes_per_s") else None
+        paths = {"ours": lambda q_, idx: SM.sparse_mla_decode(q_, kv, idx, scale, D_V)}
+        if stock is not None:
+            paths["stock"] = lambda q_, idx: stock(q_, kv, idx, scale)
+        for name, fn in paths.items():
+            try:
+                row[f"{name}_rel_l2"] = rel_l2(fn(q, tables[0]).float(), ref)
+                tm = time_launches(lambda i, fn=fn: fn(q, tables[i % len(tables)]), len(tables), device=dev,
+                                   replays=a.replays)
+                row[f"{name}_us"] = tm.median_us
+                row[f"{name}_timing"] = tm.method
+            except Exception as e:  # noqa: BLE001 - one failing path must not lose the other's numbers
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        if row.get("ours_us") and row.get("stock_us"):
+            row["stock_over_ours"] = row["stock_us"] / row["ours_us"]
+        if row.get("ours_us") and row.get("floor_us"):
+            row["ours_over_floor"] = row["ours_us"] / row["floor_us"]
+        rows.append(row)
+        print(f"[sparse-mla] T={t}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                    for k, v in row.items() if k not in ("T",)), flush=True)
+    return {"gpu": torch.cuda.get_device_name(dev), "date": utc_now(), "commit": git_commit(), "stock": stock_name,
+            "copy_bandwidth": bw, "sm_scale": scale, "kv_slots": a.kv_slots, "rows": rows}
+
+
+def markdown(res: dict[str, Any]) -> str:
+    def f(x: Any, nd: int = 2) -> str:
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+    lines = [f"# Sparse MLA decode core: ours vs FlashMLA ({res.get('gpu')}, {res.get('date')}, commit {res.get('commit')})",
+             "", f"Stock: {res.get('stock')}. KV cache {res.get('kv_slots')} slots x 576 bf16; slots per token drawn at "
+             "random (rows from HBM); CUDA-graph replay median per launch; floor at the measured copy bandwidth.", "",
+             "| T | K | H | floor us | ours us | stock us | stock/ours | ours/floor | ours rel L2 | stock rel L2 |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in res.get("rows", []):
+        lines.append(f"| {r['T']} | {r['K']} | {r['H']} | {f(r.get('floor_us'))} | {f(r.get('ours_us'))} | "
+                     f"{f(r.get('stock_us'))} | {f(r.get('stock_over_ours'))} | {f(r.get('ours_over_floor'))} | "
+                     f"{f(r.get('ours_rel_l2'), 4)} | {f(r.get('stock_rel_l2'), 4)} |")
+    errs = [f"- T={r['T']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("_error")]
+    if errs:
+        lines += ["", "Errors:", *errs]
+    return "\n".join(lines) + "\n"
+
+
+def main(a: argparse.Namespace) -> int:
+    try:
+        validate(a)
+    except ValueError as e:
+        print(e)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench sparse-mla: needs a CUDA GPU (Hopper)")
+        return 2
+    res = run(a)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sparse_mla.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / "sparse_mla.md").write_text(markdown(res))
+    print(markdown(res))
+    return 0

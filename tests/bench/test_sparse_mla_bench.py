@@ -1,0 +1,66 @@
+"""bench sparse-mla on CPU: arguments, the floor, the float64 reference it judges both paths by, the report."""
+import argparse
+
+import pytest
+import torch
+
+from glm5_fastpath.bench import sparse_mla as B
+from glm5_fastpath.cli import build_parser
+
+
+def _args(*extra):
+    return build_parser().parse_args(["bench", "sparse-mla", "--out", "/tmp/x", *extra])
+
+
+def test_registered_with_defaults():
+    a = _args()
+    assert B.validate(a) == [1, 2, 4, 8, 16, 32, 64] and (a.topk, a.heads) == (2048, 64)
+
+
+@pytest.mark.parametrize("argv, msg", [(["--tokens", "0,1"], "positive"), (["--tokens", "a"], "integers"),
+                                       (["--topk", "4096"], "--topk"), (["--heads", "24"], "multiple of 16"),
+                                       (["--kv-slots", "10"], "--kv-slots"), (["--tables", "0"], "--tables")])
+def test_invalid_arguments(argv, msg, capsys):
+    a = _args(*argv)
+    with pytest.raises(ValueError, match=msg):
+        B.validate(a)
+    assert B.main(a) == 2 and msg in capsys.readouterr().out
+
+
+def test_floor_bytes():
+    assert B.floor_bytes(1, 2048, 64) == 2048 * 1152 + 64 * 1152 + 64 * 1024 + 2048 * 4
+
+
+def test_reference_matches_a_loop_formulation():
+    g = torch.Generator().manual_seed(0)
+    t, h, k, s = 3, 16, 7, 50
+    q = torch.randn(t, h, 576, generator=g).bfloat16()
+    kv = torch.randn(s, 1, 576, generator=g).bfloat16()
+    idx = torch.randint(0, s, (t, k), generator=g, dtype=torch.int32)
+    idx[1, 3:] = -1
+    idx[2, :] = -1  # no valid slot: zeros
+    out = B.reference(q, kv, idx, 0.07)
+    for ti in range(t):
+        for hi in range(h):
+            js = [int(j) for j in idx[ti] if j >= 0]
+            if not js:
+                assert out[ti, hi].abs().max() == 0
+                continue
+            rows = kv[js, 0].double()
+            w = torch.softmax(rows @ q[ti, hi].double() * 0.07, 0)
+            assert torch.allclose(out[ti, hi], w @ rows[:, :512], atol=1e-12)
+
+
+def test_markdown_report():
+    res = {"gpu": "NVIDIA H200", "date": "2026-11-29", "commit": "abc", "stock": "flashmla", "kv_slots": 10,
+           "rows": [{"T": 1, "K": 2048, "H": 64, "floor_us": 0.6, "ours_us": 8.0, "stock_us": 60.0,
+                     "stock_over_ours": 7.5, "ours_over_floor": 13.3, "ours_rel_l2": 0.003, "stock_rel_l2": 0.003},
+                    {"T": 2, "K": 2048, "H": 64, "stock_error": "RuntimeError: x"}]}
+    md = B.markdown(res)
+    assert "| 1 | 2048 | 64 | 0.60 | 8.00 | 60.00 | 7.50 | 13.30 | 0.0030 | 0.0030 |" in md
+    assert "- T=2 stock_error: RuntimeError: x" in md
+
+
+def test_needs_a_gpu(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert B.main(_args()) == 2 and "needs a CUDA GPU" in capsys.readouterr().out
