@@ -19,6 +19,7 @@ benchmarks swap one for the other.
 | act_quant_fp8 (bf16 -> 1x128 FP8 before MegaMoE) | glm5_fastpath.act_quant_fp8, glm5_fastpath.act_quant_fp8_out | csrc/moe/act_quant.{cuh,cu} |
 | e1_indexer_logits (E1) | glm5_fastpath.e1_indexer_logits, glm5_fastpath.e1_indexer_logits_out | csrc/attn_pre/e1_indexer_logits.{cuh,cu} |
 | e2_topk (E2) | glm5_fastpath.e2_topk, glm5_fastpath.e2_topk_out | csrc/attn_pre/e2_topk.{cuh,cu} |
+| sparse_mla_decode (split-KV sparse MLA decode, the DSA attention core) | glm5_fastpath.sparse_mla_decode | csrc/attn_core/sparse_mla_decode.{cuh,cu} |
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from . import e1_indexer_logits as _e1
 from . import e2_topk as _e2
 from . import fp8_gemm as _fp8
 from . import moe_router as _moe_router
+from . import sparse_mla as _sparse_mla
 from .act_quant import ActQuantResult, act_quant_fp8
 from .add_rmsnorm_quant import A0Result, add_rmsnorm_quant
 from .c0_head_gate import c0_head_gate
@@ -39,11 +41,12 @@ from .e1_indexer_logits import e1_indexer_logits
 from .e2_topk import e2_topk
 from .fp8_gemm import b0_qkv_a, b1_indexer_k, d0_q_b, d1_indexer_q, fp8_gemm_skinny
 from .moe_router import moe_route, moe_route_scaled
+from .sparse_mla import sparse_mla_decode
 
 # The reference's name for A0 (same signature), so `ops` can stand in for `ref.prefix` as a namespace.
 a0_add_rmsnorm_quant = add_rmsnorm_quant
 
-_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _moe_router, _act_quant)
+_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _moe_router, _act_quant, _sparse_mla)
 
 
 def precompile(cfg=None, device: object = None, indexer_rotate: bool = False,
@@ -85,4 +88,4 @@ def compile_check_specs() -> list:
 __all__ = ["A0Result", "ActQuantResult", "a0_add_rmsnorm_quant", "act_quant_fp8", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
            "fp8_gemm_skinny", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
            "e2_topk",
-           "precompile"]
+           "precompile", "sparse_mla_decode"]

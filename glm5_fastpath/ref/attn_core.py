@@ -36,3 +36,40 @@ def attention_core(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tens
     o = torch.einsum("mhr,hrv->mhv", o_lat.float(), w.w_vc.float()).to(BF16)  # [M, H, v]
     o8, os_ = quant_act_per_token(o.reshape(o.shape[0], -1))
     return block_fp8_linear(o8, os_, w.o_proj.weight, w.o_proj.scale_inv).to(BF16)
+
+
+def sparse_mla_flat(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = 512,
+                    *, return_lse: bool = False):
+    """Sparse MLA over flat slot ids, as SGLang's DSA backend calls FlashMLA's sparse kernel (one KV head):
+
+        o[t, h] = sum_j softmax_j(sm_scale * q[t, h] . kv[idx[t, j]]) * kv[idx[t, j], :d_v]
+
+    over the valid j (idx >= 0); a row without a valid index gives zeros (and lse = -inf).
+    q [T, H, D] bf16, kv [S, 1, D] or [S, D] (the first d_v columns are also V), indices [T, K] int (-1 =
+    unused, valid entries anywhere in the row). fp32 math. -> o [T, H, d_v] bf16, or (o, lse [T, H] fp32,
+    natural log of the sum of exp(sm_scale * score)) with return_lse=True."""
+    if q.dim() != 3 or indices.dim() != 2 or indices.shape[0] != q.shape[0]:
+        raise ValueError(f"sparse_mla_flat: q {tuple(q.shape)} must be [T, H, D] and indices {tuple(indices.shape)} [T, K]")
+    t, h, d = q.shape
+    kv2 = kv.reshape(kv.shape[0], -1)
+    if kv2.shape[1] != d or not 0 < d_v <= d:
+        raise ValueError(f"sparse_mla_flat: kv rows of {kv2.shape[1]} columns for q of D={d}, d_v={d_v}")
+    o = torch.zeros(t, h, d_v, dtype=torch.float32, device=q.device)
+    lse = torch.full((t, h), float("-inf"), dtype=torch.float32, device=q.device)
+    k = indices.shape[1]
+    step = max(1, (1 << 24) // max(1, k * d))  # tokens per chunk: bounds the gathered [chunk, K, D] fp32 rows
+    for t0 in range(0, t, step):
+        idx = indices[t0:t0 + step]
+        valid = idx >= 0
+        rows = kv2[idx.clamp_min(0).long()].float()  # [c, K, D]
+        s = torch.einsum("chd,ckd->chk", q[t0:t0 + step].float(), rows) * sm_scale
+        s = s.masked_fill(~valid[:, None, :], float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # empty row: p = 0, not exp(-inf + inf)
+        p = torch.exp(s - m)
+        l = p.sum(dim=-1)
+        pv = torch.einsum("chk,ckd->chd", p, rows[..., :d_v])
+        o[t0:t0 + step] = torch.where(l[..., None] > 0, pv / l[..., None].clamp_min(1e-30), torch.zeros_like(pv))
+        lse[t0:t0 + step] = torch.where(l > 0, torch.log(l) + m[..., 0], lse[t0:t0 + step])
+    o = o.to(BF16)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,48 @@
+// Split-KV sparse MLA decode: stage 1 (glm5_sparse_mla_split) and stage 2 (glm5_sparse_mla_combine), the
+// tiles of sparse_mla_decode.cuh. No compile-time configuration: T, H, K, the strides and num_splits are
+// kernel arguments, so one cubin serves every shape.
+//
+// Stage 1 launch: grid (T, num_splits, H / 16), block (128, 1, 1), dynamic shared memory
+// SparseMlaSplitTile::kSmemBytes (93696 B, needs the > 48 KB opt-in). Split s covers the slot blocks
+// [s * bps, min((s + 1) * bps, ceil(K / 32))), bps = ceil(ceil(K / 32) / num_splits) (an empty split writes
+// zeros and lse = -inf). Requires 1 <= num_splits <= 64 (the combine's shared lse array) and K <= 2048.
+// Stage 2 launch: grid (T, H, 2), block (256, 1, 1), no dynamic shared memory.
+//
+// PDL: both kernels let their dependents launch at entry. Stage 1 reads nothing (q, indices, kv: the
+// current token's KV row may just have been written by the producer) before griddepcontrol.wait; stage 2
+// reads the workspace only after its own wait (stage 1 complete and visible).
+#include "sparse_mla_decode.cuh"
+
+#include "../common/pdl.cuh"
+
+using SplitTile = glm5::attn_core::SparseMlaSplitTile;
+using CombineTile = glm5::attn_core::SparseMlaCombineTile;
+
+// Parameter order and types are the ABI the Python launcher packs (glm5_fastpath/ops/sparse_mla.py,
+// _split_args / _combine_args); the runtime checks sizes against the cubin at load.
+extern "C" __global__ void __launch_bounds__(SplitTile::kThreads, 2)
+glm5_sparse_mla_split(const uint16_t* __restrict__ q,      // [T, H, 576] bf16
+                      const uint16_t* __restrict__ kv,     // [S, 576] bf16 rows, kv_stride elements apart
+                      const int32_t* __restrict__ indices, // [T, K] int32, idx_stride elements apart
+                      float* __restrict__ o_part,          // [T, num_splits, H, 512] fp32
+                      float* __restrict__ lse_part,        // [T, num_splits, H] fp32
+                      int64_t q_stride_t, int64_t q_stride_h, int64_t kv_stride, int64_t idx_stride,
+                      int64_t num_slots, int32_t topk, int32_t num_splits, int32_t num_heads, float scale_log2) {
+    glm5::ptx::griddep_launch_dependents();
+    extern __shared__ __align__(128) uint8_t smem[];
+    const glm5::attn_core::SparseMlaParams p{q, kv, indices, o_part, lse_part, q_stride_t, q_stride_h, kv_stride,
+                                             idx_stride, num_slots, topk, num_splits, num_heads, scale_log2};
+    glm5::ptx::griddep_wait();
+    SplitTile::run(smem, p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+}
+
+extern "C" __global__ void __launch_bounds__(CombineTile::kThreads)
+glm5_sparse_mla_combine(const float* __restrict__ o_part,    // [T, num_splits, H, 512] fp32
+                        const float* __restrict__ lse_part,  // [T, num_splits, H] fp32
+                        uint16_t* __restrict__ o,            // [T, H, 512] bf16, contiguous
+                        float* __restrict__ lse,             // [T, H] fp32 or null
+                        int32_t num_splits, int32_t num_heads) {
+    glm5::ptx::griddep_launch_dependents();
+    glm5::ptx::griddep_wait();
+    CombineTile::run(o_part, lse_part, o, lse, num_splits, num_heads, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+}

@@ -1,0 +1,391 @@
+// Split-KV sparse MLA decode (single latent KV head, DSA top-k slots), in two tiles:
+//
+//   SparseMlaSplitTile    one (token t, split s, head block of kHeads) CTA: gathers the split's KV rows,
+//                         S = Q K^T, online softmax, O += P V, writes the partial (O / l, lse) to a workspace;
+//   SparseMlaCombineTile  one (token t, head h, half of d_v) CTA: merges the splits' partials with
+//                         log-sum-exp weights into o (bf16) and lse.
+//
+// Math (glm5_fastpath.ref.attn_core.sparse_mla_flat): over the valid slots j of token t (0 <= idx < S),
+//   o[t, h] = sum_j softmax_j(sm_scale * q[t, h] . kv[idx[t, j]]) * kv[idx[t, j], :kDv]
+// with zeros (and lse = -inf) for a token without a valid slot.
+//
+// Framework-free: raw pointers, bf16 as uint16_t bit patterns.
+//
+// ---- Split tile ---------------------------------------------------------------------------------------
+// Head block kHeads = 16 (one m16 MMA tile), 4 warps. Why 16: the warp's O accumulator lives in registers
+// for the whole split. 16 heads x 128 d_v columns per warp = 64 fp32, plus the warp's Q fragments (16 heads
+// x 144 dims = 36 regs) and the 16-reg S tile: ~140 registers, no spills, 128 threads -> 2 CTAs per SM
+// by registers and by shared memory. 32 heads would need 128 O registers per thread with 4 warps (spills
+// with the Q fragments), or 8 warps at <= 128 registers (2 CTAs/SM) which does not fit the same live set;
+// 64 heads only fits with wgmma-style warpgroup accumulators.
+//
+// Inner block kBlock = 32 slots, double-buffered: 2 x 32 rows x (1152 + 16) B. Rows are padded by 16 B
+// so the 8 row addresses of every ldmatrix phase fall in 8 distinct 16-byte bank groups.
+//
+// S = Q K^T is split over the warps by the 576-dim K axis (warp w owns dims [144w, 144w + 144), its Q
+// fragments held in registers): each warp reads the K tile's B fragments once (2 ldmatrix.x4 -> 4 MMAs per
+// k-step), then writes its fp32 partial S [16 x 32] to shared memory; after a barrier every warp sums the 4
+// partials in the same order (so all warps hold bit-identical S and softmax state) and keeps the whole
+// [16 x 32] P in registers: P's C-fragment layout is the A-fragment layout of the P V MMA, so P never goes
+// through shared memory. O += P V is split over the warps by d_v columns (warp w owns [128w, 128w + 128),
+// V B-fragments by ldmatrix.x4.trans from the same gathered rows).
+//
+// Online softmax in the log2 domain (x = s * sm_scale * log2 e, exp2 via ex2.approx): running max m and
+// sum l per head row; a row whose running max is still -inf uses 0 as the subtrahend, so an all-invalid
+// block or split yields p = 0, never exp2(-inf - -inf). P is rounded to bf16 for the MMA and l sums the
+// ROUNDED p, so O / l is an exact convex combination of V rows with those weights.
+//
+// Gather: cp.async.cg 16-byte copies, 4 threads per row (18 copies each); a row whose slot is invalid
+// (idx < 0, idx >= num_slots, or past K) is zero-filled (src-size 0), so masked P = 0 meets V = 0, never
+// an old NaN left in shared memory. Its score is masked to -inf through the per-block bias row (0 / -inf).
+// The next block's index is loaded one iteration ahead, so its latency hides behind the current MMAs.
+//
+// Per block: barrier A (block landed, previous block fully consumed -> issue the next into the other
+// buffer), S partial, barrier B (partials visible), reduce + softmax + P V.
+//
+// Partial output: o_part[t][s][h][0:kDv] = O / l (fp32, zeros when l = 0), lse_part[t][s][h] = natural-log
+// log-sum-exp of the split's scaled scores (-inf when empty).
+//
+// ---- Combine tile -------------------------------------------------------------------------------------
+// 256 threads = 4 split groups x 64 column lanes of float4 (256 columns, one half of d_v). lse of every
+// split -> shared memory; M = max; w_i = exp(lse_i - M); each thread sums w_i * O_i over the splits
+// i = group (mod 4) with w_i > 0, then the 4 groups are added in a fixed order: deterministic.
+#pragma once
+
+#include "../common/arch.cuh"
+#include "../common/convert.cuh"
+#include "../common/mma_bf16_sm80.cuh"
+#include "../common/ptx_cp_async.cuh"
+
+namespace glm5 {
+namespace attn_core {
+
+// ldmatrix.x4 without .trans (the common header has only the transposed form): lane (g, t) receives
+// M_i[g][2t..2t+1] of matrix i in register i.
+GLM5_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_row_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_row_addr)
+                 : "memory");
+}
+
+// 2^x, ~2 ulp; ex2(-inf) = +0. P is rounded to bf16 right after, so the approximation is invisible.
+GLM5_DEVICE float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+struct SparseMlaParams {
+    const uint16_t* q;        // [T, H, kDqk] bf16, rows q_stride_h apart, tokens q_stride_t apart
+    const uint16_t* kv;       // [num_slots, kDqk] bf16, rows kv_stride apart
+    const int32_t* indices;   // [T, K] int32, rows idx_stride apart
+    float* o_part;            // [T, num_splits, H, kDv] fp32
+    float* lse_part;          // [T, num_splits, H] fp32
+    int64_t q_stride_t, q_stride_h, kv_stride, idx_stride;  // elements
+    int64_t num_slots;        // S
+    int32_t topk;             // K
+    int32_t num_splits;
+    int32_t num_heads;        // H
+    float scale_log2;         // sm_scale * log2(e)
+};
+
+struct SparseMlaSplitTile {
+    static constexpr int kDqk = 576;
+    static constexpr int kDv = 512;
+    static constexpr int kHeads = 16;                       // HB (see the header)
+    static constexpr int kBlock = 32;                       // slots per inner iteration
+    static constexpr int kWarps = 4;
+    static constexpr int kThreads = kWarps * 32;
+    static constexpr int kMaxTopk = 2048;
+    static constexpr int kMaxSplits = kMaxTopk / kBlock;    // 64: the combine's shared lse array
+    static constexpr int kRowBytes = kDqk * 2 + 16;         // padded smem row (1168 B)
+    static constexpr int kRowChunks = kDqk * 2 / 16;        // 72 16-byte pieces per row
+    static constexpr int kKSteps = kDqk / 16;               // 36
+    static constexpr int kKStepsPerWarp = kKSteps / kWarps; // 9
+    static constexpr int kDvPerWarp = kDv / kWarps;         // 128
+    static constexpr int kDvTiles = kDvPerWarp / 8;         // 16 n8 tiles
+    static constexpr int kSTiles = kBlock / 8;              // 4 n8 tiles of S
+    static constexpr int kRedStride = kBlock + 8;           // floats per partial-S row (bank spread)
+    static constexpr int kStageBytes = kBlock * kRowBytes;  // 37376
+    static constexpr int kQBytes = kHeads * kRowBytes;      // 18688
+    static constexpr int kRedBytes = kWarps * kHeads * kRedStride * 4;  // 10240, aliases the Q area
+    static constexpr int kSmemBytes = 2 * kStageBytes + kQBytes + 2 * kBlock * 4;  // 93696
+    static constexpr int kGatherThreadsPerRow = kThreads / kBlock;               // 4
+    static constexpr int kGatherPerThread = kRowChunks / kGatherThreadsPerRow;  // 18
+    static constexpr int kQThreadsPerRow = kThreads / kHeads;                    // 8
+    static constexpr int kQPerThread = kRowChunks / kQThreadsPerRow;             // 9
+
+    static_assert(kKSteps % kWarps == 0 && kDv % (kWarps * 16) == 0, "warp split of D and d_v");
+    static_assert(kThreads % kBlock == 0 && kRowChunks % kGatherThreadsPerRow == 0, "gather split");
+    static_assert(kThreads % kHeads == 0 && kRowChunks % kQThreadsPerRow == 0, "Q load split");
+    static_assert(kRedBytes <= kQBytes, "partial-S buffer aliases the Q staging area");
+    static_assert(kRowBytes % 128 == 16, "row pad: 8 consecutive rows in 8 distinct 16-byte bank groups");
+    static_assert(kSmemBytes <= 100 * 1024, "2 CTAs per SM");
+
+    // Shared memory: [stage 0 | stage 1 | Q staging, then the partial-S buffer | bias 2 x kBlock fp32].
+    // Stage addresses are computed, not taken from an array (a dynamically indexed array goes to the stack).
+    static GLM5_DEVICE uint8_t* stage_ptr(uint8_t* smem, int st) { return smem + st * kStageBytes; }
+    static GLM5_DEVICE uint8_t* q_ptr(uint8_t* smem) { return smem + 2 * kStageBytes; }
+    static GLM5_DEVICE float* bias_ptr(uint8_t* smem, int st) {
+        return reinterpret_cast<float*>(smem + 2 * kStageBytes + kQBytes) + st * kBlock;
+    }
+
+    // Slot id of this thread's gather row in block `blk`, -1 when that position is past the split / K.
+    static GLM5_DEVICE int32_t load_index(const int32_t* idx_row, int blk, int blk_end, int row, int topk) {
+        const int pos = blk * kBlock + row;
+        if (blk >= blk_end || pos >= topk) return -1;
+        return ptx::ld_global_s32(idx_row + pos);
+    }
+
+    // Gather block rows into `stage`: thread owns row tid / 4 and pieces (tid % 4) + 4i.
+    static GLM5_DEVICE void issue_block(const SparseMlaParams& p, uint8_t* stage, float* bias, int32_t slot,
+                                        int tid) {
+        const int row = tid / kGatherThreadsPerRow;
+        const int part = tid % kGatherThreadsPerRow;
+        const bool valid = slot >= 0 && static_cast<int64_t>(slot) < p.num_slots;
+        const uint16_t* src = valid ? p.kv + static_cast<int64_t>(slot) * p.kv_stride : p.kv;
+        const uint32_t bytes = valid ? 16u : 0u;
+        const uint32_t dst = ptx::smem_addr(stage + row * kRowBytes);
+#pragma unroll
+        for (int i = 0; i < kGatherPerThread; ++i) {
+            const int c = part + kGatherThreadsPerRow * i;
+            ptx::cp_async_16(dst + c * 16, src + (valid ? c * 8 : 0), bytes);
+        }
+        if (part == 0) bias[row] = valid ? 0.0f : -INFINITY;
+    }
+
+    // Call after griddepcontrol.wait. t / split / hblk: the CTA's coordinates.
+    static GLM5_DEVICE void run(uint8_t* smem_raw, const SparseMlaParams& p, int t, int split, int hblk, int tid) {
+        const int warp = tid / 32, lane = tid % 32;
+        const int g = lane / 4, tq = lane % 4;
+        const int nblocks = (p.topk + kBlock - 1) / kBlock;
+        const int bps = (nblocks + p.num_splits - 1) / p.num_splits;
+        const int blk_begin = min(split * bps, nblocks);
+        const int blk_end = min(blk_begin + bps, nblocks);
+        const int h0 = hblk * kHeads;
+        const int32_t* idx_row = p.indices + static_cast<int64_t>(t) * p.idx_stride;
+        const int grow = tid / kGatherThreadsPerRow;
+
+        // Q rows (group 0), first block (group 1), the second block's index in flight.
+        {
+            const int r = tid / kQThreadsPerRow, part = tid % kQThreadsPerRow;
+            const uint16_t* src = p.q + static_cast<int64_t>(t) * p.q_stride_t + static_cast<int64_t>(h0 + r) * p.q_stride_h;
+            const uint32_t dst = ptx::smem_addr(q_ptr(smem_raw) + r * kRowBytes);
+#pragma unroll
+            for (int i = 0; i < kQPerThread; ++i) {
+                const int c = part + kQThreadsPerRow * i;
+                ptx::cp_async_16(dst + c * 16, src + c * 8, 16u);
+            }
+            ptx::cp_async_commit();
+        }
+        int32_t slot_next = load_index(idx_row, blk_begin, blk_end, grow, p.topk);
+        if (blk_begin < blk_end) issue_block(p, stage_ptr(smem_raw, 0), bias_ptr(smem_raw, 0), slot_next, tid);
+        ptx::cp_async_commit();
+        slot_next = load_index(idx_row, blk_begin + 1, blk_end, grow, p.topk);
+
+        // Per-lane ldmatrix offsets (bytes). A (Q, row-major 16x16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15).
+        const uint32_t a_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes + 16 * (lane >> 4);
+        // B of S (K rows = slots): matrices (slots 0-7, k 0-7), (slots 0-7, k 8-15), (slots 8-15, ...).
+        const uint32_t k_off = (8 * (lane >> 4) + (lane & 7)) * kRowBytes + 16 * ((lane >> 3) & 1);
+        // B of P V (.trans; V rows = slots): (slots 0-7, cols 0-7), (slots 8-15, cols 0-7), (0-7, 8-15), ...
+        const uint32_t v_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes + 16 * (lane >> 4) + warp * kDvPerWarp * 2;
+
+        ptx::cp_async_wait<1>();
+        __syncthreads();
+        uint32_t qf[kKStepsPerWarp][4];
+        {
+            const uint32_t base = ptx::smem_addr(q_ptr(smem_raw)) + a_off + warp * kKStepsPerWarp * 32;
+#pragma unroll
+            for (int kk = 0; kk < kKStepsPerWarp; ++kk) ldmatrix_x4(qf[kk], base + kk * 32);
+        }
+
+        float o[kDvTiles][4];
+#pragma unroll
+        for (int n = 0; n < kDvTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY};
+        float l[2] = {0.0f, 0.0f};  // this lane's share of the row sums (quad-reduced at the end)
+        float* red = reinterpret_cast<float*>(q_ptr(smem_raw));
+
+        for (int blk = blk_begin; blk < blk_end; ++blk) {
+            const int st = (blk - blk_begin) & 1;
+            ptx::cp_async_wait<0>();
+            __syncthreads();  // A: block blk visible; every warp is done with block blk - 1 and the partials
+            if (blk + 1 < blk_end) issue_block(p, stage_ptr(smem_raw, st ^ 1), bias_ptr(smem_raw, st ^ 1), slot_next, tid);
+            ptx::cp_async_commit();
+            slot_next = load_index(idx_row, blk + 2, blk_end, grow, p.topk);
+
+            // ---- partial S over this warp's 144 dims ----
+            float s[kSTiles][4];
+#pragma unroll
+            for (int j = 0; j < kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            const uint32_t kbase = ptx::smem_addr(stage_ptr(smem_raw, st)) + k_off + warp * kKStepsPerWarp * 32;
+#pragma unroll
+            for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
+                uint32_t b01[4], b23[4];
+                ldmatrix_x4(b01, kbase + kk * 32);
+                ldmatrix_x4(b23, kbase + 16 * kRowBytes + kk * 32);
+                ptx::mma_m16n8k16_bf16(s[0], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b01[0], b01[1]);
+                ptx::mma_m16n8k16_bf16(s[1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b01[2], b01[3]);
+                ptx::mma_m16n8k16_bf16(s[2], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b23[0], b23[1]);
+                ptx::mma_m16n8k16_bf16(s[3], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b23[2], b23[3]);
+            }
+            {
+                float* mine = red + warp * kHeads * kRedStride;
+#pragma unroll
+                for (int j = 0; j < kSTiles; ++j) {
+                    *reinterpret_cast<float2*>(mine + g * kRedStride + 8 * j + 2 * tq) = make_float2(s[j][0], s[j][1]);
+                    *reinterpret_cast<float2*>(mine + (g + 8) * kRedStride + 8 * j + 2 * tq) = make_float2(s[j][2], s[j][3]);
+                }
+            }
+            __syncthreads();  // B: every warp's partial S is visible
+
+            // ---- full S (same order in every warp), masked, scaled to log2 units ----
+            float x[kSTiles][4];
+#pragma unroll
+            for (int j = 0; j < kSTiles; ++j) {
+                float2 lo = *reinterpret_cast<const float2*>(red + g * kRedStride + 8 * j + 2 * tq);
+                float2 hi = *reinterpret_cast<const float2*>(red + (g + 8) * kRedStride + 8 * j + 2 * tq);
+#pragma unroll
+                for (int w = 1; w < kWarps; ++w) {
+                    const float* pw = red + w * kHeads * kRedStride;
+                    const float2 a = *reinterpret_cast<const float2*>(pw + g * kRedStride + 8 * j + 2 * tq);
+                    const float2 b = *reinterpret_cast<const float2*>(pw + (g + 8) * kRedStride + 8 * j + 2 * tq);
+                    lo.x += a.x; lo.y += a.y; hi.x += b.x; hi.y += b.y;
+                }
+                const float2 bias = *reinterpret_cast<const float2*>(bias_ptr(smem_raw, st) + 8 * j + 2 * tq);
+                x[j][0] = bias.x == 0.0f ? lo.x * p.scale_log2 : -INFINITY;
+                x[j][1] = bias.y == 0.0f ? lo.y * p.scale_log2 : -INFINITY;
+                x[j][2] = bias.x == 0.0f ? hi.x * p.scale_log2 : -INFINITY;
+                x[j][3] = bias.y == 0.0f ? hi.y * p.scale_log2 : -INFINITY;
+            }
+
+            // ---- online softmax: rows g (r = 0) and g + 8 (r = 1) ----
+            float alpha[2], muse[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(x[j][2 * r], x[j][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(m[r], mx);
+                muse[r] = mnew == -INFINITY ? 0.0f : mnew;  // all -inf so far: p = 0, not NaN
+                alpha[r] = ex2(m[r] - muse[r]);
+                m[r] = mnew;
+            }
+            uint32_t pk[kSTiles][2];  // bf16 pairs: [j][0] row g, [j][1] row g + 8
+            float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const uint32_t v = ptx::f32x2_to_bf16x2_rn(ex2(x[j][2 * r] - muse[r]), ex2(x[j][2 * r + 1] - muse[r]));
+                    pk[j][r] = v;
+                    rs[r] += ptx::bf16lo_to_f32(v) + ptx::bf16hi_to_f32(v);
+                }
+            }
+            l[0] = l[0] * alpha[0] + rs[0];
+            l[1] = l[1] * alpha[1] + rs[1];
+#pragma unroll
+            for (int n = 0; n < kDvTiles; ++n) {
+                o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+            }
+
+            // ---- O += P V over this warp's 128 columns ----
+            const uint32_t vbase = ptx::smem_addr(stage_ptr(smem_raw, st)) + v_off;
+#pragma unroll
+            for (int kk = 0; kk < kBlock / 16; ++kk) {
+                const uint32_t a0 = pk[2 * kk][0], a1 = pk[2 * kk][1], a2 = pk[2 * kk + 1][0], a3 = pk[2 * kk + 1][1];
+#pragma unroll
+                for (int pp = 0; pp < kDvTiles / 2; ++pp) {
+                    uint32_t b[4];
+                    ptx::ldmatrix_x4_trans(b, vbase + kk * 16 * kRowBytes + pp * 32);
+                    ptx::mma_m16n8k16_bf16(o[2 * pp], a0, a1, a2, a3, b[0], b[1]);
+                    ptx::mma_m16n8k16_bf16(o[2 * pp + 1], a0, a1, a2, a3, b[2], b[3]);
+                }
+            }
+        }
+
+        // ---- partial out: O / l and the split's lse ----
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+        const float inv0 = l[0] > 0.0f ? 1.0f / l[0] : 0.0f;
+        const float inv1 = l[1] > 0.0f ? 1.0f / l[1] : 0.0f;
+        const int64_t row0 = (static_cast<int64_t>(t) * p.num_splits + split) * p.num_heads + h0;
+        float* out0 = p.o_part + (row0 + g) * kDv + warp * kDvPerWarp + 2 * tq;
+        float* out1 = out0 + 8 * kDv;
+#pragma unroll
+        for (int n = 0; n < kDvTiles; ++n) {
+            *reinterpret_cast<float2*>(out0 + 8 * n) = make_float2(o[n][0] * inv0, o[n][1] * inv0);
+            *reinterpret_cast<float2*>(out1 + 8 * n) = make_float2(o[n][2] * inv1, o[n][3] * inv1);
+        }
+        if (warp == 0 && tq == 0) {
+            constexpr float kLn2 = 0.693147180559945309f;
+            p.lse_part[row0 + g] = l[0] > 0.0f ? (m[0] + log2f(l[0])) * kLn2 : -INFINITY;
+            p.lse_part[row0 + g + 8] = l[1] > 0.0f ? (m[1] + log2f(l[1])) * kLn2 : -INFINITY;
+        }
+    }
+};
+
+struct SparseMlaCombineTile {
+    static constexpr int kDv = SparseMlaSplitTile::kDv;
+    static constexpr int kMaxSplits = SparseMlaSplitTile::kMaxSplits;
+    static constexpr int kGroups = 4;                // split groups
+    static constexpr int kLanes = 64;                // float4 columns per CTA
+    static constexpr int kThreads = kGroups * kLanes;
+    static constexpr int kCols = kLanes * 4;         // 256: one half of d_v
+    static constexpr int kParts = kDv / kCols;       // gridDim.z
+    static_assert(kDv % kCols == 0, "d_v halves");
+
+    // o: [T, H, kDv] bf16 contiguous; lse_out: [T, H] fp32 or null. Call after griddepcontrol.wait.
+    static GLM5_DEVICE void run(const float* o_part, const float* lse_part, uint16_t* o, float* lse_out,
+                                int num_splits, int num_heads, int t, int h, int part, int tid) {
+        __shared__ float s_w[kMaxSplits];
+        __shared__ float4 s_acc[kGroups][kLanes];
+        const int lane = tid % kLanes, grp = tid / kLanes;
+        const int64_t th = static_cast<int64_t>(t) * num_heads + h;
+        for (int i = tid; i < num_splits; i += kThreads)
+            s_w[i] = lse_part[(static_cast<int64_t>(t) * num_splits + i) * num_heads + h];
+        __syncthreads();
+        float mx = -INFINITY;
+        for (int i = 0; i < num_splits; ++i) mx = fmaxf(mx, s_w[i]);
+        float wsum = 0.0f;
+        if (mx != -INFINITY) {
+            for (int i = 0; i < num_splits; ++i) wsum += expf(s_w[i] - mx);
+        }
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (mx != -INFINITY) {
+            const int col = part * kCols + 4 * lane;
+            for (int i = grp; i < num_splits; i += kGroups) {
+                const float w = expf(s_w[i] - mx);
+                if (w == 0.0f) continue;  // empty split (lse = -inf): its O is never read
+                const float4 v = ptx::ld_cg_f32x4(o_part + ((static_cast<int64_t>(t) * num_splits + i) * num_heads + h) * kDv + col);
+                acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+            }
+        }
+        s_acc[grp][lane] = acc;
+        __syncthreads();
+        if (grp == 0) {
+            float4 r = s_acc[0][lane];
+#pragma unroll
+            for (int k = 1; k < kGroups; ++k) {
+                const float4 a = s_acc[k][lane];
+                r.x += a.x; r.y += a.y; r.z += a.z; r.w += a.w;
+            }
+            const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+            const uint32_t lo = ptx::f32x2_to_bf16x2_rn(r.x * inv, r.y * inv);
+            const uint32_t hi = ptx::f32x2_to_bf16x2_rn(r.z * inv, r.w * inv);
+            ptx::st_global_v2(o + th * kDv + part * kCols + 4 * lane, lo, hi);
+            if (lse_out != nullptr && part == 0 && lane == 0)
+                lse_out[th] = wsum > 0.0f ? mx + logf(wsum) : -INFINITY;
+        }
+    }
+};
+
+}  // namespace attn_core
+}  // namespace glm5

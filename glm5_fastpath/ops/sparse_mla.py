@@ -1,0 +1,305 @@
+"""Split-KV sparse MLA decode (the DSA attention core for small token counts), as a torch.library custom op.
+
+Replaces SGLang's `flash_mla_sparse_fwd(q, kv, indices[:, None, :], sm_scale, d_v)` (one KV head) where FlashMLA's
+one-CTA-per-(token, 64 heads) kernel leaves most SMs idle: at 1-16 tokens the 2048 selected slots of a token are
+spread over many CTAs and merged by a small combine kernel. The SGLang seam is
+glm5_fastpath/integrations/sglang/attn_core.py.
+
+Math (glm5_fastpath.ref.attn_core.sparse_mla_flat, which the CPU path runs):
+
+    o[t, h, :] = sum_j softmax_j(sm_scale * q[t, h, :] . kv[idx[t, j], :]) * kv[idx[t, j], :d_v]
+
+over the valid j (idx[t, j] >= 0); a token without a valid index gives zeros. lse[t, h] = log sum_j exp(sm_scale *
+score) (natural log, -inf for an empty row).
+
+Inputs:
+- q [T, H, D] bf16, last dim contiguous; H a positive multiple of 16 (GLM-5: 64 at TP1, 32 / 16); T may be 0
+  (empty output, nothing launched). On the GPU the token / head strides must be multiples of 8 elements.
+- kv [S, 1, D] or [S, D] bf16 (SGLang's MLA key buffer: one row per KV slot, the first d_v columns are also V),
+  last dim contiguous, S >= 1; on the GPU the row stride must be a multiple of 8 elements (16-byte rows).
+- indices [T, K] int32, last dim contiguous, 1 <= K <= 2048; entries are slot ids in [0, S) or -1, anywhere in
+  the row. (Outside the contract: the kernel treats any entry outside [0, S) as unused, for memory safety; the
+  CPU reference raises IndexError for an entry >= S.)
+- sm_scale: a finite float; d_v: 512, with D = d_v + 64 = 576 (the one build: GLM-5's latent + RoPE dims).
+Outputs: o [T, H, d_v] bf16 contiguous; lse [T, H] fp32 (return_lse=True).
+
+Op (namespace glm5_fastpath, with a fake implementation for torch.compile / FakeTensorMode):
+- torch.ops.glm5_fastpath.sparse_mla_decode(q, kv, indices, sm_scale, d_v=512, pdl=True, num_splits=None)
+  -> (o, lse), functional.
+Python entry point: `sparse_mla_decode(q, kv, indices, sm_scale, d_v=512, *, pdl=True, num_splits=None,
+return_lse=False) -> o` (or (o, lse)).
+
+Kernels (csrc/attn_core/sparse_mla_decode.{cuh,cu}, design in the header):
+- stage 1 glm5_sparse_mla_split, grid (T, num_splits, H / 16), 128 threads, 93696 B dynamic shared memory
+  (2 CTAs per SM): one token, 16 heads, one contiguous chunk of the K index columns in blocks of 32 slots; gathers
+  the rows with cp.async (invalid rows zero-filled, scores masked to -inf), S = Q K^T and O += P V with mma.sync
+  m16n8k16 bf16 (fp32 accumulation, P rounded to bf16), online softmax in exp2; writes O / l (fp32) and the
+  split's lse to a workspace.
+- stage 2 glm5_sparse_mla_combine, grid (T, H, 2), 256 threads: log-sum-exp weights over the splits, o in bf16
+  (zeros where every split was empty).
+num_splits is a kernel argument (one cubin for every T / K); None picks split_plan(): enough CTAs to cover the
+SMs twice (T * H/16 * splits >= 2 * SMs), each split at least one 32-slot block, at most ceil(K / 32), then
+evened out so no split is empty. An explicit num_splits may be 1..64 (splits past the last block are empty:
+they write lse = -inf and are skipped by the combine).
+PDL: both kernels let their dependents launch at entry; stage 1 reads q / indices / kv only after
+griddepcontrol.wait (the producer may have just written the current token's KV row), stage 2 reads the
+workspace only after its own wait. GLM5_FASTPATH_DISABLE_PDL=1 turns the attribute off globally.
+Workspace: allocated per call with torch.empty (the caching allocator: no host sync, fine under CUDA-graph
+capture, where it comes from the graph's private pool), T * splits * H * (512 + 1) fp32, i.e. ~2 KB per head
+of every stage-1 CTA (32 KB per CTA): 8.4 MB at T = 1, H = 64 (64 splits), 10.5 MB at T = 16 (5 splits).
+Deterministic: fixed reduction orders everywhere, no atomics; repeated calls give the same bits.
+Accuracy: P and V enter the MMA in bf16 (as in FlashMLA), so o differs from the float64 reference by about the
+bf16 rounding of P (relative L2 typically ~2e-3; the GPU tests allow 1e-2).
+
+Errors: wrong type / dtype / shape / stride / device, H not a multiple of 16, D != d_v + 64 or d_v != 512,
+K outside 1..2048, a bad num_splits / sm_scale / pdl -> SparseMlaInputError (a ValueError) whose message starts
+with "glm5_fastpath.sparse_mla_decode: "; a pre-sm_90 GPU -> RuntimeError.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import NamedTuple, Optional
+
+import torch
+
+from ..jit import KernelSpec, env
+from ._device import device_index as _device_index, require_aligned, require_hopper
+
+OP = "glm5_fastpath.sparse_mla_decode"
+SOURCE = "attn_core/sparse_mla_decode.cu"
+FUNCTION_SPLIT = "glm5_sparse_mla_split"
+FUNCTION_COMBINE = "glm5_sparse_mla_combine"
+SPEC = KernelSpec("glm5_sparse_mla_decode", source=SOURCE, functions=(FUNCTION_SPLIT, FUNCTION_COMBINE))
+BF16 = torch.bfloat16
+
+# Compile-time constants of csrc/attn_core/sparse_mla_decode.cuh (SparseMlaSplitTile / SparseMlaCombineTile).
+D_V = 512
+ROPE_DIM = 64
+D_QK = D_V + ROPE_DIM
+HEAD_BLOCK = 16          # heads per CTA (HB)
+BLOCK = 32               # slots per inner iteration
+MAX_TOPK = 2048
+MAX_SPLITS = MAX_TOPK // BLOCK  # 64: the combine's shared lse array
+SPLIT_THREADS = 128
+SPLIT_SMEM = 2 * BLOCK * (D_QK * 2 + 16) + HEAD_BLOCK * (D_QK * 2 + 16) + 2 * BLOCK * 4  # 93696
+COMBINE_THREADS = 256
+COMBINE_PARTS = 2        # d_v halves per (token, head): gridDim.z
+VEC = 8                  # bf16 per 16-byte copy
+
+
+class SparseMlaInputError(ValueError):
+    """sparse_mla_decode got an input of the wrong type / dtype / shape / stride / device, or a bad argument."""
+
+
+class SplitPlan(NamedTuple):
+    num_splits: int
+    blocks_per_split: int  # 32-slot blocks per split (the kernel derives the same from K and num_splits)
+
+
+def _fail(msg: str) -> SparseMlaInputError:
+    return SparseMlaInputError(f"{OP}: {msg}")
+
+
+# ---- validation (shared by the real and the fake implementations) --------------------------------
+
+def _check(q: object, kv: object, indices: object, sm_scale: object, d_v: object,
+           num_splits: object) -> tuple[int, int, int, int]:
+    """-> (T, H, K, S) of valid inputs."""
+    for name, t in (("q", q), ("kv", kv), ("indices", indices)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dtype != BF16:
+        raise _fail(f"q must be torch.bfloat16, got {q.dtype}")
+    if kv.dtype != BF16:
+        raise _fail(f"kv must be torch.bfloat16, got {kv.dtype}")
+    if indices.dtype != torch.int32:
+        raise _fail(f"indices must be torch.int32, got {indices.dtype}")
+    if q.dim() != 3:
+        raise _fail(f"q must be 3-D [T, H, D], got shape {tuple(q.shape)}")
+    if not (kv.dim() == 2 or (kv.dim() == 3 and kv.shape[1] == 1)):
+        raise _fail(f"kv must be [S, 1, D] or [S, D] (one KV head), got shape {tuple(kv.shape)}")
+    if indices.dim() != 2:
+        raise _fail(f"indices must be 2-D [T, K], got shape {tuple(indices.shape)}")
+    t, h, d = q.shape
+    s, k = kv.shape[0], indices.shape[1]
+    if isinstance(d_v, bool) or not isinstance(d_v, int):
+        raise _fail(f"d_v must be an int, got {d_v!r}")
+    if d_v != D_V or d != d_v + ROPE_DIM:
+        raise _fail(f"D={d}, d_v={d_v} is not supported: the kernel is built for d_v={D_V} and "
+                    f"D = d_v + {ROPE_DIM} = {D_QK} (GLM-5's latent + RoPE dims)")
+    if kv.shape[-1] != d:
+        raise _fail(f"kv rows have {kv.shape[-1]} columns but q has D={d}")
+    if h <= 0 or h % HEAD_BLOCK:
+        raise _fail(f"H={h} heads is not supported: H must be a positive multiple of {HEAD_BLOCK} (the kernel's head block)")
+    if indices.shape[0] != t:
+        raise _fail(f"indices has {indices.shape[0]} rows for T={t} tokens of q")
+    if not 1 <= k <= MAX_TOPK:
+        raise _fail(f"K={k} index columns is not supported: 1 <= K <= {MAX_TOPK}")
+    if s < 1:
+        raise _fail("kv must have at least one row (slot)")
+    if q.stride(2) != 1:
+        raise _fail(f"q must have a contiguous last dim (stride 1), got strides {q.stride()} for shape {tuple(q.shape)}")
+    if kv.stride(-1) != 1:
+        raise _fail(f"kv must have a contiguous last dim (stride 1), got strides {kv.stride()} for shape {tuple(kv.shape)}")
+    if k > 1 and indices.stride(1) != 1:
+        raise _fail(f"indices must have a contiguous last dim (stride 1), got strides {indices.stride()}")
+    if len({q.device, kv.device, indices.device}) != 1:
+        raise _fail(f"q, kv and indices must be on one device, got {q.device}, {kv.device}, {indices.device}")
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+        raise _fail(f"sm_scale must be a finite float, got {sm_scale!r}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or not 1 <= num_splits <= MAX_SPLITS):
+        raise _fail(f"num_splits must be None (automatic) or an int in 1..{MAX_SPLITS}, got {num_splits!r}")
+    return t, h, k, s
+
+
+def _check_pdl(pdl: object) -> None:
+    if not isinstance(pdl, bool):
+        raise _fail(f"pdl must be a bool, got {pdl!r}")
+
+
+# ---- split heuristic ---------------------------------------------------------------------------------
+
+def split_plan(t: int, h: int, k: int, num_sms: int) -> SplitPlan:
+    """Splits of the K index columns for T tokens, H heads on `num_sms` SMs: the fewest splits giving
+    T * H/16 * splits >= 2 * num_sms CTAs (two resident per SM), between 1 and ceil(K / 32) (each split at least
+    one 32-slot block), then evened out: blocks_per_split = ceil(blocks / splits), splits = ceil(blocks /
+    blocks_per_split), so no split is empty. On 132 SMs, H = 64, K = 2048: T = 1 -> 64 splits x 1 block,
+    T = 2 -> 32 x 2, T = 8 -> 8 x 8, T = 16 -> 5 x 13, T = 64 -> 2 x 32."""
+    blocks = max(1, -(-k // BLOCK))
+    ctas_per_split = max(1, t * (h // HEAD_BLOCK))
+    want = -(-2 * max(1, num_sms) // ctas_per_split)
+    splits = max(1, min(blocks, want, MAX_SPLITS))
+    bps = -(-blocks // splits)
+    return SplitPlan(-(-blocks // bps), bps)
+
+
+# ---- launch ------------------------------------------------------------------------------------------
+
+_sms_cache: dict[int, int] = {}
+_kernels: dict[tuple[int, str], object] = {}
+
+
+def _num_sms(idx: int) -> int:
+    n = _sms_cache.get(idx)
+    if n is None:
+        n = _sms_cache[idx] = int(torch.cuda.get_device_properties(idx).multi_processor_count)
+    return n
+
+
+def _kernel(idx: int, function: str):
+    k = _kernels.get((idx, function))
+    if k is None:
+        from ..jit.runtime import get_kernel
+        k = get_kernel(SPEC, function, device=torch.device("cuda", idx))
+        if function == FUNCTION_SPLIT:
+            k.set_max_dynamic_smem(SPLIT_SMEM)  # the > 48 KB opt-in, once, outside any graph capture
+        _kernels[(idx, function)] = k
+    return k
+
+
+def _split_args(q, kv, indices, o_part, lse_part, num_splits: int, sm_scale: float) -> tuple:
+    """Stage 1's parameter list, in csrc/attn_core/sparse_mla_decode.cu order (checked at load)."""
+    t, h, _ = q.shape
+    return (q, kv, indices, o_part, lse_part, ctypes.c_int64(q.stride(0)), ctypes.c_int64(q.stride(1)),
+            ctypes.c_int64(kv.stride(0)), ctypes.c_int64(indices.stride(0)), ctypes.c_int64(kv.shape[0]),
+            ctypes.c_int32(indices.shape[1]), ctypes.c_int32(num_splits), ctypes.c_int32(h),
+            ctypes.c_float(float(sm_scale) * math.log2(math.e)))
+
+
+def _combine_args(o_part, lse_part, o, lse, num_splits: int, h: int) -> tuple:
+    return (o_part, lse_part, o, lse, ctypes.c_int32(num_splits), ctypes.c_int32(h))
+
+
+def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, o: torch.Tensor,
+            lse: torch.Tensor, pdl: bool, num_splits: Optional[int],
+            workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+    """Real-launch checks (CUDA sm_90+, alignment), the workspace, then both kernels; T = 0 launches nothing.
+    workspace: (o_part [T, splits, H, 512], lse_part [T, splits, H]) fp32 contiguous instead of fresh ones (the
+    tests poison it to show the combine reads only what stage 1 wrote)."""
+    idx = require_hopper(OP, q.device, _fail)
+    require_aligned(_fail, {"q": q, "kv": kv})
+    t, h, _ = q.shape
+    if h > 1 and q.stride(1) % VEC or t > 1 and q.stride(0) % VEC:
+        raise _fail(f"q rows must be 16-byte aligned: strides {q.stride()} must be multiples of {VEC} elements "
+                    "for the 16-byte copies")
+    if kv.shape[0] > 1 and kv.stride(0) % VEC:
+        raise _fail(f"kv rows must be 16-byte aligned: the row stride ({kv.stride(0)} elements) must be a multiple "
+                    f"of {VEC} for the 16-byte copies")
+    if t == 0:
+        return
+    k = indices.shape[1]
+    plan = split_plan(t, h, k, _num_sms(idx))
+    ns = plan.num_splits if num_splits is None else num_splits
+    env.print_config("sparse_mla_decode", {"T": t, "H": h, "K": k},
+                     {"num_splits": ns, "grid": (t, ns, h // HEAD_BLOCK), "auto": num_splits is None})
+    if workspace is None:  # per call from the caching allocator: no host sync, capture-safe (module docstring)
+        o_part = torch.empty((t, ns, h, D_V), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((t, ns, h), dtype=torch.float32, device=q.device)
+    else:
+        o_part, lse_part = workspace
+        if (tuple(o_part.shape), tuple(lse_part.shape)) != ((t, ns, h, D_V), (t, ns, h)) or not (
+                o_part.is_contiguous() and lse_part.is_contiguous()):
+            raise _fail(f"workspace must be contiguous fp32 {(t, ns, h, D_V)} and {(t, ns, h)}")
+    _kernel(idx, FUNCTION_SPLIT).launch((t, ns, h // HEAD_BLOCK), (SPLIT_THREADS, 1, 1),
+                                        _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
+                                        smem=SPLIT_SMEM, pdl=pdl)
+    _kernel(idx, FUNCTION_COMBINE).launch((t, h, COMBINE_PARTS), (COMBINE_THREADS, 1, 1),
+                                          _combine_args(o_part, lse_part, o, lse, ns, h), pdl=pdl)
+
+
+def _reference(q, kv, indices, sm_scale: float, d_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from ..ref.attn_core import sparse_mla_flat
+    o, lse = sparse_mla_flat(q, kv, indices, sm_scale, d_v, return_lse=True)
+    return o.contiguous(), lse.contiguous()
+
+
+# ---- custom op ---------------------------------------------------------------------------------------
+
+@torch.library.custom_op("glm5_fastpath::sparse_mla_decode", mutates_args=())
+def _sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = D_V,
+                       pdl: bool = True, num_splits: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits)
+    if q.device.type == "cpu":
+        return _reference(q, kv, indices, sm_scale, d_v)
+    o = torch.empty((t, h, d_v), dtype=BF16, device=q.device)
+    lse = torch.empty((t, h), dtype=torch.float32, device=q.device)
+    _launch(q, kv, indices, sm_scale, o, lse, pdl, num_splits)
+    return o, lse
+
+
+@_sparse_mla_decode.register_fake
+def _sparse_mla_decode_fake(q, kv, indices, sm_scale, d_v=D_V, pdl=True, num_splits=None):
+    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits)
+    return q.new_empty((t, h, d_v), dtype=BF16), q.new_empty((t, h), dtype=torch.float32)
+
+
+def sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = D_V, *,
+                      pdl: bool = True, num_splits: Optional[int] = None, return_lse: bool = False):
+    """Sparse MLA decode over flat KV slot ids -> o [T, H, d_v] bf16 (module docstring), or (o, lse [T, H] fp32)
+    with return_lse=True. The semantics of flash_mla_sparse_fwd(q, kv, indices[:, None, :], sm_scale, d_v).
+
+    pdl: launch both kernels with Programmatic Dependent Launch (GPU only). num_splits: None = split_plan(),
+    else 1..64 splits of the K index columns."""
+    _check(q, kv, indices, sm_scale, d_v, num_splits)  # before the dispatcher, so errors name this op
+    _check_pdl(pdl)
+    if not isinstance(return_lse, bool):
+        raise _fail(f"return_lse must be a bool, got {return_lse!r}")
+    o, lse = torch.ops.glm5_fastpath.sparse_mla_decode(q, kv, indices, float(sm_scale), d_v, pdl, num_splits)
+    return (o, lse) if return_lse else o
+
+
+def precompile(device: object = None) -> None:
+    """Compile (or fetch from cache) and load both kernels on `device` (default: current), ahead of first use
+    (and of any CUDA-graph capture)."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    idx = _device_index(dev)
+    _kernel(idx, FUNCTION_SPLIT)
+    _kernel(idx, FUNCTION_COMBINE)
+    _num_sms(idx)
+
+
+def compile_check_specs() -> list[KernelSpec]:
+    """The one variant scripts/compile_check.py builds (T, H, K, the strides and num_splits are kernel arguments)."""
+    return [SPEC]
