@@ -377,7 +377,9 @@ def test_rotation_preserves_indexer_logits_and_topk(seed):
     # plus a fully rotated cache below
     lg, lgr = out.tensors["logits"], out_r.tensors["logits"]
     own = (case["seq_lens"].long() - 1)[:, None]
-    assert_close("logit at own position", lgr.gather(1, own), lg.gather(1, own), kind="fp8_vs_exact")
+    # 16 single-key logits, each side quantized differently (rotated vs plain q and k): two-sided FP8 noise
+    # (worst of 60 seeds: 0.113; it failed 7 of 30 seeds against the one-sided fp8_vs_exact bound)
+    assert_close("logit at own position", lgr.gather(1, own), lg.gather(1, own), kind="fp8_vs_fp8")
     # a cache that is rotated everywhere (what SGLang 0.5.14's prefill writes): the whole logits row
     from glm5_fastpath.ref.hadamard import fwht
     d = cfg.index_head_dim
