@@ -38,7 +38,8 @@ glm5_sparse_mla_split(const uint16_t* __restrict__ q,      // [T, H, 576] bf16
 
 extern "C" __global__ void __launch_bounds__(CombineTile::kThreads)
 glm5_sparse_mla_combine(const float* __restrict__ o_part,    // [T, num_splits, H, 512] fp32
-                        const float* __restrict__ lse_part,  // [T, num_splits, H] fp32
+                        const float* lse_part,  // [T, num_splits, H] fp32; no __restrict__: with PDL stage 1 may
+                                                // still run when this grid starts, so no ld.global.nc
                         uint16_t* __restrict__ o,            // [T, H, 512] bf16, contiguous
                         float* __restrict__ lse,             // [T, H] fp32 or null
                         int32_t num_splits, int32_t num_heads) {

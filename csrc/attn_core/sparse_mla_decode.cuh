@@ -14,7 +14,7 @@
 // ---- Split tile ---------------------------------------------------------------------------------------
 // Head block kHeads = 16 (one m16 MMA tile), 4 warps. Why 16: the warp's O accumulator lives in registers
 // for the whole split. 16 heads x 128 d_v columns per warp = 64 fp32, plus the warp's Q fragments (16 heads
-// x 144 dims = 36 regs) and the 16-reg S tile: ~140 registers, no spills, 128 threads -> 2 CTAs per SM
+// x 144 dims = 36 regs) and the 16-reg S tile: 178 registers (ptxas), no spills, 128 threads -> 2 CTAs per SM
 // by registers and by shared memory. 32 heads would need 128 O registers per thread with 4 warps (spills
 // with the Q fragments), or 8 warps at <= 128 registers (2 CTAs/SM) which does not fit the same live set;
 // 64 heads only fits with wgmma-style warpgroup accumulators.
@@ -350,7 +350,7 @@ struct SparseMlaCombineTile {
         const int lane = tid % kLanes, grp = tid / kLanes;
         const int64_t th = static_cast<int64_t>(t) * num_heads + h;
         for (int i = tid; i < num_splits; i += kThreads)
-            s_w[i] = lse_part[(static_cast<int64_t>(t) * num_splits + i) * num_heads + h];
+            s_w[i] = __ldcg(lse_part + (static_cast<int64_t>(t) * num_splits + i) * num_heads + h);  // L2, not .nc
         __syncthreads();
         float mx = -INFINITY;
         for (int i = 0; i < num_splits; ++i) mx = fmaxf(mx, s_w[i]);

@@ -160,6 +160,11 @@ def assert_close_per_token(o: torch.Tensor, o64: torch.Tensor, tol: float, ctx: 
     return worst
 
 
+# l sums the bf16-rounded P (each p within 2^-9 relative), so lse may be off by up to log(1 + 2^-9) = 1.95e-3;
+# the emulation with bf16 P reaches 1.4e-3 on the GPU tests' shapes (review, 2026-11-29)
+LSE_TOL = 2.5e-3
+
+
 def _lse_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| over finite entries; -inf must meet -inf."""
     a, b = a.double().cpu(), b.double().cpu()
@@ -293,9 +298,10 @@ def test_bf16_p_rounding_is_within_the_gpu_tolerance(t, h, k, splits, seed):
     splits = splits or SM.split_plan(t, h, k, 132).num_splits
     for q_std in (0.7, 3.0):
         qq = (q.float() * (q_std / 0.7)).to(BF16)
-        o, _, _, _ = emulate_split_kv(qq, kv, idx, SCALE, splits, bf16_p=True)
-        o64, _ = reference64(qq, kv, idx, SCALE)
+        o, lse, _, _ = emulate_split_kv(qq, kv, idx, SCALE, splits, bf16_p=True)
+        o64, lse64 = reference64(qq, kv, idx, SCALE)
         e = assert_close_per_token(o.to(BF16), o64, GPU_TOL / 3, f"bf16-P emulation {q_std=}")
+        assert _lse_err(lse, lse64) < LSE_TOL, f"bf16-P emulation lse {q_std=}"  # the GPU tests' lse bound
         assert e > 1e-4  # the rounding is really there (the test would not see a broken emulation otherwise)
 
 
@@ -707,7 +713,7 @@ def _check_vs_float64(o, lse, q, kv, idx, ctx: str):
     assert_no_poison(OP, o, lse, names=["o", "lse"])
     assert_close(OP, o, o64, tol=GPU_TOL, context=ctx)
     assert_close_per_token(o, o64, GPU_TOL, ctx)
-    assert _lse_err(lse, lse64) < 1e-3, ctx
+    assert _lse_err(lse, lse64) < LSE_TOL, ctx
     empty = (idx.cpu() < 0).all(dim=1)
     assert bool((o.cpu()[empty] == 0).all()), f"{ctx}: a row without a valid slot must give zeros"
 
@@ -752,7 +758,7 @@ def test_explicit_num_splits_and_empty_splits(splits, seed):
 def test_all_invalid_chunks_and_empty_rows(seed):
     q, kv, _ = _gpu_inputs(4, 64, 2048, seed)
     idx = torch.stack([torch.randperm(10000)[:2048] for _ in range(4)]).to(torch.int32).cuda()
-    idx[:, 32:-32] = -1  # only the first / last block valid: 62 all-invalid splits at T = 4 (16 splits of 4 blocks)
+    idx[:, 32:-32] = -1  # only the first / last block valid: 62 all-invalid splits at T = 4 (64 splits of 1 block)
     idx[1, :32] = -1
     idx[2] = -1  # empty row
     idx[3, :] = -1
