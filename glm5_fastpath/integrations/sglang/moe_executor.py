@@ -28,9 +28,11 @@ GEMM, three torch top-k kernels, two sorts, compiled elementwise kernels: the 20
 renormalised, no custom routing function, bf16 gate [E, H]) and M <= 256. It computes the logits in fp32, as
 the HF reference does, where SGLang rounds them to bf16 first (F.linear in bf16), so near-tie expert choices can
 differ from SGLang's: FP8-noise-level. SGLang's routed-experts capturer (--enable-return-routed-experts) still
-receives the ids (with the fused shared column); SGLang's CUDA-graph padding mask is not applied (padding rows
-route to real experts; their outputs are discarded). GLM5_FASTPATH_MOE_ROUTER=sglang keeps SGLang's gate +
-top-k (exact SGLang expert choice).
+receives the ids (with the fused shared column). CUDA-graph padding rows (forward_batch.num_token_non_padded
+< M: a batch replayed in a larger captured graph) get id -1, as SGLang's select_experts does (its own
+_mask_topk_ids_padded_region, one kernel), so MegaMoE gives them no expert work: without it a batch of 5 in
+the graph of 8 would stream up to 24 extra experts' weights. GLM5_FASTPATH_MOE_ROUTER=sglang keeps SGLang's
+gate + top-k (exact SGLang expert choice).
 
 A layer is refused at install (stays on SGLang's path, logged once with the reason, counted in
 glm5_fastpath_moe_layer_total{route="stock", reason}) when its experts are not plain block-FP8 (e4m3fn,
@@ -357,8 +359,9 @@ class MoEExecutor:
         if hidden is None or hidden.shape[0] == 0:
             return original(*args, **kwargs)
         alloc = kwargs.get("gemm_output_zero_allocator", args[4] if len(args) > 4 else None)
+        fb = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
         try:
-            out = self.run(mlp, route, hidden, alloc)
+            out = self.run(mlp, route, hidden, alloc, getattr(fb, "num_token_non_padded", None))
         except _CallRefused as e:
             return self._fallback(original, args, kwargs, e.reason, route.layer_id)
         except Exception as e:  # noqa: BLE001 - never take the server down: SGLang's path, loudly, once
@@ -369,7 +372,7 @@ class MoEExecutor:
         self._note("megamoe", "routed")
         return out
 
-    def run(self, mlp: Any, route: MoELayerRoute, hidden: Any, alloc: Any = None) -> Any:
+    def run(self, mlp: Any, route: MoELayerRoute, hidden: Any, alloc: Any = None, non_padded: Any = None) -> Any:
         from ...moe import megamoe as MM
 
         import torch
@@ -382,6 +385,8 @@ class MoEExecutor:
             # the gate's tensors are read per call: SGLang updates weights in place, and a capture bakes them
             ids, wts, _ = R.moe_route(hidden, mlp.gate.weight, mlp.gate.e_score_correction_bias, route.router)
             _capture_routed(route, ids)
+            if non_padded is not None and hidden.shape[0] > 1:  # one row is never padding (bucket 1)
+                mask_padded_rows(ids, non_padded)
         else:
             logits = mlp.gate(hidden, alloc) if alloc is not None else mlp.gate(hidden)
             topk = mlp.topk(hidden, logits)
@@ -417,6 +422,24 @@ class MoEExecutor:
 
 
 ROUTER_MAX_TOKENS = 256  # ops.moe_router.MAX_TOKENS (not imported here: this module loads without the ops)
+_mask_fn: Any = None
+
+
+def mask_padded_rows(ids: Any, non_padded: Any) -> None:
+    """ids[r, :] = -1 for rows r >= non_padded (a device scalar tensor), in place: SGLang's own
+    _mask_topk_ids_padded_region when this release has it (one fused kernel on CUDA), else torch."""
+    global _mask_fn
+    if _mask_fn is None:
+        try:
+            from sglang.srt.layers.moe.topk import _mask_topk_ids_padded_region as f
+        except Exception:  # noqa: BLE001 - releases without it
+            def f(topk_ids, n, fill_value=-1):
+                import torch
+
+                rows = torch.arange(topk_ids.shape[0], device=topk_ids.device)
+                topk_ids.masked_fill_((rows >= n)[:, None], fill_value)
+        _mask_fn = f
+    _mask_fn(ids, non_padded)
 _NO_CAPTURER = object()
 _capturer_getter: Any = None
 

@@ -393,3 +393,31 @@ def test_prepare_model_precompiles_and_logs_the_router(monkeypatch, caplog, rout
     ex2 = executor()
     ex2.prepare_model(model, [1])
     assert ex2.router_failed == "RuntimeError: no nvcc" and "our router unavailable" in caplog.text
+
+
+@pytest.mark.parametrize("sglang_helper", [True, False])
+def test_cuda_graph_padding_rows_get_no_experts(calls, routes, monkeypatch, sglang_helper):
+    """A batch replayed in a larger captured graph: rows >= forward_batch.num_token_non_padded get id -1 (MegaMoE
+    gives them no work), as SGLang's select_experts masks them; with SGLang's helper or the torch fallback."""
+    if not sglang_helper:
+        monkeypatch.setattr(ME, "_mask_fn", None)
+        import builtins
+
+        real_import = builtins.__import__
+
+        def no_topk(name, *a, **k):
+            if name == "sglang.srt.layers.moe.topk":
+                raise ImportError("no sglang here")
+            return real_import(name, *a, **k)
+
+        monkeypatch.setattr(builtins, "__import__", no_topk)
+    mlp = router_moe()
+    fb = types.SimpleNamespace(num_token_non_padded=torch.tensor(3, dtype=torch.int32))
+    h = torch.randn(5, H).to(torch.bfloat16)
+    executor()(mlp.forward, h, fb)
+    ids = calls[-1]["ids"]
+    assert (ids[3:] == -1).all() and (ids[:3] >= 0).all()
+    executor()(mlp.forward, h[:1], fb)  # a single row is never padding: no mask
+    assert (calls[-1]["ids"] >= 0).all()
+    executor()(mlp.forward, h, forward_batch=None)  # no forward batch (eager, tests): nothing masked
+    assert (calls[-1]["ids"] >= 0).all()
