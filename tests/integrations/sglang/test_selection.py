@@ -86,3 +86,22 @@ def test_validation_errors_name_file_and_key(tmp_path, doc, key, msg):
 def test_missing_file(tmp_path):
     with pytest.raises(s.SelectionError, match="no such selection table"):
         s.load(tmp_path / "nope.json")
+
+
+def test_shipped_h200_table_entries_resolve_to_runnable_configs():
+    """Every CMP mode of the shipped H200 table can be realised by the ops' wait-point switches, and every MegaMoE
+    bucket has a valid default config for GLM-5's dims (what install precompiles)."""
+    from glm5_fastpath import ops
+    from glm5_fastpath.attn_pre.cmp.modes import NATIVE_WAIT_POINTS, get_mode, resolve_wait_points, wait_support
+    from glm5_fastpath.moe import megamoe as MM
+
+    t = next(t for t in s.shipped_tables() if t.source.endswith("h200.json"))
+    names = list(NATIVE_WAIT_POINTS)
+    support = wait_support(ops, names)
+    for b in t.buckets:
+        if b.prefix == "cmp":
+            plans = resolve_wait_points(get_mode(b.cmp_mode), names, support)
+            assert set(plans) == set(names)
+        if b.moe.startswith("megamoe"):
+            cfg = MM.default_config(b.tokens, 256, 8, 1, inter=2048)
+            assert cfg.validate() == cfg and cfg.block_n <= 32  # bn capped at 32 up to 128 tokens
