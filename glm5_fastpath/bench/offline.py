@@ -226,7 +226,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(a: argparse.Namespace) -> OfflineOptions:
     return OfflineOptions(model=a.model, batch_sizes=list(a.batch_sizes), input_len=a.input_len,
                           output_len=a.output_len, num_prompts=a.num_prompts, load_format=a.load_format,
-                          randomize_routers=a.randomize_routers, modes=list(a.modes), out=a.out, dry_run=a.dry_run, report_only=a.report_only,
+                          randomize_routers=a.randomize_routers, modes=list(a.modes), out=a.out, dry_run=a.dry_run,
+                          report_only=a.report_only,
                           engine_args=parse_engine_args(a.engine_arg), seed=a.seed, seam=a.seam,
                           stream_pass=a.stream_pass, timeout_s=a.timeout_s, fastpath_config=a.fastpath_config,
                           routing_stats=a.routing_stats,

@@ -8,8 +8,8 @@ table [T, K] int32 of K distinct random slots per token (K = 2048: GLM-5's index
 Times: median per launch, CUDA-graph replay (bench.timing.time_launches), each launch on its own slot table
 (R tables of fresh random slots over a cache far larger than L2, so the gathered rows come from HBM as in a
 decode step). Floor: gathered KV rows (T K 1152 B) + q + o + the slot table, at the copy bandwidth measured in
-the same run. Correctness, same run: each output against the float64 reference (ref.attn_core.sparse_mla_flat
-when present, else the formula here), relative L2.
+the same run. Correctness, same run: each output against the reference ref.attn_core.sparse_mla_flat (fp32
+math, bf16 out; the float64 comparison of the kernel is tests/ops/test_sparse_mla.py), relative L2.
 Output: OUT/sparse_mla.json, OUT/sparse_mla.md.
 """
 from __future__ import annotations
@@ -64,16 +64,10 @@ def floor_bytes(t: int, k: int, h: int) -> int:
 
 
 def reference(q, kv, idx, sm_scale: float, d_v: int = D_V):
-    """float64 sparse MLA over the valid slots of each row (zeros for a row without one)."""
-    import torch
+    """The project's reference (ref.attn_core.sparse_mla_flat: valid slots only, zeros for an empty row)."""
+    from ..ref.attn_core import sparse_mla_flat
 
-    q64, kv64 = q.double(), kv.reshape(kv.shape[0], -1).double()
-    valid = idx >= 0
-    rows = kv64[idx.clamp_min(0).long()]  # [T, K, D]
-    s = torch.einsum("thd,tkd->thk", q64, rows) * sm_scale
-    s = s.masked_fill(~valid[:, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    return torch.einsum("thk,tkd->thd", p, rows[..., :d_v])
+    return sparse_mla_flat(q, kv, idx, sm_scale, d_v)
 
 
 def rel_l2(a, b) -> float:

@@ -154,6 +154,17 @@ def _check(q: object, kv: object, indices: object, sm_scale: object, d_v: object
     return t, h, k, s
 
 
+def unsupported(q: object, kv: object, indices: object, sm_scale: object, d_v: object = D_V) -> str | None:
+    """Why the op would refuse these inputs (its validation message), or None: for a caller that routes such
+    calls to another kernel instead of raising (integrations/sglang/attn_core.py). The launch-time checks
+    (sm_90, 16-byte alignment of the strides) are not included."""
+    try:
+        _check(q, kv, indices, sm_scale, d_v, None)
+    except SparseMlaInputError as e:
+        return str(e)
+    return None
+
+
 def _check_pdl(pdl: object) -> None:
     if not isinstance(pdl, bool):
         raise _fail(f"pdl must be a bool, got {pdl!r}")

@@ -48,7 +48,8 @@ def test_reference_matches_a_loop_formulation():
                 continue
             rows = kv[js, 0].double()
             w = torch.softmax(rows @ q[ti, hi].double() * 0.07, 0)
-            assert torch.allclose(out[ti, hi], w @ rows[:, :512], atol=1e-12)
+            want = w @ rows[:, :512]  # the bench judges by the shared reference: fp32 math, bf16 output
+            assert torch.allclose(out[ti, hi].double(), want, rtol=1e-2, atol=2e-3 * want.abs().max().item())
 
 
 def test_markdown_report():

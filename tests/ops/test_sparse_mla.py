@@ -923,3 +923,13 @@ def test_kernel_resources_report():
     assert ks.param_sizes is None or ks.param_sizes == (8,) * 10 + (4, 4, 4, 4), ks.param_sizes
     assert kc.param_sizes is None or kc.param_sizes == (8, 8, 8, 8, 4, 4), kc.param_sizes
     assert ks.num_regs * SM.SPLIT_THREADS * 2 <= 65536 and ks.max_threads >= SM.SPLIT_THREADS
+
+
+def test_unsupported_is_the_validation_without_raising():
+    """unsupported() (what the SGLang seam routes by) says None exactly where the op's validation passes."""
+    q, kv, idx = make_inputs(2, 16, 8, 50, 0)
+    assert SM.unsupported(q, kv, idx, SCALE) is None
+    msg = SM.unsupported(q.float(), kv, idx, SCALE)
+    assert msg.startswith("glm5_fastpath.sparse_mla_decode: ") and "bfloat16" in msg
+    assert "multiple of 16" in SM.unsupported(q[:, :8], kv, idx, SCALE)
+    assert "K=" in SM.unsupported(q, kv, torch.zeros(2, 4096, dtype=torch.int32), SCALE)

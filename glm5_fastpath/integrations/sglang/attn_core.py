@@ -30,9 +30,6 @@ logger = logging.getLogger("glm5_fastpath")
 ENV = "GLM5_FASTPATH_SPARSE_MLA"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS"
 DEFAULT_MAX_TOKENS = 16
-MAX_TOPK = 2048
-HEAD_BLOCK = 16  # H must be a multiple of this (GLM-5: 64 heads at TP1, 32 / 16 at TP2 / TP4)
-ROPE_DIM = 64
 BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
 BACKEND_CLASS = "DeepseekSparseAttnBackend"
 METHOD = "_forward_flashmla_sparse"
@@ -44,7 +41,8 @@ REASONS = {
     "routed": "our split-KV sparse MLA kernel",
     "tokens": "more tokens than GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS (FlashMLA has enough CTAs there)",
     "extra_args": "topk_length / attn_sink given (not GLM-5's DSA)",
-    "layout": "q / kv / slot table not bf16 [T, H, d_v + 64] / bf16 rows / int32 [T, K <= 2048], or H % 16",
+    "layout": "inputs the kernel does not take (ops.sparse_mla.unsupported: dtype / shape / H % 16 / K > 2048 / "
+              "device)",
     "error": "our kernel raised; FlashMLA for this call",
 }
 
@@ -60,10 +58,13 @@ def max_tokens() -> int:
         return DEFAULT_MAX_TOKENS
 
 
-def why_not(q_all: Any, kv_cache: Any, v_head_dim: Any, page_table_1: Any, extra: bool, limit: int,
+def why_not(q_all: Any, kv_cache: Any, v_head_dim: Any, page_table_1: Any, sm_scale: Any, extra: bool, limit: int,
             devices: tuple[str, ...] = ("cuda",)) -> str | None:
-    """None when our kernel computes this call exactly, else the reason key (REASONS)."""
+    """None when our kernel computes this call exactly, else the reason key (REASONS). The input checks are
+    the op's own (ops.sparse_mla.unsupported): one definition of what the kernel takes."""
     import torch
+
+    from ...ops import sparse_mla as SM
 
     if extra:
         return "extra_args"
@@ -71,12 +72,7 @@ def why_not(q_all: Any, kv_cache: Any, v_head_dim: Any, page_table_1: Any, extra
         return "layout"
     if q_all.shape[0] > limit:
         return "tokens"
-    t, h, d = q_all.shape
-    if (q_all.dtype != torch.bfloat16 or not isinstance(kv_cache, torch.Tensor) or kv_cache.dtype != torch.bfloat16
-            or kv_cache.shape[-1] != d or not isinstance(page_table_1, torch.Tensor)
-            or page_table_1.dtype != torch.int32 or page_table_1.dim() != 2 or page_table_1.shape[0] != t
-            or page_table_1.shape[1] > MAX_TOPK or h % HEAD_BLOCK or int(v_head_dim) + ROPE_DIM != d
-            or q_all.device.type not in devices or kv_cache.device != q_all.device):
+    if q_all.device.type not in devices or SM.unsupported(q_all, kv_cache, page_table_1, sm_scale, v_head_dim):
         return "layout"
     return None
 
@@ -101,7 +97,7 @@ class SparseMlaRoute:
     def call(self, original: Callable, backend: Any, q_all, kv_cache, v_head_dim, page_table_1, sm_scale,
              *args, **kwargs):
         extra = any(a is not None for a in args) or any(v is not None for v in kwargs.values())
-        why = why_not(q_all, kv_cache, v_head_dim, page_table_1, extra, self.limit, self.devices)
+        why = why_not(q_all, kv_cache, v_head_dim, page_table_1, sm_scale, extra, self.limit, self.devices)
         if why is not None:
             self.note("stock", why)
             return original(backend, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, *args, **kwargs)

@@ -373,13 +373,14 @@ class MoEExecutor:
         return out
 
     def run(self, mlp: Any, route: MoELayerRoute, hidden: Any, alloc: Any = None, non_padded: Any = None) -> Any:
-        from ...moe import megamoe as MM
-
         import torch
 
+        from ...moe import megamoe as MM
+
         k = route.topk
-        if route.router is not None and not self.router_failed and hidden.shape[0] <= ROUTER_MAX_TOKENS and hidden.dtype == torch.bfloat16 \
-                and hidden.dim() == 2 and hidden.is_contiguous():
+        router_takes = (hidden.dim() == 2 and hidden.shape[0] <= ROUTER_MAX_TOKENS and hidden.dtype == torch.bfloat16
+                        and hidden.is_contiguous())
+        if route.router is not None and not self.router_failed and router_takes:
             from ...ops import moe_router as R
 
             # the gate's tensors are read per call: SGLang updates weights in place, and a capture bakes them

@@ -30,7 +30,10 @@ def op(monkeypatch):
         calls.append((q, kv, idx, scale, d_v))
         return torch.zeros(q.shape[0], q.shape[1], d_v, dtype=BF16)
 
-    fake = types.SimpleNamespace(sparse_mla_decode=sparse_mla_decode, precompile=lambda device=None: calls.append("pre"))
+    from glm5_fastpath.ops import sparse_mla as real  # its input checks decide "layout"
+
+    fake = types.SimpleNamespace(sparse_mla_decode=sparse_mla_decode, unsupported=real.unsupported,
+                                 precompile=lambda device=None: calls.append("pre"))
     monkeypatch.setattr(ops_pkg, "sparse_mla", fake, raising=False)
     monkeypatch.setenv(AC.ENV, "ours")
     monkeypatch.delenv(AC.ENV_MAX_TOKENS, raising=False)
