@@ -544,6 +544,9 @@ def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | Non
             for mode in mode_results:
                 t = row[mode].get("output_tok_s")
                 row[mode]["pct_of_floor"] = 100 * t / fl["floor_tok_s"] if t else None
+                # faster than streaming the weights the step must read: the run skipped work (a wrong route),
+                # not a fast kernel; the report flags it instead of printing it as a speedup
+                row[mode]["above_floor"] = bool(t and t > fl["floor_tok_s"])
         if "stock" in mode_results and "fastpath" in mode_results:
             a = mode_results["stock"].get("batches", {}).get(str(b), {}).get("first_tokens")
             c = mode_results["fastpath"].get("batches", {}).get(str(b), {}).get("first_tokens")
@@ -579,6 +582,11 @@ def render_markdown(rep: dict) -> str:
         if k in m:
             lines.append(f"- {k}: {m[k]}")
     lines.append("")
+    bad = [f"{mo} batch {r['batch']}" for r in rep["rows"] for mo in modes if (r.get(mo) or {}).get("above_floor")]
+    if bad:
+        lines += [f"**INVALID: {', '.join(bad)} decoded faster than the bytes floor** (the weights each step must "
+                  "read at the GPU's bandwidth): that run skipped work, so its numbers and speedups are not "
+                  "results. Find the route that dropped it before using this table.", ""]
     head = ["batch"]
     for mo in modes:
         head += [f"{mo} tok/s", f"{mo} % floor", f"{mo} TTFT p50 ms", f"{mo} ITL p50/p99 ms"]
@@ -593,7 +601,8 @@ def render_markdown(rep: dict) -> str:
                 cells += [f"error: {d['error'][:60]}", "-", "-", "-"]
                 continue
             ttft, itl = d.get("ttft_ms") or {}, d.get("itl_ms") or {}
-            cells += [_f(d.get("output_tok_s")), _f(d.get("pct_of_floor")), _f(ttft.get("p50"), 2),
+            cells += [_f(d.get("output_tok_s")), _f(d.get("pct_of_floor")) + (" INVALID" if d.get("above_floor") else ""),
+                      _f(ttft.get("p50"), 2),
                       f"{_f(itl.get('p50'), 2)}/{_f(itl.get('p99'), 2)}"]
         div = r.get("greedy_first_divergence")
         cmp_n = r.get("greedy_compared_tokens")

@@ -157,6 +157,21 @@ def test_report_json_markdown_from_fake_results(tmp_path):
     assert paths[0].name == "offline.json"
 
 
+def test_report_flags_a_run_faster_than_the_bytes_floor():
+    """A mode decoding faster than the weights it must stream (the session-5 engine run whose MoE route
+    dropped all rows but the first) is marked INVALID in JSON and markdown, not shown as a plain speedup."""
+    res = {"stock": _fake("stock", {8: 1226.7}, [1, 2]), "fastpath": _fake("fastpath", {8: 3014.1}, [1, 2])}
+    floors = {8: {"floor_tok_s": 1778.8, "floor_step_us": 4497.0, "expected_distinct_experts_per_moe_layer": 57.4}}
+    rep = off.build_report(res, floors=floors)
+    row = rep["rows"][0]
+    assert row["fastpath"]["above_floor"] is True and row["stock"]["above_floor"] is False
+    md = off.render_markdown(rep)
+    assert "**INVALID: fastpath batch 8 decoded faster than the bytes floor**" in md
+    assert "169.4 INVALID" in md and "69.0 INVALID" not in md
+    ok = off.render_markdown(off.build_report({"stock": _fake("stock", {8: 1226.7}, [1])}, floors=floors))
+    assert "INVALID" not in ok
+
+
 def test_report_with_error_and_single_mode():
     res = {"stock": {"mode": "stock", "batches": {"8": {"error": "RuntimeError: boom"}}}}
     rep = off.build_report(res)

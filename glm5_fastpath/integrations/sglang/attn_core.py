@@ -13,8 +13,9 @@ returns o [T, H, 512]. The attention backend is built after the model loads (aft
 method is wrapped on the CLASS, once per process; `unpatch_sparse_mla()` restores it.
 
 OPT-IN: GLM5_FASTPATH_SPARSE_MLA=ours turns the route on (default "sglang": FlashMLA everywhere) until the
-kernel has passed its GPU tests on an H200; GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS (default 16) is the largest
-T it takes (above, FlashMLA's one-CTA-per-token kernel has enough CTAs). A call outside what the kernel
+kernel has passed its GPU tests on an H200; GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS (default 8) is the largest
+T it takes: on the H200 (bench sparse-mla, 2026-11-29) ours took 17.7 / 29.4 / 75.6 us at T = 1 / 8 / 16
+against FlashMLA's 56.4 / 59.8 / 60.5 (its one-CTA-per-token kernel has enough CTAs from 16 tokens on). A call outside what the kernel
 takes (another dtype, a sink / topk_length argument (DeepSeek V4), H not a multiple of 16, T above the
 limit, K > 2048) goes to FlashMLA, counted in glm5_fastpath_sparse_mla_total{route="stock", reason} and logged
 once per reason; routed calls count {route="ours", reason="routed"}. Under CUDA graphs a call is a capture.
@@ -29,7 +30,7 @@ logger = logging.getLogger("glm5_fastpath")
 
 ENV = "GLM5_FASTPATH_SPARSE_MLA"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS"
-DEFAULT_MAX_TOKENS = 16
+DEFAULT_MAX_TOKENS = 8
 BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
 BACKEND_CLASS = "DeepseekSparseAttnBackend"
 METHOD = "_forward_flashmla_sparse"

@@ -29,9 +29,12 @@ renormalised, no custom routing function, bf16 gate [E, H]) and M <= 256. It com
 the HF reference does, where SGLang rounds them to bf16 first (F.linear in bf16), so near-tie expert choices can
 differ from SGLang's: FP8-noise-level. SGLang's routed-experts capturer (--enable-return-routed-experts) still
 receives the ids (with the fused shared column). CUDA-graph padding rows (forward_batch.num_token_non_padded
-< M: a batch replayed in a larger captured graph) get id -1, as SGLang's select_experts does (its own
-_mask_topk_ids_padded_region, one kernel), so MegaMoE gives them no expert work: without it a batch of 5 in
-the graph of 8 would stream up to 24 extra experts' weights. GLM5_FASTPATH_MOE_ROUTER=sglang keeps SGLang's
+< M: a batch replayed in a larger captured graph) get id -1 (SGLang's own _mask_topk_ids_padded_region, one
+kernel), so MegaMoE gives them no expert work, but only where SGLang keeps that count current on replay
+(its enable_num_token_non_padded(): EP / DP-gather / a2a backends). Elsewhere (TP1, the usual case) the graph
+runner writes the count once per capture into one shared buffer and never again, so on replay it holds the
+last captured size (1): masking by it dropped every row but the first (the 2026-11-29 session-5 engine run,
+caught by a decode step faster than its bytes floor). There padding rows keep their experts, as in SGLang. GLM5_FASTPATH_MOE_ROUTER=sglang keeps SGLang's
 gate + top-k (exact SGLang expert choice).
 
 A layer is refused at install (stays on SGLang's path, logged once with the reason, counted in
@@ -386,7 +389,8 @@ class MoEExecutor:
             # the gate's tensors are read per call: SGLang updates weights in place, and a capture bakes them
             ids, wts, _ = R.moe_route(hidden, mlp.gate.weight, mlp.gate.e_score_correction_bias, route.router)
             _capture_routed(route, ids)
-            if non_padded is not None and hidden.shape[0] > 1:  # one row is never padding (bucket 1)
+            # one row is never padding (bucket 1); the count is only trusted where SGLang refreshes it
+            if non_padded is not None and hidden.shape[0] > 1 and padding_count_is_live():
                 mask_padded_rows(ids, non_padded)
         else:
             logits = mlp.gate(hidden, alloc) if alloc is not None else mlp.gate(hidden)
@@ -424,6 +428,23 @@ class MoEExecutor:
 
 ROUTER_MAX_TOKENS = 256  # ops.moe_router.MAX_TOKENS (not imported here: this module loads without the ops)
 _mask_fn: Any = None
+_count_live: bool | None = None
+
+
+def padding_count_is_live() -> bool:
+    """Whether SGLang refreshes forward_batch.num_token_non_padded on every CUDA-graph replay: its own
+    enable_num_token_non_padded() (the condition its graph runners use). False when the helper is missing or
+    fails: then the count may be a stale capture-time value and must not be used to mask rows. Cached: it
+    depends on the parallel layout, fixed once the server runs."""
+    global _count_live
+    if _count_live is None:
+        try:
+            from sglang.srt.model_executor.forward_batch_info import enable_num_token_non_padded as f
+
+            _count_live = bool(f())
+        except Exception:  # noqa: BLE001 - releases without it, or parallel state not set up (tests)
+            return False
+    return _count_live
 
 
 def mask_padded_rows(ids: Any, non_padded: Any) -> None:

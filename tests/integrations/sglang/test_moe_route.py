@@ -411,6 +411,7 @@ def test_cuda_graph_padding_rows_get_no_experts(calls, routes, monkeypatch, sgla
             return real_import(name, *a, **k)
 
         monkeypatch.setattr(builtins, "__import__", no_topk)
+    monkeypatch.setattr(ME, "_count_live", True)  # SGLang refreshes the count on replay (EP / DP gather)
     mlp = router_moe()
     fb = types.SimpleNamespace(num_token_non_padded=torch.tensor(3, dtype=torch.int32))
     h = torch.randn(5, H).to(torch.bfloat16)
@@ -421,3 +422,37 @@ def test_cuda_graph_padding_rows_get_no_experts(calls, routes, monkeypatch, sgla
     assert (calls[-1]["ids"] >= 0).all()
     executor()(mlp.forward, h, forward_batch=None)  # no forward batch (eager, tests): nothing masked
     assert (calls[-1]["ids"] >= 0).all()
+
+
+def test_stale_padding_count_masks_nothing(calls, routes, monkeypatch):
+    """TP1 (SGLang's enable_num_token_non_padded() is False): the graph runner never refreshes the count on
+    replay, so it holds the last captured size (1). Masking by it kept only row 0's experts (the session-5
+    engine run decoded faster than its bytes floor); the route must leave every row's experts alone."""
+    monkeypatch.setattr(ME, "_count_live", False)
+    mlp = router_moe()
+    stale = types.SimpleNamespace(num_token_non_padded=torch.tensor(1, dtype=torch.int32))
+    h = torch.randn(8, H).to(torch.bfloat16)
+    executor()(mlp.forward, h, stale)
+    assert (calls[-1]["ids"] >= 0).all()
+
+
+def test_padding_count_is_live_follows_sglang(monkeypatch):
+    """The switch is SGLang's own condition, cached once known; a helper that raises (no parallel state yet)
+    reads as 'not live' and is asked again next time."""
+    import sys
+
+    fbi = types.ModuleType("sglang.srt.model_executor.forward_batch_info")
+    answers = iter([RuntimeError("no parallel state"), True])
+
+    def enable_num_token_non_padded():
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    fbi.enable_num_token_non_padded = enable_num_token_non_padded
+    monkeypatch.setitem(sys.modules, "sglang.srt.model_executor.forward_batch_info", fbi)
+    monkeypatch.setattr(ME, "_count_live", None)
+    assert ME.padding_count_is_live() is False
+    assert ME.padding_count_is_live() is True
+    assert ME.padding_count_is_live() is True  # cached: the iterator is not asked a third time
