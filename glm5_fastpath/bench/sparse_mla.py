@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tables", type=int, default=8, help="slot tables rotated over the launches")
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--splits", default="", help="comma list of explicit num_splits to time besides the op's "
+                   "heuristic (e.g. 4,8,16,32,64); the fastest per T is reported")
+    p.add_argument("--write-splits", default="", help="with --splits: write the fastest num_splits per T as a JSON "
+                   "table for GLM5_FASTPATH_SPARSE_MLA_SPLITS")
 
 
 def parse_tokens(s: str) -> list[int]:
@@ -55,7 +59,40 @@ def validate(a: argparse.Namespace) -> list[int]:
         raise ValueError(f"bench sparse-mla: --kv-slots ({a.kv_slots}) must be >= --topk ({a.topk})")
     if a.tables < 1 or a.replays < 1:
         raise ValueError("bench sparse-mla: --tables and --replays must be >= 1")
+    parse_splits(getattr(a, "splits", ""))
+    if getattr(a, "write_splits", "") and not getattr(a, "splits", ""):
+        raise ValueError("bench sparse-mla: --write-splits needs --splits")
     return ts
+
+
+def parse_splits(s: str) -> list[int]:
+    try:
+        out = sorted({int(x) for x in (s or "").split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"bench sparse-mla: --splits must be a comma list of integers, got {s!r}") from None
+    if any(not 1 <= n <= 64 for n in out):
+        raise ValueError(f"bench sparse-mla: --splits entries must be in 1..64, got {s!r}")
+    return out
+
+
+def best_splits(row: dict[str, Any], auto_splits: int) -> tuple[int, float] | None:
+    """The fastest num_splits of a row: the explicit sweep (ours_split_us) and the heuristic's own choice
+    (auto_splits at ours_us), ties to the heuristic."""
+    cands = {int(k): v for k, v in (row.get("ours_split_us") or {}).items() if v is not None}
+    if row.get("ours_us") is not None:
+        cands[auto_splits] = min(row["ours_us"], cands.get(auto_splits, math.inf))
+    if not cands:
+        return None
+    n = min(cands, key=lambda k: (cands[k], k != auto_splits))
+    return n, cands[n]
+
+
+def split_table_json(res: dict[str, Any]) -> dict[str, Any]:
+    """What --write-splits writes: {"splits": {T: num_splits}} (+ where it was measured), the format
+    ops.sparse_mla.parse_split_table reads."""
+    return {"gpu": res.get("gpu"), "date": res.get("date"), "commit": res.get("commit"),
+            "source": "glm5-fastpath bench sparse-mla --splits",
+            "splits": {str(r["T"]): r["best_splits"] for r in res.get("rows", []) if r.get("best_splits")}}
 
 
 def floor_bytes(t: int, k: int, h: int) -> int:
@@ -124,6 +161,22 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 row[f"{name}_timing"] = tm.method
             except Exception as e:  # noqa: BLE001 - one failing path must not lose the other's numbers
                 row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        auto = SM.split_plan(t, a.heads, a.topk, torch.cuda.get_device_properties(dev).multi_processor_count)
+        row["auto_splits"] = auto.num_splits
+        for n in parse_splits(getattr(a, "splits", "")):
+            fn = lambda q_, idx, n=n: SM.sparse_mla_decode(q_, kv, idx, scale, D_V, num_splits=n)  # noqa: E731
+            try:
+                err = rel_l2(fn(q, tables[0]).float(), ref)
+                if not err < 0.02:  # a wrong split must not win on speed
+                    raise RuntimeError(f"rel L2 {err:.4g} vs the reference")
+                tm = time_launches(lambda i, fn=fn: fn(q, tables[i % len(tables)]), len(tables), device=dev,
+                                   replays=a.replays)
+                row.setdefault("ours_split_us", {})[str(n)] = tm.median_us
+            except Exception as e:  # noqa: BLE001
+                row[f"ours_split{n}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        b = best_splits(row, auto.num_splits)
+        if b is not None:
+            row["best_splits"], row["best_us"] = b
         if row.get("ours_us") and row.get("stock_us"):
             row["stock_over_ours"] = row["stock_us"] / row["ours_us"]
         if row.get("ours_us") and row.get("floor_us"):
@@ -148,6 +201,16 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {r['T']} | {r['K']} | {r['H']} | {f(r.get('floor_us'))} | {f(r.get('ours_us'))} | "
                      f"{f(r.get('stock_us'))} | {f(r.get('stock_over_ours'))} | {f(r.get('ours_over_floor'))} | "
                      f"{f(r.get('ours_rel_l2'), 4)} | {f(r.get('stock_rel_l2'), 4)} |")
+    if any(r.get("ours_split_us") for r in res.get("rows", [])):
+        ns = sorted({int(k) for r in res["rows"] for k in (r.get("ours_split_us") or {})})
+        lines += ["", "num_splits sweep (ours, us; 'auto' = the op's heuristic, its split count in brackets):", "",
+                  "| T | auto | " + " | ".join(f"{n}" for n in ns) + " | best splits | best us |",
+                  "|---:|---:|" + "---:|" * len(ns) + "---:|---:|"]
+        for r in res["rows"]:
+            sw = r.get("ours_split_us") or {}
+            lines.append(f"| {r['T']} | {f(r.get('ours_us'))} [{r.get('auto_splits')}] | "
+                         + " | ".join(f(sw.get(str(n))) for n in ns)
+                         + f" | {r.get('best_splits', '-')} | {f(r.get('best_us'))} |")
     errs = [f"- T={r['T']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("_error")]
     if errs:
         lines += ["", "Errors:", *errs]
@@ -170,5 +233,10 @@ def main(a: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparse_mla.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "sparse_mla.md").write_text(markdown(res))
+    if getattr(a, "write_splits", ""):
+        tab = split_table_json(res)
+        Path(a.write_splits).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.write_splits).write_text(json.dumps(tab, indent=1))
+        print(f"wrote {a.write_splits}: splits {tab['splits']} (GLM5_FASTPATH_SPARSE_MLA_SPLITS={a.write_splits})")
     print(markdown(res))
     return 0

@@ -186,6 +186,45 @@ def split_plan(t: int, h: int, k: int, num_sms: int) -> SplitPlan:
     return SplitPlan(-(-blocks // bps), bps)
 
 
+def parse_split_table(spec: str) -> dict[int, int]:
+    """A tuned num_splits table {T: splits}: inline "1:16,8:16" or the path of a JSON file whose "splits" maps
+    T to splits (what `glm5-fastpath bench sparse-mla --write-splits` writes). A call with T tokens uses the
+    entry of the largest T' <= T (splits_for); T below every entry keeps split_plan(). Bad entries raise
+    SparseMlaInputError naming the entry."""
+    import json
+    import os
+
+    spec = spec.strip()
+    if spec.startswith("{") or os.path.isfile(spec):
+        try:
+            raw = json.loads(spec if spec.startswith("{") else open(spec).read())
+        except (OSError, ValueError) as e:
+            raise _fail(f"split table {spec!r}: {type(e).__name__}: {e}") from None
+        items = list((raw.get("splits", raw) if isinstance(raw, dict) else {}).items())
+        if not items:
+            raise _fail(f"split table {spec!r}: no 'splits' entries")
+    else:
+        items = [tuple(e.split(":", 1)) if ":" in e else (e, "") for e in spec.split(",") if e.strip()]
+    out: dict[int, int] = {}
+    for t, n in items:
+        try:
+            ti, ni = int(t), int(n)
+        except (TypeError, ValueError):
+            raise _fail(f"split table entry {t}:{n} is not T:splits (integers)") from None
+        if ti < 1 or not 1 <= ni <= MAX_SPLITS:
+            raise _fail(f"split table entry {ti}:{ni}: T must be >= 1 and splits in 1..{MAX_SPLITS}")
+        out[ti] = ni
+    if not out:
+        raise _fail(f"split table {spec!r} is empty")
+    return out
+
+
+def splits_for(table: dict[int, int] | None, t: int) -> Optional[int]:
+    """The tuned splits for T tokens: the entry of the largest T' <= T, else None (split_plan decides)."""
+    keys = [k for k in (table or {}) if k <= t]
+    return table[max(keys)] if keys else None
+
+
 # ---- launch ------------------------------------------------------------------------------------------
 
 _sms_cache: dict[int, int] = {}

@@ -65,3 +65,32 @@ def test_markdown_report():
 def test_needs_a_gpu(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert B.main(_args()) == 2 and "needs a CUDA GPU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, msg", [(["--splits", "0,4"], "1..64"), (["--splits", "x"], "integers"),
+                                       (["--write-splits", "/tmp/s.json"], "needs --splits")])
+def test_invalid_split_arguments(argv, msg):
+    with pytest.raises(ValueError, match=msg):
+        B.validate(_args(*argv))
+
+
+def test_best_splits_and_the_table_it_writes(tmp_path):
+    """The fastest split wins (the heuristic's own count on ties); the written JSON is what the op's table
+    parser reads, so `--write-splits` output can be handed to GLM5_FASTPATH_SPARSE_MLA_SPLITS as is."""
+    from glm5_fastpath.ops import sparse_mla as SM
+
+    r1 = {"T": 1, "ours_us": 17.7, "ours_split_us": {"16": 12.0, "32": 14.0, "64": 18.0}}
+    r8 = {"T": 8, "ours_us": 29.4, "ours_split_us": {"8": 29.4, "16": 30.0}}
+    assert B.best_splits(r1, 64) == (16, 12.0)
+    assert B.best_splits(r8, 8) == (8, 29.4)  # a tie with the heuristic keeps the heuristic
+    assert B.best_splits({"T": 2}, 32) is None
+    for r, auto in ((r1, 64), (r8, 8)):
+        r["best_splits"], r["best_us"] = B.best_splits(r, auto)
+        r["auto_splits"] = auto
+    res = {"gpu": "NVIDIA H200", "date": "d", "commit": "c", "rows": [r1, r8]}
+    p = tmp_path / "splits.json"
+    p.write_text(__import__("json").dumps(B.split_table_json(res)))
+    assert SM.parse_split_table(str(p)) == {1: 16, 8: 8}
+    md = B.markdown({**res, "stock": "x", "kv_slots": 1, "rows": [{**r1, "K": 2048, "H": 64},
+                                                                 {**r8, "K": 2048, "H": 64}]})
+    assert "| 1 | 17.70 [64] | - | 12.00 | 14.00 | 18.00 | 16 | 12.00 |" in md  # columns 8, 16, 32, 64

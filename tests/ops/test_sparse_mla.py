@@ -20,6 +20,7 @@ test measures it), S and O accumulate in fp32.
 from __future__ import annotations
 
 import importlib
+import json
 import math
 
 import pytest
@@ -933,3 +934,18 @@ def test_unsupported_is_the_validation_without_raising():
     assert msg.startswith("glm5_fastpath.sparse_mla_decode: ") and "bfloat16" in msg
     assert "multiple of 16" in SM.unsupported(q[:, :8], kv, idx, SCALE)
     assert "K=" in SM.unsupported(q, kv, torch.zeros(2, 4096, dtype=torch.int32), SCALE)
+
+
+def test_split_table_parsing(tmp_path):
+    """Tuned num_splits tables: inline T:S lists or bench sparse-mla's JSON; lookups take the largest T' <= T;
+    bad entries name the op and the entry."""
+    assert SM.parse_split_table("1:16, 8:32") == {1: 16, 8: 32}
+    p = tmp_path / "splits.json"
+    p.write_text(json.dumps({"gpu": "NVIDIA H200", "splits": {"1": 64, "4": 16}}))
+    tab = SM.parse_split_table(str(p))
+    assert tab == {1: 64, 4: 16} and SM.parse_split_table('{"2": 8}') == {2: 8}
+    assert [SM.splits_for(tab, t) for t in (1, 3, 4, 100)] == [64, 64, 16, 16]
+    assert SM.splits_for({4: 16}, 2) is None and SM.splits_for(None, 2) is None
+    for bad in ("1:0", "1:65", "x:3", "0:4", "", str(tmp_path / "none.json") + "x", '{"splits": {}}'):
+        with pytest.raises(SM.SparseMlaInputError, match="glm5_fastpath.sparse_mla"):
+            SM.parse_split_table(bad)

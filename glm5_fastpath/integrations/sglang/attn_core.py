@@ -12,10 +12,13 @@ layer with q [T, H, 576] bf16, the layer's MLA key buffer, the [T, topk] int32 s
 returns o [T, H, 512]. The attention backend is built after the model loads (after our install), so the
 method is wrapped on the CLASS, once per process; `unpatch_sparse_mla()` restores it.
 
-OPT-IN: GLM5_FASTPATH_SPARSE_MLA=ours turns the route on (default "sglang": FlashMLA everywhere) until the
-kernel has passed its GPU tests on an H200; GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS (default 8) is the largest
-T it takes: on the H200 (bench sparse-mla, 2026-11-29) ours took 17.7 / 29.4 / 75.6 us at T = 1 / 8 / 16
-against FlashMLA's 56.4 / 59.8 / 60.5 (its one-CTA-per-token kernel has enough CTAs from 16 tokens on). A call outside what the kernel
+ON by default since its GPU tests passed on an H200 and the engine run kept the greedy tokens (2026-11-29,
+session 5); GLM5_FASTPATH_SPARSE_MLA=sglang keeps FlashMLA everywhere. GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS
+(default 8) is the largest T it takes: on the H200 (bench sparse-mla) ours took 17.7 / 29.4 / 75.6 us at
+T = 1 / 8 / 16 against FlashMLA's 56.4 / 59.8 / 60.5 (its one-CTA-per-token kernel has enough CTAs from 16
+tokens on). GLM5_FASTPATH_SPARSE_MLA_SPLITS (a tuned table: "T:splits,..." or the JSON that `glm5-fastpath
+bench sparse-mla --splits ... --write-splits PATH` writes) overrides the op's split heuristic per T; a table
+that does not parse is logged and ignored. A call outside what the kernel
 takes (another dtype, a sink / topk_length argument (DeepSeek V4), H not a multiple of 16, T above the
 limit, K > 2048) goes to FlashMLA, counted in glm5_fastpath_sparse_mla_total{route="stock", reason} and logged
 once per reason; routed calls count {route="ours", reason="routed"}. Under CUDA graphs a call is a capture.
@@ -30,6 +33,7 @@ logger = logging.getLogger("glm5_fastpath")
 
 ENV = "GLM5_FASTPATH_SPARSE_MLA"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS"
+ENV_SPLITS = "GLM5_FASTPATH_SPARSE_MLA_SPLITS"
 DEFAULT_MAX_TOKENS = 8
 BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
 BACKEND_CLASS = "DeepseekSparseAttnBackend"
@@ -49,7 +53,22 @@ REASONS = {
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "sglang").strip().lower() in ("ours", "1", "on", "glm5_fastpath")
+    return os.environ.get(ENV, "ours").strip().lower() not in ("sglang", "0", "off", "flashmla", "stock")
+
+
+def split_table(log: logging.Logger = logger) -> dict[int, int] | None:
+    """GLM5_FASTPATH_SPARSE_MLA_SPLITS parsed (ops.sparse_mla.parse_split_table), None when unset or bad
+    (logged: the op's own split heuristic then decides)."""
+    spec = os.environ.get(ENV_SPLITS, "").strip()
+    if not spec:
+        return None
+    from ...ops import sparse_mla as SM
+
+    try:
+        return SM.parse_split_table(spec)
+    except ValueError as e:
+        log.warning("glm5_fastpath: sparse MLA: %s ignored: %s", ENV_SPLITS, e)
+        return None
 
 
 def max_tokens() -> int:
@@ -85,6 +104,7 @@ class SparseMlaRoute:
                  devices: tuple[str, ...] = ("cuda",)) -> None:
         self.metrics, self.log, self.devices = metrics, log, devices
         self.limit = max_tokens() if limit is None else limit
+        self.splits = split_table(log)
         self._once: set = set()
 
     def note(self, route: str, reason: str, level: int = logging.INFO) -> None:
@@ -105,7 +125,8 @@ class SparseMlaRoute:
         try:
             from ...ops import sparse_mla as SM
 
-            out = SM.sparse_mla_decode(q_all, kv_cache, page_table_1, float(sm_scale), int(v_head_dim))
+            out = SM.sparse_mla_decode(q_all, kv_cache, page_table_1, float(sm_scale), int(v_head_dim),
+                                       num_splits=SM.splits_for(self.splits, int(q_all.shape[0])))
         except Exception as e:  # noqa: BLE001 - never take the server down: FlashMLA, loudly, once
             if ("stock", "error") not in self._once:
                 self.log.warning("glm5_fastpath: sparse MLA kernel raised %s: %s; FlashMLA for this call",
@@ -162,8 +183,9 @@ def install_sparse_mla(metrics: Any = None, log: logging.Logger = logger, device
     setattr(_forward_flashmla_sparse, ORIGINAL_ATTR, original)
     _forward_flashmla_sparse.__glm5_fastpath_route__ = route
     setattr(cls, METHOD, _forward_flashmla_sparse)
-    log.info("glm5_fastpath: sparse MLA: %s.%s -> our split-KV kernel for <= %d tokens (%s=ours), FlashMLA above",
-             BACKEND_CLASS, METHOD, route.limit, ENV)
+    log.info("glm5_fastpath: sparse MLA: %s.%s -> our split-KV kernel for <= %d tokens, FlashMLA above (%s=sglang "
+             "turns it off); splits %s", BACKEND_CLASS, METHOD, route.limit, ENV,
+             route.splits if route.splits else "by the op's heuristic")
     return True
 
 

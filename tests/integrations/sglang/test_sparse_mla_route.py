@@ -26,17 +26,21 @@ class Backend:  # the shape of sglang's DeepseekSparseAttnBackend as far as the 
 def op(monkeypatch):
     calls = []
 
-    def sparse_mla_decode(q, kv, idx, scale, d_v):
+    def sparse_mla_decode(q, kv, idx, scale, d_v, num_splits=None):
         calls.append((q, kv, idx, scale, d_v))
+        splits.append(num_splits)
         return torch.zeros(q.shape[0], q.shape[1], d_v, dtype=BF16)
 
-    from glm5_fastpath.ops import sparse_mla as real  # its input checks decide "layout"
+    from glm5_fastpath.ops import sparse_mla as real  # its input checks and split tables are the real ones
 
+    splits: list = []
     fake = types.SimpleNamespace(sparse_mla_decode=sparse_mla_decode, unsupported=real.unsupported,
-                                 precompile=lambda device=None: calls.append("pre"))
+                                 parse_split_table=real.parse_split_table, splits_for=real.splits_for,
+                                 precompile=lambda device=None: calls.append("pre"), splits=splits)
     monkeypatch.setattr(ops_pkg, "sparse_mla", fake, raising=False)
-    monkeypatch.setenv(AC.ENV, "ours")
+    monkeypatch.delenv(AC.ENV, raising=False)  # on by default
     monkeypatch.delenv(AC.ENV_MAX_TOKENS, raising=False)
+    monkeypatch.delenv(AC.ENV_SPLITS, raising=False)
     cls = type("Backend", (Backend,), {})  # a fresh class per test: the wrap is class-level
     return calls, cls
 
@@ -53,11 +57,30 @@ def install(cls, reg=None, **kw):
     return AC.install_sparse_mla(FastpathMetrics(reg) if reg else None, backend_cls=cls, devices=("cpu",), **kw)
 
 
-def test_off_by_default(monkeypatch, op):
+@pytest.mark.parametrize("value", ["sglang", "off", "0", "FlashMLA"])
+def test_switched_off_keeps_flashmla(monkeypatch, op, value):
     calls, cls = op
-    monkeypatch.delenv(AC.ENV)
+    assert AC.enabled()  # on by default
+    monkeypatch.setenv(AC.ENV, value)
     assert not AC.enabled() and not install(cls)
     assert cls._forward_flashmla_sparse is Backend._forward_flashmla_sparse and calls == []
+
+
+def test_tuned_split_table_from_env(op, monkeypatch, caplog):
+    """GLM5_FASTPATH_SPARSE_MLA_SPLITS picks num_splits per T (largest entry <= T); T below every entry and an
+    unparsable table leave the op's heuristic (None), the latter logged."""
+    calls, cls = op
+    monkeypatch.setenv(AC.ENV_SPLITS, "2:16,8:32")
+    install(cls)
+    for t in (1, 2, 3, 8):
+        cls()._forward_flashmla_sparse(*args(t=t))
+    assert ops_pkg.sparse_mla.splits == [None, 16, 16, 32]
+    cls2 = type("Backend2", (Backend,), {})
+    monkeypatch.setenv(AC.ENV_SPLITS, "2:99")
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    install(cls2)
+    cls2()._forward_flashmla_sparse(*args(t=2))
+    assert ops_pkg.sparse_mla.splits[-1] is None and "GLM5_FASTPATH_SPARSE_MLA_SPLITS ignored" in caplog.text
 
 
 def test_small_calls_reach_our_kernel_and_are_counted(op, caplog):
@@ -120,7 +143,7 @@ def test_token_limit_from_env(op, monkeypatch):
 def test_kernel_error_falls_back_once_loudly(op, monkeypatch, caplog):
     calls, cls = op
 
-    def boom(*a):
+    def boom(*a, **k):
         raise RuntimeError("kaput")
 
     monkeypatch.setattr(ops_pkg.sparse_mla, "sparse_mla_decode", boom)
