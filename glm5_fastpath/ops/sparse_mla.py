@@ -38,15 +38,15 @@ Kernels (csrc/attn_core/sparse_mla_decode.{cuh,cu}, design in the header):
 - stage 2 glm5_sparse_mla_combine, grid (T, H, 2), 256 threads: log-sum-exp weights over the splits, o in bf16
   (zeros where every split was empty).
 num_splits is a kernel argument (one cubin for every T / K); None picks split_plan(): enough CTAs to cover the
-SMs twice (T * H/16 * splits >= 2 * SMs), each split at least one 32-slot block, at most ceil(K / 32), then
-evened out so no split is empty. An explicit num_splits may be 1..64 (splits past the last block are empty:
+SMs twice (T * H/16 * splits >= 2 * SMs), each split at least MIN_BLOCKS_PER_SPLIT (4) 32-slot blocks (measured on
+the H200), then evened out so no split is empty. An explicit num_splits may be 1..64 (splits past the last block are empty:
 they write lse = -inf and are skipped by the combine).
 PDL: both kernels let their dependents launch at entry; stage 1 reads q / indices / kv only after
 griddepcontrol.wait (the producer may have just written the current token's KV row), stage 2 reads the
 workspace only after its own wait. GLM5_FASTPATH_DISABLE_PDL=1 turns the attribute off globally.
 Workspace: allocated per call with torch.empty (the caching allocator: no host sync, fine under CUDA-graph
 capture, where it comes from the graph's private pool), T * splits * H * (512 + 1) fp32, i.e. ~2 KB per head
-of every stage-1 CTA (32 KB per CTA): 8.4 MB at T = 1, H = 64 (64 splits), 10.5 MB at T = 16 (5 splits).
+of every stage-1 CTA (32 KB per CTA): 2.1 MB at T = 1, H = 64 (16 splits), 10.5 MB at T = 16 (5 splits).
 Deterministic: fixed reduction orders everywhere, no atomics; repeated calls give the same bits.
 Accuracy: P and V enter the MMA in bf16 (as in FlashMLA), so o differs from the float64 reference by about the
 bf16 rounding of P (relative L2 typically ~2e-3; the GPU tests allow 1e-2).
@@ -81,6 +81,7 @@ HEAD_BLOCK = 16          # heads per CTA (HB)
 BLOCK = 32               # slots per inner iteration
 MAX_TOPK = 2048
 MAX_SPLITS = MAX_TOPK // BLOCK  # 64: the combine's shared lse array
+MIN_BLOCKS_PER_SPLIT = 4  # split_plan: fewer, longer splits beat 1-block splits at T = 1 (H200, 2026-11-29)
 SPLIT_THREADS = 128
 SPLIT_SMEM = 2 * BLOCK * (D_QK * 2 + 16) + HEAD_BLOCK * (D_QK * 2 + 16) + 2 * BLOCK * 4  # 93696
 COMBINE_THREADS = 256
@@ -174,14 +175,17 @@ def _check_pdl(pdl: object) -> None:
 
 def split_plan(t: int, h: int, k: int, num_sms: int) -> SplitPlan:
     """Splits of the K index columns for T tokens, H heads on `num_sms` SMs: the fewest splits giving
-    T * H/16 * splits >= 2 * num_sms CTAs (two resident per SM), between 1 and ceil(K / 32) (each split at least
-    one 32-slot block), then evened out: blocks_per_split = ceil(blocks / splits), splits = ceil(blocks /
-    blocks_per_split), so no split is empty. On 132 SMs, H = 64, K = 2048: T = 1 -> 64 splits x 1 block,
-    T = 2 -> 32 x 2, T = 8 -> 8 x 8, T = 16 -> 5 x 13, T = 64 -> 2 x 32."""
+    T * H/16 * splits >= 2 * num_sms CTAs (two resident per SM), but each split at least MIN_BLOCKS_PER_SPLIT
+    32-slot blocks (and at least one split), then evened out: blocks_per_split = ceil(blocks / splits),
+    splits = ceil(blocks / blocks_per_split), so no split is empty. The block minimum is measured: on the H200
+    (bench sparse-mla --splits, 2026-11-29) T = 1 took 11.6 us with 16 splits of 4 blocks against 17.6 us with
+    64 splits of 1 (the combine's partials then outweigh the gathered rows; 4 splits: 29 us), while T = 2 / 4 / 8
+    were within 3 % of the 2-per-SM rule's choice. On 132 SMs, H = 64, K = 2048: T = 1 -> 16 splits x 4 blocks,
+    T = 2 -> 16 x 4, T = 8 -> 8 x 8, T = 16 -> 5 x 13, T = 64 -> 2 x 32."""
     blocks = max(1, -(-k // BLOCK))
     ctas_per_split = max(1, t * (h // HEAD_BLOCK))
     want = -(-2 * max(1, num_sms) // ctas_per_split)
-    splits = max(1, min(blocks, want, MAX_SPLITS))
+    splits = max(1, min(-(-blocks // MIN_BLOCKS_PER_SPLIT), want, MAX_SPLITS))
     bps = -(-blocks // splits)
     return SplitPlan(-(-blocks // bps), bps)
 

@@ -240,7 +240,8 @@ def test_cpu_strided_inputs(seed):
 # ---- CPU: the algorithm (float64 emulation of both kernels) ---------------------------------------------------------
 
 @pytest.mark.parametrize("t, h, k, s, splits", [
-    (1, 16, 2048, 5000, None),   # T = 1: 64 splits of one block
+    (1, 16, 2048, 5000, None),   # T = 1: 16 splits of four blocks
+    (1, 16, 2048, 5000, 64),     # 64 splits of one block
     (3, 16, 2048, 5000, None),
     (2, 32, 100, 700, None),     # K not a multiple of 32: a partial last block
     (5, 16, 333, 2000, 7),       # uneven split partition
@@ -520,12 +521,14 @@ def test_combine_mapping_covers_every_column_and_split_once():
 
 # ---- CPU: the split heuristic ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("t, want", [(1, (64, 1)), (2, (32, 2)), (8, (8, 8)), (16, (5, 13)), (64, (2, 32))])
+@pytest.mark.parametrize("t, want", [(1, (16, 4)), (2, (16, 4)), (4, (16, 4)), (8, (8, 8)), (16, (5, 13)),
+                                     (64, (2, 32))])
 def test_split_plan_glm5_on_132_sms(t, want):
     plan = SM.split_plan(t, 64, 2048, 132)
     assert tuple(plan) == want
     ctas = t * 4 * plan.num_splits
-    assert ctas >= 256  # ~2 per SM (264); below only where evening-out or the one-block minimum caps it
+    # ~2 per SM (264); below only where the 4-block minimum (T <= 2) or evening-out caps it
+    assert ctas >= 256 or plan.blocks_per_split == SM.MIN_BLOCKS_PER_SPLIT
 
 
 def test_split_plan_invariants():
@@ -538,7 +541,7 @@ def test_split_plan_invariants():
                     assert 1 <= ns <= min(nblocks, SM.MAX_SPLITS)
                     assert (ns - 1) * bps < nblocks <= ns * bps  # no empty split
                     assert split_blocks(k, ns, ns - 1)[1] == nblocks and split_blocks(k, ns, 0)[1] - split_blocks(k, ns, 0)[0] == bps
-                    first = max(1, min(nblocks, -(-2 * sms // (t * h // 16))))
+                    first = max(1, min(-(-nblocks // SM.MIN_BLOCKS_PER_SPLIT), -(-2 * sms // (t * h // 16))))
                     assert -(-first // 2) <= ns <= first  # evening-out at most halves the target
     assert SM.split_plan(1000, 64, 2048, 132).num_splits == 1  # plenty of CTAs: no split, no combine traffic
 
