@@ -154,7 +154,7 @@ def _backend_class() -> Any:
 def install_sparse_mla(metrics: Any = None, log: logging.Logger = logger, device: Any = None,
                        backend_cls: Any = None, precompile: bool = True,
                        devices: tuple[str, ...] = ("cuda",)) -> bool:
-    """Wrap the DSA backend's sparse-MLA call when GLM5_FASTPATH_SPARSE_MLA=ours (module doc). Compiles the
+    """Wrap the DSA backend's sparse-MLA call unless GLM5_FASTPATH_SPARSE_MLA=sglang (module doc). Compiles the
     kernel first (never inside the first request); on failure the method stays SGLang's. Returns whether the
     route is installed."""
     if not enabled():

@@ -193,7 +193,7 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
     moe_buckets = [t for t, _, m in rows if decision.executor_family(m) == "megamoe"]
     if moe_buckets:
         _prepare_moe(model, router, moe_buckets, metrics, log)
-    if needs_kernels:  # opt-in (GLM5_FASTPATH_SPARSE_MLA=ours): the DSA attention core at small token counts
+    if needs_kernels:  # on unless GLM5_FASTPATH_SPARSE_MLA=sglang: the DSA attention core at small token counts
         from .attn_core import install_sparse_mla
 
         install_sparse_mla(metrics, log)

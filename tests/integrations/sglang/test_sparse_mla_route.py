@@ -1,4 +1,4 @@
-"""The sparse-MLA route (integrations/sglang/attn_core.py) on CPU: opt-in switch, the class-level wrap of the DSA
+"""The sparse-MLA route (integrations/sglang/attn_core.py) on CPU: on-by-default switch, the class-level wrap of the DSA
 backend's _forward_flashmla_sparse, which calls reach our op and which stay on FlashMLA (each reason logged once,
 counted), precompile failure, unpatch. The op itself is a recorder here (its numerics: tests/ops/test_sparse_mla.py
 on a GPU)."""
