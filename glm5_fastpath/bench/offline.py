@@ -692,8 +692,8 @@ PROFILE_TOP_IN_REPORT = 10
 def compact_breakdown(res: dict, top: int = PROFILE_TOP_IN_REPORT) -> dict:
     """What the offline report keeps of a trace_breakdown result (the full one is breakdown.json)."""
     return {"source": res.get("source"), "split": res.get("split"), "summary": res.get("summary"),
-            "top_kernels": (res.get("top_kernels") or [])[:top], "largest_gaps": (res.get("largest_gaps") or [])[:5],
-            "warnings": res.get("warnings") or []}
+            "top_kernels": (res.get("top_kernels") or [])[:top], "top_exposed": (res.get("top_exposed") or [])[:top],
+            "largest_gaps": (res.get("largest_gaps") or [])[:5], "warnings": res.get("warnings") or []}
 
 
 def attach_profiles(results: dict[str, dict], out: Path) -> list[str]:
@@ -775,11 +775,17 @@ def render_profiles(rep: dict) -> list[str]:
         if tk:
             tops.append(f"- {mo} b{b}: " + "; ".join(
                 f"`{k['name'][:70]}` ({k['category']}) {k['us_per_step']:.1f} us/step" for k in tk[:5]))
+        te = p["breakdown"].get("top_exposed") or []
+        if te:
+            tops.append(f"- {mo} b{b}, by exposed time: " + "; ".join(
+                f"`{k['name'][:70]}` ({k['category']}) {k['exposed_us_per_step']:.1f} us/step" for k in te[:8]))
     lines += ["", "step = GPU step period (first kernel of one decode step to the next); busy = union of GPU "
               "activity; category columns = summed kernel time per step; host launch interval = CPU time between "
               "the first launch calls of consecutive steps. Full tables (every step, top 25 kernels, largest idle "
               "gaps): profile-<mode>-b<B>/breakdown.md. Profiler overhead: compare step ms with the unprofiled "
-              "ITL p50.", "", "Top kernels per step:", ""] + tops
+              "ITL p50. Exposed time: busy time charged to the running kernel that ends first (a PDL consumer's "
+              "wait stays with its producer; hidden overlap costs nothing), so it sums to busy.", "",
+              "Top kernels per step:", ""] + tops
     return lines
 
 

@@ -296,6 +296,34 @@ def busy_intervals(ops: Iterable[GpuOp], lo: float = float("-inf"), hi: float = 
     return out
 
 
+def exposed_time(ops: Sequence[GpuOp], lo: float = float("-inf"), hi: float = float("inf")) -> dict[str, float]:
+    """Busy time of [lo, hi) charged to activities: every instant some activity runs goes to the running one
+    that ENDS FIRST. The charges sum to the busy union. Why the first to end: with PDL a consumer is
+    resident (and in the trace) from its early launch while it waits in griddepcontrol.wait, so its
+    duration includes its producer's; charged this way the producer keeps its own time and the consumer
+    gets only what it adds after its producer ends. Two streams running at once split the overlap the same
+    way; an activity fully hidden behind a longer one costs nothing. Keyed by activity name."""
+    import heapq
+
+    evs = sorted((max(o.ts, lo), min(o.end, hi), o.name) for o in ops if min(o.end, hi) > max(o.ts, lo))
+    out: dict[str, float] = {}
+    running: list[tuple[float, int, str]] = []  # (end, order, name)
+    i, t, n = 0, None, len(evs)
+    while i < n or running:
+        if not running:
+            t = evs[i][0]
+        while i < n and evs[i][0] <= t:
+            heapq.heappush(running, (evs[i][1], i, evs[i][2]))
+            i += 1
+        end, _, name = running[0]
+        nxt = min(end, evs[i][0]) if i < n else end
+        out[name] = out.get(name, 0.0) + (nxt - t)
+        t = nxt
+        while running and running[0][0] <= t:
+            heapq.heappop(running)
+    return out
+
+
 def _clip(iv: list[list[float]], starts: list[float], lo: float, hi: float) -> list[list[float]]:
     """The part of sorted disjoint intervals iv (starts = their starts) inside [lo, hi)."""
     out = []
@@ -438,6 +466,7 @@ def analyze(obj: Any, *, method: str = "auto", gap_us: float | None = None, top_
         if host:
             st["host"] = host
         st["_gaps"], st["_last_end"] = gaps, last_end
+        st["_exposed"] = exposed_time(ops, mk.gpu_start, end)
         res["steps"].append(st)
         per_step_ops.append(ops)
     # summary over complete steps (DECODE only when the split knows the mode)
@@ -493,13 +522,18 @@ def analyze(obj: Any, *, method: str = "auto", gap_us: float | None = None, top_
             a = agg.setdefault(o.name, {"name": o.name, "category": category(o.name, o.cat), "calls": 0, "total_us": 0.0})
             a["calls"] += 1
             a["total_us"] += o.dur
-    top = sorted(agg.values(), key=lambda a: -a["total_us"])[:max(top_k, 0)]
-    for a in top:
+    for s in done:
+        for name, us in s["_exposed"].items():
+            if name in agg:
+                agg[name]["exposed_total_us"] = agg[name].get("exposed_total_us", 0.0) + us
+    for a in agg.values():
         a["calls_per_step"] = a["calls"] / n
         a["us_per_step"] = a["total_us"] / n
         a["mean_us"] = a["total_us"] / a["calls"]
         a["pct_of_busy"] = 100 * a["total_us"] / busy_total if busy_total else None
-    res["top_kernels"] = top
+        a["exposed_us_per_step"] = a.pop("exposed_total_us", 0.0) / n
+    res["top_kernels"] = sorted(agg.values(), key=lambda a: -a["total_us"])[:max(top_k, 0)]
+    res["top_exposed"] = [dict(a) for a in sorted(agg.values(), key=lambda a: -a["exposed_us_per_step"])[:max(top_k, 0)]]
     # largest idle gaps inside / between the summarized steps, with the activity on either side
     ends = {}
     for ops in per_step_ops:
@@ -626,6 +660,15 @@ def render_markdown(res: dict, title: str | None = None) -> str:
             pct = "-" if a["pct_of_busy"] is None else f"{a['pct_of_busy']:.1f}"
             lines.append(f"| {j} | `{_short(a['name'])}` | {a['category']} | {a['calls_per_step']:.1f} | "
                          f"{a['us_per_step']:.1f} | {a['mean_us']:.1f} | {pct} |")
+    if res.get("top_exposed"):
+        lines += ["", f"Top {len(res['top_exposed'])} kernels by exposed time (busy time charged to the running activity "
+                  "that ends first, so a PDL consumer's wait stays with its producer and hidden overlap costs "
+                  "nothing; the column sums to busy):", "",
+                  "| # | kernel | category | calls/step | exposed us/step | duration us/step |",
+                  "|---:|---|---|---:|---:|---:|"]
+        for j, a in enumerate(res["top_exposed"], 1):
+            lines.append(f"| {j} | `{_short(a['name'])}` | {a['category']} | {a['calls_per_step']:.1f} | "
+                         f"{a['exposed_us_per_step']:.1f} | {a['us_per_step']:.1f} |")
     if res.get("largest_gaps"):
         lines += ["", "Largest GPU idle gaps:", "", "| step | gap us | where | after | before |",
                   "|---:|---:|---|---|---|"]

@@ -238,3 +238,34 @@ def test_overlapping_streams_busy_is_the_union():
     # in step 1's window it covers [start, start + 100): 45 us of the copy -> graph gap become busy
     assert s1["busy_us"] == pytest.approx(BUSY + 45) and s1["category_us"]["ours"] == pytest.approx(100)
     assert s0["idle_us"] + s0["busy_us"] == pytest.approx(P)
+
+
+def _op(name, ts, dur):
+    return tb.GpuOp(name=name, cat="kernel", ts=ts, dur=dur)
+
+
+def test_exposed_time_charges_the_first_to_end():
+    """A PDL consumer resident from its early launch (waiting on its producer) is charged only what it adds
+    after the producer ends; a side-stream kernel hidden under a longer one costs nothing; a gap is charged
+    to nobody; the charges sum to the busy union, also when clipped to a window."""
+    ops = [_op("producer", 0, 10), _op("consumer_pdl", 2, 12),  # waits 2..10, works 10..14
+           _op("hidden", 20, 5), _op("long", 18, 20),           # [20, 25) hidden under [18, 38)
+           _op("after_gap", 50, 4)]
+    got = tb.exposed_time(ops)
+    assert got == pytest.approx({"producer": 10, "consumer_pdl": 4, "long": 2 + 13, "hidden": 5,
+                                 "after_gap": 4})
+    # "hidden" ends first while both run, so it takes [20, 25) and "long" the rest: still the union in total
+    assert sum(got.values()) == pytest.approx(sum(b - a for a, b in tb.busy_intervals(ops)))
+    clipped = tb.exposed_time(ops, 5, 22)  # both clipped to end at 22: a tie goes to the earlier start
+    assert clipped == pytest.approx({"producer": 5, "consumer_pdl": 4, "long": 4})
+    assert tb.exposed_time([]) == {} and tb.exposed_time([_op("zero", 3, 0)]) == {}
+
+
+def test_top_exposed_in_the_report():
+    """Serial kernels: exposed = duration; the table is rendered and sums to busy."""
+    r = tb.analyze(sglang_like(5))
+    ex = {a["name"]: a["exposed_us_per_step"] for a in r["top_exposed"]}
+    assert ex["fused_moe_kernel"] == pytest.approx(400.0) and ex[ARGMAX] == pytest.approx(50.0)
+    assert sum(ex.values()) == pytest.approx(BUSY)
+    assert r["top_exposed"][0]["name"] == "fused_moe_kernel"
+    assert "kernels by exposed time" in tb.render_markdown(r)
