@@ -78,6 +78,9 @@ fi
 ARGS=(--model "$MODEL" --load-format "$LOAD_FORMAT" --batch-sizes "$BS" --input-len "$IN_LEN"
       --output-len "$OUT_LEN" --out "$RES" --timeout "${WORKER_TIMEOUT:-540}" --fastpath-config "$FASTPATH_CONFIG")
 [ "$LOAD_FORMAT" = dummy ] && ARGS+=(--randomize-routers)
+# REALISTIC_DUMMY=1: norm weights 1 and FP8 block scales at unit gain in both modes (glm5_fastpath/bench/
+# dummy_weights.py), so the greedy-token check sees every layer (plain dummy FP8 weights are ~98 % zero)
+[ "$LOAD_FORMAT" = dummy ] && [ "${REALISTIC_DUMMY:-0}" = 1 ] && ARGS+=(--realistic-dummy --seam external-model-package)
 # PROFILE_STEPS=5 PROFILE_BS=1,16,64: torch-profiler traces of 5 pure-decode engine steps per listed batch,
 # analysed into per-kernel-category GPU time / idle time (glm5_fastpath/bench/trace_breakdown.py)
 # ROUTING_STATS=1 (default): distinct experts per MoE layer per decode step, measured in both modes

@@ -57,6 +57,7 @@ SEAMS = ("auto", "plugin", "external-model-package")
 EXTERNAL_PACKAGE = "glm5_fastpath.integrations.sglang.models"
 ENV_SWITCH = "GLM5_FASTPATH"
 ENV_EXTERNAL = "SGLANG_EXTERNAL_MODEL_PACKAGE"
+ENV_REALISTIC_DUMMY = "GLM5_FASTPATH_BENCH_REALISTIC_DUMMY"  # bench/dummy_weights.ENV (not imported: no torch here)
 ENV_CONFIG = "GLM5_FASTPATH_CONFIG"
 PLUGIN_MIN_VERSION = (0, 5, 23)  # first SGLang with the sglang.srt.plugins entry-point group
 ROUTER_STD = 0.02
@@ -111,6 +112,7 @@ class OfflineOptions:
     num_prompts: int | None = None  # per batch size; None -> one call of B prompts
     load_format: str = "auto"
     randomize_routers: bool = False
+    realistic_dummy: bool = False  # dummy weights with O(1) activations in both modes (bench/dummy_weights.py)
     modes: list[str] = field(default_factory=lambda: list(MODES))
     out: str = "benchmarks/results/offline"
     dry_run: bool = False
@@ -192,6 +194,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-format", choices=("auto", "dummy"), default="auto")
     p.add_argument("--randomize-routers", action="store_true",
                    help="give MoE routers N(0,0.02) weights + zero correction bias (realistic routing with dummy weights)")
+    p.add_argument("--realistic-dummy", action="store_true",
+                   help="with --load-format dummy: norm weights 1 and FP8 block scales at unit gain in BOTH modes "
+                        "(glm5_fastpath/bench/dummy_weights.py), so the greedy-token check sees every layer; "
+                        "needs the external-model-package seam")
     p.add_argument("--modes", type=_mode_list, default=list(MODES), help="comma list of stock,fastpath")
     p.add_argument("--out", default="benchmarks/results/offline", help="output dir (JSON, markdown, PNG)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the worker commands; import no sglang")
@@ -226,7 +232,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(a: argparse.Namespace) -> OfflineOptions:
     return OfflineOptions(model=a.model, batch_sizes=list(a.batch_sizes), input_len=a.input_len,
                           output_len=a.output_len, num_prompts=a.num_prompts, load_format=a.load_format,
-                          randomize_routers=a.randomize_routers, modes=list(a.modes), out=a.out, dry_run=a.dry_run,
+                          randomize_routers=a.randomize_routers, realistic_dummy=a.realistic_dummy,
+                          modes=list(a.modes), out=a.out, dry_run=a.dry_run,
                           report_only=a.report_only,
                           engine_args=parse_engine_args(a.engine_arg), seed=a.seed, seam=a.seam,
                           stream_pass=a.stream_pass, timeout_s=a.timeout_s, fastpath_config=a.fastpath_config,
@@ -311,6 +318,8 @@ def validate(o: OfflineOptions) -> dict:
         from ..selection import load as load_table
 
         load_table(o.fastpath_config)  # a bad table fails here, with the key named, not inside the engine
+    if o.realistic_dummy and o.load_format != "dummy":
+        raise ValueError("--realistic-dummy rescales dummy weights: it needs --load-format dummy")
     cfg = read_model_config(o.model)
     if o.load_format == "auto" and not any(Path(o.model).glob("*.safetensors")):
         raise ValueError(f"--model {o.model} holds no *.safetensors; use --load-format dummy for a config-only dir")
@@ -394,14 +403,21 @@ def resolve_seam(seam: str, sglang_version: str | None) -> str:
     return "external-model-package"
 
 
-def mode_env(mode: str, seam: str, base: dict[str, str] | None = None, config: str | None = None) -> dict[str, str]:
-    """Environment of a worker: the parent's, the sm90 defaults, and the mode's switch."""
+def mode_env(mode: str, seam: str, base: dict[str, str] | None = None, config: str | None = None,
+             realistic_dummy: bool = False) -> dict[str, str]:
+    """Environment of a worker: the parent's, the sm90 defaults, and the mode's switch. realistic_dummy: both
+    modes load our GlmMoeDsaForCausalLM subclass (external model package) with ENV_REALISTIC_DUMMY=1; stock
+    without GLM5_FASTPATH=1, so it runs SGLang's path on the same rescaled weights."""
     env = dict(os.environ if base is None else base)
     for k, v in DEFAULT_ENV.items():
         env.setdefault(k, v)
     env.pop(ENV_SWITCH, None)
     env.pop(ENV_EXTERNAL, None)
     env.pop(ENV_CONFIG, None)
+    env.pop(ENV_REALISTIC_DUMMY, None)
+    if realistic_dummy:
+        env[ENV_REALISTIC_DUMMY] = "1"
+        env[ENV_EXTERNAL] = EXTERNAL_PACKAGE
     if mode == "fastpath":
         env[ENV_SWITCH] = "1"
         env.setdefault("GLM5_FASTPATH_LOG_LEVEL", "INFO")  # routing lines in the worker log (Engine logs at error)
@@ -416,6 +432,7 @@ def run_key(o: OfflineOptions) -> str:
     """Identifies comparable runs: same model, prompts, lengths, batch sizes, load format, routers, engine args."""
     d = {"model": os.path.abspath(o.model), "bs": sorted(o.batch_sizes), "in": o.input_len, "out": o.output_len,
          "n": o.num_prompts, "lf": o.load_format, "rr": o.randomize_routers, "seed": o.seed,
+         **({"rd": True} if o.realistic_dummy else {}),
          "ea": sorted(o.engine_args.items(), key=lambda kv: kv[0]), **({"rs": True} if o.routing_stats else {})}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -446,10 +463,13 @@ def plan(o: OfflineOptions, sglang_version: str | None = None) -> list[dict]:
     seam = resolve_seam(o.seam, sglang_version)
     out = []
     for mode in o.modes:
-        env = mode_env(mode, seam, base={}, config=o.fastpath_config)
+        if o.realistic_dummy and seam != "external-model-package":
+            raise ValueError(f"--realistic-dummy needs the external-model-package seam (resolved: {seam}); "
+                             "pass --seam external-model-package")
+        env = mode_env(mode, seam, base={}, config=o.fastpath_config, realistic_dummy=o.realistic_dummy)
         wc = worker_config(o, mode, seam, cfg)
         cpath = str(Path(o.out).resolve() / f"worker-{mode}.json")
-        shown_env = {k: env.get(k) for k in (ENV_SWITCH, ENV_EXTERNAL, ENV_CONFIG, *DEFAULT_ENV)}
+        shown_env = {k: env.get(k) for k in (ENV_SWITCH, ENV_EXTERNAL, ENV_CONFIG, ENV_REALISTIC_DUMMY, *DEFAULT_ENV)}
         out.append({"mode": mode, "command": worker_command(cpath), "config_path": cpath, "env": shown_env,
                     "config": wc})
     return out
@@ -578,7 +598,7 @@ def render_markdown(rep: dict) -> str:
     m = rep.get("meta", {})
     lines = ["# Offline decode throughput: stock SGLang vs glm5_fastpath", ""]
     for k in ("gpu", "date", "commit", "sglang_version", "model", "load_format", "randomize_routers",
-              "input_len", "output_len", "seam"):
+              "realistic_dummy", "input_len", "output_len", "seam"):
         if k in m:
             lines.append(f"- {k}: {m[k]}")
     lines.append("")
@@ -806,7 +826,7 @@ def run_bench(o: OfflineOptions) -> int:
     rc = 0
     for s in ([] if o.report_only else steps):
         Path(s["config_path"]).write_text(json.dumps(s["config"], indent=2))
-        env = mode_env(s["mode"], s["config"]["seam"], config=o.fastpath_config)
+        env = mode_env(s["mode"], s["config"]["seam"], config=o.fastpath_config, realistic_dummy=o.realistic_dummy)
         log = out / f"worker-{s['mode']}.log"
         print(f"[{s['mode']}] {' '.join(s['command'])}  (log: {log})", flush=True)
         t0 = time.perf_counter()
@@ -839,7 +859,8 @@ def run_bench(o: OfflineOptions) -> int:
     first = next(iter(results.values()), {})
     meta = {"gpu": first.get("gpu"), "date": utc_now(), "commit": git_commit(),
             "sglang_version": first.get("sglang_version") or ver, "model": os.path.abspath(o.model),
-            "load_format": o.load_format, "randomize_routers": o.randomize_routers, "input_len": o.input_len,
+            "load_format": o.load_format, "randomize_routers": o.randomize_routers,
+            "realistic_dummy": o.realistic_dummy, "input_len": o.input_len,
             "output_len": o.output_len, "seam": first.get("seam"), "batch_sizes": sorted(o.batch_sizes),
             "num_layers": cfg.get("num_hidden_layers"), "moe_layers": moe_layers(cfg)}
     try:

@@ -512,3 +512,29 @@ def test_report_only_merges_existing_results_and_keeps_breakdowns(tmp_path, monk
     assert row["speedup"] == pytest.approx(1.5)
     assert row["stock"]["profile"]["breakdown"] == bd and "breakdown_error" not in row["stock"]["profile"]
     assert not (out / "prompts.json").exists()  # nothing regenerated
+
+
+def test_realistic_dummy_in_both_modes(tmp_path):
+    """--realistic-dummy: both workers load our model subclass with the bench switch; stock without GLM5_FASTPATH
+    (SGLang's path on the same rescaled weights); only with --load-format dummy and the external-package seam."""
+    o = _opts(tmp_path, "--realistic-dummy", "--seam", "external-model-package")
+    steps = off.plan(o, "0.5.14")
+    env = {s["mode"]: s["env"] for s in steps}
+    for mode in ("stock", "fastpath"):
+        assert env[mode][off.ENV_REALISTIC_DUMMY] == "1" and env[mode][off.ENV_EXTERNAL] == off.EXTERNAL_PACKAGE
+    assert env["stock"][off.ENV_SWITCH] is None and env["fastpath"][off.ENV_SWITCH] == "1"
+    plain = off.plan(_opts(tmp_path, "--seam", "external-model-package"), "0.5.14")
+    assert all(s["env"][off.ENV_REALISTIC_DUMMY] is None for s in plain)
+    assert {s["mode"]: s["env"][off.ENV_EXTERNAL] for s in plain}["stock"] is None
+    assert off.run_key(o) != off.run_key(_opts(tmp_path))
+    full = off.mode_env("stock", "external-model-package", base={off.ENV_REALISTIC_DUMMY: "1"})
+    assert off.ENV_REALISTIC_DUMMY not in full  # never inherited: only the option sets it
+    from glm5_fastpath.bench import dummy_weights
+
+    assert off.ENV_REALISTIC_DUMMY == dummy_weights.ENV
+    with pytest.raises(ValueError, match="external-model-package seam"):
+        off.plan(_opts(tmp_path, "--realistic-dummy", "--seam", "plugin"), "0.5.23")
+    a = build_parser().parse_args(["bench", "offline", "--model", str(_model(tmp_path)), "--realistic-dummy",
+                                   "--out", str(tmp_path / "o2")])
+    with pytest.raises(ValueError, match="needs --load-format dummy"):
+        off.validate(off.options_from_args(a))

@@ -24,10 +24,21 @@ def maybe_install(model) -> None:
         install_model(model, facts_from_model(model, tp_size=_tp_size()))
 
 
+def maybe_realistic_dummy(model) -> None:
+    """Benchmark only (GLM5_FASTPATH_BENCH_REALISTIC_DUMMY=1, set by `bench offline --realistic-dummy` for both
+    modes): dummy weights with O(1) activations (glm5_fastpath/bench/dummy_weights.py). Runs before SGLang's
+    post-load (W_UK / W_UV from kv_b_proj) and before our install, so both see the final values."""
+    from ....bench import dummy_weights as D
+
+    if D.enabled():
+        logger.warning("glm5_fastpath: %s (%s=1: benchmark only)", D.summary_line(D.realistic_dummy(model)), D.ENV)
+
+
 class GlmMoeDsaForCausalLM(_StockGlmMoeDsa):
     """SGLang's GlmMoeDsaForCausalLM + glm5_fastpath install after loading (idempotent)."""
 
     def post_load_weights(self, *args, **kwargs):
+        maybe_realistic_dummy(self)
         out = super().post_load_weights(*args, **kwargs)
         maybe_install(self)
         return out
