@@ -1,9 +1,10 @@
 // Split-KV sparse MLA decode: stage 1 (glm5_sparse_mla_split) and stage 2 (glm5_sparse_mla_combine), the
-// tiles of sparse_mla_decode.cuh. No compile-time configuration: T, H, K, the strides and num_splits are
-// kernel arguments, so one cubin serves every shape.
+// tiles of sparse_mla_decode.cuh. T, H, K, the strides and num_splits are kernel arguments, so one cubin
+// serves every shape. One compile-time knob: GLM5_SPARSE_MLA_STAGES, the split tile's gather ring depth
+// (default 2: 93696 B, 2 CTAs per SM; 5: 206 KB, 1 CTA per SM; see the .cuh header).
 //
 // Stage 1 launch: grid (T, num_splits, H / 16), block (128, 1, 1), dynamic shared memory
-// SparseMlaSplitTile::kSmemBytes (93696 B, needs the > 48 KB opt-in). Split s covers the slot blocks
+// SplitTile::kSmemBytes (needs the > 48 KB opt-in). Split s covers the slot blocks
 // [s * bps, min((s + 1) * bps, ceil(K / 32))), bps = ceil(ceil(K / 32) / num_splits) (an empty split writes
 // zeros and lse = -inf). Requires 1 <= num_splits <= 64 (the combine's shared lse array) and K <= 2048.
 // Stage 2 launch: grid (T, H, 2), block (256, 1, 1), no dynamic shared memory.
@@ -15,12 +16,16 @@
 
 #include "../common/pdl.cuh"
 
-using SplitTile = glm5::attn_core::SparseMlaSplitTile;
+#ifndef GLM5_SPARSE_MLA_STAGES
+#define GLM5_SPARSE_MLA_STAGES 2
+#endif
+
+using SplitTile = glm5::attn_core::SparseMlaSplitTileT<GLM5_SPARSE_MLA_STAGES>;
 using CombineTile = glm5::attn_core::SparseMlaCombineTile;
 
 // Parameter order and types are the ABI the Python launcher packs (glm5_fastpath/ops/sparse_mla.py,
 // _split_args / _combine_args); the runtime checks sizes against the cubin at load.
-extern "C" __global__ void __launch_bounds__(SplitTile::kThreads, 2)
+extern "C" __global__ void __launch_bounds__(SplitTile::kThreads, SplitTile::kMinBlocksPerSm)
 glm5_sparse_mla_split(const uint16_t* __restrict__ q,      // [T, H, 576] bf16
                       const uint16_t* __restrict__ kv,     // [S, 576] bf16 rows, kv_stride elements apart
                       const int32_t* __restrict__ indices, // [T, K] int32, idx_stride elements apart

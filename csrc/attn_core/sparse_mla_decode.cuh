@@ -19,8 +19,13 @@
 // with the Q fragments), or 8 warps at <= 128 registers (2 CTAs/SM) which does not fit the same live set;
 // 64 heads only fits with wgmma-style warpgroup accumulators.
 //
-// Inner block kBlock = 32 slots, double-buffered: 2 x 32 rows x (1152 + 16) B. Rows are padded by 16 B
-// so the 8 row addresses of every ldmatrix phase fall in 8 distinct 16-byte bank groups.
+// Inner block kBlock = 32 slots in a ring of kStages stages of 32 rows x (1152 + 16) B. Rows are padded by
+// 16 B so the 8 row addresses of every ldmatrix phase fall in 8 distinct 16-byte bank groups.
+// kStages = 2 (SparseMlaSplitTile, the default): double buffering, 93.7 KB, 2 CTAs per SM, one gathered
+// block in flight per CTA while the other is computed. kStages = 5 (SparseMlaSplitTileT<5>, 206 KB, 1 CTA per
+// SM): four blocks in flight. Why: at 1-8 tokens the split is latency-bound (H200 sweep, 2026-11-29: 29 us at
+// T = 8 for 8 blocks per split, ~3 us per block against ~0.5 us of MMA work), and what bounds the blocks in
+// flight per SM is shared memory, not the CTA count: 2 CTAs x 1 in flight < 1 CTA x 4. Not yet measured.
 //
 // S = Q K^T is split over the warps by the 576-dim K axis (warp w owns dims [144w, 144w + 144), its Q
 // fragments held in registers): each warp reads the K tile's B fragments once (2 ldmatrix.x4 -> 4 MMAs per
@@ -40,8 +45,10 @@
 // an old NaN left in shared memory. Its score is masked to -inf through the per-block bias row (0 / -inf).
 // The next block's index is loaded one iteration ahead, so its latency hides behind the current MMAs.
 //
-// Per block: barrier A (block landed, previous block fully consumed -> issue the next into the other
-// buffer), S partial, barrier B (partials visible), reduce + softmax + P V.
+// Per block i: wait for block i (cp.async group accounting: one group per block, committed in order), barrier
+// A (block i landed for every thread; every warp is done with block i - 1, so its stage is free) -> issue
+// block i + kStages - 1 into that stage, S partial, barrier B (partials visible), reduce + softmax + P V.
+// The slot index of a block is loaded one block before its gather is issued, so its latency hides too.
 //
 // Partial output: o_part[t][s][h][0:kDv] = O / l (fp32, zeros when l = 0), lse_part[t][s][h] = natural-log
 // log-sum-exp of the split's scaled scores (-inf when empty).
@@ -90,7 +97,9 @@ struct SparseMlaParams {
     float scale_log2;         // sm_scale * log2(e)
 };
 
-struct SparseMlaSplitTile {
+template <int kStages_>
+struct SparseMlaSplitTileT {
+    static constexpr int kStages = kStages_;                // gather ring depth (see the header)
     static constexpr int kDqk = 576;
     static constexpr int kDv = 512;
     static constexpr int kHeads = 16;                       // HB (see the header)
@@ -110,7 +119,8 @@ struct SparseMlaSplitTile {
     static constexpr int kStageBytes = kBlock * kRowBytes;  // 37376
     static constexpr int kQBytes = kHeads * kRowBytes;      // 18688
     static constexpr int kRedBytes = kWarps * kHeads * kRedStride * 4;  // 10240, aliases the Q area
-    static constexpr int kSmemBytes = 2 * kStageBytes + kQBytes + 2 * kBlock * 4;  // 93696
+    static constexpr int kSmemBytes = kStages * kStageBytes + kQBytes + kStages * kBlock * 4;  // 93696 at 2
+    static constexpr int kMinBlocksPerSm = kSmemBytes <= 100 * 1024 ? 2 : 1;
     static constexpr int kGatherThreadsPerRow = kThreads / kBlock;               // 4
     static constexpr int kGatherPerThread = kRowChunks / kGatherThreadsPerRow;  // 18
     static constexpr int kQThreadsPerRow = kThreads / kHeads;                    // 8
@@ -121,14 +131,16 @@ struct SparseMlaSplitTile {
     static_assert(kThreads % kHeads == 0 && kRowChunks % kQThreadsPerRow == 0, "Q load split");
     static_assert(kRedBytes <= kQBytes, "partial-S buffer aliases the Q staging area");
     static_assert(kRowBytes % 128 == 16, "row pad: 8 consecutive rows in 8 distinct 16-byte bank groups");
-    static_assert(kSmemBytes <= 100 * 1024, "2 CTAs per SM");
+    static_assert(kStages >= 2 && kSmemBytes <= 227 * 1024, "ring depth: >= 2 stages, <= 227 KB per CTA");
+    static_assert(kStages != 2 || kMinBlocksPerSm == 2, "double buffering keeps 2 CTAs per SM");
 
-    // Shared memory: [stage 0 | stage 1 | Q staging, then the partial-S buffer | bias 2 x kBlock fp32].
+    // Shared memory: [stage 0 | ... | stage kStages-1 | Q staging, then the partial-S buffer |
+    // bias kStages x kBlock fp32].
     // Stage addresses are computed, not taken from an array (a dynamically indexed array goes to the stack).
     static GLM5_DEVICE uint8_t* stage_ptr(uint8_t* smem, int st) { return smem + st * kStageBytes; }
-    static GLM5_DEVICE uint8_t* q_ptr(uint8_t* smem) { return smem + 2 * kStageBytes; }
+    static GLM5_DEVICE uint8_t* q_ptr(uint8_t* smem) { return smem + kStages * kStageBytes; }
     static GLM5_DEVICE float* bias_ptr(uint8_t* smem, int st) {
-        return reinterpret_cast<float*>(smem + 2 * kStageBytes + kQBytes) + st * kBlock;
+        return reinterpret_cast<float*>(smem + kStages * kStageBytes + kQBytes) + st * kBlock;
     }
 
     // Slot id of this thread's gather row in block `blk`, -1 when that position is past the split / K.
@@ -167,7 +179,7 @@ struct SparseMlaSplitTile {
         const int32_t* idx_row = p.indices + static_cast<int64_t>(t) * p.idx_stride;
         const int grow = tid / kGatherThreadsPerRow;
 
-        // Q rows (group 0), first block (group 1), the second block's index in flight.
+        // Q rows (group 0), blocks 0 .. kStages-2 (groups 1 .. kStages-1), the next block's index in flight.
         {
             const int r = tid / kQThreadsPerRow, part = tid % kQThreadsPerRow;
             const uint16_t* src = p.q + static_cast<int64_t>(t) * p.q_stride_t + static_cast<int64_t>(h0 + r) * p.q_stride_h;
@@ -180,9 +192,12 @@ struct SparseMlaSplitTile {
             ptx::cp_async_commit();
         }
         int32_t slot_next = load_index(idx_row, blk_begin, blk_end, grow, p.topk);
-        if (blk_begin < blk_end) issue_block(p, stage_ptr(smem_raw, 0), bias_ptr(smem_raw, 0), slot_next, tid);
-        ptx::cp_async_commit();
-        slot_next = load_index(idx_row, blk_begin + 1, blk_end, grow, p.topk);
+#pragma unroll
+        for (int j = 0; j < kStages - 1; ++j) {
+            if (blk_begin + j < blk_end) issue_block(p, stage_ptr(smem_raw, j), bias_ptr(smem_raw, j), slot_next, tid);
+            ptx::cp_async_commit();  // one group per block, empty past the split: the accounting stays uniform
+            slot_next = load_index(idx_row, blk_begin + j + 1, blk_end, grow, p.topk);
+        }
 
         // Per-lane ldmatrix offsets (bytes). A (Q, row-major 16x16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15).
         const uint32_t a_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes + 16 * (lane >> 4);
@@ -191,7 +206,7 @@ struct SparseMlaSplitTile {
         // B of P V (.trans; V rows = slots): (slots 0-7, cols 0-7), (slots 8-15, cols 0-7), (0-7, 8-15), ...
         const uint32_t v_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes + 16 * (lane >> 4) + warp * kDvPerWarp * 2;
 
-        ptx::cp_async_wait<1>();
+        ptx::cp_async_wait<kStages - 1>();  // Q landed (the kStages - 1 block groups may still be in flight)
         __syncthreads();
         uint32_t qf[kKStepsPerWarp][4];
         {
@@ -208,12 +223,17 @@ struct SparseMlaSplitTile {
         float* red = reinterpret_cast<float*>(q_ptr(smem_raw));
 
         for (int blk = blk_begin; blk < blk_end; ++blk) {
-            const int st = (blk - blk_begin) & 1;
-            ptx::cp_async_wait<0>();
+            const int i = blk - blk_begin;
+            const int st = static_cast<int>(static_cast<unsigned>(i) % kStages);
+            ptx::cp_async_wait<kStages - 2>();  // block blk landed (blocks blk+1 .. blk+kStages-2 may not have)
             __syncthreads();  // A: block blk visible; every warp is done with block blk - 1 and the partials
-            if (blk + 1 < blk_end) issue_block(p, stage_ptr(smem_raw, st ^ 1), bias_ptr(smem_raw, st ^ 1), slot_next, tid);
-            ptx::cp_async_commit();
-            slot_next = load_index(idx_row, blk + 2, blk_end, grow, p.topk);
+            {
+                const int nst = static_cast<int>(static_cast<unsigned>(i + kStages - 1) % kStages);  // block blk - 1's stage, free after barrier A
+                if (blk + kStages - 1 < blk_end)
+                    issue_block(p, stage_ptr(smem_raw, nst), bias_ptr(smem_raw, nst), slot_next, tid);
+                ptx::cp_async_commit();
+                slot_next = load_index(idx_row, blk + kStages, blk_end, grow, p.topk);
+            }
 
             // ---- partial S over this warp's 144 dims ----
             float s[kSTiles][4];
@@ -331,6 +351,8 @@ struct SparseMlaSplitTile {
         }
     }
 };
+
+using SparseMlaSplitTile = SparseMlaSplitTileT<2>;
 
 struct SparseMlaCombineTile {
     static constexpr int kDv = SparseMlaSplitTile::kDv;

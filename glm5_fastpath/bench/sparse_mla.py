@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--splits", default="", help="comma list of explicit num_splits to time besides the op's "
                    "heuristic (e.g. 4,8,16,32,64); the fastest per T is reported")
+    p.add_argument("--stages", default="", help="comma list of extra split-kernel builds to time with the "
+                   "heuristic's splits, e.g. 5 (ops.sparse_mla.STAGE_CHOICES; the default build is always timed)")
     p.add_argument("--write-splits", default="", help="with --splits: write the fastest num_splits per T as a JSON "
                    "table for GLM5_FASTPATH_SPARSE_MLA_SPLITS")
 
@@ -60,6 +62,7 @@ def validate(a: argparse.Namespace) -> list[int]:
     if a.tables < 1 or a.replays < 1:
         raise ValueError("bench sparse-mla: --tables and --replays must be >= 1")
     parse_splits(getattr(a, "splits", ""))
+    parse_stages(getattr(a, "stages", ""))
     if getattr(a, "write_splits", "") and not getattr(a, "splits", ""):
         raise ValueError("bench sparse-mla: --write-splits needs --splits")
     return ts
@@ -72,6 +75,18 @@ def parse_splits(s: str) -> list[int]:
         raise ValueError(f"bench sparse-mla: --splits must be a comma list of integers, got {s!r}") from None
     if any(not 1 <= n <= 64 for n in out):
         raise ValueError(f"bench sparse-mla: --splits entries must be in 1..64, got {s!r}")
+    return out
+
+
+def parse_stages(s: str) -> list[int]:
+    from ..ops.sparse_mla import DEFAULT_STAGES, STAGE_CHOICES
+
+    try:
+        out = sorted({int(x) for x in (s or "").split(",") if x.strip()} - {DEFAULT_STAGES})
+    except ValueError:
+        raise ValueError(f"bench sparse-mla: --stages must be a comma list of integers, got {s!r}") from None
+    if any(n not in STAGE_CHOICES for n in out):
+        raise ValueError(f"bench sparse-mla: --stages entries must be in {STAGE_CHOICES}, got {s!r}")
     return out
 
 
@@ -174,6 +189,18 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 row.setdefault("ours_split_us", {})[str(n)] = tm.median_us
             except Exception as e:  # noqa: BLE001
                 row[f"ours_split{n}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        for st in parse_stages(getattr(a, "stages", "")):
+            fn = lambda q_, idx, st=st: SM.sparse_mla_decode(q_, kv, idx, scale, D_V, stages=st)  # noqa: E731
+            try:
+                err = rel_l2(fn(q, tables[0]).float(), ref)
+                if not err < 0.02:
+                    raise RuntimeError(f"rel L2 {err:.4g} vs the reference")
+                tm = time_launches(lambda i, fn=fn: fn(q, tables[i % len(tables)]), len(tables), device=dev,
+                                   replays=a.replays)
+                row.setdefault("ours_stages_us", {})[str(st)] = tm.median_us
+                row.setdefault("ours_stages_rel_l2", {})[str(st)] = err
+            except Exception as e:  # noqa: BLE001
+                row[f"ours_stages{st}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         b = best_splits(row, auto.num_splits)
         if b is not None:
             row["best_splits"], row["best_us"] = b
@@ -211,6 +238,14 @@ def markdown(res: dict[str, Any]) -> str:
             lines.append(f"| {r['T']} | {f(r.get('ours_us'))} [{r.get('auto_splits')}] | "
                          + " | ".join(f(sw.get(str(n))) for n in ns)
                          + f" | {r.get('best_splits', '-')} | {f(r.get('best_us'))} |")
+    if any(r.get("ours_stages_us") for r in res.get("rows", [])):
+        sts = sorted({int(k) for r in res["rows"] for k in (r.get("ours_stages_us") or {})})
+        lines += ["", "Split-kernel builds (ours, heuristic splits, us; the default build is the 'ours us' column):", "",
+                  "| T | default | " + " | ".join(f"stages={n}" for n in sts) + " |",
+                  "|---:|---:|" + "---:|" * len(sts)]
+        for r in res["rows"]:
+            sw = r.get("ours_stages_us") or {}
+            lines.append(f"| {r['T']} | {f(r.get('ours_us'))} | " + " | ".join(f(sw.get(str(n))) for n in sts) + " |")
     errs = [f"- T={r['T']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("_error")]
     if errs:
         lines += ["", "Errors:", *errs]

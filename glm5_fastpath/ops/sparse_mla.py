@@ -24,10 +24,13 @@ Inputs:
 Outputs: o [T, H, d_v] bf16 contiguous; lse [T, H] fp32 (return_lse=True).
 
 Op (namespace glm5_fastpath, with a fake implementation for torch.compile / FakeTensorMode):
-- torch.ops.glm5_fastpath.sparse_mla_decode(q, kv, indices, sm_scale, d_v=512, pdl=True, num_splits=None)
-  -> (o, lse), functional.
+- torch.ops.glm5_fastpath.sparse_mla_decode(q, kv, indices, sm_scale, d_v=512, pdl=True, num_splits=None,
+  stages=None) -> (o, lse), functional.
 Python entry point: `sparse_mla_decode(q, kv, indices, sm_scale, d_v=512, *, pdl=True, num_splits=None,
-return_lse=False) -> o` (or (o, lse)).
+stages=None, return_lse=False) -> o` (or (o, lse)).
+stages: the split kernel's gather ring depth, a separate cubin per value (GLM5_SPARSE_MLA_STAGES): 2 (default,
+GPU-tested and measured: 93696 B, 2 CTAs per SM) or 5 (206 KB, 1 CTA per SM, four blocks in flight; written
+2026-11-29 for the latency-bound 1-8 token case, NOT yet run on a GPU). None = DEFAULT_STAGES.
 
 Kernels (csrc/attn_core/sparse_mla_decode.{cuh,cu}, design in the header):
 - stage 1 glm5_sparse_mla_split, grid (T, num_splits, H / 16), 128 threads, 93696 B dynamic shared memory
@@ -71,6 +74,14 @@ SOURCE = "attn_core/sparse_mla_decode.cu"
 FUNCTION_SPLIT = "glm5_sparse_mla_split"
 FUNCTION_COMBINE = "glm5_sparse_mla_combine"
 SPEC = KernelSpec("glm5_sparse_mla_decode", source=SOURCE, functions=(FUNCTION_SPLIT, FUNCTION_COMBINE))
+
+
+def spec_for(stages: int) -> KernelSpec:
+    """The cubin of one ring depth: the default build is SPEC (its cache entry unchanged), others add the define."""
+    if stages == 2:
+        return SPEC
+    return KernelSpec(f"glm5_sparse_mla_decode_s{stages}", source=SOURCE, functions=(FUNCTION_SPLIT, FUNCTION_COMBINE),
+                      defines={"GLM5_SPARSE_MLA_STAGES": stages})
 BF16 = torch.bfloat16
 
 # Compile-time constants of csrc/attn_core/sparse_mla_decode.cuh (SparseMlaSplitTile / SparseMlaCombineTile).
@@ -83,7 +94,21 @@ MAX_TOPK = 2048
 MAX_SPLITS = MAX_TOPK // BLOCK  # 64: the combine's shared lse array
 MIN_BLOCKS_PER_SPLIT = 4  # split_plan: fewer, longer splits beat 1-block splits at T = 1 (H200, 2026-11-29)
 SPLIT_THREADS = 128
-SPLIT_SMEM = 2 * BLOCK * (D_QK * 2 + 16) + HEAD_BLOCK * (D_QK * 2 + 16) + 2 * BLOCK * 4  # 93696
+STAGE_CHOICES = (2, 5)   # builds of the split kernel's gather ring (GLM5_SPARSE_MLA_STAGES)
+DEFAULT_STAGES = 2
+
+
+def split_smem(stages: int) -> int:
+    """SparseMlaSplitTileT<stages>::kSmemBytes: the ring, the Q staging rows, a bias row per stage."""
+    return stages * BLOCK * (D_QK * 2 + 16) + HEAD_BLOCK * (D_QK * 2 + 16) + stages * BLOCK * 4
+
+
+def ctas_per_sm(stages: int) -> int:
+    """SparseMlaSplitTileT<stages>::kMinBlocksPerSm: 2 while the CTA fits in 100 KB, else 1."""
+    return 2 if split_smem(stages) <= 100 * 1024 else 1
+
+
+SPLIT_SMEM = split_smem(DEFAULT_STAGES)  # 93696
 COMBINE_THREADS = 256
 COMBINE_PARTS = 2        # d_v halves per (token, head): gridDim.z
 VEC = 8                  # bf16 per 16-byte copy
@@ -105,7 +130,7 @@ def _fail(msg: str) -> SparseMlaInputError:
 # ---- validation (shared by the real and the fake implementations) --------------------------------
 
 def _check(q: object, kv: object, indices: object, sm_scale: object, d_v: object,
-           num_splits: object) -> tuple[int, int, int, int]:
+           num_splits: object, stages: object = None) -> tuple[int, int, int, int]:
     """-> (T, H, K, S) of valid inputs."""
     for name, t in (("q", q), ("kv", kv), ("indices", indices)):
         if not isinstance(t, torch.Tensor):
@@ -152,6 +177,8 @@ def _check(q: object, kv: object, indices: object, sm_scale: object, d_v: object
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or not 1 <= num_splits <= MAX_SPLITS):
         raise _fail(f"num_splits must be None (automatic) or an int in 1..{MAX_SPLITS}, got {num_splits!r}")
+    if stages is not None and (isinstance(stages, bool) or not isinstance(stages, int) or stages not in STAGE_CHOICES):
+        raise _fail(f"stages must be None (default {DEFAULT_STAGES}) or one of {STAGE_CHOICES}, got {stages!r}")
     return t, h, k, s
 
 
@@ -173,18 +200,20 @@ def _check_pdl(pdl: object) -> None:
 
 # ---- split heuristic ---------------------------------------------------------------------------------
 
-def split_plan(t: int, h: int, k: int, num_sms: int) -> SplitPlan:
-    """Splits of the K index columns for T tokens, H heads on `num_sms` SMs: the fewest splits giving
-    T * H/16 * splits >= 2 * num_sms CTAs (two resident per SM), but each split at least MIN_BLOCKS_PER_SPLIT
-    32-slot blocks (and at least one split), then evened out: blocks_per_split = ceil(blocks / splits),
-    splits = ceil(blocks / blocks_per_split), so no split is empty. The block minimum is measured: on the H200
-    (bench sparse-mla --splits, 2026-11-29) T = 1 took 11.6 us with 16 splits of 4 blocks against 17.6 us with
-    64 splits of 1 (the combine's partials then outweigh the gathered rows; 4 splits: 29 us), while T = 2 / 4 / 8
-    were within 3 % of the 2-per-SM rule's choice. On 132 SMs, H = 64, K = 2048: T = 1 -> 16 splits x 4 blocks,
-    T = 2 -> 16 x 4, T = 8 -> 8 x 8, T = 16 -> 5 x 13, T = 64 -> 2 x 32."""
+def split_plan(t: int, h: int, k: int, num_sms: int, per_sm: int = 2) -> SplitPlan:
+    """Splits of the K index columns for T tokens, H heads on `num_sms` SMs: as many splits as fit in one wave
+    of resident CTAs (T * H/16 * splits <= per_sm * num_sms; a partial second wave would double the time of
+    its CTAs), but each split at least MIN_BLOCKS_PER_SPLIT 32-slot blocks (and at least one split), then
+    evened out: blocks_per_split = ceil(blocks / splits), splits = ceil(blocks / blocks_per_split), so no split
+    is empty. per_sm: CTAs resident per SM, ctas_per_sm(stages) (2 for the default double buffer, 1 for the
+    deep ring). The block minimum is measured: on the H200 (bench sparse-mla --splits, 2026-11-29) T = 1 took
+    11.6 us with 16 splits of 4 blocks against 17.6 us with 64 splits of 1 (the combine's partials then
+    outweigh the gathered rows; 4 splits: 29 us), while T = 2 / 4 / 8 were within 3 % of this rule's choice.
+    On 132 SMs, H = 64, K = 2048, per_sm 2: T = 1 -> 16 splits x 4 blocks, T = 2 -> 16 x 4, T = 8 -> 8 x 8,
+    T = 16 -> 4 x 16, T = 64 -> 1 x 64."""
     blocks = max(1, -(-k // BLOCK))
     ctas_per_split = max(1, t * (h // HEAD_BLOCK))
-    want = -(-2 * max(1, num_sms) // ctas_per_split)
+    want = max(1, max(1, per_sm) * max(1, num_sms) // ctas_per_split)  # floor: never a partial second wave
     splits = max(1, min(-(-blocks // MIN_BLOCKS_PER_SPLIT), want, MAX_SPLITS))
     bps = -(-blocks // splits)
     return SplitPlan(-(-blocks // bps), bps)
@@ -232,7 +261,7 @@ def splits_for(table: dict[int, int] | None, t: int) -> Optional[int]:
 # ---- launch ------------------------------------------------------------------------------------------
 
 _sms_cache: dict[int, int] = {}
-_kernels: dict[tuple[int, str], object] = {}
+_kernels: dict[tuple[int, str, int], object] = {}
 
 
 def _num_sms(idx: int) -> int:
@@ -242,14 +271,14 @@ def _num_sms(idx: int) -> int:
     return n
 
 
-def _kernel(idx: int, function: str):
-    k = _kernels.get((idx, function))
+def _kernel(idx: int, function: str, stages: int = DEFAULT_STAGES):
+    k = _kernels.get((idx, function, stages))
     if k is None:
         from ..jit.runtime import get_kernel
-        k = get_kernel(SPEC, function, device=torch.device("cuda", idx))
+        k = get_kernel(spec_for(stages), function, device=torch.device("cuda", idx))
         if function == FUNCTION_SPLIT:
-            k.set_max_dynamic_smem(SPLIT_SMEM)  # the > 48 KB opt-in, once, outside any graph capture
-        _kernels[(idx, function)] = k
+            k.set_max_dynamic_smem(split_smem(stages))  # the > 48 KB opt-in, once, outside any graph capture
+        _kernels[(idx, function, stages)] = k
     return k
 
 
@@ -268,7 +297,7 @@ def _combine_args(o_part, lse_part, o, lse, num_splits: int, h: int) -> tuple:
 
 def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, o: torch.Tensor,
             lse: torch.Tensor, pdl: bool, num_splits: Optional[int],
-            workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+            workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None, stages: Optional[int] = None) -> None:
     """Real-launch checks (CUDA sm_90+, alignment), the workspace, then both kernels; T = 0 launches nothing.
     workspace: (o_part [T, splits, H, 512], lse_part [T, splits, H]) fp32 contiguous instead of fresh ones (the
     tests poison it to show the combine reads only what stage 1 wrote)."""
@@ -284,10 +313,11 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
     if t == 0:
         return
     k = indices.shape[1]
-    plan = split_plan(t, h, k, _num_sms(idx))
+    st = DEFAULT_STAGES if stages is None else stages
+    plan = split_plan(t, h, k, _num_sms(idx), ctas_per_sm(st))
     ns = plan.num_splits if num_splits is None else num_splits
     env.print_config("sparse_mla_decode", {"T": t, "H": h, "K": k},
-                     {"num_splits": ns, "grid": (t, ns, h // HEAD_BLOCK), "auto": num_splits is None})
+                     {"num_splits": ns, "grid": (t, ns, h // HEAD_BLOCK), "auto": num_splits is None, "stages": st})
     if workspace is None:  # per call from the caching allocator: no host sync, capture-safe (module docstring)
         o_part = torch.empty((t, ns, h, D_V), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((t, ns, h), dtype=torch.float32, device=q.device)
@@ -296,10 +326,10 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
         if (tuple(o_part.shape), tuple(lse_part.shape)) != ((t, ns, h, D_V), (t, ns, h)) or not (
                 o_part.is_contiguous() and lse_part.is_contiguous()):
             raise _fail(f"workspace must be contiguous fp32 {(t, ns, h, D_V)} and {(t, ns, h)}")
-    _kernel(idx, FUNCTION_SPLIT).launch((t, ns, h // HEAD_BLOCK), (SPLIT_THREADS, 1, 1),
-                                        _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
-                                        smem=SPLIT_SMEM, pdl=pdl)
-    _kernel(idx, FUNCTION_COMBINE).launch((t, h, COMBINE_PARTS), (COMBINE_THREADS, 1, 1),
+    _kernel(idx, FUNCTION_SPLIT, st).launch((t, ns, h // HEAD_BLOCK), (SPLIT_THREADS, 1, 1),
+                                            _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
+                                            smem=split_smem(st), pdl=pdl)
+    _kernel(idx, FUNCTION_COMBINE, st).launch((t, h, COMBINE_PARTS), (COMBINE_THREADS, 1, 1),
                                           _combine_args(o_part, lse_part, o, lse, ns, h), pdl=pdl)
 
 
@@ -313,47 +343,55 @@ def _reference(q, kv, indices, sm_scale: float, d_v: int) -> tuple[torch.Tensor,
 
 @torch.library.custom_op("glm5_fastpath::sparse_mla_decode", mutates_args=())
 def _sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = D_V,
-                       pdl: bool = True, num_splits: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits)
+                       pdl: bool = True, num_splits: Optional[int] = None,
+                       stages: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits, stages)
     if q.device.type == "cpu":
         return _reference(q, kv, indices, sm_scale, d_v)
     o = torch.empty((t, h, d_v), dtype=BF16, device=q.device)
     lse = torch.empty((t, h), dtype=torch.float32, device=q.device)
-    _launch(q, kv, indices, sm_scale, o, lse, pdl, num_splits)
+    _launch(q, kv, indices, sm_scale, o, lse, pdl, num_splits, stages=stages)
     return o, lse
 
 
 @_sparse_mla_decode.register_fake
-def _sparse_mla_decode_fake(q, kv, indices, sm_scale, d_v=D_V, pdl=True, num_splits=None):
-    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits)
+def _sparse_mla_decode_fake(q, kv, indices, sm_scale, d_v=D_V, pdl=True, num_splits=None, stages=None):
+    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits, stages)
     return q.new_empty((t, h, d_v), dtype=BF16), q.new_empty((t, h), dtype=torch.float32)
 
 
 def sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = D_V, *,
-                      pdl: bool = True, num_splits: Optional[int] = None, return_lse: bool = False):
+                      pdl: bool = True, num_splits: Optional[int] = None, stages: Optional[int] = None,
+                      return_lse: bool = False):
     """Sparse MLA decode over flat KV slot ids -> o [T, H, d_v] bf16 (module docstring), or (o, lse [T, H] fp32)
     with return_lse=True. The semantics of flash_mla_sparse_fwd(q, kv, indices[:, None, :], sm_scale, d_v).
 
     pdl: launch both kernels with Programmatic Dependent Launch (GPU only). num_splits: None = split_plan(),
-    else 1..64 splits of the K index columns."""
-    _check(q, kv, indices, sm_scale, d_v, num_splits)  # before the dispatcher, so errors name this op
+    else 1..64 splits of the K index columns. stages: None (DEFAULT_STAGES) or one of STAGE_CHOICES, the split
+    kernel's build (module docstring)."""
+    _check(q, kv, indices, sm_scale, d_v, num_splits, stages)  # before the dispatcher, so errors name this op
     _check_pdl(pdl)
     if not isinstance(return_lse, bool):
         raise _fail(f"return_lse must be a bool, got {return_lse!r}")
-    o, lse = torch.ops.glm5_fastpath.sparse_mla_decode(q, kv, indices, float(sm_scale), d_v, pdl, num_splits)
+    o, lse = torch.ops.glm5_fastpath.sparse_mla_decode(q, kv, indices, float(sm_scale), d_v, pdl, num_splits, stages)
     return (o, lse) if return_lse else o
 
 
-def precompile(device: object = None) -> None:
-    """Compile (or fetch from cache) and load both kernels on `device` (default: current), ahead of first use
-    (and of any CUDA-graph capture)."""
+def precompile(device: object = None, stages: tuple[int, ...] = (DEFAULT_STAGES,)) -> None:
+    """Compile (or fetch from cache) and load both kernels of each build in `stages` on `device` (default:
+    current), ahead of first use (and of any CUDA-graph capture)."""
+    bad = [st for st in stages if isinstance(st, bool) or st not in STAGE_CHOICES]
+    if bad:
+        raise _fail(f"precompile: stages must be in {STAGE_CHOICES}, got {bad[0]!r}")
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     idx = _device_index(dev)
-    _kernel(idx, FUNCTION_SPLIT)
-    _kernel(idx, FUNCTION_COMBINE)
+    for st in stages:
+        _kernel(idx, FUNCTION_SPLIT, st)
+        _kernel(idx, FUNCTION_COMBINE, st)
     _num_sms(idx)
 
 
 def compile_check_specs() -> list[KernelSpec]:
-    """The one variant scripts/compile_check.py builds (T, H, K, the strides and num_splits are kernel arguments)."""
-    return [SPEC]
+    """Every build scripts/compile_check.py checks: one per ring depth (T, H, K, the strides and num_splits are
+    kernel arguments)."""
+    return [spec_for(st) for st in STAGE_CHOICES]

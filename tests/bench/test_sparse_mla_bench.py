@@ -94,3 +94,13 @@ def test_best_splits_and_the_table_it_writes(tmp_path):
     md = B.markdown({**res, "stock": "x", "kv_slots": 1, "rows": [{**r1, "K": 2048, "H": 64},
                                                                  {**r8, "K": 2048, "H": 64}]})
     assert "| 1 | 17.70 [64] | - | 12.00 | 14.00 | 18.00 | 16 | 12.00 |" in md  # columns 8, 16, 32, 64
+
+
+def test_stages_option_and_report():
+    assert B.parse_stages("") == [] and B.parse_stages("2,5") == [5]  # the default build is always timed
+    for bad in ("3", "x"):
+        with pytest.raises(ValueError, match="--stages"):
+            B.validate(_args("--stages", bad))
+    res = {"gpu": "g", "date": "d", "commit": "c", "stock": "x", "kv_slots": 1,
+           "rows": [{"T": 8, "K": 2048, "H": 64, "ours_us": 29.4, "ours_stages_us": {"5": 14.2}}]}
+    assert "| 8 | 29.40 | 14.20 |" in B.markdown(res)

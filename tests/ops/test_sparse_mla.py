@@ -521,14 +521,14 @@ def test_combine_mapping_covers_every_column_and_split_once():
 
 # ---- CPU: the split heuristic ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("t, want", [(1, (16, 4)), (2, (16, 4)), (4, (16, 4)), (8, (8, 8)), (16, (5, 13)),
-                                     (64, (2, 32))])
+@pytest.mark.parametrize("t, want", [(1, (16, 4)), (2, (16, 4)), (4, (16, 4)), (8, (8, 8)), (16, (4, 16)),
+                                     (64, (1, 64))])
 def test_split_plan_glm5_on_132_sms(t, want):
     plan = SM.split_plan(t, 64, 2048, 132)
     assert tuple(plan) == want
     ctas = t * 4 * plan.num_splits
-    # ~2 per SM (264); below only where the 4-block minimum (T <= 2) or evening-out caps it
-    assert ctas >= 256 or plan.blocks_per_split == SM.MIN_BLOCKS_PER_SPLIT
+    # one wave of 2 per SM (264); fewer only where the 4-block minimum (T <= 2) caps it
+    assert ctas <= 264 and (ctas >= 256 or plan.blocks_per_split == SM.MIN_BLOCKS_PER_SPLIT)
 
 
 def test_split_plan_invariants():
@@ -541,7 +541,7 @@ def test_split_plan_invariants():
                     assert 1 <= ns <= min(nblocks, SM.MAX_SPLITS)
                     assert (ns - 1) * bps < nblocks <= ns * bps  # no empty split
                     assert split_blocks(k, ns, ns - 1)[1] == nblocks and split_blocks(k, ns, 0)[1] - split_blocks(k, ns, 0)[0] == bps
-                    first = max(1, min(-(-nblocks // SM.MIN_BLOCKS_PER_SPLIT), -(-2 * sms // (t * h // 16))))
+                    first = max(1, min(-(-nblocks // SM.MIN_BLOCKS_PER_SPLIT), 2 * sms // (t * h // 16)))
                     assert -(-first // 2) <= ns <= first  # evening-out at most halves the target
     assert SM.split_plan(1000, 64, 2048, 132).num_splits == 1  # plenty of CTAs: no split, no combine traffic
 
@@ -668,9 +668,33 @@ def test_opcheck_cpu(seed):
 def test_registered_in_ops_package():
     assert ops.sparse_mla_decode is sparse_mla_decode and "sparse_mla_decode" in ops.__all__
     assert SM in ops._MODULES and SM.SPEC in ops.compile_check_specs()
-    assert SM.compile_check_specs() == [SM.SPEC] and SM.SPEC.source == "attn_core/sparse_mla_decode.cu"
+    assert SM.compile_check_specs() == [SM.SPEC, SM.spec_for(5)] and SM.SPEC.source == "attn_core/sparse_mla_decode.cu"
     assert SM.SPEC.functions == (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE) and SM.SPEC.defines == ()
-    assert SM.SPLIT_SMEM == 93696 and SM.SPLIT_SMEM <= 100 * 1024  # 2 CTAs per SM
+    assert SM.spec_for(2) is SM.SPEC  # the default build keeps its cache entry
+    s5 = SM.spec_for(5)
+    assert s5.name == "glm5_sparse_mla_decode_s5" and s5.defines == (("GLM5_SPARSE_MLA_STAGES", "5"),)
+    assert s5.functions == SM.SPEC.functions and s5.source == SM.SPEC.source
+    assert SM.SPLIT_SMEM == SM.split_smem(2) == 93696 and SM.ctas_per_sm(2) == 2  # 2 CTAs per SM
+    assert SM.split_smem(5) == 5 * 37376 + 18688 + 5 * 128 <= 227 * 1024 and SM.ctas_per_sm(5) == 1
+
+
+def test_stages_argument_is_validated():
+    q, kv, idx = make_inputs(2, 16, 40, 100, 0)
+    for bad in (3, 0, True, "5", 2.0):
+        with pytest.raises(SM.SparseMlaInputError, match="stages must be None"):
+            sparse_mla_decode(q, kv, idx, SCALE, stages=bad)
+    for st in (None, 2, 5):  # CPU: the reference, whatever the build
+        assert sparse_mla_decode(q, kv, idx, SCALE, stages=st).shape == (2, 16, DV)
+    with pytest.raises(SM.SparseMlaInputError, match="precompile: stages must be in"):
+        SM.precompile("cpu", stages=(4,))  # checked before any device work
+
+
+def test_split_plan_for_the_deep_ring():
+    """One CTA per SM: the plan targets one wave (T * H/16 * splits >= SMs), still >= 4 blocks per split."""
+    got = {t: tuple(SM.split_plan(t, 64, 2048, 132, per_sm=SM.ctas_per_sm(5))) for t in (1, 2, 4, 8, 16)}
+    assert got == {1: (16, 4), 2: (16, 4), 4: (8, 8), 8: (4, 16), 16: (2, 32)}
+    for t, (ns, _) in got.items():
+        assert t * 4 * ns <= 132  # one wave
 
 
 def test_constants_match_the_kernel_header():
@@ -693,14 +717,16 @@ def test_constants_match_the_kernel_header():
     assert SM.COMBINE_THREADS == 4 * 64 and SM.COMBINE_PARTS * 256 == SM.D_V
 
 
-def test_compile_spec_without_spills_or_warnings(nvcc_jit):
-    ck = nvcc_jit(SM.SPEC)
+@pytest.mark.parametrize("stages", SM.STAGE_CHOICES)
+def test_compile_spec_without_spills_or_warnings(nvcc_jit, stages):
+    ck = nvcc_jit(SM.spec_for(stages))
     res = ck.resources()
     for fn in SM.SPEC.functions:
         r = res[fn]
         assert r.spill_store_bytes == 0 and r.spill_load_bytes == 0 and r.stack_bytes == 0, (fn, r)
     split, comb = res[SM.FUNCTION_SPLIT], res[SM.FUNCTION_COMBINE]
-    assert 0 < split.registers and split.registers * SM.SPLIT_THREADS * 2 <= 65536, split  # 2 CTAs per SM
+    per_sm = SM.ctas_per_sm(stages)  # 2 CTAs per SM for the double buffer, 1 for the deep ring
+    assert 0 < split.registers and split.registers * SM.SPLIT_THREADS * per_sm <= 65536, split
     assert split.smem_bytes == 0, split  # all of it dynamic (SPLIT_SMEM)
     assert comb.smem_bytes <= 8192 and 0 < comb.registers <= 64, comb
     assert "warning" not in ck.log.lower(), ck.log
@@ -899,6 +925,65 @@ def test_waits_for_the_previous_kernel_under_pdl(late, t, h, seed, no_pdl_overri
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("t, h, k", [(1, 64, 2048), (2, 64, 2048), (3, 16, 100), (8, 64, 2048), (16, 64, 2048),
+                                     (5, 16, 1), (31, 16, 333)])
+def test_deep_ring_matches_reference_and_the_double_buffer_bitwise(t, h, k, seed):
+    """stages=5 (four gathered blocks in flight): the float64 reference over poisoned outputs and workspace, and
+    the same bits as the default build for the same split count (the ring depth changes when rows land, not the
+    arithmetic or its order), for the heuristic's splits and for splits with more blocks than the ring."""
+    q, kv, idx = _gpu_inputs(t, h, k, seed + 7 * t + k)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for ns in {SM.split_plan(t, h, k, sms, SM.ctas_per_sm(5)).num_splits, 1, 3}:
+        o = poison_(torch.empty(t, h, DV, dtype=BF16, device="cuda"))
+        lse = poison_(torch.empty(t, h, device="cuda"))
+        ws = (poison_(torch.empty(t, ns, h, DV, device="cuda")), poison_(torch.empty(t, ns, h, device="cuda")))
+        SM._launch(q, kv, idx, SCALE, o, lse, True, ns, workspace=ws, stages=5)
+        torch.cuda.synchronize()
+        _check_vs_float64(o, lse, q, kv, idx, f"stages=5 {t=} {h=} {k=} splits={ns}")
+        o2, lse2 = sparse_mla_decode(q, kv, idx, SCALE, num_splits=ns, stages=2, return_lse=True)
+        torch.cuda.synchronize()
+        assert_equal(OP, o, o2, context=f"stages 5 vs 2, splits={ns}")
+        assert torch.equal(lse, lse2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("late", ["q", "kv", "indices"])
+def test_deep_ring_waits_for_the_previous_kernel_under_pdl(late, seed, no_pdl_override):
+    from glm5_fastpath.testing.pdl import late_producer, produce
+    producer = late_producer()
+    q, kv, idx = _gpu_inputs(4, 64, 2048, seed, s=4096)
+    want = sparse_mla_decode(q, kv, idx, SCALE, stages=5)
+    torch.cuda.synchronize()
+    src = {"q": q, "kv": kv, "indices": idx}[late]
+    stale = {"q": lambda x: x.fill_(3.0), "kv": lambda x: x.fill_(-2.0), "indices": lambda x: x.fill_(-1)}[late]
+    dst = torch.empty_like(src)
+    args = {"q": q, "kv": kv, "indices": idx}
+    args[late] = dst
+    for _ in range(3):
+        stale(dst)
+        torch.cuda.synchronize()
+        produce(producer, src, dst)
+        got = sparse_mla_decode(args["q"], args["kv"], args["indices"], SCALE, pdl=True, stages=5)
+        torch.cuda.synchronize()
+        assert_equal(OP, got, want, context=f"stages=5, PDL after a late producer of {late}")
+
+
+@pytest.mark.gpu
+def test_deep_ring_graph_replay_and_determinism(seed):
+    q, kv, idx = _gpu_inputs(8, 64, 2048, seed)
+    SM.precompile(stages=(5,))
+    first = sparse_mla_decode(q, kv, idx, SCALE, stages=5)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = sparse_mla_decode(q, kv, idx, SCALE, stages=5)
+    for i in range(20):
+        poison_(out)
+        g.replay()
+        torch.cuda.synchronize()
+        assert_equal(OP, out, first, context=f"stages=5 replay {i}")
+
+
+@pytest.mark.gpu
 def test_torch_compile_fullgraph(seed):
     q, kv, idx = _gpu_inputs(4, 64, 2048, seed)
 
@@ -952,3 +1037,59 @@ def test_split_table_parsing(tmp_path):
     for bad in ("1:0", "1:65", "x:3", "0:4", "", str(tmp_path / "none.json") + "x", '{"splits": {}}'):
         with pytest.raises(SM.SparseMlaInputError, match="glm5_fastpath.sparse_mla"):
             SM.parse_split_table(bad)
+
+
+# ---- CPU: the split tile's gather ring (cp.async group accounting and stage reuse) ----------------------------------
+
+def _ring_replay(stages: int, nblocks: int) -> None:
+    """Replays SparseMlaSplitTileT<stages>::run's issue / commit / wait schedule (the expressions checked against
+    the source below): every computed block's cp.async group has completed at its wait_group, the Q group has
+    landed before the Q fragments are read, and a gather never targets a stage whose block is still to be
+    computed or is being computed."""
+    groups: list[object] = ["Q"]  # commit order; wait_group<n>: all but the newest n are complete
+    done: set = set()
+
+    def wait_group(n):
+        for g in groups[: max(0, len(groups) - n)]:
+            done.add(g)
+
+    stage_of: dict[int, int] = {}
+    for j in range(stages - 1):  # prologue
+        if j < nblocks:
+            stage_of[j] = j
+        groups.append(("blk", j) if j < nblocks else ("empty", j))
+    wait_group(stages - 1)
+    assert "Q" in done
+    for i in range(nblocks):
+        st = i % stages
+        wait_group(stages - 2)
+        assert ("blk", i) in done, (stages, nblocks, i)
+        assert stage_of[i] == st
+        nst = (i + stages - 1) % stages
+        nxt = i + stages - 1
+        if nxt < nblocks:
+            # the stage must not hold a block >= i (not yet computed, or being computed now)
+            assert all(stage_of[b] != nst for b in range(i, nxt) if b in stage_of), (stages, nblocks, i)
+            stage_of[nxt] = nst
+        groups.append(("blk", nxt) if nxt < nblocks else ("empty", nxt))
+
+
+@pytest.mark.parametrize("stages", SM.STAGE_CHOICES)
+def test_gather_ring_schedule(stages):
+    for nblocks in range(0, 23):
+        _ring_replay(stages, nblocks)
+
+
+def test_gather_ring_source_matches_the_replay():
+    from glm5_fastpath.jit import csrc_dir
+    text = (csrc_dir() / "attn_core" / "sparse_mla_decode.cuh").read_text()
+    for expr in ("for (int j = 0; j < kStages - 1; ++j) {",
+                 "if (blk_begin + j < blk_end) issue_block(p, stage_ptr(smem_raw, j), bias_ptr(smem_raw, j), slot_next, tid);",
+                 "ptx::cp_async_wait<kStages - 1>();",
+                 "const int st = static_cast<int>(static_cast<unsigned>(i) % kStages);",
+                 "ptx::cp_async_wait<kStages - 2>();",
+                 "const int nst = static_cast<int>(static_cast<unsigned>(i + kStages - 1) % kStages);",
+                 "if (blk + kStages - 1 < blk_end)",
+                 "slot_next = load_index(idx_row, blk + kStages, blk_end, grow, p.topk);"):
+        assert expr in text, expr
+    assert text.count("ptx::cp_async_commit();") == 3  # Q, each prologue block, each loop iteration

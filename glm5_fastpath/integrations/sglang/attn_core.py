@@ -18,7 +18,8 @@ session 5); GLM5_FASTPATH_SPARSE_MLA=sglang keeps FlashMLA everywhere. GLM5_FAST
 T = 1 / 8 / 16 against FlashMLA's 56.4 / 59.8 / 60.5 (its one-CTA-per-token kernel has enough CTAs from 16
 tokens on). GLM5_FASTPATH_SPARSE_MLA_SPLITS (a tuned table: "T:splits,..." or the JSON that `glm5-fastpath
 bench sparse-mla --splits ... --write-splits PATH` writes) overrides the op's split heuristic per T; a table
-that does not parse is logged and ignored. A call outside what the kernel
+that does not parse is logged and ignored. GLM5_FASTPATH_SPARSE_MLA_STAGES (2 or 5) picks the split kernel's
+build (ops.sparse_mla: 5 = the deep gather ring, not yet run on a GPU; default 2). A call outside what the kernel
 takes (another dtype, a sink / topk_length argument (DeepSeek V4), H not a multiple of 16, T above the
 limit, K > 2048) goes to FlashMLA, counted in glm5_fastpath_sparse_mla_total{route="stock", reason} and logged
 once per reason; routed calls count {route="ours", reason="routed"}. Under CUDA graphs a call is a capture.
@@ -34,6 +35,7 @@ logger = logging.getLogger("glm5_fastpath")
 ENV = "GLM5_FASTPATH_SPARSE_MLA"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS"
 ENV_SPLITS = "GLM5_FASTPATH_SPARSE_MLA_SPLITS"
+ENV_STAGES = "GLM5_FASTPATH_SPARSE_MLA_STAGES"
 DEFAULT_MAX_TOKENS = 8
 BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
 BACKEND_CLASS = "DeepseekSparseAttnBackend"
@@ -54,6 +56,25 @@ REASONS = {
 
 def enabled() -> bool:
     return os.environ.get(ENV, "ours").strip().lower() not in ("sglang", "0", "off", "flashmla", "stock")
+
+
+def stages(log: logging.Logger = logger) -> int:
+    """GLM5_FASTPATH_SPARSE_MLA_STAGES: the split kernel's build (ops.sparse_mla.STAGE_CHOICES; default
+    DEFAULT_STAGES, the GPU-tested double buffer). A bad value is logged and the default kept."""
+    from ...ops import sparse_mla as SM
+
+    raw = os.environ.get(ENV_STAGES, "").strip()
+    if not raw:
+        return SM.DEFAULT_STAGES
+    try:
+        v = int(raw)
+        if v in SM.STAGE_CHOICES:
+            return v
+    except ValueError:
+        pass
+    log.warning("glm5_fastpath: sparse MLA: %s=%r ignored (one of %s); %d stages", ENV_STAGES, raw,
+                SM.STAGE_CHOICES, SM.DEFAULT_STAGES)
+    return SM.DEFAULT_STAGES
 
 
 def split_table(log: logging.Logger = logger) -> dict[int, int] | None:
@@ -105,6 +126,7 @@ class SparseMlaRoute:
         self.metrics, self.log, self.devices = metrics, log, devices
         self.limit = max_tokens() if limit is None else limit
         self.splits = split_table(log)
+        self.stages = stages(log)
         self._once: set = set()
 
     def note(self, route: str, reason: str, level: int = logging.INFO) -> None:
@@ -126,7 +148,8 @@ class SparseMlaRoute:
             from ...ops import sparse_mla as SM
 
             out = SM.sparse_mla_decode(q_all, kv_cache, page_table_1, float(sm_scale), int(v_head_dim),
-                                       num_splits=SM.splits_for(self.splits, int(q_all.shape[0])))
+                                       num_splits=SM.splits_for(self.splits, int(q_all.shape[0])),
+                                       stages=self.stages)
         except Exception as e:  # noqa: BLE001 - never take the server down: FlashMLA, loudly, once
             if ("stock", "error") not in self._once:
                 self.log.warning("glm5_fastpath: sparse MLA kernel raised %s: %s; FlashMLA for this call",
@@ -170,7 +193,7 @@ def install_sparse_mla(metrics: Any = None, log: logging.Logger = logger, device
         try:
             from ...ops import sparse_mla as SM
 
-            SM.precompile(device)
+            SM.precompile(device, stages=(stages(log),))
         except Exception as e:  # noqa: BLE001 - no kernel: FlashMLA everywhere, say why
             log.warning("glm5_fastpath: sparse MLA kernel unavailable (%s: %s); FlashMLA stays", type(e).__name__, e)
             return False
@@ -184,8 +207,8 @@ def install_sparse_mla(metrics: Any = None, log: logging.Logger = logger, device
     _forward_flashmla_sparse.__glm5_fastpath_route__ = route
     setattr(cls, METHOD, _forward_flashmla_sparse)
     log.info("glm5_fastpath: sparse MLA: %s.%s -> our split-KV kernel for <= %d tokens, FlashMLA above (%s=sglang "
-             "turns it off); splits %s", BACKEND_CLASS, METHOD, route.limit, ENV,
-             route.splits if route.splits else "by the op's heuristic")
+             "turns it off); splits %s; %d-stage gather ring", BACKEND_CLASS, METHOD, route.limit, ENV,
+             route.splits if route.splits else "by the op's heuristic", route.stages)
     return True
 
 

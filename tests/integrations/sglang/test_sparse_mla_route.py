@@ -26,21 +26,26 @@ class Backend:  # the shape of sglang's DeepseekSparseAttnBackend as far as the 
 def op(monkeypatch):
     calls = []
 
-    def sparse_mla_decode(q, kv, idx, scale, d_v, num_splits=None):
+    def sparse_mla_decode(q, kv, idx, scale, d_v, num_splits=None, stages=None):
         calls.append((q, kv, idx, scale, d_v))
         splits.append(num_splits)
+        used_stages.append(stages)
         return torch.zeros(q.shape[0], q.shape[1], d_v, dtype=BF16)
 
     from glm5_fastpath.ops import sparse_mla as real  # its input checks and split tables are the real ones
 
     splits: list = []
+    used_stages: list = []
     fake = types.SimpleNamespace(sparse_mla_decode=sparse_mla_decode, unsupported=real.unsupported,
                                  parse_split_table=real.parse_split_table, splits_for=real.splits_for,
-                                 precompile=lambda device=None: calls.append("pre"), splits=splits)
+                                 STAGE_CHOICES=real.STAGE_CHOICES, DEFAULT_STAGES=real.DEFAULT_STAGES,
+                                 precompile=lambda device=None, stages=(2,): calls.append("pre"), splits=splits,
+                                 used_stages=used_stages)
     monkeypatch.setattr(ops_pkg, "sparse_mla", fake, raising=False)
     monkeypatch.delenv(AC.ENV, raising=False)  # on by default
     monkeypatch.delenv(AC.ENV_MAX_TOKENS, raising=False)
     monkeypatch.delenv(AC.ENV_SPLITS, raising=False)
+    monkeypatch.delenv(AC.ENV_STAGES, raising=False)
     cls = type("Backend", (Backend,), {})  # a fresh class per test: the wrap is class-level
     return calls, cls
 
@@ -159,7 +164,7 @@ def test_kernel_error_falls_back_once_loudly(op, monkeypatch, caplog):
 def test_precompile_failure_leaves_flashmla(op, monkeypatch, caplog):
     calls, cls = op
 
-    def boom(device=None):
+    def boom(device=None, stages=(2,)):
         raise RuntimeError("no nvcc")
 
     monkeypatch.setattr(ops_pkg.sparse_mla, "precompile", boom)
@@ -195,3 +200,22 @@ print(list(inspect.signature(B.{AC.METHOD}).parameters))
 """)
     params = eval(out.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's printed list
     assert params[:6] == ["self", "q_all", "kv_cache", "v_head_dim", "page_table_1", "sm_scale"]
+
+
+def test_stages_from_env(op, monkeypatch, caplog):
+    """GLM5_FASTPATH_SPARSE_MLA_STAGES picks the split kernel's build; unset -> the default; a bad value is
+    logged and the default kept."""
+    calls, cls = op
+    install(cls)
+    cls()._forward_flashmla_sparse(*args(t=2))
+    monkeypatch.setenv(AC.ENV_STAGES, "5")
+    cls5 = type("Backend5", (Backend,), {})
+    install(cls5)
+    cls5()._forward_flashmla_sparse(*args(t=2))
+    monkeypatch.setenv(AC.ENV_STAGES, "7")
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    cls7 = type("Backend7", (Backend,), {})
+    install(cls7)
+    cls7()._forward_flashmla_sparse(*args(t=2))
+    assert ops_pkg.sparse_mla.used_stages == [2, 5, 2]
+    assert "GLM5_FASTPATH_SPARSE_MLA_STAGES='7' ignored" in caplog.text
