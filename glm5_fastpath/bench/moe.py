@@ -11,6 +11,9 @@ Columns per token count:
                 SM90 fp8_mega_moe does: routed experts only), default config of the token bucket;
 - ours+shared:  with the fused shared expert (what GLM-5 runs: one more always-selected expert);
 - deepgemm:     deep_gemm.fp8_mega_moe (sgl-deep-gemm) on a single-rank group, when importable;
+- dg masked:    the DeepGEMM masked grouped-GEMM pipeline SGLang runs with DeepEP low-latency dispatch
+                (bench/moe_masked.py): FC1 masked GEMM -> SwiGLU + requant -> FC2 masked GEMM, routed experts,
+                dispatch and combine outside the timed region (a lower bound for that path);
 - floor:        experts touched x 37.75 MB / 4.27 TB/s (ours+shared: touched + 1); ratios to it.
 Method: glm5_fastpath.bench.timing.time_launches: K launches captured in one CUDA graph, replayed,
 median per launch. The expert weights touched per launch (>= 8 x 37.75 MB = 302 MB) are far past 2x
@@ -18,7 +21,8 @@ L2 (50 MB), so every replay streams them from HBM; activations are tiny. The pla
 lists + task list) is inside our time; DeepGEMM's input copy into its symmetric buffer is not
 (it is part of its dispatch, done before the timed call, as in DeepGEMM's own benchmarks).
 
-Writes <out>/megamoe_bench.json and <out>/megamoe_bench.md.
+Writes <out>/megamoe_bench.json, <out>/megamoe_bench.md and <out>/megamoe_bench.png (time / floor per
+token count and setting, when matplotlib imports).
 
     glm5-fastpath bench moe --out benchmarks/results/megamoe
     glm5-fastpath bench moe --settings a --tokens 1,8,64 --out /tmp/mm --no-deepgemm
@@ -138,7 +142,14 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
     routed = MM.MegaMoEWeights(shared.w13[:experts], shared.w13_scale[:experts], shared.w2[:experts],
                                shared.w2_scale[:experts], experts, 0)  # views: the same bytes without the shared expert
     dg, dg_error = None, ""
+    masked_gemm, masked_error, act, act_name = None, "", None, ""
     if not args.no_deepgemm:
+        from . import moe_masked as MK
+        try:
+            masked_gemm = MK.deepgemm_masked_gemm()
+            act, act_name = MK.sglang_act()
+        except Exception as e:  # noqa: BLE001 - reported, the rest of the benchmark still runs
+            masked_error = f"{type(e).__name__}: {e}"
         try:
             dg = DeepGemmMegaMoE(experts, max(tokens), tuple(t[:experts] for t in raw), dev)
         except Exception as e:  # noqa: BLE001 - reported, the rest of the benchmark still runs
@@ -176,7 +187,32 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
                 traceback.print_exc()
         elif dg_error:
             row["deepgemm"] = {"error": dg_error}
-        o, osh, d = (row.get(k, {}).get("median_us") for k in ("ours", "ours_shared", "deepgemm"))
+        if masked_gemm is not None:
+            try:
+                pipe = MK.MaskedPipeline(tuple(t[:experts] for t in raw), masked_gemm, act, act_name)
+                lay = pipe.prepare(x8, xs, ids)
+                t = time_launches(lambda i: pipe(), args.launches, device=dev, replays=args.replays)
+                row["deepgemm_masked"] = {"median_us": t.median_us, "min_us": t.min_us, "method": t.method,
+                                          "note": t.note, "act": act_name, "max_m": lay.max_m,
+                                          "expected_m": lay.expected_m}
+                pipe()
+                got = pipe.output(wts, m)
+                ours = MM.mega_moe(x8, xs, ids, wts, routed, routed_scaling_factor=1.0)
+                torch.cuda.synchronize(dev)
+                d = (got.double() - ours.double()).norm() / ours.double().norm().clamp_min(1e-30)
+                row["deepgemm_masked"]["rel_err_vs_ours_rsf1"] = float(d)
+                pipe = None
+            except Exception as e:  # noqa: BLE001
+                row["deepgemm_masked"] = {"error": f"{type(e).__name__}: {e}"}
+                traceback.print_exc()
+        elif masked_error:
+            row["deepgemm_masked"] = {"error": masked_error}
+        o, osh, d, dm = (row.get(k, {}).get("median_us")
+                         for k in ("ours", "ours_shared", "deepgemm", "deepgemm_masked"))
+        if dm:
+            row["deepgemm_masked_vs_floor"] = dm / row["floor_us"]
+            if o:
+                row["speedup_vs_deepgemm_masked"] = dm / o
         if o:
             row["ours_vs_floor"] = o / row["floor_us"]
         if osh:
@@ -185,7 +221,8 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
             row["deepgemm_vs_floor"] = d / row["floor_us"]
             row["speedup_vs_deepgemm"] = d / o
         print(f"  M={m:5d} touched={touched:3d} floor={row['floor_us']:8.1f} us  ours={o or float('nan'):8.1f}  "
-              f"ours+shared={osh or float('nan'):8.1f}  deepgemm={d or float('nan'):8.1f}", flush=True)
+              f"ours+shared={osh or float('nan'):8.1f}  deepgemm={d or float('nan'):8.1f}  "
+              f"dg-masked={dm or float('nan'):8.1f}", flush=True)
         rows.append(row)
     raw = routed = shared = dg = None  # free this setting's weights before the next
     torch.cuda.empty_cache()
@@ -201,8 +238,8 @@ def markdown(result: dict) -> str:
     for name, rows in result["settings"].items():
         lines += [f"## Setting ({name}): {SETTINGS[name]} experts, top-{TOPK}", "",
                   "| tokens | touched | floor us | ours us | ours/floor | deepgemm us | dg/floor | speedup vs dg | "
-                  "ours+shared us | (+shared)/floor |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "dg masked us | masked/floor | speedup vs masked | ours+shared us | (+shared)/floor |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             def g(k, f="{:.1f}"):
                 v = r.get(k, {}).get("median_us") if isinstance(r.get(k), dict) else r.get(k)
@@ -210,9 +247,49 @@ def markdown(result: dict) -> str:
                                                                         if isinstance(r.get(k), dict) else "-")
             lines.append(f"| {r['tokens']} | {r['experts_touched']} | {r['floor_us']:.1f} | {g('ours')} | "
                          f"{g('ours_vs_floor', '{:.3f}')} | {g('deepgemm')} | {g('deepgemm_vs_floor', '{:.3f}')} | "
-                         f"{g('speedup_vs_deepgemm', '{:.2f}x')} | {g('ours_shared')} | {g('ours_shared_vs_floor', '{:.3f}')} |")
+                         f"{g('speedup_vs_deepgemm', '{:.2f}x')} | {g('deepgemm_masked')} | "
+                         f"{g('deepgemm_masked_vs_floor', '{:.3f}')} | {g('speedup_vs_deepgemm_masked', '{:.2f}x')} | "
+                         f"{g('ours_shared')} | {g('ours_shared_vs_floor', '{:.3f}')} |")
         lines.append("")
+    acts = sorted({r["deepgemm_masked"]["act"] for rows in result["settings"].values() for r in rows
+                   if isinstance(r.get("deepgemm_masked"), dict) and r["deepgemm_masked"].get("act")})
+    if acts:
+        lines += [f"dg masked: FC1 / FC2 deep_gemm masked grouped GEMMs + activation by {', '.join(acts)}; dispatch "
+                  "and combine outside the timed region (a lower bound for that path).", ""]
     return "\n".join(lines)
+
+
+def write_plot(result: dict, path: Path) -> bool:
+    """time / weight-bytes floor vs token count, one panel per setting: ours, ours+shared, DeepGEMM
+    fp8_mega_moe, DeepGEMM masked pipeline. False when matplotlib does not import."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # noqa: BLE001 - the plot is optional
+        return False
+    names = list(result["settings"])
+    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(6 * max(1, len(names)), 4), squeeze=False)
+    series = (("ours_vs_floor", "ours"), ("ours_shared_vs_floor", "ours + shared"),
+              ("deepgemm_vs_floor", "DeepGEMM fp8_mega_moe"), ("deepgemm_masked_vs_floor", "DeepGEMM masked pipeline"))
+    for ax, name in zip(axes[0], names):
+        rows = result["settings"][name]
+        for key, label in series:
+            pts = [(r["tokens"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.axhline(1.0, color="grey", ls="--", lw=1)
+        ax.axhline(1.1, color="grey", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("time / weight-bytes floor")
+        ax.set_title(f"setting ({name}): {SETTINGS.get(name, '?')} experts, top-{TOPK}")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"MegaMoE vs DeepGEMM ({result.get('gpu')}, {result.get('date')}, {result.get('commit')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -259,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
         result["settings"][s] = run_setting(s, SETTINGS[s], tokens, args, dev)
         (out / "megamoe_bench.json").write_text(json.dumps(result, indent=1))
         (out / "megamoe_bench.md").write_text(markdown(result))
+        write_plot(result, out / "megamoe_bench.png")
     print(markdown(result))
     return 0
 
