@@ -18,6 +18,7 @@
 #endif
 
 using RouterTile = glm5::moe::RouterTile<GLM5_ROUTER_HIDDEN, GLM5_ROUTER_EXPERTS, GLM5_ROUTER_TOPK>;
+using RouterDecodeTile = glm5::moe::RouterDecodeTile<GLM5_ROUTER_HIDDEN, GLM5_ROUTER_EXPERTS, GLM5_ROUTER_TOPK>;
 
 // Parameter order and types are the ABI the Python launcher packs (glm5_fastpath/ops/moe_router.py,
 // _kernel_args); the runtime checks sizes against the cubin at load.
@@ -50,4 +51,26 @@ glm5_moe_router(const uint16_t* __restrict__ h,       // [M, HIDDEN] bf16
     const glm5::moe::RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
                                   partials, counters, num_tokens, routed_scaling};
     RouterTile::run(wr, p, split, group, tile, scratch, tid);
+}
+
+// Decode variant (1 <= M <= 32): grid (EXPERTS / RouterDecodeTile::kEpc, 1, 1), block (256, 1, 1), same
+// parameters (partials unused); the arrival counter is counters[RouterTile::kCounterWords] (one more word).
+extern "C" __global__ void __launch_bounds__(RouterDecodeTile::kThreads)
+glm5_moe_router_decode(const uint16_t* __restrict__ h, const uint16_t* __restrict__ gate,
+                       const float* __restrict__ bias, float* __restrict__ logits, int32_t* __restrict__ topk_ids,
+                       float* __restrict__ topk_weights, float* __restrict__ scaled_weights,
+                       float* __restrict__ partials, uint32_t* __restrict__ counters, int32_t num_tokens,
+                       float routed_scaling) {
+    __shared__ __align__(16) float scratch[RouterTile::kScratchFloats];
+    const int tid = threadIdx.x;
+    RouterDecodeTile::Weights w;
+    RouterDecodeTile::load_weights(w, gate, blockIdx.x, tid);  // before the wait: weights are never written
+
+    glm5::ptx::griddep_launch_dependents();
+    glm5::ptx::griddep_wait();
+
+    if (num_tokens < 1 || num_tokens > RouterDecodeTile::kMaxTokens) return;  // the launcher never does this
+    const glm5::moe::RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
+                                  partials, counters, num_tokens, routed_scaling};
+    RouterDecodeTile::run(w, p, blockIdx.x, scratch, tid);
 }

@@ -37,6 +37,7 @@
 
 #include "../attn_pre/c0_head_gate.cuh"
 #include "../common/arch.cuh"
+#include "../common/convert.cuh"
 #include "../common/mma_bf16_sm80.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_io.cuh"
@@ -293,6 +294,111 @@ struct RouterTile {
                 if (p.scaled_weights != nullptr) p.scaled_weights[tok * kTopK + lane] = w * p.routed_scaling;
             }
         }
+    }
+};
+
+// ---- decode variant (M <= 32): whole-K dot products, one arrival level ---------------------------------
+// Why: the split-K tile above needs three serial global rounds (partials -> a last CTA per expert group ->
+// a last CTA per token tile), each a fence + atomic + barrier; on the H200 engine profile (2026-11-29) the
+// router was ~11 us per layer at 1 token, against 0.74 us for its 3.1 MB of gate weights. Here a CTA owns
+// kEpc experts and its 8 warps split K in kKParts parts, so every logit is finished inside one CTA; the
+// last CTA to arrive (one counter) runs the same top-k epilogue over all M <= 32 tokens.
+//
+// Work split: warp w -> expert kEpc * cta + w % kEpc, K part w / kEpc ([part * kKPerWarp, +kKPerWarp));
+// lane L holds the gate columns part * kKPerWarp + (32 i + L) * 8 .. +8 for i < kVec (16-byte loads, a
+// warp-instruction covers 512 contiguous bytes), loaded before griddepcontrol.wait. Per token (two at a
+// time for load ILP): fp32 FMAs over the lane's columns in (i, element) order, a butterfly sum over the
+// warp, the part's sum to shared memory; then thread (token, expert) adds the parts in part order and
+// writes the logit. Fixed orders throughout: bitwise deterministic (not bitwise equal to the split-K
+// tile: another summation order).
+template <int kHidden, int kExperts, int kTopK>
+struct RouterDecodeTile {
+    using Base = RouterTile<kHidden, kExperts, kTopK>;
+    static constexpr int kThreads = Base::kThreads;  // 256
+    static constexpr int kWarps = Base::kWarps;      // 8
+    static constexpr int kMaxTokens = 32;            // one token tile: Base::topk_epilogue's warp loop
+    static constexpr int kKParts = kHidden / 256 >= 4 ? 4 : kHidden / 256;
+    static constexpr int kEpc = kWarps / kKParts;    // experts per CTA (2 for GLM-5, 4 for the small preset)
+    static constexpr int kKPerWarp = kHidden / kKParts;
+    static constexpr int kVec = kKPerWarp / (32 * 8);  // 16-byte gate loads per lane
+    static constexpr int kCounter = Base::kCounterWords;  // the one arrival counter, after the split-K ones
+
+    static_assert(kHidden % 256 == 0 && kKParts >= 1 && kWarps % kKParts == 0, "K parts");
+    static_assert(kKPerWarp % 256 == 0 && kVec >= 1, "whole 16-byte vectors per lane");
+    static_assert(kExperts % kEpc == 0, "experts: a multiple of the experts per CTA");
+    static_assert(kKParts * kEpc * kMaxTokens + 4 <= Base::kScratchFloats, "partials fit the scratch");
+
+    struct Weights {
+        ptx::u32x4 v[kVec];
+    };
+
+    static constexpr int kCtas = kExperts / kEpc;  // grid size
+
+    static GLM5_DEVICE void load_weights(Weights& w, const uint16_t* __restrict__ gate, int cta, int tid) {
+        const int warp = tid >> 5, lane = tid & 31;
+        const int e = cta * kEpc + warp % kEpc, part = warp / kEpc;
+        const uint16_t* row = gate + static_cast<int64_t>(e) * kHidden + part * kKPerWarp;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) w.v[i] = ptx::ld_global_nc_v4(row + (32 * i + lane) * 8);
+    }
+
+    static GLM5_DEVICE float dot8(const ptx::u32x4& a, const ptx::u32x4& b, float acc) {
+        const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            acc = fmaf(ptx::bf16lo_to_f32(x[j]), ptx::bf16lo_to_f32(y[j]), acc);
+            acc = fmaf(ptx::bf16hi_to_f32(x[j]), ptx::bf16hi_to_f32(y[j]), acc);
+        }
+        return acc;
+    }
+
+    static GLM5_DEVICE float warp_sum(float v) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        return v;  // every lane: the same bits (butterfly)
+    }
+
+    // All 256 threads; call after griddepcontrol.wait. Needs 1 <= M <= kMaxTokens.
+    static GLM5_DEVICE void run(const Weights& w, const RouterPtrs& p, int cta, float* scratch, int tid) {
+        const int warp = tid >> 5, lane = tid & 31;
+        const int el = warp % kEpc, part = warp / kEpc;
+        const int m_n = p.num_tokens;
+        float* part_sums = scratch;  // [kKParts][kEpc][kMaxTokens]
+        const uint16_t* hcol = p.h + part * kKPerWarp + lane * 8;
+        for (int m = 0; m < m_n; m += 2) {
+            const bool two = m + 1 < m_n;
+            ptx::u32x4 a[kVec], b[kVec];
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) {
+                a[i] = ptx::ld_global_v4(hcol + static_cast<int64_t>(m) * kHidden + 32 * 8 * i);
+                b[i] = two ? ptx::ld_global_v4(hcol + static_cast<int64_t>(m + 1) * kHidden + 32 * 8 * i)
+                           : ptx::u32x4{0u, 0u, 0u, 0u};
+            }
+            float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) {
+                s0 = dot8(w.v[i], a[i], s0);
+                s1 = dot8(w.v[i], b[i], s1);
+            }
+            s0 = warp_sum(s0);
+            s1 = warp_sum(s1);
+            if (lane == 0) {
+                part_sums[(part * kEpc + el) * kMaxTokens + m] = s0;
+                if (two) part_sums[(part * kEpc + el) * kMaxTokens + m + 1] = s1;
+            }
+        }
+        ptx::named_barrier_sync<0, kThreads>();
+        if (tid < m_n * kEpc) {
+            const int m = tid / kEpc, e = tid % kEpc;
+            float l = part_sums[e * kMaxTokens + m];
+#pragma unroll
+            for (int k = 1; k < kKParts; ++k) l += part_sums[(k * kEpc + e) * kMaxTokens + m];
+            ptx::st_global_f32(p.logits + static_cast<int64_t>(m) * kExperts + cta * kEpc + e, l);
+        }
+        // one arrival level: the last CTA runs the top-k epilogue over every token (it reads the logits with
+        // ld.global.cg after the acquire in arrive_last)
+        if (!Base::arrive_last(p.counters + kCounter, kCtas, scratch, tid)) return;
+        Base::topk_epilogue(p, 0, m_n, warp, lane);
     }
 };
 

@@ -30,12 +30,19 @@ tiles) of 256-thread CTAs running C0's split-K bf16 mma.sync tile (csrc/attn_pre
 loaded before griddepcontrol.wait (PDL), h and everything else after it. No host synchronisation:
 capture-safe in CUDA graphs.
 
+Decode variant (glm5_moe_router_decode, RouterDecodeTile in the same .cuh / cubin), for 1 <= M <= 32: one
+CTA per E / (8 / min(4, H/256)) experts (128 CTAs for GLM-5) computes whole-K dot products (CUDA-core fp32
+FMAs) and the last CTA to arrive runs the same top-k epilogue: one arrival level instead of two plus the split
+partials (the engine profile showed ~11 us per layer at 1 token for the split-K kernel). Bitwise deterministic,
+but another summation order than the split-K kernel. Written 2026-11-29, NOT yet run on a GPU: off unless
+GLM5_FASTPATH_ROUTER_DECODE=1 or the op's `decode=True`.
+
 Workspace: one per (device, H, E, k): fp32 partials [8][E/32][H/256][32][32] + uint32 counters
 [8 * E/32 + 8], allocated and zeroed once on first use (or by precompile()). Counters return to zero at
 the end of every launch. As for C0, launches on one device must not run concurrently on two streams;
 a PDL-overlapped next launch on the same stream is safe.
 
-Ops: torch.ops.glm5_fastpath.moe_router(h, gate, bias, routed_scaling_factor, pdl=True)
+Ops: torch.ops.glm5_fastpath.moe_router(h, gate, bias, topk, routed_scaling_factor, pdl=True, decode=None)
 -> (topk_ids [M, k] int32, topk_weights [M, k] fp32, logits [M, E] fp32, scaled [M, k] fp32), functional,
 with a fake implementation. Python entry points: moe_route(h, gate, bias, cfg, *, pdl=True) ->
 (topk_ids, topk_weights, logits) and moe_route_scaled(...) -> (topk_ids, topk_weights, logits, scaled).
@@ -55,6 +62,9 @@ from ..jit import KernelSpec, env
 OP = "glm5_fastpath.moe_router"
 SOURCE = "moe/router.cu"
 FUNCTION = "glm5_moe_router"
+FUNCTION_DECODE = "glm5_moe_router_decode"
+DECODE_MAX_TOKENS = 32  # RouterDecodeTile::kMaxTokens
+ENV_DECODE = "GLM5_FASTPATH_ROUTER_DECODE"
 MAX_TOKENS = 256
 K_CHUNK = 256  # columns per CTA (RouterTile::kKChunk)
 TOK_TILE = 32  # tokens per CTA (RouterTile::kTokTile)
@@ -87,12 +97,20 @@ class RouterConfig:
         return MAX_TILES * self.groups * self.splits * TOK_TILE * self.group_experts
 
     @property
-    def counter_words(self) -> int:  # RouterTile::kCounterWords
-        return MAX_TILES * self.groups + MAX_TILES
+    def counter_words(self) -> int:  # RouterTile::kCounterWords + the decode kernel's arrival counter
+        return MAX_TILES * self.groups + MAX_TILES + 1
+
+    @property
+    def decode_experts_per_cta(self) -> int:  # RouterDecodeTile::kEpc
+        return 8 // min(4, self.hidden // K_CHUNK)
+
+    @property
+    def decode_ctas(self) -> int:  # RouterDecodeTile::kCtas
+        return self.experts // self.decode_experts_per_cta
 
     @functools.cached_property
     def spec(self) -> KernelSpec:
-        return KernelSpec(FUNCTION, source=SOURCE,
+        return KernelSpec(FUNCTION, source=SOURCE, functions=(FUNCTION, FUNCTION_DECODE),
                           defines=(("GLM5_ROUTER_HIDDEN", str(self.hidden)), ("GLM5_ROUTER_EXPERTS", str(self.experts)),
                                    ("GLM5_ROUTER_TOPK", str(self.topk))))
 
@@ -110,7 +128,18 @@ def config_for(hidden: int, experts: int, topk: int) -> RouterConfig:
                     f"up to {GROUP} (GLM-5: 256, small preset: 16)")
     if topk < 1 or topk > min(32, experts):
         raise _fail(f"top-k={topk} is not supported: need 1 <= top-k <= min(32, experts={experts}) (GLM-5: 8)")
-    return RouterConfig(int(hidden), int(experts), int(topk))
+    cfg = RouterConfig(int(hidden), int(experts), int(topk))
+    if experts % cfg.decode_experts_per_cta:
+        raise _fail(f"{experts} routed experts are not supported: the decode kernel needs a multiple of "
+                    f"{cfg.decode_experts_per_cta} at H={hidden}")
+    return cfg
+
+
+def decode_enabled() -> bool:
+    """GLM5_FASTPATH_ROUTER_DECODE=1: the decode kernel for M <= 32 (default off: not yet GPU-tested)."""
+    import os
+
+    return os.environ.get(ENV_DECODE, "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 # ---- validation (shared by the real and the fake implementation) ---------------------------------
@@ -172,7 +201,7 @@ class _Workspace:
 
 _lock = threading.Lock()
 _workspaces: dict[tuple[int, RouterConfig], _Workspace] = {}
-_kernels: dict[tuple[RouterConfig, int], object] = {}
+_kernels: dict[tuple[RouterConfig, int, str], object] = {}
 
 
 def _workspace(cfg: RouterConfig, device: torch.device) -> _Workspace:
@@ -190,15 +219,15 @@ def _workspace(cfg: RouterConfig, device: torch.device) -> _Workspace:
     return ws
 
 
-def _kernel(cfg: RouterConfig, device: torch.device):
+def _kernel(cfg: RouterConfig, device: torch.device, function: str = FUNCTION):
     idx = _device_index(device)
-    k = _kernels.get((cfg, idx))
+    k = _kernels.get((cfg, idx, function))
     if k is None:
         env.print_config("moe_router", {"H": cfg.hidden, "experts": cfg.experts, "topk": cfg.topk},
                          {"threads": THREADS, "k_chunk": K_CHUNK, "splits": cfg.splits, "groups": cfg.groups,
                           "tok_tile": TOK_TILE, "grid": f"({cfg.splits}, {cfg.groups}, ceil(M/{TOK_TILE}))"})
         from ..jit.runtime import get_kernel
-        k = _kernels[(cfg, idx)] = get_kernel(cfg.spec, device=torch.device("cuda", idx))
+        k = _kernels[(cfg, idx, function)] = get_kernel(cfg.spec, function, device=torch.device("cuda", idx))
     return k
 
 
@@ -208,15 +237,25 @@ def _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws: _Workspace, rs
             ctypes.c_int32(h.shape[0]), ctypes.c_float(rsf))
 
 
-def _launch(cfg: RouterConfig, h, gate, bias, logits, ids, weights, scaled, rsf: float, pdl: bool) -> None:
+def use_decode(m: int, decode: bool | None) -> bool:
+    """Which kernel a call with M tokens runs: the decode one for 1 <= M <= 32 when asked (decode=True) or, with
+    decode=None, when GLM5_FASTPATH_ROUTER_DECODE=1; the split-K one otherwise."""
+    want = decode_enabled() if decode is None else bool(decode)
+    return want and 1 <= m <= DECODE_MAX_TOKENS
+
+
+def _launch(cfg: RouterConfig, h, gate, bias, logits, ids, weights, scaled, rsf: float, pdl: bool,
+            decode: bool | None = None) -> None:
     _check_device(h, gate, bias, logits, ids, weights, scaled)
     m = h.shape[0]
     if m == 0:
         return
-    kernel = _kernel(cfg, h.device)
     ws = _workspace(cfg, h.device)
-    kernel.launch((cfg.splits, cfg.groups, -(-m // TOK_TILE)), (THREADS, 1, 1),
-                  _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws, rsf), pdl=pdl)
+    args = _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws, rsf)
+    if use_decode(m, decode):
+        _kernel(cfg, h.device, FUNCTION_DECODE).launch((cfg.decode_ctas, 1, 1), (THREADS, 1, 1), args, pdl=pdl)
+        return
+    _kernel(cfg, h.device).launch((cfg.splits, cfg.groups, -(-m // TOK_TILE)), (THREADS, 1, 1), args, pdl=pdl)
 
 
 # ---- custom op --------------------------------------------------------------------------------------
@@ -231,35 +270,39 @@ def _outputs(h: torch.Tensor, cfg: RouterConfig):
 
 @torch.library.custom_op("glm5_fastpath::moe_router", mutates_args=())
 def _moe_router(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, topk: int, routed_scaling_factor: float,
-                pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                pdl: bool = True, decode: bool | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     cfg = _check_inputs(h, gate, bias, topk)
     ids, w, logits, scaled = _outputs(h, cfg)
-    _launch(cfg, h, gate, bias, logits, ids, w, scaled, float(routed_scaling_factor), pdl)
+    _launch(cfg, h, gate, bias, logits, ids, w, scaled, float(routed_scaling_factor), pdl, decode)
     return ids, w, logits, scaled
 
 
 @_moe_router.register_fake
-def _moe_router_fake(h, gate, bias, topk, routed_scaling_factor, pdl=True):
+def _moe_router_fake(h, gate, bias, topk, routed_scaling_factor, pdl=True, decode=None):
     cfg = _check_inputs(h, gate, bias, topk)
     m = h.shape[0]
     return (h.new_empty((m, cfg.topk), dtype=torch.int32), h.new_empty((m, cfg.topk), dtype=torch.float32),
             h.new_empty((m, cfg.experts), dtype=torch.float32), h.new_empty((m, cfg.topk), dtype=torch.float32))
 
 
-def moe_route_scaled(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg, *, pdl: bool = True
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_route_scaled(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg, *, pdl: bool = True,
+                     decode: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(topk_ids [M, k] int32, topk_weights [M, k] fp32 (no rsf), logits [M, E] fp32,
-    scaled [M, k] fp32 = topk_weights * cfg.routed_scaling_factor)."""
+    scaled [M, k] fp32 = topk_weights * cfg.routed_scaling_factor). decode: None (GLM5_FASTPATH_ROUTER_DECODE),
+    True / False: the decode kernel for M <= 32 or not (use_decode)."""
     k = _check_cfg(h, cfg)
     _check_inputs(h, gate, bias, k)  # before the dispatcher, so errors name this op even for odd inputs
-    return torch.ops.glm5_fastpath.moe_router(h, gate, bias, k, float(cfg.routed_scaling_factor), pdl)
+    if decode is not None and not isinstance(decode, bool):
+        raise _fail(f"decode must be None or a bool, got {decode!r}")
+    return torch.ops.glm5_fastpath.moe_router(h, gate, bias, k, float(cfg.routed_scaling_factor), pdl, decode)
 
 
-def moe_route(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg, *, pdl: bool = True
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_route(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg, *, pdl: bool = True,
+              decode: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ref.moe.route on the GPU: (topk_ids [M, k] int32 by descending choice, topk_weights [M, k] fp32
     normalised WITHOUT routed_scaling_factor, logits [M, E] fp32)."""
-    ids, w, logits, _ = moe_route_scaled(h, gate, bias, cfg, pdl=pdl)
+    ids, w, logits, _ = moe_route_scaled(h, gate, bias, cfg, pdl=pdl, decode=decode)
     return ids, w, logits
 
 
@@ -272,6 +315,7 @@ def precompile(device: object = None, shapes: tuple[tuple[int, int, int], ...] =
     for h, e, k in shapes:
         cfg = config_for(h, e, k)
         _kernel(cfg, dev)
+        _kernel(cfg, dev, FUNCTION_DECODE)
         _workspace(cfg, dev)
 
 

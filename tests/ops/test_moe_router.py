@@ -182,9 +182,11 @@ def test_epilogue_emulation_matches_reference_with_ties(E, k):
 def test_configs():
     c = config_for(6144, 256, 8)
     assert c == RouterConfig(6144, 256, 8) and (c.splits, c.groups, c.group_experts) == (24, 8, 32)
-    assert c.counter_words == 72 and c.partial_floats * 4 == 6291456
+    assert c.counter_words == 73 and c.partial_floats * 4 == 6291456  # 72 split-K counters + the decode one
+    assert (c.decode_experts_per_cta, c.decode_ctas) == (2, 128)
     s = config_for(512, 16, 4)
     assert (s.splits, s.groups, s.group_experts) == (2, 1, 16)
+    assert (s.decode_experts_per_cta, s.decode_ctas) == (4, 4)
     for h in (6000, 0, 256 * 65):
         with pytest.raises(ValueError, match="hidden size"):
             config_for(h, 256, 8)
@@ -194,6 +196,39 @@ def test_configs():
     for k in (0, 33, 17):
         with pytest.raises(ValueError, match="top-k"):
             config_for(6144, 16 if k == 17 else 256, k)
+
+
+def test_decode_kernel_selection(monkeypatch):
+    """The decode kernel runs for 1 <= M <= 32 when asked (decode=True) or, with decode=None, when
+    GLM5_FASTPATH_ROUTER_DECODE=1 (default off until its GPU tests have run); never above 32 tokens."""
+    monkeypatch.delenv(R.ENV_DECODE, raising=False)
+    assert not R.decode_enabled() and not R.use_decode(1, None)
+    assert R.use_decode(1, True) and R.use_decode(32, True) and not R.use_decode(33, True)
+    assert not R.use_decode(0, True) and not R.use_decode(8, False)
+    monkeypatch.setenv(R.ENV_DECODE, "1")
+    assert R.use_decode(8, None) and not R.use_decode(8, False) and not R.use_decode(64, None)
+    with pytest.raises(ValueError, match="decode must be None or a bool"):
+        moe_route(_t((4, 512)), _t((16, 512)), _t(16, torch.float32), SMALL, decode=1)
+
+
+def test_decode_tile_constants_match_python():
+    from glm5_fastpath.jit import csrc_dir
+    text = (csrc_dir() / "moe" / "router.cuh").read_text()
+    assert "static constexpr int kKParts = kHidden / 256 >= 4 ? 4 : kHidden / 256;" in text
+    assert "static constexpr int kEpc = kWarps / kKParts;" in text
+    assert f"static constexpr int kMaxTokens = {R.DECODE_MAX_TOKENS};" in text
+    assert "static constexpr int kCounter = Base::kCounterWords;" in text  # the extra counter word
+    # lane columns of the gate and of h are the same ones, and the K parts tile [0, H) exactly once
+    assert "gate + static_cast<int64_t>(e) * kHidden + part * kKPerWarp;" in text
+    assert "w.v[i] = ptx::ld_global_nc_v4(row + (32 * i + lane) * 8);" in text
+    assert "const uint16_t* hcol = p.h + part * kKPerWarp + lane * 8;" in text
+    assert "hcol + static_cast<int64_t>(m) * kHidden + 32 * 8 * i" in text
+    for hidden in (6144, 512):
+        parts = 4 if hidden // 256 >= 4 else hidden // 256
+        per = hidden // parts
+        cols = sorted(p * per + (32 * i + lane) * 8 + j for p in range(parts) for i in range(per // 256)
+                      for lane in range(32) for j in range(8))
+        assert cols == list(range(hidden))
 
 
 def _t(shape, dtype=BF16, device="cpu"):
@@ -245,9 +280,12 @@ def test_compile_check_specs_build_without_spills(nvcc_jit):
     specs = R.compile_check_specs()
     assert [dict(s.defines)["GLM5_ROUTER_EXPERTS"] for s in specs] == ["256", "16"]
     for spec in specs:
-        res = nvcc_jit(spec).resources()[R.FUNCTION]
-        assert res.spill_store_bytes == 0 and res.spill_load_bytes == 0 and res.stack_bytes == 0, res
-        assert 0 < res.registers <= 128, res  # 3 CTAs of 256 threads per SM at <= 85
+        assert spec.functions == (R.FUNCTION, R.FUNCTION_DECODE)
+        built = nvcc_jit(spec).resources()
+        for fn in spec.functions:
+            res = built[fn]
+            assert res.spill_store_bytes == 0 and res.spill_load_bytes == 0 and res.stack_bytes == 0, (fn, res)
+            assert 0 < res.registers <= 128, (fn, res)  # 3 CTAs of 256 threads per SM at <= 85
 
 
 # ---- GPU -------------------------------------------------------------------------------------------------
@@ -422,3 +460,77 @@ def test_kernel_resources_report():
     assert k.local_bytes == 0, k
     assert k.param_sizes is None or k.param_sizes == (8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4), k.param_sizes
     assert 0 < k.num_regs <= 128 and k.max_threads >= 256, k
+
+
+# ---- decode kernel (M <= 32) ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 7, 16, 31, 32])
+def test_decode_kernel_matches_reference(m, seed, glm5_router, no_pdl_override):
+    """RouterDecodeTile (whole-K dot products, one arrival level) against the reference, over poisoned
+    outputs; deterministic run to run; the counters return to zero."""
+    gate, bias = glm5_router
+    h = make_h(m, GLM5.hidden_size, seed + 3 * m)
+    _poison_allocator(m, GLM5)
+    ids, w, lo, sc = moe_route_scaled(h, gate, bias, GLM5, decode=True)
+    torch.cuda.synchronize()
+    assert int(ids.min()) >= 0 and int(ids.max()) < GLM5.n_routed_experts, "unwritten / out-of-range ids"
+    check_route(h, gate, bias, GLM5, (ids, w, lo), f"decode {m=} {seed=}", scaled=sc)
+    again = moe_route_scaled(h, gate, bias, GLM5, decode=True)
+    torch.cuda.synchronize()
+    for a, b, name in zip(again, (ids, w, lo, sc), ("ids", "weights", "logits", "scaled")):
+        assert_equal(OP, a, b, context=f"decode run to run {name} {m=}")
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7])
+def test_decode_kernel_small_preset(m, seed, small_router):
+    gate, bias = small_router
+    h = make_h(m, SMALL.hidden_size, seed + m)
+    out = moe_route(h, gate, bias, SMALL, decode=True)
+    torch.cuda.synchronize()
+    check_route(h, gate, bias, SMALL, out, f"decode small {m=}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 32])
+def test_decode_kernel_waits_for_the_late_producer_under_pdl(m, seed, glm5_router, no_pdl_override):
+    gate, bias = glm5_router
+    producer = late_producer()
+    h_true = make_h(m, GLM5.hidden_size, seed)
+    h = torch.full_like(h_true, 7.0)
+    moe_route(h_true, gate, bias, GLM5, decode=True)
+    for _ in range(3):
+        h.fill_(7.0)
+        torch.cuda.synchronize()
+        produce(producer, h_true, h)
+        out = moe_route(h, gate, bias, GLM5, pdl=True, decode=True)
+        out2 = moe_route(h, gate, bias, GLM5, pdl=True, decode=True)
+        torch.cuda.synchronize()
+        check_route(h_true, gate, bias, GLM5, out, f"decode PDL after producer {m=}")
+        for a, b in zip(out2, out):
+            assert_equal(OP, a, b, context="second decode PDL launch")
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+def test_decode_kernel_graph_replay_and_fallback_above_32(seed, glm5_router, no_pdl_override):
+    gate, bias = glm5_router
+    h_src = make_h(16, GLM5.hidden_size, seed)
+    static_h = h_src.clone()
+    moe_route(h_src, gate, bias, GLM5, decode=True)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = moe_route_scaled(static_h, gate, bias, GLM5, decode=True)
+    for step in range(3):
+        static_h.copy_(make_h(16, GLM5.hidden_size, seed + 50 + step))
+        for t in out:
+            poison_(t)
+        g.replay()
+        torch.cuda.synchronize()
+        check_route(static_h, gate, bias, GLM5, out[:3], f"decode graph replay {step}", scaled=out[3])
+    big = make_h(33, GLM5.hidden_size, seed)  # above 32 tokens: the split-K kernel, whatever decode says
+    check_route(big, gate, bias, GLM5, moe_route(big, gate, bias, GLM5, decode=True), "decode=True, M=33")
+    _counters_are_zero()
