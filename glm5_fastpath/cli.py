@@ -84,6 +84,12 @@ def _cmd_bench_sparse_mla(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _cmd_bench_router(args: argparse.Namespace) -> int:
+    from .bench.router import main
+
+    return main(args)
+
+
 def _cmd_bench_decode_step(args: argparse.Namespace) -> int:
     from .bench.decode_step import run
 
@@ -170,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_sparse_mla_args(b)
     b.set_defaults(fn=_cmd_bench_sparse_mla)
+    b = bsub.add_parser("router", help="(GPU) the MoE router per token count: split-K vs decode kernel vs stock")
+    from .bench.router import add_arguments as _bench_router_args
+
+    _bench_router_args(b)
+    b.set_defaults(fn=_cmd_bench_router)
     b = bsub.add_parser("decode-step", help="(GPU) one whole decode step, all layers: ours vs the stock kernel "
                                             "sequence per bucket, bytes floor, per-layer breakdown, correctness")
     from .bench.decode_step import add_arguments as _bench_step_args

@@ -1,0 +1,167 @@
+"""`glm5-fastpath bench router`: the MoE router at decode sizes, our two kernels vs the stock formulation.
+
+Per token count M (GLM-5: H 6144, 256 experts, top-8):
+- split:  ops.moe_route with the split-K kernel (decode=False), what the SGLang route runs today;
+- decode: ops.moe_route with the decode kernel (decode=True; M <= 32 only);
+- stock:  what SGLang computes for the noaux_tc top-k without our router: F.linear in bf16 (cuBLAS), then
+          sglang's biased_grouped_topk when it imports, else the same math in PyTorch (the report names which).
+Times: CUDA-graph replay median per launch, each launch on its own h (rotated), so the gate (3.1 MB) is the
+only repeated read (it stays in L2, as it does between layers in a real step). Floor: the gate bytes + h +
+the outputs at the copy bandwidth measured in the same run (an L2-resident gate can beat it).
+Correctness, same run: each path's top-k ids against ref.moe.route (fraction shared with the reference's
+ids, as sets per token; near-ties may differ) and our logits' max relative error.
+Output: OUT/router.json, OUT/router.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="directory for router.json / router.md")
+    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma list of token counts")
+    p.add_argument("--inputs", type=int, default=8, help="h tensors rotated over the launches")
+    p.add_argument("--replays", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def parse_tokens(s: str) -> list[int]:
+    try:
+        ts = sorted({int(x) for x in s.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"bench router: --tokens must be a comma list of integers, got {s!r}") from None
+    if not ts or ts[0] < 1 or ts[-1] > 256:
+        raise ValueError(f"bench router: --tokens must be in 1..256 (the router's maximum), got {s!r}")
+    return ts
+
+
+def floor_bytes(m: int, hidden: int = 6144, experts: int = 256, topk: int = 8) -> int:
+    """gate (bf16) + h (bf16) + logits (fp32) + ids, weights, scaled (4 B each)."""
+    return experts * hidden * 2 + m * hidden * 2 + m * experts * 4 + 3 * m * topk * 4
+
+
+def id_agreement(ids, ref_ids) -> float:
+    """Mean over tokens of |ids(t) & ref_ids(t)| / k: order-insensitive (SGLang's top-k does not sort)."""
+    a, b = ids.cpu().long().tolist(), ref_ids.cpu().long().tolist()
+    if not a:
+        return 1.0
+    return sum(len(set(x) & set(y)) / len(y) for x, y in zip(a, b)) / len(a)
+
+
+def _stock(cfg) -> tuple[Callable, str]:
+    import torch
+    import torch.nn.functional as F
+
+    try:
+        from sglang.srt.layers.moe.topk import biased_grouped_topk_gpu as topk_fn
+
+        def stock(h, gate, bias):
+            logits = F.linear(h, gate)
+            w, ids = topk_fn(h, logits, bias, cfg.num_experts_per_tok, True, 1, 1)
+            return ids, w
+
+        return stock, "F.linear (bf16) + sglang biased_grouped_topk_gpu"
+    except Exception as e:  # noqa: BLE001 - no sglang here: the same math in PyTorch
+        why = type(e).__name__
+
+        def stock(h, gate, bias):
+            s = torch.sigmoid(F.linear(h, gate).float())
+            idx = torch.topk(s + bias, cfg.num_experts_per_tok, dim=-1).indices
+            w = s.gather(1, idx)
+            return idx.to(torch.int32), w / w.sum(-1, keepdim=True)
+
+        return stock, f"F.linear (bf16) + torch sigmoid/topk (sglang topk not importable: {why})"
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from ..config import Glm5Config
+    from ..ops import moe_router as R
+    from ..ref.moe import route as ref_route
+    from .meta import git_commit, utc_now
+    from .timing import measure_copy_bandwidth, time_launches
+
+    tokens = parse_tokens(a.tokens)
+    cfg = Glm5Config.preset("glm5")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator(device=dev).manual_seed(a.seed)
+    gate = (torch.randn(cfg.n_routed_experts, cfg.hidden_size, device=dev, generator=g) * 0.02).to(torch.bfloat16)
+    bias = torch.randn(cfg.n_routed_experts, device=dev, generator=g) * 0.01
+    bw = measure_copy_bandwidth(dev)
+    stock, stock_name = _stock(cfg)
+    R.precompile(dev, ((cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok),))
+    rows = []
+    for m in tokens:
+        hs = [torch.randn(m, cfg.hidden_size, device=dev, generator=g).to(torch.bfloat16) for _ in range(a.inputs)]
+        ref_ids, _, ref_logits = ref_route(hs[0], gate, bias, cfg)
+        row: dict[str, Any] = {"M": m, "floor_bytes": floor_bytes(m)}
+        row["floor_us"] = row["floor_bytes"] / bw["bytes_per_s"] * 1e6 if bw.get("bytes_per_s") else None
+        paths: dict[str, Callable] = {"split": lambda h: R.moe_route(h, gate, bias, cfg, decode=False)}
+        if m <= R.DECODE_MAX_TOKENS:
+            paths["decode"] = lambda h: R.moe_route(h, gate, bias, cfg, decode=True)
+        paths["stock"] = lambda h: stock(h, gate, bias)
+        for name, fn in paths.items():
+            try:
+                out = fn(hs[0])
+                row[f"{name}_ids_agree"] = id_agreement(out[0], ref_ids)
+                if name != "stock":
+                    err = (out[2].double() - ref_logits.double()).abs().max() / ref_logits.double().abs().max()
+                    row[f"{name}_logits_rel_err"] = float(err)
+                tm = time_launches(lambda i, fn=fn: fn(hs[i % len(hs)]), len(hs), device=dev, replays=a.replays)
+                row[f"{name}_us"] = tm.median_us
+            except Exception as e:  # noqa: BLE001 - one failing path must not lose the others
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        if row.get("split_us") and row.get("decode_us"):
+            row["split_over_decode"] = row["split_us"] / row["decode_us"]
+        rows.append(row)
+        print(f"[router] M={m}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                              for k, v in row.items() if k != "M"), flush=True)
+    return {"gpu": torch.cuda.get_device_name(dev), "date": utc_now(), "commit": git_commit(), "stock": stock_name,
+            "copy_bandwidth": bw, "rows": rows}
+
+
+def markdown(res: dict[str, Any]) -> str:
+    def f(x: Any, nd: int = 2) -> str:
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+    lines = [f"# MoE router: split-K vs decode kernel vs stock ({res.get('gpu')}, {res.get('date')}, "
+             f"commit {res.get('commit')})", "", f"Stock: {res.get('stock')}. GLM-5 dims (H 6144, 256 experts, "
+             "top-8); CUDA-graph replay median per launch; ids agree = fraction of (token, slot) ids equal to "
+             "ref.moe.route's per token (as sets).", "",
+             "| M | floor us | split us | decode us | stock us | split/decode | ids agree split / decode / stock |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
+    for r in res.get("rows", []):
+        lines.append(f"| {r['M']} | {f(r.get('floor_us'))} | {f(r.get('split_us'))} | {f(r.get('decode_us'))} | "
+                     f"{f(r.get('stock_us'))} | {f(r.get('split_over_decode'))} | {f(r.get('split_ids_agree'), 3)} / "
+                     f"{f(r.get('decode_ids_agree'), 3)} / {f(r.get('stock_ids_agree'), 3)} |")
+    errs = [f"- M={r['M']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("_error")]
+    if errs:
+        lines += ["", "Errors:", *errs]
+    return "\n".join(lines) + "\n"
+
+
+def main(a: argparse.Namespace) -> int:
+    try:
+        parse_tokens(a.tokens)
+    except ValueError as e:
+        print(e)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench router: needs a CUDA GPU (Hopper)")
+        return 2
+    res = run(a)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "router.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / "router.md").write_text(markdown(res))
+    print(markdown(res))
+    return 0
