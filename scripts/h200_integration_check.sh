@@ -4,8 +4,9 @@
 #      GLM5_FASTPATH_CACHE_DIR) into /tmp
 #   2. GPU tests of MegaMoE (tests/moe) and act_quant_fp8 (tests/ops/test_act_quant.py)
 #   3. the route check inside real SGLang 0.5.14: prefix + MoE routes vs SGLang's own path, eager phase
-#   4. bench decode-step (ours vs the stock kernel sequence) for the buckets in DS_BUCKETS
-#   5. optional: bench sparse-mla (T_SPARSE seconds), tune (T_TUNE seconds)
+#   4. bench decode-step (ours vs the stock kernel sequence) for the buckets in DS_BUCKETS (none: skipped)
+#   5. optional: bench sparse-mla (T_SPARSE seconds, extra args SPARSE_ARGS), bench router (T_ROUTER seconds),
+#      tune (T_TUNE seconds)
 # A device call returns at most 8 files: pack OUTDIR into one tarball at the end of the command.
 # Every step has its own time limit and writes straight into OUTDIR, so a call cut short still returns
 # what finished. usage: scripts/h200_integration_check.sh OUTDIR [SITE.tar.xz] [JIT.tar.xz]
@@ -35,9 +36,9 @@ el "route check (eager: prefix + MoE vs SGLang)"
   --moe-layers 1 --batches "${ROUTE_BATCHES:-1,4,16}" --out "$out/route" --timeout "${T_ROUTE:-260}" \
   > "$out/route.log" 2>&1; el "route check rc=$?"
 
-left=$(( ${T_TOTAL:-570} - ($(date +%s) - t0) - ${T_TUNE:-0} - ${T_SPARSE:-0} ))
+left=$(( ${T_TOTAL:-570} - ($(date +%s) - t0) - ${T_TUNE:-0} - ${T_SPARSE:-0} - ${T_ROUTER:-0} ))
 el "bench decode-step (budget ${left}s)"
-[ "$left" -gt 120 ] && timeout "$left" python3 -m glm5_fastpath.cli bench decode-step --out "$out/decode_step" \
+[ "$left" -gt 120 ] && [ "${DS_BUCKETS:-}" != none ] && timeout "$left" python3 -m glm5_fastpath.cli bench decode-step --out "$out/decode_step" \
   --buckets "${DS_BUCKETS:-1,16,64}" --repeat "${DS_REPEAT:-10}" --budget-s $(( left - 90 )) \
   --selection "${DS_TABLE:-benchmarks/tables/h200_engine_cmp_megamoe.json}" > "$out/decode_step.log" 2>&1
 el "decode-step rc=$?"
@@ -45,9 +46,16 @@ el "decode-step rc=$?"
 # T_SPARSE=S: `glm5-fastpath bench sparse-mla` (our split-KV sparse MLA vs FlashMLA per token count), S seconds
 if [ "${T_SPARSE:-0}" -gt 0 ]; then
   el "bench sparse-mla (budget ${T_SPARSE}s)"
-  timeout "$T_SPARSE" python3 -m glm5_fastpath.cli bench sparse-mla --out "$out/sparse_mla" \
+  timeout "$T_SPARSE" python3 -m glm5_fastpath.cli bench sparse-mla --out "$out/sparse_mla" ${SPARSE_ARGS:-} \
     > "$out/sparse_mla.log" 2>&1
   el "bench sparse-mla rc=$?"
+fi
+
+# T_ROUTER=S: `glm5-fastpath bench router` (split-K vs decode router kernel vs stock), S seconds
+if [ "${T_ROUTER:-0}" -gt 0 ]; then
+  el "bench router (budget ${T_ROUTER}s)"
+  timeout "$T_ROUTER" python3 -m glm5_fastpath.cli bench router --out "$out/router" > "$out/router.log" 2>&1
+  el "bench router rc=$?"
 fi
 
 # T_TUNE=S: the last S seconds go to `glm5-fastpath tune` (prefix executors + MoE column) on TUNE_BUCKETS
