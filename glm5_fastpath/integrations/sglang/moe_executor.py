@@ -482,10 +482,10 @@ def _capture_routed(route: MoELayerRoute, ids: Any) -> None:
     if cap is None:
         return
     if route.fused_shared:
-        import torch
+        import torch.nn.functional as F
 
-        shared = ids.new_full((ids.shape[0], route.fused_shared), route.weights.num_experts)
-        ids = torch.cat([ids, shared], dim=1)
+        # one constant-pad kernel (a new_full + cat was two, per MoE layer and step)
+        ids = F.pad(ids, (0, route.fused_shared), value=route.weights.num_experts)
     cap.capture(layer_id=route.layer_id, topk_indices=ids)
 
 
