@@ -191,13 +191,16 @@ struct SparseMlaSplitTileT {
             }
             ptx::cp_async_commit();
         }
-        int32_t slot_next = load_index(idx_row, blk_begin, blk_end, grow, p.topk);
+        // every prologue block's index first (independent loads in flight together), then the gathers
+        int32_t slot_pro[kStages - 1];
+#pragma unroll
+        for (int j = 0; j < kStages - 1; ++j) slot_pro[j] = load_index(idx_row, blk_begin + j, blk_end, grow, p.topk);
 #pragma unroll
         for (int j = 0; j < kStages - 1; ++j) {
-            if (blk_begin + j < blk_end) issue_block(p, stage_ptr(smem_raw, j), bias_ptr(smem_raw, j), slot_next, tid);
+            if (blk_begin + j < blk_end) issue_block(p, stage_ptr(smem_raw, j), bias_ptr(smem_raw, j), slot_pro[j], tid);
             ptx::cp_async_commit();  // one group per block, empty past the split: the accounting stays uniform
-            slot_next = load_index(idx_row, blk_begin + j + 1, blk_end, grow, p.topk);
         }
+        int32_t slot_next = load_index(idx_row, blk_begin + kStages - 1, blk_end, grow, p.topk);
 
         // Per-lane ldmatrix offsets (bytes). A (Q, row-major 16x16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15).
         const uint32_t a_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes + 16 * (lane >> 4);

@@ -64,13 +64,16 @@ glm5_moe_router_decode(const uint16_t* __restrict__ h, const uint16_t* __restric
     __shared__ __align__(16) float scratch[RouterTile::kScratchFloats];
     const int tid = threadIdx.x;
     RouterDecodeTile::Weights w;
-    RouterDecodeTile::load_weights(w, gate, blockIdx.x, tid);  // before the wait: weights are never written
+    if constexpr (RouterDecodeTile::kSupported)
+        RouterDecodeTile::load_weights(w, gate, blockIdx.x, tid);  // before the wait: weights are never written
 
     glm5::ptx::griddep_launch_dependents();
     glm5::ptx::griddep_wait();
 
-    if (num_tokens < 1 || num_tokens > RouterDecodeTile::kMaxTokens) return;  // the launcher never does this
-    const glm5::moe::RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
-                                  partials, counters, num_tokens, routed_scaling};
-    RouterDecodeTile::run(w, p, blockIdx.x, scratch, tid);
+    if constexpr (RouterDecodeTile::kSupported) {
+        if (num_tokens < 1 || num_tokens > RouterDecodeTile::kMaxTokens) return;  // the launcher never does this
+        const glm5::moe::RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
+                                      partials, counters, num_tokens, routed_scaling};
+        RouterDecodeTile::run(w, p, blockIdx.x, scratch, tid);
+    }
 }

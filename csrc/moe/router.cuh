@@ -317,22 +317,26 @@ struct RouterDecodeTile {
     static constexpr int kThreads = Base::kThreads;  // 256
     static constexpr int kWarps = Base::kWarps;      // 8
     static constexpr int kMaxTokens = 32;            // one token tile: Base::topk_epilogue's warp loop
-    static constexpr int kKParts = kHidden / 256 >= 4 ? 4 : kHidden / 256;
+    // K parts: the largest of 4, 2, 1 dividing the 256-column chunks (so every warp's range is whole 256-column
+    // chunks for any H the split-K kernel takes); experts per CTA = 8 warps / parts.
+    static constexpr int kChunks = kHidden / 256;
+    static constexpr int kKParts = kChunks % 4 == 0 ? 4 : (kChunks % 2 == 0 ? 2 : 1);
     static constexpr int kEpc = kWarps / kKParts;    // experts per CTA (2 for GLM-5, 4 for the small preset)
     static constexpr int kKPerWarp = kHidden / kKParts;
     static constexpr int kVec = kKPerWarp / (32 * 8);  // 16-byte gate loads per lane
     static constexpr int kCounter = Base::kCounterWords;  // the one arrival counter, after the split-K ones
+    // Configs the decode kernel does not take (experts not a multiple of kEpc) still build the cubin: its
+    // kernel then only returns, and the launcher never selects it (ops.moe_router RouterConfig.decode_supported).
+    static constexpr bool kSupported = kExperts % kEpc == 0;
 
-    static_assert(kHidden % 256 == 0 && kKParts >= 1 && kWarps % kKParts == 0, "K parts");
-    static_assert(kKPerWarp % 256 == 0 && kVec >= 1, "whole 16-byte vectors per lane");
-    static_assert(kExperts % kEpc == 0, "experts: a multiple of the experts per CTA");
+    static_assert(kHidden % 256 == 0 && kWarps % kKParts == 0 && kKPerWarp % 256 == 0 && kVec >= 1, "K parts");
     static_assert(kKParts * kEpc * kMaxTokens + 4 <= Base::kScratchFloats, "partials fit the scratch");
 
     struct Weights {
         ptx::u32x4 v[kVec];
     };
 
-    static constexpr int kCtas = kExperts / kEpc;  // grid size
+    static constexpr int kCtas = kSupported ? kExperts / kEpc : 1;  // grid size
 
     static GLM5_DEVICE void load_weights(Weights& w, const uint16_t* __restrict__ gate, int cta, int tid) {
         const int warp = tid >> 5, lane = tid & 31;

@@ -142,12 +142,13 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
     routed = MM.MegaMoEWeights(shared.w13[:experts], shared.w13_scale[:experts], shared.w2[:experts],
                                shared.w2_scale[:experts], experts, 0)  # views: the same bytes without the shared expert
     dg, dg_error = None, ""
-    masked_gemm, masked_error, act, act_name = None, "", None, ""
+    masked_gemm, masked_error, act, act_name, input_sf = None, "", None, "", None
     if not args.no_deepgemm:
         from . import moe_masked as MK
         try:
             masked_gemm = MK.deepgemm_masked_gemm()
             act, act_name = MK.sglang_act()
+            input_sf = MK.deepgemm_input_sf()
         except Exception as e:  # noqa: BLE001 - reported, the rest of the benchmark still runs
             masked_error = f"{type(e).__name__}: {e}"
         try:
@@ -189,12 +190,12 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
             row["deepgemm"] = {"error": dg_error}
         if masked_gemm is not None:
             try:
-                pipe = MK.MaskedPipeline(tuple(t[:experts] for t in raw), masked_gemm, act, act_name)
+                pipe = MK.MaskedPipeline(tuple(t[:experts] for t in raw), masked_gemm, act, act_name, input_sf)
                 lay = pipe.prepare(x8, xs, ids)
                 t = time_launches(lambda i: pipe(), args.launches, device=dev, replays=args.replays)
                 row["deepgemm_masked"] = {"median_us": t.median_us, "min_us": t.min_us, "method": t.method,
                                           "note": t.note, "act": act_name, "max_m": lay.max_m,
-                                          "expected_m": lay.expected_m}
+                                          "expected_m": lay.expected_m, "input_sf_mn_major": input_sf is not None}
                 pipe()
                 got = pipe.output(wts, m)
                 ours = MM.mega_moe(x8, xs, ids, wts, routed, routed_scaling_factor=1.0)

@@ -81,7 +81,8 @@ def dispatch(x8: torch.Tensor, xs: torch.Tensor, lay: MaskedLayout, a8: torch.Te
 
 
 def combine(y: torch.Tensor, lay: MaskedLayout, weights: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """out[t] = bf16(sum over t's pairs, in slot order, of fp32(weight * y)) (routed experts only, no rsf)."""
+    """out[t] = bf16(sum over t's pairs of fp32(weight * y)) (routed experts only, no rsf). fp32 index_add_:
+    slot order on the CPU, atomics (no fixed order) on CUDA; only the same-run error figure uses it."""
     out = torch.zeros(num_tokens, y.shape[-1], dtype=torch.float32, device=y.device)
     vals = y[lay.pair_expert, lay.pair_row].float() * weights[lay.pair_token, lay.pair_slot].float()[:, None]
     order = torch.argsort(lay.pair_token * 64 + lay.pair_slot, stable=True)  # slot order per token
@@ -91,7 +92,8 @@ def combine(y: torch.Tensor, lay: MaskedLayout, weights: torch.Tensor, num_token
 
 def swiglu_quant_torch(gu: torch.Tensor, masked_m: torch.Tensor, a8: torch.Tensor, a_sf: torch.Tensor) -> None:
     """SwiGLU of gate || up rows and 1x128 FP8 requant, in place into (a8, a_sf): the PyTorch stand-in for
-    SGLang's silu_and_mul_masked_post_quant_fwd (all rows; padding rows are never read downstream)."""
+    SGLang's silu_and_mul_masked_post_quant_fwd. It processes ALL rows, padding included, in several kernels,
+    so a time measured with it is not the pipeline's lower bound (the report names the activation used)."""
     e, r, n2 = gu.shape
     g, u = gu[..., : n2 // 2].float(), gu[..., n2 // 2:].float()
     act = (g * torch.sigmoid(g) * u).to(BF16).reshape(e * r, n2 // 2)
@@ -115,9 +117,14 @@ class MaskedPipeline:
     the GPU (DeepGemmMasked.create) or reference_masked_gemm; `act` fills (a8', a_sf') from gu."""
 
     def __init__(self, weights: tuple[torch.Tensor, ...], gemm: Callable[..., Any],
-                 act: Callable[..., None] | None = None, act_name: str = "torch") -> None:
+                 act: Callable[..., None] | None = None, act_name: str = "torch (all rows, padding included)",
+                 input_sf: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """input_sf: turns FC1's [E, max_m, H/128] fp32 input scales into the layout the GEMM wants, once in
+        prepare (deep_gemm's get_mn_major_tma_aligned_tensor: DeepEP's dispatch hands SGLang MN-major
+        scales, so the timed FC1 must not transpose them on every call)."""
         self.w13, self.s13, self.w2, self.s2 = weights
         self.gemm, self.act, self.act_name = gemm, act or swiglu_quant_torch, act_name
+        self.input_sf = input_sf
         self.lay: MaskedLayout | None = None
 
     def prepare(self, x8: torch.Tensor, xs: torch.Tensor, ids: torch.Tensor) -> MaskedLayout:
@@ -125,6 +132,8 @@ class MaskedPipeline:
         e, n2, h = self.w13.shape
         lay = self.lay = masked_layout(ids, e)
         self.a8, self.a_sf = dispatch(x8, xs, lay)
+        if self.input_sf is not None:
+            self.a_sf = self.input_sf(self.a_sf)
         dev = x8.device
         self.gu = torch.empty(e, lay.max_m, n2, dtype=BF16, device=dev)
         self.b8 = torch.empty(e, lay.max_m, n2 // 2, dtype=FP8, device=dev)
@@ -155,6 +164,18 @@ def sglang_act() -> tuple[Callable[..., None] | None, str]:
         f(gu, a8, a_sf, 128, masked_m)
 
     return act, "sglang silu_and_mul_masked_post_quant_fwd"
+
+
+def deepgemm_input_sf() -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """deep_gemm's MN-major TMA-aligned transform of fp32 scales (deep_gemm.utils.layout), or None."""
+    try:
+        import deep_gemm
+        f = getattr(deep_gemm, "get_mn_major_tma_aligned_tensor", None)
+        if f is None:
+            from deep_gemm.utils.layout import get_mn_major_tma_aligned_tensor as f
+        return f
+    except Exception:  # noqa: BLE001 - then the GEMM transforms them itself, inside the timed call
+        return None
 
 
 def deepgemm_masked_gemm() -> Callable[..., None]:

@@ -198,6 +198,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 tm = time_launches(lambda i, fn=fn: fn(q, tables[i % len(tables)]), len(tables), device=dev,
                                    replays=a.replays)
                 row.setdefault("ours_stages_us", {})[str(st)] = tm.median_us
+                row.setdefault("ours_stages_auto_splits", {})[str(st)] = SM.split_plan(
+                    t, a.heads, a.topk, torch.cuda.get_device_properties(dev).multi_processor_count,
+                    SM.ctas_per_sm(st)).num_splits
                 row.setdefault("ours_stages_rel_l2", {})[str(st)] = err
             except Exception as e:  # noqa: BLE001
                 row[f"ours_stages{st}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -240,12 +243,14 @@ def markdown(res: dict[str, Any]) -> str:
                          + f" | {r.get('best_splits', '-')} | {f(r.get('best_us'))} |")
     if any(r.get("ours_stages_us") for r in res.get("rows", [])):
         sts = sorted({int(k) for r in res["rows"] for k in (r.get("ours_stages_us") or {})})
-        lines += ["", "Split-kernel builds (ours, heuristic splits, us; the default build is the 'ours us' column):", "",
+        lines += ["", "Split-kernel builds (ours, each build's own heuristic splits in brackets, us; the default build "
+                  "is the 'ours us' column):", "",
                   "| T | default | " + " | ".join(f"stages={n}" for n in sts) + " |",
                   "|---:|---:|" + "---:|" * len(sts)]
         for r in res["rows"]:
-            sw = r.get("ours_stages_us") or {}
-            lines.append(f"| {r['T']} | {f(r.get('ours_us'))} | " + " | ".join(f(sw.get(str(n))) for n in sts) + " |")
+            sw, sp = r.get("ours_stages_us") or {}, r.get("ours_stages_auto_splits") or {}
+            lines.append(f"| {r['T']} | {f(r.get('ours_us'))} [{r.get('auto_splits', '-')}] | " + " | ".join(
+                f"{f(sw.get(str(n)))} [{sp.get(str(n), '-')}]" for n in sts) + " |")
     errs = [f"- T={r['T']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("_error")]
     if errs:
         lines += ["", "Errors:", *errs]

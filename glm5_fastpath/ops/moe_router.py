@@ -101,12 +101,18 @@ class RouterConfig:
         return MAX_TILES * self.groups + MAX_TILES + 1
 
     @property
-    def decode_experts_per_cta(self) -> int:  # RouterDecodeTile::kEpc
-        return 8 // min(4, self.hidden // K_CHUNK)
+    def decode_experts_per_cta(self) -> int:  # RouterDecodeTile::kEpc = 8 / kKParts
+        chunks = self.hidden // K_CHUNK
+        parts = 4 if chunks % 4 == 0 else (2 if chunks % 2 == 0 else 1)
+        return 8 // parts
+
+    @property
+    def decode_supported(self) -> bool:  # RouterDecodeTile::kSupported
+        return self.experts % self.decode_experts_per_cta == 0
 
     @property
     def decode_ctas(self) -> int:  # RouterDecodeTile::kCtas
-        return self.experts // self.decode_experts_per_cta
+        return self.experts // self.decode_experts_per_cta if self.decode_supported else 1
 
     @functools.cached_property
     def spec(self) -> KernelSpec:
@@ -128,11 +134,7 @@ def config_for(hidden: int, experts: int, topk: int) -> RouterConfig:
                     f"up to {GROUP} (GLM-5: 256, small preset: 16)")
     if topk < 1 or topk > min(32, experts):
         raise _fail(f"top-k={topk} is not supported: need 1 <= top-k <= min(32, experts={experts}) (GLM-5: 8)")
-    cfg = RouterConfig(int(hidden), int(experts), int(topk))
-    if experts % cfg.decode_experts_per_cta:
-        raise _fail(f"{experts} routed experts are not supported: the decode kernel needs a multiple of "
-                    f"{cfg.decode_experts_per_cta} at H={hidden}")
-    return cfg
+    return RouterConfig(int(hidden), int(experts), int(topk))
 
 
 def decode_enabled() -> bool:
@@ -237,11 +239,12 @@ def _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws: _Workspace, rs
             ctypes.c_int32(h.shape[0]), ctypes.c_float(rsf))
 
 
-def use_decode(m: int, decode: bool | None) -> bool:
+def use_decode(m: int, decode: bool | None, cfg: RouterConfig | None = None) -> bool:
     """Which kernel a call with M tokens runs: the decode one for 1 <= M <= 32 when asked (decode=True) or, with
-    decode=None, when GLM5_FASTPATH_ROUTER_DECODE=1; the split-K one otherwise."""
+    decode=None, when GLM5_FASTPATH_ROUTER_DECODE=1, and the config is one it takes (cfg.decode_supported);
+    the split-K one otherwise."""
     want = decode_enabled() if decode is None else bool(decode)
-    return want and 1 <= m <= DECODE_MAX_TOKENS
+    return want and 1 <= m <= DECODE_MAX_TOKENS and (cfg is None or cfg.decode_supported)
 
 
 def _launch(cfg: RouterConfig, h, gate, bias, logits, ids, weights, scaled, rsf: float, pdl: bool,
@@ -252,7 +255,7 @@ def _launch(cfg: RouterConfig, h, gate, bias, logits, ids, weights, scaled, rsf:
         return
     ws = _workspace(cfg, h.device)
     args = _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws, rsf)
-    if use_decode(m, decode):
+    if use_decode(m, decode, cfg):
         _kernel(cfg, h.device, FUNCTION_DECODE).launch((cfg.decode_ctas, 1, 1), (THREADS, 1, 1), args, pdl=pdl)
         return
     _kernel(cfg, h.device).launch((cfg.splits, cfg.groups, -(-m // TOK_TILE)), (THREADS, 1, 1), args, pdl=pdl)

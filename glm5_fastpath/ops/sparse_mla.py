@@ -34,7 +34,7 @@ GPU-tested and measured: 93696 B, 2 CTAs per SM) or 5 (206 KB, 1 CTA per SM, fou
 
 Kernels (csrc/attn_core/sparse_mla_decode.{cuh,cu}, design in the header):
 - stage 1 glm5_sparse_mla_split, grid (T, num_splits, H / 16), 128 threads, 93696 B dynamic shared memory
-  (2 CTAs per SM): one token, 16 heads, one contiguous chunk of the K index columns in blocks of 32 slots; gathers
+  in the default build (2 CTAs per SM; split_smem(stages) in general): one token, 16 heads, one contiguous chunk of the K index columns in blocks of 32 slots; gathers
   the rows with cp.async (invalid rows zero-filled, scores masked to -inf), S = Q K^T and O += P V with mma.sync
   m16n8k16 bf16 (fp32 accumulation, P rounded to bf16), online softmax in exp2; writes O / l (fp32) and the
   split's lse to a workspace.
@@ -380,7 +380,7 @@ def sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, 
 def precompile(device: object = None, stages: tuple[int, ...] = (DEFAULT_STAGES,)) -> None:
     """Compile (or fetch from cache) and load both kernels of each build in `stages` on `device` (default:
     current), ahead of first use (and of any CUDA-graph capture)."""
-    bad = [st for st in stages if isinstance(st, bool) or st not in STAGE_CHOICES]
+    bad = [st for st in stages if type(st) is not int or st not in STAGE_CHOICES]
     if bad:
         raise _fail(f"precompile: stages must be in {STAGE_CHOICES}, got {bad[0]!r}")
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)

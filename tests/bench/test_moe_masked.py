@@ -87,8 +87,13 @@ def test_pipeline_with_reference_gemm_matches_per_pair_math():
     want = per_pair(x8, xs, ids, wts, wt).float()
     err = (got - want).norm() / want.norm()
     assert err < 2e-2, err  # bf16 rounding of the weighted slot sums (combine sums fp32 of bf16 values)
-    # a kernel that ignored masked_m and read padding rows would add zeros there: same answer
     assert torch.isfinite(got).all()
+    seen = []
+    pipe2 = MK.MaskedPipeline(wt, MK.reference_masked_gemm, input_sf=lambda sf: seen.append(sf.shape) or sf.clone())
+    pipe2.prepare(x8, xs, ids)
+    pipe2()
+    assert seen == [(E, lay.max_m, H // 128)]  # FC1's scales transformed once, in prepare
+    assert torch.equal(pipe2.output(wts, ids.shape[0]), pipe.output(wts, ids.shape[0]))
 
 
 def _result():

@@ -103,4 +103,4 @@ def test_stages_option_and_report():
             B.validate(_args("--stages", bad))
     res = {"gpu": "g", "date": "d", "commit": "c", "stock": "x", "kv_slots": 1,
            "rows": [{"T": 8, "K": 2048, "H": 64, "ours_us": 29.4, "ours_stages_us": {"5": 14.2}}]}
-    assert "| 8 | 29.40 | 14.20 |" in B.markdown(res)
+    assert "| 8 | 29.40 [-] | 14.20 [-] |" in B.markdown(res)

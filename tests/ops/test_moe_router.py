@@ -198,6 +198,17 @@ def test_configs():
             config_for(6144, 16 if k == 17 else 256, k)
 
 
+def test_every_split_k_config_still_builds_with_the_decode_kernel(nvcc_jit):
+    """The decode kernel shares the cubin: hidden sizes that are not a multiple of 1024 and expert counts it
+    does not take must still build (its kernel compiles to a no-op there and is never selected)."""
+    for hidden, experts in ((768, 256), (1280, 32), (256, 4), (2560, 12)):
+        cfg = config_for(hidden, experts, 2)
+        res = nvcc_jit(cfg.spec).resources()
+        assert res[R.FUNCTION].spill_store_bytes == 0 and R.FUNCTION_DECODE in res
+    assert not config_for(256, 4, 2).decode_supported and not R.use_decode(1, True, config_for(256, 4, 2))
+    assert config_for(768, 256, 8).decode_supported and R.use_decode(1, True, config_for(768, 256, 8))
+
+
 def test_decode_kernel_selection(monkeypatch):
     """The decode kernel runs for 1 <= M <= 32 when asked (decode=True) or, with decode=None, when
     GLM5_FASTPATH_ROUTER_DECODE=1 (default off until its GPU tests have run); never above 32 tokens."""
@@ -214,8 +225,9 @@ def test_decode_kernel_selection(monkeypatch):
 def test_decode_tile_constants_match_python():
     from glm5_fastpath.jit import csrc_dir
     text = (csrc_dir() / "moe" / "router.cuh").read_text()
-    assert "static constexpr int kKParts = kHidden / 256 >= 4 ? 4 : kHidden / 256;" in text
+    assert "static constexpr int kKParts = kChunks % 4 == 0 ? 4 : (kChunks % 2 == 0 ? 2 : 1);" in text
     assert "static constexpr int kEpc = kWarps / kKParts;" in text
+    assert "static constexpr bool kSupported = kExperts % kEpc == 0;" in text
     assert f"static constexpr int kMaxTokens = {R.DECODE_MAX_TOKENS};" in text
     assert "static constexpr int kCounter = Base::kCounterWords;" in text  # the extra counter word
     # lane columns of the gate and of h are the same ones, and the K parts tile [0, H) exactly once
@@ -223,8 +235,10 @@ def test_decode_tile_constants_match_python():
     assert "w.v[i] = ptx::ld_global_nc_v4(row + (32 * i + lane) * 8);" in text
     assert "const uint16_t* hcol = p.h + part * kKPerWarp + lane * 8;" in text
     assert "hcol + static_cast<int64_t>(m) * kHidden + 32 * 8 * i" in text
-    for hidden in (6144, 512):
-        parts = 4 if hidden // 256 >= 4 else hidden // 256
+    for hidden in (6144, 512, 768, 1280, 2560, 256):
+        chunks = hidden // 256
+        parts = 4 if chunks % 4 == 0 else (2 if chunks % 2 == 0 else 1)
+        assert config_for(hidden, 256, 8).decode_experts_per_cta == 8 // parts
         per = hidden // parts
         cols = sorted(p * per + (32 * i + lane) * 8 + j for p in range(parts) for i in range(per // 256)
                       for lane in range(32) for j in range(8))

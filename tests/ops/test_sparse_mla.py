@@ -1084,7 +1084,9 @@ def test_gather_ring_source_matches_the_replay():
     from glm5_fastpath.jit import csrc_dir
     text = (csrc_dir() / "attn_core" / "sparse_mla_decode.cuh").read_text()
     for expr in ("for (int j = 0; j < kStages - 1; ++j) {",
-                 "if (blk_begin + j < blk_end) issue_block(p, stage_ptr(smem_raw, j), bias_ptr(smem_raw, j), slot_next, tid);",
+                 "slot_pro[j] = load_index(idx_row, blk_begin + j, blk_end, grow, p.topk);",
+                 "if (blk_begin + j < blk_end) issue_block(p, stage_ptr(smem_raw, j), bias_ptr(smem_raw, j), slot_pro[j], tid);",
+                 "int32_t slot_next = load_index(idx_row, blk_begin + kStages - 1, blk_end, grow, p.topk);",
                  "ptx::cp_async_wait<kStages - 1>();",
                  "const int st = static_cast<int>(static_cast<unsigned>(i) % kStages);",
                  "ptx::cp_async_wait<kStages - 2>();",

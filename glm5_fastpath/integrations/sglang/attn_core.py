@@ -122,11 +122,19 @@ class SparseMlaRoute:
     """The wrapper's state: limit, once-per-reason log, metrics."""
 
     def __init__(self, metrics: Any = None, log: logging.Logger = logger, limit: int | None = None,
-                 devices: tuple[str, ...] = ("cuda",)) -> None:
+                 devices: tuple[str, ...] = ("cuda",), build: int | None = None) -> None:
+        from ...ops import sparse_mla as SM
+
         self.metrics, self.log, self.devices = metrics, log, devices
         self.limit = max_tokens() if limit is None else limit
+        self.stages = stages(log) if build is None else build
         self.splits = split_table(log)
-        self.stages = stages(log)
+        if self.splits and self.stages != SM.DEFAULT_STAGES:
+            # a tuned table times the default build (bench sparse-mla --write-splits); the deep ring's one CTA
+            # per SM wants its own plan, so its heuristic decides
+            log.warning("glm5_fastpath: sparse MLA: %s ignored with %s=%d (the table was tuned for the default "
+                        "build)", ENV_SPLITS, ENV_STAGES, self.stages)
+            self.splits = None
         self._once: set = set()
 
     def note(self, route: str, reason: str, level: int = logging.INFO) -> None:
@@ -193,11 +201,12 @@ def install_sparse_mla(metrics: Any = None, log: logging.Logger = logger, device
         try:
             from ...ops import sparse_mla as SM
 
-            SM.precompile(device, stages=(stages(log),))
+            build = stages(log)
+            SM.precompile(device, stages=(build,))
         except Exception as e:  # noqa: BLE001 - no kernel: FlashMLA everywhere, say why
             log.warning("glm5_fastpath: sparse MLA kernel unavailable (%s: %s); FlashMLA stays", type(e).__name__, e)
             return False
-    route = SparseMlaRoute(metrics, log, devices=devices)
+    route = SparseMlaRoute(metrics, log, devices=devices, build=build if precompile else None)
     original = fn
 
     def _forward_flashmla_sparse(self, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, *args, **kwargs):

@@ -219,3 +219,16 @@ def test_stages_from_env(op, monkeypatch, caplog):
     cls7()._forward_flashmla_sparse(*args(t=2))
     assert ops_pkg.sparse_mla.used_stages == [2, 5, 2]
     assert "GLM5_FASTPATH_SPARSE_MLA_STAGES='7' ignored" in caplog.text
+
+
+def test_tuned_split_table_is_ignored_for_the_deep_ring(op, monkeypatch, caplog):
+    """A split table is tuned on the default build; with GLM5_FASTPATH_SPARSE_MLA_STAGES=5 (one CTA per SM)
+    the op's own plan decides, and the bad pairing is logged once at install."""
+    calls, cls = op
+    monkeypatch.setenv(AC.ENV_SPLITS, "1:16,8:8")
+    monkeypatch.setenv(AC.ENV_STAGES, "5")
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    install(cls)
+    cls()._forward_flashmla_sparse(*args(t=8))
+    assert ops_pkg.sparse_mla.splits[-1] is None and ops_pkg.sparse_mla.used_stages[-1] == 5
+    assert caplog.text.count("GLM5_FASTPATH_SPARSE_MLA_SPLITS ignored with GLM5_FASTPATH_SPARSE_MLA_STAGES=5") == 1
