@@ -537,6 +537,24 @@ def first_divergence(a: Sequence[int] | None, b: Sequence[int] | None) -> int | 
     return None
 
 
+def logprob_gap(a: dict | None, b: dict | None) -> tuple[float | None, int]:
+    """(max |logprob_a - logprob_b| over the leading tokens where both runs chose the same id, how many):
+    the engine-level numeric gap of two greedy runs. FP8 re-quantisation noise gives small gaps; a route that
+    computes something else gives large ones (with --realistic-dummy, where every layer moves the logits)."""
+    if not a or not b:
+        return None, 0
+    ids_a, ids_b = a.get("ids") or [], b.get("ids") or []
+    lp_a, lp_b = a.get("logprobs") or [], b.get("logprobs") or []
+    gaps = []
+    for x, y, u, v in zip(ids_a, ids_b, lp_a, lp_b):
+        if x != y:
+            break
+        if u is None or v is None:
+            continue
+        gaps.append(abs(float(u) - float(v)))
+    return (max(gaps) if gaps else None), len(gaps)
+
+
 def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | None = None,
                  meta: dict | None = None) -> dict:
     """Combine per-mode worker results into the report dict (rows per batch size)."""
@@ -572,6 +590,11 @@ def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | Non
             c = mode_results["fastpath"].get("batches", {}).get(str(b), {}).get("first_tokens")
             row["greedy_first_divergence"] = first_divergence(a, c)
             row["greedy_compared_tokens"] = min(len(a), len(c)) if a and c else 0
+            la = mode_results["stock"].get("batches", {}).get(str(b), {}).get("first_logprobs")
+            lc = mode_results["fastpath"].get("batches", {}).get(str(b), {}).get("first_logprobs")
+            gap, n_lp = logprob_gap(la, lc)
+            if n_lp:
+                row["logprob_max_abs_diff"], row["logprob_compared_tokens"] = gap, n_lp
         rows.append(row)
     measured = any((row.get(mo) or {}).get("distinct_experts", {}) and "mean" in row[mo]["distinct_experts"]
                    for row in rows for mo in mode_results)
@@ -627,6 +650,8 @@ def render_markdown(rep: dict) -> str:
         div = r.get("greedy_first_divergence")
         cmp_n = r.get("greedy_compared_tokens")
         greedy = "-" if not cmp_n else ("same" if div is None else str(div)) + f" (of {cmp_n})"
+        if r.get("logprob_compared_tokens"):
+            greedy += f"; max abs logprob diff {r['logprob_max_abs_diff']:.3g} over {r['logprob_compared_tokens']}"
         meas = []
         for mo in modes:
             de = (r.get(mo) or {}).get("distinct_experts") or {}
@@ -926,6 +951,18 @@ def _meta_latency(outs: list[dict]) -> tuple[list[float], list[float]]:
     return ttft, itl
 
 
+def _logprob_pass(engine, prompt: list, sp: dict) -> dict[str, list]:
+    """One untimed greedy request with return_logprob: the chosen ids and their logprobs for the first
+    FIRST_TOKENS_KEPT tokens (SGLang's meta_info output_token_logprobs: (logprob, token_id, text) entries)."""
+    o = engine.generate(input_ids=[prompt], sampling_params={**sp, "max_new_tokens": FIRST_TOKENS_KEPT},
+                        return_logprob=True)
+    o = o[0] if isinstance(o, list) else o
+    entries = (o.get("meta_info") or {}).get("output_token_logprobs") or []
+    ids = [int(e[1]) for e in entries]
+    lps = [None if e[0] is None else float(e[0]) for e in entries]
+    return {"ids": ids, "logprobs": lps}
+
+
 def _stream_pass(engine, prompts, sp) -> tuple[list[float], list[float]]:
     import asyncio
 
@@ -1169,6 +1206,10 @@ def worker_main(config_path: str) -> int:
                           meta_keys=sorted((outs[0].get("meta_info") or {}).keys()) if outs else [])
                 ttft, itl = _meta_latency(outs)
                 br["latency_source"] = "meta_info" if ttft else "none"
+                try:
+                    br["first_logprobs"] = _logprob_pass(engine, prompts[0], sp)
+                except Exception as e:  # noqa: BLE001 - recorded; the throughput numbers stand
+                    br["first_logprobs_error"] = f"{type(e).__name__}: {e}"
                 if c["stream_pass"]:
                     sttft, sitl = _stream_pass(engine, prompts[:b], sp)
                     if sttft:

@@ -538,3 +538,31 @@ def test_realistic_dummy_in_both_modes(tmp_path):
                                    "--out", str(tmp_path / "o2")])
     with pytest.raises(ValueError, match="needs --load-format dummy"):
         off.validate(off.options_from_args(a))
+
+
+def test_logprob_gap_over_the_common_greedy_prefix():
+    a = {"ids": [5, 6, 7, 8], "logprobs": [-0.10, -0.20, -0.30, -0.40]}
+    b = {"ids": [5, 6, 9, 8], "logprobs": [-0.11, -0.25, -3.00, -0.40]}
+    gap, n = off.logprob_gap(a, b)
+    assert n == 2 and gap == pytest.approx(0.05)  # stops at the first differing id
+    assert off.logprob_gap(None, b) == (None, 0) and off.logprob_gap({"ids": [], "logprobs": []}, b) == (None, 0)
+    assert off.logprob_gap({"ids": [1], "logprobs": [None]}, {"ids": [1], "logprobs": [-1.0]}) == (None, 0)
+
+
+def test_report_carries_the_logprob_gap():
+    res = {"stock": _fake("stock", {1: 290.0}, [5, 6, 7]), "fastpath": _fake("fastpath", {1: 400.0}, [5, 6, 7])}
+    res["stock"]["batches"]["1"]["first_logprobs"] = {"ids": [5, 6, 7], "logprobs": [-0.1, -0.2, -0.3]}
+    res["fastpath"]["batches"]["1"]["first_logprobs"] = {"ids": [5, 6, 7], "logprobs": [-0.1, -0.23, -0.3]}
+    rep = off.build_report(res)
+    assert rep["rows"][0]["logprob_max_abs_diff"] == pytest.approx(0.03) and rep["rows"][0]["logprob_compared_tokens"] == 3
+    assert "same (of 3); max abs logprob diff 0.03 over 3" in off.render_markdown(rep)
+
+
+def test_logprob_pass_reads_sglang_meta_info():
+    class Engine:
+        def generate(self, input_ids, sampling_params, return_logprob=False):
+            assert return_logprob and sampling_params["max_new_tokens"] == off.FIRST_TOKENS_KEPT
+            return [{"meta_info": {"output_token_logprobs": [(-0.5, 11, None), (None, 12, None)]}}]
+
+    got = off._logprob_pass(Engine(), [1, 2, 3], {"temperature": 0.0, "max_new_tokens": 256})
+    assert got == {"ids": [11, 12], "logprobs": [-0.5, None]}
