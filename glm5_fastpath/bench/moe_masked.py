@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..ref.fp8 import block_fp8_linear, quant_act_per_token
+from ..ref.fp8 import block_fp8_linear
+from ..ref.moe import swiglu_requant
 
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
@@ -94,12 +95,9 @@ def swiglu_quant_torch(gu: torch.Tensor, masked_m: torch.Tensor, a8: torch.Tenso
     """SwiGLU of gate || up rows and 1x128 FP8 requant, in place into (a8, a_sf): the PyTorch stand-in for
     SGLang's silu_and_mul_masked_post_quant_fwd. It processes ALL rows, padding included, in several kernels,
     so a time measured with it is not the pipeline's lower bound (the report names the activation used)."""
-    e, r, n2 = gu.shape
-    g, u = gu[..., : n2 // 2].float(), gu[..., n2 // 2:].float()
-    act = (g * torch.sigmoid(g) * u).to(BF16).reshape(e * r, n2 // 2)
-    q, s = quant_act_per_token(act)
-    a8.copy_(q.reshape(e, r, n2 // 2))
-    a_sf.copy_(s.reshape(e, r, -1))
+    q, s = swiglu_requant(gu)
+    a8.copy_(q)
+    a_sf.copy_(s)
 
 
 def reference_masked_gemm(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],

@@ -4,7 +4,7 @@ Per token count M (GLM-5: H 6144, 256 experts, top-8):
 - split:  ops.moe_route with the split-K kernel (decode=False), what the SGLang route runs today;
 - decode: ops.moe_route with the decode kernel (decode=True; M <= 32 only);
 - stock:  what SGLang computes for the noaux_tc top-k without our router: F.linear in bf16 (cuBLAS), then
-          sglang's biased_grouped_topk when it imports, else the same math in PyTorch (the report names which).
+          sglang's biased_grouped_topk when it imports, else ref.moe.route (the report names which).
 Times: CUDA-graph replay median per launch, each launch on its own h (rotated), so the gate (3.1 MB) is the
 only repeated read (it stays in L2, as it does between layers in a real step). Floor: the gate bytes + h +
 the outputs at the copy bandwidth measured in the same run (an L2-resident gate can beat it).
@@ -55,7 +55,6 @@ def id_agreement(ids, ref_ids) -> float:
 
 
 def _stock(cfg) -> tuple[Callable, str]:
-    import torch
     import torch.nn.functional as F
 
     try:
@@ -67,16 +66,14 @@ def _stock(cfg) -> tuple[Callable, str]:
             return ids, w
 
         return stock, "F.linear (bf16) + sglang biased_grouped_topk_gpu"
-    except Exception as e:  # noqa: BLE001 - no sglang here: the same math in PyTorch
-        why = type(e).__name__
+    except Exception as e:  # noqa: BLE001 - no sglang here: the reference's math in PyTorch
+        from ..ref.moe import route
 
         def stock(h, gate, bias):
-            s = torch.sigmoid(F.linear(h, gate).float())
-            idx = torch.topk(s + bias, cfg.num_experts_per_tok, dim=-1).indices
-            w = s.gather(1, idx)
-            return idx.to(torch.int32), w / w.sum(-1, keepdim=True)
+            ids, w, _ = route(h, gate, bias, cfg)
+            return ids, w
 
-        return stock, f"F.linear (bf16) + torch sigmoid/topk (sglang topk not importable: {why})"
+        return stock, f"ref.moe.route in PyTorch (sglang's GPU top-k not importable: {type(e).__name__})"
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:

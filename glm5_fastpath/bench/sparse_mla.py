@@ -122,12 +122,6 @@ def reference(q, kv, idx, sm_scale: float, d_v: int = D_V):
     return sparse_mla_flat(q, kv, idx, sm_scale, d_v)
 
 
-def rel_l2(a, b) -> float:
-    d = (a.double() - b.double()).norm().item()
-    n = b.double().norm().item()
-    return d / n if n else d
-
-
 def _stock_fn() -> tuple[Callable | None, str]:
     try:
         from sgl_kernel.flash_mla import flash_mla_sparse_fwd
@@ -146,6 +140,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
     from ..config import Glm5Config
     from ..ops import sparse_mla as SM
+    from ..testing.numerics import rel_err
     from .meta import git_commit, utc_now
     from .timing import measure_copy_bandwidth, time_launches
 
@@ -169,7 +164,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             paths["stock"] = lambda q_, idx: stock(q_, kv, idx, scale)
         for name, fn in paths.items():
             try:
-                row[f"{name}_rel_l2"] = rel_l2(fn(q, tables[0]).float(), ref)
+                row[f"{name}_rel_l2"] = rel_err(fn(q, tables[0]), ref)
                 tm = time_launches(lambda i, fn=fn: fn(q, tables[i % len(tables)]), len(tables), device=dev,
                                    replays=a.replays)
                 row[f"{name}_us"] = tm.median_us
@@ -181,7 +176,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         for n in parse_splits(getattr(a, "splits", "")):
             fn = lambda q_, idx, n=n: SM.sparse_mla_decode(q_, kv, idx, scale, D_V, num_splits=n)  # noqa: E731
             try:
-                err = rel_l2(fn(q, tables[0]).float(), ref)
+                err = rel_err(fn(q, tables[0]), ref)
                 if not err < 0.02:  # a wrong split must not win on speed
                     raise RuntimeError(f"rel L2 {err:.4g} vs the reference")
                 tm = time_launches(lambda i, fn=fn: fn(q, tables[i % len(tables)]), len(tables), device=dev,
@@ -192,7 +187,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         for st in parse_stages(getattr(a, "stages", "")):
             fn = lambda q_, idx, st=st: SM.sparse_mla_decode(q_, kv, idx, scale, D_V, stages=st)  # noqa: E731
             try:
-                err = rel_l2(fn(q, tables[0]).float(), ref)
+                err = rel_err(fn(q, tables[0]), ref)
                 if not err < 0.02:
                     raise RuntimeError(f"rel L2 {err:.4g} vs the reference")
                 tm = time_launches(lambda i, fn=fn: fn(q, tables[i % len(tables)]), len(tables), device=dev,

@@ -99,6 +99,17 @@ def route(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg: Glm5Conf
 
 # ---- one expert / the dense FFN ------------------------------------------------------------------
 
+def swiglu_requant(gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FC1's bf16 gate || up [..., 2I] -> SwiGLU (fp32 math, one bf16 rounding, as silu_and_mul) -> 1x128 FP8
+    requant: (a8 [..., I] e4m3, a_scale [..., I/128] fp32)."""
+    inter = gu.shape[-1] // 2
+    g, u = gu[..., :inter].float(), gu[..., inter:].float()
+    a = (torch.nn.functional.silu(g) * u).to(BF16)
+    lead = a.shape[:-1]
+    a8, a_s = quant_act_per_token(a.reshape(-1, inter))
+    return a8.reshape(*lead, inter), a_s.reshape(*lead, -1)
+
+
 def _ffn_acc(op: str, h8: torch.Tensor, hs: torch.Tensor, w13: Fp8Linear, w2: Fp8Linear) -> torch.Tensor:
     """FC1 -> SwiGLU -> requant -> FC2, returning FC2's fp32 accumulator [T, H] (before the epilogue)."""
     dev = h8.device
@@ -115,9 +126,7 @@ def _ffn_acc(op: str, h8: torch.Tensor, hs: torch.Tensor, w13: Fp8Linear, w2: Fp
         raise ValueError(f"{op}: intermediate size {inter} is not a multiple of 128 (FC2 K groups)")
     _check_fp8_linear(op, "w2 (down)", w2, H, inter, dev)
     gu = block_fp8_linear(h8, hs, w13.weight, w13.scale_inv).to(BF16)  # FC1 writes bf16
-    g, u = gu[:, :inter].float(), gu[:, inter:].float()
-    a = (torch.nn.functional.silu(g) * u).to(BF16)  # silu_and_mul: fp32 math, one bf16 rounding
-    a8, a_s = quant_act_per_token(a)
+    a8, a_s = swiglu_requant(gu)
     return block_fp8_linear(a8, a_s, w2.weight, w2.scale_inv)
 
 

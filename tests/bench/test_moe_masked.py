@@ -7,7 +7,7 @@ import torch
 
 from glm5_fastpath.bench import moe as BM
 from glm5_fastpath.bench import moe_masked as MK
-from glm5_fastpath.ref.fp8 import block_fp8_linear, quant_act_per_token, quant_weight_block
+from glm5_fastpath.ref.fp8 import quant_act_per_token, quant_weight_block
 
 H, I, E, K = 256, 128, 5, 3
 
@@ -32,18 +32,18 @@ def inputs(m=7, seed=1):
 
 
 def per_pair(x8, xs, ids, wts, wt):
+    """The reference expert FFN (ref.moe.expert_ffn) per (token, slot), weighted and summed in fp32."""
+    from glm5_fastpath.ref.moe import expert_ffn
+    from glm5_fastpath.weights import Fp8Linear
+
     w13, s13, w2, s2 = wt
     out = torch.zeros(ids.shape[0], H, dtype=torch.float32)
     for t in range(ids.shape[0]):
         for j in range(K):
             e = int(ids[t, j])
-            if e < 0:
-                continue
-            gu = block_fp8_linear(x8[t:t + 1], xs[t:t + 1], w13[e], s13[e]).to(torch.bfloat16).float()
-            a = (gu[:, :I] * torch.sigmoid(gu[:, :I]) * gu[:, I:]).to(torch.bfloat16)
-            a8, a_s = quant_act_per_token(a)
-            y = block_fp8_linear(a8, a_s, w2[e], s2[e]).to(torch.bfloat16)
-            out[t] += y[0].float() * wts[t, j]
+            if e >= 0:
+                y = expert_ffn(x8[t:t + 1], xs[t:t + 1], Fp8Linear(w13[e], s13[e]), Fp8Linear(w2[e], s2[e]))
+                out[t] += y[0].float() * wts[t, j]
     return out.to(torch.bfloat16)
 
 
