@@ -40,7 +40,7 @@ def test_stock_fallback_matches_the_reference_selection():
     gate = (torch.randn(cfg.n_routed_experts, cfg.hidden_size, generator=g) * 0.05).to(torch.bfloat16)
     bias = torch.randn(cfg.n_routed_experts, generator=g) * 0.01
     stock, name = B._stock(cfg)
-    if "torch" not in name:
+    if not name.startswith("ref.moe.route"):
         pytest.skip("sglang's GPU top-k imports here: its path needs CUDA")
     ids, w = stock(h, gate, bias)
     ref_ids, ref_w, _ = route(h, gate, bias, cfg)
