@@ -90,6 +90,12 @@ def _cmd_bench_router(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _cmd_bench_l2_prefetch(args: argparse.Namespace) -> int:
+    from .bench.l2_prefetch import main
+
+    return main(args)
+
+
 def _cmd_bench_decode_step(args: argparse.Namespace) -> int:
     from .bench.decode_step import run
 
@@ -181,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_router_args(b)
     b.set_defaults(fn=_cmd_bench_router)
+    b = bsub.add_parser("l2-prefetch", help="(GPU) L2 prefetch of the next weight-bound kernel's weights: probe, "
+                                            "attention tail (o_proj), MoE shared expert, with vs without")
+    from .bench.l2_prefetch import add_arguments as _bench_l2_args
+
+    _bench_l2_args(b)
+    b.set_defaults(fn=_cmd_bench_l2_prefetch)
     b = bsub.add_parser("decode-step", help="(GPU) one whole decode step, all layers: ours vs the stock kernel "
                                             "sequence per bucket, bytes floor, per-layer breakdown, correctness")
     from .bench.decode_step import add_arguments as _bench_step_args

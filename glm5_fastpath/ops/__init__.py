@@ -31,6 +31,7 @@ from . import d2_absorb as _d2
 from . import e1_indexer_logits as _e1
 from . import e2_topk as _e2
 from . import fp8_gemm as _fp8
+from . import prefetch as _l2_prefetch
 from . import moe_router as _moe_router
 from . import sparse_mla as _sparse_mla
 from .act_quant import ActQuantResult, act_quant_fp8
@@ -40,13 +41,14 @@ from .d2_absorb import d2_absorb_and_kv_store
 from .e1_indexer_logits import e1_indexer_logits
 from .e2_topk import e2_topk
 from .fp8_gemm import b0_qkv_a, b1_indexer_k, d0_q_b, d1_indexer_q, fp8_gemm_skinny
+from .prefetch import l2_prefetch
 from .moe_router import moe_route, moe_route_scaled
 from .sparse_mla import sparse_mla_decode
 
 # The reference's name for A0 (same signature), so `ops` can stand in for `ref.prefix` as a namespace.
 a0_add_rmsnorm_quant = add_rmsnorm_quant
 
-_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _moe_router, _act_quant, _sparse_mla)
+_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _moe_router, _act_quant, _sparse_mla, _l2_prefetch)
 
 
 def precompile(cfg=None, device: object = None, indexer_rotate: bool = False,
@@ -68,6 +70,7 @@ def precompile(cfg=None, device: object = None, indexer_rotate: bool = False,
     _e2.precompile(device, wait_ats=w)
     _fp8.precompile(device, c, rotate=indexer_rotate, wait_ats=w)
     _moe_router.precompile(device, ((c.hidden_size, c.n_routed_experts, c.num_experts_per_tok),))
+    _l2_prefetch.precompile(device)
 
 
 def compile_check_specs() -> list:
@@ -86,6 +89,6 @@ def compile_check_specs() -> list:
 
 
 __all__ = ["A0Result", "ActQuantResult", "a0_add_rmsnorm_quant", "act_quant_fp8", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
-           "fp8_gemm_skinny", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
+           "fp8_gemm_skinny", "l2_prefetch", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
            "e2_topk",
            "precompile", "sparse_mla_decode"]

@@ -1,0 +1,237 @@
+"""`glm5-fastpath bench l2-prefetch`: does pulling the next weight-bound kernel's weights into L2 during a
+latency-bound window (ops.prefetch.l2_prefetch) pay, and what does the extra launch cost? (GPU)
+
+Three sequences, each timed as one CUDA-graph launch (bench.timing.time_launches: median over replays), with
+and without an l2_prefetch launch at its head:
+
+- probe:  [prefetch X] -> a ~`--sleep-us` busy-wait kernel -> a read of X (32 MB bf16 sum). Shows the mechanism
+          alone: how much of X's read the prefetch hides, and what the prefetch launch itself costs.
+- tail:   [prefetch o_proj K-prefix + W_UV] -> our sparse MLA (T tokens, 2048 slots) -> the W_UV bmm (cuBLAS)
+          -> o_proj (DeepGEMM fp8_gemm_nt when it runs here, else a cuBLAS bf16 GEMM of the same shape, which
+          moves 2x the bytes): the attention tail of a GLM-5 layer, as the engine's `tail` site issues it.
+          Swept over the o_proj fractions in --fractions.
+- moe:    [prefetch the shared expert's w13 + w2] -> ops.moe_route -> act_quant -> mega_moe (256 + 1 experts,
+          random routing): the engine's `moe` site.
+
+Rotation: each sequence alternates over two weight copies, so a replay cannot find the previous replay's
+weights in L2 (each sequence streams > 50 MB anyway). JSON + markdown under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+H, I, E, TOPK = 6144, 2048, 256, 8
+NH, KVL, DV, DQK = 64, 512, 256, 576
+FP8_DTYPE = "float8_e4m3fn"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output folder (l2_prefetch.json / .md)")
+    p.add_argument("--tokens", default="1,8", help="token counts for the tail and moe sequences")
+    p.add_argument("--fractions", default="0.25,0.4", help="o_proj K-prefix fractions to try at the tail site")
+    p.add_argument("--cases", default="probe,tail,moe", help="which sequences to time")
+    p.add_argument("--sleep-us", type=float, default=15.0, help="probe: the latency-bound window to hide behind")
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--launches", type=int, default=8, help="sequences per captured graph")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _rand_fp8(shape, dev, g):
+    import torch
+    # finite e4m3 bytes (exponent field < 15): timing only, values do not matter
+    return torch.randint(0, 0x70, shape, dtype=torch.uint8, device=dev, generator=g).view(torch.float8_e4m3fn)
+
+
+def _time(fn: Callable[[int], Any], a, dev) -> float:
+    from .timing import time_launches
+    return time_launches(fn, a.launches, device=dev, replays=a.replays).median_us
+
+
+def _sleep_cycles(us: float, dev) -> int:
+    import torch
+    return int(us * torch.cuda.get_device_properties(dev).clock_rate / 1e3) if hasattr(
+        torch.cuda.get_device_properties(dev), "clock_rate") else int(us * 1755)
+
+
+def case_probe(a, dev, g) -> list[dict]:
+    import torch
+
+    from ..ops.prefetch import l2_prefetch
+    xs = [torch.randn(16 * 2**20, device=dev, generator=g).to(torch.bfloat16) for _ in range(2)]
+    cyc = _sleep_cycles(a.sleep_us, dev)
+    rows = []
+    for pf in (False, True):
+        def seq(i, pf=pf):
+            x = xs[i % 2]
+            if pf:
+                l2_prefetch([x])
+            torch.cuda._sleep(cyc)
+            return x.sum()
+        rows.append({"case": "probe", "prefetch": pf, "us": _time(seq, a, dev)})
+    sleep_only = _time(lambda i: torch.cuda._sleep(cyc), a, dev)
+    read_only = _time(lambda i: xs[i % 2].sum(), a, dev)
+    for r in rows:
+        r.update(sleep_us=sleep_only, read_us=read_only)
+    return rows
+
+
+def _o_proj(dev, g):
+    """(label, weights (2 copies), fn(x_bf16 [T, 16384], w) -> [T, 6144])."""
+    import torch
+    try:
+        import deep_gemm
+
+        from ..ops.act_quant import act_quant_fp8
+        ws = [(_rand_fp8((H, NH * DV), dev, g), torch.rand(H // 128, NH * DV // 128, device=dev, generator=g) * 1e-3)
+              for _ in range(2)]
+
+        def fp8(x, w):
+            x8, xs = act_quant_fp8(x)
+            out = torch.empty(x.shape[0], H, dtype=torch.bfloat16, device=dev)
+            deep_gemm.fp8_gemm_nt((x8, xs), w, out)
+            return out
+        x = torch.randn(1, NH * DV, device=dev, generator=g).to(torch.bfloat16)
+        fp8(x, ws[0])
+        torch.cuda.synchronize(dev)
+        return "DeepGEMM fp8_gemm_nt", ws, fp8, [w[0] for w in ws]
+    except Exception as e:  # noqa: BLE001 - the stand-in below
+        print(f"[l2-prefetch] DeepGEMM o_proj unavailable ({type(e).__name__}: {str(e)[:200]}); cuBLAS bf16 stand-in",
+              flush=True)
+    ws = [(torch.randn(H, NH * DV, device=dev, generator=g) * 0.02).to(torch.bfloat16) for _ in range(2)]
+    return "cuBLAS bf16 (stand-in, 2x bytes)", ws, lambda x, w: x @ w.t(), ws
+
+
+def case_tail(a, dev, g, tokens: list[int], fractions: list[float]) -> list[dict]:
+    import torch
+
+    from ..config import Glm5Config
+    from ..ops import sparse_mla as SM
+    from ..ops.prefetch import l2_prefetch
+    scale = float(Glm5Config.preset("glm5").softmax_scale)
+    kv = (torch.randn(131072, 1, DQK, device=dev, generator=g) * 0.5).to(torch.bfloat16)
+    w_uv = [(torch.randn(NH, KVL, DV, device=dev, generator=g) * 0.02).to(torch.bfloat16) for _ in range(2)]
+    label, ws, gemm, wmain = _o_proj(dev, g)
+    rows = []
+    for t in tokens:
+        q = (torch.randn(t, NH, DQK, device=dev, generator=g) * 0.5).to(torch.bfloat16)
+        idx = torch.stack([torch.randperm(131072, device=dev, generator=g)[:2048] for _ in range(t)]).to(torch.int32)
+        for f in [0.0] + fractions:
+            def seq(i, f=f):
+                if f > 0:
+                    l2_prefetch([wmain[i % 2], w_uv[i % 2]], [f, 1.0])
+                o = SM.sparse_mla_decode(q, kv, idx, scale, KVL)          # [T, H, 512]
+                v = torch.bmm(o.transpose(0, 1), w_uv[i % 2])             # [H, T, 256]
+                return gemm(v.transpose(0, 1).reshape(t, NH * DV), ws[i % 2])
+            try:
+                rows.append({"case": "tail", "T": t, "o_proj": label, "fraction": f, "us": _time(seq, a, dev)})
+            except Exception as e:  # noqa: BLE001
+                rows.append({"case": "tail", "T": t, "fraction": f, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                traceback.print_exc()
+            print(f"[l2-prefetch] {rows[-1]}", flush=True)
+    return rows
+
+
+def case_moe(a, dev, g, tokens: list[int]) -> list[dict]:
+    import torch
+
+    from ..config import Glm5Config
+    from ..moe import megamoe as MM
+    from ..ops.act_quant import act_quant_fp8
+    from ..ops import moe_router as R
+    from ..ops.prefetch import l2_prefetch
+    cfg = Glm5Config.preset("glm5")
+    w13 = _rand_fp8((E + 1, 2 * I, H), dev, g)
+    w2 = _rand_fp8((E + 1, H, I), dev, g)
+    s13 = torch.rand(E + 1, 2 * I // 128, H // 128, device=dev, generator=g) * 1e-3
+    s2 = torch.rand(E + 1, H // 128, I // 128, device=dev, generator=g) * 1e-3
+    wt = MM.prepare_weights(w13, s13, w2, s2, num_shared=1)
+    gate = (torch.randn(E, H, device=dev, generator=g) * 0.02).to(torch.bfloat16)
+    bias = torch.zeros(E, device=dev)
+    rows = []
+    for t in tokens:
+        hs = [torch.randn(t, H, device=dev, generator=g).to(torch.bfloat16) for _ in range(2)]
+        mcfg = MM.default_config(t, E, TOPK, 1, torch.cuda.get_device_properties(dev).multi_processor_count)
+        MM.precompile(wt, TOPK, max_tokens=t, device=dev, configs=[mcfg])
+        for pf in (False, True):
+            def seq(i, pf=pf):
+                if pf:
+                    l2_prefetch([wt.w13[E], wt.w2[E]])
+                ids, wts, _ = R.moe_route(hs[i % 2], gate, bias, cfg)
+                x8, xs = act_quant_fp8(hs[i % 2])
+                return MM.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=2.5, config=mcfg)
+            try:
+                rows.append({"case": "moe", "T": t, "prefetch": pf, "us": _time(seq, a, dev)})
+            except Exception as e:  # noqa: BLE001
+                rows.append({"case": "moe", "T": t, "prefetch": pf, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                traceback.print_exc()
+            print(f"[l2-prefetch] {rows[-1]}", flush=True)
+    return rows
+
+
+def markdown(res: dict) -> str:
+    out = [f"# L2 prefetch ahead of weight-bound kernels ({res['gpu']}, {res['date']}, commit {res['commit']})", "",
+           "CUDA-graph replay median per sequence (us). 'saved' = without - with the prefetch launch.", ""]
+    rows = res["rows"]
+    probe = [r for r in rows if r["case"] == "probe" and "us" in r]
+    if probe:
+        off = next((r["us"] for r in probe if not r["prefetch"]), None)
+        on = next((r["us"] for r in probe if r["prefetch"]), None)
+        out += ["## probe: prefetch 32 MB -> busy-wait -> read the 32 MB", "",
+                "| sleep alone | read alone | sleep + read | prefetch + sleep + read | saved |", "|---:|---:|---:|---:|---:|",
+                f"| {probe[0]['sleep_us']:.1f} | {probe[0]['read_us']:.1f} | {off:.1f} | {on:.1f} | {off - on:+.1f} |", ""]
+    tail = [r for r in rows if r["case"] == "tail"]
+    if tail:
+        out += [f"## tail: [prefetch] -> sparse MLA -> W_UV bmm -> o_proj ({tail[0].get('o_proj', '?')})", "",
+                "| T | o_proj fraction | us | saved |", "|---:|---:|---:|---:|"]
+        base = {r["T"]: r.get("us") for r in tail if r["fraction"] == 0.0}
+        for r in tail:
+            us = r.get("us")
+            saved = f"{base[r['T']] - us:+.1f}" if us and base.get(r["T"]) and r["fraction"] else "-"
+            out.append(f"| {r['T']} | {r['fraction']:g} | {us if us is None else f'{us:.1f}'} | {saved} |"
+                       if us else f"| {r['T']} | {r['fraction']:g} | error: {r.get('error', '')[:80]} | - |")
+        out.append("")
+    moe = [r for r in rows if r["case"] == "moe"]
+    if moe:
+        out += ["## moe: [prefetch shared expert] -> router -> act quant -> MegaMoE (256 + 1 experts)", "",
+                "| T | without us | with us | saved |", "|---:|---:|---:|---:|"]
+        for t in sorted({r["T"] for r in moe}):
+            off = next((r.get("us") for r in moe if r["T"] == t and not r["prefetch"]), None)
+            on = next((r.get("us") for r in moe if r["T"] == t and r["prefetch"]), None)
+            if off and on:
+                out.append(f"| {t} | {off:.1f} | {on:.1f} | {off - on:+.1f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(a: argparse.Namespace) -> int:
+    import torch
+
+    from .meta import git_commit, utc_now
+    if not torch.cuda.is_available():
+        print("bench l2-prefetch needs a CUDA GPU")
+        return 2
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator(device=dev).manual_seed(a.seed)
+    tokens = [int(x) for x in a.tokens.split(",") if x.strip()]
+    fractions = [float(x) for x in a.fractions.split(",") if x.strip()]
+    cases = {c.strip() for c in a.cases.split(",") if c.strip()}
+    rows: list[dict] = []
+    for name, fn in (("probe", lambda: case_probe(a, dev, g)), ("tail", lambda: case_tail(a, dev, g, tokens, fractions)),
+                     ("moe", lambda: case_moe(a, dev, g, tokens))):
+        if name in cases:
+            try:
+                rows += fn()
+            except Exception as e:  # noqa: BLE001 - one case failing keeps the others
+                rows.append({"case": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                traceback.print_exc()
+    res = {"gpu": torch.cuda.get_device_name(dev), "date": utc_now(), "commit": git_commit(), "rows": rows}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "l2_prefetch.json").write_text(json.dumps(res, indent=1))
+    (out / "l2_prefetch.md").write_text(markdown(res))
+    print(markdown(res))
+    return 0
