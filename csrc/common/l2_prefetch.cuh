@@ -20,9 +20,15 @@
 namespace glm5 {
 namespace ptx {
 
-// Hint the memory system to bring [p, p + bytes) into L2; bytes a multiple of 16, p 16-byte aligned.
+// Hint the memory system to bring [p, p + bytes) into L2; bytes a multiple of 16, p 16-byte aligned. Issued
+// through the SM's bulk-copy (TMA) unit.
 GLM5_DEVICE void bulk_prefetch_l2(const void* p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+// Hint: bring the 128-byte line holding p into L2 (one per-thread instruction through the load/store unit).
+GLM5_DEVICE void prefetch_line_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 }  // namespace ptx
@@ -36,10 +42,23 @@ struct L2Range {
 
 struct L2PrefetchTile {
     static constexpr int64_t kChunk = 16384;  // bytes per bulk prefetch instruction
+    static constexpr int64_t kLine = 128;     // bytes per line prefetch
 
     static GLM5_DEVICE int64_t pieces_per_row(const L2Range& r) { return (r.row_bytes + kChunk - 1) / kChunk; }
 
-    // Thread `gtid` of `nthreads`: issue its share of the pieces of `r`.
+    // Thread `gtid` of `nthreads`: one line prefetch per 128-byte line of `r` (rows start 16-byte aligned, so a
+    // row's last line is the one holding its last byte).
+    static GLM5_DEVICE void run_lines(const L2Range& r, int64_t gtid, int64_t nthreads) {
+        if (r.base == nullptr || r.rows <= 0 || r.row_bytes <= 0) return;
+        const int64_t lpr = (r.row_bytes + kLine - 1) / kLine;
+        const int64_t total = lpr * r.rows;
+        for (int64_t u = gtid; u < total; u += nthreads) {
+            const int64_t row = u / lpr, line = u - row * lpr;
+            ptx::prefetch_line_l2(r.base + row * r.row_stride + line * kLine);
+        }
+    }
+
+    // Thread `gtid` of `nthreads`: issue its share of the bulk pieces of `r`.
     static GLM5_DEVICE void run(const L2Range& r, int64_t gtid, int64_t nthreads) {
         if (r.base == nullptr || r.rows <= 0 || r.row_bytes <= 0) return;
         const int64_t ppr = pieces_per_row(r);

@@ -1,9 +1,10 @@
 // Standalone L2 prefetch kernel (csrc/common/l2_prefetch.cuh) for up to kMaxRanges weight ranges.
-// Launch: grid (G, 1, 1), block (kThreads, 1, 1), no shared memory; with PDL it lets the next kernel launch
-// at once, issues its prefetches, then waits for the previous grid before it exits. The wait keeps the
-// stream's order intact: a PDL consumer launched after this kernel waits for it, and through it for the
-// kernel before it (this kernel writes nothing, so without the wait its consumer could run ahead of that
-// producer).
+// Launch: grid (G, 1, 1), block (kThreads, 1, 1), no shared memory. p.bulk: 1 = 16 KB bulk prefetches through
+// the TMA unit, 0 = one line prefetch per 128 bytes through the load/store unit. p.wait_prev: 1 = in a PDL
+// chain on the main stream: let the next kernel launch at once, issue, then griddepcontrol.wait for the
+// previous grid before exiting; that wait keeps the stream's order intact (a PDL consumer launched after
+// this kernel waits for it, and through it for the kernel before it; this kernel writes nothing, so without
+// the wait its consumer could run ahead of that producer). 0 = on a side stream, no chain to keep.
 #include "../common/l2_prefetch.cuh"
 #include "../common/pdl.cuh"
 
@@ -16,6 +17,8 @@ constexpr int kMaxRanges = 4;
 struct L2PrefetchParams {
     glm5::L2Range r[kMaxRanges];
     int32_t num_ranges;
+    int32_t bulk;
+    int32_t wait_prev;
 };
 
 extern "C" __global__ void __launch_bounds__(kThreads) glm5_l2_prefetch(const L2PrefetchParams p) {
@@ -23,7 +26,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) glm5_l2_prefetch(const L2
     const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;
     const int64_t gtid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 #pragma unroll
-    for (int i = 0; i < kMaxRanges; ++i)
-        if (i < p.num_ranges) glm5::L2PrefetchTile::run(p.r[i], gtid, nthreads);
-    glm5::ptx::griddep_wait();
+    for (int i = 0; i < kMaxRanges; ++i) {
+        if (i >= p.num_ranges) break;
+        if (p.bulk)
+            glm5::L2PrefetchTile::run(p.r[i], gtid, nthreads);
+        else
+            glm5::L2PrefetchTile::run_lines(p.r[i], gtid, nthreads);
+    }
+    if (p.wait_prev) glm5::ptx::griddep_wait();
 }

@@ -1,8 +1,13 @@
 """`glm5-fastpath bench l2-prefetch`: does pulling the next weight-bound kernel's weights into L2 during a
 latency-bound window (ops.prefetch.l2_prefetch) pay, and what does the extra launch cost? (GPU)
 
-Three sequences, each timed as one CUDA-graph launch (bench.timing.time_launches: median over replays), with
-and without an l2_prefetch launch at its head:
+Three sequences, each timed as one CUDA-graph launch (bench.timing.time_launches: median over replays), without
+and with an l2_prefetch launch at its head, in each of the variants of --variants:
+  none         no prefetch (the baseline);
+  chain-bulk   on the main stream in the PDL chain, 16 KB bulk (TMA) prefetches;
+  chain-lines  on the main stream in the PDL chain, 128-byte line prefetches;
+  side-lines   on a side stream forked at the head and joined at the end of the sequence, line prefetches;
+  side-bulk    the same with bulk prefetches.
 
 - probe:  [prefetch X] -> a ~`--sleep-us` busy-wait kernel -> a read of X (32 MB bf16 sum). Shows the mechanism
           alone: how much of X's read the prefetch hides, and what the prefetch launch itself costs.
@@ -26,13 +31,39 @@ from typing import Any, Callable
 
 H, I, E, TOPK = 6144, 2048, 256, 8
 NH, KVL, DV, DQK = 64, 512, 256, 576
-FP8_DTYPE = "float8_e4m3fn"
+VARIANTS = ("none", "chain-bulk", "chain-lines", "side-lines", "side-bulk")
+
+
+class Prefetch:
+    """One variant's head (`start`) and end (`finish`) of a sequence."""
+
+    def __init__(self, variant: str) -> None:
+        from ..ops.prefetch import SideStream
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r} (one of {VARIANTS})")
+        self.variant = variant
+        self.side = SideStream() if variant.startswith("side") else None
+        self.bulk = variant.endswith("bulk")
+
+    def start(self, tensors, fractions=None) -> None:
+        from ..ops.prefetch import l2_prefetch
+        if self.variant == "none":
+            return
+        if self.side is not None:
+            self.side.issue(tensors, fractions, bulk=self.bulk)
+        else:
+            l2_prefetch(tensors, fractions, pdl=True, bulk=self.bulk)
+
+    def finish(self) -> None:
+        if self.side is not None:
+            self.side.join()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder (l2_prefetch.json / .md)")
     p.add_argument("--tokens", default="1,8", help="token counts for the tail and moe sequences")
-    p.add_argument("--fractions", default="0.25,0.4", help="o_proj K-prefix fractions to try at the tail site")
+    p.add_argument("--fractions", default="0.35", help="o_proj K-prefix fractions to try at the tail site")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="prefetch variants (module doc)")
     p.add_argument("--cases", default="probe,tail,moe", help="which sequences to time")
     p.add_argument("--sleep-us", type=float, default=15.0, help="probe: the latency-bound window to hide behind")
     p.add_argument("--replays", type=int, default=20)
@@ -60,18 +91,20 @@ def _sleep_cycles(us: float, dev) -> int:
 def case_probe(a, dev, g) -> list[dict]:
     import torch
 
-    from ..ops.prefetch import l2_prefetch
     xs = [torch.randn(16 * 2**20, device=dev, generator=g).to(torch.bfloat16) for _ in range(2)]
     cyc = _sleep_cycles(a.sleep_us, dev)
     rows = []
-    for pf in (False, True):
+    for v in a.variant_list:
+        pf = Prefetch(v)
+
         def seq(i, pf=pf):
             x = xs[i % 2]
-            if pf:
-                l2_prefetch([x])
+            pf.start([x])
             torch.cuda._sleep(cyc)
-            return x.sum()
-        rows.append({"case": "probe", "prefetch": pf, "us": _time(seq, a, dev)})
+            y = x.sum()
+            pf.finish()
+            return y
+        rows.append({"case": "probe", "variant": v, "us": _time(seq, a, dev)})
     sleep_only = _time(lambda i: torch.cuda._sleep(cyc), a, dev)
     read_only = _time(lambda i: xs[i % 2].sum(), a, dev)
     for r in rows:
@@ -110,7 +143,6 @@ def case_tail(a, dev, g, tokens: list[int], fractions: list[float]) -> list[dict
 
     from ..config import Glm5Config
     from ..ops import sparse_mla as SM
-    from ..ops.prefetch import l2_prefetch
     scale = float(Glm5Config.preset("glm5").softmax_scale)
     kv = (torch.randn(131072, 1, DQK, device=dev, generator=g) * 0.5).to(torch.bfloat16)
     w_uv = [(torch.randn(NH, KVL, DV, device=dev, generator=g) * 0.02).to(torch.bfloat16) for _ in range(2)]
@@ -119,19 +151,25 @@ def case_tail(a, dev, g, tokens: list[int], fractions: list[float]) -> list[dict
     for t in tokens:
         q = (torch.randn(t, NH, DQK, device=dev, generator=g) * 0.5).to(torch.bfloat16)
         idx = torch.stack([torch.randperm(131072, device=dev, generator=g)[:2048] for _ in range(t)]).to(torch.int32)
-        for f in [0.0] + fractions:
-            def seq(i, f=f):
-                if f > 0:
-                    l2_prefetch([wmain[i % 2], w_uv[i % 2]], [f, 1.0])
-                o = SM.sparse_mla_decode(q, kv, idx, scale, KVL)          # [T, H, 512]
-                v = torch.bmm(o.transpose(0, 1), w_uv[i % 2])             # [H, T, 256]
-                return gemm(v.transpose(0, 1).reshape(t, NH * DV), ws[i % 2])
-            try:
-                rows.append({"case": "tail", "T": t, "o_proj": label, "fraction": f, "us": _time(seq, a, dev)})
-            except Exception as e:  # noqa: BLE001
-                rows.append({"case": "tail", "T": t, "fraction": f, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-                traceback.print_exc()
-            print(f"[l2-prefetch] {rows[-1]}", flush=True)
+        for variant in a.variant_list:
+            for f in ([0.0] if variant == "none" else fractions):
+                pf = Prefetch(variant)
+
+                def seq(i, f=f, pf=pf):
+                    pf.start([wmain[i % 2], w_uv[i % 2]], [f, 1.0])
+                    o = SM.sparse_mla_decode(q, kv, idx, scale, KVL)          # [T, H, 512]
+                    v = torch.bmm(o.transpose(0, 1), w_uv[i % 2])             # [H, T, 256]
+                    y = gemm(v.transpose(0, 1).reshape(t, NH * DV), ws[i % 2])
+                    pf.finish()
+                    return y
+                row = {"case": "tail", "T": t, "o_proj": label, "variant": variant, "fraction": f}
+                try:
+                    row["us"] = _time(seq, a, dev)
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    traceback.print_exc()
+                rows.append(row)
+                print(f"[l2-prefetch] {row}", flush=True)
     return rows
 
 
@@ -142,7 +180,6 @@ def case_moe(a, dev, g, tokens: list[int]) -> list[dict]:
     from ..moe import megamoe as MM
     from ..ops.act_quant import act_quant_fp8
     from ..ops import moe_router as R
-    from ..ops.prefetch import l2_prefetch
     cfg = Glm5Config.preset("glm5")
     w13 = _rand_fp8((E + 1, 2 * I, H), dev, g)
     w2 = _rand_fp8((E + 1, H, I), dev, g)
@@ -151,59 +188,69 @@ def case_moe(a, dev, g, tokens: list[int]) -> list[dict]:
     wt = MM.prepare_weights(w13, s13, w2, s2, num_shared=1)
     gate = (torch.randn(E, H, device=dev, generator=g) * 0.02).to(torch.bfloat16)
     bias = torch.zeros(E, device=dev)
+    gap = _sleep_cycles(2.0, dev)
     rows = []
     for t in tokens:
         hs = [torch.randn(t, H, device=dev, generator=g).to(torch.bfloat16) for _ in range(2)]
         mcfg = MM.default_config(t, E, TOPK, 1, torch.cuda.get_device_properties(dev).multi_processor_count)
         MM.precompile(wt, TOPK, max_tokens=t, device=dev, configs=[mcfg])
-        for pf in (False, True):
+        for variant in a.variant_list:
+            pf = Prefetch(variant)
+
             def seq(i, pf=pf):
-                if pf:
-                    l2_prefetch([wt.w13[E], wt.w2[E]])
+                torch.cuda._sleep(gap)  # the post-attention norm's stand-in: no PDL trigger, the prefetch starts after it
+                pf.start([wt.w13[E], wt.w2[E]])
                 ids, wts, _ = R.moe_route(hs[i % 2], gate, bias, cfg)
                 x8, xs = act_quant_fp8(hs[i % 2])
-                return MM.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=2.5, config=mcfg)
+                y = MM.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=2.5, config=mcfg)
+                pf.finish()
+                return y
+            row = {"case": "moe", "T": t, "variant": variant}
             try:
-                rows.append({"case": "moe", "T": t, "prefetch": pf, "us": _time(seq, a, dev)})
+                row["us"] = _time(seq, a, dev)
             except Exception as e:  # noqa: BLE001
-                rows.append({"case": "moe", "T": t, "prefetch": pf, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 traceback.print_exc()
-            print(f"[l2-prefetch] {rows[-1]}", flush=True)
+            rows.append(row)
+            print(f"[l2-prefetch] {row}", flush=True)
     return rows
 
 
 def markdown(res: dict) -> str:
     out = [f"# L2 prefetch ahead of weight-bound kernels ({res['gpu']}, {res['date']}, commit {res['commit']})", "",
-           "CUDA-graph replay median per sequence (us). 'saved' = without - with the prefetch launch.", ""]
-    rows = res["rows"]
-    probe = [r for r in rows if r["case"] == "probe" and "us" in r]
+           "CUDA-graph replay median per sequence (us); in brackets: saved against `none` (positive = faster). "
+           "Variants in the module doc of glm5_fastpath/bench/l2_prefetch.py.", ""]
+    rows = [r for r in res["rows"] if "variant" in r]
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    titles = {"probe": "probe: [prefetch 32 MB] -> 16 us busy-wait -> read the 32 MB",
+              "tail": "tail: [prefetch o_proj K-prefix (fraction) + W_UV] -> sparse MLA -> W_UV bmm -> o_proj",
+              "moe": "moe: 2 us gap -> [prefetch the shared expert] -> router -> act quant -> MegaMoE (256 + 1 experts)"}
+    for case in ("probe", "tail", "moe"):
+        cr = [r for r in rows if r["case"] == case]
+        if not cr:
+            continue
+        keys = list(dict.fromkeys((r.get("T", "-"), r.get("fraction", "-")) for r in cr if r["variant"] != "none"))
+        out += [f"## {titles[case]}" + (f" ({cr[0].get('o_proj')})" if case == "tail" else ""), "",
+                "| T | fraction | " + " | ".join(variants) + " |", "|---:|---:|" + "---:|" * len(variants)]
+        for t, f in keys:
+            base = next((r.get("us") for r in cr if r["variant"] == "none" and r.get("T", "-") == t), None)
+            cells = []
+            for v in variants:
+                r = next((r for r in cr if r["variant"] == v and r.get("T", "-") == t
+                          and (v == "none" or r.get("fraction", "-") == f)), None)
+                if r is None or r.get("us") is None:
+                    cells.append("error" if r is not None else "-")
+                elif v == "none" or base is None:
+                    cells.append(f"{r['us']:.1f}")
+                else:
+                    cells.append(f"{r['us']:.1f} ({base - r['us']:+.1f})")
+            out.append(f"| {t} | {f} | " + " | ".join(cells) + " |")
+        out.append("")
+    probe = [r for r in res["rows"] if r["case"] == "probe" and "sleep_us" in r]
     if probe:
-        off = next((r["us"] for r in probe if not r["prefetch"]), None)
-        on = next((r["us"] for r in probe if r["prefetch"]), None)
-        out += ["## probe: prefetch 32 MB -> busy-wait -> read the 32 MB", "",
-                "| sleep alone | read alone | sleep + read | prefetch + sleep + read | saved |", "|---:|---:|---:|---:|---:|",
-                f"| {probe[0]['sleep_us']:.1f} | {probe[0]['read_us']:.1f} | {off:.1f} | {on:.1f} | {off - on:+.1f} |", ""]
-    tail = [r for r in rows if r["case"] == "tail"]
-    if tail:
-        out += [f"## tail: [prefetch] -> sparse MLA -> W_UV bmm -> o_proj ({tail[0].get('o_proj', '?')})", "",
-                "| T | o_proj fraction | us | saved |", "|---:|---:|---:|---:|"]
-        base = {r["T"]: r.get("us") for r in tail if r["fraction"] == 0.0}
-        for r in tail:
-            us = r.get("us")
-            saved = f"{base[r['T']] - us:+.1f}" if us and base.get(r["T"]) and r["fraction"] else "-"
-            out.append(f"| {r['T']} | {r['fraction']:g} | {us if us is None else f'{us:.1f}'} | {saved} |"
-                       if us else f"| {r['T']} | {r['fraction']:g} | error: {r.get('error', '')[:80]} | - |")
-        out.append("")
-    moe = [r for r in rows if r["case"] == "moe"]
-    if moe:
-        out += ["## moe: [prefetch shared expert] -> router -> act quant -> MegaMoE (256 + 1 experts)", "",
-                "| T | without us | with us | saved |", "|---:|---:|---:|---:|"]
-        for t in sorted({r["T"] for r in moe}):
-            off = next((r.get("us") for r in moe if r["T"] == t and not r["prefetch"]), None)
-            on = next((r.get("us") for r in moe if r["T"] == t and r["prefetch"]), None)
-            if off and on:
-                out.append(f"| {t} | {off:.1f} | {on:.1f} | {off - on:+.1f} |")
-        out.append("")
+        out += [f"Probe parts alone: busy-wait {probe[0]['sleep_us']:.1f} us, read {probe[0]['read_us']:.1f} us.", ""]
+    errs = [r for r in res["rows"] if r.get("error")]
+    out += [f"- error: {r['case']} {r.get('variant', '')} T={r.get('T', '-')}: {r['error'][:200]}" for r in errs]
     return "\n".join(out)
 
 
@@ -219,6 +266,11 @@ def main(a: argparse.Namespace) -> int:
     tokens = [int(x) for x in a.tokens.split(",") if x.strip()]
     fractions = [float(x) for x in a.fractions.split(",") if x.strip()]
     cases = {c.strip() for c in a.cases.split(",") if c.strip()}
+    a.variant_list = [v.strip() for v in a.variants.split(",") if v.strip()]
+    bad = [v for v in a.variant_list if v not in VARIANTS]
+    if bad or "none" not in a.variant_list:
+        print(f"--variants: unknown {bad} or no 'none' baseline (variants: {', '.join(VARIANTS)})")
+        return 2
     rows: list[dict] = []
     for name, fn in (("probe", lambda: case_probe(a, dev, g)), ("tail", lambda: case_tail(a, dev, g, tokens, fractions)),
                      ("moe", lambda: case_moe(a, dev, g, tokens))):

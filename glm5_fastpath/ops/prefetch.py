@@ -14,10 +14,16 @@ What is prefetched, per tensor and fraction f in (0, 1]:
   prefetches its storage).
 Addresses are cut to 16-byte multiples (the instruction's granule); empty or < 16-byte ranges are skipped.
 
-Kernel (csrc/prefetch/l2_prefetch.cu, csrc/common/l2_prefetch.cuh): up to MAX_RANGES ranges per launch, cut
-into 16 KB `cp.async.bulk.prefetch.L2` instructions spread over up to one CTA per SM. With PDL (the default)
-it lets the next kernel launch at once, issues the prefetches, then griddepcontrol.wait-s for the kernel
-before it, so stream order is kept for the kernels after it (module note in the .cu).
+Kernel (csrc/prefetch/l2_prefetch.cu, csrc/common/l2_prefetch.cuh): up to MAX_RANGES ranges per launch, spread
+over up to one CTA per SM, in one of two forms (`bulk`):
+- False (default): one `prefetch.global.L2` per 128-byte line, through the load/store units;
+- True: 16 KB `cp.async.bulk.prefetch.L2` pieces through the SMs' bulk-copy (TMA) units. Measured on an H200
+  (bench l2-prefetch, 2026-11-30): in a PDL chain the launch did not complete before its bulk prefetches had
+  landed (~0.3-2 TB/s), so the next kernel waited for them: 37.7 MB ahead of the MoE cost +122 us.
+With pdl=True it sits in the stream's PDL chain: it lets the next kernel launch at once, issues the prefetches,
+then griddepcontrol.wait-s for the kernel before it, so stream order is kept for the kernels after it (note in
+the .cu). `SideStream` instead issues it (pdl=False) on a side stream forked from the current one, so no
+kernel of the main stream waits for it until `join()`.
 
 CPU tensors: nothing to do (returns at once), so a CPU model shares the call sites. Under torch.compile the op
 (no outputs) may be dropped as dead code; it is a hint, results do not change.
@@ -42,7 +48,8 @@ FUNCTION = "glm5_l2_prefetch"
 SPEC = KernelSpec(FUNCTION, source=SOURCE)
 MAX_RANGES = 4          # kMaxRanges in the .cu
 THREADS = 128           # kThreads in the .cu
-CHUNK = 16384           # L2PrefetchTile::kChunk: bytes per prefetch instruction
+CHUNK = 16384           # L2PrefetchTile::kChunk: bytes per bulk prefetch instruction
+LINE = 128              # L2PrefetchTile::kLine: bytes per line prefetch
 GRANULE = 16            # cp.async.bulk.prefetch: 16-byte aligned address and size
 
 
@@ -115,10 +122,13 @@ def plan(tensors: Sequence[torch.Tensor], fractions: Sequence[float]) -> list[Ra
     return out
 
 
-def grid_for(ranges: Sequence[Range], num_sms: int) -> int:
-    """CTAs: one per SM at most (each SM's bulk-copy unit issues its share), none for nothing to do."""
-    pieces = sum(r.pieces for r in ranges)
-    return min(num_sms, pieces)
+def grid_for(ranges: Sequence[Range], num_sms: int, bulk: bool = True) -> int:
+    """CTAs: one per SM at most, none for nothing to do; bulk: one thread per 16 KB piece is enough to fill
+    the grid; lines: THREADS lines per CTA at least."""
+    if bulk:
+        return min(num_sms, sum(r.pieces for r in ranges))
+    lines = sum(-(-r.row_bytes // LINE) * r.rows for r in ranges)
+    return min(num_sms, -(-lines // THREADS))
 
 
 class _L2Range(ctypes.Structure):
@@ -127,14 +137,15 @@ class _L2Range(ctypes.Structure):
 
 
 class _Params(ctypes.Structure):
-    _fields_ = [("r", _L2Range * MAX_RANGES), ("num_ranges", ctypes.c_int32)]
+    _fields_ = [("r", _L2Range * MAX_RANGES), ("num_ranges", ctypes.c_int32), ("bulk", ctypes.c_int32),
+                ("wait_prev", ctypes.c_int32)]
 
 
-def _params(ranges: Sequence[Range]) -> _Params:
+def _params(ranges: Sequence[Range], bulk: bool, wait_prev: bool) -> _Params:
     p = _Params()
     for i, r in enumerate(ranges):
         p.r[i] = _L2Range(r.base, r.row_stride, r.row_bytes, r.rows)
-    p.num_ranges = len(ranges)
+    p.num_ranges, p.bulk, p.wait_prev = len(ranges), int(bulk), int(wait_prev)
     return p
 
 
@@ -158,28 +169,78 @@ def _num_sms(idx: int) -> int:
 
 
 @torch.library.custom_op("glm5_fastpath::l2_prefetch", mutates_args=())
-def _l2_prefetch(tensors: list[torch.Tensor], fractions: list[float], pdl: bool = True) -> None:
+def _l2_prefetch(tensors: list[torch.Tensor], fractions: list[float], pdl: bool = True, bulk: bool = False) -> None:
     ranges = plan(tensors, fractions)
     if not ranges or tensors[0].device.type != "cuda":
         return
     idx = require_hopper(OP, tensors[0].device, _fail)
-    _kernel(idx).launch((grid_for(ranges, _num_sms(idx)), 1, 1), (THREADS, 1, 1), (_params(ranges),), pdl=pdl)
+    _kernel(idx).launch((grid_for(ranges, _num_sms(idx), bulk), 1, 1), (THREADS, 1, 1),
+                        (_params(ranges, bulk, pdl),), pdl=pdl)
 
 
 @_l2_prefetch.register_fake
-def _l2_prefetch_fake(tensors, fractions, pdl=True) -> None:
+def _l2_prefetch_fake(tensors, fractions, pdl=True, bulk=False) -> None:
     return None
 
 
-def l2_prefetch(tensors: Sequence[torch.Tensor], fractions: Sequence[float] | None = None, *, pdl: bool = True) -> None:
+def _check_flags(pdl: object, bulk: object) -> None:
+    for name, v in (("pdl", pdl), ("bulk", bulk)):
+        if not isinstance(v, bool):
+            raise _fail(f"{name} must be a bool, got {v!r}")
+
+
+def _fractions(tensors, fractions) -> list:
+    return [1.0] * len(tensors) if fractions is None else [float(f) if not isinstance(f, bool) else f for f in fractions]
+
+
+def l2_prefetch(tensors: Sequence[torch.Tensor], fractions: Sequence[float] | None = None, *, pdl: bool = True,
+                bulk: bool = False) -> None:
     """Prefetch (the first `fractions` of) `tensors` into L2 on the current stream (module doc). fractions: one
     per tensor, default 1.0 each."""
-    fr = [1.0] * len(tensors) if fractions is None else [float(f) if not isinstance(f, bool) else f for f in fractions]
+    fr = _fractions(tensors, fractions)
     plan(list(tensors), fr)  # errors name this op before the dispatcher
-    if not isinstance(pdl, bool):
-        raise _fail(f"pdl must be a bool, got {pdl!r}")
+    _check_flags(pdl, bulk)
     if tensors:
-        torch.ops.glm5_fastpath.l2_prefetch(list(tensors), fr, pdl)
+        torch.ops.glm5_fastpath.l2_prefetch(list(tensors), fr, pdl, bulk)
+
+
+class SideStream:
+    """l2_prefetch on a side stream per device, forked from the current stream (capture-safe: the fork and the
+    join are stream waits, which CUDA-graph capture turns into graph edges). Every issue must be joined back
+    (`join()`) before a capture ends; a join makes the current stream's next kernel wait for the prefetch
+    launch, so put it where that launch is long done."""
+
+    def __init__(self) -> None:
+        self._streams: dict[int, torch.cuda.Stream] = {}
+        self._pending: dict[int, torch.cuda.Stream] = {}
+
+    def issue(self, tensors: Sequence[torch.Tensor], fractions: Sequence[float] | None = None, *,
+              bulk: bool = False) -> bool:
+        fr = _fractions(tensors, fractions)
+        plan(list(tensors), fr)
+        _check_flags(False, bulk)
+        if not tensors or tensors[0].device.type != "cuda":
+            return False
+        idx = _device_index(tensors[0].device)
+        cur = torch.cuda.current_stream(idx)
+        side = self._streams.get(idx)
+        if side is None:
+            side = self._streams[idx] = torch.cuda.Stream(device=idx)
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            torch.ops.glm5_fastpath.l2_prefetch(list(tensors), fr, False, bulk)
+        self._pending[idx] = side
+        return True
+
+    def join(self) -> None:
+        """The current stream (of each device with an issue outstanding) waits for the side stream."""
+        for idx, side in list(self._pending.items()):
+            torch.cuda.current_stream(idx).wait_stream(side)
+        self._pending.clear()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
 
 
 def precompile(device: object = None) -> None:

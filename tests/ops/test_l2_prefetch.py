@@ -53,7 +53,10 @@ def test_grid_and_param_block():
     rs = [P.Range(0, 16384, 4096, 6144), P.Range(0, 2**24, 2**24, 1)]
     assert P.grid_for(rs, 132) == 132 and P.grid_for(rs[:0], 132) == 0
     assert P.grid_for([P.Range(0, 16, 16, 3)], 132) == 3
-    assert ctypes.sizeof(P._Params) == 4 * 32 + 8  # kMaxRanges L2Range + int32 (padded): the kernel's ABI
+    assert P.grid_for([P.Range(0, 16, 16, 3)], 132, bulk=False) == 1
+    assert P.grid_for([P.Range(0, 2**20, 2**20, 1)], 132, bulk=False) == 64  # 8192 lines / 128 threads
+    assert P.grid_for(rs, 132, bulk=False) == 132
+    assert ctypes.sizeof(P._Params) == 4 * 32 + 16  # kMaxRanges L2Range + 3 x int32 (padded): the kernel's ABI
 
 
 @pytest.mark.parametrize("tensors, fractions, match", [
@@ -77,6 +80,10 @@ def test_cpu_is_a_no_op_and_the_op_is_registered():
     assert torch.equal(x, before)
     with pytest.raises(ValueError, match="pdl must be a bool"):
         ops.l2_prefetch([x], pdl=1)
+    with pytest.raises(ValueError, match="bulk must be a bool"):
+        ops.l2_prefetch([x], bulk="yes")
+    side = P.SideStream()
+    assert not side.issue([x]) and not side.pending
 
 
 def test_kernel_spec_is_compile_checked():
@@ -86,20 +93,25 @@ def test_kernel_spec_is_compile_checked():
 # ---- GPU ------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-def test_prefetch_changes_no_memory(seed):
+@pytest.mark.parametrize("bulk", [False, True])
+def test_prefetch_changes_no_memory(bulk, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     w = torch.randint(0, 255, (6144, 16384), dtype=torch.uint8, device="cuda", generator=g)
     v = torch.randn(64, 512, 256, device="cuda", generator=g).to(torch.bfloat16).transpose(1, 2)
     w0, v0 = w.clone(), v.clone()
     for f in (0.3, 1.0):
-        ops.l2_prefetch([w, v], [f, 1.0])
+        ops.l2_prefetch([w, v], [f, 1.0], bulk=bulk)
+    side = P.SideStream()
+    side.issue([w, v], [0.5, 1.0], bulk=bulk)
+    side.join()
     torch.cuda.synchronize()
     assert torch.equal(w, w0) and torch.equal(v, v0)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bulk", [False, True])
 @pytest.mark.parametrize("m", [1, 16])
-def test_pdl_consumer_after_the_prefetch_still_waits_for_the_late_producer(m, seed, no_pdl_override):
+def test_pdl_consumer_after_the_prefetch_still_waits_for_the_late_producer(m, bulk, seed, no_pdl_override):
     """producer (spins, then writes h) -> l2_prefetch (PDL) -> act_quant_fp8 (PDL) reading h: the prefetch
     kernel writes nothing, so only its own griddepcontrol.wait keeps the consumer behind the producer."""
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -114,7 +126,7 @@ def test_pdl_consumer_after_the_prefetch_still_waits_for_the_late_producer(m, se
         h.fill_(7.0)
         torch.cuda.synchronize()
         produce(producer, h_true, h)
-        ops.l2_prefetch([weight], [0.5], pdl=True)
+        ops.l2_prefetch([weight], [0.5], pdl=True, bulk=bulk)
         x8, xs = ops.act_quant_fp8(h, pdl=True)
         torch.cuda.synchronize()
         assert_equal("l2_prefetch->act_quant", x8.view(torch.uint8), ref8.view(torch.uint8), context=f"{m=}")
@@ -129,10 +141,13 @@ def test_captures_into_a_cuda_graph(seed, no_pdl_override):
     ops.act_quant_fp8(h)
     ops.l2_prefetch([weight])
     torch.cuda.synchronize()
+    side = P.SideStream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ops.l2_prefetch([weight, h], [0.25, 1.0])
+        side.issue([weight], [1.0])  # forked off the capturing stream, joined before the capture ends
         x8, xs = ops.act_quant_fp8(h, pdl=True)
+        side.join()
     for step in range(2):
         h.copy_(torch.randn(8, 6144, device="cuda", generator=g).to(torch.bfloat16))
         graph.replay()
