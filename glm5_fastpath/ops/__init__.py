@@ -70,7 +70,6 @@ def precompile(cfg=None, device: object = None, indexer_rotate: bool = False,
     _e2.precompile(device, wait_ats=w)
     _fp8.precompile(device, c, rotate=indexer_rotate, wait_ats=w)
     _moe_router.precompile(device, ((c.hidden_size, c.n_routed_experts, c.num_experts_per_tok),))
-    _l2_prefetch.precompile(device)
 
 
 def compile_check_specs() -> list:

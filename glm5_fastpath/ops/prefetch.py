@@ -1,11 +1,17 @@
 """L2 prefetch of weights ahead of the kernel that reads them, as the torch.library op `glm5_fastpath::l2_prefetch`.
 
-Why: in a decode step many kernels are latency-bound (the attention core, the indexer top-k, the MoE router and
-plan) and leave HBM idle, while the weight-bound kernel after them streams tens of MB (o_proj 100 MB, the MoE's
-shared expert 37.7 MB). Issued just before the idle window, this op pulls (part of) those weights into L2 so
-the weight-bound kernel finds them there: the same idea as a PDL prologue's weight loads, across kernel
-boundaries and without shared-memory limits. It is a hint. It writes nothing, so results are bitwise the
-same with or without it; a line evicted before its reader comes costs only the bandwidth it used.
+The idea: in a decode step many kernels are latency-bound (the attention core, the indexer top-k, the MoE router
+and plan) and leave HBM idle, while the weight-bound kernel after them streams tens of MB (o_proj 100 MB, the
+MoE's shared expert 37.7 MB). Issued just before the idle window, this op pulls (part of) those weights into
+L2 so the weight-bound kernel finds them there. It is a hint: it writes nothing, so results are bitwise the
+same with or without it.
+
+MEASURED NOT TO PAY (H200, 2026-11-30, `glm5-fastpath bench l2-prefetch`, benchmarks/results/
+2026-11-30_h200_session6/l2_prefetch): in every form (bulk or line prefetches, in the PDL chain or on a side
+stream) and at every site tried (o_proj K-prefix + W_UV ahead of the sparse MLA; the shared expert ahead of
+the router), the sequence got SLOWER, by 1.5-19 us; even a 32 MB read after a 16 us idle window did not get
+faster. So the engine does not use it; the op and the benchmark stay so the finding can be re-checked on
+other GPUs or drivers.
 
 What is prefetched, per tensor and fraction f in (0, 1]:
 - a 2-D tensor with a contiguous last dim and f < 1: the first f of every row (a K-prefix of a row-major

@@ -209,19 +209,6 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
     log.info("glm5_fastpath: installed on %d prefix seams and %d MoE layers; %s", patched["prefix"], patched["moe"],
              f"executors in use: {', '.join(routed)}" if routed else
              "every bucket calls SGLang's original methods (the table selects stock)")
-    from . import l2_prefetch
-
-    pf = l2_prefetch.default()
-    if pf.sites:
-        if needs_kernels and torch_cuda_ok():
-            try:
-                from ...ops import prefetch as _pf
-
-                _pf.precompile()  # before any capture
-            except Exception as e:  # noqa: BLE001 - a hint: off, loudly
-                log.warning("glm5_fastpath: L2 prefetch kernel unavailable (%s: %s); prefetch off", type(e).__name__, e)
-                pf.sites = frozenset()
-    log.info("glm5_fastpath: L2 prefetch: %s (%s)", pf.describe(), l2_prefetch.ENV)
     rep = InstallReport(True, None, table, patched, needs_kernels)
     model.__dict__[_MARK] = rep
     return rep
@@ -267,12 +254,3 @@ def _prepare_moe(model: Any, router: Any, buckets: list[int], metrics: Any, log:
 def install(model_runner: Any) -> InstallReport:
     """Entry from the ModelRunner.load_model AFTER hook (scheduler process)."""
     return install_model(model_runner.model, facts_from_model_runner(model_runner), model_runner=model_runner)
-
-
-def torch_cuda_ok() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False

@@ -381,9 +381,6 @@ class MoEExecutor:
         from ...moe import megamoe as MM
 
         k = route.topk
-        from . import l2_prefetch
-
-        l2_prefetch.default().moe(route.weights)  # the shared expert, while the router and the plan run
         router_takes = (hidden.dim() == 2 and hidden.shape[0] <= ROUTER_MAX_TOKENS and hidden.dtype == torch.bfloat16
                         and hidden.is_contiguous())
         if route.router is not None and not self.router_failed and router_takes:

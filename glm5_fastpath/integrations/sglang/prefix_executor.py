@@ -47,7 +47,6 @@ from ...config import INDEX_K_PAGE_TOKENS, Glm5Config
 from ...graph.eager import run_eager
 from ...graph.op_graph import OpDef, OpGraph, TensorDef
 from ...graph.prefix_graph import build_prefix_graph, weight_tensors
-from . import l2_prefetch
 from ...metrics import PREFIX_LAYER_TOTAL as METRIC, seam_counter  # listed in metrics.METRICS
 from ...ref import fp8 as ref_fp8
 from . import prefix_adapter as A
@@ -542,13 +541,10 @@ class PrefixExecutor:
                        index_k_cache=v.index_k_cache, topk_table=table)
         plan = self.plan(route.kind, self.mode_for(m), route.rotate)
         env = {k: t for k, t in env.items() if k in plan.graph.tensors}
-        prefetch = l2_prefetch.default()
-        prefetch.prefix(route.weight_env)  # q_b's weight, while QKV-A and the norms run (l2_prefetch doc)
         if plan.schedule is None:
             out = run_eager(plan.graph, env)
         else:
             out = enqueue(plan.graph, plan.schedule, env, self.streams_for(dev, plan.num_streams))
-        prefetch.tail(attn)  # o_proj's K-prefix and W_UV, while the top-k and the sparse MLA run
         q_lat, q_pe = out["q_lat"], out["q_pe"]
         k_nope, k_pe = scratch[:, :kvl].unsqueeze(1), scratch[:, kvl:].unsqueeze(1)
         if route.kind == "full":
