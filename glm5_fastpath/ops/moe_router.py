@@ -34,8 +34,10 @@ Decode variant (glm5_moe_router_decode, RouterDecodeTile in the same .cuh / cubi
 CTA per E / (8 / min(4, H/256)) experts (128 CTAs for GLM-5) computes whole-K dot products (CUDA-core fp32
 FMAs) and the last CTA to arrive runs the same top-k epilogue: one arrival level instead of two plus the split
 partials (the engine profile showed ~11 us per layer at 1 token for the split-K kernel). Bitwise deterministic,
-but another summation order than the split-K kernel. Written 2026-11-29, NOT yet run on a GPU: off unless
-GLM5_FASTPATH_ROUTER_DECODE=1 or the op's `decode=True`.
+but another summation order than the split-K kernel. GPU-tested on an H200 (2026-11-30); `bench router` there
+(benchmarks/results/2026-11-30_h200_session6/run1_3292de4/router): 8.7 / 9.6 / 11.6 / 15.9 us against the split-K
+kernel's 9.9 / 10.0 / 10.2 / 10.7 us at M = 1 / 2 / 4 / 8 (its per-token loop is serial), so decode=None takes
+it for M <= DECODE_AUTO_MAX_TOKENS (2) only; GLM5_FASTPATH_ROUTER_DECODE=1 takes it up to 32 tokens, =0 never.
 
 Workspace: one per (device, H, E, k): fp32 partials [8][E/32][H/256][32][32] + uint32 counters
 [8 * E/32 + 8], allocated and zeroed once on first use (or by precompile()). Counters return to zero at
@@ -64,6 +66,7 @@ SOURCE = "moe/router.cu"
 FUNCTION = "glm5_moe_router"
 FUNCTION_DECODE = "glm5_moe_router_decode"
 DECODE_MAX_TOKENS = 32  # RouterDecodeTile::kMaxTokens
+DECODE_AUTO_MAX_TOKENS = 2  # decode=None, env unset: measured faster than split-K up to here (module doc)
 ENV_DECODE = "GLM5_FASTPATH_ROUTER_DECODE"
 MAX_TOKENS = 256
 K_CHUNK = 256  # columns per CTA (RouterTile::kKChunk)
@@ -137,11 +140,16 @@ def config_for(hidden: int, experts: int, topk: int) -> RouterConfig:
     return RouterConfig(int(hidden), int(experts), int(topk))
 
 
-def decode_enabled() -> bool:
-    """GLM5_FASTPATH_ROUTER_DECODE=1: the decode kernel for M <= 32 (default off: not yet GPU-tested)."""
+def decode_enabled() -> bool | None:
+    """GLM5_FASTPATH_ROUTER_DECODE: 1 = the decode kernel for M <= 32, 0 = never, unset = auto (M <= 2)."""
     import os
 
-    return os.environ.get(ENV_DECODE, "0").strip().lower() in ("1", "true", "on", "yes")
+    v = os.environ.get(ENV_DECODE, "").strip().lower()
+    if v in ("1", "true", "on", "yes"):
+        return True
+    if v in ("0", "false", "off", "no"):
+        return False
+    return None
 
 
 # ---- validation (shared by the real and the fake implementation) ---------------------------------
@@ -241,10 +249,14 @@ def _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws: _Workspace, rs
 
 def use_decode(m: int, decode: bool | None, cfg: RouterConfig | None = None) -> bool:
     """Which kernel a call with M tokens runs: the decode one for 1 <= M <= 32 when asked (decode=True) or, with
-    decode=None, when GLM5_FASTPATH_ROUTER_DECODE=1, and the config is one it takes (cfg.decode_supported);
-    the split-K one otherwise."""
-    want = decode_enabled() if decode is None else bool(decode)
-    return want and 1 <= m <= DECODE_MAX_TOKENS and (cfg is None or cfg.decode_supported)
+    decode=None, when GLM5_FASTPATH_ROUTER_DECODE=1, or for M <= DECODE_AUTO_MAX_TOKENS when that variable is
+    unset; only if the config is one it takes (cfg.decode_supported); the split-K one otherwise."""
+    if decode is None:
+        env = decode_enabled()
+        limit = DECODE_MAX_TOKENS if env else (DECODE_AUTO_MAX_TOKENS if env is None else 0)
+    else:
+        limit = DECODE_MAX_TOKENS if decode else 0
+    return 1 <= m <= limit and (cfg is None or cfg.decode_supported)
 
 
 def _launch(cfg: RouterConfig, h, gate, bias, logits, ids, weights, scaled, rsf: float, pdl: bool,

@@ -211,9 +211,15 @@ def test_every_split_k_config_still_builds_with_the_decode_kernel(nvcc_jit):
 
 def test_decode_kernel_selection(monkeypatch):
     """The decode kernel runs for 1 <= M <= 32 when asked (decode=True) or, with decode=None, when
-    GLM5_FASTPATH_ROUTER_DECODE=1 (default off until its GPU tests have run); never above 32 tokens."""
+    GLM5_FASTPATH_ROUTER_DECODE=1, or up to 2 tokens (measured faster there) when it is unset; never above 32
+    tokens; =0 turns it off."""
     monkeypatch.delenv(R.ENV_DECODE, raising=False)
-    assert not R.decode_enabled() and not R.use_decode(1, None)
+    assert R.decode_enabled() is None and R.use_decode(1, None) and R.use_decode(2, None)
+    assert not R.use_decode(3, None) and not R.use_decode(0, None)
+    assert not R.use_decode(1, None, config_for(256, 4, 2))  # a config it does not take
+    monkeypatch.setenv(R.ENV_DECODE, "0")
+    assert R.decode_enabled() is False and not R.use_decode(1, None)
+    monkeypatch.delenv(R.ENV_DECODE)
     assert R.use_decode(1, True) and R.use_decode(32, True) and not R.use_decode(33, True)
     assert not R.use_decode(0, True) and not R.use_decode(8, False)
     monkeypatch.setenv(R.ENV_DECODE, "1")
