@@ -13,7 +13,12 @@ matrix as any) and, in place:
 - sets every norm module's 1-D weight to 1 and its bias to 0 (trained norms are O(1));
 - sets each FP8 weight's block scales so the layer has unit gain for unit-variance inputs:
   scale = gain / sqrt(K * E[w^2]), with K the input features and E[w^2] the dequantised-to-be value's
-  second moment measured on a strided sample of the weight itself.
+  second moment measured on a strided sample of the weight itself;
+- multiplies the (bf16) lm_head by the factor that gives logits of standard deviation LOGIT_STD (4) for the
+  unit-RMS final hidden state. Left at +-1e-3 the logits have std ~0.05 over 154880 tokens: every greedy
+  step is a near-tie that any rounding difference flips (the 2026-11-30 engine run diverged at the second
+  token with identical first-token logprobs), so the token check said nothing. With std 4 the top-1 margin
+  is ~1 logit, against FP8 noise of ~0.1.
 Activations then stay O(1) through every layer, each layer's output is comparable to the residual, and
 a wrong kernel changes the greedy tokens. The values depend only on the dummy weights (deterministic per
 tensor in SGLang), so stock and plugin runs get identical models.
@@ -31,6 +36,7 @@ from typing import Any
 ENV = "GLM5_FASTPATH_BENCH_REALISTIC_DUMMY"
 SAMPLE = 1 << 20  # weight values sampled per tensor for its second moment
 SCALE_SUFFIX = "_scale_inv"  # DeepSeek-style block scales: w = w_fp8 * weight_scale_inv
+LOGIT_STD = 4.0  # lm_head: logits' standard deviation for a unit-RMS final hidden state
 
 
 def enabled() -> bool:
@@ -63,12 +69,13 @@ def scale_for(w: Any, gain: float = 1.0) -> float | None:
 
 
 def realistic_dummy(model: Any, gain: float = 1.0) -> dict[str, Any]:
-    """Norm weights -> 1 (biases -> 0), FP8 block scales -> unit gain, in place (module doc). Returns what it
-    changed: {"norms": count, "fp8_scales": {param name: scale}, "skipped": {param name: reason}}."""
+    """Norm weights -> 1 (biases -> 0), FP8 block scales -> unit gain, lm_head -> logits of std LOGIT_STD, in
+    place (module doc). Returns what it changed: {"norms": count, "fp8_scales": {param name: scale},
+    "skipped": {param name: reason}, "lm_head_factor": the lm_head multiplier or None}."""
     import torch
 
     fp8 = _fp8_dtypes()
-    out: dict[str, Any] = {"norms": 0, "fp8_scales": {}, "skipped": {}}
+    out: dict[str, Any] = {"norms": 0, "fp8_scales": {}, "skipped": {}, "lm_head_factor": None}
     with torch.no_grad():
         for mname, mod in model.named_modules():
             prefix = f"{mname}." if mname else ""
@@ -93,11 +100,19 @@ def realistic_dummy(model: Any, gain: float = 1.0) -> dict[str, Any]:
                     continue
                 p.fill_(s)
                 out["fp8_scales"][full] = s
+        w = getattr(getattr(model, "lm_head", None), "weight", None)
+        if isinstance(w, torch.Tensor) and w.dim() == 2 and w.is_floating_point() and w.dtype not in fp8:
+            c = scale_for(w, LOGIT_STD)  # LOGIT_STD / sqrt(K E[w^2]): 1 on a second call (idempotent)
+            if c is not None:
+                w.mul_(c)
+                out["lm_head_factor"] = c
     return out
 
 
 def summary_line(res: dict[str, Any]) -> str:
     sc = list(res["fp8_scales"].values())
     rng = f"{min(sc):.3g}..{max(sc):.3g}" if sc else "-"
+    lm = res.get("lm_head_factor")
     return (f"realistic dummy weights: {res['norms']} norm weights set to 1, {len(sc)} FP8 block-scale tensors "
-            f"set to unit gain (scales {rng}), {len(res['skipped'])} skipped")
+            f"set to unit gain (scales {rng}), {len(res['skipped'])} skipped, lm_head "
+            + (f"x{lm:.4g} (logit std {LOGIT_STD:g})" if lm is not None else "unchanged"))

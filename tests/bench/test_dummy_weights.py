@@ -54,6 +54,9 @@ def model():
         m.zero.weight.zero_()
     m.orphan = torch.nn.Module()
     m.orphan.weight_scale_inv = torch.nn.Parameter(torch.ones(2))  # no FP8 weight beside it
+    m.lm_head = torch.nn.Module()
+    m.lm_head.weight = torch.nn.Parameter(((torch.rand(1000, 512) * 2 - 1) * 1e-3).to(torch.bfloat16),
+                                          requires_grad=False)  # SGLang's dummy init
     return m
 
 
@@ -99,13 +102,18 @@ def test_realistic_dummy_unit_gain_norms_and_skips():
     frac = float((m.q_a_proj.weight.float() != 0).float().mean())
     assert res["fp8_scales"]["q_a_proj.weight_scale_inv"] == pytest.approx(1 / math.sqrt(k * frac * 2.0 ** -18), rel=1e-3)
     assert "2 norm weights set to 1, 4 FP8 block-scale tensors" in D.summary_line(res)
+    # lm_head: logits of std ~LOGIT_STD for unit-variance hidden states (a clear greedy winner per step)
+    x = torch.randn(256, 512, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert float((x @ m.lm_head.weight.double().t()).std()) == pytest.approx(D.LOGIT_STD, rel=0.1)
+    assert res["lm_head_factor"] > 100 and "lm_head x" in D.summary_line(res)
 
 
 def test_deterministic_and_idempotent():
     a, b = model(), model()
     ra, rb = D.realistic_dummy(a), D.realistic_dummy(b)
     assert ra["fp8_scales"] == rb["fp8_scales"]  # same dummy weights -> same model (stock and plugin runs)
-    assert D.realistic_dummy(a)["fp8_scales"] == ra["fp8_scales"]  # SGLang may call post_load_weights again
+    again = D.realistic_dummy(a)  # SGLang may call post_load_weights again
+    assert again["fp8_scales"] == ra["fp8_scales"] and again["lm_head_factor"] == pytest.approx(1.0, rel=1e-2)
 
 
 def test_env_switch(monkeypatch):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 from sglang.srt.models.glm4_moe import GlmMoeDsaForCausalLM as _StockGlmMoeDsa
 
@@ -31,7 +32,10 @@ def maybe_realistic_dummy(model) -> None:
     from ....bench import dummy_weights as D
 
     if D.enabled():
-        logger.warning("glm5_fastpath: %s (%s=1: benchmark only)", D.summary_line(D.realistic_dummy(model)), D.ENV)
+        line = f"glm5_fastpath: {D.summary_line(D.realistic_dummy(model))} ({D.ENV}=1: benchmark only)"
+        logger.warning(line)
+        # also on stderr: a stock-mode worker runs without our log handler, and its log must show it too
+        print(line, file=sys.stderr, flush=True)
 
 
 class GlmMoeDsaForCausalLM(_StockGlmMoeDsa):
