@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One lent-H200 call: localise a greedy-token divergence between the stock engine and glm5_fastpath by running
+# the fastpath engine with one route at a time turned back to SGLang's (batch 1, short outputs), each in its own
+# results folder; compare each variant's first_tokens with a stock run of the same prompts (same settings).
+# usage: scripts/h200_engine_bisect.sh SITE.tar.xz OUTDIR [VARIANT ...]
+#   variants: nosparse (GLM5_FASTPATH_SPARSE_MLA=sglang), prefix_only (MoE stock), moe_only (prefix stock),
+#             all (the shipped table: the reference point)
+# env: T_VARIANT (seconds per variant, default 140), OUT_LEN (default 16), ENGINE_CACHE, REALISTIC_DUMMY
+set -uo pipefail
+site=${1:?usage}; out=${2:?usage}; shift 2
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+[ $# -gt 0 ] || set -- nosparse prefix_only moe_only
+for v in "$@"; do
+  cfg=glm5_fastpath/configs/selection/h200.json; extra=()
+  case $v in
+    nosparse) extra=(GLM5_FASTPATH_SPARSE_MLA=sglang) ;;
+    prefix_only|moe_only) cfg=benchmarks/tables/debug/$v.json ;;
+    all) ;;
+    *) echo "unknown variant $v" >&2; continue ;;
+  esac
+  echo "[$(date +%T)] variant $v" | tee -a "$out/bisect.log"
+  env "${extra[@]}" BS=1 OUT_LEN="${OUT_LEN:-16}" FASTPATH_CONFIG="$cfg" RES="$out/$v" WORKER_TIMEOUT="${T_VARIANT:-140}" \
+    timeout $(( ${T_VARIANT:-140} + 40 )) scripts/h200_sglang_offline.sh "$site" fastpath > "$out/$v.log" 2>&1
+  echo "[$(date +%T)] variant $v rc=$?" | tee -a "$out/bisect.log"
+  python3 - "$out/$v" >> "$out/bisect.log" 2>&1 <<'PY'
+import json, sys, pathlib
+p = pathlib.Path(sys.argv[1]) / "mode-fastpath.json"
+d = json.loads(p.read_text()) if p.exists() else {}
+b = d.get("batches", {}).get("1", {})
+print("  first_tokens", b.get("first_tokens"))
+print("  first_logprobs", [round(x, 3) for x in b.get("first_logprobs", {}).get("logprobs", [])][:16])
+PY
+done
