@@ -26,9 +26,10 @@ for v in "$@"; do
     *) echo "unknown variant $v" >&2; continue ;;
   esac
   echo "[$(date +%T)] variant $v" | tee -a "$out/bisect.log"
-  env "${extra[@]}" BS=1 OUT_LEN="${OUT_LEN:-16}" FASTPATH_CONFIG="$cfg" RES="$out/$v" WORKER_TIMEOUT="${T_VARIANT:-200}" \
+  env ${extra[@]+"${extra[@]}"} BS=1 OUT_LEN="${OUT_LEN:-16}" FASTPATH_CONFIG="$cfg" RES="$out/$v" WORKER_TIMEOUT="${T_VARIANT:-200}" \
     timeout $(( ${T_VARIANT:-200} + 40 )) scripts/h200_sglang_offline.sh "$site" fastpath > "$out/$v.log" 2>&1
-  echo "[$(date +%T)] variant $v rc=$?" | tee -a "$out/bisect.log"
+  rc=$?  # before anything else resets $?
+  echo "[$(date +%T)] variant $v rc=$rc" | tee -a "$out/bisect.log"
   python3 - "$out/$v" >> "$out/bisect.log" 2>&1 <<'PY'
 import json, sys, pathlib
 p = pathlib.Path(sys.argv[1]) / "mode-fastpath.json"

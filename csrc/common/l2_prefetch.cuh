@@ -7,10 +7,9 @@
 // reader comes costs only the bandwidth already spent.
 //
 // A range is `rows` rows of `row_bytes` bytes, `row_stride` bytes apart (a K-prefix of a row-major weight:
-// row_bytes < row_stride; a contiguous buffer: rows = 1). Rows are cut into kChunk-byte pieces; piece u
-// of the flattened (range, row, piece) space goes to thread u mod (all threads of the grid), so a range
-// of any shape spreads evenly over the CTAs. Addresses and sizes must be multiples of 16 (the launcher
-// checks).
+// row_bytes < row_stride; a contiguous buffer: rows = 1). Rows are cut into kChunk-byte pieces (bulk form) or
+// 128-byte lines (line form); the units of all ranges are numbered in one sequence and dealt out CTA-fastest,
+// so even a few units spread over the SMs. Addresses and sizes must be multiples of 16 (the launcher checks).
 #pragma once
 
 #include <stdint.h>
@@ -45,29 +44,35 @@ struct L2PrefetchTile {
     static constexpr int64_t kLine = 128;     // bytes per line prefetch
 
     static GLM5_DEVICE int64_t pieces_per_row(const L2Range& r) { return (r.row_bytes + kChunk - 1) / kChunk; }
-
-    // Thread `gtid` of `nthreads`: one line prefetch per 128-byte line of `r` (rows start 16-byte aligned, so a
-    // row's last line is the one holding its last byte).
-    static GLM5_DEVICE void run_lines(const L2Range& r, int64_t gtid, int64_t nthreads) {
-        if (r.base == nullptr || r.rows <= 0 || r.row_bytes <= 0) return;
-        const int64_t lpr = (r.row_bytes + kLine - 1) / kLine;
-        const int64_t total = lpr * r.rows;
-        for (int64_t u = gtid; u < total; u += nthreads) {
-            const int64_t row = u / lpr, line = u - row * lpr;
-            ptx::prefetch_line_l2(r.base + row * r.row_stride + line * kLine);
-        }
+    // Line slots per row: enough for a row that starts anywhere inside a 128-byte line.
+    static GLM5_DEVICE int64_t lines_per_row(const L2Range& r) { return (r.row_bytes + kLine - 1) / kLine + 1; }
+    static GLM5_DEVICE int64_t units(const L2Range& r, bool bulk) {
+        if (r.base == nullptr || r.rows <= 0 || r.row_bytes <= 0) return 0;
+        return (bulk ? pieces_per_row(r) : lines_per_row(r)) * r.rows;
     }
 
-    // Thread `gtid` of `nthreads`: issue its share of the bulk pieces of `r`.
-    static GLM5_DEVICE void run(const L2Range& r, int64_t gtid, int64_t nthreads) {
-        if (r.base == nullptr || r.rows <= 0 || r.row_bytes <= 0) return;
-        const int64_t ppr = pieces_per_row(r);
-        const int64_t total = ppr * r.rows;
-        for (int64_t u = gtid; u < total; u += nthreads) {
-            const int64_t row = u / ppr, piece = u - row * ppr;
-            const int64_t off = piece * kChunk;
-            const int64_t n = r.row_bytes - off < kChunk ? r.row_bytes - off : kChunk;
-            ptx::bulk_prefetch_l2(r.base + row * r.row_stride + off, static_cast<uint32_t>(n));
+    // Work numbering: unit u of the flattened (range, row, piece or line) space, `offset` = the units of the
+    // ranges before this one, goes to worker (offset + u) mod nworkers; callers number workers CTA-fastest
+    // (worker = thread * gridDim.x + CTA), so even a few units land on different SMs.
+    static GLM5_DEVICE void run(const L2Range& r, bool bulk, int64_t offset, int64_t worker, int64_t nworkers) {
+        const int64_t total = units(r, bulk);
+        if (total == 0) return;
+        const int64_t per_row = bulk ? pieces_per_row(r) : lines_per_row(r);
+        for (int64_t u = ((worker - offset) % nworkers + nworkers) % nworkers; u < total; u += nworkers) {
+            const int64_t row = u / per_row, k = u - row * per_row;
+            const uint8_t* start = r.base + row * r.row_stride;
+            if (bulk) {
+                const int64_t off = k * kChunk;
+                const int64_t n = r.row_bytes - off < kChunk ? r.row_bytes - off : kChunk;
+                ptx::bulk_prefetch_l2(start + off, static_cast<uint32_t>(n));
+            } else {
+                // lines from the one holding the row's first byte; the extra slot covers a row that straddles
+                // one more line than row_bytes / 128 suggests
+                const uintptr_t first = reinterpret_cast<uintptr_t>(start) & ~static_cast<uintptr_t>(kLine - 1);
+                const uintptr_t line = first + static_cast<uintptr_t>(k * kLine);
+                if (line < reinterpret_cast<uintptr_t>(start) + static_cast<uintptr_t>(r.row_bytes))
+                    ptx::prefetch_line_l2(reinterpret_cast<const void*>(line));
+            }
         }
     }
 };

@@ -23,15 +23,15 @@ struct L2PrefetchParams {
 
 extern "C" __global__ void __launch_bounds__(kThreads) glm5_l2_prefetch(const L2PrefetchParams p) {
     glm5::ptx::griddep_launch_dependents();
-    const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    const int64_t gtid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t nworkers = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const int64_t worker = static_cast<int64_t>(threadIdx.x) * gridDim.x + blockIdx.x;  // CTA-fastest
+    const bool bulk = p.bulk != 0;
+    int64_t offset = 0;
 #pragma unroll
     for (int i = 0; i < kMaxRanges; ++i) {
         if (i >= p.num_ranges) break;
-        if (p.bulk)
-            glm5::L2PrefetchTile::run(p.r[i], gtid, nthreads);
-        else
-            glm5::L2PrefetchTile::run_lines(p.r[i], gtid, nthreads);
+        glm5::L2PrefetchTile::run(p.r[i], bulk, offset, worker, nworkers);
+        offset += glm5::L2PrefetchTile::units(p.r[i], bulk);
     }
     if (p.wait_prev) glm5::ptx::griddep_wait();
 }

@@ -15,10 +15,10 @@ matrix as any) and, in place:
   scale = gain / sqrt(K * E[w^2]), with K the input features and E[w^2] the dequantised-to-be value's
   second moment measured on a strided sample of the weight itself;
 - multiplies the (bf16) lm_head by the factor that gives logits of standard deviation LOGIT_STD (4) for the
-  unit-RMS final hidden state. Left at +-1e-3 the logits have std ~0.05 over 154880 tokens: every greedy
-  step is a near-tie that any rounding difference flips (the 2026-11-30 engine run diverged at the second
-  token with identical first-token logprobs), so the token check said nothing. With std 4 the top-1 margin
-  is ~1 logit, against FP8 noise of ~0.1.
+  unit-RMS final hidden state. This does not change any greedy choice (all logits scale together: the
+  2026-11-30 engine runs with and without it produced the same tokens); it makes the logprobs readable. Left
+  at +-1e-3 the logits have std ~0.05 over 154880 tokens, every logprob is ~-log(154880), and the report's
+  logprob gap says nothing; at std 4 the chosen token's logprob is ~-1 and differences between the modes show.
 Activations then stay O(1) through every layer, each layer's output is comparable to the residual, and
 a wrong kernel changes the greedy tokens. The values depend only on the dummy weights (deterministic per
 tensor in SGLang), so stock and plugin runs get identical models.

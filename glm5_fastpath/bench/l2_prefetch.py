@@ -18,8 +18,9 @@ and with an l2_prefetch launch at its head, in each of the variants of --variant
 - moe:    [prefetch the shared expert's w13 + w2] -> ops.moe_route -> act_quant -> mega_moe (256 + 1 experts,
           random routing): the engine's `moe` site.
 
-Rotation: each sequence alternates over two weight copies, so a replay cannot find the previous replay's
-weights in L2 (each sequence streams > 50 MB anyway). JSON + markdown under --out.
+Rotation: the probe and the tail alternate over two copies of their data (the probe's two 32 MB buffers fit
+the L2 only partly, so its baseline may find some lines there); the moe sequence streams > 300 MB of expert
+weights per call, which leaves nothing of the shared expert in L2 for the next call. JSON + markdown under --out.
 """
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def case_probe(a, dev, g) -> list[dict]:
 
 
 def _o_proj(dev, g):
-    """(label, weights (2 copies), fn(x_bf16 [T, 16384], w) -> [T, 6144])."""
+    """(label, weights (2 copies) as fn takes them, fn(x_bf16 [T, 16384], w) -> [T, 6144], the 2 weight tensors
+    to prefetch)."""
     import torch
     try:
         import deep_gemm
@@ -222,14 +224,15 @@ def markdown(res: dict) -> str:
            "Variants in the module doc of glm5_fastpath/bench/l2_prefetch.py.", ""]
     rows = [r for r in res["rows"] if "variant" in r]
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    titles = {"probe": "probe: [prefetch 32 MB] -> 16 us busy-wait -> read the 32 MB",
+    titles = {"probe": "probe: [prefetch 32 MB] -> busy-wait -> read the 32 MB",
               "tail": "tail: [prefetch o_proj K-prefix (fraction) + W_UV] -> sparse MLA -> W_UV bmm -> o_proj",
               "moe": "moe: 2 us gap -> [prefetch the shared expert] -> router -> act quant -> MegaMoE (256 + 1 experts)"}
     for case in ("probe", "tail", "moe"):
         cr = [r for r in rows if r["case"] == case]
         if not cr:
             continue
-        keys = list(dict.fromkeys((r.get("T", "-"), r.get("fraction", "-")) for r in cr if r["variant"] != "none"))
+        keys = list(dict.fromkeys((r.get("T", "-"), r.get("fraction", "-")) for r in cr if r["variant"] != "none")) \
+            or list(dict.fromkeys((r.get("T", "-"), "-") for r in cr))
         out += [f"## {titles[case]}" + (f" ({cr[0].get('o_proj')})" if case == "tail" else ""), "",
                 "| T | fraction | " + " | ".join(variants) + " |", "|---:|---:|" + "---:|" * len(variants)]
         for t, f in keys:

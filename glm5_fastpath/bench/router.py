@@ -1,8 +1,8 @@
 """`glm5-fastpath bench router`: the MoE router at decode sizes, our two kernels vs the stock formulation.
 
 Per token count M (GLM-5: H 6144, 256 experts, top-8):
-- split:  ops.moe_route with the split-K kernel (decode=False), what the SGLang route runs today;
-- decode: ops.moe_route with the decode kernel (decode=True; M <= 32 only);
+- split:  ops.moe_route with the split-K kernel (decode=False), what the SGLang route runs from 3 tokens on;
+- decode: ops.moe_route with the decode kernel (decode=True; M <= 32 only), the route's choice at 1-2 tokens;
 - stock:  what SGLang computes for the noaux_tc top-k without our router: F.linear in bf16 (cuBLAS), then
           sglang's biased_grouped_topk when it imports, else ref.moe.route (the report names which).
 Times: CUDA-graph replay median per launch, each launch on its own h (rotated), so the gate (3.1 MB) is the

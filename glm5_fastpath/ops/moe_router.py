@@ -304,8 +304,8 @@ def _moe_router_fake(h, gate, bias, topk, routed_scaling_factor, pdl=True, decod
 def moe_route_scaled(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg, *, pdl: bool = True,
                      decode: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(topk_ids [M, k] int32, topk_weights [M, k] fp32 (no rsf), logits [M, E] fp32,
-    scaled [M, k] fp32 = topk_weights * cfg.routed_scaling_factor). decode: None (GLM5_FASTPATH_ROUTER_DECODE),
-    True / False: the decode kernel for M <= 32 or not (use_decode)."""
+    scaled [M, k] fp32 = topk_weights * cfg.routed_scaling_factor). decode: None (GLM5_FASTPATH_ROUTER_DECODE,
+    unset: the decode kernel at 1-2 tokens), True / False: the decode kernel for M <= 32 or not (use_decode)."""
     k = _check_cfg(h, cfg)
     _check_inputs(h, gate, bias, k)  # before the dispatcher, so errors name this op even for odd inputs
     if decode is not None and not isinstance(decode, bool):

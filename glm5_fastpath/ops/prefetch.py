@@ -9,9 +9,10 @@ same with or without it.
 MEASURED NOT TO PAY (H200, 2026-11-30, `glm5-fastpath bench l2-prefetch`, benchmarks/results/
 2026-11-30_h200_session6/l2_prefetch): in every form (bulk or line prefetches, in the PDL chain or on a side
 stream) and at every site tried (o_proj K-prefix + W_UV ahead of the sparse MLA; the shared expert ahead of
-the router), the sequence got SLOWER, by 1.5-19 us; even a 32 MB read after a 16 us idle window did not get
-faster. So the engine does not use it; the op and the benchmark stay so the finding can be re-checked on
-other GPUs or drivers.
+the router), the sequence got SLOWER, by 1.5-19 us; even a 32 MB read after a 15 us idle window did not get
+faster. The line form, evenly spread over the SMs, was among them, so the finding stands; the bulk form's
+numbers came from a build that spread its pieces over few CTAs (below). The engine does not use the op; it and
+the benchmark stay so the finding can be re-checked.
 
 What is prefetched, per tensor and fraction f in (0, 1]:
 - a 2-D tensor with a contiguous last dim and f < 1: the first f of every row (a K-prefix of a row-major
@@ -24,8 +25,9 @@ Kernel (csrc/prefetch/l2_prefetch.cu, csrc/common/l2_prefetch.cuh): up to MAX_RA
 over up to one CTA per SM, in one of two forms (`bulk`):
 - False (default): one `prefetch.global.L2` per 128-byte line, through the load/store units;
 - True: 16 KB `cp.async.bulk.prefetch.L2` pieces through the SMs' bulk-copy (TMA) units. Measured on an H200
-  (bench l2-prefetch, 2026-11-30): in a PDL chain the launch did not complete before its bulk prefetches had
-  landed (~0.3-2 TB/s), so the next kernel waited for them: 37.7 MB ahead of the MoE cost +122 us.
+  (bench l2-prefetch, 2026-11-30) in a PDL chain: 37.7 MB ahead of the MoE cost +122 us in the first version
+  and +17-19 us in the second; both numbered the pieces thread-fastest, so the 1.5-2.3 K pieces of a call sat on
+  the first 12-48 CTAs only (found in review; the work is now dealt out CTA-fastest, not yet re-measured).
 With pdl=True it sits in the stream's PDL chain: it lets the next kernel launch at once, issues the prefetches,
 then griddepcontrol.wait-s for the kernel before it, so stream order is kept for the kernels after it (note in
 the .cu). `SideStream` instead issues it (pdl=False) on a side stream forked from the current one, so no
@@ -133,7 +135,7 @@ def grid_for(ranges: Sequence[Range], num_sms: int, bulk: bool = True) -> int:
     the grid; lines: THREADS lines per CTA at least."""
     if bulk:
         return min(num_sms, sum(r.pieces for r in ranges))
-    lines = sum(-(-r.row_bytes // LINE) * r.rows for r in ranges)
+    lines = sum((-(-r.row_bytes // LINE) + 1) * r.rows for r in ranges)  # L2PrefetchTile::lines_per_row
     return min(num_sms, -(-lines // THREADS))
 
 

@@ -54,7 +54,7 @@ def test_grid_and_param_block():
     assert P.grid_for(rs, 132) == 132 and P.grid_for(rs[:0], 132) == 0
     assert P.grid_for([P.Range(0, 16, 16, 3)], 132) == 3
     assert P.grid_for([P.Range(0, 16, 16, 3)], 132, bulk=False) == 1
-    assert P.grid_for([P.Range(0, 2**20, 2**20, 1)], 132, bulk=False) == 64  # 8192 lines / 128 threads
+    assert P.grid_for([P.Range(0, 2**20, 2**20, 1)], 132, bulk=False) == 65  # 8193 line slots / 128 threads
     assert P.grid_for(rs, 132, bulk=False) == 132
     assert ctypes.sizeof(P._Params) == 4 * 32 + 16  # kMaxRanges L2Range + 3 x int32 (padded): the kernel's ABI
 

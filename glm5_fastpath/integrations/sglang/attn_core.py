@@ -19,7 +19,7 @@ T = 1 / 8 / 16 against FlashMLA's 56.4 / 59.8 / 60.5 (its one-CTA-per-token kern
 tokens on). GLM5_FASTPATH_SPARSE_MLA_SPLITS (a tuned table: "T:splits,..." or the JSON that `glm5-fastpath
 bench sparse-mla --splits ... --write-splits PATH` writes) overrides the op's split heuristic per T; a table
 that does not parse is logged and ignored. GLM5_FASTPATH_SPARSE_MLA_STAGES (2 or 5) picks the split kernel's
-build (ops.sparse_mla: 5 = the deep gather ring, not yet run on a GPU; default 2). A call outside what the kernel
+build (ops.sparse_mla: 5 = the deep gather ring, faster only at 2-4 tokens on an H200; default 2). A call outside what the kernel
 takes (another dtype, a sink / topk_length argument (DeepSeek V4), H not a multiple of 16, T above the
 limit, K > 2048) goes to FlashMLA, counted in glm5_fastpath_sparse_mla_total{route="stock", reason} and logged
 once per reason; routed calls count {route="ours", reason="routed"}. Under CUDA graphs a call is a capture.
