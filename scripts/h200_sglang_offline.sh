@@ -88,6 +88,8 @@ ARGS=(--model "$MODEL" --load-format "$LOAD_FORMAT" --batch-sizes "$BS" --input-
 PROFILE_STEPS=${PROFILE_STEPS:-0}
 [ "$PROFILE_STEPS" != 0 ] && ARGS+=(--profile-steps "$PROFILE_STEPS")
 [ -n "${PROFILE_BS:-}" ] && ARGS+=(--profile-batches "$PROFILE_BS")
+# EXTRA_ARGS: more `bench offline` arguments, word-split (e.g. "--engine-arg disable_cuda_graph=true")
+[ -n "${EXTRA_ARGS:-}" ] && read -r -a _extra <<< "$EXTRA_ARGS" && ARGS+=("${_extra[@]}")
 python3 -m glm5_fastpath.cli bench offline "${ARGS[@]}" --dry-run | head -3
 
 # 3. one mode per fresh Engine process; each run re-merges every mode-*.json of the same settings in $RES

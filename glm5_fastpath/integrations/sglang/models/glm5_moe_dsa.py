@@ -38,11 +38,23 @@ def maybe_realistic_dummy(model) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def maybe_layer_dump(model) -> None:
+    """Benchmark only (GLM5_FASTPATH_BENCH_LAYER_DUMP=DIR): per-layer records of the first decode step(s), in both
+    modes (glm5_fastpath/bench/layer_dump.py); once per model (SGLang may call post_load_weights again)."""
+    import os
+
+    from ....bench import layer_dump as LD
+
+    if os.environ.get(LD.ENV) and not getattr(model, "_glm5_layer_dump", None):
+        model._glm5_layer_dump = LD.maybe_install(model)
+
+
 class GlmMoeDsaForCausalLM(_StockGlmMoeDsa):
     """SGLang's GlmMoeDsaForCausalLM + glm5_fastpath install after loading (idempotent)."""
 
     def post_load_weights(self, *args, **kwargs):
         maybe_realistic_dummy(self)
+        maybe_layer_dump(self)
         out = super().post_load_weights(*args, **kwargs)
         maybe_install(self)
         return out
