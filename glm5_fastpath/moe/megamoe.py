@@ -216,19 +216,23 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
 
     Token block: the smallest of 8/16/32/64 that holds the expected largest expert (the shared
     expert holds every token), so each weight tile is streamed from HBM once per call; capped at 64
-    (128 spills, see the .cuh), and at 32 up to 128 tokens (measured faster, see below). Decode is weight-bandwidth bound, so MMA padding is free there.
+    (128 spills, see the .cuh), and at 32 up to 128 tokens when only the shared expert needs more (measured faster, see below). Decode is weight-bandwidth bound, so MMA padding is free there.
     Stages: the deepest ring that fits. Group size: one group (all FC1 tasks first); split-K FC1
     tiles below 4 waves of FC1 tiles.
     """
     if num_tokens < 1:
         raise _fail(f"num_tokens={num_tokens} must be >= 1")
-    need = max(expected_max_load(num_tokens, num_experts, topk), num_tokens if num_shared else 0)
+    routed = expected_max_load(num_tokens, num_experts, topk)
+    need = max(routed, num_tokens if num_shared else 0)
     bn = next((b for b in BLOCK_NS if b >= need), BLOCK_NS[-1])
-    if num_tokens <= 128:
-        # measured (glm5-fastpath tune, H200, 2026-11-29, GLM-5 dims, random routing): at 64 / 128 tokens
-        # bn32 beats bn64 by 11 % / 9 % (1969 vs 2220 us, 2289 vs 2529 us): the shared expert's second pass over
-        # its weights comes from L2, and twice the token blocks (plus bn32's sixth stage) fill the SMs better.
-        # 256 tokens was not measured: it keeps the block that holds every token.
+    if num_tokens <= 128 and routed <= 32:
+        # measured (glm5-fastpath tune, H200, 2026-11-29, GLM-5 dims, 256 experts, random routing): at 64 / 128
+        # tokens bn32 beats bn64 by 11 % / 9 % (1969 vs 2220 us, 2289 vs 2529 us): only the shared expert needs
+        # the bigger block there, its second pass over its weights comes from L2, and twice the token blocks
+        # (plus bn32's sixth stage) fill the SMs better. Not when the ROUTED experts need more than 32 (32 local
+        # experts, one EP8 rank's shard, ~47 tokens per expert at 128 tokens): then every routed expert would
+        # stream twice, and that setting measured 1.53x its floor with bn32 (H200, 2026-11-30, session 6;
+        # bn64 there not yet measured). 256 tokens was not measured: it keeps the block that holds every token.
         bn = min(bn, 32)
     return MegaMoEConfig(bn, max_stages(bn)).validate()
 
