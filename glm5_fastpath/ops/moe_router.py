@@ -149,7 +149,18 @@ def decode_enabled() -> bool | None:
         return True
     if v in ("0", "false", "off", "no"):
         return False
+    if v and v not in ("auto",):
+        _warn_bad_decode_env(v)
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_bad_decode_env(value: str) -> None:
+    import logging
+
+    logging.getLogger("glm5_fastpath").warning(
+        "glm5_fastpath: %s=%r is not one of 1 / 0 / auto; using auto (the decode router kernel at 1-%d tokens)",
+        ENV_DECODE, value, DECODE_AUTO_MAX_TOKENS)
 
 
 # ---- validation (shared by the real and the fake implementation) ---------------------------------

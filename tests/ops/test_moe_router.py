@@ -25,6 +25,8 @@ What is compared, and why each bar is where it is:
 """
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -209,7 +211,7 @@ def test_every_split_k_config_still_builds_with_the_decode_kernel(nvcc_jit):
     assert config_for(768, 256, 8).decode_supported and R.use_decode(1, True, config_for(768, 256, 8))
 
 
-def test_decode_kernel_selection(monkeypatch):
+def test_decode_kernel_selection(monkeypatch, caplog):
     """The decode kernel runs for 1 <= M <= 32 when asked (decode=True) or, with decode=None, when
     GLM5_FASTPATH_ROUTER_DECODE=1, or up to 2 tokens (measured faster there) when it is unset; never above 32
     tokens; =0 turns it off."""
@@ -219,6 +221,12 @@ def test_decode_kernel_selection(monkeypatch):
     assert not R.use_decode(1, None, config_for(256, 4, 2))  # a config it does not take
     monkeypatch.setenv(R.ENV_DECODE, "0")
     assert R.decode_enabled() is False and not R.use_decode(1, None)
+    monkeypatch.setenv(R.ENV_DECODE, "auto")
+    assert R.decode_enabled() is None
+    monkeypatch.setenv(R.ENV_DECODE, "maybe")  # unknown: auto, with a warning (logged once)
+    with caplog.at_level(logging.WARNING, logger="glm5_fastpath"):
+        assert R.decode_enabled() is None and R.use_decode(2, None)
+    assert "'maybe'" in caplog.text
     monkeypatch.delenv(R.ENV_DECODE)
     assert R.use_decode(1, True) and R.use_decode(32, True) and not R.use_decode(33, True)
     assert not R.use_decode(0, True) and not R.use_decode(8, False)
