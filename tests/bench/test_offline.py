@@ -153,7 +153,8 @@ def test_report_json_markdown_from_fake_results(tmp_path):
     j = json.loads((tmp_path / "o" / "offline.json").read_text())
     assert j["rows"][0]["speedup"] == pytest.approx(2.0) and j["meta"]["sglang_version"] == "0.5.14"
     md = (tmp_path / "o" / "offline.md").read_text()
-    assert "| 1 | 277.0 | 39.6 | 20.00 | 3.00/4.00 | 554.0 |" in md and "2.00x" in md and "2 (of 4)" in md
+    assert r1["stock"]["pct_of_floor_itl"] == pytest.approx(100 * (1e6 / 700) / 3000, rel=2e-3)  # floor step / ITL p50
+    assert "| 1 | 277.0 | 39.6 | 47.6 | 20.00 | 3.00/4.00 | 554.0 |" in md and "2.00x" in md and "2 (of 4)" in md
     assert paths[0].name == "offline.json"
 
 
