@@ -8,6 +8,7 @@
 #   5. optional: bench sparse-mla (T_SPARSE seconds, extra args SPARSE_ARGS), bench router (T_ROUTER seconds),
 #      tune (T_TUNE seconds)
 # A device call returns at most 8 files: pack OUTDIR into one tarball at the end of the command.
+# The GPU-test log lists every test with its outcome (-rA), so a committed log names what ran.
 # Every step has its own time limit and writes straight into OUTDIR, so a call cut short still returns
 # what finished. usage: scripts/h200_integration_check.sh OUTDIR [SITE.tar.xz] [JIT.tar.xz]
 set -uo pipefail
@@ -28,7 +29,7 @@ export TRITON_CACHE_DIR=$cache/triton TORCHINDUCTOR_CACHE_DIR=$cache/inductor SG
 el "unpacked; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); commit ${GLM5_FASTPATH_COMMIT:-?}"
 
 el "GPU tests"
-timeout "${T_TESTS:-200}" python3 -m pytest -m gpu -q -rs -p no:cacheprovider ${TESTS:-tests/moe tests/ops/test_act_quant.py} \
+timeout "${T_TESTS:-200}" python3 -m pytest -m gpu -q -rA -p no:cacheprovider ${TESTS:-tests/moe tests/ops/test_act_quant.py} \
   ${TEST_K:+-k "$TEST_K"} > "$out/gpu-tests.log" 2>&1; el "GPU tests rc=$? ($(tail -1 "$out/gpu-tests.log"))"
 
 el "route check (eager: prefix + MoE vs SGLang)"
