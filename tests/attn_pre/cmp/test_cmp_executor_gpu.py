@@ -1,6 +1,7 @@
 """CmpExecutor on the H200: graph replay == eager run of the same kernels (bitwise) and == the reference
 graph (FP8 tolerances), every bucket and M below it; the early-wait PDL modes == serial (bitwise); 1000
-replays with changing inputs; a late producer captured before the prefix under PDL; cache rebinding."""
+replays with changing inputs, each one compared with eager; a late producer captured before the prefix under
+PDL; cache rebinding."""
 
 import pytest
 import torch
@@ -129,9 +130,18 @@ def test_early_wait_modes_equal_serial_bitwise(layer, step, mode):
     _check_vs_eager(ex, out, r, step, mode)
 
 
+def _bits(t):
+    return t.contiguous().view(torch.uint8)
+
+
 def test_1000_replays_with_changing_inputs(layer, step):
+    """Every one of the 1000 replays is compared bitwise with an eager run of the same kernels on the same inputs
+    (mismatching bytes counted on the device, one sync at the end); every 100th replay also checks the cache
+    rows it wrote, and every 250th is checked against the reference graph."""
     ex = _executor(layer, step, "full", buckets=(8, 16, 64))
     g = torch.Generator(device="cuda").manual_seed(0)
+    bad = torch.zeros((), dtype=torch.int64, device="cuda")
+    deltas = []  # (replay, M, mismatching bytes on the device): read once, after the loop
     for i in range(1000):
         m = (1, 5, 16, 37, 64)[i % 5]
         idx = torch.randperm(N_SEQ, device="cuda", generator=g)[:m]
@@ -141,6 +151,19 @@ def test_1000_replays_with_changing_inputs(layer, step):
         if i % 100 == 0 or i == 999:
             torch.cuda.synchronize()
             _check_vs_eager(ex, out, r, step, f"replay {i} M={m}")
+            if i % 250 == 0:
+                _check_vs_reference(out, r, step, layer, f"replay {i} M={m}")
+            continue
+        # the eager run sees the caches the replay just wrote (it rewrites the same rows with the same values)
+        e = ex.eager(**_padded(ex, r, ex.bucket_for(m)), kv_cache=step.kv_cache.clone(),
+                     index_k_cache=step.index_k_cache.clone())
+        before = bad.clone()
+        for n in OUTS:
+            bad += (_bits(out[n]) != _bits(e[n][:m])).sum()
+        deltas.append((i, m, bad - before))
+    torch.cuda.synchronize()
+    where = [(i, m, int(d)) for i, m, d in deltas if int(d)][:5]
+    assert int(bad) == 0, f"{int(bad)} mismatching bytes over the replays (first: {where})"
     assert ex.captures == 3
 
 
