@@ -17,7 +17,7 @@ versions of the same fused math: one function per SGLang kernel, never a chain o
 | D0 | compiled act quant; DeepGEMM 2048->16384; compiled RoPE of q_pe | #12, q half of #14 |
 | D2 | torch.bmm bf16 (cuBLAS) W_UK; compiled k_pe RoPE + MLA KV store | #13, k half of #14, #15 |
 | E1 | DeepGEMM fp8_paged_mqa_logits (schedule metadata computed outside the timed region) | #10 |
-| E2 | torch.topk + page-table translate, compiled: a STAND-IN (SGLang runs a fused radix top-k JIT kernel, ~3 us per anchors.md) | #11 |
+| E2 | SGLang's own fused top-k + page-table transform (`sgl_kernel.fast_topk_transform_fused`, what its DSA decode runs) when sgl_kernel imports; else torch.topk + page-table translate, compiled: a labelled STAND-IN (~50 us against the fused kernel's ~3 us per anchors.md) | #11 |
 
 Without DeepGEMM the GEMM rows fall back to a labelled bf16 cuBLAS GEMM on weights dequantized at
 setup (activations dequantized by a compiled kernel), and E1 is skipped with the reason.
@@ -60,6 +60,24 @@ FP8 = torch.float8_e4m3fn
 PAGE = INDEX_K_PAGE_TOKENS
 DG_CACHE_DEFAULT = "/tmp/glm5_fastpath_deep_gemm"
 E2_STANDIN = "torch.topk stand-in (SGLang uses a fused JIT top-k; anchors.md: ~3 us expected)"
+E2_SGLANG = "sgl_kernel.fast_topk_transform_fused (SGLang's DSA decode top-k + page-table transform)"
+
+
+def sglang_fused_topk() -> tuple[Callable | None, str]:
+    """(sgl_kernel's fused decode top-k + transform, "") when it imports, else (None, why)."""
+    try:
+        from sgl_kernel.top_k import fast_topk_transform_fused
+    except Exception as e:  # noqa: BLE001 - reported as the reason for the stand-in
+        return None, f"{type(e).__name__}: {str(e)[:160]}"
+    return fast_topk_transform_fused, ""
+
+
+def page_table_1(block_table: torch.Tensor, width: int) -> torch.Tensor:
+    """Token position -> physical KV slot [B, width] int32 (SGLang's page_table_1, page size 1) from the
+    64-token block table: slot = block_table[b, t // 64] * 64 + t % 64 (-1 where the page is -1)."""
+    t = torch.arange(width, device=block_table.device)
+    pages = block_table.long()[:, t // PAGE]
+    return torch.where(pages >= 0, pages * PAGE + t % PAGE, torch.full_like(pages, -1)).to(torch.int32)
 
 # ---- DeepGEMM loading ----------------------------------------------------------------------------------
 
@@ -571,13 +589,24 @@ class StockPrefix:
 
     def _e2(self) -> Impl:
         d, c = self.d, self._cfg
+        fused, why = sglang_fused_topk()
 
         def make_set(M, j):
             a, b = d.rows(M, j)
-            return (d.take("logits", M, j), d.step.seq_lens[a:b].clone(), d.step.block_table[a:b].contiguous().clone())
+            logits = d.take("logits", M, j)
+            bt = d.step.block_table[a:b].contiguous().clone()
+            sl = d.step.seq_lens[a:b].clone()
+            if fused is None:
+                return (logits, sl, bt)
+            # what SGLang's metadata already holds before the indexer runs: not part of the timed op
+            return (logits.contiguous(), sl.to(torch.int32).contiguous(), page_table_1(bt, logits.shape[1]),
+                    torch.arange(M + 1, dtype=torch.int32, device=logits.device))
 
-        def run(logits, sl, bt):
-            return self._c["topk_translate"](logits, sl, bt, c.index_topk)
+        def run(*args):
+            if fused is None:
+                return self._c["topk_translate"](*args, c.index_topk)
+            logits, sl, pt1, cu = args
+            return fused(logits, sl, pt1, cu, c.index_topk)
 
         def results(args, out):
             return {"topk_slots": out}
@@ -586,8 +615,10 @@ class StockPrefix:
             a, b = rows
             return {"topk_slots": (d.t["topk_slots"][a:b], "topk")}
 
+        if fused is not None:
+            return self._impl("E2", E2_SGLANG, [E2_SGLANG], make_set, run, results, expected)
         return self._impl("E2", E2_STANDIN, [f"torch.compile mask + torch.topk(sorted=False) + page-table translate: "
-                                              f"{E2_STANDIN}"], make_set, run, results, expected,
+                                              f"{E2_STANDIN} (sgl_kernel: {why})"], make_set, run, results, expected,
                           compiled=("topk_translate",))
 
 
