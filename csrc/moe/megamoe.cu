@@ -41,3 +41,15 @@ glm5_megamoe(const __grid_constant__ CUtensorMap tm_w13,  // 5-D view of w13 [E_
     extern __shared__ __align__(1024) uint8_t smem[];
     MegaMoE::run(&tm_w13, &tm_w2, p, smem);
 }
+
+#if GLM5_MEGAMOE_TRACE
+// Trace build only (GLM5_MEGAMOE_TRACE=1): the same kernel, stamping each claimed task (megamoe.cuh TraceBuf).
+extern "C" __global__ void __launch_bounds__(glm5::moe::megamoe::kThreads, 1)
+glm5_megamoe_trace(const __grid_constant__ CUtensorMap tm_w13, const __grid_constant__ CUtensorMap tm_w2,
+                   const glm5::moe::megamoe::Params p,
+                   int64_t* trace,     // [num_SMs][trace_cap][kTraceCols] int64, zero-filled by the host
+                   int32_t trace_cap) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    MegaMoE::run(&tm_w13, &tm_w2, p, smem, glm5::moe::megamoe::TraceBuf{trace, trace_cap});
+}
+#endif

@@ -86,6 +86,31 @@ static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536 / kThreads
               "register split exceeds the launch allocation");
 constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
 
+// Trace build (GLM5_MEGAMOE_TRACE=1, a separate cubin; glm5_fastpath/moe/megamoe.py trace_run): per CTA and
+// claimed task n < trace_cap, one row of kTraceCols int64 in trace[cta][n][:], %globaltimer ns:
+//   0 claim (scheduler)        1 fc1_done spin start   2 spin end (loader; FC2 tasks that had to wait)
+//   3 math start (descriptor)  4 first stage landed    5 last MMA folded      6 epilogue done
+//   7 the task descriptor
+// Unwritten cells stay as the host filled them (0). The normal build compiles none of it.
+#ifndef GLM5_MEGAMOE_TRACE
+#define GLM5_MEGAMOE_TRACE 0
+#endif
+constexpr bool kTrace = GLM5_MEGAMOE_TRACE != 0;
+constexpr int kTraceCols = 8;
+struct TraceBuf {
+    int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
+    int32_t cap;
+    GLM5_DEVICE void put(int n, int col, int64_t v) const {
+        if (kTrace && rows != nullptr && n < cap)
+            rows[(static_cast<int64_t>(blockIdx.x) * cap + n) * kTraceCols + col] = v;
+    }
+};
+GLM5_DEVICE int64_t globaltimer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return static_cast<int64_t>(t);
+}
+
 // Task descriptor: bit 31 FC2, bits 22..30 expert, bits 16..21 row tile, bit 15 split-K FC1 tile,
 // bit 14 which K half (split only), bits 0..13 token block.
 __host__ __device__ constexpr int32_t encode_task(int fc2, int e, int rt, int b, int split = 0, int half = 0) {
@@ -425,7 +450,7 @@ struct MegaMoE {
 
     // ---- WG0 warp 0, one lane: scheduler + weight TMA --------------------------------------------------
     static GLM5_DEVICE void weight_producer(const CUtensorMap* tm_w13, const CUtensorMap* tm_w2, const Params& p,
-                                            uint8_t* sm, uint32_t sbase, const Bars& bar) {
+                                            uint8_t* sm, uint32_t sbase, const Bars& bar, const TraceBuf& tr) {
         const int num_tasks = p.ctrl[0];
         int32_t* desc_ring = reinterpret_cast<int32_t*>(sm + L::kDesc);
         const uint64_t policy = sm90::l2_policy_evict_first();
@@ -435,6 +460,9 @@ struct MegaMoE {
             const uint32_t tpar = (n / kTaskSlots) & 1u;
             const int t = atomicAdd(&p.ctrl[1], 1);
             const int32_t desc = t < num_tasks ? p.tasks[t] : kTaskEnd;
+            if constexpr (kTrace) {
+                if (!task_is_end(desc)) tr.put(n, 0, globaltimer_ns()), tr.put(n, 7, desc);
+            }
             sm90::mbar_wait(bar.tempty(slot), tpar ^ 1u);
             desc_ring[slot] = desc;
             sm90::mbar_arrive(bar.tfull(slot));
@@ -472,7 +500,8 @@ struct MegaMoE {
     }
 
     // ---- WG0 warp 1: activation loader -----------------------------------------------------------------
-    static GLM5_DEVICE void act_loader(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar) {
+    static GLM5_DEVICE void act_loader(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar,
+                                       const TraceBuf& tr) {
         const uint32_t lane = lane_id();
         const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
         int32_t* tok = reinterpret_cast<int32_t*>(sm + L::kTok);
@@ -510,6 +539,7 @@ struct MegaMoE {
                 if (lane == 0) {
                     const int32_t* ctr = p.fc1_done + blk;
                     if (ld_acquire_gpu(ctr) < kT1) {
+                        if constexpr (kTrace) tr.put(n, 1, globaltimer_ns());
                         const long long t0 = clock64();
                         while (ld_acquire_gpu(ctr) < kT1) {
                             __nanosleep(64);
@@ -522,6 +552,7 @@ struct MegaMoE {
                                 __trap();
                             }
                         }
+                        if constexpr (kTrace) tr.put(n, 2, globaltimer_ns());
                     }
                 }
                 __syncwarp();
@@ -576,7 +607,7 @@ struct MegaMoE {
                                         sm90::smem_desc_k128sw(b_addr + 32 * k), k > 0);
     }
 
-    static GLM5_DEVICE void math(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar) {
+    static GLM5_DEVICE void math(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar, const TraceBuf& tr) {
         const int mt = threadIdx.x - 128;  // 0..255
         const int wg = mt >> 7;            // math warpgroup: weight rows [128 wg, 128 wg + 128) of the tile
         const int w = (mt >> 5) & 3;       // warp inside the warpgroup
@@ -591,6 +622,9 @@ struct MegaMoE {
             sm90::mbar_wait(bar.tfull(slot), tpar);
             const int32_t desc = desc_ring[slot];
             if (task_is_end(desc)) break;
+            if constexpr (kTrace) {
+                if (mt == 0) tr.put(n, 3, globaltimer_ns());
+            }
             const int e = task_expert(desc), rt = task_rt(desc);
             const bool fc2 = task_fc2(desc);
             const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
@@ -610,6 +644,9 @@ struct MegaMoE {
                 const float cur_lo = s_lo, cur_hi = s_hi;
                 if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
                 sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
+                if constexpr (kTrace) {
+                    if (mt == 0 && kb == 0) tr.put(n, 4, globaltimer_ns());
+                }
                 sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
                 const uint32_t a_addr = sbase + L::kW + s * kStageWBytes + wg * (128 * kBK);
                 const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
@@ -646,6 +683,9 @@ struct MegaMoE {
                 if (lane == 0) sm90::mbar_arrive(bar.empty(s));
             }
 
+            if constexpr (kTrace) {
+                if (mt == 0) tr.put(n, 5, globaltimer_ns());
+            }
             sm90::mbar_wait(bar.tinfo(slot), tpar);
             const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
             if (fc2)
@@ -653,6 +693,9 @@ struct MegaMoE {
             else if (!task_split(desc) || split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1))
                 epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1);
             __syncwarp();
+            if constexpr (kTrace) {
+                if (mt == 0) tr.put(n, 6, globaltimer_ns());
+            }
             if (lane == 0) sm90::mbar_arrive(bar.tempty(slot));
             if (mt == 0) red_relaxed_gpu_add(p.ctrl + 2, 1);  // diagnostics: tasks finished
         }
@@ -828,7 +871,7 @@ struct MegaMoE {
 
     // ---- the persistent kernel body -------------------------------------------------------------------
     static GLM5_DEVICE void run(const CUtensorMap* tm_w13, const CUtensorMap* tm_w2, const Params& p,
-                                uint8_t* smem_raw) {
+                                uint8_t* smem_raw, const TraceBuf tr = TraceBuf{nullptr, 0}) {
         const uint32_t raw = ptx::smem_addr(smem_raw);
         const uint32_t sbase = (raw + 1023u) & ~1023u;
         uint8_t* sm = smem_raw + (sbase - raw);
@@ -855,13 +898,13 @@ struct MegaMoE {
         if (warp < 4) {
             sm90::setmaxnreg_dec<kProducerRegs>();
             if (warp == 0) {
-                if (lane_id() == 0) weight_producer(tm_w13, tm_w2, p, sm, sbase, bar);
+                if (lane_id() == 0) weight_producer(tm_w13, tm_w2, p, sm, sbase, bar, tr);
             } else if (warp == 1) {
-                act_loader(p, sm, sbase, bar);
+                act_loader(p, sm, sbase, bar, tr);
             }
         } else {
             sm90::setmaxnreg_inc<kMathRegs>();
-            math(p, sm, sbase, bar);
+            math(p, sm, sbase, bar, tr);
         }
     }
 };

@@ -207,6 +207,15 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
                 traceback.print_exc()
         elif masked_error:
             row["deepgemm_masked"] = {"error": masked_error}
+        if getattr(args, "trace", False):  # where the persistent kernel's time goes (trace build, one launch)
+            try:
+                cfg = MM.default_config(m, experts, TOPK, 1, torch.cuda.get_device_properties(dev).multi_processor_count)
+                tr = MM.trace_run(x8, xs, ids, wts, shared, config=cfg, routed_scaling_factor=RSF, cap=4096)
+                row["ours_shared_trace"] = tr["summary"]
+                print(f"  M={m:5d} trace: {MM.trace_markdown(tr['summary'])}", flush=True)
+            except Exception as e:  # noqa: BLE001 - a diagnostic: the timings above stand
+                row["ours_shared_trace"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                traceback.print_exc()
         o, osh, d, dm = (row.get(k, {}).get("median_us")
                          for k in ("ours", "ours_shared", "deepgemm", "deepgemm_masked"))
         if dm:
@@ -250,6 +259,13 @@ def markdown(result: dict) -> str:
                          f"{g('speedup_vs_deepgemm', '{:.2f}x')} | {g('deepgemm_masked')} | "
                          f"{g('deepgemm_masked_vs_floor', '{:.3f}')} | {g('speedup_vs_deepgemm_masked', '{:.2f}x')} | "
                          f"{g('ours_shared')} | {g('ours_shared_vs_floor', '{:.3f}')} |")
+        lines.append("")
+    traced = [(name, r) for name, rows in result["settings"].items() for r in rows if r.get("ours_shared_trace")]
+    if traced:
+        lines += ["## Where the time goes (trace build, ours + shared, one launch each)", ""]
+        for name, r in traced:
+            t = r["ours_shared_trace"]
+            lines.append(f"- ({name}) {r['tokens']} tokens: " + (t["error"] if "error" in t else MM.trace_markdown(t)))
         lines.append("")
     acts = sorted({r["deepgemm_masked"]["act"] for rows in result["settings"].values() for r in rows
                    if isinstance(r.get("deepgemm_masked"), dict) and r["deepgemm_masked"].get("act")})
@@ -299,6 +315,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--launches", type=int, default=10, help="launches per captured graph")
     ap.add_argument("--replays", type=int, default=10, help="graph replays (median reported)")
     ap.add_argument("--no-deepgemm", action="store_true", help="skip the DeepGEMM baseline")
+    ap.add_argument("--trace", action="store_true",
+                    help="also run MegaMoE's trace build once per token count: first-stage wait / MMA / epilogue "
+                         "shares per FC1 / FC2 task, fc1_done spins, tail (docs/megamoe_large_m.md)")
     # --ep N (issue #8): expert parallelism over N GPUs, a separate harness (glm5_fastpath/moe/ep/bench.py)
     from ..moe.ep.bench import add_ep_arguments
     add_ep_arguments(ap)

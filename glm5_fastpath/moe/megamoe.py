@@ -746,6 +746,101 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
     return got
 
 
+# ---- trace build (diagnostics: where the persistent kernel's time goes) ------------------------------------
+
+TRACE_FUNCTION = "glm5_megamoe_trace"
+TRACE_COLS = 8  # megamoe.cuh kTraceCols
+TRACE_COLUMNS = ("claim", "spin_start", "spin_end", "math_start", "first_stage", "mma_done", "epi_done", "desc")
+
+
+def trace_spec(hidden: int, inter: int, block_n: int, stages: int) -> KernelSpec:
+    """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace."""
+    base = kernel_spec(hidden, inter, block_n, stages)
+    return KernelSpec(TRACE_FUNCTION, source=SOURCE, defines=tuple(base.defines) + (("GLM5_MEGAMOE_TRACE", "1"),),
+                      functions=(TRACE_FUNCTION, PLAN_FUNCTION))
+
+
+def trace_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *,
+              config: MegaMoEConfig | None = None, routed_scaling_factor: float = 2.5, cap: int = 512
+              ) -> dict[str, Any]:
+    """One eager launch of the trace build (plan + persistent kernel stamping every claimed task with
+    %globaltimer: megamoe.cuh TraceBuf) -> {"rows": int64 [CTAs, cap, 8] (TRACE_COLUMNS; 0 = not written),
+    "out": [M, H] bf16, "config": name, "summary": summarize_trace(rows)}. Timing in it includes the stamps'
+    stores (one per event per CTA): use it for where the time goes, not for how much."""
+    from ..jit.runtime import get_kernel
+    m, k = topk_ids.shape
+    cfg = (config or default_config(m, weights.num_experts, k, weights.num_shared)).validate()
+    wv = _check_inputs(x_fp8, x_scale, topk_ids, topk_weights, weights.w13, weights.w13_scale, weights.w2,
+                       weights.w2_scale, weights.num_shared, routed_scaling_factor, cfg.block_n, cfg.stages,
+                       cfg.group_size, cfg.split_waves)
+    dev = x_fp8.device
+    require_hopper(OP, dev, _fail)
+    spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages)
+    plan_k, main_k = get_kernel(spec, PLAN_FUNCTION, dev), get_kernel(spec, TRACE_FUNCTION, dev)
+    ws = get_workspace(dev, wv.hidden, wv.inter, wv.num_total, k + weights.num_shared, m)
+    out = torch.empty((m, wv.hidden), dtype=BF16, device=dev)
+    grid = _sms(dev)
+    rows = torch.zeros((grid, cap, TRACE_COLS), dtype=torch.int64, device=dev)
+    p = _params(x_fp8, x_scale, topk_ids, topk_weights, wv, out, ws, weights.num_shared, routed_scaling_factor,
+                cfg.group_size, cfg.split_max_tiles(grid), 0)
+    plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=False)
+    main_k.launch((grid, 1, 1), (THREADS, 1, 1), [_w13_map(wv.w13), _w2_map(wv.w2), p, rows, ctypes.c_int32(cap)],
+                  smem=cfg.smem, pdl=True)
+    torch.cuda.synchronize(dev)
+    r = rows.cpu()
+    return {"rows": r, "out": out, "config": cfg.name, "summary": summarize_trace(r)}
+
+
+def summarize_trace(rows: torch.Tensor) -> dict[str, Any]:
+    """Where the persistent kernel's time went, from trace rows [CTAs, cap, 8] (TRACE_COLUMNS, ns; a task row
+    counts when its math start and epilogue end are both written). Per FC1 / FC2 task kind, summed over tasks
+    (us): wait = math start -> first stage landed (weights + activations of the first K block), mma = first
+    stage -> last fold, epi = last fold -> epilogue done; spin = the loader's fc1_done wait (FC2 only); and the
+    kernel span (first claim -> last epilogue end), the math warpgroups' busy share of CTAs x span, the tail
+    (last CTA end - median CTA end)."""
+    r = rows.to(torch.int64)
+    done = (r[..., 3] > 0) & (r[..., 6] > 0)
+    if not bool(done.any()):
+        return {"tasks": 0}
+    t0 = int(r[..., 0][r[..., 0] > 0].min())
+    t1 = int(r[..., 6][done].max())
+    span_us = (t1 - t0) / 1e3
+    fc2 = ((r[..., 7] >> 31) & 1).bool()  # bit 31 of the descriptor (megamoe.cuh encode_task)
+    out: dict[str, Any] = {"tasks": int(done.sum()), "ctas": int(r.shape[0]), "span_us": span_us}
+    for name, sel in (("fc1", done & ~fc2), ("fc2", done & fc2)):
+        d = {"tasks": int(sel.sum())}
+        if d["tasks"]:
+            d["wait_us"] = float((r[..., 4] - r[..., 3])[sel & (r[..., 4] > 0)].sum()) / 1e3
+            d["mma_us"] = float((r[..., 5] - r[..., 4])[sel & (r[..., 4] > 0) & (r[..., 5] > 0)].sum()) / 1e3
+            d["epi_us"] = float((r[..., 6] - r[..., 5])[sel & (r[..., 5] > 0)].sum()) / 1e3
+            spun = sel & (r[..., 1] > 0) & (r[..., 2] > 0)
+            d["spin_us"] = float((r[..., 2] - r[..., 1])[spun].sum()) / 1e3
+            d["spun_tasks"] = int(spun.sum())
+        out[name] = d
+    busy = float((r[..., 6] - r[..., 3])[done].sum()) / 1e3
+    out["math_busy_share"] = busy / (span_us * r.shape[0]) if span_us > 0 else None
+    ends = torch.where(done, r[..., 6], torch.zeros_like(r[..., 6])).max(dim=1).values
+    ends = ends[ends > 0].double()
+    out["tail_us"] = float(ends.max() - ends.median()) / 1e3 if ends.numel() else None
+    return out
+
+
+def trace_markdown(summary: dict[str, Any]) -> str:
+    """One line per task kind: tasks, and wait / mma / epilogue / spin as shares of that kind's math time."""
+    if not summary.get("tasks"):
+        return "no traced tasks"
+    parts = [f"span {summary['span_us']:.1f} us, math busy {100 * (summary.get('math_busy_share') or 0):.0f} % of "
+             f"CTAs x span, tail {summary.get('tail_us') or 0:.1f} us"]
+    for k in ("fc1", "fc2"):
+        d = summary.get(k) or {}
+        if d.get("tasks"):
+            tot = d["wait_us"] + d["mma_us"] + d["epi_us"]
+            parts.append(f"{k.upper()} {d['tasks']} tasks: first-stage wait {100 * d['wait_us'] / tot:.0f} %, "
+                         f"MMA {100 * d['mma_us'] / tot:.0f} %, epilogue {100 * d['epi_us'] / tot:.0f} %"
+                         + (f", fc1_done spin {d['spin_us']:.1f} us over {d['spun_tasks']} tasks" if k == "fc2" else ""))
+    return "; ".join(parts)
+
+
 def workspace_for(device: Any, weights: MegaMoEWeights, topk: int) -> Workspace | None:
     """The live workspace of these weights' dims on `device` (tests: counters must be zero at rest)."""
     key = (_dev_index(torch.device(device)), weights.hidden, weights.inter, weights.num_total, topk + weights.num_shared)
@@ -780,9 +875,10 @@ def precompile(weights: MegaMoEWeights, topk: int = 8, max_tokens: int = 256, de
 
 def compile_check_specs() -> list[KernelSpec]:
     """Variants for scripts/compile_check.py: GLM-5 dims with every token block (deepest ring), and
-    the small preset (H 512, I 128)."""
+    the small preset (H 512, I 128), and one trace build."""
     specs = [kernel_spec(6144, 2048, bn, max_stages(bn)) for bn in BLOCK_NS]
     specs.append(kernel_spec(512, 128, 16, max_stages(16)))
+    specs.append(trace_spec(6144, 2048, 64, max_stages(64)))  # the trace build compiles too
     return specs
 
 

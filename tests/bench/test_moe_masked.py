@@ -130,3 +130,17 @@ def test_plot(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     p = tmp_path / "m.png"
     assert BM.write_plot(json.loads(json.dumps(_result())), p) and p.stat().st_size > 1000
+
+
+def test_report_has_the_trace_section():
+    res = _result()
+    res["settings"]["b"][0]["ours_shared_trace"] = {
+        "tasks": 3, "ctas": 2, "span_us": 8.1, "math_busy_share": 0.74, "tail_us": 3.95,
+        "fc1": {"tasks": 2, "wait_us": 1.5, "mma_us": 6.0, "epi_us": 1.0, "spin_us": 0.0, "spun_tasks": 0},
+        "fc2": {"tasks": 1, "wait_us": 1.0, "mma_us": 2.0, "epi_us": 0.5, "spin_us": 1.0, "spun_tasks": 1}}
+    res["settings"]["b"][1]["ours_shared_trace"] = {"error": "RuntimeError: no trace"}
+    md = BM.markdown(res)
+    assert "## Where the time goes" in md
+    assert "- (b) 1 tokens: span 8.1 us, math busy 74 %" in md and "fc1_done spin 1.0 us over 1 tasks" in md
+    assert "- (b) 16 tokens: RuntimeError: no trace" in md
+    assert "Where the time goes" not in BM.markdown(_result())

@@ -841,3 +841,56 @@ def test_gpu_padding_rows_are_zero_and_the_rest_unchanged(m):
     again = M.mega_moe(x8, xs, ids, wts, wt)  # and the next unpadded call is unaffected
     ref = ref_f64(x8, xs, ids, wts, raw, 32, 1, 2.5)
     assert_close(OP + " after padding", again.float(), ref.float(), kind="fp8_same_quant")
+
+
+# ---- trace build ------------------------------------------------------------------------------------------
+
+def test_trace_summary_from_synthetic_rows():
+    """summarize_trace on hand-made rows: per-kind wait / MMA / epilogue sums, the fc1_done spin, the span
+    (first claim -> last epilogue), the math busy share and the tail; unwritten rows are ignored."""
+    r = torch.zeros(2, 4, M.TRACE_COLS, dtype=torch.int64)
+    fc1, fc2 = M.encode_task(0, 1, 0, 0), M.encode_task(1, 1, 0, 0)
+    r[0, 0] = torch.tensor([1000, 0, 0, 1100, 2100, 5100, 5600, fc1])
+    r[0, 1] = torch.tensor([1200, 5000, 6000, 5600, 6600, 8600, 9100, fc2])
+    r[1, 0] = torch.tensor([1050, 0, 0, 1150, 1650, 4650, 5150, fc1])
+    r[1, 1] = torch.tensor([1300, 0, 0, 0, 0, 0, 0, fc2])  # claimed, never finished: not a task row
+    s = M.summarize_trace(r)
+    assert s["tasks"] == 3 and s["span_us"] == pytest.approx(8.1)
+    assert s["fc1"] == {"tasks": 2, "wait_us": 1.5, "mma_us": 6.0, "epi_us": 1.0, "spin_us": 0.0, "spun_tasks": 0}
+    assert s["fc2"]["spin_us"] == pytest.approx(1.0) and s["fc2"]["spun_tasks"] == 1
+    assert s["math_busy_share"] == pytest.approx(12.0 / (8.1 * 2))
+    assert s["tail_us"] == pytest.approx(3.95)
+    md = M.trace_markdown(s)
+    assert "FC1 2 tasks" in md and "fc1_done spin 1.0 us over 1 tasks" in md
+    assert M.summarize_trace(torch.zeros(1, 2, M.TRACE_COLS, dtype=torch.int64)) == {"tasks": 0}
+
+
+def test_trace_build_is_its_own_cubin():
+    base = M.kernel_spec(6144, 2048, 64, M.max_stages(64))
+    tr = M.trace_spec(6144, 2048, 64, M.max_stages(64))
+    assert ("GLM5_MEGAMOE_TRACE", "1") in tr.defines and ("GLM5_MEGAMOE_TRACE", "1") not in base.defines
+    assert M.TRACE_FUNCTION in tr.functions and M.PLAN_FUNCTION in tr.functions
+    assert tr in M.compile_check_specs()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 256])
+def test_gpu_trace_run_matches_the_normal_build(m):
+    """The trace build computes the same output bitwise as the normal build, and stamps every planned task
+    exactly once (one finished row per task, math start <= first stage <= last fold <= epilogue end)."""
+    _, wt = _weights(32)
+    x8, xs, ids, wts = _inputs(m, 32, 8, "uniform", 7)
+    cfg = M.default_config(m, 32, 8, 1)
+    want = M.mega_moe(x8, xs, ids, wts, wt, config=cfg)
+    got = M.trace_run(x8, xs, ids, wts, wt, config=cfg, cap=1024)
+    torch.cuda.synchronize()
+    assert_equal(OP + " trace build", got["out"], want)
+    r = got["rows"]
+    done = (r[..., 3] > 0) & (r[..., 6] > 0)
+    ws = M.workspace_for("cuda", wt, 8)
+    assert int(done.sum()) == int(ws.ctrl[M.CTRL_NUM_TASKS])
+    d = r[done]
+    assert bool(((d[:, 4] >= d[:, 3]) & (d[:, 5] >= d[:, 4]) & (d[:, 6] >= d[:, 5])).all())
+    s = got["summary"]
+    assert s["tasks"] == int(done.sum()) and 0 < s["math_busy_share"] <= 1.0
+    print(M.trace_markdown(s))
