@@ -12,7 +12,7 @@
 # env: T_VARIANT (seconds per variant, default 200: the first fastpath start on a fresh machine needed > 140 s on
 #      2026-11-30), OUT_LEN (default 16), ENGINE_CACHE, REALISTIC_DUMMY
 set -uo pipefail
-site=${1:?usage}; out=${2:?usage}; shift 2
+site=$(realpath -m "${1:?usage}"); out=$(realpath -m "${2:?usage}"); shift 2  # absolute: the script cds
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 [ $# -gt 0 ] || set -- nosparse prefix_only moe_only

@@ -8,7 +8,7 @@
 # a wrong route as a jump at one layer (flagged).
 # usage: scripts/h200_layer_diff.sh SITE.tar.xz OUTDIR     env: ENGINE_CACHE, DUMP_STEPS (default 2), T_MODE (240)
 set -uo pipefail
-site=${1:?usage}; out=${2:?usage}
+site=$(realpath -m "${1:?usage}"); out=$(realpath -m "${2:?usage}")  # absolute: the script cds to the repo root
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 export GLM5_FASTPATH_BENCH_LAYER_DUMP=$out/dump GLM5_FASTPATH_BENCH_LAYER_DUMP_STEPS=${DUMP_STEPS:-2}

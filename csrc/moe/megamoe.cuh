@@ -87,16 +87,19 @@ static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536 / kThreads
 constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
 
 // Trace build (GLM5_MEGAMOE_TRACE=1, a separate cubin; glm5_fastpath/moe/megamoe.py trace_run): per CTA and
-// claimed task n < trace_cap, one row of kTraceCols int64 in trace[cta][n][:], %globaltimer ns:
-//   0 claim (scheduler)        1 fc1_done spin start   2 spin end (loader; FC2 tasks that had to wait)
-//   3 math start (descriptor)  4 first stage landed    5 last MMA folded      6 epilogue done
+// claimed task n < trace_cap, one row of kTraceCols int64 in trace[cta][n][:]:
+//   0 claim (scheduler, %globaltimer ns)
+//   1 fc1_done spin start, 2 spin end (loader, clock64; FC2 tasks that had to wait)
+//   3 math start (descriptor seen), 4 first stage landed, 5 last MMA folded, 6 epilogue done (math, clock64)
 //   7 the task descriptor
-// Unwritten cells stay as the host filled them (0). The normal build compiles none of it.
+//   8 math start, 9 epilogue done (%globaltimer ns: lines CTAs up; it may tick only every ~1 us)
+// Durations inside a task use the SM's clock64 (cycles; comparable within one CTA), the cross-CTA span the
+// global timer. Unwritten cells stay as the host filled them (0). The normal build compiles none of it.
 #ifndef GLM5_MEGAMOE_TRACE
 #define GLM5_MEGAMOE_TRACE 0
 #endif
 constexpr bool kTrace = GLM5_MEGAMOE_TRACE != 0;
-constexpr int kTraceCols = 8;
+constexpr int kTraceCols = 10;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
     int32_t cap;
@@ -110,6 +113,7 @@ GLM5_DEVICE int64_t globaltimer_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return static_cast<int64_t>(t);
 }
+GLM5_DEVICE int64_t clock_cycles() { return static_cast<int64_t>(clock64()); }
 
 // Task descriptor: bit 31 FC2, bits 22..30 expert, bits 16..21 row tile, bit 15 split-K FC1 tile,
 // bit 14 which K half (split only), bits 0..13 token block.
@@ -539,7 +543,7 @@ struct MegaMoE {
                 if (lane == 0) {
                     const int32_t* ctr = p.fc1_done + blk;
                     if (ld_acquire_gpu(ctr) < kT1) {
-                        if constexpr (kTrace) tr.put(n, 1, globaltimer_ns());
+                        if constexpr (kTrace) tr.put(n, 1, clock_cycles());
                         const long long t0 = clock64();
                         while (ld_acquire_gpu(ctr) < kT1) {
                             __nanosleep(64);
@@ -552,7 +556,7 @@ struct MegaMoE {
                                 __trap();
                             }
                         }
-                        if constexpr (kTrace) tr.put(n, 2, globaltimer_ns());
+                        if constexpr (kTrace) tr.put(n, 2, clock_cycles());
                     }
                 }
                 __syncwarp();
@@ -623,7 +627,7 @@ struct MegaMoE {
             const int32_t desc = desc_ring[slot];
             if (task_is_end(desc)) break;
             if constexpr (kTrace) {
-                if (mt == 0) tr.put(n, 3, globaltimer_ns());
+                if (mt == 0) tr.put(n, 3, clock_cycles()), tr.put(n, 8, globaltimer_ns());
             }
             const int e = task_expert(desc), rt = task_rt(desc);
             const bool fc2 = task_fc2(desc);
@@ -645,7 +649,7 @@ struct MegaMoE {
                 if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
                 sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
                 if constexpr (kTrace) {
-                    if (mt == 0 && kb == 0) tr.put(n, 4, globaltimer_ns());
+                    if (mt == 0 && kb == 0) tr.put(n, 4, clock_cycles());
                 }
                 sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
                 const uint32_t a_addr = sbase + L::kW + s * kStageWBytes + wg * (128 * kBK);
@@ -684,7 +688,7 @@ struct MegaMoE {
             }
 
             if constexpr (kTrace) {
-                if (mt == 0) tr.put(n, 5, globaltimer_ns());
+                if (mt == 0) tr.put(n, 5, clock_cycles());
             }
             sm90::mbar_wait(bar.tinfo(slot), tpar);
             const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
@@ -694,7 +698,7 @@ struct MegaMoE {
                 epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1);
             __syncwarp();
             if constexpr (kTrace) {
-                if (mt == 0) tr.put(n, 6, globaltimer_ns());
+                if (mt == 0) tr.put(n, 6, clock_cycles()), tr.put(n, 9, globaltimer_ns());
             }
             if (lane == 0) sm90::mbar_arrive(bar.tempty(slot));
             if (mt == 0) red_relaxed_gpu_add(p.ctrl + 2, 1);  // diagnostics: tasks finished

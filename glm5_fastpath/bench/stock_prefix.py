@@ -590,6 +590,8 @@ class StockPrefix:
     def _e2(self) -> Impl:
         d, c = self.d, self._cfg
         fused, why = sglang_fused_topk()
+        if fused is not None and c.index_topk != 2048:  # the kernel asserts topk == 2048 (DeepSeek V3.2 / GLM-5)
+            fused, why = None, f"index_topk {c.index_topk} != 2048 (the fused kernel's only size)"
 
         def make_set(M, j):
             a, b = d.rows(M, j)

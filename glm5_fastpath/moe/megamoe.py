@@ -749,8 +749,10 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
 # ---- trace build (diagnostics: where the persistent kernel's time goes) ------------------------------------
 
 TRACE_FUNCTION = "glm5_megamoe_trace"
-TRACE_COLS = 8  # megamoe.cuh kTraceCols
-TRACE_COLUMNS = ("claim", "spin_start", "spin_end", "math_start", "first_stage", "mma_done", "epi_done", "desc")
+TRACE_COLS = 10  # megamoe.cuh kTraceCols
+TRACE_COLUMNS = ("claim_ns", "spin_start_clk", "spin_end_clk", "math_start_clk", "first_stage_clk", "mma_done_clk",
+                 "epi_done_clk", "desc", "math_start_ns", "epi_done_ns")
+DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed task to calibrate against
 
 
 def trace_spec(hidden: int, inter: int, block_n: int, stages: int) -> KernelSpec:
@@ -763,8 +765,8 @@ def trace_spec(hidden: int, inter: int, block_n: int, stages: int) -> KernelSpec
 def trace_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *,
               config: MegaMoEConfig | None = None, routed_scaling_factor: float = 2.5, cap: int = 512
               ) -> dict[str, Any]:
-    """One eager launch of the trace build (plan + persistent kernel stamping every claimed task with
-    %globaltimer: megamoe.cuh TraceBuf) -> {"rows": int64 [CTAs, cap, 8] (TRACE_COLUMNS; 0 = not written),
+    """One eager launch of the trace build (plan + persistent kernel stamping every claimed task: megamoe.cuh
+    TraceBuf) -> {"rows": int64 [CTAs, cap, TRACE_COLS] (TRACE_COLUMNS; 0 = not written),
     "out": [M, H] bf16, "config": name, "summary": summarize_trace(rows)}. Timing in it includes the stamps'
     stores (one per event per CTA): use it for where the time goes, not for how much."""
     from ..jit.runtime import get_kernel
@@ -775,6 +777,11 @@ def trace_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
                        cfg.group_size, cfg.split_waves)
     dev = x_fp8.device
     require_hopper(OP, dev, _fail)
+    require_aligned(_fail, {"x": x_fp8, "x_scale": x_scale, "topk_ids": topk_ids, "topk_weights": topk_weights,
+                            "w13": wv.w13, "w13_scale": wv.w13_scale, "w2": wv.w2, "w2_scale": wv.w2_scale})
+    if m == 0:
+        return {"rows": torch.zeros((0, cap, TRACE_COLS), dtype=torch.int64), "config": cfg.name,
+                "out": torch.empty((0, wv.hidden), dtype=BF16, device=dev), "summary": {"tasks": 0}}
     spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages)
     plan_k, main_k = get_kernel(spec, PLAN_FUNCTION, dev), get_kernel(spec, TRACE_FUNCTION, dev)
     ws = get_workspace(dev, wv.hidden, wv.inter, wv.num_total, k + weights.num_shared, m)
@@ -792,34 +799,42 @@ def trace_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
 
 
 def summarize_trace(rows: torch.Tensor) -> dict[str, Any]:
-    """Where the persistent kernel's time went, from trace rows [CTAs, cap, 8] (TRACE_COLUMNS, ns; a task row
-    counts when its math start and epilogue end are both written). Per FC1 / FC2 task kind, summed over tasks
-    (us): wait = math start -> first stage landed (weights + activations of the first K block), mma = first
-    stage -> last fold, epi = last fold -> epilogue done; spin = the loader's fc1_done wait (FC2 only); and the
-    kernel span (first claim -> last epilogue end), the math warpgroups' busy share of CTAs x span, the tail
-    (last CTA end - median CTA end)."""
+    """Where the persistent kernel's time went, from trace rows [CTAs, cap, TRACE_COLS] (TRACE_COLUMNS; a task
+    row counts when its math start and epilogue end are both written).
+
+    Durations inside a task come from the SM's clock64 (cycles), converted to us with the SM clock the trace
+    itself gives (sum of the tasks' cycles / sum of their %globaltimer ns, which averages out the global timer's
+    coarse ticks). Per FC1 / FC2 task kind, summed over tasks (us): wait = math start -> first stage landed
+    (weights + activations of the first K block), mma = first stage -> last fold, epi = last fold -> epilogue
+    done; spin = the loader's fc1_done wait (FC2 only). From the global timer: the kernel span (first claim ->
+    last epilogue end), the math warpgroups' busy share of CTAs x span, the tail (last CTA end - median CTA end)."""
     r = rows.to(torch.int64)
-    done = (r[..., 3] > 0) & (r[..., 6] > 0)
+    done = (r[..., 3] > 0) & (r[..., 6] > 0) & (r[..., 8] > 0) & (r[..., 9] > 0)
     if not bool(done.any()):
         return {"tasks": 0}
     t0 = int(r[..., 0][r[..., 0] > 0].min())
-    t1 = int(r[..., 6][done].max())
+    t1 = int(r[..., 9][done].max())
     span_us = (t1 - t0) / 1e3
-    fc2 = ((r[..., 7] >> 31) & 1).bool()  # bit 31 of the descriptor (megamoe.cuh encode_task)
-    out: dict[str, Any] = {"tasks": int(done.sum()), "ctas": int(r.shape[0]), "span_us": span_us}
+    cyc = float((r[..., 6] - r[..., 3])[done].sum())
+    ns = float((r[..., 9] - r[..., 8])[done].sum())
+    ghz = cyc / ns if ns > 0 and cyc > 0 else DEFAULT_SM_GHZ
+    to_us = 1.0 / (ghz * 1e3)
+    fc2 = ((r[..., 7] >> 31) & 1).bool()  # bit 31 of the descriptor (megamoe.cuh encode_task; sign-extended)
+    out: dict[str, Any] = {"tasks": int(done.sum()), "ctas": int(r.shape[0]), "span_us": span_us, "sm_ghz": ghz}
     for name, sel in (("fc1", done & ~fc2), ("fc2", done & fc2)):
-        d = {"tasks": int(sel.sum())}
+        d: dict[str, Any] = {"tasks": int(sel.sum())}
         if d["tasks"]:
-            d["wait_us"] = float((r[..., 4] - r[..., 3])[sel & (r[..., 4] > 0)].sum()) / 1e3
-            d["mma_us"] = float((r[..., 5] - r[..., 4])[sel & (r[..., 4] > 0) & (r[..., 5] > 0)].sum()) / 1e3
-            d["epi_us"] = float((r[..., 6] - r[..., 5])[sel & (r[..., 5] > 0)].sum()) / 1e3
+            first = sel & (r[..., 4] > 0)
+            d["wait_us"] = float((r[..., 4] - r[..., 3])[first].sum()) * to_us
+            d["mma_us"] = float((r[..., 5] - r[..., 4])[first & (r[..., 5] > 0)].sum()) * to_us
+            d["epi_us"] = float((r[..., 6] - r[..., 5])[sel & (r[..., 5] > 0)].sum()) * to_us
             spun = sel & (r[..., 1] > 0) & (r[..., 2] > 0)
-            d["spin_us"] = float((r[..., 2] - r[..., 1])[spun].sum()) / 1e3
+            d["spin_us"] = float((r[..., 2] - r[..., 1])[spun].sum()) * to_us
             d["spun_tasks"] = int(spun.sum())
         out[name] = d
-    busy = float((r[..., 6] - r[..., 3])[done].sum()) / 1e3
+    busy = float((r[..., 9] - r[..., 8])[done].sum()) / 1e3
     out["math_busy_share"] = busy / (span_us * r.shape[0]) if span_us > 0 else None
-    ends = torch.where(done, r[..., 6], torch.zeros_like(r[..., 6])).max(dim=1).values
+    ends = torch.where(done, r[..., 9], torch.zeros_like(r[..., 9])).max(dim=1).values
     ends = ends[ends > 0].double()
     out["tail_us"] = float(ends.max() - ends.median()) / 1e3 if ends.numel() else None
     return out
@@ -834,7 +849,7 @@ def trace_markdown(summary: dict[str, Any]) -> str:
     for k in ("fc1", "fc2"):
         d = summary.get(k) or {}
         if d.get("tasks"):
-            tot = d["wait_us"] + d["mma_us"] + d["epi_us"]
+            tot = (d["wait_us"] + d["mma_us"] + d["epi_us"]) or float("inf")  # all-zero: 0 % shares, no ZeroDivision
             parts.append(f"{k.upper()} {d['tasks']} tasks: first-stage wait {100 * d['wait_us'] / tot:.0f} %, "
                          f"MMA {100 * d['mma_us'] / tot:.0f} %, epilogue {100 * d['epi_us'] / tot:.0f} %"
                          + (f", fc1_done spin {d['spin_us']:.1f} us over {d['spun_tasks']} tasks" if k == "fc2" else ""))
