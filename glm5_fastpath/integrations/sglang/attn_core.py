@@ -23,6 +23,12 @@ build (ops.sparse_mla: 5 = the deep gather ring, faster only at 2-4 tokens on an
 takes (another dtype, a sink / topk_length argument (DeepSeek V4), H not a multiple of 16, T above the
 limit, K > 2048) goes to FlashMLA, counted in glm5_fastpath_sparse_mla_total{route="stock", reason} and logged
 once per reason; routed calls count {route="ours", reason="routed"}. Under CUDA graphs a call is a capture.
+
+Check mode (diagnostics, GLM5_FASTPATH_SPARSE_MLA_CHECK=N): the first N routed calls that are not being
+captured into a CUDA graph (an eager engine: `--engine-arg disable_cuda_graph=true`) also run FlashMLA on the same
+inputs and log one line each: T, the share of -1 slots in the table, relative L2 and max abs difference of ours
+against FlashMLA (the engine's own page tables, -1 padding and KV layout, which the kernel tests do not have).
+The route still returns ours. `route.checks` keeps the numbers.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ ENV = "GLM5_FASTPATH_SPARSE_MLA"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS"
 ENV_SPLITS = "GLM5_FASTPATH_SPARSE_MLA_SPLITS"
 ENV_STAGES = "GLM5_FASTPATH_SPARSE_MLA_STAGES"
+ENV_CHECK = "GLM5_FASTPATH_SPARSE_MLA_CHECK"  # N: compare the first N eager routed calls with FlashMLA (module doc)
 DEFAULT_MAX_TOKENS = 8
 BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
 BACKEND_CLASS = "DeepseekSparseAttnBackend"
@@ -136,6 +143,8 @@ class SparseMlaRoute:
                         "build)", ENV_SPLITS, ENV_STAGES, self.stages)
             self.splits = None
         self._once: set = set()
+        self.check_left = check_count(log)
+        self.checks: list[dict] = []
 
     def note(self, route: str, reason: str, level: int = logging.INFO) -> None:
         if (route, reason) not in self._once:
@@ -165,7 +174,39 @@ class SparseMlaRoute:
             self.note("stock", "error", logging.WARNING)
             return original(backend, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, *args, **kwargs)
         self.note("ours", "routed")
+        if self.check_left > 0:
+            self._check(original, backend, out, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, args, kwargs)
         return out
+
+    def _check(self, original, backend, out, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, args, kwargs):
+        """Check mode (module doc): FlashMLA on the same inputs, one logged comparison; never under capture."""
+        import torch
+
+        if q_all.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
+        self.check_left -= 1
+        try:
+            ref = original(backend, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, *args, **kwargs)
+            a, b = out.double(), ref.double()
+            c = {"T": int(q_all.shape[0]), "invalid_slots": float((page_table_1 < 0).double().mean()),
+                 "rel_l2": float((a - b).norm() / b.norm().clamp_min(1e-30)), "max_abs": float((a - b).abs().max()),
+                 "finite": bool(torch.isfinite(a).all())}
+        except Exception as e:  # noqa: BLE001 - a diagnostic: never the step's problem
+            c = {"T": int(q_all.shape[0]), "error": f"{type(e).__name__}: {e}"}
+        self.checks.append(c)
+        self.log.warning("glm5_fastpath: sparse MLA check vs FlashMLA: %s", c)
+
+
+def check_count(log: logging.Logger = logger) -> int:
+    """GLM5_FASTPATH_SPARSE_MLA_CHECK: how many eager routed calls to compare with FlashMLA (0 = off)."""
+    v = os.environ.get(ENV_CHECK, "").strip()
+    if not v:
+        return 0
+    try:
+        return max(0, int(v))
+    except ValueError:
+        log.warning("glm5_fastpath: %s=%r is not a count; check mode off", ENV_CHECK, v)
+        return 0
 
 
 def counter(registry: Any) -> Any:

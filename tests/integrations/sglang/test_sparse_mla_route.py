@@ -46,6 +46,7 @@ def op(monkeypatch):
     monkeypatch.delenv(AC.ENV_MAX_TOKENS, raising=False)
     monkeypatch.delenv(AC.ENV_SPLITS, raising=False)
     monkeypatch.delenv(AC.ENV_STAGES, raising=False)
+    monkeypatch.delenv(AC.ENV_CHECK, raising=False)
     cls = type("Backend", (Backend,), {})  # a fresh class per test: the wrap is class-level
     return calls, cls
 
@@ -232,3 +233,39 @@ def test_tuned_split_table_is_ignored_for_the_deep_ring(op, monkeypatch, caplog)
     cls()._forward_flashmla_sparse(*args(t=8))
     assert ops_pkg.sparse_mla.splits[-1] is None and ops_pkg.sparse_mla.used_stages[-1] == 5
     assert caplog.text.count("GLM5_FASTPATH_SPARSE_MLA_SPLITS ignored with GLM5_FASTPATH_SPARSE_MLA_STAGES=5") == 1
+
+
+def test_check_mode_compares_the_first_n_calls_with_flashmla(op, monkeypatch, caplog):
+    """GLM5_FASTPATH_SPARSE_MLA_CHECK=N: the first N routed calls also run the original (FlashMLA) on the same
+    inputs and log ours-vs-FlashMLA numbers; ours is still what the call returns; later calls run ours only."""
+    calls, cls = op
+    seen = []
+
+    class Ref(Backend):
+        def _forward_flashmla_sparse(self, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, *a, **k):
+            seen.append(q_all.shape[0])
+            return torch.full((q_all.shape[0], q_all.shape[1], v_head_dim), 2.0, dtype=BF16)
+
+    cls = type("BackendChk", (Ref,), {})
+    monkeypatch.setenv(AC.ENV_CHECK, "2")
+    caplog.set_level(logging.WARNING, "glm5_fastpath")
+    install(cls)
+    route = cls._forward_flashmla_sparse.__glm5_fastpath_route__
+    outs = [cls()._forward_flashmla_sparse(*args(t=t)) for t in (1, 3, 2)]
+    assert all(bool((o == 0).all()) for o in outs)  # ours (the recorder's zeros) is returned
+    assert seen == [1, 3] and len(route.checks) == 2
+    c = route.checks[0]
+    assert c["T"] == 1 and c["rel_l2"] == pytest.approx(1.0) and c["max_abs"] == 2.0 and c["finite"]
+    assert c["invalid_slots"] == pytest.approx(1 - 5 / 2048)
+    assert caplog.text.count("sparse MLA check vs FlashMLA") == 2
+
+
+def test_check_count_parsing(monkeypatch, caplog):
+    monkeypatch.delenv(AC.ENV_CHECK, raising=False)
+    assert AC.check_count() == 0
+    monkeypatch.setenv(AC.ENV_CHECK, "5")
+    assert AC.check_count() == 5
+    monkeypatch.setenv(AC.ENV_CHECK, "many")
+    with caplog.at_level(logging.WARNING, "glm5_fastpath"):
+        assert AC.check_count() == 0
+    assert "not a count" in caplog.text
