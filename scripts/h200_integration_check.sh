@@ -26,6 +26,11 @@ export PYTHONPATH="$SITE:$PWD"
 # the same JIT caches as scripts/h200_sglang_offline.sh, so an engine run earlier on this machine warms them
 cache=$PWD/build/h200-cache; mkdir -p "$cache"
 export TRITON_CACHE_DIR=$cache/triton TORCHINDUCTOR_CACHE_DIR=$cache/inductor SGLANG_DG_CACHE_DIR=$cache/deep_gemm
+# ENGINE_CACHE=.carry/engine-cache.tar.xz (SAVE_CACHE=1 of h200_sglang_offline.sh): SGLang's JIT caches from an
+# earlier machine, so the route check's engine start skips the cold Triton / DeepGEMM compiles
+if [ -n "${ENGINE_CACHE:-}" ] && [ -f "$ENGINE_CACHE" ] && [ ! -e "$cache/.from-archive" ]; then
+  tar -xJf "$ENGINE_CACHE" -C "$cache" && touch "$cache/.from-archive"
+fi
 el "unpacked; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); commit ${GLM5_FASTPATH_COMMIT:-?}"
 
 el "GPU tests"
