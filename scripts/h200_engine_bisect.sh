@@ -8,7 +8,10 @@
 #             perturb (the shipped table with 8 instead of 16 sparse-MLA splits at 1 token: only the fp32 summation
 #             order of the attention combine changes, so its divergence from `all` is the model's own noise
 #             amplification: a run that diverges from `all` as early as from stock says the early divergence is
-#             rounding noise, not a wrong kernel)
+#             rounding noise, not a wrong kernel),
+#             shadow (an eager fastpath engine whose first 64 prefix and 64 MoE calls run ours AND SGLang's on the
+#             same inputs and hand SGLang's result on: per-layer comparisons that do not compound,
+#             integrations/sglang/shadow.py; plus the sparse-MLA check mode; lines in OUT/shadow/checks.log)
 # env: T_VARIANT (seconds per variant, default 200: the first fastpath start on a fresh machine needed > 140 s on
 #      2026-11-30), OUT_LEN (default 16), ENGINE_CACHE, REALISTIC_DUMMY
 set -uo pipefail
@@ -23,6 +26,8 @@ for v in "$@"; do
     prefix_only|moe_only) cfg=benchmarks/tables/debug/$v.json ;;
     all) ;;
     perturb) extra=(GLM5_FASTPATH_SPARSE_MLA_SPLITS=1:8) ;;
+    shadow) extra=(GLM5_FASTPATH_SHADOW_CHECK=64 GLM5_FASTPATH_SPARSE_MLA_CHECK=32
+                   "EXTRA_ARGS=--engine-arg disable_cuda_graph=true --no-stream-pass") ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
   echo "[$(date +%T)] variant $v" | tee -a "$out/bisect.log"
@@ -30,6 +35,9 @@ for v in "$@"; do
     timeout $(( ${T_VARIANT:-200} + 40 )) scripts/h200_sglang_offline.sh "$site" fastpath > "$out/$v.log" 2>&1
   rc=$?  # before anything else resets $?
   echo "[$(date +%T)] variant $v rc=$rc" | tee -a "$out/bisect.log"
+  [ "$v" = shadow ] && grep -h "shadow check\|sparse MLA check" "$out/$v"/worker-fastpath.log > "$out/$v/checks.log" 2>/dev/null \
+    && echo "  shadow / sparse-MLA checks: $(wc -l < "$out/$v/checks.log") lines, failed: $(grep -c '"passed": false' "$out/$v/checks.log")" \
+    >> "$out/bisect.log"
   python3 - "$out/$v" >> "$out/bisect.log" 2>&1 <<'PY'
 import json, sys, pathlib
 p = pathlib.Path(sys.argv[1]) / "mode-fastpath.json"

@@ -234,7 +234,6 @@ def render(results: list) -> tuple[str, bool]:
 # ---- worker (one phase, one process) -------------------------------------------------------------------
 
 GRAPH_TOL, ROUTE_TOL = 1e-3, 5e-2
-MOE_TOL = 3e-2  # MegaMoE vs SGLang's Triton MoE on the same FP8 weights: accumulation order, bf16 / FP8 rounding points
 
 
 def _one_batch_module():
@@ -352,37 +351,6 @@ def _overwrite_moe(model, seed: int = 0) -> int:
     return n
 
 
-class MoECheck:
-    """EXECUTORS["moe"]["megamoe"] for the eager phase: runs our MoE route AND SGLang's original on the same
-    hidden states, records the relative error, returns SGLang's output (the model then evolves exactly as
-    stock, so every later comparison starts from the same state)."""
-
-    def __init__(self, ex, records: list, tol: float):
-        self.ex, self.records, self.tol = ex, records, tol
-
-    def __call__(self, original, *args, **kwargs):
-        import torch
-
-        from glm5_fastpath.integrations.sglang import moe_executor as ME
-        from glm5_fastpath.testing.numerics import rel_err
-
-        h = args[0] if args else kwargs["hidden_states"]
-        h0 = h.clone()
-        mlp = original.__self__
-        ours = self.ex(original, *args, **kwargs)
-        torch.cuda.synchronize()
-        stock = original(h0.clone(), *args[1:], **kwargs) if args else original(**{**kwargs, "hidden_states": h0.clone()})
-        route = mlp.__dict__.get(ME.STATE)
-        routed = route is not None and route.refusal is None and ("stock", "error") not in self.ex._once
-        rec = {"layer": int(getattr(mlp, "layer_id", -1)), "M": int(h.shape[0]),
-               "route": "megamoe" if routed else f"stock: {getattr(route, 'refusal', None) or 'error'}",
-               "rel_err": rel_err(ours.float(), stock.float()),
-               "stock_abs_mean": float(stock.float().abs().mean())}
-        rec["passed"] = routed and rec["rel_err"] <= self.tol
-        self.records.append(rec)
-        return stock
-
-
 def worker(a) -> int:
     res: dict = {"mode": a.mode}
     rpath = Path(a.result)
@@ -474,6 +442,7 @@ def worker(a) -> int:
             patch.EXECUTORS["prefix"]["cmp"] = PrefixCheck(ex, records)
             res["records"] = records
             moe_records: list = []
+            from glm5_fastpath.integrations.sglang.shadow import MOE_TOL, MoECheck  # also the in-engine shadow check
             patch.EXECUTORS["moe"]["megamoe"] = MoECheck(mex, moe_records, MOE_TOL)
             res["moe_records"] = moe_records
             for b in batches:

@@ -209,6 +209,9 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
     log.info("glm5_fastpath: installed on %d prefix seams and %d MoE layers; %s", patched["prefix"], patched["moe"],
              f"executors in use: {', '.join(routed)}" if routed else
              "every bucket calls SGLang's original methods (the table selects stock)")
+    from . import shadow
+
+    shadow.install(log=log)  # GLM5_FASTPATH_SHADOW_CHECK=N: diagnostics only (shadow.py)
     rep = InstallReport(True, None, table, patched, needs_kernels)
     model.__dict__[_MARK] = rep
     return rep

@@ -1,0 +1,90 @@
+"""integrations/sglang/shadow.py on CPU: GLM5_FASTPATH_SHADOW_CHECK parsing; the wrapper sends the first N eager
+calls through the check (which returns SGLang's result and records the comparison, logged), later calls and calls
+under CUDA-graph capture to our route; install wraps both executor families once and restores nothing it should
+not; MoECheck compares our MoE output with the original's on the same hidden states."""
+from __future__ import annotations
+
+import logging
+import types
+
+import pytest
+import torch
+
+from glm5_fastpath.integrations.sglang import moe_executor as ME
+from glm5_fastpath.integrations.sglang import patch
+from glm5_fastpath.integrations.sglang import shadow as SH
+
+
+def test_count(monkeypatch, caplog):
+    monkeypatch.delenv(SH.ENV, raising=False)
+    assert SH.count() == 0
+    monkeypatch.setenv(SH.ENV, "12")
+    assert SH.count() == 12
+    monkeypatch.setenv(SH.ENV, "x")
+    with caplog.at_level(logging.WARNING, "glm5_fastpath"):
+        assert SH.count() == 0
+    assert "not a count" in caplog.text
+
+
+class _Check:
+    def __init__(self):
+        self.records = []
+
+    def __call__(self, original, *a, **k):
+        self.records.append({"layer": 3, "rel_err": 0.01, "passed": True})
+        return ("stock", original(*a, **k))
+
+
+def test_first_n_eager_calls_go_through_the_check(monkeypatch, caplog):
+    inner_calls = []
+
+    def inner(original, *a, **k):
+        inner_calls.append(a)
+        return "ours"
+    chk = _Check()
+    w = SH.Shadow("moe", inner, chk, 2)
+    caplog.set_level(logging.WARNING, "glm5_fastpath")
+    assert w(lambda x: x * 2, 5) == ("stock", 10)
+    assert w(lambda x: x * 2, 6) == ("stock", 12)
+    assert w(lambda x: x * 2, 7) == "ours" and inner_calls == [(7,)]
+    assert len(chk.records) == 2 and caplog.text.count("shadow check moe:") == 2
+    assert '"passed": true, "rel_err": 0.01' in caplog.text  # one sorted JSON object per record
+    w2 = SH.Shadow("prefix", inner, _Check(), 5)
+    monkeypatch.setattr(SH, "_capturing", lambda: True)
+    assert w2(lambda x: x, 1) == "ours" and w2.left == 5  # under capture: our route, budget kept
+
+
+def test_install_wraps_both_families_once(monkeypatch):
+    saved = {c: dict(v) for c, v in patch.EXECUTORS.items()}
+    try:
+        assert SH.install(n=0) == {}
+        monkeypatch.setattr("glm5_fastpath.integrations.sglang.prefix_check.PrefixCheck",
+                            lambda ex: types.SimpleNamespace(records=[], ex=ex))
+        ws = SH.install(n=3)
+        assert set(ws) == {"prefix", "moe"} and patch.EXECUTORS["prefix"]["cmp"] is ws["prefix"]
+        assert ws["moe"].inner is saved["moe"]["megamoe"] and isinstance(ws["moe"].check, SH.MoECheck)
+        assert SH.install(n=3) == {}  # already wrapped
+    finally:
+        for c, v in saved.items():
+            patch.EXECUTORS[c].clear()
+            patch.EXECUTORS[c].update(v)
+
+
+def test_moe_check_compares_on_the_same_hidden_states():
+    class MLP:
+        layer_id = 4
+
+        def forward(self, hidden_states, forward_batch=None):
+            return hidden_states * 2.0
+    mlp = MLP()
+    mlp.__dict__[ME.STATE] = types.SimpleNamespace(refusal=None)
+
+    def ours(original, h, fb=None):
+        h.mul_(0)  # an executor may consume its input in place: the check must keep a copy for the original
+        return torch.full((2, 4), 2.02)
+    chk = SH.MoECheck(ours)
+    out = chk(mlp.forward, torch.ones(2, 4), None)
+    assert torch.equal(out, torch.full((2, 4), 2.0))  # the original's result on the untouched input
+    rec = chk.records[0]
+    assert rec["layer"] == 4 and rec["M"] == 2 and rec["route"] == "megamoe"
+    assert rec["rel_err"] == pytest.approx(0.01, rel=1e-3) and rec["passed"]
