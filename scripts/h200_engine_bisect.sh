@@ -35,9 +35,11 @@ for v in "$@"; do
     timeout $(( ${T_VARIANT:-200} + 40 )) scripts/h200_sglang_offline.sh "$site" fastpath > "$out/$v.log" 2>&1
   rc=$?  # before anything else resets $?
   echo "[$(date +%T)] variant $v rc=$rc" | tee -a "$out/bisect.log"
-  [ "$v" = shadow ] && grep -h "shadow check\|sparse MLA check" "$out/$v"/worker-fastpath.log > "$out/$v/checks.log" 2>/dev/null \
-    && echo "  shadow / sparse-MLA checks: $(wc -l < "$out/$v/checks.log") lines, failed: $(grep -c '"passed": false' "$out/$v/checks.log")" \
-    >> "$out/bisect.log"
+  if [ "$v" = shadow ]; then  # one JSON line per checked call (shadow.py, attn_core.py check mode)
+    grep -h "shadow check [a-z]*: {\|sparse MLA check vs FlashMLA: {" "$out/$v"/worker-fastpath.log > "$out/$v/checks.log" 2>/dev/null
+    echo "  checks: $(grep -c . "$out/$v/checks.log") (prefix $(grep -c 'shadow check prefix' "$out/$v/checks.log"), moe $(grep -c 'shadow check moe' "$out/$v/checks.log"), sparse MLA $(grep -c 'sparse MLA check' "$out/$v/checks.log")); failed $(grep -c '"passed": false' "$out/$v/checks.log"); not routed $(grep -c '"passed": null' "$out/$v/checks.log")" >> "$out/bisect.log"
+    echo "  (the shadow run's tokens are a hybrid of ours and SGLang's: compare the check lines, not the tokens)" >> "$out/bisect.log"
+  fi
   python3 - "$out/$v" >> "$out/bisect.log" 2>&1 <<'PY'
 import json, sys, pathlib
 p = pathlib.Path(sys.argv[1]) / "mode-fastpath.json"

@@ -345,6 +345,7 @@ class MoEExecutor:
 
     # -- the call --------------------------------------------------------------------------------------------
     def __call__(self, original: Callable, *args, **kwargs):
+        self.last_call = None
         mlp = getattr(original, "__self__", None)
         route = mlp.__dict__.get(STATE) if mlp is not None else None
         if mlp is not None and (route is None or _stale(route, mlp)):
@@ -416,6 +417,7 @@ class MoEExecutor:
         return original(*args, **kwargs)
 
     def _note(self, route: str, reason: str, message: str | None = None, level: int = logging.INFO) -> None:
+        self.last_call = (route, reason)  # what the latest call did (shadow.MoECheck reads it)
         once = getattr(self.router, "once", None)
         first = once.first("moe-layer", route, reason) if once is not None else (route, reason) not in self._once
         self._once.add((route, reason))

@@ -117,7 +117,14 @@ class PrefixCheck:
         if buf is not None:
             pages = torch.unique(loc.long() // PAGE)
             snap = buf[pages].clone()
-        ours = list(self.ex.run(attn, route, v, b))
+        try:
+            ours = list(self.ex.run(attn, route, v, b))
+        except Exception as e:  # noqa: BLE001 - a failing route is a finding, not a crash of the step
+            if buf is not None:
+                buf[pages] = snap
+            self._add({"layer": route.layer_id, "route": route.kind, "M": v.m, "passed": False,
+                       "failures": [f"ours raised {type(e).__name__}: {e}"]})
+            return original(*args, **kwargs)
         for i in (0, 1, 2, 3, 7):  # our outputs; the pass-through elements must stay the very objects
             ours[i] = _clone(ours[i])
         rec: dict[str, Any] = {"layer": route.layer_id, "route": route.kind, "M": v.m,

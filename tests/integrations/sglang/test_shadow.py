@@ -79,12 +79,21 @@ def test_moe_check_compares_on_the_same_hidden_states():
     mlp = MLP()
     mlp.__dict__[ME.STATE] = types.SimpleNamespace(refusal=None)
 
-    def ours(original, h, fb=None):
-        h.mul_(0)  # an executor may consume its input in place: the check must keep a copy for the original
-        return torch.full((2, 4), 2.02)
+    class Ours:  # the executor notes what each call did (moe_executor.MoEExecutor.last_call)
+        outcome = ("megamoe", "routed")
+
+        def __call__(self, original, h, fb=None):
+            self.last_call = None
+            h.mul_(0)  # an executor may consume its input in place: the check must keep a copy for the original
+            self.last_call = self.outcome
+            return torch.full((2, 4), 2.02) if self.outcome[0] == "megamoe" else original(h, fb)
+    ours = Ours()
     chk = SH.MoECheck(ours)
     out = chk(mlp.forward, torch.ones(2, 4), None)
     assert torch.equal(out, torch.full((2, 4), 2.0))  # the original's result on the untouched input
     rec = chk.records[0]
     assert rec["layer"] == 4 and rec["M"] == 2 and rec["route"] == "megamoe"
     assert rec["rel_err"] == pytest.approx(0.01, rel=1e-3) and rec["passed"]
+    ours.outcome = ("stock", "topk_format")  # this call fell back: it must not count as a passing MegaMoE call
+    chk(mlp.forward, torch.ones(2, 4), None)
+    assert chk.records[1]["route"] == "stock: topk_format" and not chk.records[1]["passed"]

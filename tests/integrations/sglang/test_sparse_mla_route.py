@@ -256,6 +256,7 @@ def test_check_mode_compares_the_first_n_calls_with_flashmla(op, monkeypatch, ca
     assert seen == [1, 3] and len(route.checks) == 2
     c = route.checks[0]
     assert c["T"] == 1 and c["rel_l2"] == pytest.approx(1.0) and c["max_abs"] == 2.0 and c["finite"]
+    assert c["passed"] is False and '"passed": false' in caplog.text  # JSON lines; 100 % off fails
     assert c["invalid_slots"] == pytest.approx(1 - 5 / 2048)
     assert caplog.text.count("sparse MLA check vs FlashMLA") == 2
 
