@@ -205,6 +205,25 @@ def test_executor_output_equals_sglang_stand_in():
     assert 0 < r["index_k_rel_err"] < 0.08  # our indexer key is an FP8 GEMM, SGLang's a bf16 one
 
 
+def test_check_records_our_exception_and_returns_sglang_tuple(monkeypatch):
+    """PrefixCheck (also the in-engine shadow check): ours raising is a recorded failure, not a crashed step; the
+    index-K pages it may have touched are restored and SGLang's tuple is returned."""
+    a = F.DeepseekV2AttentionMLA(CFG)
+    step, x, fb = F.make_batch(CFG, SEQ)
+    ex = executor("full")
+    recs = []
+    good = PrefixCheck(ex, recs)(a.forward_absorb_prepare, step.positions, x, fb, None)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+    monkeypatch.setattr(ex, "run", boom)
+    a2 = F.DeepseekV2AttentionMLA(CFG)
+    step2, x2, fb2 = F.make_batch(CFG, SEQ)
+    out = PrefixCheck(ex, recs)(a2.forward_absorb_prepare, step2.positions, x2, fb2, None)
+    assert len(out) == len(good) and recs[-1]["passed"] is False
+    assert "kernel exploded" in recs[-1]["failures"][0]
+
+
 def test_0514_tuple_has_nine_elements():
     a = F.DeepseekV2AttentionMLA0514(CFG)
     step, x, fb = F.make_batch(CFG, SEQ)
