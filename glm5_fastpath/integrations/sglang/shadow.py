@@ -42,7 +42,7 @@ def count(log: logging.Logger = logger) -> int:
 
 
 def _capturing() -> bool:
-    """Inside a CUDA-graph capture, or SGLang's capture-mode warm-up runs before it (0.5.14: runner.get_is_capture_mode)."""
+    """Inside a CUDA-graph capture, or SGLang's capture-mode warm-up runs before it (get_is_capture_mode)."""
     try:
         import torch
 
@@ -50,7 +50,8 @@ def _capturing() -> bool:
             return True
     except Exception:  # noqa: BLE001
         return False
-    for mod in ("sglang.srt.model_executor.runner", "sglang.srt.model_executor.cuda_graph_runner"):
+    for mod in ("sglang.srt.model_executor.runner_utils.capture_mode",  # 0.5.14
+                "sglang.srt.model_executor.cuda_graph_runner"):                # older layouts
         try:
             import importlib
 

@@ -97,3 +97,15 @@ def test_moe_check_compares_on_the_same_hidden_states():
     ours.outcome = ("stock", "topk_format")  # this call fell back: it must not count as a passing MegaMoE call
     chk(mlp.forward, torch.ones(2, 4), None)
     assert chk.records[1]["route"] == "stock: topk_format" and not chk.records[1]["passed"]
+
+
+def test_capture_mode_of_sglang_counts_as_capturing(monkeypatch):
+    """SGLang's warm-up runs before a graph capture are not stream-capturing but in its capture mode: skipped too."""
+    import sys
+
+    mod = types.ModuleType("sglang.srt.model_executor.runner_utils.capture_mode")
+    mod.get_is_capture_mode = lambda: True
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    assert SH._capturing()
+    mod.get_is_capture_mode = lambda: False
+    assert not SH._capturing()
