@@ -53,7 +53,8 @@ def _is_decode(fb: Any) -> bool:
 
 def router_choice(x: Any, gate_w: Any, bias: Any, topk: int) -> dict[str, Any]:
     """fp32 noaux_tc choice from one token's MoE input x [H]: ids (top-k by sigmoid + bias, ties to the lower
-    id) and the margin between the k-th and (k+1)-th biased score."""
+    id) and the margin between the k-th and (k+1)-th biased score. Not ref.moe.route: that one checks a
+    Glm5Config's dims and exact dtypes and returns no margin; this takes whatever the engine's gate holds."""
     import torch
 
     logits = x.float().reshape(1, -1) @ gate_w.float().t()
@@ -164,15 +165,10 @@ def maybe_install(model: Any) -> LayerDump | None:
 
 # ---- diff ---------------------------------------------------------------------------------------------------
 
-def rel(a: Any, b: Any) -> float:
-    import torch
-
-    a, b = a.double().reshape(-1), b.double().reshape(-1)
-    return float(torch.linalg.vector_norm(a - b) / max(float(torch.linalg.vector_norm(a)), 1e-30))
-
-
 def diff(stock: dict, fast: dict) -> dict[str, Any]:
     """Per step and layer: relative differences of every record, router overlap and margin, flags (module doc)."""
+    from ..testing.numerics import rel_err
+
     rows = []
     for step in sorted(set(stock["steps"]) & set(fast["steps"])):
         s_layers, f_layers = stock["steps"][step], fast["steps"][step]
@@ -183,7 +179,7 @@ def diff(stock: dict, fast: dict) -> dict[str, Any]:
             row: dict[str, Any] = {"step": step, "layer": layer}
             for name in RECORDS:
                 if name in s and name in f and tuple(s[name].shape) == tuple(f[name].shape):
-                    row[name] = rel(s[name], f[name])
+                    row[name] = rel_err(f[name], s[name])  # relative to stock
             if "router" in s and "router" in f:
                 row["router_overlap"] = len(set(s["router"]["ids"]) & set(f["router"]["ids"]))
                 row["router_k"] = len(s["router"]["ids"])

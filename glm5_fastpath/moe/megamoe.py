@@ -608,21 +608,30 @@ def _check_inputs(x, xs, ids, wts, w13, s13, w2, s2, num_shared: int, rsf: float
 # ---- launch ---------------------------------------------------------------------------------------------
 
 def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float, cfg: MegaMoEConfig, flags: int,
-            pdl: bool) -> Workspace:
+            pdl: bool, trace: tuple[torch.Tensor, int] | None = None) -> Workspace:
+    """Plan + persistent kernel. trace=(rows [CTAs, cap, TRACE_COLS] int64, cap): the trace build instead
+    (trace_run)."""
     dev = x.device
     require_hopper(OP, dev, _fail)
     require_aligned(_fail, {"x": x, "x_scale": xs, "topk_ids": ids, "topk_weights": wts, "w13": wv.w13,
                             "w13_scale": wv.w13_scale, "w2": wv.w2, "w2_scale": wv.w2_scale})
     m, k = ids.shape
     ws = get_workspace(dev, wv.hidden, wv.inter, wv.num_total, k + num_shared, m)
-    plan_k, main_k = _kernels_for(cfg, wv.hidden, wv.inter, dev)
+    if trace is None:
+        plan_k, main_k = _kernels_for(cfg, wv.hidden, wv.inter, dev)
+        extra: list = []
+    else:
+        from ..jit.runtime import get_kernel
+        spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages)
+        plan_k, main_k = get_kernel(spec, PLAN_FUNCTION, dev), get_kernel(spec, TRACE_FUNCTION, dev)
+        extra = [trace[0], ctypes.c_int32(trace[1])]
     env.print_config("mega_moe", {"M": m, "H": wv.hidden, "I": wv.inter, "experts": wv.num_total, "topk": k,
                                   "shared": num_shared},
                      {"config": cfg.name, "smem": cfg.smem, "grid": _sms(dev), "threads": THREADS})
     tm13, tm2 = _w13_map(wv.w13), _w2_map(wv.w2)
     p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
     plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
-    main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, p], smem=cfg.smem, pdl=True)
+    main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, p, *extra], smem=cfg.smem, pdl=True)
     return ws
 
 
@@ -769,30 +778,19 @@ def trace_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
     TraceBuf) -> {"rows": int64 [CTAs, cap, TRACE_COLS] (TRACE_COLUMNS; 0 = not written),
     "out": [M, H] bf16, "config": name, "summary": summarize_trace(rows)}. Timing in it includes the stamps'
     stores (one per event per CTA): use it for where the time goes, not for how much."""
-    from ..jit.runtime import get_kernel
     m, k = topk_ids.shape
     cfg = (config or default_config(m, weights.num_experts, k, weights.num_shared)).validate()
     wv = _check_inputs(x_fp8, x_scale, topk_ids, topk_weights, weights.w13, weights.w13_scale, weights.w2,
                        weights.w2_scale, weights.num_shared, routed_scaling_factor, cfg.block_n, cfg.stages,
                        cfg.group_size, cfg.split_waves)
     dev = x_fp8.device
-    require_hopper(OP, dev, _fail)
-    require_aligned(_fail, {"x": x_fp8, "x_scale": x_scale, "topk_ids": topk_ids, "topk_weights": topk_weights,
-                            "w13": wv.w13, "w13_scale": wv.w13_scale, "w2": wv.w2, "w2_scale": wv.w2_scale})
     if m == 0:
         return {"rows": torch.zeros((0, cap, TRACE_COLS), dtype=torch.int64), "config": cfg.name,
                 "out": torch.empty((0, wv.hidden), dtype=BF16, device=dev), "summary": {"tasks": 0}}
-    spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages)
-    plan_k, main_k = get_kernel(spec, PLAN_FUNCTION, dev), get_kernel(spec, TRACE_FUNCTION, dev)
-    ws = get_workspace(dev, wv.hidden, wv.inter, wv.num_total, k + weights.num_shared, m)
     out = torch.empty((m, wv.hidden), dtype=BF16, device=dev)
-    grid = _sms(dev)
-    rows = torch.zeros((grid, cap, TRACE_COLS), dtype=torch.int64, device=dev)
-    p = _params(x_fp8, x_scale, topk_ids, topk_weights, wv, out, ws, weights.num_shared, routed_scaling_factor,
-                cfg.group_size, cfg.split_max_tiles(grid), 0)
-    plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=False)
-    main_k.launch((grid, 1, 1), (THREADS, 1, 1), [_w13_map(wv.w13), _w2_map(wv.w2), p, rows, ctypes.c_int32(cap)],
-                  smem=cfg.smem, pdl=True)
+    rows = torch.zeros((_sms(dev), cap, TRACE_COLS), dtype=torch.int64, device=dev)
+    _launch(x_fp8, x_scale, topk_ids, topk_weights, wv, out, weights.num_shared, routed_scaling_factor, cfg, 0,
+            False, trace=(rows, cap))
     torch.cuda.synchronize(dev)
     r = rows.cpu()
     return {"rows": r, "out": out, "config": cfg.name, "summary": summarize_trace(r)}

@@ -30,15 +30,21 @@ ENV = "GLM5_FASTPATH_SHADOW_CHECK"
 MOE_TOL = 3e-2  # MegaMoE vs SGLang's MoE on the same FP8 weights: accumulation order, bf16 / FP8 rounding points
 
 
-def count(log: logging.Logger = logger) -> int:
-    v = os.environ.get(ENV, "").strip()
+def env_count(name: str, log: logging.Logger = logger) -> int:
+    """A diagnostics budget from the environment: a count >= 0, 0 when unset; anything else logged and 0 (off).
+    Shared by this module and the sparse-MLA route's check mode (attn_core.check_count)."""
+    v = os.environ.get(name, "").strip()
     if not v:
         return 0
     try:
         return max(0, int(v))
     except ValueError:
-        log.warning("glm5_fastpath: %s=%r is not a count; shadow check off", ENV, v)
+        log.warning("glm5_fastpath: %s=%r is not a count; that check is off", name, v)
         return 0
+
+
+def count(log: logging.Logger = logger) -> int:
+    return env_count(ENV, log)
 
 
 def _capturing() -> bool:
