@@ -345,7 +345,7 @@ class MoEExecutor:
 
     # -- the call --------------------------------------------------------------------------------------------
     def __call__(self, original: Callable, *args, **kwargs):
-        self.last_call = None
+        self.last_call = self.last_routing = None
         mlp = getattr(original, "__self__", None)
         route = mlp.__dict__.get(STATE) if mlp is not None else None
         if mlp is not None and (route is None or _stale(route, mlp)):
@@ -376,12 +376,19 @@ class MoEExecutor:
         self._note("megamoe", "routed")
         return out
 
-    def run(self, mlp: Any, route: MoELayerRoute, hidden: Any, alloc: Any = None, non_padded: Any = None) -> Any:
+    def run(self, mlp: Any, route: MoELayerRoute, hidden: Any, alloc: Any = None, non_padded: Any = None,
+            routing: tuple[Any, Any] | None = None) -> Any:
+        """Our MoE for one call. `routing` = (topk_ids [M, k] int32, topk_weights [M, k] fp32) skips the router
+        (diagnostics: the shadow check re-runs MegaMoE on SGLang's routing to separate expert-choice flips from
+        kernel error). The routing used is kept in `last_routing` (references, no copies)."""
         import torch
 
         from ...moe import megamoe as MM
 
         k = route.topk
+        if routing is not None:
+            ids, wts = routing
+            return self._experts(MM, mlp, route, hidden, ids.to(torch.int32).contiguous(), wts.float().contiguous())
         router_takes = (hidden.dim() == 2 and hidden.shape[0] <= ROUTER_MAX_TOKENS and hidden.dtype == torch.bfloat16
                         and hidden.is_contiguous())
         if route.router is not None and not self.router_failed and router_takes:
@@ -403,6 +410,10 @@ class MoEExecutor:
                 ids, wts = ids[:, :k], wts[:, :k]
             ids = ids.contiguous()
             wts = wts.float().contiguous()
+        return self._experts(MM, mlp, route, hidden, ids, wts)
+
+    def _experts(self, MM: Any, mlp: Any, route: MoELayerRoute, hidden: Any, ids: Any, wts: Any) -> Any:
+        self.last_routing = (ids, wts)
         x8, xs = self.quant(hidden)
         out = MM.mega_moe(x8, xs, ids, wts, route.weights, routed_scaling_factor=route.rsf,
                           config=self.config_for(int(hidden.shape[0]), route))

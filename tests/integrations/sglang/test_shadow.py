@@ -109,3 +109,106 @@ def test_capture_mode_of_sglang_counts_as_capturing(monkeypatch):
     assert SH._capturing()
     mod.get_is_capture_mode = lambda: False
     assert not SH._capturing()
+
+
+class _RoutedMLP:
+    """A toy MoE layer: SGLang-like gate (logits rounded to bf16, as F.linear on bf16 in 0.5.14) + sigmoid/bias
+    top-k; the 'experts' output sum(weight * (expert id + 1)) per token, so one different expert moves it a lot."""
+    layer_id = 2
+
+    def __init__(self, w, bias, k):
+        self.k = k
+        mlp = self
+
+        class Gate:
+            weight, e_score_correction_bias = w, bias
+
+            def __call__(self, h):
+                return (h.float() @ w.float().t()).to(torch.bfloat16)
+        self.gate = Gate()
+
+        def topk(h, logits):
+            choice = torch.sigmoid(logits.float()) + bias
+            ids = torch.topk(choice, mlp.k, dim=1).indices
+            wts = torch.sigmoid(logits.float()).gather(1, ids)
+            return types.SimpleNamespace(topk_ids=ids.int(), topk_weights=wts / wts.sum(1, keepdim=True))
+        self.topk = topk
+
+    @staticmethod
+    def experts(ids, wts):
+        return (wts * (ids.float() + 1)).sum(1, keepdim=True).expand(-1, 4).clone()
+
+    def forward(self, hidden_states, forward_batch=None):
+        t = self.topk(hidden_states, self.gate(hidden_states))
+        return self.experts(t.topk_ids, t.topk_weights)
+
+
+class _Fp32Router:
+    """Our executor stand-in: the float32 (unrounded) router, exposing last_call / last_routing / run(routing=)."""
+
+    def __init__(self, kernel_err=0.0):
+        self.kernel_err = kernel_err
+
+    def __call__(self, original, h, fb=None):
+        mlp = original.__self__
+        choice = torch.sigmoid(h.double() @ mlp.gate.weight.double().t()) + mlp.gate.e_score_correction_bias
+        ids = torch.topk(choice, mlp.k, dim=1).indices
+        s = torch.sigmoid(h.double() @ mlp.gate.weight.double().t()).gather(1, ids).float()
+        self.last_routing = (ids.int(), s / s.sum(1, keepdim=True))
+        self.last_call = ("megamoe", "routed")
+        return self.run(mlp, None, h, routing=self.last_routing)
+
+    def run(self, mlp, route, h, routing=None):
+        return _RoutedMLP.experts(*routing) * (1 + self.kernel_err)
+
+
+def _near_tie_case(k=4, E=16, H=64):
+    """Hidden states + gate where the k-th and (k+1)-th scores differ by less than the bf16 logit step: the
+    bf16-rounded router and the float32 one choose different experts."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2000):
+        w = torch.randn(E, H, generator=g).to(torch.bfloat16)
+        h = torch.randn(1, H, generator=g).to(torch.bfloat16)
+        bias = torch.zeros(E)
+        exact = torch.sigmoid(h.double() @ w.double().t())
+        rounded = torch.sigmoid((h.float() @ w.float().t()).to(torch.bfloat16).float())
+        if not torch.equal(exact.topk(k).indices.sort().values, rounded.topk(k).indices.sort().values):
+            return w, bias, h
+    pytest.skip("no near tie found")
+
+
+def test_moe_check_explains_an_expert_flip_by_the_stock_router_rounding():
+    w, bias, h = _near_tie_case()
+    mlp = _RoutedMLP(w, bias, 4)
+    chk = SH.MoECheck(_Fp32Router(), tol=0.03)
+    with ME_STATE(mlp):
+        chk(mlp.forward, h, None)
+    rec = chk.records[0]
+    assert rec["topk_equal"] is False and rec["rows_differing"] == 1
+    assert rec["rel_err"] > 0.03  # one different expert: far above the tolerance
+    assert rec["rel_err_stock_routing"] == pytest.approx(0.0, abs=1e-6)  # same routing -> same experts' output
+    assert rec["topk_ours_is_fp64"] and not rec["topk_stock_is_fp64"]
+    assert 0 <= rec["kth_margin_fp64"] < 0.05 and rec["passed"]
+
+
+def test_moe_check_fails_a_kernel_error_even_when_routing_differs():
+    w, bias, h = _near_tie_case()
+    mlp = _RoutedMLP(w, bias, 4)
+    chk = SH.MoECheck(_Fp32Router(kernel_err=0.1), tol=0.03)
+    with ME_STATE(mlp):
+        chk(mlp.forward, h, None)
+    rec = chk.records[0]
+    assert rec["rel_err_stock_routing"] > 0.03 and not rec["passed"]
+
+
+class ME_STATE:
+    """mlp.__dict__[moe_executor.STATE] set for the duration (MoECheck reads the layer's route from there)."""
+
+    def __init__(self, mlp):
+        self.mlp = mlp
+
+    def __enter__(self):
+        self.mlp.__dict__[ME.STATE] = object()
+
+    def __exit__(self, *a):
+        self.mlp.__dict__.pop(ME.STATE, None)
