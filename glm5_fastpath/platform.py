@@ -96,7 +96,7 @@ def _paths(i: PlatformInfo) -> list[PathStatus]:
                           "does not select it yet"))
     routes = ("routes decode steps per the selection table: the attention prefix to CMP and the MoE to MegaMoE "
               "(the shipped H200 table is measured; other GPUs keep SGLang's path until `glm5-fastpath tune`), "
-              "and, wherever the table routes a bucket to our kernels, the DSA sparse-MLA core at <= 8 tokens to "
+              "and, wherever the table routes a bucket to our kernels, the DSA sparse-MLA core at <= 16 tokens to "
               "our split-KV kernel (GLM5_FASTPATH_SPARSE_MLA=sglang keeps FlashMLA)")
     if i.sglang is None:
         out.append(PathStatus("SGLang plugin", False, f"sglang not installed (pip install 'glm5-fastpath[sglang]'); "

@@ -14,9 +14,9 @@ method is wrapped on the CLASS, once per process; `unpatch_sparse_mla()` restore
 
 ON by default since its GPU tests passed on an H200 and the engine run kept the greedy tokens (2026-11-29,
 session 5); GLM5_FASTPATH_SPARSE_MLA=sglang keeps FlashMLA everywhere. GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS
-(default 8) is the largest T it takes: on the H200 (bench sparse-mla) ours took 17.7 / 29.4 / 75.6 us at
-T = 1 / 8 / 16 against FlashMLA's 56.4 / 59.8 / 60.5 (its one-CTA-per-token kernel has enough CTAs from 16
-tokens on). GLM5_FASTPATH_SPARSE_MLA_SPLITS (a tuned table: "T:splits,..." or the JSON that `glm5-fastpath
+(default 16) is the largest T it takes: on the H200, same run (benchmarks/results/2026-11-30_h200_session7/
+sparse_mla), ours took 11.8 / 29.5 / 41.6 / 50.2 / 87.8 us at T = 1 / 8 / 12 / 16 / 24 against FlashMLA's
+56.6 / 59.9 / 60.5 / 60.5 / 61.6 (its one-CTA-per-token kernel has enough CTAs from ~20 tokens on). GLM5_FASTPATH_SPARSE_MLA_SPLITS (a tuned table: "T:splits,..." or the JSON that `glm5-fastpath
 bench sparse-mla --splits ... --write-splits PATH` writes) overrides the op's split heuristic per T; a table
 that does not parse is logged and ignored. GLM5_FASTPATH_SPARSE_MLA_STAGES (2 or 5) picks the split kernel's
 build (ops.sparse_mla: 5 = the deep gather ring, faster only at 2-4 tokens on an H200; default 2). A call outside what the kernel
@@ -46,7 +46,7 @@ ENV_SPLITS = "GLM5_FASTPATH_SPARSE_MLA_SPLITS"
 ENV_STAGES = "GLM5_FASTPATH_SPARSE_MLA_STAGES"
 ENV_CHECK = "GLM5_FASTPATH_SPARSE_MLA_CHECK"  # N: compare the first N eager routed calls with FlashMLA (module doc)
 CHECK_TOL = 0.02  # rel L2 vs FlashMLA: both are ~0.002 from the float64 reference (bench sparse-mla, H200)
-DEFAULT_MAX_TOKENS = 8
+DEFAULT_MAX_TOKENS = 16  # T = 24: 87.8 us against FlashMLA's 61.6 (module doc)
 BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
 BACKEND_CLASS = "DeepseekSparseAttnBackend"
 METHOD = "_forward_flashmla_sparse"

@@ -101,13 +101,14 @@ def test_small_calls_reach_our_kernel_and_are_counted(op, caplog):
     assert cq is q and ckv is kv and cidx is idx and (cscale, cdv) == (0.1, 512)
     cls()._forward_flashmla_sparse(q, kv, dv, idx, sc, None, None)  # 0.5.23's extra arguments, unset
     assert reg.get_sample_value("glm5_fastpath_sparse_mla_total", {"route": "ours", "reason": "routed"}) == 2
-    assert "sparse MLA -> ours" in caplog.text and "for <= 8 tokens" in caplog.text
+    assert "sparse MLA -> ours" in caplog.text and f"for <= {AC.DEFAULT_MAX_TOKENS} tokens" in caplog.text
     assert install(cls)  # idempotent: the class keeps one wrapper
     assert getattr(cls._forward_flashmla_sparse, AC.ORIGINAL_ATTR) is Backend._forward_flashmla_sparse
 
 
 @pytest.mark.parametrize("mutate, reason", [
-    (lambda a: (torch.randn(9, 64, 576).to(BF16),) + a[1:3] + (torch.zeros(9, 8, dtype=torch.int32),) + a[4:], "tokens"),
+    (lambda a: (torch.randn(AC.DEFAULT_MAX_TOKENS + 1, 64, 576).to(BF16),) + a[1:3]
+     + (torch.zeros(AC.DEFAULT_MAX_TOKENS + 1, 8, dtype=torch.int32),) + a[4:], "tokens"),
     (lambda a: (a[0].float(),) + a[1:], "layout"),
     (lambda a: a[:3] + (a[3].long(),) + a[4:], "layout"),
     (lambda a: a[:3] + (torch.zeros(2, 4096, dtype=torch.int32),) + a[4:], "layout"),
