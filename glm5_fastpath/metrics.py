@@ -33,6 +33,7 @@ JIT_COMPILE = PREFIX + "jit_compile_seconds"
 PREFIX_LAYER_TOTAL = PREFIX + "prefix_layer_total"
 MOE_LAYER_TOTAL = PREFIX + "moe_layer_total"
 SPARSE_MLA_TOTAL = PREFIX + "sparse_mla_total"
+FP8_LINEAR_TOTAL = PREFIX + "fp8_linear_total"  # integrations/sglang/linear_route (o_proj, dense MLP)
 
 # name -> (type, labels): the dashboard test checks panel queries against this table
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -43,6 +44,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     PREFIX_LAYER_TOTAL: ("counter", ("route", "reason")),
     MOE_LAYER_TOTAL: ("counter", ("route", "reason")),
     SPARSE_MLA_TOTAL: ("counter", ("route", "reason")),
+    FP8_LINEAR_TOTAL: ("counter", ("route", "reason")),
 }
 
 _seam_counters: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()

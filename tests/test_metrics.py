@@ -24,6 +24,9 @@ def test_names_types_labels():
     from glm5_fastpath.integrations.sglang.attn_core import counter as sparse_mla_counter
 
     sparse_mla_counter(reg).labels(route="ours", reason="routed").inc()  # the sparse-MLA seam's counter
+    from glm5_fastpath.integrations.sglang.linear_route import counter as fp8_linear_counter
+
+    fp8_linear_counter(reg).labels(route="ours", reason="routed").inc()  # the FP8-linear seam's counter
     fams = {f.name: f for f in reg.collect()}
     # prometheus_client strips _total from counter family names
     assert fams["glm5_fastpath_decode_step_seconds"].type == "histogram"

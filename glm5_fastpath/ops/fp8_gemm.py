@@ -1300,6 +1300,20 @@ def precompile(device: object = None, cfg: Glm5Config | None = None, rotate: boo
             _row_kernel(cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, dev, w)
 
 
+def precompile_plain(shapes, max_m: int = 64, device: object = None) -> None:
+    """Compile (or fetch) and load the plain-GEMM kernels that fp8_gemm_skinny resolves to for every M in
+    1..max_m at each (N, K) of `shapes`, and allocate their split-K workspaces, on `device`: for callers outside
+    the prefix (integrations/sglang/linear_route, bench fp8-linear), before any CUDA-graph capture."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    sms, cc, impl = _sms(dev), _cc(dev), env_impl(EPI_PLAIN)
+    for n, k in shapes:
+        for m in range(1, min(int(max_m), MAX_M) + 1):
+            _kernel(config_for(m, int(n), int(k), EPI_PLAIN, sms, impl, cc), dev)
+        _workspace(EPI_PLAIN, int(n), int(k), dev)
+
+
 def compile_check_specs() -> list[KernelSpec]:
     """Every launcher variant: all token blocks x epilogues of both mainloops at their default stage
     counts, every tuned-table entry, and the wgmma variants the GLM-5 shapes pick by heuristic."""

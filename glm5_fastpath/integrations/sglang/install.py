@@ -197,6 +197,9 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
         from .attn_core import install_sparse_mla
 
         install_sparse_mla(metrics, log)
+        from .linear_route import install_fp8_linear
+
+        install_fp8_linear(model, metrics, log)  # off unless GLM5_FASTPATH_FP8_LINEAR=1 (linear_route.py)
     if model_runner is not None:
         timer = None
         if metrics is not None:
