@@ -213,6 +213,12 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
                 tr = MM.trace_run(x8, xs, ids, wts, shared, config=cfg, routed_scaling_factor=RSF, cap=4096)
                 row["ours_shared_trace"] = tr["summary"]
                 print(f"  M={m:5d} trace: {MM.trace_markdown(tr['summary'])}", flush=True)
+                if m <= getattr(args, "trace_save_max_tokens", 0):  # raw rows, trimmed to the used depth
+                    used = int((tr["rows"][..., 0] > 0).sum(dim=1).max())
+                    d = Path(args.out) / "trace_rows"
+                    d.mkdir(parents=True, exist_ok=True)
+                    torch.save({"rows": tr["rows"][:, :max(used, 1)].clone(), "columns": MM.TRACE_COLUMNS,
+                                "config": tr["config"], "setting": name, "tokens": m}, d / f"{name}_M{m}.pt")
             except Exception as e:  # noqa: BLE001 - a diagnostic: the timings above stand
                 row["ours_shared_trace"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 traceback.print_exc()
@@ -318,6 +324,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--trace", action="store_true",
                     help="also run MegaMoE's trace build once per token count: first-stage wait / MMA / epilogue "
                          "shares per FC1 / FC2 task, fc1_done spins, tail (docs/megamoe_large_m.md)")
+    ap.add_argument("--trace-save-max-tokens", type=int, default=128,
+                    help="with --trace: also save the raw trace rows (OUT/trace_rows/<setting>_M<tokens>.pt, "
+                         "megamoe.TRACE_COLUMNS) for token counts up to this")
     # --ep N (issue #8): expert parallelism over N GPUs, a separate harness (glm5_fastpath/moe/ep/bench.py)
     from ..moe.ep.bench import add_ep_arguments
     add_ep_arguments(ap)

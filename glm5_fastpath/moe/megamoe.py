@@ -819,6 +819,9 @@ def summarize_trace(rows: torch.Tensor) -> dict[str, Any]:
     to_us = 1.0 / (ghz * 1e3)
     fc2 = ((r[..., 7] >> 31) & 1).bool()  # bit 31 of the descriptor (megamoe.cuh encode_task; sign-extended)
     out: dict[str, Any] = {"tasks": int(done.sum()), "ctas": int(r.shape[0]), "span_us": span_us, "sm_ghz": ghz}
+    prev_end = torch.zeros_like(r[..., 9])
+    prev_end[:, 1:] = r[:, :-1, 9]  # rows are in claim order per CTA
+    gaps = torch.where(done & (prev_end > 0), (r[..., 8] - prev_end).clamp_min(0), torch.zeros_like(prev_end))
     for name, sel in (("fc1", done & ~fc2), ("fc2", done & fc2)):
         d: dict[str, Any] = {"tasks": int(sel.sum())}
         if d["tasks"]:
@@ -829,6 +832,10 @@ def summarize_trace(rows: torch.Tensor) -> dict[str, Any]:
             spun = sel & (r[..., 1] > 0) & (r[..., 2] > 0)
             d["spin_us"] = float((r[..., 2] - r[..., 1])[spun].sum()) * to_us
             d["spun_tasks"] = int(spun.sum())
+            # global ns: how long each task sat claimed before the math took it (about 0 = the math waited for the
+            # scheduler's claim), and the math's idle time since the CTA's previous task ended
+            d["claim_lead_us"] = float((r[..., 8] - r[..., 0])[sel].sum()) / 1e3
+            d["gap_us"] = float(gaps[sel].sum()) / 1e3
         out[name] = d
     busy = float((r[..., 9] - r[..., 8])[done].sum()) / 1e3
     out["math_busy_share"] = busy / (span_us * r.shape[0]) if span_us > 0 else None
@@ -850,7 +857,9 @@ def trace_markdown(summary: dict[str, Any]) -> str:
             tot = (d["wait_us"] + d["mma_us"] + d["epi_us"]) or float("inf")  # all-zero: 0 % shares, no ZeroDivision
             parts.append(f"{k.upper()} {d['tasks']} tasks: first-stage wait {100 * d['wait_us'] / tot:.0f} %, "
                          f"MMA {100 * d['mma_us'] / tot:.0f} %, epilogue {100 * d['epi_us'] / tot:.0f} %"
-                         + (f", fc1_done spin {d['spin_us']:.1f} us over {d['spun_tasks']} tasks" if k == "fc2" else ""))
+                         + (f", fc1_done spin {d['spin_us']:.1f} us over {d['spun_tasks']} tasks" if k == "fc2" else "")
+                         + (f", math idle between tasks {d['gap_us']:.1f} us, claimed {d['claim_lead_us'] / d['tasks']:.1f} us "
+                            "ahead of the math on average" if "gap_us" in d else ""))
     return "; ".join(parts)
 
 

@@ -861,9 +861,14 @@ def test_trace_summary_from_synthetic_rows():
     row(1, 0, 1050, 1150, 1650, 4650, 5150, fc1)
     r[1, 1, 0], r[1, 1, 7] = 1300, fc2  # claimed, never finished: not a task row
     s = M.summarize_trace(r)
+    r2 = r.clone()
+    r2[1, 1] = torch.tensor([1300, 0, 0, 2 * 5650, 2 * 6150, 2 * 7150, 2 * 7650, fc2, 5650, 7650])
+    assert M.summarize_trace(r2)["fc2"]["gap_us"] == pytest.approx(0.5)  # CTA 1 idle 5150 -> 5650 ns
     assert s["tasks"] == 3 and s["span_us"] == pytest.approx(8.1) and s["sm_ghz"] == pytest.approx(2.0)
     assert s["fc1"] == {"tasks": 2, "wait_us": pytest.approx(1.5), "mma_us": pytest.approx(6.0),
-                        "epi_us": pytest.approx(1.0), "spin_us": 0.0, "spun_tasks": 0}
+                        "epi_us": pytest.approx(1.0), "spin_us": 0.0, "spun_tasks": 0,
+                        "claim_lead_us": pytest.approx(0.2), "gap_us": 0.0}
+    assert s["fc2"]["claim_lead_us"] == pytest.approx(4.4) and s["fc2"]["gap_us"] == 0.0  # back to back
     assert s["fc2"]["spin_us"] == pytest.approx(1.0) and s["fc2"]["spun_tasks"] == 1
     assert s["math_busy_share"] == pytest.approx(12.0 / (8.1 * 2))
     assert s["tail_us"] == pytest.approx(3.95)
