@@ -84,6 +84,12 @@ def _cmd_bench_sparse_mla(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _cmd_bench_fp8_linear(args: argparse.Namespace) -> int:
+    from .bench.fp8_linear import main
+
+    return main(args)
+
+
 def _cmd_bench_router(args: argparse.Namespace) -> int:
     from .bench.router import main
 
@@ -182,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_sparse_mla_args(b)
     b.set_defaults(fn=_cmd_bench_sparse_mla)
+    b = bsub.add_parser("fp8-linear", help="(GPU) the block-FP8 linears outside the prefix (o_proj, dense MLP) per "
+                                           "token count: our act quant + skinny GEMM vs SGLang's block-FP8 linear "
+                                           "vs the bytes floor")
+    from .bench.fp8_linear import add_arguments as _bench_fp8_linear_args
+
+    _bench_fp8_linear_args(b)
+    b.set_defaults(fn=_cmd_bench_fp8_linear)
     b = bsub.add_parser("router", help="(GPU) the MoE router per token count: split-K vs decode kernel vs stock")
     from .bench.router import add_arguments as _bench_router_args
 
