@@ -5,6 +5,10 @@
 //   GLM5_ROUTER_TOPK     experts per token (8 / 4)
 // Launch: grid (HIDDEN / 256, EXPERTS / 32 (or 1), ceil(M / 32)), block (256, 1, 1), no dynamic shared
 // memory; M <= 256. PDL-ready: the gate weights are loaded before griddepcontrol.wait.
+// Optional (x8 != nullptr): both kernels also write h's per-token 1x128 FP8 quant (x8 [M, HIDDEN] e4m3, x_scale
+// [M, HIDDEN/128] fp32, act_quant.cuh's group tile: bit for bit glm5_act_quant_fp8), so the MoE after the router
+// needs no separate quant kernel.
+#include "act_quant.cuh"
 #include "router.cuh"
 
 #ifndef GLM5_ROUTER_HIDDEN
@@ -19,6 +23,7 @@
 
 using RouterTile = glm5::moe::RouterTile<GLM5_ROUTER_HIDDEN, GLM5_ROUTER_EXPERTS, GLM5_ROUTER_TOPK>;
 using RouterDecodeTile = glm5::moe::RouterDecodeTile<GLM5_ROUTER_HIDDEN, GLM5_ROUTER_EXPERTS, GLM5_ROUTER_TOPK>;
+using ActQuantTile = glm5::moe::ActQuantGroupTile;
 
 // Parameter order and types are the ABI the Python launcher packs (glm5_fastpath/ops/moe_router.py,
 // _kernel_args); the runtime checks sizes against the cubin at load.
@@ -33,7 +38,10 @@ glm5_moe_router(const uint16_t* __restrict__ h,       // [M, HIDDEN] bf16
                 float* __restrict__ partials,         // workspace fp32
                 uint32_t* __restrict__ counters,      // workspace uint32 [kCounterWords], zero between launches
                 int32_t num_tokens,
-                float routed_scaling) {
+                float routed_scaling,
+                uint8_t* __restrict__ x8,             // [M, HIDDEN] e4m3 or nullptr: h's 1x128 quant (act_quant.cuh)
+                float* __restrict__ x_scale,          // [M, HIDDEN/128] fp32 (with x8)
+                float quant_eps) {
     __shared__ __align__(16) float scratch[RouterTile::kScratchFloats];
     const int tid = threadIdx.x;
     const int split = blockIdx.x, group = blockIdx.y;
@@ -48,6 +56,22 @@ glm5_moe_router(const uint16_t* __restrict__ h,       // [M, HIDDEN] bf16
 
     const int tile = blockIdx.z;
     if (tile * RouterTile::kTokTile >= num_tokens) return;  // whole CTA leaves together
+    // The MoE's input quant rides along: the expert-group-0 CTA of (split, tile) quantizes the tile's rows over
+    // the split's 256 columns (2 groups), one aligned half-warp per group, every warp the same trip count.
+    if (x8 != nullptr && group == 0) {
+        const int rows = min(RouterTile::kTokTile, num_tokens - tile * RouterTile::kTokTile);
+        constexpr int kHalfWarps = RouterTile::kThreads / ActQuantTile::kLanesPerGroup;
+        constexpr int kGroupsPerSplit = RouterTile::kKChunk / ActQuantTile::kGroup;
+        for (int base = 0; base < rows * kGroupsPerSplit; base += kHalfWarps) {
+            const int q = base + tid / ActQuantTile::kLanesPerGroup;
+            const bool valid = q < rows * kGroupsPerSplit;
+            const int64_t row = tile * RouterTile::kTokTile + (valid ? q / kGroupsPerSplit : 0);
+            const int64_t g = static_cast<int64_t>(split) * kGroupsPerSplit + (valid ? q % kGroupsPerSplit : 0);
+            const int64_t gi = row * (GLM5_ROUTER_HIDDEN / ActQuantTile::kGroup) + g;
+            ActQuantTile::run(h + row * GLM5_ROUTER_HIDDEN + g * ActQuantTile::kGroup, x8 + gi * ActQuantTile::kGroup,
+                              x_scale + gi, tid & (ActQuantTile::kLanesPerGroup - 1), valid, quant_eps);
+        }
+    }
     const glm5::moe::RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
                                   partials, counters, num_tokens, routed_scaling};
     RouterTile::run(wr, p, split, group, tile, scratch, tid);
@@ -60,7 +84,8 @@ glm5_moe_router_decode(const uint16_t* __restrict__ h, const uint16_t* __restric
                        const float* __restrict__ bias, float* __restrict__ logits, int32_t* __restrict__ topk_ids,
                        float* __restrict__ topk_weights, float* __restrict__ scaled_weights,
                        float* __restrict__ partials, uint32_t* __restrict__ counters, int32_t num_tokens,
-                       float routed_scaling) {
+                       float routed_scaling, uint8_t* __restrict__ x8, float* __restrict__ x_scale,
+                       float quant_eps) {
     __shared__ __align__(16) float scratch[RouterTile::kScratchFloats];
     const int tid = threadIdx.x;
     RouterDecodeTile::Weights w;
@@ -72,6 +97,20 @@ glm5_moe_router_decode(const uint16_t* __restrict__ h, const uint16_t* __restric
 
     if constexpr (RouterDecodeTile::kSupported) {
         if (num_tokens < 1 || num_tokens > RouterDecodeTile::kMaxTokens) return;  // the launcher never does this
+        if (x8 != nullptr) {  // h's 1x128 quant: the M x HIDDEN/128 groups dealt over every CTA's half-warps
+            constexpr int kHalfWarps = RouterDecodeTile::kThreads / ActQuantTile::kLanesPerGroup;
+            constexpr int kGpr = GLM5_ROUTER_HIDDEN / ActQuantTile::kGroup;
+            const int total = num_tokens * kGpr;
+            for (int base = 0; base < total; base += RouterDecodeTile::kCtas * kHalfWarps) {
+                const int gi = base + static_cast<int>(blockIdx.x) * kHalfWarps + tid / ActQuantTile::kLanesPerGroup;
+                const bool valid = gi < total;
+                const int64_t row = valid ? gi / kGpr : 0, g = valid ? gi % kGpr : 0;
+                ActQuantTile::run(h + row * GLM5_ROUTER_HIDDEN + g * ActQuantTile::kGroup,
+                                  x8 + static_cast<int64_t>(valid ? gi : 0) * ActQuantTile::kGroup,
+                                  x_scale + (valid ? gi : 0), tid & (ActQuantTile::kLanesPerGroup - 1), valid,
+                                  quant_eps);
+            }
+        }
         const glm5::moe::RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
                                       partials, counters, num_tokens, routed_scaling};
         RouterDecodeTile::run(w, p, blockIdx.x, scratch, tid);

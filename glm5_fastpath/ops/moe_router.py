@@ -44,6 +44,12 @@ Workspace: one per (device, H, E, k): fp32 partials [8][E/32][H/256][32][32] + u
 the end of every launch. As for C0, launches on one device must not run concurrently on two streams;
 a PDL-overlapped next launch on the same stream is safe.
 
+Router + MegaMoE input quant (moe_route_quant, op glm5_fastpath::moe_router_quant): both kernels can also write
+h's per-token 1x128 FP8 quant (x8 [M, H] e4m3 + x_scale [M, H/128] fp32) with act_quant.cuh's group tile, bit for
+bit act_quant_fp8(h): the split-K kernel's expert-group-0 CTAs quantize their (token tile, 256-column) slice, the
+decode kernel deals the M x H/128 groups over all CTAs. The MoE executor takes it with GLM5_FASTPATH_ROUTER_QUANT=1
+(off until its GPU test has run): one kernel less per MoE layer.
+
 Ops: torch.ops.glm5_fastpath.moe_router(h, gate, bias, topk, routed_scaling_factor, pdl=True, decode=None)
 -> (topk_ids [M, k] int32, topk_weights [M, k] fp32, logits [M, E] fp32, scaled [M, k] fp32), functional,
 with a fake implementation. Python entry points: moe_route(h, gate, bias, cfg, *, pdl=True) ->
@@ -252,10 +258,13 @@ def _kernel(cfg: RouterConfig, device: torch.device, function: str = FUNCTION):
     return k
 
 
-def _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws: _Workspace, rsf: float) -> tuple:
-    """The kernel's parameter list, in csrc/moe/router.cu order (checked at load)."""
+def _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws: _Workspace, rsf: float, x8=None,
+                 x_scale=None) -> tuple:
+    """The kernel's parameter list, in csrc/moe/router.cu order (checked at load). x8 / x_scale None: no quant."""
+    from ..config import ACT_QUANT_EPS
+
     return (h, gate, bias, logits, ids, weights, scaled, ws.partials, ws.counters,
-            ctypes.c_int32(h.shape[0]), ctypes.c_float(rsf))
+            ctypes.c_int32(h.shape[0]), ctypes.c_float(rsf), x8, x_scale, ctypes.c_float(ACT_QUANT_EPS))
 
 
 def use_decode(m: int, decode: bool | None, cfg: RouterConfig | None = None) -> bool:
@@ -271,13 +280,13 @@ def use_decode(m: int, decode: bool | None, cfg: RouterConfig | None = None) -> 
 
 
 def _launch(cfg: RouterConfig, h, gate, bias, logits, ids, weights, scaled, rsf: float, pdl: bool,
-            decode: bool | None = None) -> None:
-    _check_device(h, gate, bias, logits, ids, weights, scaled)
+            decode: bool | None = None, x8=None, x_scale=None) -> None:
+    _check_device(h, gate, bias, logits, ids, weights, scaled, *(t for t in (x8, x_scale) if t is not None))
     m = h.shape[0]
     if m == 0:
         return
     ws = _workspace(cfg, h.device)
-    args = _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws, rsf)
+    args = _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws, rsf, x8, x_scale)
     if use_decode(m, decode, cfg):
         _kernel(cfg, h.device, FUNCTION_DECODE).launch((cfg.decode_ctas, 1, 1), (THREADS, 1, 1), args, pdl=pdl)
         return
@@ -310,6 +319,45 @@ def _moe_router_fake(h, gate, bias, topk, routed_scaling_factor, pdl=True, decod
     m = h.shape[0]
     return (h.new_empty((m, cfg.topk), dtype=torch.int32), h.new_empty((m, cfg.topk), dtype=torch.float32),
             h.new_empty((m, cfg.experts), dtype=torch.float32), h.new_empty((m, cfg.topk), dtype=torch.float32))
+
+
+@torch.library.custom_op("glm5_fastpath::moe_router_quant", mutates_args=())
+def _moe_router_quant(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, topk: int,
+                      routed_scaling_factor: float, pdl: bool = True, decode: bool | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    cfg = _check_inputs(h, gate, bias, topk)
+    ids, w, logits, scaled = _outputs(h, cfg)
+    x8, xs = _quant_outputs(h)
+    _launch(cfg, h, gate, bias, logits, ids, w, scaled, float(routed_scaling_factor), pdl, decode, x8, xs)
+    return ids, w, logits, scaled, x8, xs
+
+
+@_moe_router_quant.register_fake
+def _moe_router_quant_fake(h, gate, bias, topk, routed_scaling_factor, pdl=True, decode=None):
+    ids, w, logits, scaled = _moe_router_fake(h, gate, bias, topk, routed_scaling_factor, pdl, decode)
+    m, hid = h.shape
+    return (ids, w, logits, scaled, h.new_empty((m, hid), dtype=torch.float8_e4m3fn),
+            h.new_empty((m, hid // 128), dtype=torch.float32))
+
+
+def _quant_outputs(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    m, hid = h.shape
+    return (torch.empty((m, hid), dtype=torch.float8_e4m3fn, device=h.device),
+            torch.empty((m, hid // 128), dtype=torch.float32, device=h.device))
+
+
+def moe_route_quant(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg, *, pdl: bool = True,
+                    decode: bool | None = None) -> tuple[torch.Tensor, ...]:
+    """moe_route plus h's per-token 1x128 FP8 quant from the same kernel (what MegaMoE takes as its input):
+    (topk_ids [M, k] int32, topk_weights [M, k] fp32, logits [M, E] fp32, x8 [M, H] e4m3, x_scale [M, H/128] fp32).
+    x8 / x_scale are bit for bit ops.act_quant.act_quant_fp8(h) (the same group tile, csrc/moe/act_quant.cuh)."""
+    k = _check_cfg(h, cfg)
+    _check_inputs(h, gate, bias, k)
+    if decode is not None and not isinstance(decode, bool):
+        raise _fail(f"decode must be None or a bool, got {decode!r}")
+    ids, w, logits, _, x8, xs = torch.ops.glm5_fastpath.moe_router_quant(h, gate, bias, k,
+                                                                         float(cfg.routed_scaling_factor), pdl, decode)
+    return ids, w, logits, x8, xs
 
 
 def moe_route_scaled(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg, *, pdl: bool = True,

@@ -562,3 +562,69 @@ def test_decode_kernel_graph_replay_and_fallback_above_32(seed, glm5_router, no_
     big = make_h(33, GLM5.hidden_size, seed)  # above 32 tokens: the split-K kernel, whatever decode says
     check_route(big, gate, bias, GLM5, moe_route(big, gate, bias, GLM5, decode=True), "decode=True, M=33")
     _counters_are_zero()
+
+
+# ---- router + MegaMoE input quant in one kernel (moe_route_quant) ------------------------------------------
+
+def test_router_quant_fake_shapes():
+    h = torch.empty(5, 6144, dtype=BF16, device="meta")
+    g = torch.empty(256, 6144, dtype=BF16, device="meta")
+    b = torch.empty(256, dtype=torch.float32, device="meta")
+    out = torch.ops.glm5_fastpath.moe_router_quant(h, g, b, 8, 2.5, True, None)
+    assert [(tuple(t.shape), t.dtype) for t in out[4:]] == [((5, 6144), torch.float8_e4m3fn), ((5, 48), torch.float32)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decode", [None, True, False])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 17, 32, 33, 64, 256])
+def test_gpu_router_quant_equals_router_then_act_quant(m, decode, seed, glm5_router, no_pdl_override):
+    """The fused quant is the act-quant group tile: x8 / x_scale bit for bit act_quant_fp8(h), and the routing
+    outputs bit for bit moe_route's (same kernel, same decode choice); poisoned outputs must all be written."""
+    from glm5_fastpath.ops.act_quant import act_quant_fp8
+
+    gate, bias = glm5_router
+    h = make_h(m, GLM5.hidden_size, seed + 11 * m)
+    ids0, w0, lo0 = moe_route(h, gate, bias, GLM5, decode=decode)
+    x8_0, xs_0 = act_quant_fp8(h)
+    poison = [torch.empty(m, GLM5.hidden_size, dtype=torch.float8_e4m3fn, device="cuda"),
+              torch.empty(m, GLM5.hidden_size // 128, device="cuda")]
+    for t in poison:
+        poison_(t)
+    del poison
+    ids, w, lo, x8, xs = R.moe_route_quant(h, gate, bias, GLM5, decode=decode)
+    torch.cuda.synchronize()
+    for a, b, name in ((ids, ids0, "ids"), (w, w0, "weights"), (lo, lo0, "logits"), (xs, xs_0, "x_scale")):
+        assert_equal(OP, a, b, context=f"router quant {name} {m=} {decode=}")
+    assert torch.equal(x8.view(torch.uint8), x8_0.view(torch.uint8)), f"x8 bytes differ {m=} {decode=}"
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+def test_gpu_router_quant_captures_and_waits_for_the_late_producer(seed, glm5_router, no_pdl_override):
+    from glm5_fastpath.ops.act_quant import act_quant_fp8
+
+    gate, bias = glm5_router
+    producer = late_producer()
+    h_true = make_h(8, GLM5.hidden_size, seed)
+    h = torch.full_like(h_true, 7.0)
+    R.moe_route_quant(h_true, gate, bias, GLM5)
+    want = act_quant_fp8(h_true)
+    for _ in range(3):
+        h.fill_(7.0)
+        torch.cuda.synchronize()
+        produce(producer, h_true, h)
+        out = R.moe_route_quant(h, gate, bias, GLM5, pdl=True)
+        torch.cuda.synchronize()
+        assert torch.equal(out[3].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(out[4], want[1])
+    static_h = h_true.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = R.moe_route_quant(static_h, gate, bias, GLM5)
+    for step in range(2):
+        static_h.copy_(make_h(8, GLM5.hidden_size, seed + 70 + step))
+        poison_(got[3])
+        g.replay()
+        torch.cuda.synchronize()
+        x8, xs = act_quant_fp8(static_h)
+        assert torch.equal(got[3].view(torch.uint8), x8.view(torch.uint8)) and torch.equal(got[4], xs)
+    _counters_are_zero()

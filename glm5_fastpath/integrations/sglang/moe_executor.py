@@ -389,13 +389,19 @@ class MoEExecutor:
         if routing is not None:
             ids, wts = routing
             return self._experts(MM, mlp, route, hidden, ids.to(torch.int32).contiguous(), wts.float().contiguous())
+        quantized = None
         router_takes = (hidden.dim() == 2 and hidden.shape[0] <= ROUTER_MAX_TOKENS and hidden.dtype == torch.bfloat16
                         and hidden.is_contiguous())
         if route.router is not None and not self.router_failed and router_takes:
             from ...ops import moe_router as R
 
             # the gate's tensors are read per call: SGLang updates weights in place, and a capture bakes them
-            ids, wts, _ = R.moe_route(hidden, mlp.gate.weight, mlp.gate.e_score_correction_bias, route.router)
+            if router_quant_enabled():  # the router kernel also writes MegaMoE's FP8 input (one kernel less)
+                ids, wts, _, x8, xs = R.moe_route_quant(hidden, mlp.gate.weight, mlp.gate.e_score_correction_bias,
+                                                        route.router)
+                quantized = (x8, xs)
+            else:
+                ids, wts, _ = R.moe_route(hidden, mlp.gate.weight, mlp.gate.e_score_correction_bias, route.router)
             _capture_routed(route, ids)
             # one row is never padding (bucket 1); the count is only trusted where SGLang refreshes it
             if non_padded is not None and hidden.shape[0] > 1 and padding_count_is_live():
@@ -410,11 +416,12 @@ class MoEExecutor:
                 ids, wts = ids[:, :k], wts[:, :k]
             ids = ids.contiguous()
             wts = wts.float().contiguous()
-        return self._experts(MM, mlp, route, hidden, ids, wts)
+        return self._experts(MM, mlp, route, hidden, ids, wts, quantized)
 
-    def _experts(self, MM: Any, mlp: Any, route: MoELayerRoute, hidden: Any, ids: Any, wts: Any) -> Any:
+    def _experts(self, MM: Any, mlp: Any, route: MoELayerRoute, hidden: Any, ids: Any, wts: Any,
+                 quantized: tuple[Any, Any] | None = None) -> Any:
         self.last_routing = (ids, wts)
-        x8, xs = self.quant(hidden)
+        x8, xs = quantized if quantized is not None else self.quant(hidden)
         out = MM.mega_moe(x8, xs, ids, wts, route.weights, routed_scaling_factor=route.rsf,
                           config=self.config_for(int(hidden.shape[0]), route))
         if route.shared_mlp is not None:  # SGLang's separate shared expert (not fused): added as the stock path does
@@ -440,6 +447,16 @@ class MoEExecutor:
 
 
 ROUTER_MAX_TOKENS = 256  # ops.moe_router.MAX_TOKENS (not imported here: this module loads without the ops)
+ENV_ROUTER_QUANT = "GLM5_FASTPATH_ROUTER_QUANT"
+
+
+def router_quant_enabled() -> bool:
+    """GLM5_FASTPATH_ROUTER_QUANT=1: the fused router also writes MegaMoE's 1x128 FP8 input (ops.moe_router.
+    moe_route_quant), so no separate act-quant kernel runs per MoE layer. Off by default until its GPU test
+    (tests/ops/test_moe_router.py, router quant) has passed on an H200."""
+    import os
+
+    return os.environ.get(ENV_ROUTER_QUANT, "").strip().lower() in ("1", "on", "true", "yes")
 _mask_fn: Any = None
 _count_live: bool | None = None
 

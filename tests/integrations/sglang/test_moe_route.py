@@ -456,3 +456,30 @@ def test_padding_count_is_live_follows_sglang(monkeypatch):
     assert ME.padding_count_is_live() is False
     assert ME.padding_count_is_live() is True
     assert ME.padding_count_is_live() is True  # cached: the iterator is not asked a third time
+
+
+def test_router_quant_switch_takes_megamoe_input_from_the_router(calls, routes, monkeypatch):
+    """GLM5_FASTPATH_ROUTER_QUANT=1: one router call gives the routing AND MegaMoE's FP8 input; the executor's own
+    quant does not run. Off (default): moe_route, then the executor's quant."""
+    from glm5_fastpath.ops import moe_router as R
+    from glm5_fastpath.ref.fp8 import quant_act_per_token
+
+    got = []
+
+    def fake_quant_route(h, gate, bias, cfg, *, pdl=True):
+        ids, w, lo = R.moe_route(h, gate, bias, cfg)  # the routes fixture's reference router
+        x8, xs = quant_act_per_token(h)
+        got.append((x8, xs))
+        return ids, w, lo, x8, xs
+    monkeypatch.setattr(R, "moe_route_quant", fake_quant_route)
+    quant_calls = []
+    ex = ME.MoEExecutor(router=types.SimpleNamespace(table=None, metrics=None, once=None),
+                        quant=lambda x: quant_calls.append(x) or quant_act_per_token(x))
+    mlp = router_moe()
+    monkeypatch.delenv(ME.ENV_ROUTER_QUANT, raising=False)
+    call(ex, mlp)
+    assert not got and len(quant_calls) == 1
+    monkeypatch.setenv(ME.ENV_ROUTER_QUANT, "1")
+    call(ex, mlp)
+    assert len(got) == 1 and len(quant_calls) == 1  # no second quant
+    assert calls[-1]["x8"] is got[0][0] and calls[-1]["xs"] is got[0][1]
