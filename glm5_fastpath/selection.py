@@ -49,7 +49,8 @@ _ENTRY_KEYS = {"tokens", "prefix", "moe", "cmp_mode"}
 _REQUIRED_ENTRY_KEYS = {"tokens", "prefix", "moe"}
 DEFAULT_CMP_MODE = "full"
 # attn_pre/cmp/modes.MODES (not imported: this module stays import-light for the plugin's register())
-CMP_MODES = ("serial", "serial_pdl", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full")
+CMP_MODES = ("serial", "serial_pdl", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full",
+             "full_prio_index", "full_prio_b1")
 
 
 class SelectionError(ValueError):

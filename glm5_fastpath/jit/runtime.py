@@ -18,6 +18,7 @@ both are used; kernel parameters are passed as a raw `void**` address, which eve
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from dataclasses import dataclass
@@ -253,6 +254,9 @@ class Kernel:
         attrs = []
         if pdl and not env.flag("GLM5_FASTPATH_DISABLE_PDL"):
             attrs.append(_pdl_attribute())
+        prio = current_launch_priority()
+        if prio is not None:
+            attrs.append(_priority_attribute(prio))
         if cluster is not None:
             cx, cy, cz = _dim3(cluster, "cluster")
             a = d.CUlaunchAttribute()
@@ -271,6 +275,41 @@ class Kernel:
 
 
 _pdl_attr: Any = None
+_priority = threading.local()
+
+
+@contextlib.contextmanager
+def launch_priority(priority: int | None):
+    """Every Kernel.launch on this thread inside the block carries CU_LAUNCH_ATTRIBUTE_PRIORITY = priority (None:
+    no attribute, the stream's priority applies). Lower numbers run first when CTAs compete for SMs (the range is
+    priority_range()). CUDA graphs captured by torch keep it: torch instantiates with
+    cudaGraphInstantiateFlagUseNodePriority, so a kernel node replays with the priority it was captured with.
+    Used by the CMP executor to let a critical-path branch's CTAs take SMs before another branch's."""
+    prev = getattr(_priority, "value", None)
+    _priority.value = priority
+    try:
+        yield
+    finally:
+        _priority.value = prev
+
+
+def current_launch_priority() -> int | None:
+    return getattr(_priority, "value", None)
+
+
+def priority_range() -> tuple[int, int]:
+    """(least, greatest) launch / stream priority of the current context (e.g. (0, -5)): greatest runs first."""
+    d = driver()
+    least, greatest = check(d.cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+    return int(least), int(greatest)
+
+
+def _priority_attribute(priority: int) -> Any:
+    d = driver()
+    a = d.CUlaunchAttribute()
+    a.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PRIORITY
+    a.value.priority = int(priority)
+    return a
 
 
 def _pdl_attribute() -> Any:

@@ -461,6 +461,14 @@ def test_runtime_launch_path_with_a_fake_driver(monkeypatch):
     cl = rec["attrs"][int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)].value.clusterDim
     assert (cl.x, cl.y, cl.z) == (2, 1, 1)
 
+    with runtime.launch_priority(-3):  # the CMP executor's _prio modes: one attribute per launch in the block
+        assert runtime.current_launch_priority() == -3
+        k.launch(1, 32, [t, ctypes.c_int32(0), ctypes.c_float(0), ctypes.c_int64(0)], stream=1234)
+    assert runtime.current_launch_priority() is None
+    assert rec is not fake.launches[-1]
+    assert fake.launches[-1]["attrs"][int(ids.CU_LAUNCH_ATTRIBUTE_PRIORITY)].value.priority == -3
+    assert int(ids.CU_LAUNCH_ATTRIBUTE_PRIORITY) not in rec["attrs"]  # none outside the block
+
     monkeypatch.setenv("GLM5_FASTPATH_DISABLE_PDL", "1")
     k.launch(1, 32, [t, ctypes.c_int32(0), ctypes.c_float(0), ctypes.c_int64(0)], stream=1234, pdl=True)
     assert fake.launches[-1]["attrs"] == {}

@@ -98,6 +98,7 @@ class CmpExecutor:
         self.w = getattr(weights, "attn", weights)
         self.shared_layer = self.w.indexer is None
         self.mode = get_mode(mode)
+        self._high_priority: int | None = None  # the context's greatest launch priority (the _prio modes)
         if impl is None:
             from ... import ops as impl  # noqa: PLC0415 (kernels: imported lazily, needs no GPU)
         self.impl = impl
@@ -209,7 +210,7 @@ class CmpExecutor:
                 for w in l.waits:
                     s.wait_event(events[w])
             op = self.graph.ops[l.op]
-            with _stream_ctx(s if cuda and l.stream != MAIN else None):
+            with _stream_ctx(s if cuda and l.stream != MAIN else None), self._priority(l.op, cuda):
                 produced = op.ref({t: out[t] for t in op.inputs})
             if set(produced) != set(op.outputs):
                 raise CmpError(f"op {l.op} returned {sorted(produced)}, declared {sorted(op.outputs)}")
@@ -222,6 +223,17 @@ class CmpExecutor:
             for j in self.schedule.joins:
                 streams[MAIN].wait_event(events[j])
         return out
+
+    def _priority(self, op: str, cuda: bool):
+        """The launch priority of op's kernels under this schedule's mode (modes.Mode.priority_ops): the context's
+        greatest priority for the named ops, the stream's own otherwise."""
+        if not cuda or op not in self.mode.priority_ops:
+            return contextlib.nullcontext()
+        from ...jit.runtime import launch_priority, priority_range
+
+        if self._high_priority is None:
+            self._high_priority = priority_range()[1]
+        return launch_priority(self._high_priority)
 
     def prepare(self) -> None:
         """Compile / load the kernels and allocate their workspaces and RoPE tables (before any capture)."""

@@ -11,6 +11,14 @@ A mode is three switches, so the benchmark can charge each mechanism separately
 | multistream_pdl_entry | branches | on | entry |
 | multistream_pdl_prologue | branches | on | after_prologue |
 | full | branches | on | after_prefetch |
+| full_prio_index | branches | on | after_prefetch, + launch priority for C0, B1, D1, E1, E2 |
+| full_prio_b1 | branches | on | after_prefetch, + launch priority for B1, E1, E2 |
+
+Launch priority (the `_prio` modes; jit.runtime.launch_priority, CU_LAUNCH_ATTRIBUTE_PRIORITY at the context's
+greatest priority, kept by torch-captured graphs): the named ops' CTAs take SMs first when kernels of several
+branches compete. Why: in one H200 replay at M = 1 (`full`, 2026-11-30 session 7 timeline) B1's 12-CTA GEMM took
+27 us against 8.9 us alone, because B0's and the PDL-launched D0 / D1 CTAs held the SMs, and B1 -> E1 -> E2
+became the critical path (46 us, the q path ended at 35 us). Which set pays is measured, not assumed.
 
 Wait points (where the consumer kernel executes griddepcontrol.wait), earliest first:
 - entry: first instruction; the early launch buys only the scheduling / handoff latency;
@@ -45,6 +53,7 @@ class Mode:
     multistream: bool
     pdl: bool
     wait_point: str | None  # requested wait point (None when pdl is off)
+    priority_ops: tuple[str, ...] = ()  # ops launched at the highest launch priority (module doc)
 
     def __post_init__(self) -> None:
         if self.pdl != (self.wait_point is not None):
@@ -60,6 +69,8 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("multistream_pdl_entry", True, True, "entry"),
     Mode("multistream_pdl_prologue", True, True, "after_prologue"),
     Mode("full", True, True, "after_prefetch"),
+    Mode("full_prio_index", True, True, "after_prefetch", ("C0", "B1", "D1", "E1", "E2")),
+    Mode("full_prio_b1", True, True, "after_prefetch", ("B1", "E1", "E2")),
 )}
 # the order the benchmark decomposes the gain in (each step adds one mechanism)
 DECOMPOSITION = ("serial", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full")

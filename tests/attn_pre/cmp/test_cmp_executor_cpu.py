@@ -145,3 +145,23 @@ def test_shared_layer_runs_with_prev_topk():
     assert out["q_lat"].shape == (3, cfg.num_attention_heads, cfg.kv_lora_rank)
     with pytest.raises(StagingError, match="needs prev_topk"):
         ex.run(**_rows(s, torch.arange(3)))
+
+
+def test_priority_modes_raise_only_the_named_ops_launch_priority(layer, monkeypatch):
+    """full_prio_*: the named ops' kernels launch at the context's greatest priority (jit.runtime.launch_priority),
+    every other op at the stream's; on CPU (no kernels) nothing changes and the results equal the reference."""
+    from glm5_fastpath.jit import runtime
+
+    monkeypatch.setattr(runtime, "priority_range", lambda: (0, -5))
+    s, pad = _setup(seed=4)
+    ex = _executor(layer, s, pad, mode="full_prio_b1")
+    for op, want in (("B1", -5), ("E2", -5), ("D0", None), ("B0", None)):
+        with ex._priority(op, True):
+            assert runtime.current_launch_priority() == want, op
+    with ex._priority("B1", False):  # no CUDA streams: nothing to prioritise
+        assert runtime.current_launch_priority() is None
+    assert runtime.current_launch_priority() is None
+    idx = torch.tensor([0, 2, 5])
+    got = ex.run(**_rows(s, idx))
+    ref = _reference(layer, s, idx, s.kv_cache.clone(), s.index_k_cache.clone())
+    assert_close("cmp prio q_pe", got["q_pe"], ref["q_pe"], kind="bf16")

@@ -115,19 +115,27 @@ def test_modes_agree_bitwise(layer, step):
             assert_equal(f"{mode} vs serial {n}", outs[mode][n], outs["serial"][n])
 
 
-@pytest.mark.parametrize("mode", ["multistream_pdl_entry", "multistream_pdl_prologue"])
+@pytest.mark.parametrize("mode", ["multistream_pdl_entry", "multistream_pdl_prologue", "full_prio_index",
+                                  "full_prio_b1"])
 def test_early_wait_modes_equal_serial_bitwise(layer, step, mode):
     """The decomposition modes (every kernel compiled with pdl_wait= entry / after_prologue, GLM5_PDL_WAIT_AT)
     replay the same bits as serial, and as an eager run of their own kernels."""
     r = _rows(step, torch.arange(16, device="cuda"))
     serial = {k: v.clone() for k, v in _executor(layer, step, "serial", buckets=(16,)).run(**r, all_tensors=True).items()}
-    ex = _executor(layer, step, mode, buckets=(16,))
-    assert all(p.realized == ex.mode.wait_point for p in ex.wait_plans.values())
+    ex = _executor(layer, step, mode, buckets=(16,))  # (the _prio modes: launch priorities on top of full)
+    assert all(p.realized == ex.mode.wait_point or (ex.mode.priority_ops and p.realized == modes_native(p.op))
+               for p in ex.wait_plans.values())
     out = ex.run(**r, all_tensors=True)
     torch.cuda.synchronize()
     for n in OUTS:
         assert_equal(f"{mode} vs serial {n}", out[n], serial[n])
     _check_vs_eager(ex, out, r, step, mode)
+
+
+def modes_native(op):
+    from glm5_fastpath.attn_pre.cmp.modes import NATIVE_WAIT_POINTS
+
+    return NATIVE_WAIT_POINTS[op]
 
 
 def _bits(t):

@@ -13,8 +13,11 @@ ORDER = build_prefix_graph(small_config()).topo_order()
 
 def test_mode_table():
     assert set(MODES) == {"serial", "serial_pdl", "multistream", "multistream_pdl_entry",
-                          "multistream_pdl_prologue", "full"}
+                          "multistream_pdl_prologue", "full", "full_prio_index", "full_prio_b1"}
     assert MODES["full"] == Mode("full", True, True, "after_prefetch")
+    assert MODES["full"].priority_ops == () and MODES["full_prio_b1"].priority_ops == ("B1", "E1", "E2")
+    assert {k: v for k, v in vars(MODES["full_prio_index"]).items() if k not in ("name", "priority_ops")} == \
+        {k: v for k, v in vars(MODES["full"]).items() if k not in ("name", "priority_ops")}
     assert not MODES["serial"].pdl and not MODES["serial"].multistream
     with pytest.raises(ValueError, match="unknown CMP mode"):
         get_mode("fastest")
