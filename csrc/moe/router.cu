@@ -56,14 +56,15 @@ glm5_moe_router(const uint16_t* __restrict__ h,       // [M, HIDDEN] bf16
 
     const int tile = blockIdx.z;
     if (tile * RouterTile::kTokTile >= num_tokens) return;  // whole CTA leaves together
-    // The MoE's input quant rides along: the expert-group-0 CTA of (split, tile) quantizes the tile's rows over
-    // the split's 256 columns (2 groups), one aligned half-warp per group, every warp the same trip count.
-    if (x8 != nullptr && group == 0) {
+    // The MoE's input quant rides along: the tile's rows over the split's 256 columns (2 quant groups each) are
+    // dealt over the split's expert-group CTAs (q = group + kGroups * j), one aligned half-warp per quant group,
+    // every warp of the CTA the same trip count (one pass for GLM-5: <= 64 groups over 8 CTAs x 16 half-warps).
+    if (x8 != nullptr) {
         const int rows = min(RouterTile::kTokTile, num_tokens - tile * RouterTile::kTokTile);
         constexpr int kHalfWarps = RouterTile::kThreads / ActQuantTile::kLanesPerGroup;
         constexpr int kGroupsPerSplit = RouterTile::kKChunk / ActQuantTile::kGroup;
-        for (int base = 0; base < rows * kGroupsPerSplit; base += kHalfWarps) {
-            const int q = base + tid / ActQuantTile::kLanesPerGroup;
+        for (int base = 0; base < rows * kGroupsPerSplit; base += RouterTile::kGroups * kHalfWarps) {
+            const int q = base + group + RouterTile::kGroups * (tid / ActQuantTile::kLanesPerGroup);
             const bool valid = q < rows * kGroupsPerSplit;
             const int64_t row = tile * RouterTile::kTokTile + (valid ? q / kGroupsPerSplit : 0);
             const int64_t g = static_cast<int64_t>(split) * kGroupsPerSplit + (valid ? q % kGroupsPerSplit : 0);

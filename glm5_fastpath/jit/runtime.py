@@ -297,18 +297,26 @@ def current_launch_priority() -> int | None:
     return getattr(_priority, "value", None)
 
 
-def priority_range() -> tuple[int, int]:
-    """(least, greatest) launch / stream priority of the current context (e.g. (0, -5)): greatest runs first."""
+def priority_range(device: Any = None) -> tuple[int, int]:
+    """(least, greatest) launch / stream priority on `device` (default: torch's current one), e.g. (0, -5):
+    greatest runs first. Queried inside the device's primary context."""
     d = driver()
-    least, greatest = check(d.cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+    with _InContext(_device_state(_device_index(device))):
+        least, greatest = check(d.cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
     return int(least), int(greatest)
 
 
+_priority_attrs: dict[int, Any] = {}
+
+
 def _priority_attribute(priority: int) -> Any:
-    d = driver()
-    a = d.CUlaunchAttribute()
-    a.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PRIORITY
-    a.value.priority = int(priority)
+    a = _priority_attrs.get(int(priority))
+    if a is None:  # one struct per value, as for the PDL attribute
+        d = driver()
+        a = d.CUlaunchAttribute()
+        a.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PRIORITY
+        a.value.priority = int(priority)
+        _priority_attrs[int(priority)] = a
     return a
 
 

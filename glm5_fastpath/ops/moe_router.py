@@ -65,6 +65,7 @@ from dataclasses import dataclass
 import torch
 
 from ._device import device_index as _device_index, require_aligned, require_hopper
+from ..config import ACT_QUANT_EPS
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.moe_router"
@@ -261,8 +262,6 @@ def _kernel(cfg: RouterConfig, device: torch.device, function: str = FUNCTION):
 def _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws: _Workspace, rsf: float, x8=None,
                  x_scale=None) -> tuple:
     """The kernel's parameter list, in csrc/moe/router.cu order (checked at load). x8 / x_scale None: no quant."""
-    from ..config import ACT_QUANT_EPS
-
     return (h, gate, bias, logits, ids, weights, scaled, ws.partials, ws.counters,
             ctypes.c_int32(h.shape[0]), ctypes.c_float(rsf), x8, x_scale, ctypes.c_float(ACT_QUANT_EPS))
 

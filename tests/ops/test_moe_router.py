@@ -574,55 +574,83 @@ def test_router_quant_fake_shapes():
     assert [(tuple(t.shape), t.dtype) for t in out[4:]] == [((5, 6144), torch.float8_e4m3fn), ((5, 48), torch.float32)]
 
 
+def _route_quant_into(cfg, h, gate, bias, decode, pdl=False):
+    """moe_route_quant's kernel into freshly poisoned outputs (so an unwritten x8 byte / scale shows as NaN)."""
+    rc = R.config_for(cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok)
+    ids, w, lo, sc = R._outputs(h, rc)
+    x8, xs = R._quant_outputs(h)
+    for t in (ids, w, lo, sc, x8, xs):
+        poison_(t)
+    R._launch(rc, h, gate, bias, lo, ids, w, sc, float(cfg.routed_scaling_factor), pdl, decode, x8, xs)
+    return ids, w, lo, x8, xs
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("decode", [None, True, False])
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 17, 32, 33, 64, 256])
 def test_gpu_router_quant_equals_router_then_act_quant(m, decode, seed, glm5_router, no_pdl_override):
     """The fused quant is the act-quant group tile: x8 / x_scale bit for bit act_quant_fp8(h), and the routing
-    outputs bit for bit moe_route's (same kernel, same decode choice); poisoned outputs must all be written."""
+    outputs bit for bit moe_route's (same kernel, same decode choice); every output poisoned before the launch."""
     from glm5_fastpath.ops.act_quant import act_quant_fp8
 
     gate, bias = glm5_router
-    h = make_h(m, GLM5.hidden_size, seed + 11 * m)
+    h = make_h(m, GLM5.hidden_size, seed + 11 * m + (0 if decode is None else 5 + int(decode)))
     ids0, w0, lo0 = moe_route(h, gate, bias, GLM5, decode=decode)
     x8_0, xs_0 = act_quant_fp8(h)
-    poison = [torch.empty(m, GLM5.hidden_size, dtype=torch.float8_e4m3fn, device="cuda"),
-              torch.empty(m, GLM5.hidden_size // 128, device="cuda")]
-    for t in poison:
-        poison_(t)
-    del poison
-    ids, w, lo, x8, xs = R.moe_route_quant(h, gate, bias, GLM5, decode=decode)
+    ids, w, lo, x8, xs = _route_quant_into(GLM5, h, gate, bias, decode)
     torch.cuda.synchronize()
     for a, b, name in ((ids, ids0, "ids"), (w, w0, "weights"), (lo, lo0, "logits"), (xs, xs_0, "x_scale")):
         assert_equal(OP, a, b, context=f"router quant {name} {m=} {decode=}")
     assert torch.equal(x8.view(torch.uint8), x8_0.view(torch.uint8)), f"x8 bytes differ {m=} {decode=}"
+    got = R.moe_route_quant(h, gate, bias, GLM5, decode=decode)  # the public entry point: same bits
+    torch.cuda.synchronize()
+    assert torch.equal(got[3].view(torch.uint8), x8_0.view(torch.uint8)) and torch.equal(got[4], xs_0)
     _counters_are_zero()
 
 
 @pytest.mark.gpu
-def test_gpu_router_quant_captures_and_waits_for_the_late_producer(seed, glm5_router, no_pdl_override):
+@pytest.mark.parametrize("decode", [True, False])
+@pytest.mark.parametrize("m", [1, 7, 20, 32])
+def test_gpu_router_quant_small_preset_multi_pass(m, decode, seed, small_router):
+    """The small preset's decode grid (4 CTAs x 16 half-warps) deals its M x 4 quant groups in several passes from
+    M = 17 on; the split-K grid has one expert group there."""
+    from glm5_fastpath.ops.act_quant import act_quant_fp8
+
+    gate, bias = small_router
+    h = make_h(m, SMALL.hidden_size, seed + 3 * m)
+    ids, w, lo, x8, xs = _route_quant_into(SMALL, h, gate, bias, decode)
+    x8_0, xs_0 = act_quant_fp8(h)
+    torch.cuda.synchronize()
+    assert torch.equal(x8.view(torch.uint8), x8_0.view(torch.uint8)) and torch.equal(xs, xs_0), f"{m=} {decode=}"
+    check_route(h, gate, bias, SMALL, (ids, w, lo), f"small router quant {m=} {decode=}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decode", [True, False])
+def test_gpu_router_quant_captures_and_waits_for_the_late_producer(decode, seed, glm5_router, no_pdl_override):
     from glm5_fastpath.ops.act_quant import act_quant_fp8
 
     gate, bias = glm5_router
     producer = late_producer()
     h_true = make_h(8, GLM5.hidden_size, seed)
     h = torch.full_like(h_true, 7.0)
-    R.moe_route_quant(h_true, gate, bias, GLM5)
+    R.moe_route_quant(h_true, gate, bias, GLM5, decode=decode)
     want = act_quant_fp8(h_true)
     for _ in range(3):
         h.fill_(7.0)
         torch.cuda.synchronize()
         produce(producer, h_true, h)
-        out = R.moe_route_quant(h, gate, bias, GLM5, pdl=True)
+        out = _route_quant_into(GLM5, h, gate, bias, decode, pdl=True)
         torch.cuda.synchronize()
         assert torch.equal(out[3].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(out[4], want[1])
     static_h = h_true.clone()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        got = R.moe_route_quant(static_h, gate, bias, GLM5)
+        got = R.moe_route_quant(static_h, gate, bias, GLM5, decode=decode)
     for step in range(2):
         static_h.copy_(make_h(8, GLM5.hidden_size, seed + 70 + step))
         poison_(got[3])
+        poison_(got[4])
         g.replay()
         torch.cuda.synchronize()
         x8, xs = act_quant_fp8(static_h)

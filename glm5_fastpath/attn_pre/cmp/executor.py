@@ -232,7 +232,7 @@ class CmpExecutor:
         from ...jit.runtime import launch_priority, priority_range
 
         if self._high_priority is None:
-            self._high_priority = priority_range()[1]
+            self._high_priority = priority_range(self.device)[1]
         return launch_priority(self._high_priority)
 
     def prepare(self) -> None:

@@ -14,7 +14,11 @@ floor at one token.
 Seam: `Fp8LinearMethod.apply(self, layer, x, bias)` (sglang.srt.layers.quantization.fp8, 0.5.14 and 0.5.23). It is
 wrapped on the CLASS once per process, but routes only the layers `mark_layers` tagged at install: each decoder
 layer's `self_attn.o_proj` and the dense `mlp.gate_up_proj` / `mlp.down_proj`. Every other FP8 linear (the prefix's
-own fallbacks, the indexer, prefill through the same modules above the token limit) keeps SGLang's call.
+own fallbacks, the indexer, prefill through the same modules above the token limit) keeps SGLang's call. SGLang
+0.5.23 also has `Fp8LinearMethod.apply_into` (an output-buffer variant some call sites use): not wrapped, so those
+calls stay SGLang's, uncounted. One split-K workspace serves every tagged linear of one (N, K): safe while SGLang runs
+them on one stream (its alt stream carries only the MoE layers' shared experts, which are not tagged). The wrapper
+is host Python (logging, a counter): it is meant for CUDA-graph capture, not for torch.compile'd modules.
 
 A call goes to SGLang's method, counted in glm5_fastpath_fp8_linear_total{route="stock", reason} and logged once
 per reason, when:
@@ -38,6 +42,7 @@ logger = logging.getLogger("glm5_fastpath")
 ENV = "GLM5_FASTPATH_FP8_LINEAR"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_FP8_LINEAR_MAX_TOKENS"
 DEFAULT_MAX_TOKENS = 64
+MAX_TOKENS = 256  # ops.fp8_gemm.MAX_M (not imported: this module loads without the ops)
 MODULE = "sglang.srt.layers.quantization.fp8"
 CLASS = "Fp8LinearMethod"
 METHOD = "apply"
@@ -95,9 +100,11 @@ def why_not(method: Any, layer: Any, x: Any, bias: Any, limit: int, devices: tup
         return "method"
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16 or x.device.type not in devices:
         return "input"
+    if x.shape[0] < 1 or not x.is_contiguous():  # empty (idle) batches; a strided view the act quant does not take
+        return "input"
     if bias is not None:
         return "bias"
-    if x.shape[0] < 1 or x.shape[0] > limit:
+    if x.shape[0] > min(limit, MAX_TOKENS):
         return "tokens"
     w, s = getattr(layer, "weight", None), getattr(layer, "weight_scale_inv", None)
     if not isinstance(w, torch.Tensor) or not isinstance(s, torch.Tensor):
@@ -107,7 +114,9 @@ def why_not(method: Any, layer: Any, x: Any, bias: Any, limit: int, devices: tup
     if w.dtype != torch.float8_e4m3fn or w.dim() != 2 or s.dtype != torch.float32 or s.dim() != 2:
         return "weight"
     n, k = w.shape
-    if k != x.shape[1] or k % 128 or n % 2 or tuple(s.shape) != (-(-n // 128), k // 128):
+    # N on whole 128-row scale blocks: a merged gate_up whose parts were not 128-aligned would still match the
+    # ceil(N / 128) grid with a different row -> block mapping
+    if k != x.shape[1] or k % 128 or n % 128 or tuple(s.shape) != (n // 128, k // 128):
         return "weight"
     if not (w.is_contiguous() and s.is_contiguous()) or w.device != x.device or s.device != x.device:
         return "weight"
@@ -143,6 +152,7 @@ class Fp8LinearRoute:
             out = self.run(x, layer.weight, layer.weight_scale_inv)
         except Exception as e:  # noqa: BLE001 - never take the server down: SGLang's path, loudly, once
             if ("stock", "error") not in self._once:
+                self._once.add(("stock", "error"))  # this warning is the one log line of the reason
                 self.log.warning("glm5_fastpath: FP8 linear (%s): our kernels raised %s: %s; SGLang's method for "
                                  "this call", getattr(layer, MARK, "?"), type(e).__name__, e)
             self.note("stock", "error", layer, logging.WARNING)

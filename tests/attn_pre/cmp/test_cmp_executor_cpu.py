@@ -152,7 +152,7 @@ def test_priority_modes_raise_only_the_named_ops_launch_priority(layer, monkeypa
     every other op at the stream's; on CPU (no kernels) nothing changes and the results equal the reference."""
     from glm5_fastpath.jit import runtime
 
-    monkeypatch.setattr(runtime, "priority_range", lambda: (0, -5))
+    monkeypatch.setattr(runtime, "priority_range", lambda device=None: (0, -5))
     s, pad = _setup(seed=4)
     ex = _executor(layer, s, pad, mode="full_prio_b1")
     for op, want in (("B1", -5), ("E2", -5), ("D0", None), ("B0", None)):

@@ -231,3 +231,25 @@ def test_rebinding_caches(layer, step):
     assert ex.captures == 2
     r2["block_table"] = bt
     _check_vs_eager(ex, out2, r2, s2, "bound block table")
+
+
+def test_prio_mode_launches_the_named_ops_at_high_priority(layer, step):
+    """Under full_prio_b1 the kernels of B1 / E1 / E2 are issued inside launch_priority(greatest) and the others
+    outside it (the op's ref runs the launches; jit.runtime turns the context into the launch attribute, checked
+    by tests/jit/test_compiler.py with a fake driver)."""
+    import dataclasses
+
+    from glm5_fastpath.jit import runtime
+
+    ex = _executor(layer, step, "full_prio_b1", buckets=(16,))
+    seen = {}
+    for name, op in list(ex.graph.ops.items()):
+        def rec(env, _ref=op.ref, _name=name):
+            seen[_name] = runtime.current_launch_priority()
+            return _ref(env)
+        ex.graph.ops[name] = dataclasses.replace(op, ref=rec)
+    ex.enqueue(16)
+    torch.cuda.synchronize()
+    high = runtime.priority_range()[1]
+    assert {o: p for o, p in seen.items() if p is not None} == {o: high for o in ("B1", "E1", "E2")}
+    assert seen["B0"] is None and seen["D0"] is None and len(seen) == len(ex.graph.ops)

@@ -113,6 +113,8 @@ def test_tagged_small_calls_reach_our_kernels_and_are_counted(env, caplog):
     (lambda m, lin, x: (m, lin, x, torch.zeros(256)), "bias"),
     (lambda m, lin, x: (m, lin, torch.randn(65, 512).to(BF16), None), "tokens"),
     (lambda m, lin, x: (m, lin, x[:, :384].contiguous(), None), "weight"),
+    (lambda m, lin, x: (m, lin, torch.randn(512, 3).to(BF16).t(), None), "input"),  # strided view
+    (lambda m, lin, x: (m, lin, x[:0], None), "input"),  # an idle (empty) batch
 ])
 def test_calls_our_kernels_do_not_take_stay_on_sglang(env, case, reason):
     calls, run, cls = env
@@ -151,6 +153,24 @@ def test_token_limit_from_env(env, monkeypatch):
     assert cls().apply(lin, torch.randn(4, 512).to(BF16)).shape == (4, 256)
 
 
+def test_limit_never_exceeds_the_gemm_maximum_and_bias_keyword(env, monkeypatch):
+    """A limit above the GEMM's 256 tokens is capped; RowParallelLinear passes bias= as a keyword (0.5.14)."""
+    calls, run, cls = env
+    monkeypatch.setenv(LR.ENV_MAX_TOKENS, "1000")
+    mdl = model()
+    install(cls, mdl, run)
+    lin = mdl.model.layers[0].self_attn.o_proj
+    assert cls().apply(lin, torch.randn(257, 512).to(BF16), bias=None) == ("sglang", (257, 512))
+    assert cls().apply(lin, torch.randn(256, 512).to(BF16), bias=None).shape == (256, 256)
+    assert cls().apply(lin, torch.randn(2, 512).to(BF16), bias=torch.zeros(256)) == ("sglang", (2, 512))
+
+
+def test_an_unaligned_n_is_refused():
+    lin = Linear(200, 512)  # 2 scale rows by ceil, but not whole 128-row blocks
+    lin.__dict__[LR.MARK] = "dense gate_up"
+    assert LR.why_not(Method(), lin, torch.randn(2, 512).to(BF16), None, 64, ("cpu",)) == "weight"
+
+
 def test_kernel_error_falls_back_once_loudly(env, caplog):
     calls, run, cls = env
 
@@ -163,6 +183,7 @@ def test_kernel_error_falls_back_once_loudly(env, caplog):
     for _ in range(2):
         assert cls().apply(lin, torch.randn(2, 384).to(BF16)) == ("sglang", (2, 384))
     assert caplog.text.count("our kernels raised RuntimeError: kaput") == 1
+    assert caplog.text.count("FP8 linear") == 1  # the warning is the reason's only line
     assert reg.get_sample_value("glm5_fastpath_fp8_linear_total", {"route": "stock", "reason": "error"}) == 2
 
 

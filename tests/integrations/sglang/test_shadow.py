@@ -201,6 +201,28 @@ def test_moe_check_fails_a_kernel_error_even_when_routing_differs():
     assert rec["rel_err_stock_routing"] > 0.03 and not rec["passed"]
 
 
+def test_moe_check_fails_a_flip_where_our_choice_is_not_the_exact_one():
+    """An expert set that is neither SGLang's nor the float64 one is a router bug, even when the experts' kernels
+    agree on SGLang's routing: the check must fail it."""
+    w, bias, h = _near_tie_case()
+    mlp = _RoutedMLP(w, bias, 4)
+
+    class WrongRouter(_Fp32Router):
+        def __call__(self, original, hh, fb=None):
+            out = super().__call__(original, hh, fb)
+            ids, wts = self.last_routing
+            bad = ids.clone()
+            bad[:, -1] = (set(range(16)) - set(ids[0].tolist())).pop()  # a clearly wrong last expert
+            self.last_routing = (bad, wts)
+            return self.run(mlp, None, hh, routing=self.last_routing)
+    chk = SH.MoECheck(WrongRouter(), tol=0.03)
+    with ME_STATE(mlp):
+        chk(mlp.forward, h, None)
+    rec = chk.records[0]
+    assert rec["topk_equal"] is False and rec["rel_err_stock_routing"] == pytest.approx(0.0, abs=1e-6)
+    assert not rec["topk_ours_is_fp64"] and not rec["passed"]
+
+
 class ME_STATE:
     """mlp.__dict__[moe_executor.STATE] set for the duration (MoECheck reads the layer's route from there)."""
 
