@@ -270,16 +270,23 @@ def bench_prefix(cfg: Glm5Config, modes: Sequence[str] = DEFAULT_MODES, ms: Sequ
                     row["stock"] = _time(lambda i: chain.enqueue(bound[i % len(bound)]), len(bound), device, replays)
                 except Exception as e:  # noqa: BLE001
                     row["stock"] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+            _log(f"M={m} stock: {row['stock'].get('median_us', row['stock'])}")
         _derive(row)
         rep["rows"].append(row)
         del sets
         torch.cuda.empty_cache()
+        _write(rep, out, final=False)  # after every M: a run cut short keeps the rows it finished
     if rep["timelines"]:
         rep["timeline_png"] = plot_timelines(rep["timelines"], out / f"cmp_timeline_M{ms[0]}.png")
-    (out / "cmp_prefix.json").write_text(json.dumps(rep, indent=1, default=str))
-    (out / "cmp_prefix.md").write_text(render_markdown(rep))
+    _write(rep, out, final=True)
     _log(f"wrote {out}/cmp_prefix.json, cmp_prefix.md")
     return rep
+
+
+def _write(rep: dict[str, Any], out: Path, final: bool) -> None:
+    rep["complete"] = final
+    (out / "cmp_prefix.json").write_text(json.dumps(rep, indent=1, default=str))
+    (out / "cmp_prefix.md").write_text(render_markdown(rep))
 
 
 def _med(x: Any) -> float | None:
@@ -312,7 +319,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
     f = lambda x, p=".2f": "-" if x is None else format(x, p)  # noqa: E731
     lines = [f"# CMP attention prefix ({rep['config']}, KV {rep['kv_len']} per sequence, {rep['device']})", "",
              f"Copy bandwidth {rep['copy_bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s (floors use it). Times: median "
-             "per prefix, CUDA-graph replay over rotating weight + cache sets.", "",
+             "per prefix, CUDA-graph replay over rotating weight + cache sets."
+             + ("" if rep.get("complete", True) else " **Partial: the run stopped before the last M.**"), "",
              "| M | floor us | MB | stock us | " + " | ".join(f"{m} us" for m in modes) + " | best/floor | stock/best |",
              "|---:|---:|---:|---:|" + "---:|" * len(modes) + "---:|---:|"]
     for r in rep["rows"]:
