@@ -555,6 +555,21 @@ def logprob_gap(a: dict | None, b: dict | None) -> tuple[float | None, int]:
     return (max(gaps) if gaps else None), len(gaps)
 
 
+def first_choice_difference(a: dict | None, b: dict | None) -> dict | None:
+    """At the first token where two logprob passes chose different ids: the index and each pass's (id, logprob),
+    which says how close the choice was (two candidates at similar logprobs: a near tie that noise can flip)."""
+    if not a or not b:
+        return None
+    def at(d: dict, i: int) -> float | None:
+        lps = d.get("logprobs") or []
+        return lps[i] if i < len(lps) else None
+
+    for i, (x, y) in enumerate(zip(a.get("ids") or [], b.get("ids") or [])):
+        if x != y:
+            return {"index": i, "a": [int(x), at(a, i)], "b": [int(y), at(b, i)]}
+    return None
+
+
 def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | None = None,
                  meta: dict | None = None) -> dict:
     """Combine per-mode worker results into the report dict (rows per batch size)."""
@@ -598,6 +613,9 @@ def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | Non
             gap, n_lp = logprob_gap(la, lc)
             if n_lp:
                 row["logprob_max_abs_diff"], row["logprob_compared_tokens"] = gap, n_lp
+            fc = first_choice_difference(la, lc)
+            if fc is not None:
+                row["first_choice_difference"] = {"index": fc["index"], "stock": fc["a"], "fastpath": fc["b"]}
         rows.append(row)
     measured = any((row.get(mo) or {}).get("distinct_experts", {}) and "mean" in row[mo]["distinct_experts"]
                    for row in rows for mo in mode_results)
@@ -655,6 +673,10 @@ def render_markdown(rep: dict) -> str:
         greedy = "-" if not cmp_n else ("same" if div is None else str(div)) + f" (of {cmp_n})"
         if r.get("logprob_compared_tokens"):
             greedy += f"; max abs logprob diff {r['logprob_max_abs_diff']:.3g} over {r['logprob_compared_tokens']}"
+        fc = r.get("first_choice_difference")
+        if fc:
+            pick = lambda c: f"{c[0]} @ {_f(c[1], 2)}"  # noqa: E731
+            greedy += f"; at token {fc['index']}: stock {pick(fc['stock'])}, fastpath {pick(fc['fastpath'])}"
         meas = []
         for mo in modes:
             de = (r.get(mo) or {}).get("distinct_experts") or {}

@@ -559,6 +559,18 @@ def test_report_carries_the_logprob_gap():
     assert "same (of 3); max abs logprob diff 0.03 over 3" in off.render_markdown(rep)
 
 
+def test_report_names_both_choices_at_the_first_difference():
+    res = {"stock": _fake("stock", {1: 290.0}, [5, 6, 7]), "fastpath": _fake("fastpath", {1: 400.0}, [5, 9, 7])}
+    res["stock"]["batches"]["1"]["first_logprobs"] = {"ids": [5, 6, 7], "logprobs": [-0.93, -1.084, -0.3]}
+    res["fastpath"]["batches"]["1"]["first_logprobs"] = {"ids": [5, 9, 7], "logprobs": [-0.93, -1.893, -0.3]}
+    rep = off.build_report(res)
+    assert rep["rows"][0]["first_choice_difference"] == {"index": 1, "stock": [6, -1.084], "fastpath": [9, -1.893]}
+    assert "at token 1: stock 6 @ -1.08, fastpath 9 @ -1.89" in off.render_markdown(rep)
+    assert off.first_choice_difference({"ids": [1, 2], "logprobs": [-1.0]}, {"ids": [1, 3], "logprobs": []}) == \
+        {"index": 1, "a": [2, None], "b": [3, None]}
+    assert off.first_choice_difference({"ids": [1]}, {"ids": [1]}) is None
+
+
 def test_logprob_pass_reads_sglang_meta_info():
     class Engine:
         def generate(self, input_ids, sampling_params, return_logprob=False):
