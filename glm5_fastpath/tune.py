@@ -433,7 +433,7 @@ def _prewarm_megamoe(configs: Sequence[Any], hidden: int, inter: int, log: Calla
     from .jit import compile_kernel
     from .jit.compiler import current_arch
 
-    specs = {(c.block_n, c.stages): c.spec(hidden, inter) for c in configs}
+    specs = {(c.block_n, c.stages, c.lean_fences): c.spec(hidden, inter) for c in configs}
     t0 = time.time()
     try:
         arch = current_arch()

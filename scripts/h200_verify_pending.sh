@@ -5,9 +5,11 @@
 #   1. GPU tests: the router + FP8-quant kernels (tests/ops/test_moe_router.py -k quant), the FP8-linear route's
 #      kernels (tests/integrations/sglang/test_linear_route.py), the CMP priority modes
 #      (tests/attn_pre/cmp/test_cmp_executor_gpu.py -k "prio or early_wait")              [T_TESTS, default 170 s]
-#   2. bench fp8-linear: o_proj / dense gate_up / down, ours vs SGLang's Fp8LinearMethod path  [T_LINEAR, 150 s]
-#   3. bench prefix --modes full,full_prio_index,full_prio_b1 at M = 1, 8, 16, 64             [T_PRIO, 120 s]
-#   4. bench moe --settings b --tokens 1,8 --trace (raw trace rows for the small-M boundary analysis)  [T_MOE, 110 s]
+#      and MegaMoE's lean-fences build, bitwise vs the default over 40 launches each (-k lean)   [T_LEAN, 60 s]
+#   2. bench fp8-linear: o_proj / dense gate_up / down, ours vs SGLang's Fp8LinearMethod path  [T_LINEAR, 130 s]
+#   3. bench prefix --modes full,full_prio_index,full_prio_b1 at M = 1, 8, 16, 64             [T_PRIO, 110 s]
+#   4. bench moe --settings b --tokens 1,8 --trace --lean-fences (raw trace rows for the small-M boundary analysis,
+#      the lean-fences build timed next to the default)                                       [T_MOE, 100 s]
 # usage: scripts/h200_verify_pending.sh OUTDIR [SITE.tar.xz] [JIT.tar.xz]
 set -uo pipefail
 out=${1:?usage: $0 OUTDIR [SITE.tar.xz] [JIT.tar.xz]}
@@ -33,16 +35,17 @@ T=${T_TESTS:-170}
 run_tests router_quant $(( T * 2 / 5 )) tests/ops/test_moe_router.py -k quant
 run_tests linear_route $(( T / 5 )) tests/integrations/sglang/test_linear_route.py
 run_tests cmp_prio $(( T * 2 / 5 )) tests/attn_pre/cmp/test_cmp_executor_gpu.py -k "prio or early_wait"
+run_tests megamoe_lean "${T_LEAN:-60}" tests/moe/test_megamoe.py -k lean
 
 el "bench fp8-linear"
-timeout "${T_LINEAR:-150}" python3 -m glm5_fastpath.cli bench fp8-linear --out "$out/fp8_linear" \
+timeout "${T_LINEAR:-130}" python3 -m glm5_fastpath.cli bench fp8-linear --out "$out/fp8_linear" \
   > "$out/fp8_linear.log" 2>&1; el "bench fp8-linear rc=$?"
 
 el "bench prefix (priority modes)"
-timeout "${T_PRIO:-120}" python3 -m glm5_fastpath.cli bench prefix --modes full,full_prio_index,full_prio_b1 \
+timeout "${T_PRIO:-110}" python3 -m glm5_fastpath.cli bench prefix --modes full,full_prio_index,full_prio_b1 \
   --ms 1,8,16,64 --kv-len 8192 --out "$out/prefix_prio" > "$out/prefix_prio.log" 2>&1; el "bench prefix rc=$?"
 
 el "bench moe --trace (small M)"
-timeout "${T_MOE:-110}" python3 -m glm5_fastpath.cli bench moe --settings b --tokens 1,8 --trace --no-deepgemm \
+timeout "${T_MOE:-100}" python3 -m glm5_fastpath.cli bench moe --settings b --tokens 1,8 --trace --lean-fences --no-deepgemm \
   --out "$out/moe_trace" > "$out/moe_trace.log" 2>&1; el "bench moe rc=$?"
 el "done"

@@ -99,6 +99,18 @@ constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
 #define GLM5_MEGAMOE_TRACE 0
 #endif
 constexpr bool kTrace = GLM5_MEGAMOE_TRACE != 0;
+
+// Lean fences (GLM5_MEGAMOE_LEAN_FENCES=1, its own cubin; MegaMoEConfig.lean_fences): the three cross-CTA
+// hand-offs (split-K FC1 partials, fc1_done, the combine's slot values) publish with CTA barrier + ONE releasing
+// atomic and consume with ONE acquiring atomic / load + CTA barrier, relying on the release / acquire being
+// cumulative over the barrier (the PTX memory model's causality order; the pattern of CUTLASS's GenericBarrier).
+// The default build keeps a fence.gpu (__threadfence) in every thread on both sides as well. Why: at 1 token
+// the FC1 epilogue (split exchange + quant + fc1_done) averaged ~8 us per task on the H200 (session 7 trace),
+// longer than the 6-stage weight ring covers; the per-thread fences wait under full HBM load.
+#ifndef GLM5_MEGAMOE_LEAN_FENCES
+#define GLM5_MEGAMOE_LEAN_FENCES 0
+#endif
+constexpr bool kLeanFences = GLM5_MEGAMOE_LEAN_FENCES != 0;
 constexpr int kTraceCols = 10;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
@@ -233,6 +245,11 @@ GLM5_DEVICE float round_bf16(float x) {
 }
 
 GLM5_DEVICE uint32_t lane_id() { return threadIdx.x & 31u; }
+
+// A per-thread fence.gpu on a cross-CTA hand-off, except in the lean-fences build (kLeanFences above).
+GLM5_DEVICE void handoff_fence() {
+    if constexpr (!kLeanFences) __threadfence();
+}
 
 // ---- shared-memory layout of the persistent kernel ---------------------------------------------------
 // (glm5_fastpath/moe/megamoe.py::smem_bytes mirrors kBytes; keep the two in sync.)
@@ -718,7 +735,7 @@ struct MegaMoE {
             ptx::st_cg_f32x4(mine + i, make_float4(acc0[i], acc0[i + 1], acc0[i + 2], acc0[i + 3]));
             ptx::st_cg_f32x4(mine + kNAcc + i, make_float4(acc1[i], acc1[i + 1], acc1[i + 2], acc1[i + 3]));
         }
-        __threadfence();
+        handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         int32_t* flag = reinterpret_cast<int32_t*>(sm + L::kFlag);
         if (mt == 0) {
@@ -730,7 +747,7 @@ struct MegaMoE {
         const bool last = flag[0] == 1;
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();  // flag[0] is reused by later epilogues
         if (!last) return false;
-        __threadfence();
+        handoff_fence();
         const float* other = p.split_partial + (static_cast<int64_t>(tile) * 2 + (half ^ 1)) * kMathThreads * kBN + mt * kBN;
 #pragma unroll
         for (int i = 0; i < kNAcc; i += 4) {
@@ -794,7 +811,7 @@ struct MegaMoE {
             ptx::lds_v4(out_s + row * kBK + c * 16, a, b, c2, d);
             ptx::st_global_v4(p.act + static_cast<int64_t>(p0 + row) * kI + rt * kBK + c * 16, ptx::u32x4{a, b, c2, d});
         }
-        __threadfence();
+        handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
     }
@@ -833,7 +850,7 @@ struct MegaMoE {
         store_half(acc0, 0);
         store_half(acc1, 1);
         if (p.flags & kFlagNoCombine) return;  // diagnostics: slot values only (uniform branch)
-        __threadfence();
+        handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         constexpr int kCtrPerToken = kH / kTileRows;
         if (mt < cnt) {
@@ -848,7 +865,7 @@ struct MegaMoE {
         const int mw = mt >> 5;
         for (int col = mw; col < cnt; col += kMathThreads / 32) {
             if (!flag[col]) continue;
-            __threadfence();
+            handoff_fence();
             const int t = code[col] >> 4;
             const int64_t base = static_cast<int64_t>(t) * S * kH + rt * kTileRows + lane * 8;
             float sum[8];

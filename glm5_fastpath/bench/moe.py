@@ -31,6 +31,7 @@ token count and setting, when matplotlib imports).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -163,8 +164,12 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
         touched = int(torch.unique(ids).numel())
         row = {"tokens": m, "experts_touched": touched, "floor_us": floor_us(touched),
                "floor_shared_us": floor_us(touched + 1)}
-        for key, wt in (("ours", routed), ("ours_shared", shared)):
+        variants = [("ours", routed, False), ("ours_shared", shared, False)]
+        if getattr(args, "lean_fences", False):  # the lean-fences build next to the default one (megamoe.cuh)
+            variants.append(("ours_shared_lean", shared, True))
+        for key, wt, lean in variants:
             cfg = MM.default_config(m, experts, TOPK, wt.num_shared, torch.cuda.get_device_properties(dev).multi_processor_count)
+            cfg = dataclasses.replace(cfg, lean_fences=lean)
             MM.precompile(wt, TOPK, max_tokens=m, device=dev, configs=[cfg])
             try:
                 t = time_launches(lambda i: MM.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=RSF, config=cfg),
@@ -266,6 +271,15 @@ def markdown(result: dict) -> str:
                          f"{g('deepgemm_masked_vs_floor', '{:.3f}')} | {g('speedup_vs_deepgemm_masked', '{:.2f}x')} | "
                          f"{g('ours_shared')} | {g('ours_shared_vs_floor', '{:.3f}')} |")
         lines.append("")
+    lean = [(name, r) for name, rows in result["settings"].items() for r in rows if r.get("ours_shared_lean")]
+    if lean:
+        lines += ["## Lean-fences build (ours + shared; MegaMoEConfig.lean_fences)", "",
+                  "| setting | tokens | default us | lean us | default / lean |", "|---|---|---|---|---|"]
+        for name, r in lean:
+            a, b = (r.get(k, {}).get("median_us") for k in ("ours_shared", "ours_shared_lean"))
+            lines.append(f"| {name} | {r['tokens']} | {a if a is None else f'{a:.1f}'} | "
+                         f"{b if b is None else f'{b:.1f}'} | {f'{a / b:.3f}' if a and b else '-'} |")
+        lines.append("")
     traced = [(name, r) for name, rows in result["settings"].items() for r in rows if r.get("ours_shared_trace")]
     if traced:
         lines += ["## Where the time goes (trace build, ours + shared, one launch each)", ""]
@@ -324,6 +338,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--trace", action="store_true",
                     help="also run MegaMoE's trace build once per token count: first-stage wait / MMA / epilogue "
                          "shares per FC1 / FC2 task, fc1_done spins, tail (docs/megamoe_large_m.md)")
+    ap.add_argument("--lean-fences", action="store_true",
+                    help="also time the lean-fences build of ours + shared (column ours_shared_lean; "
+                         "MegaMoEConfig.lean_fences)")
     ap.add_argument("--trace-save-max-tokens", type=int, default=128,
                     help="with --trace: also save the raw trace rows (OUT/trace_rows/<setting>_M<tokens>.pt, "
                          "megamoe.TRACE_COLUMNS) for token counts up to this")

@@ -145,12 +145,15 @@ class MegaMoEConfig:
     split_waves: when a call has at most split_waves x num_SMs FC1 tiles (small batches), each FC1 tile
                 is split in two K halves (finer tail; the second finisher adds the first one's fp32
                 partial); only for block_n <= 16, 0 disables.
+    lean_fences: the cross-CTA hand-offs without the per-thread fence.gpu (megamoe.cuh, kLeanFences; its own
+                cubin, name suffix "_lf"). Off until its GPU race tests and timing have run.
     """
 
     block_n: int
     stages: int
     group_size: int = MAX_EXPERTS
     split_waves: int = 4
+    lean_fences: bool = False
 
     def validate(self) -> "MegaMoEConfig":
         if self.block_n not in BLOCK_NS:
@@ -174,33 +177,34 @@ class MegaMoEConfig:
         return smem_bytes(self.block_n, self.stages)
 
     def spec(self, hidden: int, inter: int) -> KernelSpec:
-        return kernel_spec(hidden, inter, self.block_n, self.stages)
+        return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences)
 
     @property
     def name(self) -> str:
-        return f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}"
+        return f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}" + ("_lf" if self.lean_fences else "")
 
     @classmethod
     def from_name(cls, name: str) -> "MegaMoEConfig":
-        """Inverse of .name ("bn16_s6_g512_w4"; "bn16" alone = deepest stages, defaults for the rest)."""
-        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?", name)
+        """Inverse of .name ("bn16_s6_g512_w4[_lf]"; "bn16" alone = deepest stages, defaults for the rest)."""
+        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?", name)
         if m is None:
-            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>]")
+            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf]")
         bn = int(m.group(1))
         if bn not in BLOCK_NS:
             raise _fail(f"config {name!r}: block_n={bn} is not supported (one of {BLOCK_NS})")
         st = int(m.group(2)) if m.group(2) else max_stages(bn)
         g = int(m.group(3)) if m.group(3) else MAX_EXPERTS
         w = int(m.group(4)) if m.group(4) else 4
-        return cls(bn, st, g, w).validate()
+        return cls(bn, st, g, w, bool(m.group(5))).validate()
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_spec(hidden: int, inter: int, block_n: int, stages: int) -> KernelSpec:
-    return KernelSpec(FUNCTION, source=SOURCE,
-                      defines=(("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
-                               ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages))),
-                      functions=(FUNCTION, PLAN_FUNCTION))
+def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False) -> KernelSpec:
+    defines = (("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
+               ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages)))
+    if lean_fences:  # absent otherwise: the default build's cache key and cubin are unchanged
+        defines += (("GLM5_MEGAMOE_LEAN_FENCES", "1"),)
+    return KernelSpec(FUNCTION, source=SOURCE, defines=defines, functions=(FUNCTION, PLAN_FUNCTION))
 
 
 def expected_max_load(num_tokens: int, num_experts: int, topk: int) -> float:
@@ -481,7 +485,7 @@ def _sms(dev: torch.device) -> int:
 
 def _kernels_for(cfg: MegaMoEConfig, hidden: int, inter: int, dev: torch.device) -> tuple[Any, Any]:
     idx = _dev_index(dev)
-    key = (hidden, inter, cfg.block_n, cfg.stages, idx)
+    key = (hidden, inter, cfg.block_n, cfg.stages, cfg.lean_fences, idx)
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
@@ -622,7 +626,7 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
         extra: list = []
     else:
         from ..jit.runtime import get_kernel
-        spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages)
+        spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages, cfg.lean_fences)
         plan_k, main_k = get_kernel(spec, PLAN_FUNCTION, dev), get_kernel(spec, TRACE_FUNCTION, dev)
         extra = [trace[0], ctypes.c_int32(trace[1])]
     env.print_config("mega_moe", {"M": m, "H": wv.hidden, "I": wv.inter, "experts": wv.num_total, "topk": k,
@@ -639,7 +643,7 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
 def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, num_shared: int,
               routed_scaling_factor: float, block_n: int, stages: int, group_size: int, split_waves: int,
-              pdl: bool = True) -> torch.Tensor:
+              pdl: bool = True, lean_fences: bool = False) -> torch.Tensor:
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     m = x.shape[0]
@@ -647,13 +651,13 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
     if m == 0:
         return out
     _launch(x, x_scale, topk_ids, topk_weights, wv, out, num_shared, routed_scaling_factor,
-            MegaMoEConfig(block_n, stages, group_size, split_waves), 0, pdl)
+            MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences)), 0, pdl)
     return out
 
 
 @_mega_moe.register_fake
 def _mega_moe_fake(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared, routed_scaling_factor,
-                   block_n, stages, group_size, split_waves, pdl=True):
+                   block_n, stages, group_size, split_waves, pdl=True, lean_fences=False):
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     return x.new_empty((x.shape[0], wv.hidden), dtype=BF16)
@@ -676,7 +680,7 @@ def mega_moe(x_fp8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor,
     return torch.ops.glm5_fastpath.mega_moe(x_fp8, x_scale, topk_ids, topk_weights, weights.w13, weights.w13_scale,
                                             weights.w2, weights.w2_scale, weights.num_shared,
                                             float(routed_scaling_factor), config.block_n, config.stages,
-                                            config.group_size, config.split_waves, pdl)
+                                            config.group_size, config.split_waves, pdl, config.lean_fences)
 
 
 # ---- diagnostics ----------------------------------------------------------------------------------------
@@ -764,9 +768,9 @@ TRACE_COLUMNS = ("claim_ns", "spin_start_clk", "spin_end_clk", "math_start_clk",
 DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed task to calibrate against
 
 
-def trace_spec(hidden: int, inter: int, block_n: int, stages: int) -> KernelSpec:
+def trace_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False) -> KernelSpec:
     """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace."""
-    base = kernel_spec(hidden, inter, block_n, stages)
+    base = kernel_spec(hidden, inter, block_n, stages, lean_fences)
     return KernelSpec(TRACE_FUNCTION, source=SOURCE, defines=tuple(base.defines) + (("GLM5_MEGAMOE_TRACE", "1"),),
                       functions=(TRACE_FUNCTION, PLAN_FUNCTION))
 
@@ -901,6 +905,7 @@ def compile_check_specs() -> list[KernelSpec]:
     specs = [kernel_spec(6144, 2048, bn, max_stages(bn)) for bn in BLOCK_NS]
     specs.append(kernel_spec(512, 128, 16, max_stages(16)))
     specs.append(trace_spec(6144, 2048, 64, max_stages(64)))  # the trace build compiles too
+    specs.append(kernel_spec(6144, 2048, 8, max_stages(8), lean_fences=True))  # and the lean-fences build
     return specs
 
 

@@ -144,3 +144,15 @@ def test_report_has_the_trace_section():
     assert "- (b) 1 tokens: span 8.1 us, math busy 74 %" in md and "fc1_done spin 1.0 us over 1 tasks" in md
     assert "- (b) 16 tokens: RuntimeError: no trace" in md
     assert "Where the time goes" not in BM.markdown(_result())
+
+
+def test_report_has_the_lean_fences_section():
+    res = _result()
+    r = res["settings"]["b"][0]
+    r["ours_shared_lean"] = {"median_us": 90.0}
+    ref = r.get("ours_shared", {}).get("median_us")
+    md = BM.markdown(res)
+    assert "## Lean-fences build" in md
+    line = [ln for ln in md.splitlines() if ln.startswith("| b | " + str(r["tokens"]) + " |")][0]
+    assert "| 90.0 |" in line and (ref is None or f"{ref / 90.0:.3f}" in line)
+    assert "Lean-fences" not in BM.markdown(_result())

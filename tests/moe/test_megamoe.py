@@ -910,3 +910,31 @@ def test_gpu_trace_run_matches_the_normal_build(m):
     s = got["summary"]
     assert s["tasks"] == int(done.sum()) and 0 < s["math_busy_share"] <= 1.0
     print(M.trace_markdown(s))
+
+
+def test_lean_fences_config_name_and_spec():
+    c = M.MegaMoEConfig(8, M.max_stages(8), M.MAX_EXPERTS, 4, lean_fences=True)
+    assert c.name.endswith("_lf") and M.MegaMoEConfig.from_name(c.name) == c
+    assert M.MegaMoEConfig.from_name("bn8").lean_fences is False
+    assert ("GLM5_MEGAMOE_LEAN_FENCES", "1") in c.spec(6144, 2048).defines
+    base = M.MegaMoEConfig(8, M.max_stages(8)).spec(6144, 2048)
+    assert all(k != "GLM5_MEGAMOE_LEAN_FENCES" for k, _ in base.defines)  # the default build's key is unchanged
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, experts, kind", [(1, 256, "uniform"), (3, 32, "uniform"), (8, 256, "uniform"),
+                                              (16, 32, "skewed"), (33, 32, "uniform")])
+def test_gpu_lean_fences_equal_the_default_build_bitwise_over_many_launches(m, experts, kind):
+    """The lean-fences build (no per-thread fence.gpu on the split-K / fc1_done / combine hand-offs) gives the
+    default build's output bit for bit, launch after launch (a missing ordering would show as a differing launch:
+    a stale partial, FC2 input or slot value), at sizes with split-K FC1 tiles and with several token blocks."""
+    _, wt = _weights(experts)
+    x8, xs, ids, wts = _inputs(m, experts, 8, kind, 11 + m)
+    cfg = M.default_config(m, experts, 8, 1)
+    lean = dataclasses.replace(cfg, lean_fences=True)
+    want = M.mega_moe(x8, xs, ids, wts, wt, config=cfg)
+    torch.cuda.synchronize()
+    for i in range(40):
+        got = M.mega_moe(x8, xs, ids, wts, wt, config=lean)
+        torch.cuda.synchronize()
+        assert_equal(OP + f" lean fences launch {i}", got, want)
