@@ -6,10 +6,11 @@
 #      kernels (tests/integrations/sglang/test_linear_route.py), the CMP priority modes
 #      (tests/attn_pre/cmp/test_cmp_executor_gpu.py -k "prio or early_wait")              [T_TESTS, default 170 s]
 #      and MegaMoE's lean-fences build, bitwise vs the default over 40 launches each (-k lean)   [T_LEAN, 60 s]
-#   2. bench fp8-linear: o_proj / dense gate_up / down, ours vs SGLang's Fp8LinearMethod path  [T_LINEAR, 130 s]
-#   3. bench prefix --modes full,full_prio_index,full_prio_b1 at M = 1, 8, 16, 64             [T_PRIO, 110 s]
+#   2. bench fp8-linear: o_proj / dense gate_up / down, ours vs SGLang's Fp8LinearMethod path  [T_LINEAR, 110 s]
+#   3. bench prefix --modes full,full_prio_index,full_prio_b1 at M = 1, 8, 16, 64             [T_PRIO, 100 s]
 #   4. bench moe --settings b --tokens 1,8 --trace --lean-fences (raw trace rows for the small-M boundary analysis,
 #      the lean-fences build timed next to the default)                                       [T_MOE, 100 s]
+#   5. bench router: the token-sliced decode kernel against split-K at 1-32 tokens             [T_ROUTER, 40 s]
 # usage: scripts/h200_verify_pending.sh OUTDIR [SITE.tar.xz] [JIT.tar.xz]
 set -uo pipefail
 out=${1:?usage: $0 OUTDIR [SITE.tar.xz] [JIT.tar.xz]}
@@ -38,14 +39,17 @@ run_tests cmp_prio $(( T * 2 / 5 )) tests/attn_pre/cmp/test_cmp_executor_gpu.py 
 run_tests megamoe_lean "${T_LEAN:-60}" tests/moe/test_megamoe.py -k lean
 
 el "bench fp8-linear"
-timeout "${T_LINEAR:-130}" python3 -m glm5_fastpath.cli bench fp8-linear --out "$out/fp8_linear" \
+timeout "${T_LINEAR:-110}" python3 -m glm5_fastpath.cli bench fp8-linear --out "$out/fp8_linear" \
   > "$out/fp8_linear.log" 2>&1; el "bench fp8-linear rc=$?"
 
 el "bench prefix (priority modes)"
-timeout "${T_PRIO:-110}" python3 -m glm5_fastpath.cli bench prefix --modes full,full_prio_index,full_prio_b1 \
+timeout "${T_PRIO:-100}" python3 -m glm5_fastpath.cli bench prefix --modes full,full_prio_index,full_prio_b1 \
   --ms 1,8,16,64 --kv-len 8192 --out "$out/prefix_prio" > "$out/prefix_prio.log" 2>&1; el "bench prefix rc=$?"
 
 el "bench moe --trace (small M)"
 timeout "${T_MOE:-100}" python3 -m glm5_fastpath.cli bench moe --settings b --tokens 1,8 --trace --lean-fences --no-deepgemm \
   --out "$out/moe_trace" > "$out/moe_trace.log" 2>&1; el "bench moe rc=$?"
+el "bench router"
+timeout "${T_ROUTER:-40}" python3 -m glm5_fastpath.cli bench router --out "$out/router" --tokens 1,2,4,8,16,32 \
+  > "$out/router.log" 2>&1; el "bench router rc=$?"
 el "done"

@@ -41,7 +41,9 @@ glm5_moe_router(const uint16_t* __restrict__ h,       // [M, HIDDEN] bf16
                 float routed_scaling,
                 uint8_t* __restrict__ x8,             // [M, HIDDEN] e4m3 or nullptr: h's 1x128 quant (act_quant.cuh)
                 float* __restrict__ x_scale,          // [M, HIDDEN/128] fp32 (with x8)
-                float quant_eps) {
+                float quant_eps,
+                int32_t tokens_per_cta) {             // the decode kernel's; unused here (one argument list)
+    (void)tokens_per_cta;
     __shared__ __align__(16) float scratch[RouterTile::kScratchFloats];
     const int tid = threadIdx.x;
     const int split = blockIdx.x, group = blockIdx.y;
@@ -78,15 +80,16 @@ glm5_moe_router(const uint16_t* __restrict__ h,       // [M, HIDDEN] bf16
     RouterTile::run(wr, p, split, group, tile, scratch, tid);
 }
 
-// Decode variant (1 <= M <= 32): grid (EXPERTS / RouterDecodeTile::kEpc, 1, 1), block (256, 1, 1), same
-// parameters (partials unused); the arrival counter is counters[RouterTile::kCounterWords] (one more word).
+// Decode variant (1 <= M <= 256): grid (EXPERTS / RouterDecodeTile::kEpc, ceil(M / tokens_per_cta), 1), block
+// (256, 1, 1), the same parameters plus tokens_per_cta (1..32; y slice y takes tokens [y t, y t + t)); partials
+// unused; the arrival counter is counters[RouterTile::kCounterWords] (one more word).
 extern "C" __global__ void __launch_bounds__(RouterDecodeTile::kThreads)
 glm5_moe_router_decode(const uint16_t* __restrict__ h, const uint16_t* __restrict__ gate,
                        const float* __restrict__ bias, float* __restrict__ logits, int32_t* __restrict__ topk_ids,
                        float* __restrict__ topk_weights, float* __restrict__ scaled_weights,
                        float* __restrict__ partials, uint32_t* __restrict__ counters, int32_t num_tokens,
                        float routed_scaling, uint8_t* __restrict__ x8, float* __restrict__ x_scale,
-                       float quant_eps) {
+                       float quant_eps, int32_t tokens_per_cta) {
     __shared__ __align__(16) float scratch[RouterTile::kScratchFloats];
     const int tid = threadIdx.x;
     RouterDecodeTile::Weights w;
@@ -97,13 +100,18 @@ glm5_moe_router_decode(const uint16_t* __restrict__ h, const uint16_t* __restric
     glm5::ptx::griddep_wait();
 
     if constexpr (RouterDecodeTile::kSupported) {
-        if (num_tokens < 1 || num_tokens > RouterDecodeTile::kMaxTokens) return;  // the launcher never does this
+        // the launcher never does these: the whole grid leaves (no arrival is counted, nothing is written)
+        if (num_tokens < 1 || tokens_per_cta < 1 || tokens_per_cta > RouterDecodeTile::kMaxTokens ||
+            static_cast<int>(gridDim.y) != (num_tokens + tokens_per_cta - 1) / tokens_per_cta)
+            return;
+        const int ctas = static_cast<int>(gridDim.x * gridDim.y);
+        const int cta_lin = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
         if (x8 != nullptr) {  // h's 1x128 quant: the M x HIDDEN/128 groups dealt over every CTA's half-warps
             constexpr int kHalfWarps = RouterDecodeTile::kThreads / ActQuantTile::kLanesPerGroup;
             constexpr int kGpr = GLM5_ROUTER_HIDDEN / ActQuantTile::kGroup;
             const int total = num_tokens * kGpr;
-            for (int base = 0; base < total; base += RouterDecodeTile::kCtas * kHalfWarps) {
-                const int gi = base + static_cast<int>(blockIdx.x) * kHalfWarps + tid / ActQuantTile::kLanesPerGroup;
+            for (int base = 0; base < total; base += ctas * kHalfWarps) {
+                const int gi = base + cta_lin * kHalfWarps + tid / ActQuantTile::kLanesPerGroup;
                 const bool valid = gi < total;
                 const int64_t row = valid ? gi / kGpr : 0, g = valid ? gi % kGpr : 0;
                 ActQuantTile::run(h + row * GLM5_ROUTER_HIDDEN + g * ActQuantTile::kGroup,
@@ -114,6 +122,7 @@ glm5_moe_router_decode(const uint16_t* __restrict__ h, const uint16_t* __restric
         }
         const glm5::moe::RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
                                       partials, counters, num_tokens, routed_scaling};
-        RouterDecodeTile::run(w, p, blockIdx.x, scratch, tid);
+        const int m0 = static_cast<int>(blockIdx.y) * tokens_per_cta;
+        RouterDecodeTile::run(w, p, blockIdx.x, scratch, tid, m0, min(num_tokens, m0 + tokens_per_cta), ctas);
     }
 }

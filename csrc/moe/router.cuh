@@ -362,14 +362,19 @@ struct RouterDecodeTile {
         return v;  // every lane: the same bits (butterfly)
     }
 
-    // All 256 threads; call after griddepcontrol.wait. Needs 1 <= M <= kMaxTokens.
-    static GLM5_DEVICE void run(const Weights& w, const RouterPtrs& p, int cta, float* scratch, int tid) {
+    // All 256 threads; call after griddepcontrol.wait. This CTA computes the logits of its kEpc experts for tokens
+    // [m0, m1) (m1 - m0 <= kMaxTokens): the grid's y dimension deals the tokens (token-parallel: every y slice
+    // runs the same short loop, so M tokens cost about what m1 - m0 cost, instead of a serial loop over all M).
+    // `arrivals` = every CTA of the grid (the last one runs the top-k of all M tokens). Per token the summation
+    // order does not depend on the slice: the logits are bitwise those of a one-slice launch.
+    static GLM5_DEVICE void run(const Weights& w, const RouterPtrs& p, int cta, float* scratch, int tid, int m0 = 0,
+                                int m1 = -1, int arrivals = kCtas) {
         const int warp = tid >> 5, lane = tid & 31;
         const int el = warp % kEpc, part = warp / kEpc;
-        const int m_n = p.num_tokens;
-        float* part_sums = scratch;  // [kKParts][kEpc][kMaxTokens]
+        const int m_n = m1 < 0 ? p.num_tokens : m1;
+        float* part_sums = scratch;  // [kKParts][kEpc][kMaxTokens], token index relative to m0
         const uint16_t* hcol = p.h + part * kKPerWarp + lane * 8;
-        for (int m = 0; m < m_n; m += 2) {
+        for (int m = m0; m < m_n; m += 2) {
             const bool two = m + 1 < m_n;
             ptx::u32x4 a[kVec], b[kVec];
 #pragma unroll
@@ -387,22 +392,22 @@ struct RouterDecodeTile {
             s0 = warp_sum(s0);
             s1 = warp_sum(s1);
             if (lane == 0) {
-                part_sums[(part * kEpc + el) * kMaxTokens + m] = s0;
-                if (two) part_sums[(part * kEpc + el) * kMaxTokens + m + 1] = s1;
+                part_sums[(part * kEpc + el) * kMaxTokens + (m - m0)] = s0;
+                if (two) part_sums[(part * kEpc + el) * kMaxTokens + (m - m0) + 1] = s1;
             }
         }
         ptx::named_barrier_sync<0, kThreads>();
-        if (tid < m_n * kEpc) {
-            const int m = tid / kEpc, e = tid % kEpc;
-            float l = part_sums[e * kMaxTokens + m];
+        if (tid < (m_n - m0) * kEpc) {
+            const int r = tid / kEpc, e = tid % kEpc;
+            float l = part_sums[e * kMaxTokens + r];
 #pragma unroll
-            for (int k = 1; k < kKParts; ++k) l += part_sums[(k * kEpc + e) * kMaxTokens + m];
-            ptx::st_global_f32(p.logits + static_cast<int64_t>(m) * kExperts + cta * kEpc + e, l);
+            for (int k = 1; k < kKParts; ++k) l += part_sums[(k * kEpc + e) * kMaxTokens + r];
+            ptx::st_global_f32(p.logits + static_cast<int64_t>(m0 + r) * kExperts + cta * kEpc + e, l);
         }
         // one arrival level: the last CTA runs the top-k epilogue over every token (it reads the logits with
         // ld.global.cg after the acquire in arrive_last)
-        if (!Base::arrive_last(p.counters + kCounter, kCtas, scratch, tid)) return;
-        Base::topk_epilogue(p, 0, m_n, warp, lane);
+        if (!Base::arrive_last(p.counters + kCounter, arrivals, scratch, tid)) return;
+        Base::topk_epilogue(p, 0, p.num_tokens, warp, lane);
     }
 };
 

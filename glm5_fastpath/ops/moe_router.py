@@ -38,6 +38,9 @@ but another summation order than the split-K kernel. GPU-tested on an H200 (2026
 (benchmarks/results/2026-11-30_h200_session6/run1_3292de4/router): 8.7 / 9.6 / 11.6 / 15.9 us against the split-K
 kernel's 9.9 / 10.0 / 10.2 / 10.7 us at M = 1 / 2 / 4 / 8 (its per-token loop is serial), so decode=None takes
 it for M <= DECODE_AUTO_MAX_TOKENS (2) only; GLM5_FASTPATH_ROUTER_DECODE=1 takes it up to 32 tokens, =0 never.
+Since session 7 the decode kernel deals the tokens over up to DECODE_SLICES grid rows (decode_tokens_per_cta:
+3 x 128 CTAs, one wave), so its per-token loop runs ceil(M / 3) tokens instead of M; the logits are bitwise those of
+one row. Not yet timed: `bench router` decides whether DECODE_AUTO_MAX_TOKENS can rise.
 
 Workspace: one per (device, H, E, k): fp32 partials [8][E/32][H/256][32][32] + uint32 counters
 [8 * E/32 + 8], allocated and zeroed once on first use (or by precompile()). Counters return to zero at
@@ -72,7 +75,9 @@ OP = "glm5_fastpath.moe_router"
 SOURCE = "moe/router.cu"
 FUNCTION = "glm5_moe_router"
 FUNCTION_DECODE = "glm5_moe_router_decode"
-DECODE_MAX_TOKENS = 32  # RouterDecodeTile::kMaxTokens
+DECODE_MAX_TOKENS = 32  # the largest M the decode kernel is chosen for (its grid rows deal up to 256 tokens)
+DECODE_SLICE_MAX = 32  # RouterDecodeTile::kMaxTokens: tokens of one grid row
+DECODE_SLICES = 3  # grid rows of the decode kernel at most (decode_tokens_per_cta)
 DECODE_AUTO_MAX_TOKENS = 2  # decode=None, env unset: measured faster than split-K up to here (module doc)
 ENV_DECODE = "GLM5_FASTPATH_ROUTER_DECODE"
 MAX_TOKENS = 256
@@ -260,10 +265,20 @@ def _kernel(cfg: RouterConfig, device: torch.device, function: str = FUNCTION):
 
 
 def _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws: _Workspace, rsf: float, x8=None,
-                 x_scale=None) -> tuple:
-    """The kernel's parameter list, in csrc/moe/router.cu order (checked at load). x8 / x_scale None: no quant."""
+                 x_scale=None, tokens_per_cta: int = 0) -> tuple:
+    """The kernels' parameter list, in csrc/moe/router.cu order (checked at load). x8 / x_scale None: no quant.
+    tokens_per_cta: the decode kernel's token slice per grid row (ignored by the split-K kernel)."""
     return (h, gate, bias, logits, ids, weights, scaled, ws.partials, ws.counters,
-            ctypes.c_int32(h.shape[0]), ctypes.c_float(rsf), x8, x_scale, ctypes.c_float(ACT_QUANT_EPS))
+            ctypes.c_int32(h.shape[0]), ctypes.c_float(rsf), x8, x_scale, ctypes.c_float(ACT_QUANT_EPS),
+            ctypes.c_int32(tokens_per_cta))
+
+
+def decode_tokens_per_cta(m: int) -> int:
+    """Tokens of one decode-kernel grid row (RouterDecodeTile::run deals them in y): at most DECODE_SLICES rows
+    (3 x 128 CTAs of 256 threads at ~73 registers: one wave at 3 CTAs per SM, so every CTA loads its gate weights
+    before griddepcontrol.wait), each row a whole number of the kernel's two-token passes where possible."""
+    rows = min(DECODE_SLICES, -(-max(m, 1) // 2))
+    return min(DECODE_SLICE_MAX, -(-max(m, 1) // rows))
 
 
 def use_decode(m: int, decode: bool | None, cfg: RouterConfig | None = None) -> bool:
@@ -285,10 +300,13 @@ def _launch(cfg: RouterConfig, h, gate, bias, logits, ids, weights, scaled, rsf:
     if m == 0:
         return
     ws = _workspace(cfg, h.device)
-    args = _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws, rsf, x8, x_scale)
     if use_decode(m, decode, cfg):
-        _kernel(cfg, h.device, FUNCTION_DECODE).launch((cfg.decode_ctas, 1, 1), (THREADS, 1, 1), args, pdl=pdl)
+        tpc = decode_tokens_per_cta(m)
+        args = _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws, rsf, x8, x_scale, tpc)
+        _kernel(cfg, h.device, FUNCTION_DECODE).launch((cfg.decode_ctas, -(-m // tpc), 1), (THREADS, 1, 1), args,
+                                                       pdl=pdl)
         return
+    args = _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws, rsf, x8, x_scale)
     _kernel(cfg, h.device).launch((cfg.splits, cfg.groups, -(-m // TOK_TILE)), (THREADS, 1, 1), args, pdl=pdl)
 
 

@@ -242,7 +242,7 @@ def test_decode_tile_constants_match_python():
     assert "static constexpr int kKParts = kChunks % 4 == 0 ? 4 : (kChunks % 2 == 0 ? 2 : 1);" in text
     assert "static constexpr int kEpc = kWarps / kKParts;" in text
     assert "static constexpr bool kSupported = kExperts % kEpc == 0;" in text
-    assert f"static constexpr int kMaxTokens = {R.DECODE_MAX_TOKENS};" in text
+    assert f"static constexpr int kMaxTokens = {R.DECODE_SLICE_MAX};" in text
     assert "static constexpr int kCounter = Base::kCounterWords;" in text  # the extra counter word
     # lane columns of the gate and of h are the same ones, and the K parts tile [0, H) exactly once
     assert "gate + static_cast<int64_t>(e) * kHidden + part * kKPerWarp;" in text
@@ -486,7 +486,8 @@ def test_kernel_resources_report():
     from glm5_fastpath.jit import get_kernel
     k = get_kernel(config_for(6144, 256, 8).spec)
     assert k.local_bytes == 0, k
-    assert k.param_sizes is None or k.param_sizes == (8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4), k.param_sizes
+    # h, gate, bias, logits, ids, weights, scaled, partials, counters, M, rsf, x8, x_scale, quant eps, tokens per CTA
+    assert k.param_sizes is None or k.param_sizes == (8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4, 8, 8, 4, 4), k.param_sizes
     assert 0 < k.num_regs <= 128 and k.max_threads >= 256, k
 
 
@@ -508,6 +509,31 @@ def test_decode_kernel_matches_reference(m, seed, glm5_router, no_pdl_override):
     torch.cuda.synchronize()
     for a, b, name in zip(again, (ids, w, lo, sc), ("ids", "weights", "logits", "scaled")):
         assert_equal(OP, a, b, context=f"decode run to run {name} {m=}")
+    _counters_are_zero()
+
+
+def test_decode_grid_rows():
+    """The decode kernel's token slices: <= 32 tokens a row, rows covering M exactly, at most DECODE_SLICES rows
+    while M fits them (the kernel is chosen up to 32 tokens; past 96 the 32-token rows decide)."""
+    for m in range(1, 257):
+        t = R.decode_tokens_per_cta(m)
+        rows = -(-m // t)
+        assert 1 <= t <= R.DECODE_SLICE_MAX and (rows - 1) * t < m <= rows * t, m
+        assert rows <= max(R.DECODE_SLICES, -(-m // R.DECODE_SLICE_MAX)), m
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [3, 8, 17, 32])
+def test_decode_kernel_token_slices_give_the_one_row_bits(m, seed, glm5_router, no_pdl_override, monkeypatch):
+    """Dealing the tokens over grid rows changes no bit: per token the summation order is the same."""
+    gate, bias = glm5_router
+    h = make_h(m, GLM5.hidden_size, seed + 5 * m)
+    sliced = moe_route_scaled(h, gate, bias, GLM5, decode=True)
+    monkeypatch.setattr(R, "decode_tokens_per_cta", lambda mm: mm)  # one grid row: the former decode grid
+    one = moe_route_scaled(h, gate, bias, GLM5, decode=True)
+    torch.cuda.synchronize()
+    for a, b, name in zip(sliced, one, ("ids", "weights", "logits", "scaled")):
+        assert_equal(OP, a, b, context=f"decode sliced vs one row {name} {m=}")
     _counters_are_zero()
 
 
