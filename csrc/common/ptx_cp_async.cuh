@@ -54,12 +54,14 @@ GLM5_DEVICE void lds_v4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& c, ui
 // L2-coherent loads (bypass L1): data another CTA of the same grid wrote before a fence + atomic.
 GLM5_DEVICE float4 ld_cg_f32x4(const float* p) {
     float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p)
+                 : "memory");  // stays after the acquire / barrier it follows (a compiler barrier, as a fence was)
     return v;
 }
 
 GLM5_DEVICE void ld_cg_v4(const void* p, uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) {
-    asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
+    asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p)
+                 : "memory");
 }
 
 GLM5_DEVICE void st_cg_f32x4(float* p, float4 v) {

@@ -100,13 +100,19 @@ constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
 #endif
 constexpr bool kTrace = GLM5_MEGAMOE_TRACE != 0;
 
-// Lean fences (GLM5_MEGAMOE_LEAN_FENCES=1, its own cubin; MegaMoEConfig.lean_fences): the three cross-CTA
-// hand-offs (split-K FC1 partials, fc1_done, the combine's slot values) publish with CTA barrier + ONE releasing
-// atomic and consume with ONE acquiring atomic / load + CTA barrier, relying on the release / acquire being
-// cumulative over the barrier (the PTX memory model's causality order; the pattern of CUTLASS's GenericBarrier).
-// The default build keeps a fence.gpu (__threadfence) in every thread on both sides as well. Why: at 1 token
-// the FC1 epilogue (split exchange + quant + fc1_done) averaged ~8 us per task on the H200 (session 7 trace),
-// longer than the 6-stage weight ring covers; the per-thread fences wait under full HBM load.
+// Lean fences (GLM5_MEGAMOE_LEAN_FENCES=1, its own cubin; MegaMoEConfig.lean_fences). Three cross-CTA hand-offs
+// (split-K FC1 partials, fc1_done, the combine's slot values) pass through five handoff_fence() sites. The lean
+// build publishes with the math threads' named barrier + ONE releasing atomic (atom.acq_rel / red.release .gpu)
+// and consumes with ONE acquiring atomic / ld.acquire + barrier. That is enough under the PTX memory model:
+// bar.sync (named or not) synchronizes its participants; release -> acquire at gpu scope synchronizes through the
+// counter's RMW chain; base causality order is transitive ("cumulativity"), so the weak data stores before the
+// barrier are ordered before the loads after it (PTX ISA, memory consistency model: synchronizes-with, base
+// causality order). CUTLASS's GenericBarrier and cooperative-groups grid sync use the same pattern. The default
+// build keeps a fence.gpu (__threadfence) in every thread at each site as well (formally redundant). Why lean: at
+// 1 token the FC1 epilogue (split exchange + quant + fc1_done) averaged ~8 us per task on the H200 (session 7
+// trace), longer than the 6-stage weight ring covers, and the per-thread fences wait under full HBM load. The
+// fc1_done consumer (the FC2 loader warp) has every lane acquire the counter itself (no reliance on __syncwarp
+// carrying lane 0's acquire), in both builds.
 #ifndef GLM5_MEGAMOE_LEAN_FENCES
 #define GLM5_MEGAMOE_LEAN_FENCES 0
 #endif
@@ -577,6 +583,10 @@ struct MegaMoE {
                     }
                 }
                 __syncwarp();
+                // each lane's own acquire of the (only growing) counter: its cp.async reads below are then ordered
+                // after the FC1 tiles' releases without relying on bar.warp.sync for cross-lane memory ordering
+                while (ld_acquire_gpu(p.fc1_done + blk) < kT1) {  // lane 0 saw >= kT1: at most a few re-reads
+                }
             }
             const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
             const int chunk = lane & 7;

@@ -83,7 +83,9 @@ glm5_moe_router(const uint16_t* __restrict__ h,       // [M, HIDDEN] bf16
 // Decode variant (1 <= M <= 256): grid (EXPERTS / RouterDecodeTile::kEpc, ceil(M / tokens_per_cta), 1), block
 // (256, 1, 1), the same parameters plus tokens_per_cta (1..32; y slice y takes tokens [y t, y t + t)); partials
 // unused; the arrival counter is counters[RouterTile::kCounterWords] (one more word).
-extern "C" __global__ void __launch_bounds__(RouterDecodeTile::kThreads)
+// 3 CTAs per SM (<= 85 registers): the 3 x 128-CTA grid is one wave, so every CTA loads its gate weights before
+// griddepcontrol.wait (ops.moe_router.DECODE_SLICES).
+extern "C" __global__ void __launch_bounds__(RouterDecodeTile::kThreads, 3)
 glm5_moe_router_decode(const uint16_t* __restrict__ h, const uint16_t* __restrict__ gate,
                        const float* __restrict__ bias, float* __restrict__ logits, int32_t* __restrict__ topk_ids,
                        float* __restrict__ topk_weights, float* __restrict__ scaled_weights,
@@ -93,6 +95,8 @@ glm5_moe_router_decode(const uint16_t* __restrict__ h, const uint16_t* __restric
     __shared__ __align__(16) float scratch[RouterTile::kScratchFloats];
     const int tid = threadIdx.x;
     RouterDecodeTile::Weights w;
+    // a grid the launcher never makes (gate rows out of range, arrivals miscounted): leave before touching anything
+    if (gridDim.x != RouterDecodeTile::kCtas || gridDim.z != 1) return;
     if constexpr (RouterDecodeTile::kSupported)
         RouterDecodeTile::load_weights(w, gate, blockIdx.x, tid);  // before the wait: weights are never written
 

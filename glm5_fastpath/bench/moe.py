@@ -170,8 +170,8 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
         for key, wt, lean in variants:
             cfg = MM.default_config(m, experts, TOPK, wt.num_shared, torch.cuda.get_device_properties(dev).multi_processor_count)
             cfg = dataclasses.replace(cfg, lean_fences=lean)
-            MM.precompile(wt, TOPK, max_tokens=m, device=dev, configs=[cfg])
             try:
+                MM.precompile(wt, TOPK, max_tokens=m, device=dev, configs=[cfg])
                 t = time_launches(lambda i: MM.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=RSF, config=cfg),
                                   args.launches, device=dev, replays=args.replays)
                 row[key] = {"median_us": t.median_us, "min_us": t.min_us, "method": t.method, "config": cfg.name,

@@ -43,7 +43,7 @@ Since session 7 the decode kernel deals the tokens over up to DECODE_SLICES grid
 one row. Not yet timed: `bench router` decides whether DECODE_AUTO_MAX_TOKENS can rise.
 
 Workspace: one per (device, H, E, k): fp32 partials [8][E/32][H/256][32][32] + uint32 counters
-[8 * E/32 + 8], allocated and zeroed once on first use (or by precompile()). Counters return to zero at
+[8 * E/32 + 8 + 1] (the last: the decode kernel's arrival counter), allocated and zeroed once on first use (or by precompile()). Counters return to zero at
 the end of every launch. As for C0, launches on one device must not run concurrently on two streams;
 a PDL-overlapped next launch on the same stream is safe.
 
@@ -277,8 +277,10 @@ def decode_tokens_per_cta(m: int) -> int:
     """Tokens of one decode-kernel grid row (RouterDecodeTile::run deals them in y): at most DECODE_SLICES rows
     (3 x 128 CTAs of 256 threads at ~73 registers: one wave at 3 CTAs per SM, so every CTA loads its gate weights
     before griddepcontrol.wait), each row a whole number of the kernel's two-token passes where possible."""
-    rows = min(DECODE_SLICES, -(-max(m, 1) // 2))
-    return min(DECODE_SLICE_MAX, -(-max(m, 1) // rows))
+    m = max(m, 1)
+    rows = min(DECODE_SLICES, -(-m // 2))
+    t = -(-m // rows)
+    return min(DECODE_SLICE_MAX, t + (t & 1) if m > 1 else 1)  # even: whole two-token passes (m=7: 2 rows of 4)
 
 
 def use_decode(m: int, decode: bool | None, cfg: RouterConfig | None = None) -> bool:
