@@ -37,7 +37,9 @@ from typing import Any, Callable, Mapping, Sequence
 from .selection import SCHEMA_VERSION, STOCK, parse
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-TUNE_MODES = ("serial", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full")  # candidates per bucket
+# candidates per bucket (the _prio modes: launch priorities for the indexer branch; chosen only where measured faster)
+TUNE_MODES = ("serial", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full", "full_prio_index",
+              "full_prio_b1")
 MIN_GAIN = 0.03
 
 # ---- MoE (issue #7) ------------------------------------------------------------------------------------
