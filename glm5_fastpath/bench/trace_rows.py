@@ -34,23 +34,17 @@ def _q(x: torch.Tensor) -> dict[str, float] | None:
 
 def details(rows: torch.Tensor, tail_ctas: int = 5) -> dict[str, Any]:
     """Per kind and phase the quantiles (us), and the last-finishing CTAs' final tasks."""
-    from ..moe.megamoe import DEFAULT_SM_GHZ
+    from ..moe.megamoe import trace_frame
 
-    r = rows.to(torch.int64)
-    done = (r[..., 3] > 0) & (r[..., 6] > 0) & (r[..., 8] > 0) & (r[..., 9] > 0)
+    f = trace_frame(rows)
+    r, done, fc2, ghz, c2us = f.r, f.done, f.fc2, f.ghz, f.us_per_cycle
     if not bool(done.any()):
         return {"tasks": 0}
-    cyc = float((r[..., 6] - r[..., 3])[done].sum())
-    ns = float((r[..., 9] - r[..., 8])[done].sum())
-    ghz = cyc / ns if ns > 0 and cyc > 0 else DEFAULT_SM_GHZ
-    c2us = 1.0 / (ghz * 1e3)
     prev_end = torch.zeros_like(r[..., 9])
     prev_end[:, 1:] = r[:, :-1, 9]
-    fc2 = ((r[..., 7] >> 31) & 1).bool()
     phase = {
         "claim_lead": (r[..., 8] - r[..., 0]).double() / 1e3,
-        "idle_before": torch.where(prev_end > 0, (r[..., 8] - prev_end).clamp_min(0), torch.zeros_like(prev_end)
-                                   ).double() / 1e3,
+        "idle_before": f.gap_ns.double() / 1e3,
         "first_stage": (r[..., 4] - r[..., 3]).double() * c2us,
         "mma": (r[..., 5] - r[..., 4]).double() * c2us,
         "epilogue": (r[..., 6] - r[..., 5]).double() * c2us,

@@ -800,6 +800,37 @@ def trace_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
     return {"rows": r, "out": out, "config": cfg.name, "summary": summarize_trace(r)}
 
 
+@dataclass(frozen=True)
+class TraceFrame:
+    """Trace rows decoded once (summarize_trace, bench/trace_rows.py): r int64 [CTAs, cap, TRACE_COLS]; done =
+    finished task rows; fc2 = the descriptor's FC2 bit; ghz = the SM clock the rows calibrate (cycles / global ns
+    over the finished tasks); gap_ns = the math's idle time since the CTA's previous task ended (rows are in claim
+    order per CTA; 0 for a CTA's first task)."""
+
+    r: torch.Tensor
+    done: torch.Tensor
+    fc2: torch.Tensor
+    ghz: float
+    gap_ns: torch.Tensor
+
+    @property
+    def us_per_cycle(self) -> float:
+        return 1.0 / (self.ghz * 1e3)
+
+
+def trace_frame(rows: torch.Tensor) -> TraceFrame:
+    r = rows.to(torch.int64)
+    done = (r[..., 3] > 0) & (r[..., 6] > 0) & (r[..., 8] > 0) & (r[..., 9] > 0)
+    cyc = float((r[..., 6] - r[..., 3])[done].sum())
+    ns = float((r[..., 9] - r[..., 8])[done].sum())
+    ghz = cyc / ns if ns > 0 and cyc > 0 else DEFAULT_SM_GHZ
+    fc2 = ((r[..., 7] >> 31) & 1).bool()  # bit 31 of the descriptor (megamoe.cuh encode_task; sign-extended)
+    prev_end = torch.zeros_like(r[..., 9])
+    prev_end[:, 1:] = r[:, :-1, 9]
+    gaps = torch.where(done & (prev_end > 0), (r[..., 8] - prev_end).clamp_min(0), torch.zeros_like(prev_end))
+    return TraceFrame(r, done, fc2, ghz, gaps)
+
+
 def summarize_trace(rows: torch.Tensor) -> dict[str, Any]:
     """Where the persistent kernel's time went, from trace rows [CTAs, cap, TRACE_COLS] (TRACE_COLUMNS; a task
     row counts when its math start and epilogue end are both written).
@@ -810,22 +841,14 @@ def summarize_trace(rows: torch.Tensor) -> dict[str, Any]:
     (weights + activations of the first K block), mma = first stage -> last fold, epi = last fold -> epilogue
     done; spin = the loader's fc1_done wait (FC2 only). From the global timer: the kernel span (first claim ->
     last epilogue end), the math warpgroups' busy share of CTAs x span, the tail (last CTA end - median CTA end)."""
-    r = rows.to(torch.int64)
-    done = (r[..., 3] > 0) & (r[..., 6] > 0) & (r[..., 8] > 0) & (r[..., 9] > 0)
+    f = trace_frame(rows)
+    r, done, fc2, ghz, gaps, to_us = f.r, f.done, f.fc2, f.ghz, f.gap_ns, f.us_per_cycle
     if not bool(done.any()):
         return {"tasks": 0}
     t0 = int(r[..., 0][r[..., 0] > 0].min())
     t1 = int(r[..., 9][done].max())
     span_us = (t1 - t0) / 1e3
-    cyc = float((r[..., 6] - r[..., 3])[done].sum())
-    ns = float((r[..., 9] - r[..., 8])[done].sum())
-    ghz = cyc / ns if ns > 0 and cyc > 0 else DEFAULT_SM_GHZ
-    to_us = 1.0 / (ghz * 1e3)
-    fc2 = ((r[..., 7] >> 31) & 1).bool()  # bit 31 of the descriptor (megamoe.cuh encode_task; sign-extended)
     out: dict[str, Any] = {"tasks": int(done.sum()), "ctas": int(r.shape[0]), "span_us": span_us, "sm_ghz": ghz}
-    prev_end = torch.zeros_like(r[..., 9])
-    prev_end[:, 1:] = r[:, :-1, 9]  # rows are in claim order per CTA
-    gaps = torch.where(done & (prev_end > 0), (r[..., 8] - prev_end).clamp_min(0), torch.zeros_like(prev_end))
     for name, sel in (("fc1", done & ~fc2), ("fc2", done & fc2)):
         d: dict[str, Any] = {"tasks": int(sel.sum())}
         if d["tasks"]:

@@ -360,9 +360,9 @@ def _moe_router_quant_fake(h, gate, bias, topk, routed_scaling_factor, pdl=True,
 
 
 def _quant_outputs(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    m, hid = h.shape
-    return (torch.empty((m, hid), dtype=torch.float8_e4m3fn, device=h.device),
-            torch.empty((m, hid // 128), dtype=torch.float32, device=h.device))
+    from .act_quant import _new_outputs  # act_quant_fp8's own output shapes: the same tile writes them
+
+    return _new_outputs(h)
 
 
 def moe_route_quant(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, cfg, *, pdl: bool = True,

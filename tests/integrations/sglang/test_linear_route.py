@@ -244,3 +244,11 @@ def test_gpu_ours_linear_matches_the_float64_reference(m, n, k):
     ref = xd @ wd.t()
     assert y.shape == (m, n) and y.dtype == BF16 and bool(torch.isfinite(y).all())
     assert rel_err(y, ref) < 1e-2
+
+
+def test_copied_limits_match_the_gemm():
+    """linear_route (import-light) and bench fp8-linear keep copies of the skinny GEMM's largest M."""
+    from glm5_fastpath.bench import fp8_linear
+    from glm5_fastpath.ops import fp8_gemm
+
+    assert LR.MAX_TOKENS == fp8_gemm.MAX_M == fp8_linear.MAX_M
