@@ -118,9 +118,12 @@ def _o_proj(dev, g):
     to prefetch)."""
     import torch
     try:
-        import deep_gemm
-
         from ..ops.act_quant import act_quant_fp8
+        from .stock_prefix import load_deep_gemm  # sets DeepGEMM's JIT environment, says why it is unusable
+
+        deep_gemm, why = load_deep_gemm()
+        if deep_gemm is None:
+            raise ImportError(why)
         ws = [(_rand_fp8((H, NH * DV), dev, g), torch.rand(H // 128, NH * DV // 128, device=dev, generator=g) * 1e-3)
               for _ in range(2)]
 

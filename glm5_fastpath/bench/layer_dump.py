@@ -35,7 +35,9 @@ JUMP = 5.0  # a record's relative difference growing this much from one layer to
 
 
 def _mode() -> str:
-    return "fastpath" if os.environ.get("GLM5_FASTPATH", "").strip() not in ("", "0") else "stock"
+    from ..integrations.sglang.install import enabled  # the plugin's own reading of GLM5_FASTPATH
+
+    return "fastpath" if enabled() else "stock"
 
 
 def _forward_batch(args: tuple, kwargs: dict) -> Any:
@@ -71,6 +73,7 @@ class LayerDump:
         self.step = [0] * num_layers  # decode calls of batch 1 seen per layer
         self.data: dict[str, Any] = {"mode": _mode(), "steps": {}}
         self.written = False
+        self.hooks: list[Any] = []  # removed once the dump is written: later steps run without them
 
     def active(self, layer: int) -> bool:
         return self.step[layer] < self.steps
@@ -90,6 +93,9 @@ class LayerDump:
             path = self.out / f"{self.data['mode']}.pt"
             torch.save(self.data, path)
             self.written = True
+            for h in self.hooks:
+                h.remove()
+            self.hooks.clear()
             print(f"glm5_fastpath: layer dump of {self.steps} decode step(s) written to {path}", file=sys.stderr,
                   flush=True)
 
@@ -118,15 +124,15 @@ def install(model: Any, out: str | os.PathLike, steps: int = 1) -> LayerDump | N
                     dump.put(i, "residual_out", output[1])
             dump.layer_done(i)
 
-        layer.register_forward_pre_hook(pre, with_kwargs=True)
-        layer.register_forward_hook(post, with_kwargs=True)
+        dump.hooks += [layer.register_forward_pre_hook(pre, with_kwargs=True),
+                       layer.register_forward_hook(post, with_kwargs=True)]
 
         attn = getattr(layer, "self_attn", None)
         if attn is not None:
             def attn_post(mod, args, output, i=i):
                 if ctx.get(i):
                     dump.put(i, "attn_out", output[0] if isinstance(output, (tuple, list)) else output)
-            attn.register_forward_hook(attn_post)
+            dump.hooks.append(attn.register_forward_hook(attn_post))
 
         mlp = getattr(layer, "mlp", None)
         if mlp is not None:
@@ -146,8 +152,8 @@ def install(model: Any, out: str | os.PathLike, steps: int = 1) -> LayerDump | N
             def mlp_post(mod, args, kwargs, output, i=i):
                 if ctx.get(i):
                     dump.put(i, "mlp_out", output[0] if isinstance(output, (tuple, list)) else output)
-            mlp.register_forward_pre_hook(mlp_pre, with_kwargs=True)
-            mlp.register_forward_hook(mlp_post, with_kwargs=True)
+            dump.hooks += [mlp.register_forward_pre_hook(mlp_pre, with_kwargs=True),
+                           mlp.register_forward_hook(mlp_post, with_kwargs=True)]
     return dump
 
 
@@ -155,7 +161,9 @@ def maybe_install(model: Any) -> LayerDump | None:
     d = os.environ.get(ENV, "").strip()
     if not d:
         return None
-    steps = int(os.environ.get(ENV_STEPS, "1") or 1)
+    from ..integrations.sglang.shadow import env_count
+
+    steps = env_count(ENV_STEPS) or 1  # a bad value is logged and 1 is used, never a crash at model load
     dump = install(model, Path(d), steps)
     print(f"glm5_fastpath: layer dump ({ENV}={d}, {steps} decode step(s), mode {_mode()}): "
           f"{'hooks on ' + str(dump.num_layers) + ' layers' if dump else 'no model.layers: nothing recorded'}",

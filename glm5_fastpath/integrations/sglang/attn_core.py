@@ -185,7 +185,9 @@ class SparseMlaRoute:
         """Check mode (module doc): FlashMLA on the same inputs, one logged comparison; never under capture."""
         import torch
 
-        if q_all.is_cuda and torch.cuda.is_current_stream_capturing():
+        from .shadow import _capturing  # graph capture and SGLang's capture-mode warm-ups
+
+        if q_all.is_cuda and _capturing():
             return
         self.check_left -= 1
         try:

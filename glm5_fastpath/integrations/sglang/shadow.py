@@ -91,8 +91,6 @@ class MoECheck:
         self.ex, self.records, self.tol = executor, ([] if records is None else records), tol
 
     def __call__(self, original: Callable, *args, **kwargs):
-        import torch
-
         from ...testing.numerics import rel_err
         h = args[0] if args else kwargs["hidden_states"]
         h0 = h.clone()
@@ -100,16 +98,19 @@ class MoECheck:
         ours = self.ex(original, *args, **kwargs)
         routing = getattr(self.ex, "last_routing", None)
         routing = tuple(t.clone() for t in routing) if routing is not None else None
-        if h.is_cuda:
-            torch.cuda.synchronize(h.device)
-        stock = (original(h0.clone(), *args[1:], **kwargs) if args
-                 else original(**{**kwargs, "hidden_states": h0.clone()}))
         # what THIS call did: the executor notes (route, reason) per call; "megamoe" (routed / rebound) = ours ran
         last = getattr(self.ex, "last_call", None)
         routed = last is not None and last[0] == "megamoe"
         rec = {"layer": int(getattr(mlp, "layer_id", -1)), "M": int(h.shape[0]),
-               "route": "megamoe" if routed else f"stock: {last[1] if last else 'unknown'}",
-               "rel_err": rel_err(ours.float(), stock.float()), "stock_abs_mean": float(stock.float().abs().mean())}
+               "route": "megamoe" if routed else f"stock: {last[1] if last else 'unknown'}"}
+        try:  # the original gets its own copy: it may work in place, and h0 is read again by _explain
+            stock = (original(h0.clone(), *args[1:], **kwargs) if args
+                     else original(**{**kwargs, "hidden_states": h0.clone()}))
+            rec.update(rel_err=rel_err(ours.float(), stock.float()), stock_abs_mean=float(stock.float().abs().mean()))
+        except Exception as e:  # noqa: BLE001 - a diagnostic must not take the step down: hand ours on
+            rec.update(check_error=f"{type(e).__name__}: {e}", passed=False)
+            self.records.append(rec)
+            return ours
         ok = rec["rel_err"] <= self.tol
         if routed and routing is not None:
             try:

@@ -223,6 +223,24 @@ def test_moe_check_fails_a_flip_where_our_choice_is_not_the_exact_one():
     assert not rec["topk_ours_is_fp64"] and not rec["passed"]
 
 
+def test_moe_check_survives_a_failing_stock_rerun():
+    """A diagnostic must not take the step down: the stock re-run raising is recorded and ours handed on."""
+    class MLP:
+        layer_id = 5
+
+        def forward(self, hidden_states, forward_batch=None):
+            raise RuntimeError("stock exploded")
+    mlp = MLP()
+
+    def ours(original, h, fb=None):
+        ours.last_call = ("megamoe", "routed")
+        return h * 3
+    chk = SH.MoECheck(ours)
+    out = chk(mlp.forward, torch.ones(2, 4), None)
+    assert torch.equal(out, torch.full((2, 4), 3.0))
+    assert chk.records[0]["passed"] is False and "stock exploded" in chk.records[0]["check_error"]
+
+
 class ME_STATE:
     """mlp.__dict__[moe_executor.STATE] set for the duration (MoECheck reads the layer's route from there)."""
 
