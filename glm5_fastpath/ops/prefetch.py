@@ -198,7 +198,12 @@ def _check_flags(pdl: object, bulk: object) -> None:
 
 
 def _fractions(tensors, fractions) -> list:
-    return [1.0] * len(tensors) if fractions is None else [float(f) if not isinstance(f, bool) else f for f in fractions]
+    if fractions is None:
+        return [1.0] * len(tensors)
+    try:
+        return [float(f) if not isinstance(f, bool) else f for f in fractions]
+    except (TypeError, ValueError):
+        raise _fail(f"fractions must be numbers in (0, 1], got {fractions!r}") from None
 
 
 def l2_prefetch(tensors: Sequence[torch.Tensor], fractions: Sequence[float] | None = None, *, pdl: bool = True,
@@ -224,10 +229,8 @@ class SideStream:
 
     def issue(self, tensors: Sequence[torch.Tensor], fractions: Sequence[float] | None = None, *,
               bulk: bool = False) -> bool:
-        fr = _fractions(tensors, fractions)
-        plan(list(tensors), fr)
-        _check_flags(False, bulk)
-        if not tensors or tensors[0].device.type != "cuda":
+        if not tensors or not isinstance(tensors[0], torch.Tensor) or tensors[0].device.type != "cuda":
+            l2_prefetch(tensors, fractions, pdl=False, bulk=bulk)  # validates (errors name the op); no launch
             return False
         idx = _device_index(tensors[0].device)
         cur = torch.cuda.current_stream(idx)
@@ -236,7 +239,7 @@ class SideStream:
             side = self._streams[idx] = torch.cuda.Stream(device=idx)
         side.wait_stream(cur)
         with torch.cuda.stream(side):
-            torch.ops.glm5_fastpath.l2_prefetch(list(tensors), fr, False, bulk)
+            l2_prefetch(tensors, fractions, pdl=False, bulk=bulk)
         self._pending[idx] = side
         return True
 

@@ -66,10 +66,15 @@ def test_grid_and_param_block():
     ([torch.zeros(4)], [0.0], r"in \(0, 1\]"),
     ([torch.zeros(4)], [1.5], r"in \(0, 1\]"),
     ([torch.zeros(4)], [True], r"in \(0, 1\]"),
+    ([torch.zeros(4)], ["half"], r"numbers in \(0, 1\]"),
 ])
 def test_bad_arguments_name_the_op(tensors, fractions, match):
     with pytest.raises(ValueError, match=f"l2_prefetch.*{match}"):
         ops.l2_prefetch(tensors, fractions)
+    from glm5_fastpath.ops.prefetch import SideStream
+
+    with pytest.raises(ValueError, match=f"l2_prefetch.*{match}"):  # the side-stream form validates the same way
+        SideStream().issue(tensors, fractions)
 
 
 def test_cpu_is_a_no_op_and_the_op_is_registered():
