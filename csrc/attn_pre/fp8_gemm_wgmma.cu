@@ -12,6 +12,9 @@
 //   GLM5_SKINNY_PIPE     0: wait each stage's wgmmas; 1: two partials, next stage issued first (TM <= 64)
 //   GLM5_SKINNY_REDUCE   0: split-K through the global workspace; 1: through DSMEM of a (1, splits, 1)
 //                        cluster (launch attribute; splits <= 8)
+//   GLM5_SKINNY_PERSIST  0: one CTA per (n tile, split, token block) unit; 1: persistent, grid (P, 1, 1) with
+//                        P <= units: CTA b takes units b, b + P, ... through one continuous TMA ring (global
+//                        split-K reduce only; for weight streams of several waves: the large linears)
 // Parameters: (SkinnyParams p, CUtensorMap w_map, CUtensorMap x_map):
 //   w_map: W8 [N, K] e4m3, box 128 K-bytes x 128 rows, SWIZZLE_128B;
 //   x_map: x8 [M, K] e4m3, box 128 K-bytes x TM rows, SWIZZLE_128B.
@@ -43,6 +46,11 @@
 #ifndef GLM5_SKINNY_REDUCE
 #define GLM5_SKINNY_REDUCE 0
 #endif
+#ifndef GLM5_SKINNY_PERSIST
+#define GLM5_SKINNY_PERSIST 0
+#endif
+static_assert(!GLM5_SKINNY_PERSIST || (!GLM5_SKINNY_REDUCE && !GLM5_SKINNY_DIAG),
+              "persistent launch: global split-K reduce, no diagnostic variants");
 
 using WgmmaTile = glm5::attn_pre::skinny::WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES,
                                                         glm5::attn_pre::skinny::epi_with_rot(GLM5_SKINNY_EPI, GLM5_SKINNY_ROT),
@@ -63,7 +71,10 @@ glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_c
     // same weight tile (M > kTM) run in the same wave and share it through L2.
     // Cluster reduce: the cluster (1, splits, 1) must hold the splits of ONE (n tile, token block),
     // so the grid is used as is (blockIdx.y = split = cluster rank).
-    const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int units = p.tiles_n * p.splits * p.tiles_m;
+    if (GLM5_SKINNY_PERSIST && static_cast<int>(blockIdx.x) >= units) return;  // the host never launches more
+    const int lin = GLM5_SKINNY_PERSIST ? static_cast<int>(blockIdx.x)  // persistent: this CTA's first unit
+                                        : blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     const int tile_m = GLM5_SKINNY_REDUCE ? static_cast<int>(blockIdx.z) : lin % p.tiles_m;
     const int rest = lin / p.tiles_m;
     const auto c = GLM5_SKINNY_REDUCE ? WgmmaTile::coord(p, blockIdx.x, blockIdx.y, blockIdx.z)
@@ -83,6 +94,24 @@ glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_c
     // Activations, their scales and every epilogue input may be the previous kernel's output.
     glm5::ptx::griddep_wait();
 
+    if (GLM5_SKINNY_PERSIST) {
+        if (producer) {
+            if (leader) WgmmaTile::producer_persistent(p, &w_map, &x_map, smem, units);
+            return;
+        }
+        uint32_t q = 0;  // stages consumed so far (ring slot / parity)
+        for (int u = blockIdx.x; u < units; u += gridDim.x) {
+            const auto cu = WgmmaTile::unit_coord(p, u);
+            if (u != static_cast<int>(blockIdx.x)) {
+                consumer_sync();  // every math warp is done with the previous unit's scales and finish scratch
+                WgmmaTile::consumer_prologue(p, cu, smem, tid);
+            }
+            float acc[WgmmaTile::kNT][4];
+            if (WgmmaTile::mainloop(p, cu, smem, tid, acc, q)) WgmmaTile::epilogue(p, cu, smem, tid, acc);
+            q += static_cast<uint32_t>(cu.nk);
+        }
+        return;
+    }
     if (producer) {
         if (leader) WgmmaTile::producer_mainloop(p, c, &w_map, &x_map, smem);
         if (GLM5_SKINNY_REDUCE && p.splits > 1) WgmmaTile::cluster_producer_sync();  // its share of the cluster barriers

@@ -87,7 +87,11 @@ struct WgmmaSmem {
 // wait_group 0 and the release, the partial is copied to plain registers, stage s+1's wgmmas are
 // issued into it, and stage s is promoted from the copy while s+1 runs. (Two wgmma partials with
 // wait_group 1 was tried: ptxas serialises all wgmmas when one partial is read while the other is in
-// flight, C7514.) Same arithmetic in the same order: bitwise identical result.
+// flight, C7514.) 2 = stages in pairs: issue stage s into partial A and stage s+1 into partial B (each after its
+// own full-barrier wait), ONE wait_group 0, release and promote A then B: the two 4-wgmma chains are in flight
+// together and the commit/wait round trip is paid once per two stages (at decode sizes the per-stage math is a
+// latency chain of ~0.5 us, the same order as one stage's HBM time per SM). Same arithmetic in the same order
+// in every mode: bitwise identical results.
 //
 // Split-K finish (kReduce, GLM5_SKINNY_REDUCE): 0 = global workspace + arrival counter
 // (SkinnyFinish::reduce_splits); 1 = cluster: the `splits` CTAs of one (n tile, token block) are one
@@ -98,7 +102,8 @@ struct WgmmaSmem {
 // alive until rank 0 has read it. No workspace, no counters, no fences to L2.
 template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff, int kPipe = 0, int kReduce = 0>
 struct WgmmaGemmTile {
-    static_assert(kPipe == 0 || kTM <= 64, "kPipe: partial + its copy + the accumulator fit up to 64 tokens");
+    static_assert(kPipe >= 0 && kPipe <= 2, "kPipe: 0, 1 or 2");
+    static_assert(kPipe == 0 || kTM <= 64, "kPipe: two partials + the accumulator fit up to 64 tokens");
     static_assert(kReduce == 0 || kDiag == kDiagOff, "cluster reduce: no diagnostic variants");
     static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64 || kTM == 128, "token block: 8..128");
     static_assert(kStages >= 2 && kStages <= 16, "2..16 ring stages");
@@ -178,6 +183,45 @@ struct WgmmaGemmTile {
         }
     }
 
+    // Persistent launch (kPersist): this CTA's units u = blockIdx.x, + gridDim.x, ... stream through ONE ring:
+    // stage q (counted over all of the CTA's units) uses slot q % kStages with parity (q / kStages) & 1, so the
+    // next unit's weights are in flight while the math warps finish the previous unit (no per-CTA ramp-up).
+    // The first unit's prefill was issued by producer_prologue (weights before griddepcontrol.wait).
+    static GLM5_DEVICE void producer_persistent(const SkinnyParams& p, const CUtensorMap* w_map, const CUtensorMap* x_map,
+                                                uint8_t* smem, int units) {
+        const uint32_t base = ptx::smem_addr(smem);
+        uint32_t q = 0;
+        for (int u = blockIdx.x; u < units; u += gridDim.x) {
+            const Coord c = unit_coord(p, u);
+            const int row_x = c.tile_m * kTM;
+            int it = 0;
+            if (u == static_cast<int>(blockIdx.x)) {  // the prefill: weights already issued and armed
+                const int n = prefill(c);
+                for (; it < n; ++it)
+                    sm90::tma_load_2d(x_map, base + Smem::kOffX + it * Smem::kXStageBytes, full_bar(base, it),
+                                      (c.g_begin + it) * kBlockK, row_x);
+                q = static_cast<uint32_t>(n);
+            }
+            for (; it < c.nk; ++it, ++q) {
+                const int slot = static_cast<int>(q % kStages);
+                if (q >= static_cast<uint32_t>(kStages))
+                    sm90::mbar_wait(empty_bar(base, slot), ((q / kStages) - 1) & 1u);  // round q/kStages - 1 released
+                const uint32_t full = full_bar(base, slot);
+                sm90::mbar_arrive_expect_tx(full, kStageTx);
+                sm90::tma_load_2d(w_map, base + Smem::kOffW + slot * kWStageBytes, full, (c.g_begin + it) * kBlockK,
+                                  c.tile_n * kBlockN);
+                sm90::tma_load_2d(x_map, base + Smem::kOffX + slot * Smem::kXStageBytes, full, (c.g_begin + it) * kBlockK,
+                                  row_x);
+            }
+        }
+    }
+
+    // Unit u of a persistent launch -> (n tile, split, token block), token block fastest (as the one-CTA-per-unit grid).
+    static GLM5_DEVICE Coord unit_coord(const SkinnyParams& p, int u) {
+        const int rest = u / p.tiles_m;
+        return make_coord(p, rest % p.tiles_n, rest / p.tiles_n, u % p.tiles_m);
+    }
+
     // ---- math warps (threads 0..255) --------------------------------------------------------------
     // Before griddepcontrol.wait: this split's weight scales.
     static GLM5_DEVICE void consumer_prologue(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid) {
@@ -189,8 +233,9 @@ struct WgmmaGemmTile {
 
     // After griddepcontrol.wait: activation scales, the K loop, the layout hand-off and the split-K
     // finish. Returns false when another CTA finishes this tile.
+    // q0: stages this CTA consumed before this unit (persistent launches; 0 otherwise).
     static GLM5_DEVICE bool mainloop(const SkinnyParams& p, const Coord& c, uint8_t* smem, int tid,
-                                     float (&acc)[kNT][4]) {
+                                     float (&acc)[kNT][4], uint32_t q0 = 0) {
         const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
         const int g = lane >> 2, t = lane & 3;
         const uint32_t base = ptx::smem_addr(smem);
@@ -217,11 +262,13 @@ struct WgmmaGemmTile {
 
         const int n_pre = prefill(c);
         const uint32_t a_off = Smem::kOffW + static_cast<uint32_t>(wg) * (64 * kBlockK);
-        auto slot_of = [&](int it) { return kDiag == kDiagNoLoads ? it % n_pre : it % kStages; };
+        auto slot_of = [&](int it) {
+            return kDiag == kDiagNoLoads ? it % n_pre : static_cast<int>((q0 + static_cast<uint32_t>(it)) % kStages);
+        };
         // Wait for stage `it` and issue its 4 wgmmas into pt (one commit group).
         auto issue = [&](float (&pt)[kAcc], int it) {
             const int slot = slot_of(it);
-            const uint32_t parity = kDiag == kDiagNoLoads ? 0u : static_cast<uint32_t>(it / kStages) & 1u;
+            const uint32_t parity = kDiag == kDiagNoLoads ? 0u : ((q0 + static_cast<uint32_t>(it)) / kStages) & 1u;
             sm90::mbar_wait(full_bar(base, slot), parity);
             const uint32_t a_st = base + a_off + slot * kWStageBytes;
             const uint32_t b_st = base + Smem::kOffX + slot * Smem::kXStageBytes;
@@ -266,6 +313,18 @@ struct WgmmaGemmTile {
                 d[1] += __uint_as_float(xv & 0x3f7fffffu);
                 __syncwarp();
                 if (lane == 0) sm90::mbar_arrive(empty_bar(base, slot));
+            }
+        } else if constexpr (kPipe == 2) {
+            float part_b[kAcc];
+#pragma unroll
+            for (int i = 0; i < kAcc; ++i) part_b[i] = 0.0f;
+            for (int it = 0; it < c.nk; it += 2) {
+                const bool pair = it + 1 < c.nk;
+                issue(part, it);
+                if (pair) issue(part_b, it + 1);
+                sm90::wgmma_wait<0>();
+                finish(part, it);
+                if (pair) finish(part_b, it + 1);
             }
         } else if constexpr (kPipe == 0) {
             for (int it = 0; it < c.nk; ++it) {

@@ -59,6 +59,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--max-copies", type=int, default=256, help="cap on the weight copies rotated over per shape")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variants", default="", help="comma subset of " + ", ".join(VARIANTS) + ": extra columns of our "
+                   "GEMM at other launch options, same weights and run (the default config is the ours column)")
+
+
+# Extra columns (--variants): our GEMM with one launch option changed against config_for's choice.
+#   waves  one CTA per (n tile, split, token block) unit (no persistent launch), same tm / splits / stages
+#   pipe2  the wgmma consumer issuing stage pairs (pipe=2), the rest as config_for chose
+VARIANTS = ("waves", "pipe2")
+
+
+def variant_config(name: str, cfg: Any) -> Any:
+    """config_for's choice `cfg` with variant `name`'s option changed (None: the variant does not apply)."""
+    import dataclasses
+
+    if name == "waves":
+        return dataclasses.replace(cfg, persist=0) if cfg.persist else None
+    if name == "pipe2":
+        ok = cfg.impl == "wgmma" and cfg.tm <= 64 and cfg.pipe != 2
+        return dataclasses.replace(cfg, pipe=2) if ok else None
+    raise ValueError(f"bench fp8-linear: unknown variant {name!r} (one of {', '.join(VARIANTS)})")
+
+
+def variant_path(name: str, ours: Callable, config: Callable[[int, int, int], Any]) -> Callable:
+    """ours(x, w, s) under forced_config(variant_config(name, config(M, N, K))); raises when it does not apply."""
+    from ..ops import fp8_gemm
+
+    def fn(x, w, s):
+        c = variant_config(name, config(x.shape[0], w.shape[0], w.shape[1]))
+        if c is None:
+            raise RuntimeError(f"variant {name} does not apply to this config")
+        with fp8_gemm.forced_config(c.tm, c.splits, c.stages, c.minb, 0, c.impl, c.pipe, c.reduce, c.persist):
+            return ours(x, w, s)
+    return fn
 
 
 def parse_ms(s: str) -> list[int]:
@@ -315,6 +348,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     from .timing import l2_cache_bytes, measure_copy_bandwidth
 
     ms, shapes = validate(a)
+    variants = [v for v in getattr(a, "variants", "").split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            raise ValueError(f"bench fp8-linear: unknown variant {v!r} (one of {', '.join(VARIANTS)})")
     cfg = load_config(a)
     dev = torch.device("cuda", torch.cuda.current_device())
     bw = measure_copy_bandwidth(dev)
@@ -333,6 +370,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         paths["stock"] = stock
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     cc = tuple(torch.cuda.get_device_capability(dev))
+    if not ours_reason:
+        for v in variants:
+            paths[f"ours_{v}"] = variant_path(v, ours_linear, lambda m, n, k: fp8_gemm.config_for(
+                m, n, k, fp8_gemm.EPI_PLAIN, sms, fp8_gemm.env_impl(), cc))
     rows: list[dict[str, Any]] = []
     shape_info: list[dict[str, Any]] = []
     aborted = ""
@@ -361,6 +402,17 @@ def _env_impl() -> str | None:
         return env_impl()
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
+
+
+def _config_text(c: Any) -> str:
+    if not isinstance(c, dict):
+        return "-" if c is None else str(c)[:60]
+    t = f"{c.get('impl')} tm{c.get('tm')} s{c.get('splits')} st{c.get('stages')}"
+    if c.get("pipe"):
+        t += f" pipe{c['pipe']}"
+    if c.get("persist"):
+        t += f" persist{c['persist']}"
+    return t
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -395,16 +447,24 @@ def markdown(res: dict[str, Any]) -> str:
     if res.get("aborted"):
         lines += ["", f"**Run aborted:** {res['aborted']}."]
     rows = res.get("rows", [])
+    extra = [f"ours_{v}" for v in VARIANTS if any(f"ours_{v}_us" in r or f"ours_{v}_error" in r for r in rows)]
+    if extra:
+        lines += ["- Variant columns (us): " + "; ".join(
+            f"`{x}` = ours with " + ("one CTA per unit (no persistent launch)" if x == "ours_waves" else
+                                     "stage pairs in the wgmma consumer (pipe=2)") for x in extra)
+                  + "; '-' where the variant does not apply to the chosen config."]
     for sh in res.get("shapes", []):
         rot = sh.get("rotation") or {}
         lines += ["", f"## {sh['shape']} (N={sh['N']}, K={sh['K']}; {f(sh['weight_bytes'] / 1e6, 1)} MB of weights + "
                   f"scales, {rot.get('sets', '-')} copies)", "",
                   "| M | floor us | ours us | stock us | stock/ours | ours/floor | stock/floor | ours rel err | "
-                  "stock rel err |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "stock rel err |" + "".join(f" {x} us |" for x in extra) + " ours config |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(extra) + "---|"]
         for r in (r for r in rows if r.get("shape") == sh["shape"]):
             lines.append(f"| {r['M']} | {f(r.get('floor_us'))} | {f(r.get('ours_us'))} | {f(r.get('stock_us'))} | "
                          f"{f(r.get('stock_over_ours'))} | {f(r.get('ours_over_floor'))} | "
-                         f"{f(r.get('stock_over_floor'))} | {e(r.get('ours_rel_l2'))} | {e(r.get('stock_rel_l2'))} |")
+                         f"{f(r.get('stock_over_floor'))} | {e(r.get('ours_rel_l2'))} | {e(r.get('stock_rel_l2'))} |"
+                         + "".join(f" {f(r.get(x + '_us'))} |" for x in extra) + f" {_config_text(r.get('ours_config'))} |")
     errs = [f"- {r.get('shape')} M={r.get('M')} {k}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")]
     if errs:
         lines += ["", "Errors (the cell is empty where a path raised):", *errs]

@@ -95,6 +95,7 @@ SMEM_LIMIT = 227 * 1024  # H100 / H200 max dynamic shared memory per CTA
 #   "wgmma"  TMA ring + wgmma m64nNk32 e4m3 (csrc/attn_pre/fp8_gemm_wgmma.cu), 288 threads: sm_90 only
 IMPLS = ("mma", "wgmma")
 IMPL_ENV = "GLM5_FASTPATH_FP8_GEMM_IMPL"
+PIPE_ENV = "GLM5_FASTPATH_FP8_GEMM_PIPE"
 WGMMA_THREADS = 288
 WGMMA_TOKEN_BLOCKS = (8, 16, 32, 64, 128)
 WGMMA_IDX_K_TOKEN_BLOCKS = (8, 16, 32, 64)  # B1's LayerNorm epilogue spills at 128 tokens (168-register cap)
@@ -102,7 +103,8 @@ WGMMA_STAGES = {8: 10, 16: 10, 32: 8, 64: 6, 128: 5}  # default TMA ring depth (
 WGMMA_MAX_STAGES = 16
 REDUCES = ("global", "cluster")  # split-K finish; "cluster" = wgmma, 2..MAX_CLUSTER_SPLITS splits
 MAX_CLUSTER_SPLITS = 8            # portable cluster size
-PIPE_MAX_TM = 64                  # pipe=1 keeps two partials: 3 x tm/2 accumulator registers
+PIPE_MAX_TM = 64                  # pipe=1 / 2 keep two partials: 3 x tm/2 accumulator registers
+PIPES = (0, 1, 2)                 # wgmma consumer: per stage / next stage issued before the promotion / stage pairs
 
 EPI_PLAIN, EPI_QKV_A, EPI_Q_B, EPI_IDX_Q, EPI_IDX_K = 0, 1, 2, 3, 4
 ROT_EPIS = (EPI_IDX_Q, EPI_IDX_K)  # epilogues with the Hadamard rotation option
@@ -187,9 +189,12 @@ class SkinnyConfig:
     diag: int = 0   # diagnostic kernel variant (benchmarks only; 0 = the real kernel)
     impl: str = "mma"  # "mma" | "wgmma"
     pipe: int = 0   # wgmma consumer: 0 = wait each stage's wgmmas before promoting; 1 = two partials,
-                    # stage s+1's wgmmas issued before stage s is waited for and promoted
+                    # stage s+1's wgmmas issued before stage s is waited for and promoted; 2 = stage pairs in
+                    # flight together, one wait per pair (all bitwise the same result)
     reduce: str = "global"  # split-K: "global" (workspace + counter) | "cluster" (wgmma, splits 2..8: DSMEM)
     rot: int = 0    # Walsh-Hadamard rotation option of D1 / B1 (0: none, else the head dim; see `rotated`)
+    persist: int = 0  # persistent launch (wgmma, global reduce): this many CTAs take the (n tile, split, token
+                      # block) units round-robin through one continuous TMA ring; 0 = one CTA per unit
 
     @property
     def groups(self) -> int:
@@ -209,11 +214,16 @@ class SkinnyConfig:
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return (self.tiles_n, self.splits, self.tiles_m)
+        return (self.persist, 1, 1) if self.persist else (self.tiles_n, self.splits, self.tiles_m)
+
+    @property
+    def units(self) -> int:
+        """(n tile, K split, token block) work units: one CTA each, or dealt over `persist` CTAs."""
+        return self.tiles_n * self.splits * self.tiles_m
 
     @property
     def ctas(self) -> int:
-        return self.tiles_n * self.splits * self.tiles_m
+        return self.persist or self.units
 
     @property
     def threads(self) -> int:
@@ -247,7 +257,7 @@ class SkinnyConfig:
 
     def spec(self, wait_at: int = PDL_WAIT_NATIVE) -> KernelSpec:
         return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag, self.impl, self.pipe,
-                           self.reduce if self.splits > 1 else "global", wait_at, self.rot)
+                           self.reduce if self.splits > 1 else "global", wait_at, self.rot, bool(self.persist))
 
     def describe(self) -> dict[str, Any]:
         d = {"impl": self.impl, "tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb,
@@ -257,6 +267,9 @@ class SkinnyConfig:
              "est_us": round(estimate_us(self), 2)}
         if self.rot:
             d["rot"] = self.rot
+        if self.persist:
+            d["persist"] = self.persist
+            d["units"] = self.units
         return d
 
 
@@ -265,18 +278,21 @@ DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* 
 
 @functools.lru_cache(maxsize=None)
 def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, impl: str = "mma", pipe: int = 0,
-                reduce: str = "global", wait_at: int = PDL_WAIT_NATIVE, rot: int = 0) -> KernelSpec:
+                reduce: str = "global", wait_at: int = PDL_WAIT_NATIVE, rot: int = 0, persist: bool = False) -> KernelSpec:
     if impl not in IMPLS:
         raise ValueError(f"glm5_fastpath.fp8_gemm: impl={impl!r}: expected one of {', '.join(IMPLS)}")
-    if reduce not in REDUCES or pipe not in (0, 1):
-        raise ValueError(f"glm5_fastpath.fp8_gemm: {reduce=} (one of {REDUCES}) / {pipe=} (0 or 1)")
+    if reduce not in REDUCES or pipe not in PIPES:
+        raise ValueError(f"glm5_fastpath.fp8_gemm: {reduce=} (one of {REDUCES}) / {pipe=} (one of {PIPES})")
     if impl != "wgmma" and (pipe or reduce != "global"):
         raise ValueError(f"glm5_fastpath.fp8_gemm: pipe={pipe} / reduce={reduce!r} exist for impl 'wgmma' only")
     if pipe and tm > PIPE_MAX_TM:
-        raise ValueError(f"glm5_fastpath.fp8_gemm: pipe=1 needs tm <= {PIPE_MAX_TM} (two partials), got {tm}")
+        raise ValueError(f"glm5_fastpath.fp8_gemm: pipe={pipe} needs tm <= {PIPE_MAX_TM} (two partials), got {tm}")
     if rot and (epi not in ROT_EPIS or rot not in ROT_SIZES or diag):
         raise ValueError(f"glm5_fastpath.fp8_gemm: rot={rot} exists for the D1 / B1 epilogues only, with a length in "
                          f"{ROT_SIZES} (got epi={epi}, diag={diag})")
+    if persist and (impl != "wgmma" or reduce != "global" or diag):
+        raise ValueError(f"glm5_fastpath.fp8_gemm: persist exists for impl 'wgmma' with the global split-K reduce and no "
+                         f"diagnostic variant (got {impl=}, {reduce=}, {diag=})")
     defines = [("GLM5_SKINNY_TM", str(tm)), ("GLM5_SKINNY_STAGES", str(stages)), ("GLM5_SKINNY_EPI", str(epi))]
     if rot:  # absent when off: the unrotated kernels' cache keys do not change
         defines.append(("GLM5_SKINNY_ROT", str(rot)))
@@ -285,9 +301,11 @@ def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, im
     if diag != 0:
         defines.append(("GLM5_SKINNY_DIAG", str(diag)))
     if pipe:
-        defines.append(("GLM5_SKINNY_PIPE", "1"))
+        defines.append(("GLM5_SKINNY_PIPE", str(pipe)))
     if reduce == "cluster":
         defines.append(("GLM5_SKINNY_REDUCE", "1"))
+    if persist:
+        defines.append(("GLM5_SKINNY_PERSIST", "1"))
     defines += wait_defines(check_wait_at("glm5_fastpath.fp8_gemm", wait_at))
     if impl == "wgmma":
         return KernelSpec(WGMMA_FUNCTION, source=WGMMA_SOURCE, defines=tuple(defines))
@@ -308,11 +326,14 @@ _TMA_LATENCY_S = 1.0e-6    # TMA box round trip under load
 _TMA_SM_MAX_BW = 40e9      # B/s one SM streaming TMA boxes (conservative: grids fill the chip)
 _WGMMA_FLOPS_PER_SM = 8.0e12  # wgmma e4m3 per SM with the un-overlapped per-stage promotion
 _WG_FIXED_S = 1.3e-6
+_WAVE_RAMP_S = 1.0e-6      # a later wave's CTA: launch + first TMA round trip with an empty ring
 
 
 def estimate_us(c: SkinnyConfig, num_sms: int = 132) -> float:
     """Rough time of one launch in microseconds (for ranking configs, not a prediction)."""
-    waves = -(-c.ctas // num_sms)
+    # persistent: every CTA streams ceil(units / persist) units back to back through one ring (one ramp-up);
+    # otherwise the units run in waves of one CTA per SM, each new CTA refilling its ring from empty.
+    waves = -(-c.units // c.persist) if c.persist else -(-c.ctas // num_sms)
     k_cta = c.k / c.splits
     w_cta = BLOCK_N * k_cta  # from HBM (first token block) or L2
     x_cta = c.tm * k_cta     # activations: always L2 hits, but they occupy the SM's load path too
@@ -327,6 +348,8 @@ def estimate_us(c: SkinnyConfig, num_sms: int = 132) -> float:
     t_l2 = (c.tiles_m - 1) * c.n * c.k / _L2_BW
     t_mma = waves * 2.0 * BLOCK_N * c.tm * k_cta / (_WGMMA_FLOPS_PER_SM if wg else _MMA_FLOPS_PER_SM)
     t = max(t_stream + t_l2, t_mma) + (_WG_FIXED_S if wg else _FIXED_S)
+    if not c.persist:
+        t += (waves - 1) * _WAVE_RAMP_S
     if c.splits > 1:
         t += _SPLIT_FIXED_S + c.splits * BLOCK_N * c.tm * 4 / _SM_L2_BW
     if c.epi == EPI_QKV_A:  # the last n tile of a token block normalises kTM rows (read + write)
@@ -350,14 +373,16 @@ class forced_config:
     <= 227 KB, the token block / epilogue combination exists)."""
 
     def __init__(self, tm: int, splits: int, stages: int, minb: int = 1, diag: int = 0, impl: str = "mma",
-                 pipe: int = 0, reduce: str = "global"):
+                 pipe: int = 0, reduce: str = "global", persist: int = 0):
         max_stages = WGMMA_MAX_STAGES if impl == "wgmma" else 8
         if (impl not in IMPLS or tm not in token_blocks(impl) or not 2 <= stages <= max_stages or splits < 1
-                or minb not in (1, 2) or diag not in (0, 1, 2, 3) or pipe not in (0, 1) or reduce not in REDUCES
+                or minb not in (1, 2) or diag not in (0, 1, 2, 3) or pipe not in PIPES or reduce not in REDUCES
                 or (impl != "wgmma" and (pipe or reduce != "global")) or (pipe and tm > PIPE_MAX_TM)
-                or (reduce == "cluster" and (splits > MAX_CLUSTER_SPLITS or diag))):
-            raise ValueError(f"forced_config: bad {impl=} {tm=} {splits=} {stages=} {minb=} {diag=} {pipe=} {reduce=}")
-        self.knobs = (tm, splits, stages, minb, diag, impl, pipe, reduce)
+                or (reduce == "cluster" and (splits > MAX_CLUSTER_SPLITS or diag))
+                or persist < 0 or (persist and (impl != "wgmma" or reduce != "global" or diag))):
+            raise ValueError(f"forced_config: bad {impl=} {tm=} {splits=} {stages=} {minb=} {diag=} {pipe=} {reduce=} "
+                             f"{persist=}")
+        self.knobs = (tm, splits, stages, minb, diag, impl, pipe, reduce, persist)
 
     def __enter__(self) -> "forced_config":
         self._prev = getattr(_forced, "knobs", None)
@@ -372,7 +397,7 @@ def _forced_config_for(m: int, n: int, k: int, epi: int) -> SkinnyConfig | None:
     knobs = getattr(_forced, "knobs", None)
     if knobs is None:
         return None
-    tm, splits, stages, minb, diag, impl, pipe, reduce = knobs
+    tm, splits, stages, minb, diag, impl, pipe, reduce, persist = knobs
     if diag and epi != EPI_PLAIN:
         raise _fail(epi, "forced_config: diagnostic variants exist for the plain GEMM only")
     if splits > k // 128:
@@ -381,6 +406,8 @@ def _forced_config_for(m: int, n: int, k: int, epi: int) -> SkinnyConfig | None:
         raise _fail(epi, f"forced_config: token block {tm} is not available for impl {impl!r} with this epilogue "
                          f"({token_blocks(impl, epi)})")
     c = SkinnyConfig(epi, m, n, k, tm, splits, stages, minb, diag, impl, pipe, reduce)
+    if persist:  # never more CTAs than units
+        c = dataclasses.replace(c, persist=min(persist, c.units))
     if c.smem_bytes > SMEM_LIMIT:
         raise _fail(epi, f"forced_config: {c.smem_bytes} B of shared memory > 227 KB")
     return c
@@ -431,6 +458,7 @@ def _tuned_entries(num_sms: int) -> dict[tuple[str, int, int], list[dict]]:
         e.setdefault("minb", 1)
         e.setdefault("pipe", 0)
         e.setdefault("reduce", "global")  # tables written before the cluster reduce existed
+        e.setdefault("persist", 0)        # ... and before the persistent launch
         if e["reduce"] not in REDUCES or (e["reduce"] == "cluster" and (e["impl"] != "wgmma"
                                                                          or e["splits"] > MAX_CLUSTER_SPLITS)):
             raise ValueError(f"{TUNED_TABLE}: entry {e} has an invalid reduce (cluster: wgmma, splits <= 8)")
@@ -451,7 +479,7 @@ def _tuned_config(m: int, n: int, k: int, epi: int, num_sms: int, impl: str | No
             continue
         if m <= e["m_max"]:
             return SkinnyConfig(epi, m, n, k, e["tm"], e["splits"], e["stages"], e["minb"], 0, e["impl"], e["pipe"],
-                                e["reduce"])
+                                e["reduce"], persist=min(e["persist"], -(-n // BLOCK_N) * e["splits"] * -(-m // e["tm"])))
     return None
 
 
@@ -502,10 +530,14 @@ def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132,
                 c = SkinnyConfig(epi, m, n, k, tm, s, STAGES[tm])
             if c.partial_floats * 4 > WORKSPACE_CAP_BYTES or c.smem_bytes > SMEM_LIMIT:
                 continue
-            t = estimate_us(c, num_sms)
-            cand = (t, c.ctas, c)
-            if best is None or cand[:2] < best[:2]:
-                best = cand
+            cands = [c]
+            if use == "wgmma" and epi == EPI_PLAIN and c.units > num_sms:  # several waves: also the persistent launch
+                cands.append(dataclasses.replace(c, persist=num_sms))
+            for c in cands:
+                t = estimate_us(c, num_sms)
+                cand = (t, c.ctas, c)
+                if best is None or cand[:2] < best[:2]:
+                    best = cand
     assert best is not None
     cfg = best[2]
     with _config_lock:
@@ -608,7 +640,7 @@ def _check_capability(epi: int, dev: torch.device) -> None:
 
 def _kernel(cfg: SkinnyConfig, dev: torch.device, wait_at: int = PDL_WAIT_NATIVE):
     key = (cfg.impl, cfg.tm, cfg.stages, cfg.epi, cfg.minb, cfg.diag, cfg.pipe,
-           cfg.reduce if cfg.splits > 1 else "global", wait_at, cfg.rot, _dev_index(dev))
+           cfg.reduce if cfg.splits > 1 else "global", wait_at, cfg.rot, bool(cfg.persist), _dev_index(dev))
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
@@ -773,7 +805,26 @@ def _prepare(epi: int, x8, xs, w, ws, extra: tuple = (), rot: int = 0) -> tuple[
         if forced.impl == "wgmma" and not wgmma_supported(cc):
             raise _fail(epi, f"forced_config: impl 'wgmma' needs an sm_90 GPU, {dev} is sm_{cc[0]}{cc[1]}")
         return rotated(forced, rot), dev
-    return rotated(config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), rot), dev
+    return rotated(with_env_pipe(config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), epi), rot), dev
+
+
+def env_pipe(epi: int = EPI_PLAIN) -> int | None:
+    """GLM5_FASTPATH_FP8_GEMM_PIPE (read now): 0 / 1 / 2 sets the wgmma consumer mode (SkinnyConfig.pipe) of every
+    op's chosen config where it applies (wgmma, tm <= PIPE_MAX_TM); unset = the config's own. For measuring the
+    stage-pair consumer (pipe=2) in whole-prefix benchmarks before the tuned table adopts it."""
+    raw = env.text(PIPE_ENV)
+    if raw is None:
+        return None
+    if raw.strip() not in tuple(map(str, PIPES)):
+        raise _fail(epi, f"{PIPE_ENV}={raw!r}: expected one of {', '.join(map(str, PIPES))}")
+    return int(raw)
+
+
+def with_env_pipe(cfg: SkinnyConfig, epi: int = EPI_PLAIN) -> SkinnyConfig:
+    pipe = env_pipe(epi)
+    if pipe is None or cfg.impl != "wgmma" or cfg.tm > PIPE_MAX_TM or cfg.pipe == pipe:
+        return cfg
+    return dataclasses.replace(cfg, pipe=pipe)
 
 
 def _rope_args(epi: int, positions: torch.Tensor, table: torch.Tensor, rope_dim: int, m: int) -> int:
@@ -1291,6 +1342,15 @@ def precompile(device: object = None, cfg: Glm5Config | None = None, rotate: boo
         if rotate:
             for impl, tm, stages, epi, minb, rot in sorted(_rotated_variants(cfg, sms, env_impl(), cc)):
                 _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb, 0, impl, rot=rot), dev, w)
+        # the exact launch configs too: the tuples above drop the wgmma options (pipe, cluster reduce, persistent
+        # launch) that tuned entries / the heuristic / GLM5_FASTPATH_FP8_GEMM_PIPE may add (_kernel dedups)
+        for epi, n, k in _glm_shapes(cfg):
+            for e in ((epi, EPI_PLAIN) if epi in (EPI_QKV_A, EPI_IDX_K) else (epi,)):
+                for m in range(1, MAX_M + 1):
+                    c = with_env_pipe(config_for(m, n, k, e, sms, env_impl(e), cc), e)
+                    _kernel(c, dev, w)
+                    if rotate and e in ROT_EPIS and cfg.index_head_dim in ROT_SIZES:
+                        _kernel(rotated(c, cfg.index_head_dim), dev, w)
     for epi, n, k in _glm_shapes(cfg):
         _workspace(epi, n, k, dev)
         _workspace(EPI_PLAIN, n, k, dev)
@@ -1310,7 +1370,7 @@ def precompile_plain(shapes, max_m: int = 64, device: object = None) -> None:
     sms, cc, impl = _sms(dev), _cc(dev), env_impl(EPI_PLAIN)
     for n, k in shapes:
         for m in range(1, min(int(max_m), MAX_M) + 1):
-            _kernel(config_for(m, int(n), int(k), EPI_PLAIN, sms, impl, cc), dev)
+            _kernel(with_env_pipe(config_for(m, int(n), int(k), EPI_PLAIN, sms, impl, cc)), dev)
         _workspace(EPI_PLAIN, int(n), int(k), dev)
 
 
@@ -1355,8 +1415,8 @@ def rotated_specs() -> list[KernelSpec]:
 
 
 __all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig",
-           "B0_DEFAULT_MODE", "B0_MODES", "IMPLS", "IMPL_ENV", "b0_mode", "b0_qkv_a", "b1_indexer_k",
+           "B0_DEFAULT_MODE", "B0_MODES", "IMPLS", "IMPL_ENV", "PIPES", "PIPE_ENV", "b0_mode", "b0_qkv_a", "b1_indexer_k",
            "compile_check_specs", "config_for", "d0_q_b", "d1_indexer_q", "default_impl", "diag_specs", "env_impl",
-           "estimate_us", "forced_config", "fp8_gemm_skinny", "precompile", "rope_table", "rotated", "rotated_specs",
+           "env_pipe", "estimate_us", "forced_config", "fp8_gemm_skinny", "precompile", "rope_table", "rotated", "rotated_specs",
            "tensor_maps",
-           "wgmma_supported"]
+           "wgmma_supported", "with_env_pipe"]

@@ -329,3 +329,22 @@ def test_measure_shape_rejects_a_wrong_output_shape():
                                  torch.device("cpu"), seed=0, replays=1, max_copies=2, bw={}, l2=0, log=lambda s: None)
     assert rows[0]["ours_error"] == f"RuntimeError: output (2, {n - 2}) torch.bfloat16, expected (2, {n}) bf16"
     assert rows[0]["floor_us"] is None and "ours_us" not in rows[0]
+
+
+def test_variant_configs():
+    """--variants: 'waves' undoes the persistent launch, 'pipe2' sets the stage-pair consumer; None where moot."""
+    import dataclasses
+
+    from glm5_fastpath.ops import fp8_gemm as F
+
+    big = F.config_for(1, 6144, 16384, F.EPI_PLAIN, 132, "wgmma")
+    assert big.persist and B.variant_config("waves", big) == dataclasses.replace(big, persist=0)
+    assert B.variant_config("waves", dataclasses.replace(big, persist=0)) is None
+    assert B.variant_config("pipe2", big).pipe == 2 and B.variant_config("pipe2", big).persist == big.persist
+    assert B.variant_config("pipe2", dataclasses.replace(big, tm=128)) is None
+    with pytest.raises(ValueError, match="unknown variant"):
+        B.variant_config("nope", big)
+    md = B.markdown({"rows": [{"shape": "o_proj", "M": 1, "ours_us": 30.0, "ours_waves_us": 36.0,
+                                "ours_config": big.describe()}],
+                      "shapes": [{"shape": "o_proj", "N": 6144, "K": 16384, "weight_bytes": 1e8}]})
+    assert "ours_waves us" in md and "| 36.00 |" in md and "persist132" in md

@@ -18,6 +18,7 @@ e4m3 ulp); the untouched cache bytes must be bitwise equal.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib
 
 import pytest
@@ -915,7 +916,7 @@ WGMMA_OPTION_CASES = [  # (op, m, tm, splits, stages)
     ("plain_q_b", 100, 64, 2, 4), ("d0", 16, 16, 1, 8), ("d0", 64, 64, 2, 4), ("d1", 16, 8, 2, 4), ("d1", 64, 32, 1, 8),
     ("b1", 16, 8, 8, 4), ("b1", 64, 32, 6, 4), ("b0", 16, 16, 4, 6),
 ]
-WGMMA_OPTIONS = [(1, "global"), (0, "cluster"), (1, "cluster")]
+WGMMA_OPTIONS = [(1, "global"), (0, "cluster"), (1, "cluster"), (2, "global"), (2, "cluster")]
 
 
 def _run_op(op, m, layer, seed):
@@ -979,6 +980,80 @@ def test_wgmma_option_specs_and_configs():
         F.forced_config(8, 12, 4, impl="wgmma", reduce="cluster")  # > 8 CTAs per cluster
     with pytest.raises(ValueError):
         F.forced_config(128, 1, 4, impl="wgmma", pipe=1)
+    for bad in (dict(pipe=3), dict(pipe=2, tm=128)):
+        kw = dict(tm=16, splits=1, stages=4, impl="wgmma") | bad
+        with pytest.raises(ValueError):
+            F.forced_config(**kw)
+    assert dict(F.kernel_spec(16, 6, 0, impl="wgmma", pipe=2).defines)["GLM5_SKINNY_PIPE"] == "2"
     # the fused epilogues' staged inputs are part of the smem carve-up
     assert F.scratch_bytes(64, F.EPI_Q_B) == F.scratch_bytes(64) + 64 * 32 * 8 + 64 * 8
     assert F.wgmma_smem_bytes(16, 6, 8, F.EPI_IDX_K) - F.wgmma_smem_bytes(16, 6, 8) == 16 * (32 * 8 + 16)
+
+
+# ---- GPU: persistent launch ------------------------------------------------------------------------------------
+# persist=P deals the (n tile, split, token block) units over P CTAs (unit u to CTA u % P) through one TMA ring per
+# CTA, the stage counter running on across units (ring slots and parities wrap mid-unit). Every unit computes the
+# same partial in the same order and the split-K finish sums in split order, so the result must be BITWISE equal
+# to the one-CTA-per-unit launch at the same (tm, splits, stages), for the plain GEMM and the fused epilogues
+# (B0's per-token-block row counters, D0 / D1 / B1's staged RoPE inputs run once per unit). P is chosen so that
+# units do not divide evenly and some CTAs take more units than others.
+PERSIST_CASES = [  # (op, m, tm, splits, stages, persist, pipe)
+    ("plain_qkv_a", 16, 16, 4, 6, 5, 0), ("plain_qkv_a", 1, 8, 6, 4, 132, 0), ("plain_wk", 5, 8, 8, 4, 3, 0),
+    ("plain_wk", 1, 8, 12, 4, 1, 2), ("plain_q_b", 100, 64, 2, 4, 132, 0), ("plain_q_b", 37, 32, 3, 6, 61, 2),
+    ("d0", 16, 16, 1, 8, 7, 0), ("d1", 64, 32, 1, 8, 5, 0), ("b1", 16, 8, 8, 4, 3, 2), ("b0", 16, 16, 4, 6, 9, 0),
+    ("b0", 64, 32, 3, 6, 40, 2),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PERSIST_CASES, ids=[f"{c[0]}_m{c[1]}_tm{c[2]}_s{c[3]}_p{c[5]}_pipe{c[6]}"
+                                                    for c in PERSIST_CASES])
+def test_wgmma_persistent_bitwise_equal(case, layer, no_pdl_override):
+    op, m, tm, splits, stages, persist, pipe = case
+    with F.forced_config(tm, splits, stages, impl="wgmma"):
+        base = _run_op(op, m, layer, 700 + m)
+    with F.forced_config(tm, splits, stages, impl="wgmma", pipe=pipe, persist=persist):
+        got = _run_op(op, m, layer, 700 + m)
+        again = _run_op(op, m, layer, 700 + m)  # counters self-reset between launches
+    torch.cuda.synchronize()
+    for i, (a, b, b2) in enumerate(zip(base, got, again)):
+        ctx = f"{op} {m=} {tm=} {splits=} {stages=} {persist=} {pipe=} output {i}"
+        u8 = (lambda t: t.view(torch.uint8) if t.dtype == FP8 else t)
+        assert_equal(op, u8(b), u8(a), context=ctx)
+        assert_equal(op, u8(b2), u8(a), context=ctx + " (repeat)")
+
+
+def test_persistent_configs():
+    """CPU: grid / spec / validation of the persistent launch, and the heuristic's use of it for multi-wave GEMMs."""
+    c = F.SkinnyConfig(F.EPI_PLAIN, 1, 6144, 16384, 8, 11, 10, impl="wgmma", persist=132)
+    assert c.units == 48 * 11 and c.ctas == 132 and c.grid == (132, 1, 1)
+    assert dict(c.spec().defines)["GLM5_SKINNY_PERSIST"] == "1" and c.describe()["persist"] == 132
+    plain = F.SkinnyConfig(F.EPI_PLAIN, 1, 6144, 16384, 8, 11, 10, impl="wgmma")
+    assert plain.grid == (48, 11, 1) and "GLM5_SKINNY_PERSIST" not in dict(plain.spec().defines)
+    for bad in (dict(impl="mma"), dict(impl="wgmma", reduce="cluster"), dict(impl="wgmma", diag=1)):
+        with pytest.raises(ValueError):
+            F.kernel_spec(8, 4, 0, persist=True, **bad)
+        with pytest.raises(ValueError):
+            F.forced_config(8, 4, 4, persist=4, **bad)
+    with F.forced_config(8, 2, 4, impl="wgmma", persist=1000):  # never more CTAs than units
+        assert F._forced_config_for(1, 256, 1024, F.EPI_PLAIN).persist == 2 * 2
+    # the heuristic: o_proj-sized GEMMs (several waves of units) go persistent, one CTA per SM; one-wave ones do not
+    big = F.config_for(1, 6144, 16384, F.EPI_PLAIN, 132, "wgmma")
+    assert big.persist == 132 and big.units > 132
+    assert F.config_for(1, 2624, 6144, F.EPI_PLAIN, 132, "wgmma").persist == 0
+    assert F.estimate_us(big) < F.estimate_us(dataclasses.replace(big, persist=0))
+
+
+def test_env_pipe_override(monkeypatch):
+    """GLM5_FASTPATH_FP8_GEMM_PIPE sets the wgmma consumer mode of the chosen config where it applies; junk raises."""
+    c = F.config_for(16, 2624, 6144, F.EPI_QKV_A, 132, "wgmma")
+    monkeypatch.delenv(F.PIPE_ENV, raising=False)
+    assert F.env_pipe() is None and F.with_env_pipe(c) is c
+    monkeypatch.setenv(F.PIPE_ENV, "2")
+    assert F.with_env_pipe(c).pipe == 2 and F.with_env_pipe(c).tm == c.tm
+    assert F.with_env_pipe(dataclasses.replace(c, tm=128)).pipe == c.pipe  # 128 tokens: no room for two partials
+    mma = F.SkinnyConfig(F.EPI_PLAIN, 1, 256, 1024, 8, 1, 3)
+    assert F.with_env_pipe(mma) is mma
+    monkeypatch.setenv(F.PIPE_ENV, "fast")
+    with pytest.raises(F.Fp8GemmInputError, match="GLM5_FASTPATH_FP8_GEMM_PIPE"):
+        F.with_env_pipe(c)
