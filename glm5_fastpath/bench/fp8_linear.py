@@ -64,29 +64,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # Extra columns (--variants): our GEMM with one launch option changed against config_for's choice.
-#   waves  one CTA per (n tile, split, token block) unit (no persistent launch), same tm / splits / stages
-#   pipe2  the wgmma consumer issuing stage pairs (pipe=2), the rest as config_for chose
-VARIANTS = ("waves", "pipe2")
+#   persist  the persistent launch (one CTA per SM takes the (n tile, split, token block) units through one TMA
+#            ring), same tm / splits / stages; applies where the units need more than one wave
+#   pipe2    the wgmma consumer issuing stage pairs (pipe=2), the rest as config_for chose
+VARIANTS = ("persist", "pipe2")
 
 
-def variant_config(name: str, cfg: Any) -> Any:
+def variant_config(name: str, cfg: Any, num_sms: int = 132) -> Any:
     """config_for's choice `cfg` with variant `name`'s option changed (None: the variant does not apply)."""
     import dataclasses
 
-    if name == "waves":
-        return dataclasses.replace(cfg, persist=0) if cfg.persist else None
+    if name == "persist":
+        ok = cfg.impl == "wgmma" and (cfg.reduce == "global" or cfg.splits == 1) and not cfg.persist
+        return dataclasses.replace(cfg, reduce="global", persist=num_sms) if ok and cfg.units > num_sms else None
     if name == "pipe2":
         ok = cfg.impl == "wgmma" and cfg.tm <= 64 and cfg.pipe != 2
         return dataclasses.replace(cfg, pipe=2) if ok else None
     raise ValueError(f"bench fp8-linear: unknown variant {name!r} (one of {', '.join(VARIANTS)})")
 
 
-def variant_path(name: str, ours: Callable, config: Callable[[int, int, int], Any]) -> Callable:
+def variant_path(name: str, ours: Callable, config: Callable[[int, int, int], Any], num_sms: int = 132) -> Callable:
     """ours(x, w, s) under forced_config(variant_config(name, config(M, N, K))); raises when it does not apply."""
     from ..ops import fp8_gemm
 
     def fn(x, w, s):
-        c = variant_config(name, config(x.shape[0], w.shape[0], w.shape[1]))
+        c = variant_config(name, config(x.shape[0], w.shape[0], w.shape[1]), num_sms)
         if c is None:
             raise RuntimeError(f"variant {name} does not apply to this config")
         with fp8_gemm.forced_config(c.tm, c.splits, c.stages, c.minb, 0, c.impl, c.pipe, c.reduce, c.persist):
@@ -373,7 +375,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if not ours_reason:
         for v in variants:
             paths[f"ours_{v}"] = variant_path(v, ours_linear, lambda m, n, k: fp8_gemm.config_for(
-                m, n, k, fp8_gemm.EPI_PLAIN, sms, fp8_gemm.env_impl(), cc))
+                m, n, k, fp8_gemm.EPI_PLAIN, sms, fp8_gemm.env_impl(), cc), sms)
     rows: list[dict[str, Any]] = []
     shape_info: list[dict[str, Any]] = []
     aborted = ""
@@ -450,7 +452,7 @@ def markdown(res: dict[str, Any]) -> str:
     extra = [f"ours_{v}" for v in VARIANTS if any(f"ours_{v}_us" in r or f"ours_{v}_error" in r for r in rows)]
     if extra:
         lines += ["- Variant columns (us): " + "; ".join(
-            f"`{x}` = ours with " + ("one CTA per unit (no persistent launch)" if x == "ours_waves" else
+            f"`{x}` = ours with " + ("the persistent launch, one CTA per SM" if x == "ours_persist" else
                                      "stage pairs in the wgmma consumer (pipe=2)") for x in extra)
                   + "; '-' where the variant does not apply to the chosen config."]
     for sh in res.get("shapes", []):

@@ -332,19 +332,19 @@ def test_measure_shape_rejects_a_wrong_output_shape():
 
 
 def test_variant_configs():
-    """--variants: 'waves' undoes the persistent launch, 'pipe2' sets the stage-pair consumer; None where moot."""
+    """--variants: 'persist' deals the units over one CTA per SM, 'pipe2' sets the stage-pair consumer; None where moot."""
     import dataclasses
 
     from glm5_fastpath.ops import fp8_gemm as F
 
     big = F.config_for(1, 6144, 16384, F.EPI_PLAIN, 132, "wgmma")
-    assert big.persist and B.variant_config("waves", big) == dataclasses.replace(big, persist=0)
-    assert B.variant_config("waves", dataclasses.replace(big, persist=0)) is None
-    assert B.variant_config("pipe2", big).pipe == 2 and B.variant_config("pipe2", big).persist == big.persist
+    assert not big.persist and B.variant_config("persist", big) == dataclasses.replace(big, persist=132)
+    assert B.variant_config("persist", F.config_for(1, 2624, 6144, F.EPI_PLAIN, 132, "wgmma")) is None  # one wave
+    assert B.variant_config("pipe2", big).pipe == 2
     assert B.variant_config("pipe2", dataclasses.replace(big, tm=128)) is None
     with pytest.raises(ValueError, match="unknown variant"):
         B.variant_config("nope", big)
-    md = B.markdown({"rows": [{"shape": "o_proj", "M": 1, "ours_us": 30.0, "ours_waves_us": 36.0,
-                                "ours_config": big.describe()}],
-                      "shapes": [{"shape": "o_proj", "N": 6144, "K": 16384, "weight_bytes": 1e8}]})
-    assert "ours_waves us" in md and "| 36.00 |" in md and "persist132" in md
+    md = B.markdown({"rows": [{"shape": "o_proj", "M": 1, "ours_us": 30.0, "ours_persist_us": 36.0,
+                               "ours_config": dataclasses.replace(big, pipe=2).describe()}],
+                     "shapes": [{"shape": "o_proj", "N": 6144, "K": 16384, "weight_bytes": 1e8}]})
+    assert "ours_persist us" in md and "| 36.00 |" in md and "pipe2" in md

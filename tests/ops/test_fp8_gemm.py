@@ -1037,11 +1037,10 @@ def test_persistent_configs():
             F.forced_config(8, 4, 4, persist=4, **bad)
     with F.forced_config(8, 2, 4, impl="wgmma", persist=1000):  # never more CTAs than units
         assert F._forced_config_for(1, 256, 1024, F.EPI_PLAIN).persist == 2 * 2
-    # the heuristic: o_proj-sized GEMMs (several waves of units) go persistent, one CTA per SM; one-wave ones do not
+    # the heuristic never picks it (measured slower at the multi-wave FP8-linear shapes); the cost model takes it
     big = F.config_for(1, 6144, 16384, F.EPI_PLAIN, 132, "wgmma")
-    assert big.persist == 132 and big.units > 132
-    assert F.config_for(1, 2624, 6144, F.EPI_PLAIN, 132, "wgmma").persist == 0
-    assert F.estimate_us(big) < F.estimate_us(dataclasses.replace(big, persist=0))
+    assert big.persist == 0 and big.units > 132
+    assert F.estimate_us(dataclasses.replace(big, persist=132)) > 0
 
 
 def test_env_pipe_override(monkeypatch):
