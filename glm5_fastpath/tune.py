@@ -137,7 +137,8 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
     i0 = MM.BLOCK_NS.index(d.block_n)
     near = sorted((b for b in MM.BLOCK_NS if b != d.block_n and b >= load),
                   key=lambda b: (abs(MM.BLOCK_NS.index(b) - i0), -b))
-    primary = [d] + [MM.MegaMoEConfig(b, MM.max_stages(b), split_waves=d.split_waves).validate() for b in near]
+    primary = [d] + [MM.MegaMoEConfig(b, MM.max_stages(b), split_waves=d.split_waves,
+                                      lean_fences=d.lean_fences).validate() for b in near]
 
     def twin(c: Any) -> Any | None:
         t = replace(c, split_waves=0 if c.split_waves else SPLIT_WAVES_ON).validate()

@@ -106,7 +106,7 @@ def test_moe_candidates_split_twin_only_where_the_split_differs():
     assert tune.fc1_split(bn8, one, 1) and not tune.fc1_split(MM.MegaMoEConfig(8, 6, split_waves=0), one, 1)
     assert not tune.fc1_split(MM.MegaMoEConfig(32, 6), one, 1)  # only block_n <= 16 splits
     assert [c.name for c in tune.moe_candidates(1, 4, counts=one)] == [
-        "bn8_s6_g512_w4", "bn8_s6_g512_w0", "bn16_s6_g512_w4", "bn32_s6_g512_w4"]
+        "bn8_s6_g512_w4_lf", "bn8_s6_g512_w0_lf", "bn16_s6_g512_w4_lf", "bn32_s6_g512_w4_lf"]
     # M=16: ~100 token blocks x 16 FC1 tiles > 4 waves of 132 SMs: no split either way, no twin
     cands = tune.moe_candidates(16, 4)
     assert all(c.split_waves == 4 for c in cands) and cands[0].block_n == 16

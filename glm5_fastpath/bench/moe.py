@@ -164,12 +164,13 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
         touched = int(torch.unique(ids).numel())
         row = {"tokens": m, "experts_touched": touched, "floor_us": floor_us(touched),
                "floor_shared_us": floor_us(touched + 1)}
-        variants = [("ours", routed, False), ("ours_shared", shared, False)]
-        if getattr(args, "lean_fences", False):  # the lean-fences build next to the default one (megamoe.cuh)
-            variants.append(("ours_shared_lean", shared, True))
+        variants = [("ours", routed, None), ("ours_shared", shared, None)]  # None: default_config's build
+        if getattr(args, "lean_fences", False):  # both fence builds of ours + shared (megamoe.cuh, kLeanFences)
+            variants += [("ours_shared_fenced", shared, False), ("ours_shared_lean", shared, True)]
         for key, wt, lean in variants:
             cfg = MM.default_config(m, experts, TOPK, wt.num_shared, torch.cuda.get_device_properties(dev).multi_processor_count)
-            cfg = dataclasses.replace(cfg, lean_fences=lean)
+            if lean is not None:
+                cfg = dataclasses.replace(cfg, lean_fences=lean)
             try:
                 MM.precompile(wt, TOPK, max_tokens=m, device=dev, configs=[cfg])
                 t = time_launches(lambda i: MM.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=RSF, config=cfg),
@@ -273,10 +274,10 @@ def markdown(result: dict) -> str:
         lines.append("")
     lean = [(name, r) for name, rows in result["settings"].items() for r in rows if r.get("ours_shared_lean")]
     if lean:
-        lines += ["## Lean-fences build (ours + shared; MegaMoEConfig.lean_fences)", "",
-                  "| setting | tokens | default us | lean us | default / lean |", "|---|---|---|---|---|"]
+        lines += ["## Fence builds (ours + shared; MegaMoEConfig.lean_fences, on in default_config)", "",
+                  "| setting | tokens | fenced us | lean us | fenced / lean |", "|---|---|---|---|---|"]
         for name, r in lean:
-            a, b = (r.get(k, {}).get("median_us") for k in ("ours_shared", "ours_shared_lean"))
+            a, b = (r.get(k, {}).get("median_us") for k in ("ours_shared_fenced", "ours_shared_lean"))
             lines.append(f"| {name} | {r['tokens']} | {a if a is None else f'{a:.1f}'} | "
                          f"{b if b is None else f'{b:.1f}'} | {f'{a / b:.3f}' if a and b else '-'} |")
         lines.append("")
@@ -339,8 +340,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="also run MegaMoE's trace build once per token count: first-stage wait / MMA / epilogue "
                          "shares per FC1 / FC2 task, fc1_done spins, tail (docs/megamoe_large_m.md)")
     ap.add_argument("--lean-fences", action="store_true",
-                    help="also time the lean-fences build of ours + shared (column ours_shared_lean; "
-                         "MegaMoEConfig.lean_fences)")
+                    help="also time both fence builds of ours + shared (columns ours_shared_fenced / "
+                         "ours_shared_lean; MegaMoEConfig.lean_fences, which default_config turns on)")
     ap.add_argument("--trace-save-max-tokens", type=int, default=128,
                     help="with --trace: also save the raw trace rows (OUT/trace_rows/<setting>_M<tokens>.pt, "
                          "megamoe.TRACE_COLUMNS) for token counts up to this")

@@ -37,10 +37,14 @@ partials (the engine profile showed ~11 us per layer at 1 token for the split-K 
 but another summation order than the split-K kernel. GPU-tested on an H200 (2026-11-30); `bench router` there
 (benchmarks/results/2026-11-30_h200_session6/run1_3292de4/router): 8.7 / 9.6 / 11.6 / 15.9 us against the split-K
 kernel's 9.9 / 10.0 / 10.2 / 10.7 us at M = 1 / 2 / 4 / 8 (its per-token loop is serial), so decode=None takes
-it for M <= DECODE_AUTO_MAX_TOKENS (2) only; GLM5_FASTPATH_ROUTER_DECODE=1 takes it up to 32 tokens, =0 never.
+it for M <= DECODE_AUTO_MAX_TOKENS only; GLM5_FASTPATH_ROUTER_DECODE=1 takes it up to 32 tokens, =0 never.
 Since session 7 the decode kernel deals the tokens over up to DECODE_SLICES grid rows (decode_tokens_per_cta:
 3 x 128 CTAs, one wave), so its per-token loop runs ceil(M / 3) tokens instead of M; the logits are bitwise those of
-one row. Not yet timed: `bench router` decides whether DECODE_AUTO_MAX_TOKENS can rise.
+one row. Timed on the H200 (2026-11-30, session 8, benchmarks/results/2026-11-30_h200_session8/): 8.77 / 9.11 /
+9.54 / 11.05 us against split-K's 10.14 / 10.21 / 10.33 / 10.93 at M = 1 / 2 / 4 / 8, so DECODE_AUTO_MAX_TOKENS
+is 4 (was 2). From 16 tokens both are slower than the stock F.linear + biased_grouped_topk (17.4 / 16.2 vs 12.8 us
+at 16, 31.2 / 27.0 vs 13.4 at 32): the top-k epilogue of the last CTA is serial per token; SGLang's own decode
+router in the engine (~35 us per layer, the 2026-11-29 profile) is slower still.
 
 Workspace: one per (device, H, E, k): fp32 partials [8][E/32][H/256][32][32] + uint32 counters
 [8 * E/32 + 8 + 1] (the last: the decode kernel's arrival counter), allocated and zeroed once on first use (or by precompile()). Counters return to zero at
@@ -78,7 +82,7 @@ FUNCTION_DECODE = "glm5_moe_router_decode"
 DECODE_MAX_TOKENS = 32  # the largest M the decode kernel is chosen for (its grid rows deal up to 256 tokens)
 DECODE_SLICE_MAX = 32  # RouterDecodeTile::kMaxTokens: tokens of one grid row
 DECODE_SLICES = 3  # grid rows of the decode kernel at most (decode_tokens_per_cta)
-DECODE_AUTO_MAX_TOKENS = 2  # decode=None, env unset: measured faster than split-K up to here (module doc)
+DECODE_AUTO_MAX_TOKENS = 4  # decode=None, env unset: measured faster than split-K up to here (module doc)
 ENV_DECODE = "GLM5_FASTPATH_ROUTER_DECODE"
 MAX_TOKENS = 256
 K_CHUNK = 256  # columns per CTA (RouterTile::kKChunk)

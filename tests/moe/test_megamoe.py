@@ -912,6 +912,12 @@ def test_gpu_trace_run_matches_the_normal_build(m):
     print(M.trace_markdown(s))
 
 
+def test_default_config_takes_the_lean_fences_build():
+    for m, experts in ((1, 256), (8, 32), (128, 256), (4096, 32)):
+        assert M.default_config(m, experts, 8, 1).lean_fences is True
+        assert M.default_config(m, experts, 8, 1).name.endswith("_lf")
+
+
 def test_lean_fences_config_name_and_spec():
     c = M.MegaMoEConfig(8, M.max_stages(8), M.MAX_EXPERTS, 4, lean_fences=True)
     assert c.name.endswith("_lf") and M.MegaMoEConfig.from_name(c.name) == c
@@ -932,7 +938,7 @@ def test_gpu_lean_fences_equal_the_default_build_bitwise_over_many_launches(m, e
     note."""
     _, wt = _weights(experts)
     x8, xs, ids, wts = _inputs(m, experts, 8, kind, 11 + m)
-    cfg = M.default_config(m, experts, 8, 1)
+    cfg = dataclasses.replace(M.default_config(m, experts, 8, 1), lean_fences=False)  # the fenced build
     lean = dataclasses.replace(cfg, lean_fences=True)
     want = M.mega_moe(x8, xs, ids, wts, wt, config=cfg)
     torch.cuda.synchronize()

@@ -213,11 +213,11 @@ def test_every_split_k_config_still_builds_with_the_decode_kernel(nvcc_jit):
 
 def test_decode_kernel_selection(monkeypatch, caplog):
     """The decode kernel runs for 1 <= M <= 32 when asked (decode=True) or, with decode=None, when
-    GLM5_FASTPATH_ROUTER_DECODE=1, or up to 2 tokens (measured faster there) when it is unset; never above 32
+    GLM5_FASTPATH_ROUTER_DECODE=1, or up to 4 tokens (measured faster there) when it is unset; never above 32
     tokens; =0 turns it off."""
     monkeypatch.delenv(R.ENV_DECODE, raising=False)
-    assert R.decode_enabled() is None and R.use_decode(1, None) and R.use_decode(2, None)
-    assert not R.use_decode(3, None) and not R.use_decode(0, None)
+    assert R.decode_enabled() is None and all(R.use_decode(m, None) for m in (1, 2, 3, 4))
+    assert not R.use_decode(5, None) and not R.use_decode(0, None)
     assert not R.use_decode(1, None, config_for(256, 4, 2))  # a config it does not take
     monkeypatch.setenv(R.ENV_DECODE, "0")
     assert R.decode_enabled() is False and not R.use_decode(1, None)
