@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One lent-H200 call (<= 10 min) for the batched split-K partial loads (skinny GEMM finish, MegaMoE combine,
 # sparse-MLA combine) and the lean-fences MegaMoE default, each step under its own time limit, into OUTDIR:
-#   1. bench prefix-ops (ours only) B0 / B1 / D1 at M = 1, 16                                  [40 s]
+#   1. bench prefix-ops (ours only) B0 / B1 / D1 at M = 1, 16                                  [45 s]
 #   2. bench moe, setting b, 1 / 8 tokens, no DeepGEMM                                          [40 s]
-#   3. bench sparse-mla at 1 / 8 / 16 tokens (FlashMLA in the same run)                         [40 s]
-#   4. GPU tests, one pytest per file: tests/moe/test_megamoe.py [70 s], tests/ops/test_sparse_mla.py [60 s],
-#      tests/ops/test_moe_router.py [25 s], tests/ops/test_fp8_gemm.py (last, verbose: it compiles its
-#      test-only variants)                                                                    [T_GEMM, 80 s]
+#   3. bench sparse-mla at 1 / 8 / 16 tokens (FlashMLA in the same run)                         [45 s]
+#   4. GPU tests, one pytest per file: tests/moe/test_megamoe.py [60 s], tests/ops/test_sparse_mla.py [45 s],
+#      tests/ops/test_moe_router.py [20 s], tests/ops/test_fp8_gemm.py (last, verbose: it compiles its
+#      test-only variants)                                                                    [T_GEMM, 60 s]
 # usage: scripts/h200_batched_loads_check.sh OUTDIR [SITE.tar.xz] [JIT.tar.xz]
 set -uo pipefail
 out=${1:?usage: $0 OUTDIR [SITE.tar.xz] [JIT.tar.xz]}
