@@ -83,9 +83,17 @@ class StockChain:
     def __init__(self, cfg: Glm5Config, device: str):
         from ...bench.stock_prefix import StockPrefix
 
+        from ...bench.stock_prefix import E2_SGLANG, E2_STANDIN, sglang_fused_topk
+
         self.cfg, self.sp = cfg, StockPrefix(_StockData(cfg, device))
         self.alt = torch.cuda.Stream(device)
         self.reason = "" if self.sp.dg is not None else f"stock needs DeepGEMM: {self.sp.dg_reason}"
+        # E2 (step 11): SGLang's fused decode top-k + page-table transform when sgl_kernel has it (what its DSA
+        # decode runs); else the compiled torch.topk stand-in, labelled as such (~4x slower: session-8 note)
+        self.topk_fused, why = sglang_fused_topk()
+        if self.topk_fused is not None and cfg.index_topk != 2048:  # the kernel's only size
+            self.topk_fused, why = None, f"index_topk {cfg.index_topk} != 2048"
+        self.e2 = E2_SGLANG if self.topk_fused is not None else f"{E2_STANDIN} (sgl_kernel: {why})"
 
     def bind(self, st: _Set, j: int) -> dict[str, Any]:
         from ...ref.rope import rope_cos_sin
@@ -95,7 +103,14 @@ class StockChain:
         cos, sin = rope_cos_sin(torch.arange(int(s.positions.max()) + 1, device=s.hidden.device), c.qk_rope_head_dim,
                                 c.rope_theta)
         ctx = s.seq_lens.to(torch.int32).view(-1, 1).contiguous()
-        return {"w": w, "s": s, "cos_sin": torch.cat([cos, sin], -1).contiguous(),
+        from ...bench.stock_prefix import page_table_1
+
+        extra = {}
+        if self.topk_fused is not None:  # SGLang's metadata before the indexer runs: not part of the timed chain
+            extra = {"sl32": s.seq_lens.to(torch.int32).contiguous(),
+                     "pt1": page_table_1(s.block_table, int(s.seq_lens.max())),
+                     "cu": torch.arange(s.seq_lens.numel() + 1, dtype=torch.int32, device=s.seq_lens.device)}
+        return {**extra, "w": w, "s": s, "cos_sin": torch.cat([cos, sin], -1).contiguous(),
                 "qkv_a": sp._fp8_weight("qkv_a", w.qkv_a, j), "wq_b": sp._fp8_weight("wq_b", idx.wq_b, j),
                 "q_b": sp._fp8_weight("q_b", w.q_b, j),
                 "wk_wp": torch.cat([idx.wk.dequant().to(torch.bfloat16), idx.weights_proj]).contiguous(),
@@ -138,7 +153,12 @@ class StockChain:
             q_pe = C["rope_q_pe"](q[..., c.qk_nope_head_dim:], cs, s.positions)
         logits = sp.dg.fp8_paged_mqa_logits(iq8.view(-1, 1, hi, di), d["kv4"], head_w, d["ctx"], d["bt"], d["meta"],
                                             d["max_ctx"], False)  # 10
-        topk = C["topk_translate"](logits, s.seq_lens, s.block_table, c.index_topk)  # 11
+        if self.topk_fused is not None:  # 11
+            if logits.shape[1] != d["pt1"].shape[1]:
+                raise RuntimeError(f"stock E2: logits width {logits.shape[1]} != page table width {d['pt1'].shape[1]}")
+            topk = self.topk_fused(logits, d["sl32"], d["pt1"], d["cu"], c.index_topk)
+        else:
+            topk = C["topk_translate"](logits, s.seq_lens, s.block_table, c.index_topk)
         self._fork(alt, main)
         q_lat = torch.bmm(q[..., :c.qk_nope_head_dim].transpose(0, 1), w.w_kc).transpose(0, 1)  # 13
         C["kv_rope_store"](c_kv, k_pe, cs, s.positions, s.kv_cache, s.out_cache_loc)  # 14 (k), 15
@@ -268,6 +288,7 @@ def bench_prefix(cfg: Glm5Config, modes: Sequence[str] = DEFAULT_MODES, ms: Sequ
                 try:
                     bound = [chain.bind(st, j) for j, st in enumerate(sets)]
                     row["stock"] = _time(lambda i: chain.enqueue(bound[i % len(bound)]), len(bound), device, replays)
+                    row["stock"]["e2"] = chain.e2
                 except Exception as e:  # noqa: BLE001
                     row["stock"] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
             _log(f"M={m} stock: {row['stock'].get('median_us', row['stock'])}")
@@ -334,6 +355,9 @@ def render_markdown(rep: dict[str, Any]) -> str:
             cells.append(f(meds[m]) if meds[m] is not None else ("n/i" if "not_implemented" in t else "err"))
         lines.append(f"| {r['M']} | {f(r['floor_us'])} | {f(r['bytes'] / 1e6, '.1f')} | {f(st)} | " + " | ".join(cells)
                      + f" | {f(best / r['floor_us'] if best else None)} | {f(st / best if st and best else None)} |")
+    e2 = sorted({r["stock"]["e2"] for r in rep["rows"] if isinstance(r.get("stock"), dict) and r["stock"].get("e2")})
+    if e2:
+        lines += ["", "Stock E2 (top-k, step 11): " + "; ".join(e2) + "."]
     lines += ["", "## Decomposition (each step adds one mechanism; saved = previous - this)", ""]
     for r in rep["rows"]:
         steps = ", ".join(f"{s['mode']} {s['median_us']:.2f}" + (f" (-{s['saved_us']:.2f})" if s["saved_us"] is not None else "")

@@ -8,7 +8,7 @@ def test_derive_and_render():
     row = {"M": 16, "bytes": 95e6, "floor_us": 22.0, "sets": 2, "covers_l2": True,
            "modes": {"serial": {"median_us": 60.0}, "multistream": {"median_us": 45.0},
                      "multistream_pdl_entry": {"not_implemented": "needs pdl_wait"}, "full": {"median_us": 33.0}},
-           "stock": {"median_us": 66.0}}
+           "stock": {"median_us": 66.0, "e2": "sgl_kernel.fast_topk_transform_fused"}}
     bench._derive(row)
     assert row["modes"]["full"]["speedup_vs_stock"] == 2.0
     assert row["modes"]["full"]["time_over_floor"] == 1.5
@@ -18,6 +18,7 @@ def test_derive_and_render():
            "multistream_pdl_entry", "full"], "copy_bandwidth": {"bytes_per_s": 4.27e12}, "rows": [row]}
     md = bench.render_markdown(rep)
     assert "| 16 |" in md and "n/i" in md and "needs pdl_wait" in md and "2.00" in md
+    assert "Stock E2 (top-k, step 11): sgl_kernel.fast_topk_transform_fused." in md  # which top-k the stock ran
 
 
 def test_executors_map_to_modes_and_stock():
