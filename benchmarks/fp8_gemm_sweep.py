@@ -63,12 +63,19 @@ MS = (1, 16, 64, 128, 256)
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 MMA_STAGES = (3, 4)
 WG_STAGES = (4, 6, 8, 10)
-SHAPES = {  # name: (N, K, fused epilogue)
+SHAPES = {  # name: (N, K, fused epilogue); EPI_PLAIN = a plain linear (no fused phase C)
     "qkv_a": (2624, 6144, F.EPI_QKV_A),
     "q_b": (16384, 2048, F.EPI_Q_B),
     "wq_b": (4096, 2048, F.EPI_IDX_Q),
     "wk": (128, 6144, F.EPI_IDX_K),
+    # the FP8-linear route's shapes (integrations/sglang/linear_route.py), opt-in with --shapes: multi-wave weight
+    # streams where config_for's split-K pick trails DeepGEMM (session 8: o_proj 37.0 vs 31.6 us at M = 8)
+    "o_proj": (6144, 16384, F.EPI_PLAIN),
+    "dense_gate_up": (24576, 6144, F.EPI_PLAIN),
+    "dense_down": (6144, 12288, F.EPI_PLAIN),
 }
+DEFAULT_SHAPES = ("qkv_a", "q_b", "wq_b", "wk")
+LINEAR_MS = (1, 8, 16, 32, 64)  # the route's decode sizes (its default token limit is 64)
 DIAG_NAMES = {0: "full", 1: "loads_only", 2: "no_reduce", 3: "no_loads"}
 REPLAYS = 10
 OK_REL_ERR = 2e-2
@@ -135,6 +142,7 @@ def grid_for(m: int, n: int, k: int, sms: int, impls: tuple[str, ...]) -> list[K
                     if c.smem_bytes > F.SMEM_LIMIT or c.partial_floats * 4 > F.WORKSPACE_CAP_BYTES:
                         continue
                     out.append((F.estimate_us(c, sms), (impl, tm, s, st, 1)))
+            out += two_per_sm(m, n, k, tm, sms, impl)
         per[impl] = [kn for _, kn in sorted(out)]
     merged: list[Knobs] = []
     for i in range(max((len(v) for v in per.values()), default=0)):
@@ -142,6 +150,24 @@ def grid_for(m: int, n: int, k: int, sms: int, impls: tuple[str, ...]) -> list[K
             if i < len(per[impl]):
                 merged.append(per[impl][i])
     return merged
+
+
+def two_per_sm(m: int, n: int, k: int, tm: int, sms: int, impl: str) -> list[tuple[float, Knobs]]:
+    """Two CTAs per SM (minb = 2, a ring that fits half the shared memory) at 1-3 K splits, for shapes whose
+    n tiles alone need more than one wave (o_proj, the dense MLP): no split-K finish, or a short one, instead of
+    the many-split waves config_for picks there. Ranked after the estimate's own candidates (estimate x 1.5:
+    the cost model does not know two CTAs per SM)."""
+    tiles = -(-n // 128) * -(-m // tm)
+    if impl != "wgmma" or tiles <= sms or tm > 16:
+        return []
+    out = []
+    for s in (1, 2, 3):
+        for st in (3, 4, 5, 6):
+            c = F.SkinnyConfig(F.EPI_PLAIN, m, n, k, tm, s, st, 2, 0, impl)
+            if c.smem_bytes > F.SMEM_LIMIT // 2 or c.partial_floats * 4 > F.WORKSPACE_CAP_BYTES or st > c.gmax:
+                continue
+            out.append((1.5 * F.estimate_us(c, sms), (impl, tm, s, st, 2)))
+    return out
 
 
 # ---- cases -----------------------------------------------------------------------------------------------
@@ -313,13 +339,19 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="output directory (required unless --warm)")
     ap.add_argument("--warm", action="store_true", help="only fill the JIT cache (parallel nvcc, no GPU needed) and exit")
     ap.add_argument("--budget-s", type=float, default=200.0, help="wall budget of the timing phases A-C")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES),
+                    help=f"comma list of {', '.join(SHAPES)} (default: the prefix GEMMs {', '.join(DEFAULT_SHAPES)}; "
+                         f"the FP8-linear shapes are opt-in, e.g. --shapes o_proj,dense_gate_up,dense_down "
+                         f"--ms {','.join(map(str, LINEAR_MS))})")
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--impls", default=",".join(F.IMPLS), help="mainloops to sweep (mma, wgmma)")
     ap.add_argument("--no-probe", action="store_true", help="skip the wgmma probe subprocess")
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     shapes = [s for s in args.shapes.split(",") if s]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        ap.error(f"--shapes: unknown {', '.join(unknown)} (known: {', '.join(SHAPES)})")
     if args.warm:
         return warm_main()
     if args.out is None:
@@ -549,6 +581,8 @@ def main() -> int:
     for key, case in cases.items():
         if lost[0] or time.time() > deadline:
             break
+        if case.epi == F.EPI_PLAIN:  # a plain linear: phase A is its op
+            continue
         fused = Fused(case, cfg, dev, gen)
         seen = set()
         cands = [("default", default_knobs(case, case.epi))]
@@ -587,6 +621,8 @@ def make_table(records: list[dict], cases: dict, best: dict, sms: int, device: s
         if b is None:
             continue
         entries.append(_entry(F.EPI_NAMES[F.EPI_PLAIN], case, b))
+        if case.epi == F.EPI_PLAIN:  # a plain linear: one entry
+            continue
         fused = [r for r in records if r["shape"] == name and r["M"] == m and r["phase"] == "C_fused" and "us" in r
                  and not r["pdl"]]
         fb = min(fused, key=lambda r: r["us"]) if fused else b
