@@ -386,23 +386,11 @@ struct SparseMlaCombineTile {
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (mx != -INFINITY) {
             const int col = part * kCols + 4 * lane;
-            // This group's splits grp, grp + kGroups, ... in order; the loads of 4 of them go out back to back
-            // before their adds (one at a time was a chain of dependent L2 round trips). Same adds, same order.
-            for (int i0 = grp; i0 < num_splits; i0 += 4 * kGroups) {
-                float w[4];
-                float4 v[4];
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const int i = i0 + c * kGroups;
-                    w[c] = i < num_splits ? expf(s_w[i] - mx) : 0.0f;
-                    if (w[c] != 0.0f)  // empty split (lse = -inf) or past the end: its O is never read
-                        v[c] = ptx::ld_cg_f32x4(o_part + ((static_cast<int64_t>(t) * num_splits + i) * num_heads + h) * kDv + col);
-                }
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    if (w[c] == 0.0f) continue;
-                    acc.x += w[c] * v[c].x; acc.y += w[c] * v[c].y; acc.z += w[c] * v[c].z; acc.w += w[c] * v[c].w;
-                }
+            for (int i = grp; i < num_splits; i += kGroups) {
+                const float w = expf(s_w[i] - mx);
+                if (w == 0.0f) continue;  // empty split (lse = -inf): its O is never read
+                const float4 v = ptx::ld_cg_f32x4(o_part + ((static_cast<int64_t>(t) * num_splits + i) * num_heads + h) * kDv + col);
+                acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
             }
         }
         s_acc[grp][lane] = acc;

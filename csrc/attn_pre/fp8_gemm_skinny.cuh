@@ -371,21 +371,21 @@ struct SkinnyFinish {
             for (int j0 = 0; j0 < kNT; j0 += kTileBatch) {
                 float4 v[kSplitBatch][kTileBatch];
 #pragma unroll
-                for (int c = 0; c < kSplitBatch; ++c)
+                for (int si = 0; si < kSplitBatch; ++si)
 #pragma unroll
                     for (int b = 0; b < kTileBatch; ++b)
-                        if (s0 + c < p.splits)
-                            v[c][b] = ptx::ld_cg_f32x4(
-                                p.partials + ((((tile_base + s0 + c) * kWarps + warp) * kNT + j0 + b) * 32 + lane) * 4);
+                        if (s0 + si < p.splits)
+                            v[si][b] = ptx::ld_cg_f32x4(
+                                p.partials + ((((tile_base + s0 + si) * kWarps + warp) * kNT + j0 + b) * 32 + lane) * 4);
 #pragma unroll
-                for (int c = 0; c < kSplitBatch; ++c)
+                for (int si = 0; si < kSplitBatch; ++si)
 #pragma unroll
                     for (int b = 0; b < kTileBatch; ++b)
-                        if (s0 + c < p.splits) {
-                            acc[j0 + b][0] += v[c][b].x;
-                            acc[j0 + b][1] += v[c][b].y;
-                            acc[j0 + b][2] += v[c][b].z;
-                            acc[j0 + b][3] += v[c][b].w;
+                        if (s0 + si < p.splits) {
+                            acc[j0 + b][0] += v[si][b].x;
+                            acc[j0 + b][1] += v[si][b].y;
+                            acc[j0 + b][2] += v[si][b].z;
+                            acc[j0 + b][3] += v[si][b].w;
                         }
             }
         }

@@ -15,7 +15,8 @@
 //   GLM5_SKINNY_PERSIST  0: one CTA per (n tile, split, token block) unit; 1: persistent, grid (P, 1, 1) with
 //                        P <= units: CTA b takes units b, b + P, ... through one continuous TMA ring (global
 //                        split-K reduce only. Built for multi-wave weight streams (o_proj, the dense MLP), but
-//                        measured 2-13 % slower than the waves there on the H200 (2026-11-30): no default uses it)
+//                        measured 3-14 % slower than the waves there at M <= 32 on the H200 (2026-11-30), tied at
+//                        64: no default uses it)
 // Parameters: (SkinnyParams p, CUtensorMap w_map, CUtensorMap x_map):
 //   w_map: W8 [N, K] e4m3, box 128 K-bytes x 128 rows, SWIZZLE_128B;
 //   x_map: x8 [M, K] e4m3, box 128 K-bytes x TM rows, SWIZZLE_128B.

@@ -19,7 +19,7 @@ Flags accept 1/true/yes/on and 0/false/no/off/empty (case-insensitive); anything
 | `GLM5_FASTPATH_DISABLE_PDL` | off | Launch every kernel without the Programmatic Dependent Launch attribute (for bisecting). |
 | `GLM5_FASTPATH_B0_MODE` | unset | B0 (`b0_qkv_a`) implementation when the call passes no `mode`: `fused` (one kernel) or `split` (plain GEMM + row kernel); unset = `glm5_fastpath.ops.fp8_gemm.B0_DEFAULT_MODE`. |
 | `GLM5_FASTPATH_FP8_GEMM_IMPL` | unset | Mainloop of every skinny FP8 GEMM op (`glm5_fastpath.ops.fp8_gemm`): `mma` (cp.async + mma.sync) or `wgmma` (TMA + wgmma, sm_90 only); unset = the tuned table's entry, else `wgmma` on sm_90. |
-| `GLM5_FASTPATH_FP8_GEMM_PIPE` | unset | wgmma consumer mode of every skinny FP8 GEMM op's chosen config (token blocks <= 64): `0` per stage, `1` next stage issued before the promotion, `2` stage pairs with one wait; unset = the config's own (for measuring before the tuned table adopts a mode). |
+| `GLM5_FASTPATH_FP8_GEMM_PIPE` | unset | wgmma consumer mode of every skinny FP8 GEMM op's chosen config (token blocks <= 64): `0` per stage, `1` next stage issued before the promotion, `2` stage pairs with one wait; unset = the config's own (for measuring before the tuned table adopts a mode; set it before `precompile`). |
 """
 from __future__ import annotations
 

@@ -456,6 +456,9 @@ def _tuned_entries(num_sms: int) -> dict[tuple[str, int, int], list[dict]]:
         e.setdefault("pipe", 0)
         e.setdefault("reduce", "global")  # tables written before the cluster reduce existed
         e.setdefault("persist", 0)        # ... and before the persistent launch
+        if e["persist"] and (e["impl"] != "wgmma" or e["reduce"] != "global"):
+            raise ValueError(f"{TUNED_TABLE}: entry {e} has persist with impl {e['impl']!r} / reduce {e['reduce']!r} "
+                             "(persistent launches are wgmma with the global reduce)")
         if e["reduce"] not in REDUCES or (e["reduce"] == "cluster" and (e["impl"] != "wgmma"
                                                                          or e["splits"] > MAX_CLUSTER_SPLITS)):
             raise ValueError(f"{TUNED_TABLE}: entry {e} has an invalid reduce (cluster: wgmma, splits <= 8)")
@@ -527,8 +530,9 @@ def config_for(m: int, n: int, k: int, epi: int = EPI_PLAIN, num_sms: int = 132,
                 c = SkinnyConfig(epi, m, n, k, tm, s, STAGES[tm])
             if c.partial_floats * 4 > WORKSPACE_CAP_BYTES or c.smem_bytes > SMEM_LIMIT:
                 continue
-            # The persistent launch (SkinnyConfig.persist) is not a candidate: on the H200 (2026-11-30) it was 2-13 %
-            # slower than the waves at the FP8-linear shapes it was built for (bench fp8-linear --variants waves).
+            # The persistent launch (SkinnyConfig.persist) is not a candidate: on the H200 (2026-11-30) it was 3-14 %
+            # slower than the waves at the FP8-linear shapes it was built for at M <= 32 and tied at 64
+            # (bench fp8-linear --variants persist times it).
             t = estimate_us(c, num_sms)
             cand = (t, c.ctas, c)
             if best is None or cand[:2] < best[:2]:
@@ -806,7 +810,9 @@ def _prepare(epi: int, x8, xs, w, ws, extra: tuple = (), rot: int = 0) -> tuple[
 def env_pipe(epi: int = EPI_PLAIN) -> int | None:
     """GLM5_FASTPATH_FP8_GEMM_PIPE (read now): 0 / 1 / 2 sets the wgmma consumer mode (SkinnyConfig.pipe) of every
     op's chosen config where it applies (wgmma, tm <= PIPE_MAX_TM); unset = the config's own. For measuring the
-    stage-pair consumer (pipe=2) in whole-prefix benchmarks before the tuned table adopts it."""
+    stage-pair consumer (pipe=2) in whole-prefix benchmarks before the tuned table adopts it. Set it before
+    precompile(): a value changed afterwards makes the next launch compile its kernel (inside a CUDA-graph
+    capture, if one is running)."""
     raw = env.text(PIPE_ENV)
     if raw is None:
         return None
@@ -1381,6 +1387,9 @@ def compile_check_specs() -> list[KernelSpec]:
     opts = [kernel_spec(tm, WGMMA_STAGES[tm], epi, impl="wgmma", pipe=pp, reduce=rd) for epi in EPI_NAMES
             for tm in (16, 64) for pp, rd in ((1, "global"), (0, "cluster"), (1, "cluster"))]
     opts += [kernel_spec(128, WGMMA_STAGES[128], EPI_PLAIN, impl="wgmma", reduce="cluster")]
+    # the opt-in launch options: stage pairs (pipe=2) and the persistent launch, one plain variant each
+    opts += [kernel_spec(8, WGMMA_STAGES[8], EPI_PLAIN, impl="wgmma", pipe=2),
+             kernel_spec(8, WGMMA_STAGES[8], EPI_PLAIN, impl="wgmma", persist=True)]
     return [kernel_spec(tm, st, epi, minb=mb, impl=impl) for impl, tm, st, epi, mb in sorted(base | tuned | heur)] + \
         opts + _row_specs() + rotated_specs()
 

@@ -27,14 +27,15 @@ def test_linear_shapes_are_opt_in_and_plain(sweep):
 
 def test_multi_wave_shapes_get_two_ctas_per_sm_candidates(sweep):
     F = sweep.F
-    grid = sweep.grid_for(1, 24576, 6144, 132, ("wgmma",))
+    grid = sweep.grid_for(1, 24576, 6144, 132, ("wgmma",), linear=True)
     two = [kn for kn in grid if kn[4] == 2]
     assert two and all(kn[2] in (1, 2, 3) for kn in two)
     for kn in two:  # the ring fits twice in shared memory
         c = F.SkinnyConfig(F.EPI_PLAIN, 1, 24576, 6144, kn[1], kn[2], kn[3], 2, 0, "wgmma")
         assert c.smem_bytes <= F.SMEM_LIMIT // 2
     assert grid.index(two[0]) > 0  # after the cost model's own first choice
-    assert not any(kn[4] == 2 for kn in sweep.grid_for(1, 2624, 6144, 132, ("wgmma",)))  # one wave of tiles
+    assert not any(kn[4] == 2 for kn in sweep.grid_for(1, 2624, 6144, 132, ("wgmma",), linear=True))  # one wave
+    assert not any(kn[4] == 2 for kn in sweep.grid_for(16, 16384, 2048, 132, ("wgmma",)))  # prefix sweep: unchanged
 
 
 def test_unknown_shape_is_refused():
