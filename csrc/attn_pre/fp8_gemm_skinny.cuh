@@ -360,33 +360,15 @@ struct SkinnyFinish {
         for (int j = 0; j < kNT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-        // Fixed order 0..S-1 per accumulator (deterministic). Loads go out in batches of 8 float4 (4 at 128
-        // tokens) before the adds that consume them (kSplitBatch splits x kNT tiles, or kTileBatch tiles of one
-        // split): one load + add at a time was S x kNT dependent L2 round trips in series (~2 us of B1's 12-split
-        // finish at M = 1). Every acc[j] still adds splits 0..S-1 in order: bitwise the same sums.
-        constexpr int kSplitBatch = kNT >= 8 ? 1 : 8 / kNT;
-        constexpr int kTileBatch = kNT >= 16 ? 4 : (kNT >= 8 ? 8 : kNT);  // 128 tokens: B0's epilogue spilled at 8
-        for (int s0 = 0; s0 < p.splits; s0 += kSplitBatch) {
+        for (int s = 0; s < p.splits; ++s) {  // fixed order: deterministic
+            const float* src = p.partials + ((((tile_base + s) * kWarps + warp) * kNT) * 32 + lane) * 4;
 #pragma unroll
-            for (int j0 = 0; j0 < kNT; j0 += kTileBatch) {
-                float4 v[kSplitBatch][kTileBatch];
-#pragma unroll
-                for (int si = 0; si < kSplitBatch; ++si)
-#pragma unroll
-                    for (int b = 0; b < kTileBatch; ++b)
-                        if (s0 + si < p.splits)
-                            v[si][b] = ptx::ld_cg_f32x4(
-                                p.partials + ((((tile_base + s0 + si) * kWarps + warp) * kNT + j0 + b) * 32 + lane) * 4);
-#pragma unroll
-                for (int si = 0; si < kSplitBatch; ++si)
-#pragma unroll
-                    for (int b = 0; b < kTileBatch; ++b)
-                        if (s0 + si < p.splits) {
-                            acc[j0 + b][0] += v[si][b].x;
-                            acc[j0 + b][1] += v[si][b].y;
-                            acc[j0 + b][2] += v[si][b].z;
-                            acc[j0 + b][3] += v[si][b].w;
-                        }
+            for (int j = 0; j < kNT; ++j) {
+                const float4 v = ptx::ld_cg_f32x4(src + j * 32 * 4);
+                acc[j][0] += v.x;
+                acc[j][1] += v.y;
+                acc[j][2] += v.z;
+                acc[j][3] += v.w;
             }
         }
         return true;

@@ -881,23 +881,13 @@ struct MegaMoE {
             float sum[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) sum[i] = 0.f;
-            // Slot order 0..S-1 (fixed). Loads of up to 4 slots go out back to back before their adds: one slot
-            // at a time was S (= top-k + shared = 9) dependent L2 round trips in series at the end of every
-            // output tile. Same adds in the same order: bitwise the same.
-            for (int j0 = 0; j0 < S; j0 += 4) {
-                uint32_t v[4][4];
+            for (int j = 0; j < S; ++j) {
+                uint32_t v[4];
+                ptx::ld_cg_v4(p.slots + base + static_cast<int64_t>(j) * kH, v[0], v[1], v[2], v[3]);
 #pragma unroll
-                for (int c = 0; c < 4; ++c)
-                    if (j0 + c < S)
-                        ptx::ld_cg_v4(p.slots + base + static_cast<int64_t>(j0 + c) * kH, v[c][0], v[c][1], v[c][2], v[c][3]);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    if (j0 + c >= S) break;
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        sum[2 * i] += ptx::bf16lo_to_f32(v[c][i]);
-                        sum[2 * i + 1] += ptx::bf16hi_to_f32(v[c][i]);
-                    }
+                for (int i = 0; i < 4; ++i) {
+                    sum[2 * i] += ptx::bf16lo_to_f32(v[i]);
+                    sum[2 * i + 1] += ptx::bf16hi_to_f32(v[i]);
                 }
             }
             ptx::u32x4 o;
