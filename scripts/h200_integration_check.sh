@@ -12,17 +12,9 @@
 # Every step has its own time limit and writes straight into OUTDIR, so a call cut short still returns
 # what finished. usage: scripts/h200_integration_check.sh OUTDIR [SITE.tar.xz] [JIT.tar.xz]
 set -uo pipefail
-out=${1:?usage: $0 OUTDIR [SITE.tar.xz] [JIT.tar.xz]}
-site_tar=${2:-.carry/h200site.tar.xz}
-jit_tar=${3:-.carry/jit.tar.xz}
-cd "$(dirname "$0")/.."
-mkdir -p "$out"
-t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/steps.log"; }
-export SITE=${SITE:-/tmp/site} PYTHONUNBUFFERED=1
-export GLM5_FASTPATH_CACHE_DIR=${GLM5_FASTPATH_CACHE_DIR:-/tmp/glm5jit}
-[ -d "$SITE/sglang" ] || { mkdir -p "$SITE" && tar -xJf "$site_tar" -C "$SITE"; }
-[ -d "$GLM5_FASTPATH_CACHE_DIR/sm_90a" ] || { mkdir -p "$GLM5_FASTPATH_CACHE_DIR" && tar -xJf "$jit_tar" -C "$GLM5_FASTPATH_CACHE_DIR"; }
-export PYTHONPATH="$SITE:$PWD"
+source "$(dirname "$0")/h200_lib.sh"
+h200_setup "$@"
+out=$H200_OUT
 # the same JIT caches as scripts/h200_sglang_offline.sh, so an engine run earlier on this machine warms them
 cache=$PWD/build/h200-cache; mkdir -p "$cache"
 export TRITON_CACHE_DIR=$cache/triton TORCHINDUCTOR_CACHE_DIR=$cache/inductor SGLANG_DG_CACHE_DIR=$cache/deep_gemm
@@ -31,7 +23,7 @@ export TRITON_CACHE_DIR=$cache/triton TORCHINDUCTOR_CACHE_DIR=$cache/inductor SG
 if [ -n "${ENGINE_CACHE:-}" ] && [ -f "$ENGINE_CACHE" ] && [ ! -e "$cache/.from-archive" ]; then
   tar -xJf "$ENGINE_CACHE" -C "$cache" && touch "$cache/.from-archive"
 fi
-el "unpacked; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); commit ${GLM5_FASTPATH_COMMIT:-?}"
+el "engine caches ready"
 
 el "GPU tests"
 timeout "${T_TESTS:-200}" python3 -m pytest -m gpu -q -rA -p no:cacheprovider ${TESTS:-tests/moe tests/ops/test_act_quant.py} \
@@ -42,7 +34,7 @@ el "route check (eager: prefix + MoE vs SGLang)"
   --moe-layers 1 --batches "${ROUTE_BATCHES:-1,4,16}" --out "$out/route" --timeout "${T_ROUTE:-260}" \
   > "$out/route.log" 2>&1; el "route check rc=$?"
 
-left=$(( ${T_TOTAL:-570} - ($(date +%s) - t0) - ${T_TUNE:-0} - ${T_SPARSE:-0} - ${T_ROUTER:-0} ))
+left=$(( ${T_TOTAL:-570} - ($(date +%s) - H200_T0) - ${T_TUNE:-0} - ${T_SPARSE:-0} - ${T_ROUTER:-0} ))
 el "bench decode-step (budget ${left}s)"
 [ "$left" -gt 120 ] && [ "${DS_BUCKETS:-}" != none ] && timeout "$left" python3 -m glm5_fastpath.cli bench decode-step --out "$out/decode_step" \
   --buckets "${DS_BUCKETS:-1,16,64}" --repeat "${DS_REPEAT:-10}" --budget-s $(( left - 90 )) \
@@ -66,7 +58,7 @@ fi
 
 # T_TUNE=S: the last S seconds go to `glm5-fastpath tune` (prefix executors + MoE column) on TUNE_BUCKETS
 if [ "${T_TUNE:-0}" -gt 0 ]; then
-  left=$(( ${T_TOTAL:-570} - ($(date +%s) - t0) ))
+  left=$(( ${T_TOTAL:-570} - ($(date +%s) - H200_T0) ))
   el "tune (budget ${left}s)"
   timeout "$left" python3 -m glm5_fastpath.cli tune --out "$out/tune/selection.json" --buckets "${TUNE_BUCKETS:-1,16,64}" \
     --moe auto --moe-candidates "${TUNE_MOE_CANDIDATES:-2}" > "$out/tune.log" 2>&1

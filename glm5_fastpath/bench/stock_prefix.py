@@ -72,6 +72,15 @@ def sglang_fused_topk() -> tuple[Callable | None, str]:
     return fast_topk_transform_fused, ""
 
 
+def stock_topk(cfg) -> tuple[Callable | None, str]:
+    """The stock E2 for config `cfg`: (SGLang's fused decode top-k + transform, its label) when sgl_kernel has it and
+    the size is the kernel's only one (2048), else (None, the stand-in's label with the reason)."""
+    fused, why = sglang_fused_topk()
+    if fused is not None and cfg.index_topk != 2048:  # the kernel asserts topk == 2048 (DeepSeek V3.2 / GLM-5)
+        fused, why = None, f"index_topk {cfg.index_topk} != 2048 (the fused kernel's only size)"
+    return fused, (E2_SGLANG if fused is not None else f"{E2_STANDIN} (sgl_kernel: {why})")
+
+
 def page_table_1(block_table: torch.Tensor, width: int) -> torch.Tensor:
     """Token position -> physical KV slot [B, width] int32 (SGLang's page_table_1, page size 1) from the
     64-token block table: slot = block_table[b, t // 64] * 64 + t % 64 (-1 where the page is -1)."""
@@ -589,9 +598,7 @@ class StockPrefix:
 
     def _e2(self) -> Impl:
         d, c = self.d, self._cfg
-        fused, why = sglang_fused_topk()
-        if fused is not None and c.index_topk != 2048:  # the kernel asserts topk == 2048 (DeepSeek V3.2 / GLM-5)
-            fused, why = None, f"index_topk {c.index_topk} != 2048 (the fused kernel's only size)"
+        fused, label = stock_topk(c)
 
         def make_set(M, j):
             a, b = d.rows(M, j)
@@ -620,7 +627,7 @@ class StockPrefix:
         if fused is not None:
             return self._impl("E2", E2_SGLANG, [E2_SGLANG], make_set, run, results, expected)
         return self._impl("E2", E2_STANDIN, [f"torch.compile mask + torch.topk(sorted=False) + page-table translate: "
-                                              f"{E2_STANDIN} (sgl_kernel: {why})"], make_set, run, results, expected,
+                                              f"{label}"], make_set, run, results, expected,
                           compiled=("topk_translate",))
 
 

@@ -478,8 +478,9 @@ def _tuned_config(m: int, n: int, k: int, epi: int, num_sms: int, impl: str | No
         if e["impl"] == "wgmma" and not wgmma_supported(cc):
             continue
         if m <= e["m_max"]:
-            return SkinnyConfig(epi, m, n, k, e["tm"], e["splits"], e["stages"], e["minb"], 0, e["impl"], e["pipe"],
-                                e["reduce"], persist=min(e["persist"], -(-n // BLOCK_N) * e["splits"] * -(-m // e["tm"])))
+            c = SkinnyConfig(epi, m, n, k, e["tm"], e["splits"], e["stages"], e["minb"], 0, e["impl"], e["pipe"],
+                             e["reduce"])
+            return dataclasses.replace(c, persist=min(e["persist"], c.units)) if e["persist"] else c
     return None
 
 
@@ -1338,13 +1339,8 @@ def precompile(device: object = None, cfg: Glm5Config | None = None, rotate: boo
         dev = torch.device("cuda", torch.cuda.current_device())
     sms, cc = _sms(dev), _cc(dev)
     for w in wait_ats:
-        for impl, tm, stages, epi, minb in sorted(_variants(cfg, sms, env_impl(), cc)):
-            _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb, 0, impl), dev, w)
-        if rotate:
-            for impl, tm, stages, epi, minb, rot in sorted(_rotated_variants(cfg, sms, env_impl(), cc)):
-                _kernel(SkinnyConfig(epi, 1, 2, 128, tm, 1, stages, minb, 0, impl, rot=rot), dev, w)
-        # the exact launch configs too: the tuples above drop the wgmma options (pipe, cluster reduce, persistent
-        # launch) that tuned entries / the heuristic / GLM5_FASTPATH_FP8_GEMM_PIPE may add (_kernel dedups)
+        # the exact launch configs _prepare resolves (tuned entry or heuristic, + GLM5_FASTPATH_FP8_GEMM_PIPE), so the
+        # wgmma options (pipe, cluster reduce, persistent launch) are loaded too; _kernel dedups equal kernels
         for epi, n, k in _glm_shapes(cfg):
             for e in ((epi, EPI_PLAIN) if epi in (EPI_QKV_A, EPI_IDX_K) else (epi,)):
                 for m in range(1, MAX_M + 1):

@@ -81,19 +81,14 @@ class StockChain:
     """SGLang's decode prefix (spec section 3.2) chained on the current (main) stream + one alt stream."""
 
     def __init__(self, cfg: Glm5Config, device: str):
-        from ...bench.stock_prefix import StockPrefix
-
-        from ...bench.stock_prefix import E2_SGLANG, E2_STANDIN, sglang_fused_topk
+        from ...bench.stock_prefix import StockPrefix, stock_topk
 
         self.cfg, self.sp = cfg, StockPrefix(_StockData(cfg, device))
         self.alt = torch.cuda.Stream(device)
         self.reason = "" if self.sp.dg is not None else f"stock needs DeepGEMM: {self.sp.dg_reason}"
         # E2 (step 11): SGLang's fused decode top-k + page-table transform when sgl_kernel has it (what its DSA
         # decode runs); else the compiled torch.topk stand-in, labelled as such (~4x slower: session-8 note)
-        self.topk_fused, why = sglang_fused_topk()
-        if self.topk_fused is not None and cfg.index_topk != 2048:  # the kernel's only size
-            self.topk_fused, why = None, f"index_topk {cfg.index_topk} != 2048"
-        self.e2 = E2_SGLANG if self.topk_fused is not None else f"{E2_STANDIN} (sgl_kernel: {why})"
+        self.topk_fused, self.e2 = stock_topk(cfg)
 
     def bind(self, st: _Set, j: int) -> dict[str, Any]:
         from ...ref.rope import rope_cos_sin
