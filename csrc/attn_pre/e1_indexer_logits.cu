@@ -26,12 +26,9 @@
 #ifndef GLM5_E1_THREADS
 #define GLM5_E1_THREADS 128
 #endif
-#ifndef GLM5_E1_MMA_FP8
-#define GLM5_E1_MMA_FP8 0  // 1: e4m3 mma.sync m16n8k32 on the raw bytes (E1Config.mma = "fp8")
-#endif
 
 using E1Tile = glm5::attn_pre::E1IndexerLogitsTile<GLM5_E1_HEADS, GLM5_E1_DIM, GLM5_E1_STAGES, GLM5_E1_MAX_PAGES,
-                                                   GLM5_E1_THREADS, 0, GLM5_E1_MMA_FP8 != 0>;
+                                                   GLM5_E1_THREADS>;
 
 // flags bit 0: read seq_lens / block_table and prefetch the first pages into L2 BEFORE
 // griddepcontrol.wait. Valid only when no kernel that may still be running writes seq_lens or

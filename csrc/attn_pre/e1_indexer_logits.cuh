@@ -34,13 +34,6 @@
 // of step s maps to the same physical dim for A and B (a bijection over all kDim dims), and every
 // operand load is one aligned 16-byte vector.
 //
-// FP8 option (kFp8Mma, the launcher's GLM5_E1_MMA_FP8=1): the same lanes and 16-byte loads feed
-// mma.sync m16n8k32 e4m3 directly (ptx_mma_fp8.cuh; no conversion, half the MMAs): bytes 0-7 of a
-// lane's 16-byte chunk are one MMA's {k = 4t..4t+3, 16+4t..16+4t+3} slots, bytes 8-15 the next
-// MMA's, on both operands (the skinny GEMM's fragment trick). Each k32 MMA starts from a zero
-// accumulator and its result is added in fp32 ("promotion" every 32 products), so the tensor core's
-// limited FP8 accumulation width applies to 32-term sums only.
-//
 // Epilogue per n-tile: the lane holds D[head][token] for heads g + 8r and tokens 2t, 2t+1; it
 // applies ReLU (NaN-propagating, like torch.clamp_min), the fp32 head weights (FMA chain over
 // r), reduces over the 8 lanes of equal t (xor 4, 8, 16), and lanes g == 0 write
@@ -54,7 +47,6 @@
 #include "../common/arch.cuh"
 #include "../common/bulk_copy.cuh"
 #include "../common/mma_f16.cuh"
-#include "../common/ptx_mma_fp8.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_io.cuh"
 
@@ -74,7 +66,7 @@ struct E1TileArgs {
     int32_t t_end;               // one past the last output column; t_end - t0 <= kMaxPages * 64
 };
 
-template <int kHeads, int kDim, int kStages, int kMaxPages, int kThreads = 128, int kBarrierId = 0, bool kFp8Mma = false>
+template <int kHeads, int kDim, int kStages, int kMaxPages, int kThreads = 128, int kBarrierId = 0>
 struct E1IndexerLogitsTile {
     static constexpr int kPageTokens = 64;
     static constexpr int kKBytes = kPageTokens * kDim;
@@ -87,7 +79,6 @@ struct E1IndexerLogitsTile {
     static constexpr int kChunks = kDim / 64;  // 16-byte chunks per lane per row
     static constexpr int kWords = kChunks * 8;  // f16 pairs per lane per row
     static constexpr int kSteps = kDim / 16;    // m16n8k16 steps over the head dim
-    static constexpr int kQWords = kFp8Mma ? kChunks * 4 : kWords;  // q registers per row (raw e4m3 words or f16 pairs)
     static constexpr int kMaxTokens = kMaxPages * kPageTokens;
 
     // Shared memory the caller provides (16-byte aligned base), kSmemBytes in all:
@@ -220,27 +211,20 @@ struct E1IndexerLogitsTile {
         const int g = lane >> 2;
         const int t4 = lane & 3;
 
-        // q as A-fragments (f16x2 pairs, or the raw e4m3 words with kFp8Mma) and the head weights, once
-        // per tile (zero rows past kHeads).
-        uint32_t qf[kRows][kQWords];
+        // q as f16x2 A-fragments and the head weights, once per tile (zero rows past kHeads).
+        uint32_t qf[kRows][kWords];
         float w[kRows];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             const int head = g + 8 * r;
             if (head < kHeads) {
 #pragma unroll
-                for (int c = 0; c < kChunks; ++c) {
-                    const ptx::u32x4 v = ptx::ld_global_v4(a.q + head * kDim + c * 64 + t4 * 16);
-                    if constexpr (kFp8Mma) {
-                        qf[r][4 * c] = v.x, qf[r][4 * c + 1] = v.y, qf[r][4 * c + 2] = v.z, qf[r][4 * c + 3] = v.w;
-                    } else {
-                        unpack16(v, &qf[r][c * 8]);
-                    }
-                }
+                for (int c = 0; c < kChunks; ++c)
+                    unpack16(ptx::ld_global_v4(a.q + head * kDim + c * 64 + t4 * 16), &qf[r][c * 8]);
                 w[r] = ld_coherent_f32(a.head_w + head);
             } else {
 #pragma unroll
-                for (int k = 0; k < kQWords; ++k) qf[r][k] = 0u;
+                for (int k = 0; k < kWords; ++k) qf[r][k] = 0u;
                 w[r] = 0.0f;
             }
         }
@@ -263,45 +247,26 @@ struct E1IndexerLogitsTile {
     }
 
     // This warp's kTokPerWarp tokens of one page in shared memory -> out[token] (page-relative).
-    static GLM5_DEVICE void page_logits(const uint8_t* stage, const uint32_t (&qf)[kRows][kQWords], const float (&w)[kRows],
+    static GLM5_DEVICE void page_logits(const uint8_t* stage, const uint32_t (&qf)[kRows][kWords], const float (&w)[kRows],
                                         float* out, int warp, int g, int t4) {
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) {
             const int tok_base = warp * kTokPerWarp + j * 8;
             const uint8_t* row = stage + (tok_base + g) * kDim + t4 * 16;
+            uint32_t kf[kWords];
+#pragma unroll
+            for (int c = 0; c < kChunks; ++c)
+                unpack16(*reinterpret_cast<const ptx::u32x4*>(row + c * 64), &kf[c * 8]);
+
             float acc[kMTiles][4];
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
-            if constexpr (kFp8Mma) {
-                // Chunk c: words 0-1 of the lane's 16 bytes are MMA 2c's k slots, words 2-3 MMA 2c+1's.
 #pragma unroll
-                for (int c = 0; c < kChunks; ++c) {
-                    const ptx::u32x4 kv = *reinterpret_cast<const ptx::u32x4*>(row + c * 64);
+            for (int s = 0; s < kSteps; ++s) {
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                        for (int mt = 0; mt < kMTiles; ++mt) {
-                            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                            ptx::mma_m16n8k32_e4m3(d, qf[2 * mt][4 * c + 2 * h], qf[2 * mt + 1][4 * c + 2 * h],
-                                                   qf[2 * mt][4 * c + 2 * h + 1], qf[2 * mt + 1][4 * c + 2 * h + 1],
-                                                   h ? kv.z : kv.x, h ? kv.w : kv.y);
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) acc[mt][e] += d[e];
-                        }
-                    }
-                }
-            } else {
-                uint32_t kf[kWords];
-#pragma unroll
-                for (int c = 0; c < kChunks; ++c)
-                    unpack16(*reinterpret_cast<const ptx::u32x4*>(row + c * 64), &kf[c * 8]);
-#pragma unroll
-                for (int s = 0; s < kSteps; ++s) {
-#pragma unroll
-                    for (int mt = 0; mt < kMTiles; ++mt)
-                        ptx::mma_m16n8k16_f16_f32(acc[mt], qf[2 * mt][2 * s], qf[2 * mt + 1][2 * s], qf[2 * mt][2 * s + 1],
-                                                  qf[2 * mt + 1][2 * s + 1], kf[2 * s], kf[2 * s + 1]);
-                }
+                for (int mt = 0; mt < kMTiles; ++mt)
+                    ptx::mma_m16n8k16_f16_f32(acc[mt], qf[2 * mt][2 * s], qf[2 * mt + 1][2 * s], qf[2 * mt][2 * s + 1],
+                                              qf[2 * mt + 1][2 * s + 1], kf[2 * s], kf[2 * s + 1]);
             }
 
             // acc[mt][0..1]: head g + 16mt (= row 2mt), tokens 2t4, 2t4+1; acc[mt][2..3]: head g + 8 + 16mt.

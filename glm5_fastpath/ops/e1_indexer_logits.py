@@ -46,6 +46,10 @@ global -> shared with the bulk copy engine, 4 pages ahead; 4 warps compute the 3
 tokens of each page with mma.sync m16n8k16 on exactly-converted f16 operands (q stays in
 registers), and the CTA writes its columns coalesced, -inf included.
 A bulk-copy + wgmma rewrite (commit 9b62ba4) measured slower on the H200 at every M and was not kept.
+Nor was an fp8 mma.sync path (commit 877e986: m16n8k32 e4m3 on the raw bytes, no conversion, each 32-product
+MMA promoted into fp32; as accurate, 8e-8): on the H200 it took 3.02 / 9.37 / 26.89 / 95.54 us at M = 1 / 16 /
+64 / 256 against this kernel's 3.45 / 8.73 / 24.66 / 83.24 in the same run (124 registers against 94;
+benchmarks/results/2026-11-30_h200_session9/c2_877e986).
 
 PDL: the kernel is launched with Programmatic Dependent Launch by default (pdl=True). q_fp8 and
 head_w (D1) and the cache (B1) are the preceding kernels' outputs: none is read before
@@ -90,11 +94,6 @@ MAX_HEADS = 32
 _MAX_CTX = 1 << 30  # the kernel's token arithmetic is int32
 _MAX_GRID_Y = 65535
 _FLAG_META_BEFORE_WAIT = 1
-# Tensor-core path (E1Config.mma): "f16" converts q / k e4m3 -> f16 exactly and runs m16n8k16 (fp32 accumulation
-# over the whole head dim); "fp8" feeds the raw bytes to m16n8k32 e4m3 and adds each 32-product MMA result in fp32.
-MMAS = ("f16", "fp8")
-DEFAULT_MMA = "f16"
-MMA_ENV = "GLM5_FASTPATH_E1_MMA"
 
 if PAGE != 64:
     raise ImportError(f"{OP}: csrc/attn_pre/e1_indexer_logits.cuh hard-codes 64-token pages; "
@@ -111,7 +110,6 @@ class E1Config:
     heads: int
     dim: int
     wait_at: int = PDL_WAIT_NATIVE  # GLM5_PDL_WAIT_AT (csrc/common/pdl.cuh); native: no define
-    mma: str = DEFAULT_MMA          # MMAS; "fp8" adds GLM5_E1_MMA_FP8=1 (the f16 cubin's key is unchanged)
 
     @property
     def smem_bytes(self) -> int:
@@ -126,28 +124,16 @@ class E1Config:
         return KernelSpec(FUNCTION, source=SOURCE, defines=(
             ("GLM5_E1_HEADS", str(self.heads)), ("GLM5_E1_DIM", str(self.dim)), ("GLM5_E1_STAGES", str(STAGES)),
             ("GLM5_E1_MAX_PAGES", str(MAX_PAGES_PER_SPLIT)), ("GLM5_E1_THREADS", str(THREADS)))
-            + ((("GLM5_E1_MMA_FP8", "1"),) if self.mma == "fp8" else ())
             + wait_defines(self.wait_at))
 
 
-def resolve_mma(mma: str | None = None) -> str:
-    """mma, else GLM5_FASTPATH_E1_MMA (read now), else DEFAULT_MMA; anything outside MMAS raises."""
-    raw = mma if mma is not None else (env.text(MMA_ENV) or DEFAULT_MMA)
-    val = str(raw).strip().lower()
-    if val not in MMAS:
-        src = "mma" if mma is not None else MMA_ENV
-        raise _fail(f"{src}={raw!r}: expected one of {', '.join(MMAS)}")
-    return val
-
-
-def config_for(heads: int, dim: int, mma: str | None = None) -> E1Config:
+def config_for(heads: int, dim: int) -> E1Config:
     """The kernel variant for H heads of dim D: H in [1, 32] (q lives in registers as two 16-row
-    MMA tiles), D in {64, 128} (4 lanes x 16 B per 64 dims; D = 256 would need 128 registers of q).
-    mma: the tensor-core path (resolve_mma: None = GLM5_FASTPATH_E1_MMA or DEFAULT_MMA)."""
+    MMA tiles), D in {64, 128} (4 lanes x 16 B per 64 dims; D = 256 would need 128 registers of q)."""
     if not (1 <= heads <= MAX_HEADS) or dim not in DIMS:
         raise ValueError(f"{OP}: indexer heads x dim = {heads} x {dim} is not supported: needs 1 <= heads <= "
                          f"{MAX_HEADS} and dim in {DIMS} (GLM-5: 32 x 128, small preset: 4 x 64)")
-    return E1Config(heads, dim, mma=resolve_mma(mma))
+    return E1Config(heads, dim)
 
 
 def plan_pages_per_split(m: int, max_ctx: int, num_sms: int, pages_per_split: int | None = None) -> int:
@@ -422,7 +408,7 @@ def precompile(device: object = None, configs: tuple[tuple[int, int], ...] = ((3
 
 def compile_check_specs() -> list[KernelSpec]:
     """The variants scripts/compile_check.py builds: GLM-5 (32 x 128) and the small preset (4 x 64)."""
-    return [config_for(h, d, m).spec for h, d in ((32, 128), (4, 64)) for m in MMAS]
+    return [config_for(h, d).spec for h, d in ((32, 128), (4, 64))]
 
 
 def floor_us(m: int, kv_len: int, cfg: Glm5Config | None = None) -> float:

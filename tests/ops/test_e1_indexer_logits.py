@@ -316,36 +316,11 @@ def test_specs_carry_the_wait_define_only_when_not_native(heads, dim):
         assert c.smem_bytes == native.smem_bytes
 
 
-def _fp8_page_mma(q, k, heads, base, mt, chunks):
-    """The fp8 path's MMAs of one (n-tile, m-tile) (E1Config.mma = "fp8"): per 64-byte chunk c and half h, an
-    m16n8k32 whose slot {4t+i} takes the lane's byte c*64 + 16t + 8h + i and slot {16+4t+i} byte
-    c*64 + 16t + 8h + 4 + i, on q (rows g, g+8 of the m-tile) and on k (token g of the n-tile) alike."""
-    out = np.zeros((16, 8))
-    for c in range(chunks):
-        for h in range(2):
-            a = np.full((16, 32), np.nan)
-            bm = np.full((32, 8), np.nan)
-            for lane in range(32):
-                g, t = lane >> 2, lane & 3
-                for rr, head in ((g, g + 16 * mt), (g + 8, g + 8 + 16 * mt)):
-                    row = q[head] if head < heads else np.zeros(q.shape[1])
-                    for i in range(4):
-                        a[rr, 4 * t + i] = row[c * 64 + 16 * t + 8 * h + i]
-                        a[rr, 16 + 4 * t + i] = row[c * 64 + 16 * t + 8 * h + 4 + i]
-                for i in range(4):
-                    bm[4 * t + i, g] = k[base + g, c * 64 + 16 * t + 8 * h + i]
-                    bm[16 + 4 * t + i, g] = k[base + g, c * 64 + 16 * t + 8 * h + 4 + i]
-            out += a @ bm  # every fragment slot filled exactly once, else NaN spreads
-    return out
-
-
-@pytest.mark.parametrize("mma", ["f16", "fp8"])
 @pytest.mark.parametrize("heads, dim", [(32, 128), (4, 64), (20, 128), (17, 64), (1, 128)])
-def test_fragment_index_math_emulation(heads, dim, mma):
+def test_fragment_index_math_emulation(heads, dim):
     """A numpy emulation of the kernel's lane -> (head, token, dim) mapping (csrc/attn_pre/
-    e1_indexer_logits.cuh: 16-byte chunks c*64 + t*16; f16: pairs 2s / 2s+1 per m16n8k16 step; fp8: bytes
-    0-7 / 8-15 of the chunk per m16n8k32; PTX fragment layouts, epilogue shuffles) reproduces the plain
-    formula for one page."""
+    e1_indexer_logits.cuh: 16-byte chunks c*64 + t*16, f16 pairs 2s / 2s+1 per m16n8k16 step, PTX
+    fragment layouts, epilogue shuffles) reproduces the plain formula for one page."""
     rng = np.random.default_rng(heads * dim)
     q = rng.integers(-8, 8, size=(heads, dim)).astype(np.float64)
     k = rng.integers(-8, 8, size=(PAGE, dim)).astype(np.float64)
@@ -363,12 +338,7 @@ def test_fragment_index_math_emulation(heads, dim, mma):
         for j in range(2):
             base = warp * 16 + j * 8
             acc = np.zeros((32, mtiles, 4))
-            for mt in range(mtiles if mma == "fp8" else 0):
-                d = _fp8_page_mma(q, k, heads, base, mt, chunks)
-                for lane in range(32):
-                    g, t = lane >> 2, lane & 3
-                    acc[lane, mt] += (d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1])
-            for s in range(steps if mma == "f16" else 0):
+            for s in range(steps):
                 for mt in range(mtiles):
                     a = np.full((16, 16), np.nan)
                     bm = np.full((16, 8), np.nan)
@@ -407,34 +377,16 @@ except Exception:  # noqa: BLE001 - NvccNotFoundError or a broken toolkit: skip 
     _HAVE_NVCC = False
 
 
-def test_mma_switch(monkeypatch):
-    """E1Config.mma: argument, then GLM5_FASTPATH_E1_MMA, then DEFAULT_MMA; only "fp8" adds its define."""
-    mod = importlib.import_module("glm5_fastpath.ops.e1_indexer_logits")
-    monkeypatch.delenv(mod.MMA_ENV, raising=False)
-    assert config_for(32, 128).mma == mod.DEFAULT_MMA
-    monkeypatch.setenv(mod.MMA_ENV, "FP8")
-    fp8 = config_for(32, 128)
-    assert fp8.mma == "fp8" and dict(fp8.spec.defines)["GLM5_E1_MMA_FP8"] == "1"
-    assert config_for(32, 128, "f16").mma == "f16"
-    assert "GLM5_E1_MMA_FP8" not in dict(config_for(32, 128, "f16").spec.defines)
-    monkeypatch.setenv(mod.MMA_ENV, "int8")
-    with pytest.raises(ValueError, match="e1_indexer_logits.*GLM5_FASTPATH_E1_MMA='int8'"):
-        config_for(32, 128)
-    with pytest.raises(ValueError, match="mma='bf16'"):
-        config_for(32, 128, "bf16")
-
-
 @pytest.mark.skipif(not _HAVE_NVCC, reason="nvcc not found (compile tests need the CUDA toolkit)")
-@pytest.mark.parametrize("mma", ["f16", "fp8"])
 @pytest.mark.parametrize("wait_at", [2, 1, 0])
 @pytest.mark.parametrize("heads, dim", [(32, 128), (4, 64), (20, 128)])
-def test_compiles_for_sm90a_without_spills(heads, dim, wait_at, mma, monkeypatch, tmp_path):
+def test_compiles_for_sm90a_without_spills(heads, dim, wait_at, monkeypatch, tmp_path):
     from glm5_fastpath.jit import env
     for name in env.VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
-    ck = compile_kernel(dataclasses.replace(config_for(heads, dim, mma), wait_at=wait_at).spec, "sm_90a")
+    ck = compile_kernel(dataclasses.replace(config_for(heads, dim), wait_at=wait_at).spec, "sm_90a")
     r = ck.resources()["glm5_e1_indexer_logits"]
     assert r.spill_store_bytes == 0 and r.spill_load_bytes == 0 and r.stack_bytes == 0, r
     # <= 128 registers keeps >= 4 CTAs of 128 threads per SM (the planner's CTAS_PER_SM)
