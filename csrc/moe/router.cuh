@@ -226,6 +226,13 @@ struct RouterTile {
     // (choice, id) a beats (choice, id) b: larger choice, or the same choice and the lower id.
     static GLM5_DEVICE bool better(float ca, int ia, float cb, int ib) { return ca > cb || (ca == cb && ia < ib); }
 
+    // Tokens one warp selects together. The per-token selection is a chain of dependent shuffles (8 rounds x a
+    // 5-step butterfly); interleaving kTokPerPass independent tokens overlaps their latencies, where a loop over
+    // tokens paid them one token after another (router bench, H200 2026-11-30: +5 us per extra token per warp).
+    // The decode kernel (85-register cap, 3 CTAs per SM) takes 2: 4 spills there.
+    static constexpr int kTokPerPassMax = 4;
+
+    template <int kTokPerPass = kTokPerPassMax>
     static GLM5_DEVICE void topk_epilogue(const RouterPtrs& p, int tok_base, int valid, int warp, int lane) {
         float bias[kPerLane];
 #pragma unroll
@@ -233,65 +240,90 @@ struct RouterTile {
             const int e = lane + 32 * j;
             bias[j] = e < kExperts ? __ldg(p.bias + e) : 0.0f;
         }
-        for (int tk = warp; tk < valid; tk += kWarps) {
-            const int64_t tok = tok_base + tk;
-            float score[kPerLane], choice[kPerLane];
+        // Warp w takes tokens w + kWarps * (kTokPerPass * pass + u), u < kTokPerPass. A slot past `valid` repeats the
+        // pass's first token (its loads stay in bounds) and stores nothing; every token's arithmetic is the one-token
+        // code's, in the same order, so the results are bitwise those of a token-at-a-time loop.
+        for (int tk0 = warp; tk0 < valid; tk0 += kWarps * kTokPerPass) {
+            float score[kTokPerPass][kPerLane], choice[kTokPerPass][kPerLane];
 #pragma unroll
-            for (int j = 0; j < kPerLane; ++j) {
-                const int e = lane + 32 * j;
-                if (e < kExperts) {
-                    float l;
-                    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(l) : "l"(p.logits + tok * kExperts + e));
-                    score[j] = 1.0f / (1.0f + expf(-l));
-                    choice[j] = score[j] + bias[j];
-                } else {
-                    score[j] = 0.0f;
-                    choice[j] = -INFINITY;
-                }
-            }
-            uint32_t taken = 0u;
-            int my_id = 0;
-            float my_s = 0.0f, sum = 0.0f;
-#pragma unroll 1
-            for (int r = 0; r < kTopK; ++r) {
-                // this lane's best untaken (ascending j = ascending id, strict > keeps the lower id)
-                float bc = -INFINITY, bs = 0.0f;
-                int bid = 0x7fffffff;
+            for (int u = 0; u < kTokPerPass; ++u) {
+                const int tk = tk0 + u * kWarps < valid ? tk0 + u * kWarps : tk0;
+                const int64_t tok = tok_base + tk;
 #pragma unroll
                 for (int j = 0; j < kPerLane; ++j) {
                     const int e = lane + 32 * j;
-                    const bool ok = e < kExperts && !((taken >> j) & 1u);
-                    if (ok && (bid == 0x7fffffff || choice[j] > bc)) {
-                        bc = choice[j];
-                        bs = score[j];
-                        bid = e;
+                    if (e < kExperts) {
+                        float l;
+                        asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(l) : "l"(p.logits + tok * kExperts + e));
+                        score[u][j] = 1.0f / (1.0f + expf(-l));
+                        choice[u][j] = score[u][j] + bias[j];
+                    } else {
+                        score[u][j] = 0.0f;
+                        choice[u][j] = -INFINITY;
                     }
-                }
-                // warp argmax (butterfly: every lane ends with the same winner)
-                float wc = bc;
-                int wid = bid;
-#pragma unroll
-                for (int off = 16; off > 0; off >>= 1) {
-                    const float oc = __shfl_xor_sync(0xffffffffu, wc, off);
-                    const int oi = __shfl_xor_sync(0xffffffffu, wid, off);
-                    if (oi != 0x7fffffff && (wid == 0x7fffffff || better(oc, oi, wc, wid))) {
-                        wc = oc;
-                        wid = oi;
-                    }
-                }
-                const float ws = __shfl_sync(0xffffffffu, bs, wid & 31);  // the owner's local best is the winner
-                if ((wid & 31) == lane) taken |= 1u << (wid >> 5);
-                sum += ws;
-                if (lane == r) {
-                    my_id = wid;
-                    my_s = ws;
                 }
             }
-            if (lane < kTopK) {
-                const float w = my_s / (sum + kNormEps);
-                p.topk_ids[tok * kTopK + lane] = my_id;
-                p.topk_weights[tok * kTopK + lane] = w;
-                if (p.scaled_weights != nullptr) p.scaled_weights[tok * kTopK + lane] = w * p.routed_scaling;
+            uint32_t taken[kTokPerPass];
+            int my_id[kTokPerPass];
+            float my_s[kTokPerPass], sum[kTokPerPass];
+#pragma unroll
+            for (int u = 0; u < kTokPerPass; ++u) taken[u] = 0u, my_id[u] = 0, my_s[u] = 0.0f, sum[u] = 0.0f;
+#pragma unroll 1
+            for (int r = 0; r < kTopK; ++r) {
+                // this lane's best untaken (ascending j = ascending id, strict > keeps the lower id)
+                float wc[kTokPerPass], bs[kTokPerPass];
+                int wid[kTokPerPass];
+#pragma unroll
+                for (int u = 0; u < kTokPerPass; ++u) {
+                    float bc = -INFINITY, bsu = 0.0f;
+                    int bid = 0x7fffffff;
+#pragma unroll
+                    for (int j = 0; j < kPerLane; ++j) {
+                        const int e = lane + 32 * j;
+                        const bool ok = e < kExperts && !((taken[u] >> j) & 1u);
+                        if (ok && (bid == 0x7fffffff || choice[u][j] > bc)) {
+                            bc = choice[u][j];
+                            bsu = score[u][j];
+                            bid = e;
+                        }
+                    }
+                    wc[u] = bc;
+                    bs[u] = bsu;
+                    wid[u] = bid;
+                }
+                // warp argmax per token (butterfly: every lane ends with the same winner)
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+                    for (int u = 0; u < kTokPerPass; ++u) {
+                        const float oc = __shfl_xor_sync(0xffffffffu, wc[u], off);
+                        const int oi = __shfl_xor_sync(0xffffffffu, wid[u], off);
+                        if (oi != 0x7fffffff && (wid[u] == 0x7fffffff || better(oc, oi, wc[u], wid[u]))) {
+                            wc[u] = oc;
+                            wid[u] = oi;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < kTokPerPass; ++u) {
+                    const float ws = __shfl_sync(0xffffffffu, bs[u], wid[u] & 31);  // the owner's local best is the winner
+                    if ((wid[u] & 31) == lane) taken[u] |= 1u << (wid[u] >> 5);
+                    sum[u] += ws;
+                    if (lane == r) {
+                        my_id[u] = wid[u];
+                        my_s[u] = ws;
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kTokPerPass; ++u) {
+                if (tk0 + u * kWarps < valid && lane < kTopK) {
+                    const int64_t tok = tok_base + tk0 + u * kWarps;
+                    const float w = my_s[u] / (sum[u] + kNormEps);
+                    p.topk_ids[tok * kTopK + lane] = my_id[u];
+                    p.topk_weights[tok * kTopK + lane] = w;
+                    if (p.scaled_weights != nullptr) p.scaled_weights[tok * kTopK + lane] = w * p.routed_scaling;
+                }
             }
         }
     }
@@ -407,7 +439,7 @@ struct RouterDecodeTile {
         // one arrival level: the last CTA runs the top-k epilogue over every token (it reads the logits with
         // ld.global.cg after the acquire in arrive_last)
         if (!Base::arrive_last(p.counters + kCounter, arrivals, scratch, tid)) return;
-        Base::topk_epilogue(p, 0, p.num_tokens, warp, lane);
+        Base::template topk_epilogue<2>(p, 0, p.num_tokens, warp, lane);
     }
 };
 
