@@ -223,107 +223,115 @@ struct RouterTile {
         return last;
     }
 
-    // (choice, id) a beats (choice, id) b: larger choice, or the same choice and the lower id.
-    static GLM5_DEVICE bool better(float ca, int ia, float cb, int ib) { return ca > cb || (ca == cb && ia < ib); }
+    // Selection keys: one u64 per (token, expert) whose unsigned order is the selection order (larger choice
+    // first, equal choices: the lower id first). High word: the fp32 choice's bits made order-preserving (sign
+    // flipped for +, all bits for -); low word: ~id. 0 = taken / not an expert / NaN (below every live key: a NaN
+    // choice is never selected while a number is left). choice is never -0.0 (sigmoid >= +0 plus a bias), so the
+    // bit order equals the float order, ties included.
+    static GLM5_DEVICE uint64_t select_key(float choice, int id) {
+        const uint32_t b = __float_as_uint(choice);
+        const uint32_t hi = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+        return choice == choice ? (static_cast<uint64_t>(hi) << 32) | static_cast<uint32_t>(~id) : 0ull;
+    }
+    static GLM5_DEVICE uint64_t umax64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
-    // Tokens one warp selects together. The per-token selection is a chain of dependent shuffles (8 rounds x a
-    // 5-step butterfly); interleaving kTokPerPass independent tokens overlaps their latencies, where a loop over
-    // tokens paid them one token after another (router bench, H200 2026-11-30: +5 us per extra token per warp).
-    // The decode kernel (85-register cap, 3 CTAs per SM) takes 2: 4 spills there.
-    static constexpr int kTokPerPassMax = 4;
+    // Top-k of kT tokens at once, one warp (lane L holds experts L + 32j): kTopK rounds of (per-lane max key ->
+    // warp butterfly max -> the owner zeroes the winner's key). Branch-free selects throughout, and the kT
+    // tokens' chains interleave. (The loop it replaced took ~4.5 us of one warp per token: data-dependent
+    // branches around every shuffle; router bench, H200 2026-11-30.) Output: w = s / (sum + eps), sum in
+    // selection order, s the unbiased sigmoid score.
+    template <int kT>
+    static GLM5_DEVICE void topk_pass(const RouterPtrs& p, int64_t tok0, int stride, const float (&bias)[kPerLane],
+                                      int lane) {
+        float score[kT][kPerLane];
+        uint64_t key[kT][kPerLane];
+#pragma unroll
+        for (int u = 0; u < kT; ++u) {
+            const int64_t tok = tok0 + static_cast<int64_t>(u) * stride;
+#pragma unroll
+            for (int j = 0; j < kPerLane; ++j) {
+                const int e = lane + 32 * j;
+                if (e < kExperts) {
+                    float l;
+                    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(l) : "l"(p.logits + tok * kExperts + e));
+                    score[u][j] = 1.0f / (1.0f + expf(-l));
+                    key[u][j] = select_key(score[u][j] + bias[j], e);
+                } else {
+                    score[u][j] = 0.0f;
+                    key[u][j] = 0ull;
+                }
+            }
+        }
+        int my_id[kT];
+        float my_s[kT], sum[kT];
+#pragma unroll
+        for (int u = 0; u < kT; ++u) my_id[u] = 0, my_s[u] = 0.0f, sum[u] = 0.0f;
+#pragma unroll 1
+        for (int r = 0; r < kTopK; ++r) {
+            uint64_t best[kT];
+#pragma unroll
+            for (int u = 0; u < kT; ++u) {
+                best[u] = key[u][0];
+#pragma unroll
+                for (int j = 1; j < kPerLane; ++j) best[u] = umax64(best[u], key[u][j]);
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+                for (int u = 0; u < kT; ++u) best[u] = umax64(best[u], __shfl_xor_sync(0xffffffffu, best[u], off));
+            }
+#pragma unroll
+            for (int u = 0; u < kT; ++u) {
+                const int wid = static_cast<int>(~static_cast<uint32_t>(best[u]));  // the same in every lane
+                float s_own = 0.0f;
+#pragma unroll
+                for (int j = 0; j < kPerLane; ++j) {
+                    const bool hit = key[u][j] == best[u];
+                    s_own = hit ? score[u][j] : s_own;
+                    key[u][j] = hit ? 0ull : key[u][j];
+                }
+                const float ws = __shfl_sync(0xffffffffu, s_own, wid & 31);
+                sum[u] += ws;
+                my_id[u] = lane == r ? wid : my_id[u];
+                my_s[u] = lane == r ? ws : my_s[u];
+            }
+        }
+        if (lane < kTopK) {
+#pragma unroll
+            for (int u = 0; u < kT; ++u) {
+                const int64_t tok = tok0 + static_cast<int64_t>(u) * stride;
+                const float w = my_s[u] / (sum[u] + kNormEps);
+                p.topk_ids[tok * kTopK + lane] = my_id[u];
+                p.topk_weights[tok * kTopK + lane] = w;
+                if (p.scaled_weights != nullptr) p.scaled_weights[tok * kTopK + lane] = w * p.routed_scaling;
+            }
+        }
+    }
 
-    template <int kTokPerPass = kTokPerPassMax>
+    // Warp w takes tokens w, w + kWarps, ... of [tok_base, tok_base + valid), up to kMaxPass of them per pass (no
+    // idle slots: the pass size follows the tokens the warp has left). kMaxPass 4 in the split-K kernel, 2 in
+    // the decode kernel (85-register cap, 3 CTAs per SM).
+    template <int kMaxPass = 2>
     static GLM5_DEVICE void topk_epilogue(const RouterPtrs& p, int tok_base, int valid, int warp, int lane) {
+        static_assert(kMaxPass == 1 || kMaxPass == 2 || kMaxPass == 4, "pass sizes 1, 2, 4");
         float bias[kPerLane];
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j) {
             const int e = lane + 32 * j;
             bias[j] = e < kExperts ? __ldg(p.bias + e) : 0.0f;
         }
-        // Warp w takes tokens w + kWarps * (kTokPerPass * pass + u), u < kTokPerPass. A slot past `valid` repeats the
-        // pass's first token (its loads stay in bounds) and stores nothing; every token's arithmetic is the one-token
-        // code's, in the same order, so the results are bitwise those of a token-at-a-time loop.
-        for (int tk0 = warp; tk0 < valid; tk0 += kWarps * kTokPerPass) {
-            float score[kTokPerPass][kPerLane], choice[kTokPerPass][kPerLane];
-#pragma unroll
-            for (int u = 0; u < kTokPerPass; ++u) {
-                const int tk = tk0 + u * kWarps < valid ? tk0 + u * kWarps : tk0;
-                const int64_t tok = tok_base + tk;
-#pragma unroll
-                for (int j = 0; j < kPerLane; ++j) {
-                    const int e = lane + 32 * j;
-                    if (e < kExperts) {
-                        float l;
-                        asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(l) : "l"(p.logits + tok * kExperts + e));
-                        score[u][j] = 1.0f / (1.0f + expf(-l));
-                        choice[u][j] = score[u][j] + bias[j];
-                    } else {
-                        score[u][j] = 0.0f;
-                        choice[u][j] = -INFINITY;
-                    }
-                }
-            }
-            uint32_t taken[kTokPerPass];
-            int my_id[kTokPerPass];
-            float my_s[kTokPerPass], sum[kTokPerPass];
-#pragma unroll
-            for (int u = 0; u < kTokPerPass; ++u) taken[u] = 0u, my_id[u] = 0, my_s[u] = 0.0f, sum[u] = 0.0f;
-#pragma unroll 1
-            for (int r = 0; r < kTopK; ++r) {
-                // this lane's best untaken (ascending j = ascending id, strict > keeps the lower id)
-                float wc[kTokPerPass], bs[kTokPerPass];
-                int wid[kTokPerPass];
-#pragma unroll
-                for (int u = 0; u < kTokPerPass; ++u) {
-                    float bc = -INFINITY, bsu = 0.0f;
-                    int bid = 0x7fffffff;
-#pragma unroll
-                    for (int j = 0; j < kPerLane; ++j) {
-                        const int e = lane + 32 * j;
-                        const bool ok = e < kExperts && !((taken[u] >> j) & 1u);
-                        if (ok && (bid == 0x7fffffff || choice[u][j] > bc)) {
-                            bc = choice[u][j];
-                            bsu = score[u][j];
-                            bid = e;
-                        }
-                    }
-                    wc[u] = bc;
-                    bs[u] = bsu;
-                    wid[u] = bid;
-                }
-                // warp argmax per token (butterfly: every lane ends with the same winner)
-#pragma unroll
-                for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-                    for (int u = 0; u < kTokPerPass; ++u) {
-                        const float oc = __shfl_xor_sync(0xffffffffu, wc[u], off);
-                        const int oi = __shfl_xor_sync(0xffffffffu, wid[u], off);
-                        if (oi != 0x7fffffff && (wid[u] == 0x7fffffff || better(oc, oi, wc[u], wid[u]))) {
-                            wc[u] = oc;
-                            wid[u] = oi;
-                        }
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < kTokPerPass; ++u) {
-                    const float ws = __shfl_sync(0xffffffffu, bs[u], wid[u] & 31);  // the owner's local best is the winner
-                    if ((wid[u] & 31) == lane) taken[u] |= 1u << (wid[u] >> 5);
-                    sum[u] += ws;
-                    if (lane == r) {
-                        my_id[u] = wid[u];
-                        my_s[u] = ws;
-                    }
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < kTokPerPass; ++u) {
-                if (tk0 + u * kWarps < valid && lane < kTopK) {
-                    const int64_t tok = tok_base + tk0 + u * kWarps;
-                    const float w = my_s[u] / (sum[u] + kNormEps);
-                    p.topk_ids[tok * kTopK + lane] = my_id[u];
-                    p.topk_weights[tok * kTopK + lane] = w;
-                    if (p.scaled_weights != nullptr) p.scaled_weights[tok * kTopK + lane] = w * p.routed_scaling;
-                }
+        int tk = warp;
+        while (tk < valid) {
+            const int left = (valid - tk + kWarps - 1) / kWarps;  // warp-uniform
+            if (kMaxPass >= 4 && left >= 4) {
+                topk_pass<(kMaxPass >= 4 ? 4 : 1)>(p, tok_base + tk, kWarps, bias, lane);
+                tk += 4 * kWarps;
+            } else if (kMaxPass >= 2 && left >= 2) {
+                topk_pass<(kMaxPass >= 2 ? 2 : 1)>(p, tok_base + tk, kWarps, bias, lane);
+                tk += 2 * kWarps;
+            } else {
+                topk_pass<1>(p, tok_base + tk, kWarps, bias, lane);
+                tk += kWarps;
             }
         }
     }
@@ -439,7 +447,7 @@ struct RouterDecodeTile {
         // one arrival level: the last CTA runs the top-k epilogue over every token (it reads the logits with
         // ld.global.cg after the acquire in arrive_last)
         if (!Base::arrive_last(p.counters + kCounter, arrivals, scratch, tid)) return;
-        Base::template topk_epilogue<2>(p, 0, p.num_tokens, warp, lane);
+        Base::template topk_epilogue<1>(p, 0, p.num_tokens, warp, lane);
     }
 };
 

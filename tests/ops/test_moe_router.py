@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -118,40 +119,38 @@ def _counters_are_zero():
 
 # ---- CPU: the top-k epilogue, mirrored -----------------------------------------------------------------
 
+def _select_key(choice: float, e: int) -> int:
+    """RouterTile::select_key: order-preserving fp32 bits of the choice (high word), ~id (low word); 0 for NaN."""
+    if choice != choice:
+        return 0
+    b = int(np.array(choice, dtype=np.float32).view(np.uint32))
+    hi = (~b & 0xFFFFFFFF) if b & 0x80000000 else (b | 0x80000000)
+    return (hi << 32) | (~e & 0xFFFFFFFF)
+
+
 def _emulate_epilogue(logits: torch.Tensor, bias: torch.Tensor, k: int):
-    """Python mirror of RouterTile::topk_epilogue for one token (lane L owns experts L + 32j)."""
+    """Python mirror of RouterTile::topk_pass for one token (lane L owns experts L + 32j): per round the lane's
+    max key, a butterfly max over the warp, the owner zeroes the winner's key and sends its score."""
     E = logits.shape[0]
     per_lane = -(-E // 32)
     score = torch.sigmoid(logits)
     choice = score + bias
-    taken = [0] * 32
-    BIG = 0x7FFFFFFF
+    key = [[_select_key(float(choice[lane + 32 * j]), lane + 32 * j) if lane + 32 * j < E else 0
+            for j in range(per_lane)] for lane in range(32)]
     ids, ss = [], []
     for _ in range(k):
-        loc = []
-        for lane in range(32):
-            bc, bs, bid = float("-inf"), 0.0, BIG
-            for j in range(per_lane):
-                e = lane + 32 * j
-                if e < E and not (taken[lane] >> j) & 1 and (bid == BIG or float(choice[e]) > bc):
-                    bc, bs, bid = float(choice[e]), float(score[e]), e
-            loc.append((bc, bid, bs))
-        win = [(c, i) for c, i, _ in loc]
+        best = [max(key[lane]) for lane in range(32)]
         off = 16
         while off:
-            new = []
-            for lane in range(32):
-                wc, wid = win[lane]
-                oc, oi = win[lane ^ off]
-                if oi != BIG and (wid == BIG or oc > wc or (oc == wc and oi < wid)):
-                    wc, wid = oc, oi
-                new.append((wc, wid))
-            win, off = new, off >> 1
-        assert len(set(win)) == 1, "butterfly must leave every lane with the same winner"
-        wid = win[0][1]
-        taken[wid & 31] |= 1 << (wid >> 5)
+            best = [max(best[lane], best[lane ^ off]) for lane in range(32)]
+            off >>= 1
+        assert len(set(best)) == 1, "butterfly must leave every lane with the same winner"
+        wid = ~best[0] & 0xFFFFFFFF
+        owner = [(lane, j) for lane in range(32) for j in range(per_lane) if key[lane][j] == best[0]]
+        assert owner == [(wid & 31, wid >> 5)], "exactly the winner's slot holds the winning key"
+        key[wid & 31][wid >> 5] = 0
         ids.append(wid)
-        ss.append(loc[wid & 31][2])
+        ss.append(float(score[wid]))
     s = torch.tensor(ss, dtype=torch.float32)
     tot = torch.zeros((), dtype=torch.float32)
     for v in s:  # selection order
@@ -162,9 +161,11 @@ def _emulate_epilogue(logits: torch.Tensor, bias: torch.Tensor, k: int):
 @pytest.mark.parametrize("E, k", [(256, 8), (16, 4), (64, 6)])
 def test_epilogue_emulation_matches_reference_with_ties(E, k):
     torch.manual_seed(E + k)
-    for trial in range(6):
+    for trial in range(8):
         logits = torch.randn(E) * 2
         bias = (torch.randn(E) * 0.01).float()
+        if trial >= 4:  # negative choices (the key's sign flip), mixed with positive ones
+            bias = bias - torch.rand(E) * 1.2
         if trial % 2:  # exact ties: duplicated logits/bias, including across lanes and slots of one lane
             for a, b in ((3, 3 + 32 % E), (5, 1), (E - 1, 0)):
                 logits[a], bias[a] = logits[b], bias[b]
