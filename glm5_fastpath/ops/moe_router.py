@@ -46,6 +46,17 @@ is 4 (was 2). From 16 tokens both are slower than the stock F.linear + biased_gr
 at 16, 31.2 / 27.0 vs 13.4 at 32): the top-k epilogue of the last CTA is serial per token; SGLang's own decode
 router in the engine (~35 us per layer, the 2026-11-29 profile) is slower still.
 
+Top-k epilogue (session 9): branch-free keyed selection (RouterTile::select_key: a u64 whose unsigned order is
+the selection order; per round the lane max, a butterfly max, the owner zeroes the winner), 2 tokens per warp
+pass in the split-K kernel and 1 in the decode kernel (register caps). Same ids / weights as the branchy loop it
+replaced (GPU tests 79/79, H200). Same run (benchmarks/results/2026-11-30_h200_session9/c5_7861ab5), split-K
+8.73 / 8.86 / 9.50 / 12.79 / 20.90 / 23.50 / 27.37 us against 9.94 / 10.25 / 10.77 / 16.04 / 26.77 / 28.13 /
+33.69 at M = 1 / 4 / 8 / 16 / 32 / 64 / 128; decode 7.88 / 8.62 / 10.19 / 15.55 / 27.35 against 8.61 / 9.38 /
+10.88 / 17.20 / 30.99 at M = 1 / 4 / 8 / 16 / 32 (stock 11.6-13.5 flat). Interleaving the old branchy loop over
+4 tokens was slower (each extra token slot ~4.5 us of one warp; c4_9a43f1f). Still open: the split-K kernel
+grows ~4 us per extra token per warp from 16 tokens (stock is flat), so from 32 tokens it trails the stock
+F.linear + biased_grouped_topk by 7.6-13.9 us; where that time goes is not measured yet.
+
 Workspace: one per (device, H, E, k): fp32 partials [8][E/32][H/256][32][32] + uint32 counters
 [8 * E/32 + 8 + 1] (the last: the decode kernel's arrival counter), allocated and zeroed once on first use (or by precompile()). Counters return to zero at
 the end of every launch. As for C0, launches on one device must not run concurrently on two streams;
