@@ -93,6 +93,11 @@ constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
 //   3 math start (descriptor seen), 4 first stage landed, 5 last MMA folded, 6 epilogue done (math, clock64)
 //   7 the task descriptor
 //   8 math start, 9 epilogue done (%globaltimer ns: lines CTAs up; it may tick only every ~1 us)
+//   10 math: cycles waiting for stages 1.. of the K loop (full barrier: weights and activations landed)
+//   11 weight producer: cycles waiting for free stages (empty barrier) while streaming this task
+//   12 activation loader: cycles waiting for free stages (empty barrier) while loading this task
+//   (which side waits tells whether the K loop is bound by the loads (10 high, 11 / 12 low) or by the math
+//   (10 low, 11 / 12 high); 11 high with 12 low points at the activation loader)
 // Durations inside a task use the SM's clock64 (cycles; comparable within one CTA), the cross-CTA span the
 // global timer. Unwritten cells stay as the host filled them (0). The normal build compiles none of it.
 #ifndef GLM5_MEGAMOE_TRACE
@@ -117,7 +122,7 @@ constexpr bool kTrace = GLM5_MEGAMOE_TRACE != 0;
 #define GLM5_MEGAMOE_LEAN_FENCES 0
 #endif
 constexpr bool kLeanFences = GLM5_MEGAMOE_LEAN_FENCES != 0;
-constexpr int kTraceCols = 10;
+constexpr int kTraceCols = 13;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
     int32_t cap;
@@ -505,9 +510,16 @@ struct MegaMoE {
             const int kb0 = task_half(desc) * (kKb1 / 2);
             // Read exactly once unless the expert has several token blocks (those re-read it from L2).
             const bool once = p.expert_cnt[e] <= kBN;
+            [[maybe_unused]] uint32_t empty_wait = 0;  // 32-bit: the trace build's loader warps have no registers to spare
             for (int kb = 0; kb < nk; ++kb, ++it) {
                 const int s = it % kStages;
-                sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
+                if constexpr (kTrace) {
+                    const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
+                    sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
+                    empty_wait += static_cast<uint32_t>(clock_cycles()) - c0;
+                } else {
+                    sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
+                }
                 sm90::mbar_arrive_expect_tx(bar.full(s), kStageWBytes);
                 const uint32_t dst = sbase + L::kW + s * kStageWBytes;
                 const int k0 = (kb0 + kb) * kBK;
@@ -523,6 +535,7 @@ struct MegaMoE {
                         sm90::tma_load_5d(tm_w13, dst, bar.full(s), k0, 0, 0, rt * (kTileRows / 16), e);
                 }
             }
+            if constexpr (kTrace) tr.put(n, 11, empty_wait);
         }
     }
 
@@ -590,9 +603,16 @@ struct MegaMoE {
             }
             const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
             const int chunk = lane & 7;
+            [[maybe_unused]] uint32_t empty_wait = 0;  // 32-bit: the trace build's loader warps have no registers to spare
             for (int kb = task_half(desc) * (kKb1 / 2), kend = kb + nk; kb < kend; ++kb, ++it) {
                 const int s = it % kStages;
-                sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
+                if constexpr (kTrace) {
+                    const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
+                    sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
+                    empty_wait += static_cast<uint32_t>(clock_cycles()) - c0;
+                } else {
+                    sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
+                }
                 const uint32_t dst = sbase + L::kA + s * L::kAStage;
                 for (int i = lane >> 3; i < cnt; i += 4) {
                     const uint8_t* src =
@@ -610,6 +630,9 @@ struct MegaMoE {
                         cp_async_4(sdst + i * 4, p.x_scale + static_cast<int64_t>(tok[i] >> 4) * (kH / kBK) + kb);
                 }
                 sm90::cp_async_16_mbar_arrive(bar.full(s));
+            }
+            if constexpr (kTrace) {
+                if (lane == 0) tr.put(n, 12, empty_wait);
             }
             if (lane == 0) sm90::mbar_arrive(bar.tempty(slot));  // done with this slot's descriptor
             (void)rt;
@@ -669,14 +692,19 @@ struct MegaMoE {
             float acc0[kNAcc], acc1[kNAcc];
 #pragma unroll
             for (int i = 0; i < kNAcc; ++i) acc0[i] = 0.f, acc1[i] = 0.f;
+            [[maybe_unused]] uint32_t full_wait = 0;  // trace build: K-loop stage waits (column 10)
 
             for (int kb = 0; kb < nk; ++kb, ++it) {
                 const int s = it % kStages;
                 const float cur_lo = s_lo, cur_hi = s_hi;
                 if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
-                sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
                 if constexpr (kTrace) {
+                    const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
+                    sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
+                    if (kb > 0) full_wait += static_cast<uint32_t>(clock_cycles()) - c0;
                     if (mt == 0 && kb == 0) tr.put(n, 4, clock_cycles());
+                } else {
+                    sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
                 }
                 sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
                 const uint32_t a_addr = sbase + L::kW + s * kStageWBytes + wg * (128 * kBK);
@@ -715,7 +743,7 @@ struct MegaMoE {
             }
 
             if constexpr (kTrace) {
-                if (mt == 0) tr.put(n, 5, clock_cycles());
+                if (mt == 0) tr.put(n, 5, clock_cycles()), tr.put(n, 10, full_wait);
             }
             sm90::mbar_wait(bar.tinfo(slot), tpar);
             const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];

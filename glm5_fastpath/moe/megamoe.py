@@ -766,9 +766,10 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
 # ---- trace build (diagnostics: where the persistent kernel's time goes) ------------------------------------
 
 TRACE_FUNCTION = "glm5_megamoe_trace"
-TRACE_COLS = 10  # megamoe.cuh kTraceCols
+TRACE_COLS = 13  # megamoe.cuh kTraceCols
 TRACE_COLUMNS = ("claim_ns", "spin_start_clk", "spin_end_clk", "math_start_clk", "first_stage_clk", "mma_done_clk",
-                 "epi_done_clk", "desc", "math_start_ns", "epi_done_ns")
+                 "epi_done_clk", "desc", "math_start_ns", "epi_done_ns", "math_stage_wait_clk", "producer_empty_wait_clk",
+                 "loader_empty_wait_clk")
 DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed task to calibrate against
 
 
@@ -859,6 +860,11 @@ def summarize_trace(rows: torch.Tensor) -> dict[str, Any]:
             first = sel & (r[..., 4] > 0)
             d["wait_us"] = float((r[..., 4] - r[..., 3])[first].sum()) * to_us
             d["mma_us"] = float((r[..., 5] - r[..., 4])[first & (r[..., 5] > 0)].sum()) * to_us
+            # inside the MMA loop: the math waiting for stages 1.. (loads behind), and the two loaders waiting for
+            # free stages (math behind)
+            d["mma_stage_wait_us"] = float(r[..., 10][first & (r[..., 5] > 0)].sum()) * to_us
+            d["producer_wait_us"] = float(r[..., 11][sel].sum()) * to_us
+            d["loader_wait_us"] = float(r[..., 12][sel].sum()) * to_us
             d["epi_us"] = float((r[..., 6] - r[..., 5])[sel & (r[..., 5] > 0)].sum()) * to_us
             spun = sel & (r[..., 1] > 0) & (r[..., 2] > 0)
             d["spin_us"] = float((r[..., 2] - r[..., 1])[spun].sum()) * to_us
@@ -888,6 +894,9 @@ def trace_markdown(summary: dict[str, Any]) -> str:
             tot = (d["wait_us"] + d["mma_us"] + d["epi_us"]) or float("inf")  # all-zero: 0 % shares, no ZeroDivision
             parts.append(f"{k.upper()} {d['tasks']} tasks: first-stage wait {100 * d['wait_us'] / tot:.0f} %, "
                          f"MMA {100 * d['mma_us'] / tot:.0f} %, epilogue {100 * d['epi_us'] / tot:.0f} %"
+                         + (f" (of which waiting for stages {100 * d['mma_stage_wait_us'] / tot:.0f} %; free-stage waits: "
+                            f"weight producer {d['producer_wait_us']:.1f} us, activation loader {d['loader_wait_us']:.1f} us)"
+                            if "mma_stage_wait_us" in d else "")
                          + (f", fc1_done spin {d['spin_us']:.1f} us over {d['spun_tasks']} tasks" if k == "fc2" else "")
                          + (f", math idle between tasks {d['gap_us']:.1f} us, claimed {d['claim_lead_us'] / d['tasks']:.1f} us "
                             "ahead of the math on average" if "gap_us" in d else ""))
