@@ -88,22 +88,6 @@ GLM5_DEVICE void tma_load_5d_hint(const CUtensorMap* map, uint32_t smem_dst, uin
         : "memory");
 }
 
-// L2 prefetch of a 2-D / 5-D box (no shared memory, no completion to wait for): the bytes are on their way into
-// L2 when a tma_load of the same box is issued later, so a stream keeps more bytes in flight than its
-// shared-memory ring holds.
-GLM5_DEVICE void tma_prefetch_l2_2d(const CUtensorMap* map, int32_t c_inner, int32_t c_outer) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(reinterpret_cast<uint64_t>(map)),
-                 "r"(c_inner), "r"(c_outer)
-                 : "memory");
-}
-
-GLM5_DEVICE void tma_prefetch_l2_5d(const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2, int32_t c3, int32_t c4) {
-    asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];" ::"l"(
-                     reinterpret_cast<uint64_t>(map)),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
-                 : "memory");
-}
-
 // Arrive on `bar` once all of this thread's prior cp.async (non-bulk) copies have completed; the
 // arrival counts against the init count (.noinc).
 GLM5_DEVICE void cp_async_16_mbar_arrive(uint32_t bar) {

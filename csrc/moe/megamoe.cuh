@@ -118,16 +118,6 @@ constexpr bool kTrace = GLM5_MEGAMOE_TRACE != 0;
 // trace), longer than the 6-stage weight ring covers, and the per-thread fences wait under full HBM load. The
 // fc1_done consumer (the FC2 loader warp) has every lane acquire the counter itself (no reliance on __syncwarp
 // carrying lane 0's acquire), in both builds.
-// L2 prefetch distance (GLM5_MEGAMOE_L2_PREFETCH = P > 0, its own cubin): the weight producer also issues an L2
-// prefetch of the task's stage kb + P when it loads stage kb (and of stages 0..P-1 when it takes the task), so
-// ~P stages per SM are in flight from HBM instead of the ring's 5-6. Why: the session-9 trace (H200) showed
-// the K loops waiting for stages while the producer waited for free ones at (a) 128 tokens (bn64, 5 stages:
-// ~3.4 TB/s), i.e. the ring's bytes in flight over the loaded HBM latency set the rate. Results unchanged.
-#ifndef GLM5_MEGAMOE_L2_PREFETCH
-#define GLM5_MEGAMOE_L2_PREFETCH 0
-#endif
-constexpr int kL2Prefetch = GLM5_MEGAMOE_L2_PREFETCH;
-
 #ifndef GLM5_MEGAMOE_LEAN_FENCES
 #define GLM5_MEGAMOE_LEAN_FENCES 0
 #endif
@@ -520,16 +510,6 @@ struct MegaMoE {
             const int kb0 = task_half(desc) * (kKb1 / 2);
             // Read exactly once unless the expert has several token blocks (those re-read it from L2).
             const bool once = p.expert_cnt[e] <= kBN;
-            [[maybe_unused]] auto prefetch = [&](int kb) {
-                const int k0 = (kb0 + kb) * kBK;
-                if (fc2)
-                    sm90::tma_prefetch_l2_2d(tm_w2, k0, row0);
-                else
-                    sm90::tma_prefetch_l2_5d(tm_w13, k0, 0, 0, rt * (kTileRows / 16), e);
-            };
-            if constexpr (kL2Prefetch > 0) {
-                for (int kb = 0; kb < kL2Prefetch && kb < nk; ++kb) prefetch(kb);
-            }
             [[maybe_unused]] uint32_t empty_wait = 0;  // 32-bit: the trace build's loader warps have no registers to spare
             for (int kb = 0; kb < nk; ++kb, ++it) {
                 const int s = it % kStages;
@@ -553,9 +533,6 @@ struct MegaMoE {
                         sm90::tma_load_5d_hint(tm_w13, dst, bar.full(s), k0, 0, 0, rt * (kTileRows / 16), e, policy);
                     else
                         sm90::tma_load_5d(tm_w13, dst, bar.full(s), k0, 0, 0, rt * (kTileRows / 16), e);
-                }
-                if constexpr (kL2Prefetch > 0) {
-                    if (kb + kL2Prefetch < nk) prefetch(kb + kL2Prefetch);
                 }
             }
             if constexpr (kTrace) tr.put(n, 11, empty_wait);

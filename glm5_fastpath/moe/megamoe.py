@@ -50,7 +50,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
 import re
 import threading
 from dataclasses import dataclass
@@ -202,40 +201,13 @@ class MegaMoEConfig:
         return cls(bn, st, g, w, bool(m.group(5))).validate()
 
 
-L2_PREFETCH_ENV = "GLM5_FASTPATH_MEGAMOE_L2_PREFETCH"
-
-
-def l2_prefetch_stages() -> int:
-    """GLM5_FASTPATH_MEGAMOE_L2_PREFETCH (read now; an experiment switch): P > 0 builds the kernel whose weight
-    producer L2-prefetches P stages ahead of its loads (megamoe.cuh kL2Prefetch); unset / 0 = off."""
-    raw = os.environ.get(L2_PREFETCH_ENV, "").strip()
-    if not raw:
-        return 0
-    try:
-        v = int(raw)
-    except ValueError:
-        v = -1
-    if not 0 <= v <= 32:
-        raise _fail(f"{L2_PREFETCH_ENV}={raw!r}: expected an int in 0..32 (stages ahead)")
-    return v
-
-
 @functools.lru_cache(maxsize=None)
-def _kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool, l2_prefetch: int) -> KernelSpec:
+def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False) -> KernelSpec:
     defines = (("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
                ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages)))
     if lean_fences:  # absent otherwise: the default build's cache key and cubin are unchanged
         defines += (("GLM5_MEGAMOE_LEAN_FENCES", "1"),)
-    if l2_prefetch:  # likewise
-        defines += (("GLM5_MEGAMOE_L2_PREFETCH", str(l2_prefetch)),)
     return KernelSpec(FUNCTION, source=SOURCE, defines=defines, functions=(FUNCTION, PLAN_FUNCTION))
-
-
-def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
-                l2_prefetch: int | None = None) -> KernelSpec:
-    """The persistent kernel's build; l2_prefetch None = l2_prefetch_stages() (the environment)."""
-    return _kernel_spec(hidden, inter, block_n, stages, bool(lean_fences),
-                        l2_prefetch_stages() if l2_prefetch is None else int(l2_prefetch))
 
 
 def expected_max_load(num_tokens: int, num_experts: int, topk: int) -> float:
@@ -517,7 +489,7 @@ def _sms(dev: torch.device) -> int:
 
 def _kernels_for(cfg: MegaMoEConfig, hidden: int, inter: int, dev: torch.device) -> tuple[Any, Any]:
     idx = _dev_index(dev)
-    key = (hidden, inter, cfg.block_n, cfg.stages, cfg.lean_fences, l2_prefetch_stages(), idx)
+    key = (hidden, inter, cfg.block_n, cfg.stages, cfg.lean_fences, idx)
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
