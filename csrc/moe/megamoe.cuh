@@ -642,10 +642,22 @@ struct MegaMoE {
     // ---- math warpgroups ----------------------------------------------------------------------------
     // Fold one m64 half's temporary into its accumulator: acc += tmp * (x_scale[col] * w_scale[row]).
     // Rows g (d[4j+0..1]) use s_lo, rows g+8 (d[4j+2..3]) use s_hi (FC1: gate / up block scales).
+    // Per task the wgmma width follows the token block's live columns (mma_width: the smallest supported N >= cnt,
+    // at most kBN): a 40-token block of a bn64 kernel runs m64n48 instead of m64n64. Columns [kN, kBN) of the
+    // accumulators stay 0 and columns [cnt, kN) multiply whatever the stage rows past cnt hold; the epilogues read
+    // columns < cnt only, and a column's dot products do not depend on the width, so the results are unchanged.
+    static GLM5_DEVICE int mma_width(int cnt) {
+        const int w = cnt <= 8 ? 8 : cnt <= 16 ? 16 : cnt <= 24 ? 24 : cnt <= 32 ? 32 : cnt <= 48 ? 48 : 64;
+        return w < kBN ? w : kBN;
+    }
+
+    // Fold one m64 half's temporary into its accumulator: acc += tmp * (x_scale[col] * w_scale[row]), columns < kN.
+    // Rows g (d[4j+0..1]) use s_lo, rows g+8 (d[4j+2..3]) use s_hi (FC1: gate / up block scales).
+    template <int kN>
     static GLM5_DEVICE void fold(float (&acc)[kNAcc], float (&tmp)[kNAcc], const float* sa, int t4, float s_lo,
                                  float s_hi) {
 #pragma unroll
-        for (int j = 0; j < kNJ; ++j) {
+        for (int j = 0; j < kN / 8; ++j) {
             const float a0 = sa[8 * j + 2 * t4], a1 = sa[8 * j + 2 * t4 + 1];
             acc[4 * j + 0] = fmaf(tmp[4 * j + 0], a0 * s_lo, acc[4 * j + 0]);
             acc[4 * j + 1] = fmaf(tmp[4 * j + 1], a1 * s_lo, acc[4 * j + 1]);
@@ -654,11 +666,59 @@ struct MegaMoE {
         }
     }
 
+    template <int kN>
     static GLM5_DEVICE void issue_half(float (&tmp)[kNAcc], uint32_t a_addr, uint32_t b_addr) {
+        float(&t)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&tmp[0]);  // the first kN / 2 fragment floats
 #pragma unroll
         for (int k = 0; k < kBK / 32; ++k)
-            sm90::wgmma_m64k32_e4m3<kBN>(tmp, sm90::smem_desc_k128sw(a_addr + 32 * k),
-                                        sm90::smem_desc_k128sw(b_addr + 32 * k), k > 0);
+            sm90::wgmma_m64k32_e4m3<kN>(t, sm90::smem_desc_k128sw(a_addr + 32 * k), sm90::smem_desc_k128sw(b_addr + 32 * k),
+                                        k > 0);
+    }
+
+    // The K loop of one task at wgmma width kN: nk stages from ring position `it` (advanced), folding into acc0 /
+    // acc1 with the block scales at s_lo_ptr / s_hi_ptr (one per stage).
+    template <int kN>
+    static GLM5_DEVICE void k_loop(uint8_t* sm, uint32_t sbase, const Bars& bar, int nk, uint32_t& it, int wg, int lane,
+                                   int t4, const float* s_lo_ptr, const float* s_hi_ptr, float (&acc0)[kNAcc],
+                                   float (&acc1)[kNAcc], [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n,
+                                   [[maybe_unused]] int mt) {
+        static_assert(kTwoTemps, "both halves' wgmma in flight (kBN <= 64)");
+        float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
+        [[maybe_unused]] uint32_t full_wait = 0;  // trace build: K-loop stage waits (column 10)
+        for (int kb = 0; kb < nk; ++kb, ++it) {
+            const int s = it % kStages;
+            const float cur_lo = s_lo, cur_hi = s_hi;
+            if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
+            if constexpr (kTrace) {
+                const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
+                sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
+                if (kb > 0) full_wait += static_cast<uint32_t>(clock_cycles()) - c0;
+                if (mt == 0 && kb == 0) tr.put(n, 4, clock_cycles());
+            } else {
+                sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
+            }
+            sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
+            const uint32_t a_addr = sbase + L::kW + s * kStageWBytes + wg * (128 * kBK);
+            const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
+            const float* sa = reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
+            float tmp0[kNAcc], tmp1[kNAcc];
+            sm90::wgmma_fence();
+            issue_half<kN>(tmp0, a_addr, b_addr);
+            sm90::wgmma_commit();
+            issue_half<kN>(tmp1, a_addr + 64 * kBK, b_addr);
+            sm90::wgmma_commit();
+            sm90::wgmma_wait<1>();
+            sm90::fence_operands(tmp0);
+            fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
+            sm90::wgmma_wait<0>();
+            sm90::fence_operands(tmp1);
+            fold<kN>(acc1, tmp1, sa, t4, cur_lo, cur_hi);
+            __syncwarp();
+            if (lane == 0) sm90::mbar_arrive(bar.empty(s));
+        }
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 5, clock_cycles()), tr.put(n, 10, full_wait);
+        }
     }
 
     static GLM5_DEVICE void math(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar, const TraceBuf& tr) {
@@ -687,66 +747,29 @@ struct MegaMoE {
             const float* s_lo_ptr = fc2 ? p.w2_scale + static_cast<int64_t>(e * (kH / 128) + 2 * rt + wg) * kKb2
                                         : p.w13_scale + static_cast<int64_t>(e * (2 * kI / 128) + rt) * kKb1 + kb0;
             const float* s_hi_ptr = fc2 ? s_lo_ptr : s_lo_ptr + static_cast<int64_t>(kI / 128) * kKb1;
-            float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
-
             float acc0[kNAcc], acc1[kNAcc];
 #pragma unroll
             for (int i = 0; i < kNAcc; ++i) acc0[i] = 0.f, acc1[i] = 0.f;
-            [[maybe_unused]] uint32_t full_wait = 0;  // trace build: K-loop stage waits (column 10)
-
-            for (int kb = 0; kb < nk; ++kb, ++it) {
-                const int s = it % kStages;
-                const float cur_lo = s_lo, cur_hi = s_hi;
-                if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
-                if constexpr (kTrace) {
-                    const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
-                    sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
-                    if (kb > 0) full_wait += static_cast<uint32_t>(clock_cycles()) - c0;
-                    if (mt == 0 && kb == 0) tr.put(n, 4, clock_cycles());
-                } else {
-                    sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
-                }
-                sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
-                const uint32_t a_addr = sbase + L::kW + s * kStageWBytes + wg * (128 * kBK);
-                const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
-                const float* sa = reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
-                if constexpr (kTwoTemps) {
-                    float tmp0[kNAcc], tmp1[kNAcc];
-                    sm90::wgmma_fence();
-                    issue_half(tmp0, a_addr, b_addr);
-                    sm90::wgmma_commit();
-                    issue_half(tmp1, a_addr + 64 * kBK, b_addr);
-                    sm90::wgmma_commit();
-                    sm90::wgmma_wait<1>();
-                    sm90::fence_operands(tmp0);
-                    fold(acc0, tmp0, sa, t4, cur_lo, cur_hi);
-                    sm90::wgmma_wait<0>();
-                    sm90::fence_operands(tmp1);
-                    fold(acc1, tmp1, sa, t4, cur_lo, cur_hi);
-                } else {
-                    float tmp[kNAcc];
-                    sm90::wgmma_fence();
-                    issue_half(tmp, a_addr, b_addr);
-                    sm90::wgmma_commit();
-                    sm90::wgmma_wait<0>();
-                    sm90::fence_operands(tmp);
-                    fold(acc0, tmp, sa, t4, cur_lo, cur_hi);
-                    sm90::wgmma_fence();
-                    issue_half(tmp, a_addr + 64 * kBK, b_addr);
-                    sm90::wgmma_commit();
-                    sm90::wgmma_wait<0>();
-                    sm90::fence_operands(tmp);
-                    fold(acc1, tmp, sa, t4, cur_lo, cur_hi);
-                }
-                __syncwarp();
-                if (lane == 0) sm90::mbar_arrive(bar.empty(s));
-            }
-
-            if constexpr (kTrace) {
-                if (mt == 0) tr.put(n, 5, clock_cycles()), tr.put(n, 10, full_wait);
-            }
+            // The loader publishes the task's column info before it loads any stage, so this wait adds nothing
+            // to the first stage's.
             sm90::mbar_wait(bar.tinfo(slot), tpar);
             const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
+            switch (mma_width(cnt)) {
+#define GLM5_MEGAMOE_K_LOOP(N)                                                                                  \
+    case N:                                                                                                     \
+        if constexpr (N <= kBN)                                                                                 \
+            k_loop<(N <= kBN ? N : kBN)>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, \
+                                         mt);                                                                   \
+        break;
+                GLM5_MEGAMOE_K_LOOP(8)
+                GLM5_MEGAMOE_K_LOOP(16)
+                GLM5_MEGAMOE_K_LOOP(24)
+                GLM5_MEGAMOE_K_LOOP(32)
+                GLM5_MEGAMOE_K_LOOP(48)
+                GLM5_MEGAMOE_K_LOOP(64)
+#undef GLM5_MEGAMOE_K_LOOP
+                default: __trap();  // mma_width returns one of the cases
+            }
             if (fc2)
                 epilogue_fc2(p, sm, slot, rt, cnt, wg, w, lane, acc0, acc1);
             else if (!task_split(desc) || split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1))
