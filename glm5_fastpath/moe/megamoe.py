@@ -16,7 +16,11 @@ Kernels (csrc/moe/megamoe.{cuh,cu}; design notes in the .cuh header):
   Capture-safe: no host sync anywhere; it waits for its predecessor with griddepcontrol.wait.
 - `glm5_megamoe` (one 384-thread CTA per SM, PDL after the plan): weight TMA producer + scheduler warp
   (claims tasks with one global atomic), activation loader warp (cp.async gathers; waits on fc1_done
-  counters for FC2), two math warpgroups (wgmma m64nNk32 e4m3, swapAB, N = token block). FC1 task = 256
+  counters for FC2), two math warpgroups (wgmma m64nNk32 e4m3, swapAB; N = the smallest of 8/16/24/32/48/64
+  holding the task's live tokens, at most the token block: a 40-token block of a bn64 build runs N = 48;
+  H200, session 9, same run as the full-width build: (a) 128 tokens 420.7 -> 371.7 us, (b) 1024 3606.7 ->
+  2876.7 us, bitwise the same outputs, benchmarks/results/2026-11-30_h200_session9/c7_5dae537 and
+  c8_3702794). FC1 task = 256
   rows of the gate/up weight interleaved by 8 (= 128 channels = one requant group) x one token block;
   FC2 task = 256 output rows x one token block, gated on all I/128 FC1 tiles of that block.
 
