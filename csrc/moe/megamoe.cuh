@@ -98,6 +98,8 @@ constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
 //   12 activation loader: cycles waiting for free stages (empty barrier) while loading this task
 //   (which side waits tells whether the K loop is bound by the loads (10 high, 11 / 12 low) or by the math
 //   (10 low, 11 / 12 high); 11 high with 12 low points at the activation loader)
+//   Since the per-task wgmma width (session 9) the math reads the task's column info before its K loop, so
+//   column 4 - column 3 (first stage) includes that (short) wait too.
 // Durations inside a task use the SM's clock64 (cycles; comparable within one CTA), the cross-CTA span the
 // global timer. Unwritten cells stay as the host filled them (0). The normal build compiles none of it.
 #ifndef GLM5_MEGAMOE_TRACE
@@ -640,8 +642,6 @@ struct MegaMoE {
     }
 
     // ---- math warpgroups ----------------------------------------------------------------------------
-    // Fold one m64 half's temporary into its accumulator: acc += tmp * (x_scale[col] * w_scale[row]).
-    // Rows g (d[4j+0..1]) use s_lo, rows g+8 (d[4j+2..3]) use s_hi (FC1: gate / up block scales).
     // Per task the wgmma width follows the token block's live columns (mma_width: the smallest supported N >= cnt,
     // at most kBN): a 40-token block of a bn64 kernel runs m64n48 instead of m64n64. Columns [kN, kBN) of the
     // accumulators stay 0 and columns [cnt, kN) multiply whatever the stage rows past cnt hold; the epilogues read

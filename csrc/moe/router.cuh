@@ -82,7 +82,7 @@ struct RouterTile {
     static_assert(kExperts % kGroupExperts == 0, "experts: at most 32, or a multiple of 32");
     static_assert(kGroupExperts % 4 == 0, "experts: a multiple of 4");
     static_assert(kTopK >= 1 && kTopK <= 32 && kTopK <= kExperts, "top-k: 1..32 and at most the expert count");
-    static_assert(kPerLane <= 32, "taken-mask is one 32-bit word per lane");
+    static_assert(kPerLane <= 32, "at most 32 experts per lane (1024 experts)");
 
     static GLM5_DEVICE size_t partial_offset(int tile, int group) {
         return (static_cast<size_t>(tile) * kGroups + group) * kSplits * kPartialFloatsPerSplit;
@@ -225,13 +225,14 @@ struct RouterTile {
 
     // Selection keys: one u64 per (token, expert) whose unsigned order is the selection order (larger choice
     // first, equal choices: the lower id first). High word: the fp32 choice's bits made order-preserving (sign
-    // flipped for +, all bits for -); low word: ~id. 0 = taken / not an expert / NaN (below every live key: a NaN
-    // choice is never selected while a number is left). choice is never -0.0 (sigmoid >= +0 plus a bias), so the
-    // bit order equals the float order, ties included.
+    // flipped for +, all bits for -); low word: ~id. 0 = taken / not an expert. A NaN choice gets high word 0 (below
+    // every number, -inf included, whose high word is 0x007fffff) and still ~id, so a row with fewer than kTopK
+    // numbers picks its NaN experts in id order and every id stays valid (a NaN row gives NaN weights, as before).
+    // choice is never -0.0 (sigmoid >= +0 plus a bias), so the bit order equals the float order, ties included.
     static GLM5_DEVICE uint64_t select_key(float choice, int id) {
         const uint32_t b = __float_as_uint(choice);
-        const uint32_t hi = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-        return choice == choice ? (static_cast<uint64_t>(hi) << 32) | static_cast<uint32_t>(~id) : 0ull;
+        const uint32_t hi = choice != choice ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+        return (static_cast<uint64_t>(hi) << 32) | static_cast<uint32_t>(~id);
     }
     static GLM5_DEVICE uint64_t umax64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
@@ -309,8 +310,8 @@ struct RouterTile {
     }
 
     // Warp w takes tokens w, w + kWarps, ... of [tok_base, tok_base + valid), up to kMaxPass of them per pass (no
-    // idle slots: the pass size follows the tokens the warp has left). kMaxPass 4 in the split-K kernel, 2 in
-    // the decode kernel (85-register cap, 3 CTAs per SM).
+    // idle slots: the pass size follows the tokens the warp has left). kMaxPass 2 in the split-K kernel (4 needs 148
+    // registers: one CTA per SM), 1 in the decode kernel (85-register cap, 3 CTAs per SM).
     template <int kMaxPass = 2>
     static GLM5_DEVICE void topk_epilogue(const RouterPtrs& p, int tok_base, int valid, int warp, int lane) {
         static_assert(kMaxPass == 1 || kMaxPass == 2 || kMaxPass == 4, "pass sizes 1, 2, 4");

@@ -120,9 +120,9 @@ def _counters_are_zero():
 # ---- CPU: the top-k epilogue, mirrored -----------------------------------------------------------------
 
 def _select_key(choice: float, e: int) -> int:
-    """RouterTile::select_key: order-preserving fp32 bits of the choice (high word), ~id (low word); 0 for NaN."""
+    """RouterTile::select_key: order-preserving fp32 bits of the choice (high word; 0 for NaN), ~id (low word)."""
     if choice != choice:
-        return 0
+        return ~e & 0xFFFFFFFF
     b = int(np.array(choice, dtype=np.float32).view(np.uint32))
     hi = (~b & 0xFFFFFFFF) if b & 0x80000000 else (b | 0x80000000)
     return (hi << 32) | (~e & 0xFFFFFFFF)
@@ -178,6 +178,16 @@ def test_epilogue_emulation_matches_reference_with_ties(E, k):
         assert ids.tolist() == want.tolist(), (trial, ids.tolist(), want.tolist())
         sw = torch.sigmoid(logits)[want]
         assert torch.allclose(w, sw / (sw.sum() + 1e-20), rtol=1e-6, atol=0)
+
+
+def test_epilogue_emulation_nan_choices_keep_valid_ids():
+    """Fewer than k numbers in a row (NaN logits): the numbers first (by choice), then the NaN experts by id;
+    every id is a valid expert (no -1 from an empty key)."""
+    E, k = 64, 8
+    logits = torch.full((E,), float("nan"))
+    logits[[5, 40, 17]] = torch.tensor([0.5, 2.0, -1.0])
+    ids, _ = _emulate_epilogue(logits, torch.zeros(E), k)
+    assert ids.tolist() == [40, 5, 17, 0, 1, 2, 3, 4]
 
 
 # ---- CPU: configs, validation, fake -------------------------------------------------------------------
