@@ -304,7 +304,6 @@ struct MegaMoE {
     static constexpr int kT2 = kH / kTileRows;    // FC2 row tiles per expert
     static constexpr int kNAcc = kBN / 2;         // accumulator floats per m64 half per thread
     static constexpr int kNJ = kBN / 8;           // 8-column groups
-    static constexpr bool kTwoTemps = kBN <= 64;  // second temporary: both halves' wgmma in flight
 
     // ================================ plan kernel (1 CTA, 1024 threads) ================================
     struct PlanSmem {
@@ -682,7 +681,7 @@ struct MegaMoE {
                                    int t4, const float* s_lo_ptr, const float* s_hi_ptr, float (&acc0)[kNAcc],
                                    float (&acc1)[kNAcc], [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n,
                                    [[maybe_unused]] int mt) {
-        static_assert(kTwoTemps, "both halves' wgmma in flight (kBN <= 64)");
+        // two temporaries: both halves' wgmma in flight (kBN <= 64: 2 x 32 + 2 x 32 fragment floats)
         float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
         [[maybe_unused]] uint32_t full_wait = 0;  // trace build: K-loop stage waits (column 10)
         for (int kb = 0; kb < nk; ++kb, ++it) {
@@ -754,12 +753,10 @@ struct MegaMoE {
             // to the first stage's.
             sm90::mbar_wait(bar.tinfo(slot), tpar);
             const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
-            switch (mma_width(cnt)) {
-#define GLM5_MEGAMOE_K_LOOP(N)                                                                                  \
-    case N:                                                                                                     \
-        if constexpr (N <= kBN)                                                                                 \
-            k_loop<(N <= kBN ? N : kBN)>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, \
-                                         mt);                                                                   \
+            switch (mma_width(cnt)) {  // widths past kBN are discarded branches (math is a template member)
+#define GLM5_MEGAMOE_K_LOOP(N)                                                                                     \
+    case N:                                                                                                        \
+        if constexpr (N <= kBN) k_loop<N>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt); \
         break;
                 GLM5_MEGAMOE_K_LOOP(8)
                 GLM5_MEGAMOE_K_LOOP(16)

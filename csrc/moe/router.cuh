@@ -309,12 +309,12 @@ struct RouterTile {
         }
     }
 
-    // Warp w takes tokens w, w + kWarps, ... of [tok_base, tok_base + valid), up to kMaxPass of them per pass (no
-    // idle slots: the pass size follows the tokens the warp has left). kMaxPass 2 in the split-K kernel (4 needs 148
-    // registers: one CTA per SM), 1 in the decode kernel (85-register cap, 3 CTAs per SM).
+    // Warp w takes tokens w, w + kWarps, ... of [tok_base, tok_base + valid), kMaxPass (1 or 2) of them per pass
+    // while it has that many left. 2 in the split-K kernel (4 needed 148 registers: one CTA per SM), 1 in the
+    // decode kernel (85-register cap, 3 CTAs per SM).
     template <int kMaxPass = 2>
     static GLM5_DEVICE void topk_epilogue(const RouterPtrs& p, int tok_base, int valid, int warp, int lane) {
-        static_assert(kMaxPass == 1 || kMaxPass == 2 || kMaxPass == 4, "pass sizes 1, 2, 4");
+        static_assert(kMaxPass == 1 || kMaxPass == 2, "pass sizes 1, 2");
         float bias[kPerLane];
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j) {
@@ -324,11 +324,8 @@ struct RouterTile {
         int tk = warp;
         while (tk < valid) {
             const int left = (valid - tk + kWarps - 1) / kWarps;  // warp-uniform
-            if (kMaxPass >= 4 && left >= 4) {
-                topk_pass<(kMaxPass >= 4 ? 4 : 1)>(p, tok_base + tk, kWarps, bias, lane);
-                tk += 4 * kWarps;
-            } else if (kMaxPass >= 2 && left >= 2) {
-                topk_pass<(kMaxPass >= 2 ? 2 : 1)>(p, tok_base + tk, kWarps, bias, lane);
+            if (kMaxPass == 2 && left >= 2) {
+                topk_pass<kMaxPass>(p, tok_base + tk, kWarps, bias, lane);
                 tk += 2 * kWarps;
             } else {
                 topk_pass<1>(p, tok_base + tk, kWarps, bias, lane);
