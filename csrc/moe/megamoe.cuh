@@ -27,11 +27,11 @@
 //   WG0 warp 0  weight producer + scheduler: claims a task, publishes it in a 4-slot smem task ring,
 //               streams its weight tiles with TMA (32 KB boxes, 128B swizzle) into the stage ring.
 //               Never waits on a cross-CTA counter.
-//   WG0 warp 1  activation loader: per task, column info (pair codes, routing weights) into the task
-//               slot; for FC2 spins on fc1_done (acquire) first; gathers the token block's activation
-//               rows (FC1: x8 rows by token id; FC2: contiguous a8 rows) and their scales with 16-byte
-//               cp.async (manual 128B swizzle) into the same stage, arriving with cp.async.mbarrier.arrive.
-//   WG0 warps 2-3 idle (they only take part in setmaxnreg).
+//   WG0 warps 1-3 activation loaders (kLoaderWarps): per task, warp 1 puts the column info (pair codes,
+//               routing weights) into the task slot; for FC2 each spins on fc1_done (acquire) first; they
+//               gather the token block's activation rows (FC1: x8 rows by token id; FC2: contiguous a8 rows)
+//               and their scales with 16-byte cp.async (manual 128B swizzle) into the same stage, rows split
+//               over the warps, arriving with cp.async.mbarrier.arrive.
 //   WG1, WG2    math: each owns 128 of the 256 weight rows (two m64 halves) x kBN tokens; per stage 4 k32
 //               wgmma per half into a temporary, then acc += tmp * (x_scale[token] * w_scale[block]);
 //               fused epilogues (SwiGLU/quant for FC1, weight/slot store/combine for FC2).
@@ -85,6 +85,12 @@ constexpr int kMathRegs = 224;
 static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536 / kThreads / 8 * 8 * kThreads,
               "register split exceeds the launch allocation");
 constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
+// Activation loader warps (WG0 warps 1..kLoaderWarps; the rest of WG0 but warp 0 idles). Its own cubin per value.
+#ifndef GLM5_MEGAMOE_LOADER_WARPS
+#define GLM5_MEGAMOE_LOADER_WARPS 3
+#endif
+constexpr int kLoaderWarps = GLM5_MEGAMOE_LOADER_WARPS;
+static_assert(kLoaderWarps >= 1 && kLoaderWarps <= 3, "activation loader warps: WG0 warps 1..3");
 
 // Trace build (GLM5_MEGAMOE_TRACE=1, a separate cubin; glm5_fastpath/moe/megamoe.py trace_run): per CTA and
 // claimed task n < trace_cap, one row of kTraceCols int64 in trace[cta][n][:]:
@@ -275,14 +281,13 @@ struct Smem {
     static constexpr int kOut = kSA + kStages * kBN * 4;               // FC1 output staging [kBN][128] e4m3
     static constexpr int kRed = kOut + kBN * kBK;                      // amax exchange [8 warps][kBN]
     static constexpr int kFlag = kRed + 8 * kBN * 4;                   // combine: last-contributor flags [kBN]
-    static constexpr int kTok = kFlag + kBN * 4;                       // loader scratch: pair codes [kBN]
-    static constexpr int kCode = kTok + kBN * 4;                       // per task slot: pair codes [T][kBN]
+    static constexpr int kCode = kFlag + kBN * 4;                      // per task slot: pair codes [T][kBN]
     static constexpr int kWgt = kCode + kTaskSlots * kBN * 4;          // per task slot: routing weights [T][kBN]
     static constexpr int kMeta = kWgt + kTaskSlots * kBN * 4;          // per task slot: {p0, cnt, blk, 0}
     static constexpr int kDesc = kMeta + kTaskSlots * 16;              // per task slot: descriptor
     static constexpr int kBar = (kDesc + kTaskSlots * 4 + 7) / 8 * 8;  // mbarriers
-    // full[S] (1 TMA arrival + 32 cp.async arrivals + tx), empty[S] (8 math warps),
-    // tfull[T] (producer), tinfo[T] (32 loader lanes), tempty[T] (8 math warps)
+    // full[S] (1 TMA arrival + 32 cp.async arrivals per loader warp + tx), empty[S] (8 math warps),
+    // tfull[T] (producer), tinfo[T] (warp 1's 32 lanes), tempty[T] (the loader warps + 8 math warps)
     static constexpr int kNumBars = 2 * kStages + 3 * kTaskSlots;
     static constexpr int kBytes = kBar + kNumBars * 8;
     static constexpr int kAlloc = kBytes + 1024;  // + slack to round the dynamic smem base up to 1024
@@ -540,12 +545,16 @@ struct MegaMoE {
         }
     }
 
-    // ---- WG0 warp 1: activation loader -----------------------------------------------------------------
+    // ---- WG0 warps 1..kLoaderWarps: activation loaders ----------------------------------------------------
+    // Warp 1 (lw 0) publishes the task's column info (pair codes, routing weights, {p0, cnt, blk}); every
+    // loader warp then gathers its share of the token rows of each stage (row i goes to warp (i / 4) % kLoaderWarps)
+    // with 16-byte cp.async, and each of its lanes arrives on the stage's full barrier once its copies land. One warp
+    // could not keep up from 32-token blocks on: its cp.async issue held the ring (session 9 trace: the weight
+    // producer waited 59 of a 74 us FC1 task for free stages, the loader 8, the math 26 for full stages).
     static GLM5_DEVICE void act_loader(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar,
-                                       const TraceBuf& tr) {
+                                       const TraceBuf& tr, int lw) {
         const uint32_t lane = lane_id();
         const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
-        int32_t* tok = reinterpret_cast<int32_t*>(sm + L::kTok);
         int32_t* meta = reinterpret_cast<int32_t*>(sm + L::kMeta);
         uint32_t it = 0;
         for (int n = 0;; ++n) {
@@ -554,46 +563,55 @@ struct MegaMoE {
             sm90::mbar_wait(bar.tfull(slot), tpar);
             const int32_t desc = desc_ring[slot];
             if (task_is_end(desc)) break;
-            const int e = task_expert(desc), rt = task_rt(desc), b = task_block(desc);
             const bool fc2 = task_fc2(desc);
-            const int p0 = p.expert_off[e] + b * kBN;
-            const int cnt = min(kBN, p.expert_cnt[e] - b * kBN);
-            const int blk = p.blk_base[e] + b;
-            // Column info of this task slot (the math warps read it in their epilogue).
             int32_t* code = reinterpret_cast<int32_t*>(sm + L::kCode) + slot * kBN;
-            float* wgt = reinterpret_cast<float*>(sm + L::kWgt) + slot * kBN;
-            for (int i = lane; i < kBN; i += 32) {
-                const int32_t c = i < cnt ? p.pair_list[p0 + i] : -1;
-                tok[i] = c;
-                code[i] = c;
-                float w = 0.f;
-                if (c >= 0) {
-                    const int tt = c >> 4, jj = c & 15;
-                    w = jj < p.topk ? p.topk_w[static_cast<int64_t>(tt) * p.topk + jj] : p.shared_weight;
+            int p0, cnt, blk;
+            if (lw == 0) {
+                // Column info of this task slot (the math warps read it in their epilogue).
+                const int e = task_expert(desc), b = task_block(desc);
+                p0 = p.expert_off[e] + b * kBN;
+                cnt = min(kBN, p.expert_cnt[e] - b * kBN);
+                blk = p.blk_base[e] + b;
+                float* wgt = reinterpret_cast<float*>(sm + L::kWgt) + slot * kBN;
+                for (int i = lane; i < kBN; i += 32) {
+                    const int32_t c = i < cnt ? p.pair_list[p0 + i] : -1;
+                    code[i] = c;
+                    float w = 0.f;
+                    if (c >= 0) {
+                        const int tt = c >> 4, jj = c & 15;
+                        w = jj < p.topk ? p.topk_w[static_cast<int64_t>(tt) * p.topk + jj] : p.shared_weight;
+                    }
+                    wgt[i] = w;
                 }
-                wgt[i] = w;
+                if (lane == 0) meta[slot * 4 + 0] = p0, meta[slot * 4 + 1] = cnt, meta[slot * 4 + 2] = blk;
+                __syncwarp();
+                sm90::mbar_arrive(bar.tinfo(slot));
+            } else {
+                // the other loader warps read what warp 1 published (the slot stays theirs until they arrive on tempty)
+                sm90::mbar_wait(bar.tinfo(slot), tpar);
+                p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
             }
-            if (lane == 0) meta[slot * 4 + 0] = p0, meta[slot * 4 + 1] = cnt, meta[slot * 4 + 2] = blk;
-            __syncwarp();
-            sm90::mbar_arrive(bar.tinfo(slot));
             if (fc2) {  // FC2 input = FC1 output of this (expert, token block): all kT1 row tiles must be done
                 if (lane == 0) {
                     const int32_t* ctr = p.fc1_done + blk;
                     if (ld_acquire_gpu(ctr) < kT1) {
-                        if constexpr (kTrace) tr.put(n, 1, clock_cycles());
+                        if constexpr (kTrace) {
+                            if (lw == 0) tr.put(n, 1, clock_cycles());
+                        }
                         const long long t0 = clock64();
                         while (ld_acquire_gpu(ctr) < kT1) {
                             __nanosleep(64);
                             if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES) {
 #ifdef GLM5_MEGAMOE_TIMEOUT_PRINTF
-                                printf("glm5 megamoe: fc1_done timeout: block %d expert %d tile %d token-block %d "
-                                       "count %d of %d (cta %d)\n",
-                                       blk, e, rt, b, ld_acquire_gpu(ctr), kT1, blockIdx.x);
+                                printf("glm5 megamoe: fc1_done timeout: block %d token-block %d count %d of %d (cta %d)\n",
+                                       blk, task_block(desc), ld_acquire_gpu(ctr), kT1, blockIdx.x);
 #endif
                                 __trap();
                             }
                         }
-                        if constexpr (kTrace) tr.put(n, 2, clock_cycles());
+                        if constexpr (kTrace) {
+                            if (lw == 0) tr.put(n, 2, clock_cycles());
+                        }
                     }
                 }
                 __syncwarp();
@@ -615,28 +633,27 @@ struct MegaMoE {
                     sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
                 }
                 const uint32_t dst = sbase + L::kA + s * L::kAStage;
-                for (int i = lane >> 3; i < cnt; i += 4) {
+                for (int i = 4 * lw + (lane >> 3); i < cnt; i += 4 * kLoaderWarps) {
                     const uint8_t* src =
                         fc2 ? p.act + static_cast<int64_t>(p0 + i) * kI + kb * kBK + chunk * 16
-                            : p.x + static_cast<int64_t>(tok[i] >> 4) * kH + kb * kBK + chunk * 16;
+                            : p.x + static_cast<int64_t>(code[i] >> 4) * kH + kb * kBK + chunk * 16;
                     ptx::cp_async_16(dst + i * kBK + ((chunk ^ (i & 7)) << 4), src, 16);
                 }
                 const uint32_t sdst = sbase + L::kSA + s * kBN * 4;
                 if (fc2) {  // 4 scales per 16-byte copy (p0 is a multiple of 8, pairs_cap of 4)
-                    for (int q = lane; q < (cnt + 3) / 4; q += 32)
+                    for (int q = 32 * lw + lane; q < (cnt + 3) / 4; q += 32 * kLoaderWarps)
                         ptx::cp_async_16(sdst + q * 16, p.act_scale + static_cast<int64_t>(kb) * p.pairs_cap + p0 + 4 * q,
                                          16);
                 } else {
-                    for (int i = lane; i < cnt; i += 32)
-                        cp_async_4(sdst + i * 4, p.x_scale + static_cast<int64_t>(tok[i] >> 4) * (kH / kBK) + kb);
+                    for (int i = 32 * lw + lane; i < cnt; i += 32 * kLoaderWarps)
+                        cp_async_4(sdst + i * 4, p.x_scale + static_cast<int64_t>(code[i] >> 4) * (kH / kBK) + kb);
                 }
                 sm90::cp_async_16_mbar_arrive(bar.full(s));
             }
             if constexpr (kTrace) {
-                if (lane == 0) tr.put(n, 12, empty_wait);
+                if (lw == 0 && lane == 0) tr.put(n, 12, empty_wait);
             }
-            if (lane == 0) sm90::mbar_arrive(bar.tempty(slot));  // done with this slot's descriptor
-            (void)rt;
+            if (lane == 0) sm90::mbar_arrive(bar.tempty(slot));  // done with this slot's descriptor and column info
         }
     }
 
@@ -653,7 +670,7 @@ struct MegaMoE {
     // Fold one m64 half's temporary into its accumulator: acc += tmp * (x_scale[col] * w_scale[row]), columns < kN.
     // Rows g (d[4j+0..1]) use s_lo, rows g+8 (d[4j+2..3]) use s_hi (FC1: gate / up block scales).
     template <int kN>
-    static GLM5_DEVICE void fold(float (&acc)[kNAcc], float (&tmp)[kNAcc], const float* sa, int t4, float s_lo,
+    static GLM5_DEVICE void fold(float (&acc)[kNAcc], const float (&tmp)[kN / 2], const float* sa, int t4, float s_lo,
                                  float s_hi) {
 #pragma unroll
         for (int j = 0; j < kN / 8; ++j) {
@@ -666,8 +683,7 @@ struct MegaMoE {
     }
 
     template <int kN>
-    static GLM5_DEVICE void issue_half(float (&tmp)[kNAcc], uint32_t a_addr, uint32_t b_addr) {
-        float(&t)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&tmp[0]);  // the first kN / 2 fragment floats
+    static GLM5_DEVICE void issue_half(float (&t)[kN / 2], uint32_t a_addr, uint32_t b_addr) {
 #pragma unroll
         for (int k = 0; k < kBK / 32; ++k)
             sm90::wgmma_m64k32_e4m3<kN>(t, sm90::smem_desc_k128sw(a_addr + 32 * k), sm90::smem_desc_k128sw(b_addr + 32 * k),
@@ -681,7 +697,7 @@ struct MegaMoE {
                                    int t4, const float* s_lo_ptr, const float* s_hi_ptr, float (&acc0)[kNAcc],
                                    float (&acc1)[kNAcc], [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n,
                                    [[maybe_unused]] int mt) {
-        // two temporaries: both halves' wgmma in flight (kBN <= 64: 2 x 32 + 2 x 32 fragment floats)
+        // two temporaries: both halves' wgmma in flight (kN <= 64: 2 x 32 + 2 x 32 fragment floats)
         float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
         [[maybe_unused]] uint32_t full_wait = 0;  // trace build: K-loop stage waits (column 10)
         for (int kb = 0; kb < nk; ++kb, ++it) {
@@ -700,7 +716,7 @@ struct MegaMoE {
             const uint32_t a_addr = sbase + L::kW + s * kStageWBytes + wg * (128 * kBK);
             const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
             const float* sa = reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
-            float tmp0[kNAcc], tmp1[kNAcc];
+            float tmp0[kN / 2], tmp1[kN / 2];
             sm90::wgmma_fence();
             issue_half<kN>(tmp0, a_addr, b_addr);
             sm90::wgmma_commit();
@@ -958,13 +974,13 @@ struct MegaMoE {
         const int warp = threadIdx.x >> 5;
         if (threadIdx.x == 0) {
             for (int s = 0; s < kStages; ++s) {
-                sm90::mbar_init(bar.full(s), 1 + 32);
+                sm90::mbar_init(bar.full(s), 1 + 32 * kLoaderWarps);
                 sm90::mbar_init(bar.empty(s), 8);
             }
             for (int t = 0; t < kTaskSlots; ++t) {
                 sm90::mbar_init(bar.tfull(t), 1);
                 sm90::mbar_init(bar.tinfo(t), 32);
-                sm90::mbar_init(bar.tempty(t), 1 + 8);
+                sm90::mbar_init(bar.tempty(t), kLoaderWarps + 8);
             }
             sm90::fence_barrier_init();
             sm90::tma_prefetch_desc(tm_w13);
@@ -978,8 +994,8 @@ struct MegaMoE {
             sm90::setmaxnreg_dec<kProducerRegs>();
             if (warp == 0) {
                 if (lane_id() == 0) weight_producer(tm_w13, tm_w2, p, sm, sbase, bar, tr);
-            } else if (warp == 1) {
-                act_loader(p, sm, sbase, bar, tr);
+            } else if (warp <= kLoaderWarps) {
+                act_loader(p, sm, sbase, bar, tr, warp - 1);
             }
         } else {
             sm90::setmaxnreg_inc<kMathRegs>();

@@ -167,10 +167,16 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
         variants = [("ours", routed, None), ("ours_shared", shared, None)]  # None: default_config's build
         if getattr(args, "lean_fences", False):  # both fence builds of ours + shared (megamoe.cuh, kLeanFences)
             variants += [("ours_shared_fenced", shared, False), ("ours_shared_lean", shared, True)]
+        # --configs: the routed experts again with each named config (an A/B in the same run, same inputs)
+        variants += [(f"ours@{c}", routed, c) for c in _extra_configs(args)]
         for key, wt, lean in variants:
-            cfg = MM.default_config(m, experts, TOPK, wt.num_shared, torch.cuda.get_device_properties(dev).multi_processor_count)
-            if lean is not None:
-                cfg = dataclasses.replace(cfg, lean_fences=lean)
+            if isinstance(lean, str):
+                cfg = MM.MegaMoEConfig.from_name(lean)
+            else:
+                cfg = MM.default_config(m, experts, TOPK, wt.num_shared,
+                                        torch.cuda.get_device_properties(dev).multi_processor_count)
+                if lean is not None:
+                    cfg = dataclasses.replace(cfg, lean_fences=lean)
             try:
                 MM.precompile(wt, TOPK, max_tokens=m, device=dev, configs=[cfg])
                 t = time_launches(lambda i: MM.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=RSF, config=cfg),
@@ -213,20 +219,24 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
                 traceback.print_exc()
         elif masked_error:
             row["deepgemm_masked"] = {"error": masked_error}
-        if getattr(args, "trace", False):  # where the persistent kernel's time goes (trace build, one launch)
+        # where the persistent kernel's time goes (trace build, one launch): the default config, then each --configs one
+        for cname in ([None] + _extra_configs(args)) if getattr(args, "trace", False) else []:
+            key = "ours_shared_trace" + (f"@{cname}" if cname else "")
             try:
-                cfg = MM.default_config(m, experts, TOPK, 1, torch.cuda.get_device_properties(dev).multi_processor_count)
+                cfg = (MM.MegaMoEConfig.from_name(cname) if cname else
+                       MM.default_config(m, experts, TOPK, 1, torch.cuda.get_device_properties(dev).multi_processor_count))
                 tr = MM.trace_run(x8, xs, ids, wts, shared, config=cfg, routed_scaling_factor=RSF, cap=4096)
-                row["ours_shared_trace"] = tr["summary"]
-                print(f"  M={m:5d} trace: {MM.trace_markdown(tr['summary'])}", flush=True)
+                row[key] = tr["summary"]
+                print(f"  M={m:5d} trace {cfg.name}: {MM.trace_markdown(tr['summary'])}", flush=True)
                 if m <= getattr(args, "trace_save_max_tokens", 0):  # raw rows, trimmed to the used depth
                     used = int((tr["rows"][..., 0] > 0).sum(dim=1).max())
                     d = Path(args.out) / "trace_rows"
                     d.mkdir(parents=True, exist_ok=True)
                     torch.save({"rows": tr["rows"][:, :max(used, 1)].clone(), "columns": MM.TRACE_COLUMNS,
-                                "config": tr["config"], "setting": name, "tokens": m}, d / f"{name}_M{m}.pt")
+                                "config": tr["config"], "setting": name, "tokens": m},
+                               d / f"{name}_M{m}{'_' + cfg.name if cname else ''}.pt")
             except Exception as e:  # noqa: BLE001 - a diagnostic: the timings above stand
-                row["ours_shared_trace"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 traceback.print_exc()
         o, osh, d, dm = (row.get(k, {}).get("median_us")
                          for k in ("ours", "ours_shared", "deepgemm", "deepgemm_masked"))
@@ -248,6 +258,13 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
     raw = routed = shared = dg = None  # free this setting's weights before the next
     torch.cuda.empty_cache()
     return rows
+
+
+def _extra_configs(args) -> list[str]:
+    names = [c.strip() for c in (getattr(args, "configs", None) or "").split(",") if c.strip()]
+    for c in names:
+        MM.MegaMoEConfig.from_name(c).validate()  # a typo fails before any GPU work
+    return names
 
 
 def markdown(result: dict) -> str:
@@ -281,12 +298,25 @@ def markdown(result: dict) -> str:
             lines.append(f"| {name} | {r['tokens']} | {a if a is None else f'{a:.1f}'} | "
                          f"{b if b is None else f'{b:.1f}'} | {f'{a / b:.3f}' if a and b else '-'} |")
         lines.append("")
-    traced = [(name, r) for name, rows in result["settings"].items() for r in rows if r.get("ours_shared_trace")]
+    extra = [(name, r, k) for name, rows in result["settings"].items() for r in rows for k in r if k.startswith("ours@")]
+    if extra:
+        lines += ["## Other configs (routed experts, same inputs and run; bench moe --configs)", "",
+                  "| setting | tokens | config | us | / floor | default config | default us | default / this |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, r, k in extra:
+            v, o = r[k].get("median_us"), r.get("ours", {}).get("median_us")
+            lines.append(f"| {name} | {r['tokens']} | {k[5:]} | " + (f"{v:.1f} | {v / r['floor_us']:.3f}" if v else
+                         f"{r[k].get('error', '-')[:60]} | -") + f" | {r.get('ours', {}).get('config', '-')} | "
+                         + (f"{o:.1f} | {o / v:.3f} |" if v and o else "- | - |"))
+        lines.append("")
+    traced = [(name, r, k) for name, rows in result["settings"].items() for r in rows for k in r
+              if k.startswith("ours_shared_trace")]
     if traced:
         lines += ["## Where the time goes (trace build, ours + shared, one launch each)", ""]
-        for name, r in traced:
-            t = r["ours_shared_trace"]
-            lines.append(f"- ({name}) {r['tokens']} tokens: " + (t["error"] if "error" in t else MM.trace_markdown(t)))
+        for name, r, k in traced:
+            t = r[k]
+            lines.append(f"- ({name}) {r['tokens']} tokens{' ' + k.split('@')[1] if '@' in k else ''}: "
+                         + (t["error"] if "error" in t else MM.trace_markdown(t)))
         lines.append("")
     acts = sorted({r["deepgemm_masked"]["act"] for rows in result["settings"].values() for r in rows
                    if isinstance(r.get("deepgemm_masked"), dict) and r["deepgemm_masked"].get("act")})
@@ -336,6 +366,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--launches", type=int, default=10, help="launches per captured graph")
     ap.add_argument("--replays", type=int, default=10, help="graph replays (median reported)")
     ap.add_argument("--no-deepgemm", action="store_true", help="skip the DeepGEMM baseline")
+    ap.add_argument("--configs", default="",
+                    help="comma list of extra MegaMoE config names (e.g. bn128_lf,bn64_s5_lf) also timed on the routed "
+                         "experts in the same run (columns ours@NAME)")
     ap.add_argument("--trace", action="store_true",
                     help="also run MegaMoE's trace build once per token count: first-stage wait / MMA / epilogue "
                          "shares per FC1 / FC2 task, fc1_done spins, tail (docs/megamoe_large_m.md)")

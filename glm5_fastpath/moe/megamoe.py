@@ -118,7 +118,6 @@ def smem_bytes(block_n: int, stages: int) -> int:
     off += block_n * BK                     # FC1 output staging
     off += 8 * block_n * 4                  # amax exchange
     off += block_n * 4                      # combine flags
-    off += block_n * 4                      # loader scratch
     off += 2 * TASK_SLOTS * block_n * 4     # per-slot pair codes + routing weights
     off += TASK_SLOTS * 16 + TASK_SLOTS * 4  # per-slot meta + descriptors
     off = _cdiv(off, 8) * 8
