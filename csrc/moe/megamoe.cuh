@@ -102,6 +102,9 @@ static_assert(kLoaderWarps >= 1 && kLoaderWarps <= 3, "activation loader warps: 
 //   10 math: cycles waiting for stages 1.. of the K loop (full barrier: weights and activations landed)
 //   11 weight producer: cycles waiting for free stages (empty barrier) while streaming this task
 //   12 activation loader: cycles waiting for free stages (empty barrier) while loading this task
+//   13 / 14 / 15 FC1 epilogue phases (math, clock64): SwiGLU + amax exchanged (first barrier), FP8 quant staged in
+//   shared memory (second barrier), a8 rows stored (before the fc1_done release); split-K tiles stamp them only
+//   on the finisher that runs the epilogue
 //   (which side waits tells whether the K loop is bound by the loads (10 high, 11 / 12 low) or by the math
 //   (10 low, 11 / 12 high); 11 high with 12 low points at the activation loader)
 //   Since the per-task wgmma width (session 9) the math reads the task's column info before its K loop, so
@@ -130,7 +133,7 @@ constexpr bool kTrace = GLM5_MEGAMOE_TRACE != 0;
 #define GLM5_MEGAMOE_LEAN_FENCES 0
 #endif
 constexpr bool kLeanFences = GLM5_MEGAMOE_LEAN_FENCES != 0;
-constexpr int kTraceCols = 13;
+constexpr int kTraceCols = 16;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
     int32_t cap;
@@ -786,7 +789,7 @@ struct MegaMoE {
             if (fc2)
                 epilogue_fc2(p, sm, slot, rt, cnt, wg, w, lane, acc0, acc1);
             else if (!task_split(desc) || split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1))
-                epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1);
+                epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1, tr, n);
             __syncwarp();
             if constexpr (kTrace) {
                 if (mt == 0) tr.put(n, 6, clock_cycles()), tr.put(n, 9, globaltimer_ns());
@@ -835,7 +838,8 @@ struct MegaMoE {
     // FC1: SwiGLU of the (gate, up) row pairs each thread holds, 1x128 FP8 quant of the 128 channels of
     // this tile per token, a8 rows + scales to global, then fc1_done += 1.
     static GLM5_DEVICE void epilogue_fc1(const Params& p, uint8_t* sm, uint32_t sbase, int rt, int p0, int cnt, int blk,
-                                         int wg, int w, int lane, float (&acc0)[kNAcc], float (&acc1)[kNAcc]) {
+                                         int wg, int w, int lane, float (&acc0)[kNAcc], float (&acc1)[kNAcc],
+                                         [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n) {
         const int g8 = lane >> 2, t4 = lane & 3;
         const int mt = threadIdx.x - 128;
         float* red = reinterpret_cast<float*>(sm + L::kRed);
@@ -858,6 +862,9 @@ struct MegaMoE {
             }
         }
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 13, clock_cycles());
+        }
         // Channel of this thread's rows inside the tile's 128: 64 wg + 32 half + 8 w + g.
         const uint32_t out_s = sbase + L::kOut;
         const int c0 = 64 * wg + 8 * w + g8;
@@ -879,6 +886,9 @@ struct MegaMoE {
             }
         }
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 14, clock_cycles());
+        }
         for (int i = mt; i < cnt * (kBK / 16); i += kMathThreads) {
             const int row = i >> 3, c = i & 7;
             uint32_t a, b, c2, d;
@@ -887,6 +897,9 @@ struct MegaMoE {
         }
         handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 15, clock_cycles());
+        }
         if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
     }
 
@@ -942,16 +955,28 @@ struct MegaMoE {
             handoff_fence();
             const int t = code[col] >> 4;
             const int64_t base = static_cast<int64_t>(t) * S * kH + rt * kTileRows + lane * 8;
+            // The slot loads go out 4 at a time (8 spill the bn64 build), then are summed in slot order. A loop over the
+            // runtime S issued one L2 round trip per slot: ~9 in a row per combined token, most of FC2's epilogue at
+            // 128+ tokens (session-10 trace).
             float sum[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) sum[i] = 0.f;
-            for (int j = 0; j < S; ++j) {
-                uint32_t v[4];
-                ptx::ld_cg_v4(p.slots + base + static_cast<int64_t>(j) * kH, v[0], v[1], v[2], v[3]);
+            for (int j0 = 0; j0 < S; j0 += 4) {
+                uint32_t v[4][4];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    sum[2 * i] += ptx::bf16lo_to_f32(v[i]);
-                    sum[2 * i + 1] += ptx::bf16hi_to_f32(v[i]);
+                for (int jj = 0; jj < 4; ++jj)
+                    if (j0 + jj < S)
+                        ptx::ld_cg_v4(p.slots + base + static_cast<int64_t>(j0 + jj) * kH, v[jj][0], v[jj][1], v[jj][2],
+                                      v[jj][3]);
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    if (j0 + jj < S) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            sum[2 * i] += ptx::bf16lo_to_f32(v[jj][i]);
+                            sum[2 * i + 1] += ptx::bf16hi_to_f32(v[jj][i]);
+                        }
+                    }
                 }
             }
             ptx::u32x4 o;

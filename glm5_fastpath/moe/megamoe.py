@@ -769,10 +769,10 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
 # ---- trace build (diagnostics: where the persistent kernel's time goes) ------------------------------------
 
 TRACE_FUNCTION = "glm5_megamoe_trace"
-TRACE_COLS = 13  # megamoe.cuh kTraceCols
+TRACE_COLS = 16  # megamoe.cuh kTraceCols
 TRACE_COLUMNS = ("claim_ns", "spin_start_clk", "spin_end_clk", "math_start_clk", "first_stage_clk", "mma_done_clk",
                  "epi_done_clk", "desc", "math_start_ns", "epi_done_ns", "math_stage_wait_clk", "producer_empty_wait_clk",
-                 "loader_empty_wait_clk")
+                 "loader_empty_wait_clk", "fc1_epi_amax_clk", "fc1_epi_quant_clk", "fc1_epi_stored_clk")
 DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed task to calibrate against
 
 
@@ -869,6 +869,13 @@ def summarize_trace(rows: torch.Tensor) -> dict[str, Any]:
             d["producer_wait_us"] = float(r[..., 11][sel].sum()) * to_us
             d["loader_wait_us"] = float(r[..., 12][sel].sum()) * to_us
             d["epi_us"] = float((r[..., 6] - r[..., 5])[sel & (r[..., 5] > 0)].sum()) * to_us
+            if name == "fc1" and r.shape[-1] > 15:  # the FC1 epilogue's phases (tasks that ran it: column 15 set)
+                ph = sel & (r[..., 5] > 0) & (r[..., 13] > 0) & (r[..., 14] > 0) & (r[..., 15] > 0)
+                d["epi_phase_tasks"] = int(ph.sum())
+                d["epi_amax_us"] = float((r[..., 13] - r[..., 5])[ph].sum()) * to_us  # incl. a split-K exchange
+                d["epi_quant_us"] = float((r[..., 14] - r[..., 13])[ph].sum()) * to_us
+                d["epi_store_us"] = float((r[..., 15] - r[..., 14])[ph].sum()) * to_us
+                d["epi_release_us"] = float((r[..., 6] - r[..., 15])[ph].sum()) * to_us
             spun = sel & (r[..., 1] > 0) & (r[..., 2] > 0)
             d["spin_us"] = float((r[..., 2] - r[..., 1])[spun].sum()) * to_us
             d["spun_tasks"] = int(spun.sum())
@@ -901,6 +908,9 @@ def trace_markdown(summary: dict[str, Any]) -> str:
                             f"weight producer {d['producer_wait_us']:.1f} us, activation loader {d['loader_wait_us']:.1f} us)"
                             if "mma_stage_wait_us" in d else "")
                          + (f", fc1_done spin {d['spin_us']:.1f} us over {d['spun_tasks']} tasks" if k == "fc2" else "")
+                         + (f", epilogue per task: SwiGLU + amax {d['epi_amax_us'] / d['epi_phase_tasks']:.2f} us, quant "
+                            f"{d['epi_quant_us'] / d['epi_phase_tasks']:.2f}, a8 stores {d['epi_store_us'] / d['epi_phase_tasks']:.2f}, "
+                            f"release {d['epi_release_us'] / d['epi_phase_tasks']:.2f}" if d.get("epi_phase_tasks") else "")
                          + (f", math idle between tasks {d['gap_us']:.1f} us, claimed {d['claim_lead_us'] / d['tasks']:.1f} us "
                             "ahead of the math on average" if "gap_us" in d else ""))
     return "; ".join(parts)

@@ -12,7 +12,8 @@ def _rows():
     fc1, fc2 = M.encode_task(0, 1, 0, 0), M.encode_task(1, 1, 0, 0)
 
     def row(c, n, claim, ms, fs, md, ed, desc, ss=0, se=0, sw=0, pw=0, lw=0):  # ns; clock stamps at 2 cycles / ns
-        r[c, n] = torch.tensor([claim, 2 * ss, 2 * se, 2 * ms, 2 * fs, 2 * md, 2 * ed, desc, ms, ed, 2 * sw, 2 * pw, 2 * lw])
+        vals = [claim, 2 * ss, 2 * se, 2 * ms, 2 * fs, 2 * md, 2 * ed, desc, ms, ed, 2 * sw, 2 * pw, 2 * lw]
+        r[c, n] = torch.tensor(vals + [0] * (M.TRACE_COLS - len(vals)))  # FC1 epilogue phases unstamped
     row(0, 0, 1000, 1100, 2100, 5100, 5600, fc1)
     row(0, 1, 1200, 5600, 6600, 8600, 9100, fc2, ss=5000, se=6000)
     row(1, 0, 1050, 1150, 1650, 4650, 5150, fc1)

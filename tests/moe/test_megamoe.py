@@ -265,7 +265,7 @@ def test_python_mirrors_match_cpp(nvcc_jit):
     consts = {"kThreads": M.THREADS, "kPlanThreads": M.PLAN_THREADS, "kTileRows": M.TILE_ROWS, "kBK": M.BK,
               "kTaskSlots": M.TASK_SLOTS, "kMaxExperts": M.MAX_EXPERTS, "kMaxSlots": M.MAX_SLOTS,
               "kPairAlign": M.PAIR_ALIGN, "kFlagFc1Only": M.FLAG_FC1_ONLY, "kFlagNoCombine": M.FLAG_NO_COMBINE,
-              "kTaskEnd": M.TASK_END}
+              "kTaskEnd": M.TASK_END, "kTraceCols": M.TRACE_COLS}
     lines += [f"static_assert(mm::{k} == {v}, \"{k}\");" for k, v in consts.items()]
     # The kernel's end-of-list test rejects every descriptor a plan can hold (FC2 ones are negative int32).
     ids, _ = routing(3, 32, 8, seed=4)
@@ -854,21 +854,25 @@ def test_trace_summary_from_synthetic_rows():
     r = torch.zeros(2, 4, M.TRACE_COLS, dtype=torch.int64)
     fc1, fc2 = M.encode_task(0, 1, 0, 0), M.encode_task(1, 1, 0, 0)
 
-    def row(c, n, claim, ms, fs, md, ed, desc, ss=0, se=0, sw=0, pw=0, lw=0):  # ns; clock stamps at 2 cycles / ns
-        r[c, n] = torch.tensor([claim, 2 * ss, 2 * se, 2 * ms, 2 * fs, 2 * md, 2 * ed, desc, ms, ed, 2 * sw, 2 * pw, 2 * lw])
-    row(0, 0, 1000, 1100, 2100, 5100, 5600, fc1, sw=500, pw=100, lw=50)
+    def row(c, n, claim, ms, fs, md, ed, desc, ss=0, se=0, sw=0, pw=0, lw=0, ph=(0, 0, 0)):  # ns; clocks: 2 cycles / ns
+        r[c, n] = torch.tensor([claim, 2 * ss, 2 * se, 2 * ms, 2 * fs, 2 * md, 2 * ed, desc, ms, ed, 2 * sw, 2 * pw, 2 * lw]
+                               + [2 * x for x in ph])
+    row(0, 0, 1000, 1100, 2100, 5100, 5600, fc1, sw=500, pw=100, lw=50, ph=(5200, 5350, 5500))
     row(0, 1, 1200, 5600, 6600, 8600, 9100, fc2, ss=5000, se=6000)
     row(1, 0, 1050, 1150, 1650, 4650, 5150, fc1)
     r[1, 1, 0], r[1, 1, 7] = 1300, fc2  # claimed, never finished: not a task row
     s = M.summarize_trace(r)
     r2 = r.clone()
-    r2[1, 1] = torch.tensor([1300, 0, 0, 2 * 5650, 2 * 6150, 2 * 7150, 2 * 7650, fc2, 5650, 7650, 0, 0, 0])
+    r2[1, 1] = torch.tensor([1300, 0, 0, 2 * 5650, 2 * 6150, 2 * 7150, 2 * 7650, fc2, 5650, 7650, 0, 0, 0, 0, 0, 0])
     assert M.summarize_trace(r2)["fc2"]["gap_us"] == pytest.approx(0.5)  # CTA 1 idle 5150 -> 5650 ns
     assert s["tasks"] == 3 and s["span_us"] == pytest.approx(8.1) and s["sm_ghz"] == pytest.approx(2.0)
     assert s["fc1"] == {"tasks": 2, "wait_us": pytest.approx(1.5), "mma_us": pytest.approx(6.0),
                         "epi_us": pytest.approx(1.0), "spin_us": 0.0, "spun_tasks": 0,
                         "claim_lead_us": pytest.approx(0.2), "gap_us": 0.0, "mma_stage_wait_us": pytest.approx(0.5),
-                        "producer_wait_us": pytest.approx(0.1), "loader_wait_us": pytest.approx(0.05)}
+                        "producer_wait_us": pytest.approx(0.1), "loader_wait_us": pytest.approx(0.05),
+                        # the FC1 epilogue phases: only the task that stamped them (CTA 0's)
+                        "epi_phase_tasks": 1, "epi_amax_us": pytest.approx(0.1), "epi_quant_us": pytest.approx(0.15),
+                        "epi_store_us": pytest.approx(0.15), "epi_release_us": pytest.approx(0.1)}
     assert s["fc2"]["claim_lead_us"] == pytest.approx(4.4) and s["fc2"]["gap_us"] == 0.0  # back to back
     assert s["fc2"]["spin_us"] == pytest.approx(1.0) and s["fc2"]["spun_tasks"] == 1
     assert s["math_busy_share"] == pytest.approx(12.0 / (8.1 * 2))
@@ -876,6 +880,7 @@ def test_trace_summary_from_synthetic_rows():
     md = M.trace_markdown(s)
     assert "FC1 2 tasks" in md and "fc1_done spin 1.0 us over 1 tasks" in md
     assert "of which waiting for stages 6 %" in md and "weight producer 0.1 us, activation loader 0.1 us" in md
+    assert "SwiGLU + amax 0.10 us, quant 0.15, a8 stores 0.15, release 0.10" in md
     assert M.summarize_trace(torch.zeros(1, 2, M.TRACE_COLS, dtype=torch.int64)) == {"tasks": 0}
     zero = dict(s, fc1={"tasks": 1, "wait_us": 0.0, "mma_us": 0.0, "epi_us": 0.0, "spin_us": 0.0, "spun_tasks": 0})
     assert "FC1 1 tasks: first-stage wait 0 %" in M.trace_markdown(zero)  # no ZeroDivisionError
