@@ -268,6 +268,24 @@ GLM5_DEVICE float round_bf16(float x) {
 
 GLM5_DEVICE uint32_t lane_id() { return threadIdx.x & 31u; }
 
+// a / b rounded to nearest for b > 0 without the division's range check: the reciprocal + Newton step + residual
+// correction that nvcc's IEEE division runs when its check (FCHK) passes (MUFU.RCP, five FFMAs), and a == 0 -> a.
+// The check branches to a slow-path call, which keeps the compiler from overlapping consecutive divisions: the FC1
+// epilogue's 3 x 16 divisions per thread ran one after the other (session-10 trace: ~3-6 us of a 7-12 us epilogue).
+// Exact (the same bits as a / b) when div_rn_fast_ok(a, b): b and a (unless 0) inside [2^-60, 2^60], so the
+// reciprocal, the quotient and the residual stay normal. Callers test the whole warp and otherwise divide.
+GLM5_DEVICE float div_rn_nocheck(float a, float b) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+    r = fmaf(r, fmaf(-b, r, 1.0f), r);
+    const float q = fmaf(a, r, 0.0f);
+    return a == 0.0f ? a : fmaf(r, fmaf(-b, q, a), q);
+}
+GLM5_DEVICE bool div_rn_fast_ok(float a, float b) {
+    const float aa = fabsf(a);
+    return b >= 0x1p-60f && b <= 0x1p60f && (a == 0.0f || (aa >= 0x1p-60f && aa <= 0x1p60f));
+}
+
 // A per-thread fence.gpu on a cross-CTA hand-off, except in the lean-fences build (kLeanFences above).
 GLM5_DEVICE void handoff_fence() {
     if constexpr (!kLeanFences) __threadfence();
@@ -843,17 +861,43 @@ struct MegaMoE {
         const int g8 = lane >> 2, t4 = lane & 3;
         const int mt = threadIdx.x - 128;
         float* red = reinterpret_cast<float*>(sm + L::kRed);
-        // a = bf16(silu(bf16(g)) * bf16(u)); kept in the gate registers.
+        // a = bf16(silu(bf16(g)) * bf16(u)) = bf16(bf16(g) / (1 + exp(-bf16(g))) * bf16(u)); kept in the gate registers.
+        // The divisions skip nvcc's range check when every lane's operands are in range (div_rn_fast_ok; a gate
+        // g >= -41 keeps 1 + exp(-g) <= 2^60): the same bits, without a branch around each division.
+        bool fast = true;
+#pragma unroll
+        for (int i = 0; i < kNAcc; i += 4) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const float g0 = round_bf16(acc0[i + q]), g1 = round_bf16(acc1[i + q]);
+                fast &= g0 >= -41.0f && div_rn_fast_ok(g0, 1.0f) && g1 >= -41.0f && div_rn_fast_ok(g1, 1.0f);
+            }
+        }
+        auto act_fast = [](float& dg, float du) {
+            const float gv = round_bf16(dg), uv = round_bf16(du);
+            dg = round_bf16(div_rn_nocheck(gv, 1.0f + expf(-gv)) * uv);
+        };
         auto act = [](float& dg, float du) {
             const float gv = round_bf16(dg), uv = round_bf16(du);
             dg = round_bf16(gv / (1.0f + expf(-gv)) * uv);
         };
+        if (__all_sync(0xffffffffu, fast)) {
+#pragma unroll
+            for (int i = 0; i < kNAcc; i += 4) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q) act_fast(acc0[i + q], acc0[i + 2 + q]), act_fast(acc1[i + q], acc1[i + 2 + q]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < kNAcc; i += 4) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q) act(acc0[i + q], acc0[i + 2 + q]), act(acc1[i + q], acc1[i + 2 + q]);
+            }
+        }
 #pragma unroll
         for (int j = 0; j < kNJ; ++j) {
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
-                act(acc0[4 * j + q], acc0[4 * j + 2 + q]);
-                act(acc1[4 * j + q], acc1[4 * j + 2 + q]);
                 float m = fmaxf(fabsf(acc0[4 * j + q]), fabsf(acc1[4 * j + q]));
                 m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
                 m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
@@ -868,23 +912,35 @@ struct MegaMoE {
         // Channel of this thread's rows inside the tile's 128: 64 wg + 32 half + 8 w + g.
         const uint32_t out_s = sbase + L::kOut;
         const int c0 = 64 * wg + 8 * w + g8;
+        // sc = max(amax, 1e-10) / 448 is always in range (>= 2^-42); a / sc needs every value of the warp in range.
+        bool qfast = true;
 #pragma unroll
-        for (int j = 0; j < kNJ; ++j) {
+        for (int i = 0; i < kNAcc; i += 4) {
 #pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                const int col = 8 * j + 2 * t4 + q;
-                float amax = red[col];
-#pragma unroll
-                for (int r = 1; r < 8; ++r) amax = fmaxf(amax, red[r * kBN + col]);
-                const float sc = __fdiv_rn(fmaxf(amax, 1e-10f), 448.0f);
-                const uint16_t q2 =
-                    ptx::f32x2_to_e4m3x2_satfinite(__fdiv_rn(acc0[4 * j + q], sc), __fdiv_rn(acc1[4 * j + q], sc));
-                st_shared_u8(out_s + col * kBK + c0, q2 & 0xffu);
-                st_shared_u8(out_s + col * kBK + c0 + 32, q2 >> 8);
-                if (mt < 4 && col < cnt)  // wg 0, warp 0, g 0: one writer per column
-                    p.act_scale[static_cast<int64_t>(rt) * p.pairs_cap + p0 + col] = sc;
-            }
+            for (int q = 0; q < 2; ++q) qfast &= div_rn_fast_ok(acc0[i + q], 1.0f) && div_rn_fast_ok(acc1[i + q], 1.0f);
         }
+        auto quant = [&](auto div) {
+#pragma unroll
+            for (int j = 0; j < kNJ; ++j) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {
+                    const int col = 8 * j + 2 * t4 + q;
+                    float amax = red[col];
+#pragma unroll
+                    for (int r = 1; r < 8; ++r) amax = fmaxf(amax, red[r * kBN + col]);
+                    const float sc = div(fmaxf(amax, 1e-10f), 448.0f);
+                    const uint16_t q2 = ptx::f32x2_to_e4m3x2_satfinite(div(acc0[4 * j + q], sc), div(acc1[4 * j + q], sc));
+                    st_shared_u8(out_s + col * kBK + c0, q2 & 0xffu);
+                    st_shared_u8(out_s + col * kBK + c0 + 32, q2 >> 8);
+                    if (mt < 4 && col < cnt)  // wg 0, warp 0, g 0: one writer per column
+                        p.act_scale[static_cast<int64_t>(rt) * p.pairs_cap + p0 + col] = sc;
+                }
+            }
+        };
+        if (__all_sync(0xffffffffu, qfast))
+            quant([](float a, float b) { return div_rn_nocheck(a, b); });
+        else
+            quant([](float a, float b) { return __fdiv_rn(a, b); });
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 14, clock_cycles());
