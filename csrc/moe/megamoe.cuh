@@ -104,7 +104,8 @@ static_assert(kLoaderWarps >= 1 && kLoaderWarps <= 3, "activation loader warps: 
 //   12 activation loader: cycles waiting for free stages (empty barrier) while loading this task
 //   13 / 14 / 15 FC1 epilogue phases (math, clock64): SwiGLU + amax exchanged (first barrier), FP8 quant staged in
 //   shared memory (second barrier), a8 rows stored (before the fc1_done release); split-K tiles stamp them only
-//   on the finisher that runs the epilogue
+//   on the finisher that runs the epilogue. FC2 tasks: slot values stored (this thread's stores issued), combine
+//   counters counted (after the barrier that follows the atomics), 15 unused (the combine ends at column 6)
 //   (which side waits tells whether the K loop is bound by the loads (10 high, 11 / 12 low) or by the math
 //   (10 low, 11 / 12 high); 11 high with 12 low points at the activation loader)
 //   Since the per-task wgmma width (session 9) the math reads the task's column info before its K loop, so
@@ -805,7 +806,7 @@ struct MegaMoE {
                 default: __trap();  // mma_width returns one of the cases
             }
             if (fc2)
-                epilogue_fc2(p, sm, slot, rt, cnt, wg, w, lane, acc0, acc1);
+                epilogue_fc2(p, sm, slot, rt, cnt, wg, w, lane, acc0, acc1, tr, n);
             else if (!task_split(desc) || split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1))
                 epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1, tr, n);
             __syncwarp();
@@ -919,6 +920,10 @@ struct MegaMoE {
 #pragma unroll
             for (int q = 0; q < 2; ++q) qfast &= div_rn_fast_ok(acc0[i + q], 1.0f) && div_rn_fast_ok(acc1[i + q], 1.0f);
         }
+        // All columns' scales and FP8 pairs first, then the stores: the byte stores are asm volatile (memory clobber),
+        // so interleaved with the amax loads they serialised the 2 x kNJ columns (~3 us per task, session-10 trace).
+        uint32_t q2s[2 * kNJ];
+        float scs[2 * kNJ];
         auto quant = [&](auto div) {
 #pragma unroll
             for (int j = 0; j < kNJ; ++j) {
@@ -929,11 +934,8 @@ struct MegaMoE {
 #pragma unroll
                     for (int r = 1; r < 8; ++r) amax = fmaxf(amax, red[r * kBN + col]);
                     const float sc = div(fmaxf(amax, 1e-10f), 448.0f);
-                    const uint16_t q2 = ptx::f32x2_to_e4m3x2_satfinite(div(acc0[4 * j + q], sc), div(acc1[4 * j + q], sc));
-                    st_shared_u8(out_s + col * kBK + c0, q2 & 0xffu);
-                    st_shared_u8(out_s + col * kBK + c0 + 32, q2 >> 8);
-                    if (mt < 4 && col < cnt)  // wg 0, warp 0, g 0: one writer per column
-                        p.act_scale[static_cast<int64_t>(rt) * p.pairs_cap + p0 + col] = sc;
+                    scs[2 * j + q] = sc;
+                    q2s[2 * j + q] = ptx::f32x2_to_e4m3x2_satfinite(div(acc0[4 * j + q], sc), div(acc1[4 * j + q], sc));
                 }
             }
         };
@@ -941,6 +943,17 @@ struct MegaMoE {
             quant([](float a, float b) { return div_rn_nocheck(a, b); });
         else
             quant([](float a, float b) { return __fdiv_rn(a, b); });
+#pragma unroll
+        for (int j = 0; j < kNJ; ++j) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int col = 8 * j + 2 * t4 + q;
+                st_shared_u8(out_s + col * kBK + c0, q2s[2 * j + q] & 0xffu);
+                st_shared_u8(out_s + col * kBK + c0 + 32, q2s[2 * j + q] >> 8);
+                if (mt < 4 && col < cnt)  // wg 0, warp 0, g 0: one writer per column
+                    p.act_scale[static_cast<int64_t>(rt) * p.pairs_cap + p0 + col] = scs[2 * j + q];
+            }
+        }
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 14, clock_cycles());
@@ -962,7 +975,8 @@ struct MegaMoE {
     // FC2: y = bf16(acc * w) into the slot buffer (pairs of channels per 4-byte store), then the last of
     // the S contributors of (token, rt) sums the S slots in slot order into out.
     static GLM5_DEVICE void epilogue_fc2(const Params& p, uint8_t* sm, int slot, int rt, int cnt, int wg, int w,
-                                         int lane, float (&acc0)[kNAcc], float (&acc1)[kNAcc]) {
+                                         int lane, float (&acc0)[kNAcc], float (&acc1)[kNAcc],
+                                         [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n) {
         const int g8 = lane >> 2, t4 = lane & 3;
         const int mt = threadIdx.x - 128;
         const int32_t* code = reinterpret_cast<const int32_t*>(sm + L::kCode) + slot * kBN;
@@ -970,11 +984,21 @@ struct MegaMoE {
         int32_t* flag = reinterpret_cast<int32_t*>(sm + L::kFlag);
         const int S = p.num_slots;
         const bool even = (g8 & 1) == 0;
+        // Routing weights and pair codes of this thread's columns, loaded before the first store: the stores are asm
+        // volatile (memory clobber), so loads inside the store loop waited for the previous store's issue.
+        float w0s[kNJ], w1s[kNJ];
+        int32_t codes[kNJ];
+#pragma unroll
+        for (int j = 0; j < kNJ; ++j) {
+            const int col0 = 8 * j + 2 * t4;
+            w0s[j] = wgt[col0], w1s[j] = wgt[col0 + 1];
+            codes[j] = code[even ? col0 : col0 + 1];  // -1 past cnt (the loader's fill)
+        }
         auto store_half = [&](float (&acc)[kNAcc], int half) {
 #pragma unroll
             for (int j = 0; j < kNJ; ++j) {
                 const int col0 = 8 * j + 2 * t4;
-                const float w0 = wgt[col0], w1 = wgt[col0 + 1];
+                const float w0 = w0s[j], w1 = w1s[j];
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const float v0 = acc[4 * j + 2 * r] * w0, v1 = acc[4 * j + 2 * r + 1] * w1;
@@ -983,7 +1007,7 @@ struct MegaMoE {
                     const float lo = even ? v0 : recv, hi = even ? recv : v1;
                     const int ch = 128 * wg + 64 * half + 16 * w + 8 * r + (g8 & ~1);  // even channel of the pair
                     if (col < cnt) {
-                        const int32_t c = code[col];
+                        const int32_t c = codes[j];
                         uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kTileRows + ch;
                         st_global_u32(dst, ptx::f32x2_to_bf16x2_rn(lo, hi));
                     }
@@ -992,6 +1016,9 @@ struct MegaMoE {
         };
         store_half(acc0, 0);
         store_half(acc1, 1);
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 13, clock_cycles());
+        }
         if (p.flags & kFlagNoCombine) return;  // diagnostics: slot values only (uniform branch)
         handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
@@ -1004,6 +1031,9 @@ struct MegaMoE {
             flag[mt] = last;
         }
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 14, clock_cycles());
+        }
         // One warp per finished token: lane owns 8 consecutive channels of the 256.
         const int mw = mt >> 5;
         for (int col = mw; col < cnt; col += kMathThreads / 32) {

@@ -876,6 +876,12 @@ def summarize_trace(rows: torch.Tensor) -> dict[str, Any]:
                 d["epi_quant_us"] = float((r[..., 14] - r[..., 13])[ph].sum()) * to_us
                 d["epi_store_us"] = float((r[..., 15] - r[..., 14])[ph].sum()) * to_us
                 d["epi_release_us"] = float((r[..., 6] - r[..., 15])[ph].sum()) * to_us
+            if name == "fc2" and r.shape[-1] > 14:  # the FC2 epilogue's phases (combining launches: column 14 set)
+                ph = sel & (r[..., 5] > 0) & (r[..., 13] > 0) & (r[..., 14] > 0)
+                d["epi_phase_tasks"] = int(ph.sum())
+                d["epi_slots_us"] = float((r[..., 13] - r[..., 5])[ph].sum()) * to_us
+                d["epi_counters_us"] = float((r[..., 14] - r[..., 13])[ph].sum()) * to_us
+                d["epi_combine_us"] = float((r[..., 6] - r[..., 14])[ph].sum()) * to_us
             spun = sel & (r[..., 1] > 0) & (r[..., 2] > 0)
             d["spin_us"] = float((r[..., 2] - r[..., 1])[spun].sum()) * to_us
             d["spun_tasks"] = int(spun.sum())
@@ -910,7 +916,10 @@ def trace_markdown(summary: dict[str, Any]) -> str:
                          + (f", fc1_done spin {d['spin_us']:.1f} us over {d['spun_tasks']} tasks" if k == "fc2" else "")
                          + (f", epilogue per task: SwiGLU + amax {d['epi_amax_us'] / d['epi_phase_tasks']:.2f} us, quant "
                             f"{d['epi_quant_us'] / d['epi_phase_tasks']:.2f}, a8 stores {d['epi_store_us'] / d['epi_phase_tasks']:.2f}, "
-                            f"release {d['epi_release_us'] / d['epi_phase_tasks']:.2f}" if d.get("epi_phase_tasks") else "")
+                            f"release {d['epi_release_us'] / d['epi_phase_tasks']:.2f}" if d.get("epi_phase_tasks") and k == "fc1" else "")
+                         + (f", epilogue per task: slot stores {d['epi_slots_us'] / d['epi_phase_tasks']:.2f} us, combine "
+                            f"counters {d['epi_counters_us'] / d['epi_phase_tasks']:.2f}, combine "
+                            f"{d['epi_combine_us'] / d['epi_phase_tasks']:.2f}" if d.get("epi_phase_tasks") and k == "fc2" else "")
                          + (f", math idle between tasks {d['gap_us']:.1f} us, claimed {d['claim_lead_us'] / d['tasks']:.1f} us "
                             "ahead of the math on average" if "gap_us" in d else ""))
     return "; ".join(parts)
