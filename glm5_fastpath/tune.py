@@ -116,12 +116,12 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
     """At most n MegaMoE configs for a bucket of m tokens, best guess first:
 
     1. the default config (megamoe.default_config: the smallest block_n holding the expected largest
-       expert, the shared expert included; deepest stages; split_waves 4);
-    2. its split twin (split_waves 0), only when the FC1 K split actually differs between the two for this
+       expert, the shared expert included; deepest stages; split-K FC1 tiles at 1 token only);
+    2. its split twin (split_waves flipped), only when the FC1 K split actually differs between the two for this
        routing (`counts`, else the expected routing): otherwise the twin runs the same schedule;
     3. the other block_n in BLOCK_NS that hold the expected routed load (megamoe.expected_max_load: the
        shared expert may span several token blocks), nearest to the default's block_n first (ties: the
-       larger), each with the deepest stages and split_waves 4;
+       larger), each with the deepest stages and the default's split_waves;
     4. the split twins of those, under the same rule as 2.
     Only block_n <= SPLIT_MAX_BN splits at all, so larger blocks never get a twin.
     """

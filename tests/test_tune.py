@@ -92,7 +92,8 @@ def test_moe_candidates_valid_bounded_default_first():
             for c in cands:
                 assert c.validate() is c and c.stages == MM.max_stages(c.block_n)
                 assert c.block_n == default.block_n or c.block_n >= load  # holds the expected routed load
-                assert c.split_waves in (0, 4) and (c.split_waves == 4 or c.block_n <= MM.SPLIT_MAX_BN)
+                # the default's split setting, or its flipped twin (only blocks that can split at all)
+                assert c.split_waves in (0, 4) and (c.split_waves == default.split_waves or c.block_n <= MM.SPLIT_MAX_BN)
                 assert MM.MegaMoEConfig.from_name(c.name) == c  # the table's "megamoe:<name>" round-trips
     with pytest.raises(ValueError, match="moe-candidates"):
         tune.moe_candidates(16, 0)
@@ -107,9 +108,10 @@ def test_moe_candidates_split_twin_only_where_the_split_differs():
     assert not tune.fc1_split(MM.MegaMoEConfig(32, 6), one, 1)  # only block_n <= 16 splits
     assert [c.name for c in tune.moe_candidates(1, 4, counts=one)] == [
         "bn8_s6_g512_w4_lf", "bn8_s6_g512_w0_lf", "bn16_s6_g512_w4_lf", "bn32_s6_g512_w4_lf"]
-    # M=16: ~100 token blocks x 16 FC1 tiles > 4 waves of 132 SMs: no split either way, no twin
+    # M=16: ~100 token blocks x 16 FC1 tiles > 4 waves of 132 SMs: no split either way, no twin (the default does
+    # not split from 2 tokens on)
     cands = tune.moe_candidates(16, 4)
-    assert all(c.split_waves == 4 for c in cands) and cands[0].block_n == 16
+    assert all(c.split_waves == 0 for c in cands) and cands[0].block_n == 16
     assert {c.block_n for c in cands} == {8, 16, 32, 64}
     # a larger bucket: only the block sizes that hold the expected routed load
     assert all(c.block_n >= 32 for c in tune.moe_candidates(256, 4))

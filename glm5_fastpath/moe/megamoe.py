@@ -227,8 +227,11 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
     Token block: the smallest of 8/16/32/64 that holds the expected largest expert (the shared
     expert holds every token), so each weight tile is streamed from HBM once per call; capped at 64
     (128 spills, see the .cuh), and at 32 up to 128 tokens when only the shared expert needs more (measured faster, see below). Decode is weight-bandwidth bound, so MMA padding is free there.
-    Stages: the deepest ring that fits. Group size: one group (all FC1 tasks first); split-K FC1
-    tiles below 4 waves of FC1 tiles. The lean-fences build (MegaMoEConfig.lean_fences: measured bitwise equal and
+    Stages: the deepest ring that fits. Group size: one group (all FC1 tasks first). Split-K FC1 tiles
+    (below 4 waves of FC1 tiles) at 1 token only: from 2 tokens whole-K tiles measured as fast or faster (H200,
+    2026-11-30, session 10, routed experts, same run: (a) 2 / 4 / 8 / 16 tokens 141.9 / 200.1 / 253.2 / 280.8 us
+    whole-K against 142.8 / 203.6 / 258.0 / 294.3 split; (b) 2 / 4: 150.2 / 253.7 against 152.7 / 257.7; at 1 token
+    split stays ahead, 81.1 against 84.1). The lean-fences build (MegaMoEConfig.lean_fences: measured bitwise equal and
     0.5-3 % faster).
     """
     if num_tokens < 1:
@@ -245,7 +248,7 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
         # stream twice, and that setting measured 1.53x its floor with bn32 (H200, 2026-11-30, session 6;
         # bn64 there not yet measured). 256 tokens was not measured: it keeps the block that holds every token.
         bn = min(bn, 32)
-    return MegaMoEConfig(bn, max_stages(bn), lean_fences=True).validate()
+    return MegaMoEConfig(bn, max_stages(bn), split_waves=4 if num_tokens == 1 else 0, lean_fences=True).validate()
 
 
 # ---- weights ------------------------------------------------------------------------------------------
