@@ -337,11 +337,14 @@ def test_variant_configs():
 
     from glm5_fastpath.ops import fp8_gemm as F
 
-    big = F.config_for(1, 6144, 16384, F.EPI_PLAIN, 132, "wgmma")
+    big = F.config_for(128, 6144, 16384, F.EPI_PLAIN, 132, "wgmma")  # M = 128: the heuristic's multi-wave split-K
     assert not big.persist and B.variant_config("persist", big) == dataclasses.replace(big, persist=132)
+    # the tuned M = 1 entry: 2 splits with the cluster reduce, 96 units, one wave: no persistent variant
+    small = F.config_for(1, 6144, 16384, F.EPI_PLAIN, 132, "wgmma")
+    assert B.variant_config("persist", small) is None
     assert B.variant_config("persist", F.config_for(1, 2624, 6144, F.EPI_PLAIN, 132, "wgmma")) is None  # one wave
-    assert B.variant_config("pipe2", big).pipe == 2
-    assert B.variant_config("pipe2", dataclasses.replace(big, tm=128)) is None
+    assert B.variant_config("pipe2", small).pipe == 2
+    assert B.variant_config("pipe2", big) is None and big.tm == 128  # pipe2 is for token blocks <= 64
     with pytest.raises(ValueError, match="unknown variant"):
         B.variant_config("nope", big)
     md = B.markdown({"rows": [{"shape": "o_proj", "M": 1, "ours_us": 30.0, "ours_persist_us": 36.0,

@@ -223,10 +223,10 @@ def test_unpatch_restores(env):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 3, 16, 64])
-@pytest.mark.parametrize("n,k", [(6144, 16384), (768, 512)])
+@pytest.mark.parametrize("n,k", [(6144, 16384), (24576, 6144), (6144, 12288), (768, 512)])
 def test_gpu_ours_linear_matches_the_float64_reference(m, n, k):
     """What the route runs (act quant + skinny GEMM) against the float64 math of the same 1x128 / 128x128
-    quantisation; o_proj's GLM-5 shape and a small odd-M case."""
+    quantisation; o_proj's and the dense MLP's GLM-5 shapes (their tuned configs) and a small odd-M case."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     from glm5_fastpath.ref.fp8 import quant_act_per_token
