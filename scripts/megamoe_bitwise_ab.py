@@ -4,8 +4,9 @@
 Each tree runs in its own process (GLM5_FASTPATH_CSRC=<tree>; the JIT cache keys on the sources) on the same
 GLM-5-sized weights and inputs, through moe.megamoe.debug_run, and dumps every intermediate: FC1 output a8 and
 its scales, the FC2 slot values, the combined output. The comparison is exact (int views: -0 vs +0 and NaN
-payloads count). Cases: setting (a) (32 experts + shared) at several token counts, each with inputs spanning a
-wide dynamic range (some tokens scaled by 2^+-30, so rare paths such as a division's slow path are taken too).
+payloads count). Cases: setting (a) (32 experts + shared) at several token counts, each twice: plain random inputs
+(the kernels' common paths) and inputs spanning a wide dynamic range (tokens scaled by 2^+-30, so rare paths such
+as a division's slow path are taken too).
 
     python scripts/megamoe_bitwise_ab.py --a build/abx/prev/csrc --b csrc --out /tmp/ab
 Exit status 1 when any tensor differs.
@@ -37,15 +38,16 @@ def _dump(out: Path, tokens: list[int]) -> None:
     raw = B.make_weights(33, seed=5, dev=dev)  # 32 routed + the shared expert, last
     wt = M.prepare_weights(*raw, num_shared=1)
     for m in tokens:
-        x8, xs, ids, wts = B.make_inputs(m, 32, seed=70 + m, dev=dev)
-        g = torch.Generator(device=dev).manual_seed(m)
-        h = torch.randn(m, B.H, generator=g, device=dev)
-        # a wide dynamic range across tokens: tiny and huge activations (FC1 gates far from 0 / 1)
-        h *= torch.tensor([2.0 ** (30 * ((t % 5) - 2) / 2) for t in range(m)], device=dev)[:, None]
-        x8, xs = quant_act_per_token(h.to(torch.bfloat16))
-        d = M.debug_run(x8, xs, ids, wts, wt, routed_scaling_factor=2.5, combine=True)
-        torch.save({k: d[k].cpu() for k in KEYS} | {"config": d["config"]}, out / f"m{m}.pt")
-        print(f"m={m} {d['config']}", flush=True)
+        for wide in (False, True):
+            x8, xs, ids, wts = B.make_inputs(m, 32, seed=70 + m, dev=dev)
+            if wide:  # a wide dynamic range across tokens (FC1 gates far from 0 / 1): the kernels' rare paths
+                g = torch.Generator(device=dev).manual_seed(m)
+                h = torch.randn(m, B.H, generator=g, device=dev)
+                h *= torch.tensor([2.0 ** (30 * ((t % 5) - 2) / 2) for t in range(m)], device=dev)[:, None]
+                x8, xs = quant_act_per_token(h.to(torch.bfloat16))
+            d = M.debug_run(x8, xs, ids, wts, wt, routed_scaling_factor=2.5, combine=True)
+            torch.save({k: d[k].cpu() for k in KEYS} | {"config": d["config"]}, out / f"m{m}{'w' if wide else ''}.pt")
+            print(f"m={m} wide={wide} {d['config']}", flush=True)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -74,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tree {side} ({tree}) failed: rc {r.returncode}")
             return 2
     report, same = [], True
-    for m in tokens:
-        a, b = torch.load(out / "a" / f"m{m}.pt"), torch.load(out / "b" / f"m{m}.pt")
-        row = {"tokens": m, "config": a["config"]}
+    for m, wide in ((m, w) for m in tokens for w in ("", "w")):
+        a, b = torch.load(out / "a" / f"m{m}{wide}.pt"), torch.load(out / "b" / f"m{m}{wide}.pt")
+        row = {"tokens": m, "wide_range_inputs": bool(wide), "config": a["config"]}
         for k in KEYS:
             diff = int((_bits(a[k]) != _bits(b[k])).sum())
             row[k] = diff

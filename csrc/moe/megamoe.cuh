@@ -101,7 +101,8 @@ static_assert(kLoaderWarps >= 1 && kLoaderWarps <= 3, "activation loader warps: 
 //   8 math start, 9 epilogue done (%globaltimer ns: lines CTAs up; it may tick only every ~1 us)
 //   10 math: cycles waiting for stages 1.. of the K loop (full barrier: weights and activations landed)
 //   11 weight producer: cycles waiting for free stages (empty barrier) while streaming this task
-//   12 activation loader: cycles waiting for free stages (empty barrier) while loading this task
+//   12 activation loader (warp 1, the first loader warp): cycles waiting for free stages (empty barrier) while loading
+//   this task (columns 1 / 2 are warp 1's fc1_done spin too)
 //   13 / 14 / 15 FC1 epilogue phases (math, clock64): SwiGLU + amax exchanged (first barrier), FP8 quant staged in
 //   shared memory (second barrier), a8 rows stored (before the fc1_done release); split-K tiles stamp them only
 //   on the finisher that runs the epilogue. FC2 tasks: slot values stored (this thread's stores issued), combine
@@ -913,12 +914,23 @@ struct MegaMoE {
         // Channel of this thread's rows inside the tile's 128: 64 wg + 32 half + 8 w + g.
         const uint32_t out_s = sbase + L::kOut;
         const int c0 = 64 * wg + 8 * w + g8;
-        // sc = max(amax, 1e-10) / 448 is always in range (>= 2^-42); a / sc needs every value of the warp in range.
+        // Column amax over the 8 warps first (also the fast-path test: the 8 warps' amax is not bounded by this warp's
+        // values; an overflowed activation elsewhere gives inf, whose IEEE quotient the fast path would not give).
+        // sc = max(amax, 1e-10) / 448 is in range for amax <= 2^60; a / sc then needs the warp's values in range.
+        float amaxs[2 * kNJ];
         bool qfast = true;
 #pragma unroll
-        for (int i = 0; i < kNAcc; i += 4) {
+        for (int j = 0; j < kNJ; ++j) {
 #pragma unroll
-            for (int q = 0; q < 2; ++q) qfast &= div_rn_fast_ok(acc0[i + q], 1.0f) && div_rn_fast_ok(acc1[i + q], 1.0f);
+            for (int q = 0; q < 2; ++q) {
+                const int col = 8 * j + 2 * t4 + q;
+                float amax = red[col];
+#pragma unroll
+                for (int r = 1; r < 8; ++r) amax = fmaxf(amax, red[r * kBN + col]);
+                amaxs[2 * j + q] = fmaxf(amax, 1e-10f);
+                qfast &= amaxs[2 * j + q] <= 0x1p60f && div_rn_fast_ok(acc0[4 * j + q], 1.0f) &&
+                         div_rn_fast_ok(acc1[4 * j + q], 1.0f);
+            }
         }
         // All columns' scales and FP8 pairs first, then the stores: the byte stores are asm volatile (memory clobber),
         // so interleaved with the amax loads they serialised the 2 x kNJ columns (~3 us per task, session-10 trace).
@@ -929,11 +941,7 @@ struct MegaMoE {
             for (int j = 0; j < kNJ; ++j) {
 #pragma unroll
                 for (int q = 0; q < 2; ++q) {
-                    const int col = 8 * j + 2 * t4 + q;
-                    float amax = red[col];
-#pragma unroll
-                    for (int r = 1; r < 8; ++r) amax = fmaxf(amax, red[r * kBN + col]);
-                    const float sc = div(fmaxf(amax, 1e-10f), 448.0f);
+                    const float sc = div(amaxs[2 * j + q], 448.0f);
                     scs[2 * j + q] = sc;
                     q2s[2 * j + q] = ptx::f32x2_to_e4m3x2_satfinite(div(acc0[4 * j + q], sc), div(acc1[4 * j + q], sc));
                 }
@@ -972,8 +980,8 @@ struct MegaMoE {
         if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
     }
 
-    // FC2: y = bf16(acc * w) into the slot buffer (pairs of channels per 4-byte store), then the last of
-    // the S contributors of (token, rt) sums the S slots in slot order into out.
+    // FC2: y = bf16(acc * w) into the slot buffer (16-byte stores of 8 channels; 4-byte channel pairs at bn8), then
+    // the last of the S contributors of (token, rt) sums the S slots in slot order into out.
     static GLM5_DEVICE void epilogue_fc2(const Params& p, uint8_t* sm, int slot, int rt, int cnt, int wg, int w,
                                          int lane, float (&acc0)[kNAcc], float (&acc1)[kNAcc],
                                          [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n) {

@@ -263,7 +263,7 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
 def _extra_configs(args) -> list[str]:
     names = [c.strip() for c in (getattr(args, "configs", None) or "").split(",") if c.strip()]
     for c in names:
-        MM.MegaMoEConfig.from_name(c).validate()  # a typo fails before any GPU work
+        MM.MegaMoEConfig.from_name(c).validate()  # run() calls this first: a typo fails before any GPU work
     return names
 
 
@@ -367,8 +367,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--replays", type=int, default=10, help="graph replays (median reported)")
     ap.add_argument("--no-deepgemm", action="store_true", help="skip the DeepGEMM baseline")
     ap.add_argument("--configs", default="",
-                    help="comma list of extra MegaMoE config names (e.g. bn128_lf,bn64_s5_lf) also timed on the routed "
-                         "experts in the same run (columns ours@NAME)")
+                    help="comma list of extra MegaMoE config names (e.g. bn32_s6_g512_w0_lf,bn64_s4_g512_w0_lf) also timed "
+                         "on the routed experts in the same run (columns ours@NAME); spell every field: a bare bn<N> means "
+                         "split_waves 4 and the fenced build, which the default config may not use")
     ap.add_argument("--trace", action="store_true",
                     help="also run MegaMoE's trace build once per token count: first-stage wait / MMA / epilogue "
                          "shares per FC1 / FC2 task, fc1_done spins, tail (docs/megamoe_large_m.md)")
@@ -396,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
     bad = [s for s in args.settings.split(",") if s and s not in SETTINGS]
     if bad:
         raise ValueError(f"bench moe: unknown setting(s) {bad}; choose from {', '.join(SETTINGS)}")
+    _extra_configs(args)  # --configs names parse and validate before any GPU work
     if not torch.cuda.is_available():
         raise ValueError("bench moe: needs a CUDA GPU (sm_90)")
     dev = torch.device("cuda", torch.cuda.current_device())

@@ -775,7 +775,8 @@ TRACE_FUNCTION = "glm5_megamoe_trace"
 TRACE_COLS = 16  # megamoe.cuh kTraceCols
 TRACE_COLUMNS = ("claim_ns", "spin_start_clk", "spin_end_clk", "math_start_clk", "first_stage_clk", "mma_done_clk",
                  "epi_done_clk", "desc", "math_start_ns", "epi_done_ns", "math_stage_wait_clk", "producer_empty_wait_clk",
-                 "loader_empty_wait_clk", "fc1_epi_amax_clk", "fc1_epi_quant_clk", "fc1_epi_stored_clk")
+                 "loader_empty_wait_clk", "epi_amax_or_slots_clk", "epi_quant_or_counters_clk", "fc1_epi_stored_clk")
+# (columns 13 / 14: FC1 tasks SwiGLU + amax / quant, FC2 tasks slot stores / combine counters; megamoe.cuh)
 DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed task to calibrate against
 
 
