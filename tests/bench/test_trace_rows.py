@@ -5,19 +5,17 @@ import torch
 
 from glm5_fastpath.bench import trace_rows as TR
 from glm5_fastpath.moe import megamoe as M
+from glm5_fastpath.testing.megamoe_trace import put_trace_row
 
 
 def _rows():
     r = torch.zeros(2, 3, M.TRACE_COLS, dtype=torch.int64)
     fc1, fc2 = M.encode_task(0, 1, 0, 0), M.encode_task(1, 1, 0, 0)
 
-    def row(c, n, claim, ms, fs, md, ed, desc, ss=0, se=0, sw=0, pw=0, lw=0):  # ns; clock stamps at 2 cycles / ns
-        vals = [claim, 2 * ss, 2 * se, 2 * ms, 2 * fs, 2 * md, 2 * ed, desc, ms, ed, 2 * sw, 2 * pw, 2 * lw]
-        r[c, n] = torch.tensor(vals + [0] * (M.TRACE_COLS - len(vals)))  # FC1 epilogue phases unstamped
-    row(0, 0, 1000, 1100, 2100, 5100, 5600, fc1)
-    row(0, 1, 1200, 5600, 6600, 8600, 9100, fc2, ss=5000, se=6000)
-    row(1, 0, 1050, 1150, 1650, 4650, 5150, fc1)
-    row(1, 1, 1300, 5650, 6150, 7150, 12650, fc2)  # idle 0.5 us before it, a 5.5 us epilogue: the tail
+    put_trace_row(r, 0, 0, 1000, 1100, 2100, 5100, 5600, fc1)  # ns; clocks at 2 cycles / ns
+    put_trace_row(r, 0, 1, 1200, 5600, 6600, 8600, 9100, fc2, spin=(5000, 6000))
+    put_trace_row(r, 1, 0, 1050, 1150, 1650, 4650, 5150, fc1)
+    put_trace_row(r, 1, 1, 1300, 5650, 6150, 7150, 12650, fc2)  # idle 0.5 us before it, a 5.5 us epilogue: the tail
     return r
 
 

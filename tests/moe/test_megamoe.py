@@ -854,19 +854,18 @@ def test_trace_summary_from_synthetic_rows():
     r = torch.zeros(2, 4, M.TRACE_COLS, dtype=torch.int64)
     fc1, fc2 = M.encode_task(0, 1, 0, 0), M.encode_task(1, 1, 0, 0)
 
-    def row(c, n, claim, ms, fs, md, ed, desc, ss=0, se=0, sw=0, pw=0, lw=0, ph=(0, 0, 0)):  # ns; clocks: 2 cycles / ns
-        r[c, n] = torch.tensor([claim, 2 * ss, 2 * se, 2 * ms, 2 * fs, 2 * md, 2 * ed, desc, ms, ed, 2 * sw, 2 * pw, 2 * lw]
-                               + [2 * x for x in ph])
-    row(0, 0, 1000, 1100, 2100, 5100, 5600, fc1, sw=500, pw=100, lw=50, ph=(5200, 5350, 5500))
-    row(0, 1, 1200, 5600, 6600, 8600, 9100, fc2, ss=5000, se=6000, ph=(8700, 8900, 0))
-    row(1, 0, 1050, 1150, 1650, 4650, 5150, fc1)
+    from glm5_fastpath.testing.megamoe_trace import put_trace_row as row  # ns; clocks at 2 cycles / ns
+    row(r, 0, 0, 1000, 1100, 2100, 5100, 5600, fc1, stage_wait=500, producer_wait=100, loader_wait=50,
+        phases=(5200, 5350, 5500))
+    row(r, 0, 1, 1200, 5600, 6600, 8600, 9100, fc2, spin=(5000, 6000), phases=(8700, 8900, 0))
+    row(r, 1, 0, 1050, 1150, 1650, 4650, 5150, fc1)
     r[1, 1, 0], r[1, 1, 7] = 1300, fc2  # claimed, never finished: not a task row
     s = M.summarize_trace(r)
     assert (s["fc2"]["epi_phase_tasks"], s["fc2"]["epi_slots_us"], s["fc2"]["epi_counters_us"],
             s["fc2"]["epi_combine_us"]) == (1, pytest.approx(0.1), pytest.approx(0.2), pytest.approx(0.2))
     assert "slot stores 0.10 us, combine counters 0.20, combine 0.20" in M.trace_markdown(s)
     r2 = r.clone()
-    r2[1, 1] = torch.tensor([1300, 0, 0, 2 * 5650, 2 * 6150, 2 * 7150, 2 * 7650, fc2, 5650, 7650, 0, 0, 0, 0, 0, 0])
+    row(r2, 1, 1, 1300, 5650, 6150, 7150, 7650, fc2)
     assert M.summarize_trace(r2)["fc2"]["gap_us"] == pytest.approx(0.5)  # CTA 1 idle 5150 -> 5650 ns
     assert s["tasks"] == 3 and s["span_us"] == pytest.approx(8.1) and s["sm_ghz"] == pytest.approx(2.0)
     assert s["fc1"] == {"tasks": 2, "wait_us": pytest.approx(1.5), "mma_us": pytest.approx(6.0),
