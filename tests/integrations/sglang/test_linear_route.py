@@ -77,12 +77,27 @@ def test_off_by_default(monkeypatch):
 def test_install_tags_o_proj_and_the_dense_mlp_only(env):
     calls, run, cls = env
     mdl = model()
-    tagged = LR.mark_layers(mdl)
+    tagged = LR.mark_layers(mdl, LR.LAYER_KINDS)
     names = [n for n, _ in tagged]
     assert names == ["layers.0.o_proj", "layers.0.dense gate_up", "layers.0.dense down", "layers.1.o_proj",
                      "layers.2.o_proj"]  # the MoE layers' MLPs are not tagged
     assert getattr(mdl.model.layers[1].mlp.gate_up_proj, LR.MARK, None) is None
     assert LR.shapes(tagged) == [(256, 384), (256, 512), (768, 256)]
+
+
+def test_layer_kinds_default_and_env(monkeypatch):
+    """By default the dense gate_up stays SGLang's (measured slower on our GEMM); the env picks the kinds."""
+    monkeypatch.delenv(LR.ENV_LAYERS, raising=False)
+    assert LR.layer_kinds() == ("o_proj", "dense_down")
+    names = [n for n, _ in LR.mark_layers(model())]
+    assert names == ["layers.0.o_proj", "layers.0.dense down", "layers.1.o_proj", "layers.2.o_proj"]
+    monkeypatch.setenv(LR.ENV_LAYERS, "dense_gate_up, o_proj")
+    assert LR.layer_kinds() == ("dense_gate_up", "o_proj")
+    assert [n for n, _ in LR.mark_layers(model())] == ["layers.0.o_proj", "layers.0.dense gate_up", "layers.1.o_proj",
+                                                        "layers.2.o_proj"]
+    monkeypatch.setenv(LR.ENV_LAYERS, "o_proj,qkv")
+    with pytest.raises(ValueError, match="unknown layer kind"):
+        LR.layer_kinds()
 
 
 def test_tagged_small_calls_reach_our_kernels_and_are_counted(env, caplog):
@@ -209,6 +224,7 @@ def test_precompile_gets_every_tagged_shape_up_to_the_limit(env, monkeypatch):
     monkeypatch.setattr(act_quant, "precompile", lambda device=None: got.append("act"))
     monkeypatch.setattr(fp8_gemm, "precompile_plain", lambda shapes, max_m=64, device=None: got.append((shapes, max_m)))
     monkeypatch.setenv(LR.ENV_MAX_TOKENS, "32")
+    monkeypatch.setenv(LR.ENV_LAYERS, "o_proj,dense_gate_up,dense_down")
     assert LR.install_fp8_linear(model(), method_cls=cls, precompile=True)
     assert got == ["act", ([(256, 384), (256, 512), (768, 256)], 32)]
 
