@@ -51,7 +51,6 @@ MOE_LAUNCHES = 10           # launches per captured graph (as bench moe)
 MOE_WEIGHT_SEED = 256       # = bench moe setting (b): the same 257 experts
 MOE_INPUT_SEED = 1000       # + M: the same tokens and routing as bench moe
 MOE_REPORT = "moe_tune"     # <report dir>/moe_tune.{json,md}
-SPLIT_WAVES_ON = 4          # MegaMoEConfig's default split_waves; the twin uses 0 (no FC1 K split)
 STOCK_TRITON = "sglang_triton_fused_moe"
 STOCK_DEEPGEMM = "deepgemm_fp8_mega_moe"
 STOCK_KINDS = {
@@ -141,7 +140,7 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
                                       lean_fences=d.lean_fences).validate() for b in near]
 
     def twin(c: Any) -> Any | None:
-        t = replace(c, split_waves=0 if c.split_waves else SPLIT_WAVES_ON).validate()
+        t = replace(c, split_waves=0 if c.split_waves else MM.SPLIT_WAVES).validate()
         return t if fc1_split(t, cnt, m, num_sms, inter, num_shared) != fc1_split(c, cnt, m, num_sms, inter,
                                                                                  num_shared) else None
 

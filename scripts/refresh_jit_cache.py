@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from glm5_fastpath.jit import KernelSpec, compile_kernel  # noqa: E402
-from glm5_fastpath.jit.compiler import BASE_FLAGS, cache_key, gencode_flags  # noqa: E402
+from glm5_fastpath.jit.compiler import _ENTRY_KEY_CHARS, BASE_FLAGS, cache_key, gencode_flags  # noqa: E402
 
 
 def spec_of(manifest: dict) -> KernelSpec | None:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             skipped += 1
             continue
         key = cache_key(spec, arch)
-        if (new / arch / f"{spec.name}.{key[:len(entry.name) - len(spec.name) - 1]}").exists():
+        if (new / arch / f"{spec.name}.{key[:_ENTRY_KEY_CHARS]}").exists():
             continue  # a debug-flag twin of an entry already refreshed
         if key == m.get("key"):
             shutil.copytree(entry, new / arch / entry.name)

@@ -863,6 +863,8 @@ struct MegaMoE {
         const int g8 = lane >> 2, t4 = lane & 3;
         const int mt = threadIdx.x - 128;
         float* red = reinterpret_cast<float*>(sm + L::kRed);
+        const auto div_unchecked = [](float a, float b) { return div_rn_nocheck(a, b); };
+        const auto div_ieee = [](float a, float b) { return __fdiv_rn(a, b); };
         // a = bf16(silu(bf16(g)) * bf16(u)) = bf16(bf16(g) / (1 + exp(-bf16(g))) * bf16(u)); kept in the gate registers.
         // The divisions skip nvcc's range check when every lane's operands are in range (div_rn_fast_ok; a gate
         // g >= -41 keeps 1 + exp(-g) <= 2^60): the same bits, without a branch around each division.
@@ -875,27 +877,24 @@ struct MegaMoE {
                 fast &= g0 >= -41.0f && div_rn_fast_ok(g0, 1.0f) && g1 >= -41.0f && div_rn_fast_ok(g1, 1.0f);
             }
         }
-        auto act_fast = [](float& dg, float du) {
-            const float gv = round_bf16(dg), uv = round_bf16(du);
-            dg = round_bf16(div_rn_nocheck(gv, 1.0f + expf(-gv)) * uv);
-        };
-        auto act = [](float& dg, float du) {
-            const float gv = round_bf16(dg), uv = round_bf16(du);
-            dg = round_bf16(gv / (1.0f + expf(-gv)) * uv);
-        };
-        if (__all_sync(0xffffffffu, fast)) {
+        auto swiglu = [&](auto div) {
 #pragma unroll
             for (int i = 0; i < kNAcc; i += 4) {
 #pragma unroll
-                for (int q = 0; q < 2; ++q) act_fast(acc0[i + q], acc0[i + 2 + q]), act_fast(acc1[i + q], acc1[i + 2 + q]);
-            }
-        } else {
+                for (int q = 0; q < 2; ++q) {
 #pragma unroll
-            for (int i = 0; i < kNAcc; i += 4) {
-#pragma unroll
-                for (int q = 0; q < 2; ++q) act(acc0[i + q], acc0[i + 2 + q]), act(acc1[i + q], acc1[i + 2 + q]);
+                    for (int h = 0; h < 2; ++h) {
+                        float (&acc)[kNAcc] = h ? acc1 : acc0;
+                        const float gv = round_bf16(acc[i + q]), uv = round_bf16(acc[i + 2 + q]);
+                        acc[i + q] = round_bf16(div(gv, 1.0f + expf(-gv)) * uv);
+                    }
+                }
             }
-        }
+        };
+        if (__all_sync(0xffffffffu, fast))
+            swiglu(div_unchecked);
+        else
+            swiglu(div_ieee);
 #pragma unroll
         for (int j = 0; j < kNJ; ++j) {
 #pragma unroll
@@ -948,9 +947,9 @@ struct MegaMoE {
             }
         };
         if (__all_sync(0xffffffffu, qfast))
-            quant([](float a, float b) { return div_rn_nocheck(a, b); });
+            quant(div_unchecked);
         else
-            quant([](float a, float b) { return __fdiv_rn(a, b); });
+            quant(div_ieee);
 #pragma unroll
         for (int j = 0; j < kNJ; ++j) {
 #pragma unroll

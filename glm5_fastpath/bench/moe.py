@@ -143,6 +143,8 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
     shared = MM.prepare_weights(*raw, num_shared=1)  # routed experts first, the shared expert last
     routed = MM.MegaMoEWeights(shared.w13[:experts], shared.w13_scale[:experts], shared.w2[:experts],
                                shared.w2_scale[:experts], experts, 0)  # views: the same bytes without the shared expert
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    extra = _extra_configs(args)
     dg, dg_error = None, ""
     masked_gemm, masked_error, act, act_name, input_sf = None, "", None, "", None
     if not args.no_deepgemm:
@@ -164,19 +166,14 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
         touched = int(torch.unique(ids).numel())
         row = {"tokens": m, "experts_touched": touched, "floor_us": floor_us(touched),
                "floor_shared_us": floor_us(touched + 1)}
-        variants = [("ours", routed, None), ("ours_shared", shared, None)]  # None: default_config's build
+        default = {w.num_shared: MM.default_config(m, experts, TOPK, w.num_shared, sms) for w in (routed, shared)}
+        variants = [("ours", routed, default[0]), ("ours_shared", shared, default[1])]
         if getattr(args, "lean_fences", False):  # both fence builds of ours + shared (megamoe.cuh, kLeanFences)
-            variants += [("ours_shared_fenced", shared, False), ("ours_shared_lean", shared, True)]
+            variants += [(f"ours_shared_{n}", shared, dataclasses.replace(default[1], lean_fences=lf))
+                         for n, lf in (("fenced", False), ("lean", True))]
         # --configs: the routed experts again with each named config (an A/B in the same run, same inputs)
-        variants += [(f"ours@{c}", routed, c) for c in _extra_configs(args)]
-        for key, wt, lean in variants:
-            if isinstance(lean, str):
-                cfg = MM.MegaMoEConfig.from_name(lean)
-            else:
-                cfg = MM.default_config(m, experts, TOPK, wt.num_shared,
-                                        torch.cuda.get_device_properties(dev).multi_processor_count)
-                if lean is not None:
-                    cfg = dataclasses.replace(cfg, lean_fences=lean)
+        variants += [(f"ours@{c.name}", routed, c) for c in extra]
+        for key, wt, cfg in variants:
             try:
                 MM.precompile(wt, TOPK, max_tokens=m, device=dev, configs=[cfg])
                 t = time_launches(lambda i: MM.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=RSF, config=cfg),
@@ -220,11 +217,9 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
         elif masked_error:
             row["deepgemm_masked"] = {"error": masked_error}
         # where the persistent kernel's time goes (trace build, one launch): the default config, then each --configs one
-        for cname in ([None] + _extra_configs(args)) if getattr(args, "trace", False) else []:
-            key = "ours_shared_trace" + (f"@{cname}" if cname else "")
+        for cfg in ([default[1]] + extra) if getattr(args, "trace", False) else []:
+            key = "ours_shared_trace" + (f"@{cfg.name}" if cfg is not default[1] else "")
             try:
-                cfg = (MM.MegaMoEConfig.from_name(cname) if cname else
-                       MM.default_config(m, experts, TOPK, 1, torch.cuda.get_device_properties(dev).multi_processor_count))
                 tr = MM.trace_run(x8, xs, ids, wts, shared, config=cfg, routed_scaling_factor=RSF, cap=4096)
                 row[key] = tr["summary"]
                 print(f"  M={m:5d} trace {cfg.name}: {MM.trace_markdown(tr['summary'])}", flush=True)
@@ -234,7 +229,7 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
                     d.mkdir(parents=True, exist_ok=True)
                     torch.save({"rows": tr["rows"][:, :max(used, 1)].clone(), "columns": MM.TRACE_COLUMNS,
                                 "config": tr["config"], "setting": name, "tokens": m},
-                               d / f"{name}_M{m}{'_' + cfg.name if cname else ''}.pt")
+                               d / f"{name}_M{m}{'_' + cfg.name if cfg is not default[1] else ''}.pt")
             except Exception as e:  # noqa: BLE001 - a diagnostic: the timings above stand
                 row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 traceback.print_exc()
@@ -260,11 +255,10 @@ def run_setting(name: str, experts: int, tokens: list[int], args, dev: torch.dev
     return rows
 
 
-def _extra_configs(args) -> list[str]:
-    names = [c.strip() for c in (getattr(args, "configs", None) or "").split(",") if c.strip()]
-    for c in names:
-        MM.MegaMoEConfig.from_name(c).validate()  # run() calls this first: a typo fails before any GPU work
-    return names
+def _extra_configs(args) -> list:
+    """--configs as validated MegaMoEConfigs (run() calls this first: a typo fails before any GPU work)."""
+    return [MM.MegaMoEConfig.from_name(c.strip()).validate()
+            for c in (getattr(args, "configs", None) or "").split(",") if c.strip()]
 
 
 def markdown(result: dict) -> str:

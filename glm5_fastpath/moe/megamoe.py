@@ -15,8 +15,8 @@ Kernels (csrc/moe/megamoe.{cuh,cu}; design notes in the .cuh header):
   group g; `group_size` active experts per group), and the resets of the counters the MoE kernel uses.
   Capture-safe: no host sync anywhere; it waits for its predecessor with griddepcontrol.wait.
 - `glm5_megamoe` (one 384-thread CTA per SM, PDL after the plan): weight TMA producer + scheduler warp
-  (claims tasks with one global atomic), activation loader warp (cp.async gathers; waits on fc1_done
-  counters for FC2), two math warpgroups (wgmma m64nNk32 e4m3, swapAB; N = the smallest of 8/16/24/32/48/64
+  (claims tasks with one global atomic), three activation loader warps (cp.async gathers, rows split over
+  them; wait on fc1_done counters for FC2), two math warpgroups (wgmma m64nNk32 e4m3, swapAB; N = the smallest of 8/16/24/32/48/64
   holding the task's live tokens, at most the token block: a 40-token block of a bn64 build runs N = 48;
   H200, session 9, same run as the full-width build: (a) 128 tokens 420.7 -> 371.7 us, (b) 1024 3606.7 ->
   2876.7 us, bitwise the same outputs, benchmarks/results/2026-11-30_h200_session9/c7_5dae537 and
@@ -89,6 +89,7 @@ TASK_END = -1          # end-of-list sentinel (FC2 descriptors are negative int3
 CTRL_NUM_TASKS, CTRL_CLAIMS, CTRL_TASKS_DONE, CTRL_TILES_COMBINED = 0, 1, 2, 3
 MAX_BLOCKS = 1 << 14   # 14-bit token-block field of a task
 SPLIT_MAX_BN = 16      # split-K FC1 tiles only for token blocks up to this (scratch: 2 x 256 x BN fp32 per tile)
+SPLIT_WAVES = 4        # split-K FC1 tiles when the call has at most this many waves of FC1 tiles (default_config: 1 token)
 
 BLOCK_NS = (8, 16, 32, 64)
 MAX_TOKENS = 4096
@@ -158,7 +159,7 @@ class MegaMoEConfig:
     block_n: int
     stages: int
     group_size: int = MAX_EXPERTS
-    split_waves: int = 4
+    split_waves: int = SPLIT_WAVES
     lean_fences: bool = False
 
     def validate(self) -> "MegaMoEConfig":
@@ -248,7 +249,8 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
         # stream twice, and that setting measured 1.53x its floor with bn32 (H200, 2026-11-30, session 6;
         # bn64 there not yet measured). 256 tokens was not measured: it keeps the block that holds every token.
         bn = min(bn, 32)
-    return MegaMoEConfig(bn, max_stages(bn), split_waves=4 if num_tokens == 1 else 0, lean_fences=True).validate()
+    return MegaMoEConfig(bn, max_stages(bn), split_waves=SPLIT_WAVES if num_tokens == 1 else 0,
+                         lean_fences=True).validate()
 
 
 # ---- weights ------------------------------------------------------------------------------------------
