@@ -16,3 +16,12 @@
 #endif
 
 #define GLM5_DEVICE __device__ __forceinline__
+
+namespace glm5 {
+// Fatal stop for timeout / cannot-happen paths, out of line. NOTES: an inline trap (__trap(), PTX `trap`) anywhere in
+// a setmaxnreg.inc region made ptxas (nvcc 13.0) allocate the region's registers within the launch allocation (168 for
+// 384 threads) instead of the raised count: with mbar_wait's spin-limit trap inline, MegaMoE's wide build spilled
+// 1.6 KB and never used a register past R165; with the trap behind this call it used up to R187 and spilled nothing.
+// The call sits on cold paths only.
+static __device__ __noinline__ void trap_out_of_line() { __trap(); }
+}  // namespace glm5

@@ -91,7 +91,7 @@ GLM5_DEVICE void mbar_wait(uint32_t bar, uint32_t phase) {
             printf("glm5 mbar_wait timeout: bar=0x%x parity=%u block=(%d,%d,%d) thread=%d\n", bar, phase, blockIdx.x,
                    blockIdx.y, blockIdx.z, threadIdx.x);
 #endif
-            __trap();
+            glm5::trap_out_of_line();
         }
 #endif
     }

@@ -21,6 +21,9 @@
 //     fc1_done[e, b] == I / 128 (all FC1 tiles of that token block); writes bf16 weighted slot values,
 //     then the last of the S contributors of (token, rt) reduces the S slots in order into `out`.
 //   swapAB: weight rows on the wgmma M side (m64 x 2 per math warpgroup), tokens on N = kBN.
+//   Wide mode (kBN = 128, MegaMoE::kWide): 128-row wgmma tiles (one m64 half per math warpgroup). An FC1 task still
+//   covers its 256-row quant group, as two 128-row passes of 48 stages; FC2 tasks are 128 output rows (H / 128 of them
+//   per token block, combine counters per 128 channels).
 //
 // CTA = 3 warpgroups (384 threads), one CTA per SM, persistent, tasks claimed dynamically with one
 // global atomic in list order (the plan orders FC1 of expert group g+1 before FC2 of group g):
@@ -42,7 +45,7 @@
 // griddepcontrol.wait) zeroes the claim counter and the fc1_done counters it uses; the combine
 // counters return to zero when their last contributor resets them. Diagnostics: after a launch
 // ctrl[2] (tasks finished) == ctrl[0] (tasks planned), ctrl[1] (claims) == ctrl[0] + grid size
-// (each CTA's last claim finds the end), ctrl[3] (output tiles combined) == M * H / 256.
+// (each CTA's last claim finds the end), ctrl[3] (output tiles combined) == M * H / stage_rows(kBN).
 #pragma once
 
 #include <cuda.h>
@@ -69,9 +72,11 @@ namespace megamoe {
 
 constexpr int kThreads = 384;      // WG0 producers, WG1 + WG2 math
 constexpr int kMathThreads = 256;  // two math warpgroups
-constexpr int kTileRows = 256;     // weight rows per task
+constexpr int kTileRows = 256;     // weight rows of an FC1 task (one 128-channel quant group) and of a narrow FC2 task
 constexpr int kBK = 128;           // K per stage = one FP8 scale block
-constexpr int kStageWBytes = kTileRows * kBK;  // 32 KB of FP8 weights per stage
+constexpr int kWideBN = 128;       // the wide token block: 128-row wgmma tiles (see MegaMoE::kWide)
+// Weight rows per pipeline stage (= per wgmma tile): 256 for token blocks up to 64, 128 for the wide block.
+__host__ __device__ constexpr int stage_rows(int bn) { return bn == kWideBN ? 128 : kTileRows; }
 constexpr int kTaskSlots = 4;      // smem task ring depth
 constexpr int kMaxExperts = 512;   // 9-bit expert field of a task descriptor
 constexpr int kMaxSlots = 16;      // slots per token (top-k + shared), 4-bit field of a pair code
@@ -203,7 +208,7 @@ struct Params {
     int32_t* tasks;            // [tasks_cap] task descriptors in claim order
     int32_t* ctrl;             // [8]: 0 num_tasks, 1 claim counter, 2 tasks finished, 3 output tiles combined
     int32_t* fc1_done;         // [blocks_cap]
-    int32_t* combine_ctr;      // [max_tokens, H/256], zero at rest
+    int32_t* combine_ctr;      // [max_tokens, H/128] (H / stage_rows(kBN) used per token), zero at rest
     int32_t* split_ctr;        // [split_max_tiles], zero at rest (split-K FC1 tiles: first/last finisher)
     float* split_partial;      // [split_max_tiles][2 halves][256 threads][kBN] fp32 partial accumulators
     uint8_t* act;              // [pairs_cap, I] e4m3: FC1 output (FC2 input)
@@ -258,6 +263,10 @@ GLM5_DEVICE void st_shared_u8(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.u8 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
 
+GLM5_DEVICE void ld_cg_v2(const void* p, uint32_t& a, uint32_t& b) {
+    asm volatile("ld.global.cg.v2.b32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p) : "memory");
+}
+
 GLM5_DEVICE void st_global_u32(void* p, uint32_t v) {
     asm volatile("st.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -297,11 +306,13 @@ GLM5_DEVICE void handoff_fence() {
 // (glm5_fastpath/moe/megamoe.py::smem_bytes mirrors kBytes; keep the two in sync.)
 template <int kBN, int kStages>
 struct Smem {
+    static constexpr int kWStage = stage_rows(kBN) * kBK;             // weight rows x 128 B (TMA, 128B swizzle)
     static constexpr int kAStage = kBN * kBK;                          // token rows x 128 B (swizzled)
     static constexpr int kW = 0;                                       // weights, 1024-aligned
-    static constexpr int kA = kW + kStages * kStageWBytes;             // activations, 1024-aligned
+    static constexpr int kA = kW + kStages * kWStage;                  // activations, 1024-aligned
     static constexpr int kSA = kA + kStages * kAStage;                 // activation scales [kStages][kBN]
     static constexpr int kOut = kSA + kStages * kBN * 4;               // FC1 output staging [kBN][128] e4m3
+                                                                       // (wide: first also the pass-1 stash, 16 KB)
     static constexpr int kRed = kOut + kBN * kBK;                      // amax exchange [8 warps][kBN]
     static constexpr int kFlag = kRed + 8 * kBN * 4;                   // combine: last-contributor flags [kBN]
     static constexpr int kCode = kFlag + kBN * 4;                      // per task slot: pair codes [T][kBN]
@@ -320,18 +331,31 @@ struct Smem {
 
 template <int kH, int kI, int kBN, int kStages>
 struct MegaMoE {
-    static_assert(kH % 256 == 0 && kH / 256 <= 63, "hidden size: multiple of 256 (FC2 row tiles)");
+    // Wide mode (kBN = 128, for hundreds of tokens per expert): each wgmma tile is 128 weight rows x 128 tokens, one
+    // m64n128 half per math warpgroup (64 accumulator floats, as two m64n64 halves at kBN = 64; 256 rows x 128 tokens
+    // would need 128 + 64 and spilled in every variant tried). Per K stage it moves 32 KB (16 KB weights + 16 KB tokens)
+    // for the MMA work of 40 KB at kBN = 64, and each wgmma reads 6 KB of operands per 64 tensor cycles instead of 4 KB
+    // per 32. An FC1 task still owns one 128-channel quant group (256 interleaved rows) and runs it as two passes of
+    // 128 rows over the same token block: pass 0 stashes its SwiGLU output (bf16) in the FC1 staging area, pass 1
+    // quantises both halves; the weight producer and the loaders stream the 2 x H/128 stages back to back.
+    static constexpr bool kWide = kBN == kWideBN;
+    static constexpr int kRows = stage_rows(kBN);  // weight rows per stage / wgmma tile
+    static constexpr int kPasses = kWide ? 2 : 1;  // 128-row passes of an FC1 task
+    static_assert(kH % 256 == 0 && kH / kRows <= 63, "hidden size: multiple of 256 (FC2 row tiles: 6-bit field)");
     static_assert(kI % 128 == 0 && kI / 128 <= 63, "intermediate size: multiple of 128 (quant groups)");
-    static_assert(kBN == 8 || kBN == 16 || kBN == 32 || kBN == 64, "token block (128 spills: 2 x 64 + 64 accumulator floats)");
+    static_assert(kBN == 8 || kBN == 16 || kBN == 32 || kBN == 64 || kBN == kWideBN,
+                  "token block (bn128 with 256-row tiles spills: 2 x 64 + 64 accumulator floats; bn128 is the wide mode)");
     static_assert(kStages >= 2 && kStages <= 8, "stages");
 
     using L = Smem<kBN, kStages>;
-    static constexpr int kKb1 = kH / kBK;         // FC1 K stages
+    static constexpr int kKb1 = kH / kBK;         // FC1 K stages (per pass)
     static constexpr int kKb2 = kI / kBK;         // FC2 K stages
-    static constexpr int kT1 = 2 * kI / kTileRows;  // FC1 row tiles per expert (= I/128 = fc1_done target)
-    static constexpr int kT2 = kH / kTileRows;    // FC2 row tiles per expert
-    static constexpr int kNAcc = kBN / 2;         // accumulator floats per m64 half per thread
+    static constexpr int kT1 = 2 * kI / kTileRows;  // FC1 tasks per token block (= I/128 = fc1_done target)
+    static constexpr int kT2 = kH / kRows;        // FC2 row tiles per expert (= combine counters per token)
+    static constexpr int kNAcc = kBN / 2;         // accumulator floats per m64 half per thread (wide: the one half)
+    static constexpr int kNAcc1 = kWide ? 1 : kNAcc;  // the second half's (unused in the wide mode)
     static constexpr int kNJ = kBN / 8;           // 8-column groups
+    static_assert(!kWide || 256 * 64 <= kBN * kBK, "the pass-0 stash (256 threads x 32 bf16) fits the FC1 staging area");
 
     // ================================ plan kernel (1 CTA, 1024 threads) ================================
     struct PlanSmem {
@@ -363,7 +387,7 @@ struct MegaMoE {
         if (e < 0 || e >= p.e_local) {
             printf("glm5 megamoe: topk_ids[%d][%d] = %lld is outside the routed experts [0, %d)\n", t, j,
                    static_cast<long long>(e), p.e_local);
-            __trap();
+            glm5::trap_out_of_line();
         }
         return static_cast<int>(e);
     }
@@ -457,7 +481,7 @@ struct MegaMoE {
                 s.totals[1] > kMaxBlocks) {
                 printf("glm5 megamoe: workspace too small: rows %d > %d or tasks %d > %d or blocks %d > %d\n",
                        s.totals[0], p.pairs_cap, cur, p.tasks_cap, s.totals[1], p.blocks_cap);
-                __trap();
+                glm5::trap_out_of_line();
             }
         }
         __syncthreads();
@@ -530,12 +554,13 @@ struct MegaMoE {
             if (task_is_end(desc)) break;
             const int e = task_expert(desc), rt = task_rt(desc);
             const bool fc2 = task_fc2(desc);
-            // FC2: 2-D map over w2 [E_tot * H, I], box = 256 rows at row0. FC1: 5-D map over w13 whose
+            // FC2: 2-D map over w2 [E_tot * H, I], box = kRows rows at row0. FC1: 5-D map over w13 whose
             // box (dims: K, 8 rows, gate|up, group of 8 rows, expert) lands rows in the interleaved order
-            // g0..7 u0..7 g8..15 ...: tile rt = 16 groups of 8 channels of expert e. The host decides
-            // whether w13 is natural (gate || up) or pre-interleaved through the map's strides.
-            const int row0 = e * kH + rt * kTileRows;
-            const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
+            // g0..7 u0..7 g8..15 ...: tile rt = 16 groups of 8 channels of expert e (wide: pass q = groups
+            // [8 q, 8 q + 8) of them, a box of 8 groups). The host decides whether w13 is natural (gate || up)
+            // or pre-interleaved through the map's strides.
+            const int row0 = e * kH + rt * kRows;
+            const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1 * kPasses);
             const int kb0 = task_half(desc) * (kKb1 / 2);
             // Read exactly once unless the expert has several token blocks (those re-read it from L2).
             const bool once = p.expert_cnt[e] <= kBN;
@@ -549,9 +574,12 @@ struct MegaMoE {
                 } else {
                     sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
                 }
-                sm90::mbar_arrive_expect_tx(bar.full(s), kStageWBytes);
-                const uint32_t dst = sbase + L::kW + s * kStageWBytes;
-                const int k0 = (kb0 + kb) * kBK;
+                sm90::mbar_arrive_expect_tx(bar.full(s), L::kWStage);
+                const uint32_t dst = sbase + L::kW + s * L::kWStage;
+                // FC1 pass (wide) and K block inside it
+                const int pass = fc2 || kPasses == 1 ? 0 : kb / kKb1;
+                const int k0 = (kb0 + kb - pass * kKb1) * kBK;
+                const int grp = rt * (kTileRows / 16) + pass * (kRows / 16);
                 if (fc2) {
                     if (once)
                         sm90::tma_load_2d_hint(tm_w2, dst, bar.full(s), k0, row0, policy);
@@ -559,9 +587,9 @@ struct MegaMoE {
                         sm90::tma_load_2d(tm_w2, dst, bar.full(s), k0, row0);
                 } else {
                     if (once)
-                        sm90::tma_load_5d_hint(tm_w13, dst, bar.full(s), k0, 0, 0, rt * (kTileRows / 16), e, policy);
+                        sm90::tma_load_5d_hint(tm_w13, dst, bar.full(s), k0, 0, 0, grp, e, policy);
                     else
-                        sm90::tma_load_5d(tm_w13, dst, bar.full(s), k0, 0, 0, rt * (kTileRows / 16), e);
+                        sm90::tma_load_5d(tm_w13, dst, bar.full(s), k0, 0, 0, grp, e);
                 }
             }
             if constexpr (kTrace) tr.put(n, 11, empty_wait);
@@ -629,7 +657,7 @@ struct MegaMoE {
                                 printf("glm5 megamoe: fc1_done timeout: block %d token-block %d count %d of %d (cta %d)\n",
                                        blk, task_block(desc), ld_acquire_gpu(ctr), kT1, blockIdx.x);
 #endif
-                                __trap();
+                                glm5::trap_out_of_line();
                             }
                         }
                         if constexpr (kTrace) {
@@ -643,7 +671,7 @@ struct MegaMoE {
                 while (ld_acquire_gpu(p.fc1_done + blk) < kT1) {  // lane 0 saw >= kT1: at most a few re-reads
                 }
             }
-            const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
+            const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1 * kPasses);
             const int chunk = lane & 7;
             [[maybe_unused]] uint32_t empty_wait = 0;  // 32-bit: the trace build's loader warps have no registers to spare
             for (int kb = task_half(desc) * (kKb1 / 2), kend = kb + nk; kb < kend; ++kb, ++it) {
@@ -656,20 +684,21 @@ struct MegaMoE {
                     sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
                 }
                 const uint32_t dst = sbase + L::kA + s * L::kAStage;
+                const int kc = fc2 || kPasses == 1 ? kb : kb % kKb1;  // K block (wide FC1: both passes read x)
                 for (int i = 4 * lw + (lane >> 3); i < cnt; i += 4 * kLoaderWarps) {
                     const uint8_t* src =
-                        fc2 ? p.act + static_cast<int64_t>(p0 + i) * kI + kb * kBK + chunk * 16
-                            : p.x + static_cast<int64_t>(code[i] >> 4) * kH + kb * kBK + chunk * 16;
+                        fc2 ? p.act + static_cast<int64_t>(p0 + i) * kI + kc * kBK + chunk * 16
+                            : p.x + static_cast<int64_t>(code[i] >> 4) * kH + kc * kBK + chunk * 16;
                     ptx::cp_async_16(dst + i * kBK + ((chunk ^ (i & 7)) << 4), src, 16);
                 }
                 const uint32_t sdst = sbase + L::kSA + s * kBN * 4;
                 if (fc2) {  // 4 scales per 16-byte copy (p0 is a multiple of 8, pairs_cap of 4)
                     for (int q = 32 * lw + lane; q < (cnt + 3) / 4; q += 32 * kLoaderWarps)
-                        ptx::cp_async_16(sdst + q * 16, p.act_scale + static_cast<int64_t>(kb) * p.pairs_cap + p0 + 4 * q,
+                        ptx::cp_async_16(sdst + q * 16, p.act_scale + static_cast<int64_t>(kc) * p.pairs_cap + p0 + 4 * q,
                                          16);
                 } else {
                     for (int i = 32 * lw + lane; i < cnt; i += 32 * kLoaderWarps)
-                        cp_async_4(sdst + i * 4, p.x_scale + static_cast<int64_t>(code[i] >> 4) * (kH / kBK) + kb);
+                        cp_async_4(sdst + i * 4, p.x_scale + static_cast<int64_t>(code[i] >> 4) * (kH / kBK) + kc);
                 }
                 sm90::cp_async_16_mbar_arrive(bar.full(s));
             }
@@ -686,7 +715,8 @@ struct MegaMoE {
     // accumulators stay 0 and columns [cnt, kN) multiply whatever the stage rows past cnt hold; the epilogues read
     // columns < cnt only, and a column's dot products do not depend on the width, so the results are unchanged.
     static GLM5_DEVICE int mma_width(int cnt) {
-        const int w = cnt <= 8 ? 8 : cnt <= 16 ? 16 : cnt <= 24 ? 24 : cnt <= 32 ? 32 : cnt <= 48 ? 48 : 64;
+        const int w = cnt <= 8 ? 8 : cnt <= 16 ? 16 : cnt <= 24 ? 24 : cnt <= 32 ? 32 : cnt <= 48 ? 48 : cnt <= 64 ? 64
+                    : cnt <= 96 ? 96 : 128;
         return w < kBN ? w : kBN;
     }
 
@@ -713,16 +743,17 @@ struct MegaMoE {
                                         k > 0);
     }
 
-    // The K loop of one task at wgmma width kN: nk stages from ring position `it` (advanced), folding into acc0 /
-    // acc1 with the block scales at s_lo_ptr / s_hi_ptr (one per stage).
+    // The K loop of one task (wide FC1: of one pass) at wgmma width kN: nk stages from ring position `it` (advanced),
+    // folding into acc0 / acc1 (wide: acc0 only) with the block scales at s_lo_ptr / s_hi_ptr (one per stage).
     template <int kN>
     static GLM5_DEVICE void k_loop(uint8_t* sm, uint32_t sbase, const Bars& bar, int nk, uint32_t& it, int wg, int lane,
                                    int t4, const float* s_lo_ptr, const float* s_hi_ptr, float (&acc0)[kNAcc],
-                                   float (&acc1)[kNAcc], [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n,
-                                   [[maybe_unused]] int mt) {
-        // two temporaries: both halves' wgmma in flight (kN <= 64: 2 x 32 + 2 x 32 fragment floats)
+                                   float (&acc1)[kNAcc1], [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n,
+                                   [[maybe_unused]] int mt, [[maybe_unused]] int pass,
+                                   [[maybe_unused]] uint32_t& full_wait) {
+        // two temporaries: both halves' wgmma in flight (kN <= 64: 2 x 32 + 2 x 32 fragment floats); wide: one half,
+        // one temporary (64 + 64), and the other math warpgroup's wgmma overlaps this one's fold
         float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
-        [[maybe_unused]] uint32_t full_wait = 0;  // trace build: K-loop stage waits (column 10)
         for (int kb = 0; kb < nk; ++kb, ++it) {
             const int s = it % kStages;
             const float cur_lo = s_lo, cur_hi = s_hi;
@@ -730,32 +761,66 @@ struct MegaMoE {
             if constexpr (kTrace) {
                 const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
                 sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
-                if (kb > 0) full_wait += static_cast<uint32_t>(clock_cycles()) - c0;
-                if (mt == 0 && kb == 0) tr.put(n, 4, clock_cycles());
+                if (kb > 0 || pass > 0) full_wait += static_cast<uint32_t>(clock_cycles()) - c0;
+                if (mt == 0 && kb == 0 && pass == 0) tr.put(n, 4, clock_cycles());
             } else {
                 sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
             }
             sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
-            const uint32_t a_addr = sbase + L::kW + s * kStageWBytes + wg * (128 * kBK);
+            const uint32_t a_addr = sbase + L::kW + s * L::kWStage + wg * (kRows / 2 * kBK);
             const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
             const float* sa = reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
-            float tmp0[kN / 2], tmp1[kN / 2];
-            sm90::wgmma_fence();
-            issue_half<kN>(tmp0, a_addr, b_addr);
-            sm90::wgmma_commit();
-            issue_half<kN>(tmp1, a_addr + 64 * kBK, b_addr);
-            sm90::wgmma_commit();
-            sm90::wgmma_wait<1>();
-            sm90::fence_operands(tmp0);
-            fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
-            sm90::wgmma_wait<0>();
-            sm90::fence_operands(tmp1);
-            fold<kN>(acc1, tmp1, sa, t4, cur_lo, cur_hi);
+            if constexpr (kWide) {
+                float tmp0[kN / 2];
+                sm90::wgmma_fence();
+                issue_half<kN>(tmp0, a_addr, b_addr);
+                sm90::wgmma_commit();
+                sm90::wgmma_wait<0>();
+                sm90::fence_operands(tmp0);
+                fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
+            } else {
+                float tmp0[kN / 2], tmp1[kN / 2];
+                sm90::wgmma_fence();
+                issue_half<kN>(tmp0, a_addr, b_addr);
+                sm90::wgmma_commit();
+                issue_half<kN>(tmp1, a_addr + 64 * kBK, b_addr);
+                sm90::wgmma_commit();
+                sm90::wgmma_wait<1>();
+                sm90::fence_operands(tmp0);
+                fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
+                sm90::wgmma_wait<0>();
+                sm90::fence_operands(tmp1);
+                fold<kN>(acc1, tmp1, sa, t4, cur_lo, cur_hi);
+            }
             __syncwarp();
             if (lane == 0) sm90::mbar_arrive(bar.empty(s));
         }
         if constexpr (kTrace) {
-            if (mt == 0) tr.put(n, 5, clock_cycles()), tr.put(n, 10, full_wait);
+            if (mt == 0) tr.put(n, 5, clock_cycles()), tr.put(n, 10, full_wait);  // (wide FC1: pass 1 rewrites them)
+        }
+    }
+
+    // k_loop at the task's wgmma width (widths past kBN are discarded branches).
+    static GLM5_DEVICE void k_loop_width(int width, uint8_t* sm, uint32_t sbase, const Bars& bar, int nk, uint32_t& it,
+                                         int wg, int lane, int t4, const float* s_lo_ptr, const float* s_hi_ptr,
+                                         float (&acc0)[kNAcc], float (&acc1)[kNAcc1], const TraceBuf& tr, int n, int mt,
+                                         int pass, uint32_t& full_wait) {
+        switch (width) {
+#define GLM5_MEGAMOE_K_LOOP(N)                                                                                       \
+    case N:                                                                                                          \
+        if constexpr (N <= kBN)                                                                                      \
+            k_loop<N>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, pass, full_wait); \
+        break;
+            GLM5_MEGAMOE_K_LOOP(8)
+            GLM5_MEGAMOE_K_LOOP(16)
+            GLM5_MEGAMOE_K_LOOP(24)
+            GLM5_MEGAMOE_K_LOOP(32)
+            GLM5_MEGAMOE_K_LOOP(48)
+            GLM5_MEGAMOE_K_LOOP(64)
+            GLM5_MEGAMOE_K_LOOP(96)
+            GLM5_MEGAMOE_K_LOOP(128)
+#undef GLM5_MEGAMOE_K_LOOP
+            default: glm5::trap_out_of_line();  // mma_width returns one of the cases
         }
     }
 
@@ -779,37 +844,42 @@ struct MegaMoE {
             }
             const int e = task_expert(desc), rt = task_rt(desc);
             const bool fc2 = task_fc2(desc);
-            const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);
+            const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1);  // per pass
             const int kb0 = task_half(desc) * (kKb1 / 2);
-            // Weight block scales of this warpgroup's rows, one per K stage (prefetched one stage ahead).
-            const float* s_lo_ptr = fc2 ? p.w2_scale + static_cast<int64_t>(e * (kH / 128) + 2 * rt + wg) * kKb2
+            // Weight block scales of this warpgroup's rows, one per K stage (prefetched one stage ahead). FC1: the gate /
+            // up blocks of quant group rt (both passes); FC2: the 128-row block of this warpgroup's rows.
+            const float* s_lo_ptr = fc2 ? p.w2_scale + static_cast<int64_t>(e * (kH / 128) + (kWide ? rt : 2 * rt + wg)) * kKb2
                                         : p.w13_scale + static_cast<int64_t>(e * (2 * kI / 128) + rt) * kKb1 + kb0;
             const float* s_hi_ptr = fc2 ? s_lo_ptr : s_lo_ptr + static_cast<int64_t>(kI / 128) * kKb1;
-            float acc0[kNAcc], acc1[kNAcc];
+            float acc0[kNAcc], acc1[kNAcc1];
 #pragma unroll
-            for (int i = 0; i < kNAcc; ++i) acc0[i] = 0.f, acc1[i] = 0.f;
+            for (int i = 0; i < kNAcc; ++i) acc0[i] = 0.f;
+#pragma unroll
+            for (int i = 0; i < kNAcc1; ++i) acc1[i] = 0.f;
             // The loader publishes the task's column info before it loads any stage, so this wait adds nothing
             // to the first stage's.
             sm90::mbar_wait(bar.tinfo(slot), tpar);
             const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
-            switch (mma_width(cnt)) {  // widths past kBN are discarded branches (math is a template member)
-#define GLM5_MEGAMOE_K_LOOP(N)                                                                                     \
-    case N:                                                                                                        \
-        if constexpr (N <= kBN) k_loop<N>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt); \
-        break;
-                GLM5_MEGAMOE_K_LOOP(8)
-                GLM5_MEGAMOE_K_LOOP(16)
-                GLM5_MEGAMOE_K_LOOP(24)
-                GLM5_MEGAMOE_K_LOOP(32)
-                GLM5_MEGAMOE_K_LOOP(48)
-                GLM5_MEGAMOE_K_LOOP(64)
-#undef GLM5_MEGAMOE_K_LOOP
-                default: __trap();  // mma_width returns one of the cases
-            }
-            if (fc2)
+            const int width = mma_width(cnt);
+            [[maybe_unused]] uint32_t full_wait = 0;  // trace build: K-loop stage waits (column 10)
+            // (a forced-inline member, not a lambda: a lambda called twice (wide FC1) was outlined, which put the
+            // accumulators it takes by reference in local memory)
+            k_loop_width(width, sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, 0, full_wait);
+            if (fc2) {
                 epilogue_fc2(p, sm, slot, rt, cnt, wg, w, lane, acc0, acc1, tr, n);
-            else if (!task_split(desc) || split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1))
+            } else if constexpr (kWide) {
+                // pass 0 (channels [64 q, 64 q + 64) of the group for q = 0) -> bf16 stash; pass 1 -> both quantised
+                wide_stash(sbase, acc0);
+#pragma unroll
+                for (int i = 0; i < kNAcc; ++i) acc0[i] = 0.f;
+                k_loop_width(width, sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, 1,
+                             full_wait);
+                float prev[kNAcc];  // pass 0's activations (gate registers; the rest unused)
+                wide_unstash(sbase, prev);
+                epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, prev, acc0, tr, n);
+            } else if (!task_split(desc) || split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1)) {
                 epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1, tr, n);
+            }
             __syncwarp();
             if constexpr (kTrace) {
                 if (mt == 0) tr.put(n, 6, clock_cycles()), tr.put(n, 9, globaltimer_ns());
@@ -823,7 +893,7 @@ struct MegaMoE {
     // first one's partial (a + b: commutative, so the sum does not depend on who finishes last) and
     // runs the epilogue (returns true); the first finisher is done (false).
     static GLM5_DEVICE bool split_exchange(const Params& p, uint8_t* sm, int rt, int blk, int half,
-                                           float (&acc0)[kNAcc], float (&acc1)[kNAcc]) {
+                                           float (&acc0)[kNAcc], float (&acc1)[kNAcc1]) {
         const int mt = threadIdx.x - 128;
         const int tile = blk * kT1 + rt;
         float* mine = p.split_partial + (static_cast<int64_t>(tile) * 2 + half) * kMathThreads * kBN + mt * kBN;
@@ -855,6 +925,78 @@ struct MegaMoE {
         return true;
     }
 
+    // a = bf16(silu(bf16(g)) * bf16(u)) = bf16(bf16(g) / (1 + exp(-bf16(g))) * bf16(u)) of the (gate, up) row pairs in
+    // `second` (and in `first` if kBoth), kept in the gate registers (d[4j + q], q < 2). The divisions skip nvcc's range
+    // check when every lane's operands are in range (div_rn_fast_ok; a gate g >= -41 keeps 1 + exp(-g) <= 2^60): the
+    // same bits, without a branch around each division.
+    template <bool kBoth>
+    static GLM5_DEVICE void swiglu(float (&first)[kNAcc], float (&second)[kNAcc]) {
+        const auto div_unchecked = [](float a, float b) { return div_rn_nocheck(a, b); };
+        const auto div_ieee = [](float a, float b) { return __fdiv_rn(a, b); };
+        bool fast = true;
+#pragma unroll
+        for (int i = 0; i < kNAcc; i += 4) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const float g0 = round_bf16(first[i + q]), g1 = round_bf16(second[i + q]);
+                fast &= (!kBoth || (g0 >= -41.0f && div_rn_fast_ok(g0, 1.0f))) && g1 >= -41.0f && div_rn_fast_ok(g1, 1.0f);
+            }
+        }
+        auto run = [&](auto div) {
+#pragma unroll
+            for (int i = 0; i < kNAcc; i += 4) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {
+#pragma unroll
+                    for (int h = kBoth ? 0 : 1; h < 2; ++h) {
+                        float (&acc)[kNAcc] = h ? second : first;
+                        const float gv = round_bf16(acc[i + q]), uv = round_bf16(acc[i + 2 + q]);
+                        acc[i + q] = round_bf16(div(gv, 1.0f + expf(-gv)) * uv);
+                    }
+                }
+            }
+        };
+        if (__all_sync(0xffffffffu, fast))
+            run(div_unchecked);
+        else
+            run(div_ieee);
+    }
+
+    // Wide FC1, between the passes: pass 0's SwiGLU output (exact bf16) into this thread's 64 bytes of the FC1 staging
+    // area, as 4 chunks laid out [chunk][256 threads] (16-byte stores, no bank conflicts). The staging area is free: the
+    // previous FC1 epilogue's last reads of it come before its final math barrier.
+    static GLM5_DEVICE void wide_stash(uint32_t sbase, float (&acc)[kNAcc]) {
+        swiglu<false>(acc, acc);
+        const int mt = threadIdx.x - 128;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            uint32_t u[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int j = 4 * c + r;  // 8-column group j: gate registers acc[4 j], acc[4 j + 1]
+                u[r] = ptx::f32x2_to_bf16x2_rn(acc[4 * j], acc[4 * j + 1]);
+            }
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(sbase + L::kOut + (c * kMathThreads + mt) * 16),
+                         "r"(u[0]), "r"(u[1]), "r"(u[2]), "r"(u[3])
+                         : "memory");
+        }
+    }
+
+    // Wide FC1, after pass 1's K loop: this thread's pass-0 activations back into the gate registers of `acc`.
+    static GLM5_DEVICE void wide_unstash(uint32_t sbase, float (&acc)[kNAcc]) {
+        const int mt = threadIdx.x - 128;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            uint32_t u[4];
+            ptx::lds_v4(sbase + L::kOut + (c * kMathThreads + mt) * 16, u[0], u[1], u[2], u[3]);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int j = 4 * c + r;
+                acc[4 * j] = ptx::bf16lo_to_f32(u[r]), acc[4 * j + 1] = ptx::bf16hi_to_f32(u[r]);
+            }
+        }
+    }
+
     // FC1: SwiGLU of the (gate, up) row pairs each thread holds, 1x128 FP8 quant of the 128 channels of
     // this tile per token, a8 rows + scales to global, then fc1_done += 1.
     static GLM5_DEVICE void epilogue_fc1(const Params& p, uint8_t* sm, uint32_t sbase, int rt, int p0, int cnt, int blk,
@@ -865,36 +1007,7 @@ struct MegaMoE {
         float* red = reinterpret_cast<float*>(sm + L::kRed);
         const auto div_unchecked = [](float a, float b) { return div_rn_nocheck(a, b); };
         const auto div_ieee = [](float a, float b) { return __fdiv_rn(a, b); };
-        // a = bf16(silu(bf16(g)) * bf16(u)) = bf16(bf16(g) / (1 + exp(-bf16(g))) * bf16(u)); kept in the gate registers.
-        // The divisions skip nvcc's range check when every lane's operands are in range (div_rn_fast_ok; a gate
-        // g >= -41 keeps 1 + exp(-g) <= 2^60): the same bits, without a branch around each division.
-        bool fast = true;
-#pragma unroll
-        for (int i = 0; i < kNAcc; i += 4) {
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                const float g0 = round_bf16(acc0[i + q]), g1 = round_bf16(acc1[i + q]);
-                fast &= g0 >= -41.0f && div_rn_fast_ok(g0, 1.0f) && g1 >= -41.0f && div_rn_fast_ok(g1, 1.0f);
-            }
-        }
-        auto swiglu = [&](auto div) {
-#pragma unroll
-            for (int i = 0; i < kNAcc; i += 4) {
-#pragma unroll
-                for (int q = 0; q < 2; ++q) {
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        float (&acc)[kNAcc] = h ? acc1 : acc0;
-                        const float gv = round_bf16(acc[i + q]), uv = round_bf16(acc[i + 2 + q]);
-                        acc[i + q] = round_bf16(div(gv, 1.0f + expf(-gv)) * uv);
-                    }
-                }
-            }
-        };
-        if (__all_sync(0xffffffffu, fast))
-            swiglu(div_unchecked);
-        else
-            swiglu(div_ieee);
+        swiglu<!kWide>(acc0, acc1);  // wide: acc0 holds pass 0's activations already (wide_unstash)
 #pragma unroll
         for (int j = 0; j < kNJ; ++j) {
 #pragma unroll
@@ -910,9 +1023,11 @@ struct MegaMoE {
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 13, clock_cycles());
         }
-        // Channel of this thread's rows inside the tile's 128: 64 wg + 32 half + 8 w + g.
+        // Channel of this thread's rows inside the group's 128: 64 wg + 32 half + 8 w + g (wide: 32 wg + 64 pass + 8 w + g;
+        // acc0 = pass 0, acc1 = pass 1).
         const uint32_t out_s = sbase + L::kOut;
-        const int c0 = 64 * wg + 8 * w + g8;
+        constexpr int kCh1 = kWide ? 64 : 32;  // channel offset of acc1's rows
+        const int c0 = (kWide ? 32 : 64) * wg + 8 * w + g8;
         // Column amax over the 8 warps first (also the fast-path test: the 8 warps' amax is not bounded by this warp's
         // values; an overflowed activation elsewhere gives inf, whose IEEE quotient the fast path would not give).
         // sc = max(amax, 1e-10) / 448 is in range for amax <= 2^60; a / sc then needs the warp's values in range.
@@ -956,7 +1071,7 @@ struct MegaMoE {
             for (int q = 0; q < 2; ++q) {
                 const int col = 8 * j + 2 * t4 + q;
                 st_shared_u8(out_s + col * kBK + c0, q2s[2 * j + q] & 0xffu);
-                st_shared_u8(out_s + col * kBK + c0 + 32, q2s[2 * j + q] >> 8);
+                st_shared_u8(out_s + col * kBK + c0 + kCh1, q2s[2 * j + q] >> 8);
                 if (mt < 4 && col < cnt)  // wg 0, warp 0, g 0: one writer per column
                     p.act_scale[static_cast<int64_t>(rt) * p.pairs_cap + p0 + col] = scs[2 * j + q];
             }
@@ -982,7 +1097,7 @@ struct MegaMoE {
     // FC2: y = bf16(acc * w) into the slot buffer (16-byte stores of 8 channels; 4-byte channel pairs at bn8), then
     // the last of the S contributors of (token, rt) sums the S slots in slot order into out.
     static GLM5_DEVICE void epilogue_fc2(const Params& p, uint8_t* sm, int slot, int rt, int cnt, int wg, int w,
-                                         int lane, float (&acc0)[kNAcc], float (&acc1)[kNAcc],
+                                         int lane, float (&acc0)[kNAcc], float (&acc1)[kNAcc1],
                                          [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n) {
         const int g8 = lane >> 2, t4 = lane & 3;
         const int mt = threadIdx.x - 128;
@@ -991,6 +1106,7 @@ struct MegaMoE {
         int32_t* flag = reinterpret_cast<int32_t*>(sm + L::kFlag);
         const int S = p.num_slots;
         const bool even = (g8 & 1) == 0;
+        const int ch_base = kWide ? 64 * wg : 128 * wg;  // first channel of this warpgroup's rows in the tile
         // Routing weights and pair codes of this thread's columns, loaded before the first store: the stores are asm
         // volatile (memory clobber), so loads inside the store loop waited for the previous store's issue.
         float w0s[kNJ], w1s[kNJ];
@@ -1040,8 +1156,8 @@ struct MegaMoE {
                     const int col = 8 * (j0 + (k >> 1)) + 2 * t4 + (g8 & 1);
                     if (col < cnt) {
                         const int32_t c = (k >> 1) ? codes[j0 + 1] : codes[j0];
-                        const int ch = 128 * wg + 64 * half + 16 * w + 8 * (k & 1);
-                        uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kTileRows + ch;
+                        const int ch = ch_base + 64 * half + 16 * w + 8 * (k & 1);
+                        uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kRows + ch;
                         ptx::st_global_v4(dst, ptx::u32x4{u[0], u[1], u[2], u[3]});
                     }
                 }
@@ -1056,10 +1172,10 @@ struct MegaMoE {
                         const float recv = __shfl_xor_sync(0xffffffffu, even ? v1 : v0, 4);
                         const int col = even ? col0 : col0 + 1;
                         const float lo = even ? v0 : recv, hi = even ? recv : v1;
-                        const int ch = 128 * wg + 64 * half + 16 * w + 8 * r + (g8 & ~1);  // even channel of the pair
+                        const int ch = ch_base + 64 * half + 16 * w + 8 * r + (g8 & ~1);  // even channel of the pair
                         if (col < cnt) {
                             const int32_t c = codes[j];
-                            uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kTileRows + ch;
+                            uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kRows + ch;
                             st_global_u32(dst, ptx::f32x2_to_bf16x2_rn(lo, hi));
                         }
                     }
@@ -1067,14 +1183,14 @@ struct MegaMoE {
             }
         };
         store_half(acc0, 0);
-        store_half(acc1, 1);
+        if constexpr (!kWide) store_half(acc1, 1);
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 13, clock_cycles());
         }
         if (p.flags & kFlagNoCombine) return;  // diagnostics: slot values only (uniform branch)
         handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
-        constexpr int kCtrPerToken = kH / kTileRows;
+        constexpr int kCtrPerToken = kH / kRows;
         if (mt < cnt) {
             const int t = code[mt] >> 4;
             const int old = atom_acq_rel_gpu_add(p.combine_ctr + static_cast<int64_t>(t) * kCtrPerToken + rt, 1);
@@ -1086,43 +1202,53 @@ struct MegaMoE {
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 14, clock_cycles());
         }
-        // One warp per finished token: lane owns 8 consecutive channels of the 256.
+        // One warp per finished token: lane owns kLaneCh consecutive channels of the tile's kRows (8: 16-byte loads;
+        // wide: 4, 8-byte loads).
+        constexpr int kLaneCh = kRows / 32, kLaneW = kLaneCh / 2;
         const int mw = mt >> 5;
         for (int col = mw; col < cnt; col += kMathThreads / 32) {
             if (!flag[col]) continue;
             handoff_fence();
             const int t = code[col] >> 4;
-            const int64_t base = static_cast<int64_t>(t) * S * kH + rt * kTileRows + lane * 8;
+            const int64_t base = static_cast<int64_t>(t) * S * kH + rt * kRows + lane * kLaneCh;
             // The slot loads go out 4 at a time (8 spill the bn64 build), then are summed in slot order. A loop over the
             // runtime S issued one L2 round trip per slot: ~9 in a row per combined token, most of FC2's epilogue at
             // 128+ tokens (session-10 trace).
-            float sum[8];
+            float sum[kLaneCh];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) sum[i] = 0.f;
+            for (int i = 0; i < kLaneCh; ++i) sum[i] = 0.f;
             for (int j0 = 0; j0 < S; j0 += 4) {
-                uint32_t v[4][4];
+                uint32_t v[4][kLaneW];
 #pragma unroll
-                for (int jj = 0; jj < 4; ++jj)
-                    if (j0 + jj < S)
-                        ptx::ld_cg_v4(p.slots + base + static_cast<int64_t>(j0 + jj) * kH, v[jj][0], v[jj][1], v[jj][2],
-                                      v[jj][3]);
+                for (int jj = 0; jj < 4; ++jj) {
+                    if (j0 + jj < S) {
+                        const uint16_t* src = p.slots + base + static_cast<int64_t>(j0 + jj) * kH;
+                        if constexpr (kLaneW == 4)
+                            ptx::ld_cg_v4(src, v[jj][0], v[jj][1], v[jj][2], v[jj][3]);
+                        else
+                            ld_cg_v2(src, v[jj][0], v[jj][1]);
+                    }
+                }
 #pragma unroll
                 for (int jj = 0; jj < 4; ++jj) {
                     if (j0 + jj < S) {
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) {
+                        for (int i = 0; i < kLaneW; ++i) {
                             sum[2 * i] += ptx::bf16lo_to_f32(v[jj][i]);
                             sum[2 * i + 1] += ptx::bf16hi_to_f32(v[jj][i]);
                         }
                     }
                 }
             }
-            ptx::u32x4 o;
-            o.x = ptx::f32x2_to_bf16x2_rn(sum[0] * p.routed_scaling, sum[1] * p.routed_scaling);
-            o.y = ptx::f32x2_to_bf16x2_rn(sum[2] * p.routed_scaling, sum[3] * p.routed_scaling);
-            o.z = ptx::f32x2_to_bf16x2_rn(sum[4] * p.routed_scaling, sum[5] * p.routed_scaling);
-            o.w = ptx::f32x2_to_bf16x2_rn(sum[6] * p.routed_scaling, sum[7] * p.routed_scaling);
-            ptx::st_global_v4(p.out + static_cast<int64_t>(t) * kH + rt * kTileRows + lane * 8, o);
+            uint32_t o[kLaneW];
+#pragma unroll
+            for (int i = 0; i < kLaneW; ++i)
+                o[i] = ptx::f32x2_to_bf16x2_rn(sum[2 * i] * p.routed_scaling, sum[2 * i + 1] * p.routed_scaling);
+            uint16_t* dst = p.out + static_cast<int64_t>(t) * kH + rt * kRows + lane * kLaneCh;
+            if constexpr (kLaneW == 4)
+                ptx::st_global_v4(dst, ptx::u32x4{o[0], o[1], o[2], o[3]});
+            else
+                ptx::st_global_v2(dst, o[0], o[1]);
             if (lane == 0) red_relaxed_gpu_add(p.ctrl + 3, 1);  // diagnostics: output tiles combined
         }
     }

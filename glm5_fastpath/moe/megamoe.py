@@ -74,9 +74,9 @@ BF16 = torch.bfloat16
 # Mirrors of csrc/moe/megamoe.cuh constants.
 THREADS = 384
 PLAN_THREADS = 1024
-TILE_ROWS = 256
+TILE_ROWS = 256   # weight rows of an FC1 task (one 128-channel quant group) and of a narrow FC2 task
 BK = 128
-STAGE_W_BYTES = TILE_ROWS * BK
+WIDE_BN = 128     # the wide token block: 128-row wgmma tiles (megamoe.cuh MegaMoE::kWide)
 TASK_SLOTS = 4
 MAX_EXPERTS = 512
 MAX_SLOTS = 16
@@ -91,7 +91,7 @@ MAX_BLOCKS = 1 << 14   # 14-bit token-block field of a task
 SPLIT_MAX_BN = 16      # split-K FC1 tiles only for token blocks up to this (scratch: 2 x 256 x BN fp32 per tile)
 SPLIT_WAVES = 4        # split-K FC1 tiles when the call has at most this many waves of FC1 tiles (default_config: 1 token)
 
-BLOCK_NS = (8, 16, 32, 64)
+BLOCK_NS = (8, 16, 32, 64, WIDE_BN)
 MAX_TOKENS = 4096
 GATE_UP_INTERLEAVE = 8
 
@@ -108,12 +108,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def stage_rows(block_n: int) -> int:
+    """Weight rows per pipeline stage / wgmma tile (megamoe.cuh stage_rows): 128 in the wide mode, else 256. Also
+    the rows of an FC2 task, so H / stage_rows FC2 tasks per token block and combine counters per token."""
+    return 128 if block_n == WIDE_BN else TILE_ROWS
+
+
+def fc2_tiles(hidden: int, block_n: int) -> int:
+    """FC2 row tiles per token block = output tiles combined per token (ctrl[CTRL_TILES_COMBINED] / M)."""
+    return hidden // stage_rows(block_n)
+
+
 # ---- shared-memory layout (mirror of megamoe.cuh Smem<kBN, kStages>) ---------------------------------
 
 def smem_bytes(block_n: int, stages: int) -> int:
     """Dynamic shared memory of the persistent kernel (Smem::kAlloc: layout + 1024 B alignment slack)."""
     a_stage = block_n * BK
-    off = stages * STAGE_W_BYTES            # weights
+    off = stages * stage_rows(block_n) * BK  # weights
     off += stages * a_stage                 # activations
     off += stages * block_n * 4             # activation scales
     off += block_n * BK                     # FC1 output staging
@@ -140,9 +151,10 @@ def max_stages(block_n: int) -> int:
 class MegaMoEConfig:
     """One kernel variant + schedule knobs for a token bucket.
 
-    block_n:    tokens per task = wgmma N (8, 16, 32, 64); an expert with more pairs gets several token
-                blocks, each re-reading its weight tiles (from L2 when claimed back to back).
-    stages:     pipeline depth (32 KB weights + block_n x 128 B activations per stage).
+    block_n:    tokens per task = wgmma N (8, 16, 32, 64, 128); an expert with more pairs gets several token
+                blocks, each re-reading its weight tiles (from L2 when claimed back to back). 128 is the wide
+                mode: 128-row wgmma tiles, FC1 tasks in two 128-row passes, 128-row FC2 tasks (megamoe.cuh).
+    stages:     pipeline depth (32 KB weights (wide: 16 KB) + block_n x 128 B activations per stage).
     group_size: active experts per scheduling group (FC1 of group g+1 is listed before FC2 of group g);
                 the default (all experts in one group: every FC1 task before every FC2 task) gave the
                 shortest tail in the schedule model (tests/moe: test_schedule_simulation).
@@ -239,7 +251,8 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
         raise _fail(f"num_tokens={num_tokens} must be >= 1")
     routed = expected_max_load(num_tokens, num_experts, topk)
     need = max(routed, num_tokens if num_shared else 0)
-    bn = next((b for b in BLOCK_NS if b >= need), BLOCK_NS[-1])
+    narrow = [b for b in BLOCK_NS if b != WIDE_BN]
+    bn = next((b for b in narrow if b >= need), narrow[-1])
     if num_tokens <= 128 and routed <= 32:
         # measured (glm5-fastpath tune, H200, 2026-11-29, GLM-5 dims, 256 experts, random routing): at 64 / 128
         # tokens bn32 beats bn64 by 11 % / 9 % (1969 vs 2220 us, 2289 vs 2529 us): only the shared expert needs
@@ -338,30 +351,32 @@ def prepare_weights(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor
                           E_tot - num_shared, num_shared)
 
 
-def w13_map_geometry(num_total: int, inter: int, hidden: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+def w13_map_geometry(num_total: int, inter: int, hidden: int,
+                     rows: int = TILE_ROWS) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(sizes, element strides, box) of the strided view of w13 [E_tot, 2I, H] that FC1's TMA loads:
-    dims (expert, group of 8 channels, gate|up, channel in group, K). Its box (1, 16, 2, 8, BK) is one
-    FC1 stage: 16 groups x (8 gate rows, 8 up rows) x BK columns = the 256 rows of tile rt in the
-    interleaved order, read straight from the gate || up layout. The kernel addresses it at
-    (k, 0, 0, 16 rt, e), innermost first. Equals interleave_gate_up: tests/moe/test_megamoe.py."""
+    dims (expert, group of 8 channels, gate|up, channel in group, K). Its box (1, rows / 16, 2, 8, BK) is one
+    FC1 stage: rows / 16 groups x (8 gate rows, 8 up rows) x BK columns, in the interleaved order, read straight
+    from the gate || up layout: rows = 256 is tile rt (addressed at (k, 0, 0, 16 rt, e), innermost first); rows =
+    128 (stage_rows of the wide mode) is pass q of it (at (k, 0, 0, 16 rt + 8 q, e)). Equals interleave_gate_up:
+    tests/moe/test_megamoe.py."""
     g = GATE_UP_INTERLEAVE
     sizes = (num_total, inter // g, 2, g, hidden)
     strides = (2 * inter * hidden, g * hidden, inter * hidden, hidden, 1)
-    box = (1, TILE_ROWS // (2 * g), 2, g, BK)
+    box = (1, rows // (2 * g), 2, g, BK)
     return sizes, strides, box
 
 
-def _w13_map(w13: torch.Tensor):
+def _w13_map(w13: torch.Tensor, rows: int = TILE_ROWS):
     from ..jit.tma import tensor_map_strided
     e_tot, n13, h = w13.shape
-    sizes, strides, box = w13_map_geometry(int(e_tot), int(n13) // 2, int(h))
+    sizes, strides, box = w13_map_geometry(int(e_tot), int(n13) // 2, int(h), rows)
     return tensor_map_strided(w13, sizes, strides, box, 128, name="w13")
 
 
-def _w2_map(w2: torch.Tensor):
+def _w2_map(w2: torch.Tensor, rows: int = TILE_ROWS):
     from ..jit.tma import tensor_map_2d
     e_tot, h, i = w2.shape
-    return tensor_map_2d(w2.view(e_tot * h, i), BK, TILE_ROWS, 128, name="w2")
+    return tensor_map_2d(w2.view(e_tot * h, i), BK, rows, 128, name="w2")
 
 
 def prepare_weights_from_experts(experts: Sequence[tuple[Any, Any]], num_shared: int = 1,
@@ -395,8 +410,12 @@ class WorkspaceShape:
         return _cdiv(self.max_tokens * self.num_slots, BLOCK_NS[0]) + self.num_total
 
     @property
-    def tasks_cap(self) -> int:  # split FC1 tiles count twice
-        return self.blocks_cap * (2 * 2 * self.inter // TILE_ROWS + self.hidden // TILE_ROWS)
+    def tasks_cap(self) -> int:  # split FC1 tiles count twice; the wide mode's FC2 tiles are 128 rows
+        return self.blocks_cap * (2 * 2 * self.inter // TILE_ROWS + self.hidden // stage_rows(WIDE_BN))
+
+    @property
+    def combine_ctrs(self) -> int:  # per token, one per 128 channels (the wide mode's FC2 tiles; narrow ones use half)
+        return self.max_tokens * (self.hidden // stage_rows(WIDE_BN))
 
     @property
     def split_tiles_cap(self) -> int:
@@ -409,7 +428,7 @@ class WorkspaceShape:
     @property
     def nbytes(self) -> int:
         return (self.pairs_cap * self.inter + self.inter // 128 * self.pairs_cap * 4
-                + self.max_tokens * self.num_slots * self.hidden * 2 + self.max_tokens * self.hidden // TILE_ROWS * 4
+                + self.max_tokens * self.num_slots * self.hidden * 2 + self.combine_ctrs * 4
                 + 4 * (3 * MAX_EXPERTS + self.pairs_cap + self.tasks_cap + 8 + self.blocks_cap)
                 + 4 * (self.split_tiles_cap + self.split_partial_floats))
 
@@ -439,7 +458,7 @@ def _alloc_workspace(shape: WorkspaceShape, dev: torch.device) -> Workspace:
         torch.zeros(MAX_EXPERTS, **i32), torch.zeros(MAX_EXPERTS, **i32), torch.zeros(MAX_EXPERTS, **i32),
         torch.zeros(shape.pairs_cap, **i32), torch.zeros(shape.tasks_cap, **i32), torch.zeros(8, **i32),
         torch.zeros(shape.blocks_cap, **i32),
-        torch.zeros(shape.max_tokens * (shape.hidden // TILE_ROWS), **i32),  # zero at rest (self-resetting)
+        torch.zeros(shape.combine_ctrs, **i32),                              # zero at rest (self-resetting)
         torch.zeros(shape.split_tiles_cap, **i32),                           # zero at rest (self-resetting)
         torch.empty(shape.split_partial_floats, dtype=torch.float32, device=dev),
         torch.empty(shape.pairs_cap, shape.inter, dtype=FP8, device=dev),
@@ -644,7 +663,8 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
     env.print_config("mega_moe", {"M": m, "H": wv.hidden, "I": wv.inter, "experts": wv.num_total, "topk": k,
                                   "shared": num_shared},
                      {"config": cfg.name, "smem": cfg.smem, "grid": _sms(dev), "threads": THREADS})
-    tm13, tm2 = _w13_map(wv.w13), _w2_map(wv.w2)
+    rows = stage_rows(cfg.block_n)
+    tm13, tm2 = _w13_map(wv.w13, rows), _w2_map(wv.w2, rows)
     p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
     plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
     main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, p, *extra], smem=cfg.smem, pdl=True)
@@ -959,8 +979,9 @@ def precompile(weights: MegaMoEWeights, topk: int = 8, max_tokens: int = 256, de
     for c in configs:
         _kernels_for(c.validate(), weights.hidden, weights.inter, dev)
     get_workspace(dev, weights.hidden, weights.inter, weights.num_total, topk + weights.num_shared, max_tokens)
-    _w13_map(weights.w13)
-    _w2_map(weights.w2)
+    for rows in sorted({stage_rows(c.block_n) for c in configs}):
+        _w13_map(weights.w13, rows)
+        _w2_map(weights.w2, rows)
 
 
 def compile_check_specs() -> list[KernelSpec]:
@@ -1028,7 +1049,7 @@ def plan_reference(topk_ids: torch.Tensor, num_experts: int, num_shared: int, bl
         blk += nblk[e]
         if c:
             active.append(e)
-    t1, t2 = 2 * inter // TILE_ROWS, hidden // TILE_ROWS
+    t1, t2 = 2 * inter // TILE_ROWS, fc2_tiles(hidden, block_n)
     groups = [active[i:i + group_size] for i in range(0, len(active), group_size)]
     split = 2 if blk * t1 <= split_max_tiles else 1
 

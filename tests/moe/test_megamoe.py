@@ -114,21 +114,25 @@ def test_interleave_maps_tiles_to_quant_groups():
         assert torch.equal(tile[(R % 16) < 8] - 128 * rt, (8 * (R // 16) + R % 8)[(R % 16) < 8])
 
 
+@pytest.mark.parametrize("rows", [256, 128])
 @pytest.mark.parametrize("e_tot,inter,hidden", [(1, 128, 256), (3, 256, 512), (2, 2048, 384)])
-def test_w13_map_geometry_gathers_the_interleaved_rows(e_tot, inter, hidden):
+def test_w13_map_geometry_gathers_the_interleaved_rows(e_tot, inter, hidden, rows):
     """The FC1 TMA view over the natural gate||up layout, read box by box in the kernel's order (coordinates
-    (k, 0, 0, 16 rt, e)), yields exactly interleave_gate_up's tiles: the kernel reads SGLang's w13 in place."""
+    (k, 0, 0, 16 rt + 8 q, e) for pass q of tile rt: q = 0 only with 256-row boxes, q = 0, 1 with the wide mode's
+    128-row boxes), yields exactly interleave_gate_up's tiles: the kernel reads SGLang's w13 in place."""
     w = torch.arange(e_tot * 2 * inter * hidden, dtype=torch.float64).view(e_tot, 2 * inter, hidden)
-    sizes, strides, box = M.w13_map_geometry(e_tot, inter, hidden)
+    sizes, strides, box = M.w13_map_geometry(e_tot, inter, hidden, rows)
     view = w.as_strided(sizes, strides)
     ref = M.interleave_gate_up(w)
-    assert box[1] * box[2] * box[3] == M.TILE_ROWS and box[4] == M.BK
+    assert box[1] * box[2] * box[3] == rows and box[4] == M.BK
     for e in range(e_tot):
         for rt in range(2 * inter // M.TILE_ROWS):
-            for kb in range(hidden // M.BK):
-                g0, k0 = rt * box[1], kb * M.BK
-                tile = view[e, g0:g0 + box[1], :, :, k0:k0 + M.BK].reshape(M.TILE_ROWS, M.BK)
-                assert torch.equal(tile, ref[e, rt * M.TILE_ROWS:(rt + 1) * M.TILE_ROWS, k0:k0 + M.BK]), (e, rt, kb)
+            for q in range(M.TILE_ROWS // rows):
+                for kb in range(hidden // M.BK):
+                    g0, k0 = rt * (M.TILE_ROWS // 16) + q * (rows // 16), kb * M.BK
+                    tile = view[e, g0:g0 + box[1], :, :, k0:k0 + M.BK].reshape(rows, M.BK)
+                    r0 = rt * M.TILE_ROWS + q * rows
+                    assert torch.equal(tile, ref[e, r0:r0 + rows, k0:k0 + M.BK]), (e, rt, q, kb)
     # the view stays inside the tensor and satisfies the tensor-map rules (16-byte strides for e4m3)
     from glm5_fastpath.jit.tma import check_strided
     check_strided(sizes, strides, 1, 0, box, 128, w.numel(), "w13")
@@ -155,8 +159,13 @@ def test_config_smem_and_validation():
         s = M.max_stages(bn)
         assert 4 <= s <= 8 and M.smem_bytes(bn, s) <= M.SMEM_LIMIT < M.smem_bytes(bn, s + 1) or s == 8
         M.MegaMoEConfig(bn, s).validate()
-    with pytest.raises(M.MegaMoEInputError, match="block_n=128"):
-        M.MegaMoEConfig(128, 4).validate()
+    with pytest.raises(M.MegaMoEInputError, match="block_n=256"):
+        M.MegaMoEConfig(256, 4).validate()
+    with pytest.raises(M.MegaMoEInputError, match="block_n=96"):
+        M.MegaMoEConfig.from_name("bn96")
+    # the wide block: 16 KB weight stages (128 rows), and its name round-trips
+    assert M.stage_rows(128) == 128 and all(M.stage_rows(b) == M.TILE_ROWS for b in M.BLOCK_NS if b != 128)
+    assert M.MegaMoEConfig.from_name(M.MegaMoEConfig(128, 6, 4, 0).name) == M.MegaMoEConfig(128, 6, 4, 0)
     with pytest.raises(M.MegaMoEInputError, match="shared memory"):
         M.MegaMoEConfig(64, 8).validate()
     with pytest.raises(M.MegaMoEInputError, match="group_size"):
@@ -750,9 +759,10 @@ def test_gpu_vs_reference(m, kind, e_local):
     poison_(ws.act), poison_(ws.act_scale), poison_(ws.slots)
     out = M.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=rsf, config=cfg)
     ctrl = ws.ctrl.cpu().tolist()
-    assert ctrl[M.CTRL_TASKS_DONE] == ctrl[M.CTRL_NUM_TASKS] and ctrl[M.CTRL_TILES_COMBINED] == m * wt.hidden // 256, (
+    tiles = m * M.fc2_tiles(wt.hidden, cfg.block_n)
+    assert ctrl[M.CTRL_TASKS_DONE] == ctrl[M.CTRL_NUM_TASKS] and ctrl[M.CTRL_TILES_COMBINED] == tiles, (
         f"{m=} {kind=} {e_local=} {cfg.name}: tasks finished {ctrl[M.CTRL_TASKS_DONE]} of {ctrl[M.CTRL_NUM_TASKS]}, "
-        f"output tiles combined {ctrl[M.CTRL_TILES_COMBINED]} of {m * wt.hidden // 256} (ctrl {ctrl})")
+        f"output tiles combined {ctrl[M.CTRL_TILES_COMBINED]} of {tiles} (ctrl {ctrl})")
     ref = ref_f64(x8, xs, ids, wts, raw, e_local, 1, rsf)
     assert_close(OP, out.float(), ref.float(), kind="fp8_same_quant", context=f"{m=} {kind=} {e_local=} {cfg.name}")
     assert int(ws.combine_ctr.abs().sum()) == 0, "combine counters must return to zero"
@@ -897,13 +907,14 @@ def test_trace_build_is_its_own_cubin():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [16, 256])
-def test_gpu_trace_run_matches_the_normal_build(m):
+@pytest.mark.parametrize("m, wide", [(16, False), (256, False), (256, True)])
+def test_gpu_trace_run_matches_the_normal_build(m, wide):
     """The trace build computes the same output bitwise as the normal build, and stamps every planned task
-    exactly once (one finished row per task, math start <= first stage <= last fold <= epilogue end)."""
+    exactly once (one finished row per task, math start <= first stage <= last fold <= epilogue end); also in the
+    wide mode (two K loops per FC1 task)."""
     _, wt = _weights(32)
     x8, xs, ids, wts = _inputs(m, 32, 8, "uniform", 7)
-    cfg = M.default_config(m, 32, 8, 1)
+    cfg = M.MegaMoEConfig(128, M.max_stages(128), split_waves=0, lean_fences=True) if wide else M.default_config(m, 32, 8, 1)
     want = M.mega_moe(x8, xs, ids, wts, wt, config=cfg)
     got = M.trace_run(x8, xs, ids, wts, wt, config=cfg, cap=1024)
     torch.cuda.synchronize()
@@ -955,3 +966,44 @@ def test_gpu_lean_fences_equal_the_default_build_bitwise_over_many_launches(m, e
         got = M.mega_moe(x8, xs, ids, wts, wt, config=lean)
         torch.cuda.synchronize()
         assert_equal(OP + f" lean fences launch {i}", got, want)
+
+
+# ---- the wide mode (block_n 128: 128-row tiles, two-pass FC1 tasks) ------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("e_local", [32, 256])
+@pytest.mark.parametrize("kind", ["uniform", "skewed"])
+@pytest.mark.parametrize("m", [1, 3, 33, 128, 256, 1024, 4096])
+def test_gpu_wide_mode_equals_bn64_bitwise(m, kind, e_local):
+    """bn128 (128-row wgmma tiles, FC1 as two 128-row passes with the first pass's SwiGLU output stashed in shared
+    memory, 128-row FC2 tiles and combine counters) computes every column exactly as bn64 does (same per-column K
+    sums, same SwiGLU / quant / combine order), so the outputs, the FC1 activations and the slot values must be
+    identical bit for bit; the workspace is poisoned first, the counters must end at zero, the diagnostics counters
+    must show every planned task finished and M * H / 128 output tiles combined, and the output must match the
+    float64 reference within FP8 noise."""
+    raw, wt = _weights(e_local)
+    k, rsf = 8, 2.5
+    x8, xs, ids, wts = _inputs(m, e_local, k, kind, seed=3000 + m)
+    narrow = M.MegaMoEConfig(64, M.max_stages(64), split_waves=0, lean_fences=True)
+    wide = M.MegaMoEConfig(128, M.max_stages(128), split_waves=0, lean_fences=True)
+    want = M.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=rsf, config=narrow)
+    per_narrow = M.debug_run(x8, xs, ids, wts, wt, routed_scaling_factor=rsf, config=narrow)
+    ws = M.get_workspace(x8.device, wt.hidden, wt.inter, wt.num_total, k + 1, m)
+    poison_(ws.act), poison_(ws.act_scale), poison_(ws.slots)
+    got = M.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=rsf, config=wide)
+    ctrl = ws.ctrl.cpu().tolist()
+    tiles = m * M.fc2_tiles(wt.hidden, 128)
+    assert tiles == m * wt.hidden // 128
+    assert ctrl[M.CTRL_TASKS_DONE] == ctrl[M.CTRL_NUM_TASKS] and ctrl[M.CTRL_TILES_COMBINED] == tiles, (m, kind, ctrl)
+    assert int(ws.combine_ctr.abs().sum()) == 0, "combine counters must return to zero"
+    assert_equal(OP + " wide vs bn64", got, want, context=f"{m=} {kind=} {e_local=}")
+    per_wide = M.debug_run(x8, xs, ids, wts, wt, routed_scaling_factor=rsf, config=wide)
+    for key in ("a8", "a_scale", "slots"):
+        if key in per_wide:
+            assert_equal(OP + f" wide vs bn64 {key}", per_wide[key], per_narrow[key], context=f"{m=} {kind=}")
+    if m <= 1024:
+        ref = ref_f64(x8, xs, ids, wts, raw, e_local, 1, rsf)
+        assert_close(OP, got.float(), ref.float(), kind="fp8_same_quant", context=f"{m=} {kind=} {e_local=} bn128")
+    for i in range(5):  # repeat: races would show as differing launches
+        again = M.mega_moe(x8, xs, ids, wts, wt, routed_scaling_factor=rsf, config=wide)
+        assert_equal(OP + f" wide repeat {i}", again, got, context=f"{m=} {kind=}")
