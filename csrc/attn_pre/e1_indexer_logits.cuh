@@ -191,7 +191,7 @@ struct E1IndexerLogitsTile {
         if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
         const uint64_t start = ptx::globaltimer_ns();
         while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
-            if (ptx::globaltimer_ns() - start > kWaitTimeoutNs) glm5::trap_out_of_line();
+            if (ptx::globaltimer_ns() - start > kWaitTimeoutNs) __trap();
         }
     }
 

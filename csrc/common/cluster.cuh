@@ -25,7 +25,7 @@ GLM5_DEVICE uint32_t cluster_nctarank() {
 // Trap unless the launch really formed clusters of kCluster CTAs (kernels that index peers by rank).
 template <int kCluster>
 GLM5_DEVICE void require_cluster_size() {
-    if (cluster_nctarank() != static_cast<uint32_t>(kCluster)) glm5::trap_out_of_line();
+    if (cluster_nctarank() != static_cast<uint32_t>(kCluster)) __trap();
 }
 
 // Cluster-wide barrier, first half: this thread's prior memory accesses (shared::cluster included)
@@ -114,7 +114,7 @@ GLM5_DEVICE void mbarrier_wait_parity_cluster(uint32_t bar, uint32_t parity) {
     if (mbarrier_try_wait_parity_cluster(bar, parity)) return;
     const long long t0 = clock64();
     while (!mbarrier_try_wait_parity_cluster(bar, parity)) {
-        if (clock64() - t0 > (1ll << 32)) glm5::trap_out_of_line();
+        if (clock64() - t0 > (1ll << 32)) __trap();
     }
 }
 

@@ -78,7 +78,10 @@ GLM5_DEVICE bool mbar_try_wait(uint32_t bar, uint32_t phase) {
     return done != 0;
 }
 
-// Block until the phase with parity `phase` (0 or 1) of barrier `bar` has completed.
+// Block until the phase with parity `phase` (0 or 1) of barrier `bar` has completed. kTrapOutOfLine: the timeout's
+// trap as a call (trap_out_of_line, arch.cuh), for waits inside a setmaxnreg.inc region whose code needs more
+// registers than the launch allocation (an inline trap caps it there); the default keeps the inline trap.
+template <bool kTrapOutOfLine = false>
 GLM5_DEVICE void mbar_wait(uint32_t bar, uint32_t phase) {
     if (mbar_try_wait(bar, phase)) return;
 #if GLM5_MBAR_SPIN_LIMIT_CYCLES
@@ -91,7 +94,10 @@ GLM5_DEVICE void mbar_wait(uint32_t bar, uint32_t phase) {
             printf("glm5 mbar_wait timeout: bar=0x%x parity=%u block=(%d,%d,%d) thread=%d\n", bar, phase, blockIdx.x,
                    blockIdx.y, blockIdx.z, threadIdx.x);
 #endif
-            glm5::trap_out_of_line();
+            if constexpr (kTrapOutOfLine)
+                trap_out_of_line();
+            else
+                __trap();
         }
 #endif
     }

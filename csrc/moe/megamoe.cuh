@@ -387,7 +387,7 @@ struct MegaMoE {
         if (e < 0 || e >= p.e_local) {
             printf("glm5 megamoe: topk_ids[%d][%d] = %lld is outside the routed experts [0, %d)\n", t, j,
                    static_cast<long long>(e), p.e_local);
-            glm5::trap_out_of_line();
+            __trap();
         }
         return static_cast<int>(e);
     }
@@ -481,7 +481,7 @@ struct MegaMoE {
                 s.totals[1] > kMaxBlocks) {
                 printf("glm5 megamoe: workspace too small: rows %d > %d or tasks %d > %d or blocks %d > %d\n",
                        s.totals[0], p.pairs_cap, cur, p.tasks_cap, s.totals[1], p.blocks_cap);
-                glm5::trap_out_of_line();
+                __trap();
             }
         }
         __syncthreads();
@@ -657,7 +657,7 @@ struct MegaMoE {
                                 printf("glm5 megamoe: fc1_done timeout: block %d token-block %d count %d of %d (cta %d)\n",
                                        blk, task_block(desc), ld_acquire_gpu(ctr), kT1, blockIdx.x);
 #endif
-                                glm5::trap_out_of_line();
+                                __trap();
                             }
                         }
                         if constexpr (kTrace) {
@@ -760,11 +760,11 @@ struct MegaMoE {
             if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
             if constexpr (kTrace) {
                 const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
-                sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
+                sm90::mbar_wait<kWide>(bar.full(s), (it / kStages) & 1u);
                 if (kb > 0 || pass > 0) full_wait += static_cast<uint32_t>(clock_cycles()) - c0;
                 if (mt == 0 && kb == 0 && pass == 0) tr.put(n, 4, clock_cycles());
             } else {
-                sm90::mbar_wait(bar.full(s), (it / kStages) & 1u);
+                sm90::mbar_wait<kWide>(bar.full(s), (it / kStages) & 1u);
             }
             sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
             const uint32_t a_addr = sbase + L::kW + s * L::kWStage + wg * (kRows / 2 * kBK);
@@ -800,6 +800,16 @@ struct MegaMoE {
         }
     }
 
+    // A cannot-happen stop in the math warpgroups' code. The wide build traps out of line (and waits with
+    // mbar_wait<true>): an inline trap there capped ptxas at the 168-register launch allocation and the build spilled
+    // (arch.cuh trap_out_of_line); the narrow builds keep the inline trap (their register allocation, measured).
+    static GLM5_DEVICE void math_trap() {
+        if constexpr (kWide)
+            glm5::trap_out_of_line();
+        else
+            __trap();
+    }
+
     // k_loop at the task's wgmma width (widths past kBN are discarded branches).
     static GLM5_DEVICE void k_loop_width(int width, uint8_t* sm, uint32_t sbase, const Bars& bar, int nk, uint32_t& it,
                                          int wg, int lane, int t4, const float* s_lo_ptr, const float* s_hi_ptr,
@@ -820,7 +830,7 @@ struct MegaMoE {
             GLM5_MEGAMOE_K_LOOP(96)
             GLM5_MEGAMOE_K_LOOP(128)
 #undef GLM5_MEGAMOE_K_LOOP
-            default: glm5::trap_out_of_line();  // mma_width returns one of the cases
+            default: math_trap();  // mma_width returns one of the cases
         }
     }
 
@@ -836,7 +846,7 @@ struct MegaMoE {
         for (int n = 0;; ++n) {
             const int slot = n % kTaskSlots;
             const uint32_t tpar = (n / kTaskSlots) & 1u;
-            sm90::mbar_wait(bar.tfull(slot), tpar);
+            sm90::mbar_wait<kWide>(bar.tfull(slot), tpar);
             const int32_t desc = desc_ring[slot];
             if (task_is_end(desc)) break;
             if constexpr (kTrace) {
@@ -858,7 +868,7 @@ struct MegaMoE {
             for (int i = 0; i < kNAcc1; ++i) acc1[i] = 0.f;
             // The loader publishes the task's column info before it loads any stage, so this wait adds nothing
             // to the first stage's.
-            sm90::mbar_wait(bar.tinfo(slot), tpar);
+            sm90::mbar_wait<kWide>(bar.tinfo(slot), tpar);
             const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
             const int width = mma_width(cnt);
             [[maybe_unused]] uint32_t full_wait = 0;  // trace build: K-loop stage waits (column 10)
