@@ -140,6 +140,18 @@ constexpr bool kTrace = GLM5_MEGAMOE_TRACE != 0;
 #define GLM5_MEGAMOE_LEAN_FENCES 0
 #endif
 constexpr bool kLeanFences = GLM5_MEGAMOE_LEAN_FENCES != 0;
+// Activation rows by TMA (GLM5_MEGAMOE_ACT_TMA=1, its own cubin; MegaMoEConfig.act_tma). The loader warps copy each
+// token row's 128-byte K slice with one 2-D TMA load (box {128, 1} of x [M, H] for FC1 by token id, of act [pairs, I]
+// for FC2) instead of eight 16-byte cp.async; the TMA unit applies the same 128B swizzle from the destination address
+// (row i at stage + 128 i), and the rows complete on the stage's full barrier as transaction bytes. Why: at (a) 1024
+// tokens the loader warps almost never waited for free stages (4 of 45 us per FC1 task) while the math waited 14 us for
+// full ones and the weight producer 40 us for free ones: the cp.async gathers set the pace (session-11 trace). The
+// activation scales stay on cp.async. FC2 reads FC1's output (generic-proxy stores of other CTAs) through the async
+// proxy, so both sides add a proxy fence to the fc1_done hand-off.
+#ifndef GLM5_MEGAMOE_ACT_TMA
+#define GLM5_MEGAMOE_ACT_TMA 0
+#endif
+constexpr bool kActTma = GLM5_MEGAMOE_ACT_TMA != 0;
 constexpr int kTraceCols = 16;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
@@ -266,6 +278,9 @@ GLM5_DEVICE void st_shared_u8(uint32_t addr, uint32_t v) {
 GLM5_DEVICE void ld_cg_v2(const void* p, uint32_t& a, uint32_t& b) {
     asm volatile("ld.global.cg.v2.b32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p) : "memory");
 }
+
+// Order this thread's generic-proxy global accesses with its async-proxy ones (TMA) across a hand-off.
+GLM5_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 GLM5_DEVICE void st_global_u32(void* p, uint32_t v) {
     asm volatile("st.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -602,8 +617,8 @@ struct MegaMoE {
     // with 16-byte cp.async, and each of its lanes arrives on the stage's full barrier once its copies land. One warp
     // could not keep up from 32-token blocks on: its cp.async issue held the ring (session 9 trace: the weight
     // producer waited 59 of a 74 us FC1 task for free stages, the loader 8, the math 26 for full stages).
-    static GLM5_DEVICE void act_loader(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar,
-                                       const TraceBuf& tr, int lw) {
+    static GLM5_DEVICE void act_loader(const CUtensorMap* tm_x, const CUtensorMap* tm_act, const Params& p, uint8_t* sm,
+                                       uint32_t sbase, const Bars& bar, const TraceBuf& tr, int lw) {
         const uint32_t lane = lane_id();
         const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
         int32_t* meta = reinterpret_cast<int32_t*>(sm + L::kMeta);
@@ -670,6 +685,7 @@ struct MegaMoE {
                 // after the FC1 tiles' releases without relying on bar.warp.sync for cross-lane memory ordering
                 while (ld_acquire_gpu(p.fc1_done + blk) < kT1) {  // lane 0 saw >= kT1: at most a few re-reads
                 }
+                if constexpr (kActTma) fence_proxy_async_global();  // the rows below are read through the async proxy
             }
             const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1 * kPasses);
             const int chunk = lane & 7;
@@ -685,11 +701,25 @@ struct MegaMoE {
                 }
                 const uint32_t dst = sbase + L::kA + s * L::kAStage;
                 const int kc = fc2 || kPasses == 1 ? kb : kb % kKb1;  // K block (wide FC1: both passes read x)
-                for (int i = 4 * lw + (lane >> 3); i < cnt; i += 4 * kLoaderWarps) {
-                    const uint8_t* src =
-                        fc2 ? p.act + static_cast<int64_t>(p0 + i) * kI + kc * kBK + chunk * 16
-                            : p.x + static_cast<int64_t>(code[i] >> 4) * kH + kc * kBK + chunk * 16;
-                    ptx::cp_async_16(dst + i * kBK + ((chunk ^ (i & 7)) << 4), src, 16);
+                if constexpr (kActTma) {
+                    // rows 32 lw + lane + 32 kLoaderWarps j: their bytes first raise the stage's transaction count
+                    // (before this lane's arrival below, so the phase cannot complete without them)
+                    const int first = 32 * lw + static_cast<int>(lane);
+                    const int mine = first < cnt ? (cnt - 1 - first) / (32 * kLoaderWarps) + 1 : 0;
+                    if (mine > 0) sm90::mbar_expect_tx(bar.full(s), static_cast<uint32_t>(mine * kBK));
+                    for (int i = first; i < cnt; i += 32 * kLoaderWarps) {
+                        if (fc2)
+                            sm90::tma_load_2d(tm_act, dst + i * kBK, bar.full(s), kc * kBK, p0 + i);
+                        else
+                            sm90::tma_load_2d(tm_x, dst + i * kBK, bar.full(s), kc * kBK, code[i] >> 4);
+                    }
+                } else {
+                    for (int i = 4 * lw + (lane >> 3); i < cnt; i += 4 * kLoaderWarps) {
+                        const uint8_t* src =
+                            fc2 ? p.act + static_cast<int64_t>(p0 + i) * kI + kc * kBK + chunk * 16
+                                : p.x + static_cast<int64_t>(code[i] >> 4) * kH + kc * kBK + chunk * 16;
+                        ptx::cp_async_16(dst + i * kBK + ((chunk ^ (i & 7)) << 4), src, 16);
+                    }
                 }
                 const uint32_t sdst = sbase + L::kSA + s * kBN * 4;
                 if (fc2) {  // 4 scales per 16-byte copy (p0 is a multiple of 8, pairs_cap of 4)
@@ -1096,6 +1126,7 @@ struct MegaMoE {
             ptx::lds_v4(out_s + row * kBK + c * 16, a, b, c2, d);
             ptx::st_global_v4(p.act + static_cast<int64_t>(p0 + row) * kI + rt * kBK + c * 16, ptx::u32x4{a, b, c2, d});
         }
+        if constexpr (kActTma) fence_proxy_async_global();  // FC2 reads these rows through TMA (async proxy)
         handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         if constexpr (kTrace) {
@@ -1264,8 +1295,9 @@ struct MegaMoE {
     }
 
     // ---- the persistent kernel body -------------------------------------------------------------------
-    static GLM5_DEVICE void run(const CUtensorMap* tm_w13, const CUtensorMap* tm_w2, const Params& p,
-                                uint8_t* smem_raw, const TraceBuf tr = TraceBuf{nullptr, 0}) {
+    static GLM5_DEVICE void run(const CUtensorMap* tm_w13, const CUtensorMap* tm_w2, const CUtensorMap* tm_x,
+                                const CUtensorMap* tm_act, const Params& p, uint8_t* smem_raw,
+                                const TraceBuf tr = TraceBuf{nullptr, 0}) {
         const uint32_t raw = ptx::smem_addr(smem_raw);
         const uint32_t sbase = (raw + 1023u) & ~1023u;
         uint8_t* sm = smem_raw + (sbase - raw);
@@ -1284,6 +1316,7 @@ struct MegaMoE {
             sm90::fence_barrier_init();
             sm90::tma_prefetch_desc(tm_w13);
             sm90::tma_prefetch_desc(tm_w2);
+            if constexpr (kActTma) sm90::tma_prefetch_desc(tm_x), sm90::tma_prefetch_desc(tm_act);
         }
         __syncthreads();
         ptx::griddep_launch_dependents();
@@ -1294,7 +1327,7 @@ struct MegaMoE {
             if (warp == 0) {
                 if (lane_id() == 0) weight_producer(tm_w13, tm_w2, p, sm, sbase, bar, tr);
             } else if (warp <= kLoaderWarps) {
-                act_loader(p, sm, sbase, bar, tr, warp - 1);
+                act_loader(tm_x, tm_act, p, sm, sbase, bar, tr, warp - 1);
             }
         } else {
             sm90::setmaxnreg_inc<kMathRegs>();

@@ -166,6 +166,8 @@ class MegaMoEConfig:
                 40 launches at 1-33 tokens) and 0.5-3 % faster (H200, 2026-11-30: 94.1 vs 96.3-96.9 us at 1 token,
                 settings a / b). The dataclass default stays False so that names without "_lf" keep meaning the
                 fenced build.
+    act_tma:    activation rows by TMA (one box {128, 1} per token row and K block) instead of 16-byte cp.async
+                gathers (megamoe.cuh kActTma; its own cubin, name suffix "_at").
     """
 
     block_n: int
@@ -173,6 +175,7 @@ class MegaMoEConfig:
     group_size: int = MAX_EXPERTS
     split_waves: int = SPLIT_WAVES
     lean_fences: bool = False
+    act_tma: bool = False
 
     def validate(self) -> "MegaMoEConfig":
         if self.block_n not in BLOCK_NS:
@@ -196,33 +199,37 @@ class MegaMoEConfig:
         return smem_bytes(self.block_n, self.stages)
 
     def spec(self, hidden: int, inter: int) -> KernelSpec:
-        return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences)
+        return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences, self.act_tma)
 
     @property
     def name(self) -> str:
-        return f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}" + ("_lf" if self.lean_fences else "")
+        return (f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}" + ("_lf" if self.lean_fences else "")
+                + ("_at" if self.act_tma else ""))
 
     @classmethod
     def from_name(cls, name: str) -> "MegaMoEConfig":
-        """Inverse of .name ("bn16_s6_g512_w4[_lf]"; "bn16" alone = deepest stages, defaults for the rest)."""
-        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?", name)
+        """Inverse of .name ("bn16_s6_g512_w4[_lf][_at]"; "bn16" alone = deepest stages, defaults for the rest)."""
+        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_at)?", name)
         if m is None:
-            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf]")
+            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf][_at]")
         bn = int(m.group(1))
         if bn not in BLOCK_NS:
             raise _fail(f"config {name!r}: block_n={bn} is not supported (one of {BLOCK_NS})")
         st = int(m.group(2)) if m.group(2) else max_stages(bn)
         g = int(m.group(3)) if m.group(3) else MAX_EXPERTS
         w = int(m.group(4)) if m.group(4) else 4
-        return cls(bn, st, g, w, bool(m.group(5))).validate()
+        return cls(bn, st, g, w, bool(m.group(5)), bool(m.group(6))).validate()
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False) -> KernelSpec:
+def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
+                act_tma: bool = False) -> KernelSpec:
     defines = (("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
                ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages)))
     if lean_fences:  # absent otherwise: the default build's cache key and cubin are unchanged
         defines += (("GLM5_MEGAMOE_LEAN_FENCES", "1"),)
+    if act_tma:
+        defines += (("GLM5_MEGAMOE_ACT_TMA", "1"),)
     return KernelSpec(FUNCTION, source=SOURCE, defines=defines, functions=(FUNCTION, PLAN_FUNCTION))
 
 
@@ -379,6 +386,13 @@ def _w2_map(w2: torch.Tensor, rows: int = TILE_ROWS):
     return tensor_map_2d(w2.view(e_tot * h, i), BK, rows, 128, name="w2")
 
 
+def _row_map(t: torch.Tensor, name: str):
+    """Row-gather map of an e4m3 [rows, K] tensor (x or the FC1 output): box {BK, 1} with the 128B swizzle, so a
+    load at (k, row) lands the row's K block at stage + 128 * slot in the layout the wgmma descriptors read."""
+    from ..jit.tma import tensor_map_2d
+    return tensor_map_2d(t, BK, 1, 128, name=name)
+
+
 def prepare_weights_from_experts(experts: Sequence[tuple[Any, Any]], num_shared: int = 1,
                                  device: Any = None) -> MegaMoEWeights:
     """From per-expert (w13: Fp8Linear gate||up [2I, H], w2: Fp8Linear [H, I]) pairs (an ExpertStore or a
@@ -516,7 +530,7 @@ def _sms(dev: torch.device) -> int:
 
 def _kernels_for(cfg: MegaMoEConfig, hidden: int, inter: int, dev: torch.device) -> tuple[Any, Any]:
     idx = _dev_index(dev)
-    key = (hidden, inter, cfg.block_n, cfg.stages, cfg.lean_fences, idx)
+    key = (hidden, inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.act_tma, idx)
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
@@ -657,7 +671,7 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
         extra: list = []
     else:
         from ..jit.runtime import get_kernel
-        spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages, cfg.lean_fences)
+        spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.act_tma)
         plan_k, main_k = get_kernel(spec, PLAN_FUNCTION, dev), get_kernel(spec, TRACE_FUNCTION, dev)
         extra = [trace[0], ctypes.c_int32(trace[1])]
     env.print_config("mega_moe", {"M": m, "H": wv.hidden, "I": wv.inter, "experts": wv.num_total, "topk": k,
@@ -665,9 +679,10 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
                      {"config": cfg.name, "smem": cfg.smem, "grid": _sms(dev), "threads": THREADS})
     rows = stage_rows(cfg.block_n)
     tm13, tm2 = _w13_map(wv.w13, rows), _w2_map(wv.w2, rows)
+    tmx, tmact = _row_map(x, "x"), _row_map(ws.act, "act")  # used by the act_tma build only
     p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
     plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
-    main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, p, *extra], smem=cfg.smem, pdl=True)
+    main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmx, tmact, p, *extra], smem=cfg.smem, pdl=True)
     return ws
 
 
@@ -675,7 +690,7 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
 def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, num_shared: int,
               routed_scaling_factor: float, block_n: int, stages: int, group_size: int, split_waves: int,
-              pdl: bool = True, lean_fences: bool = False) -> torch.Tensor:
+              pdl: bool = True, lean_fences: bool = False, act_tma: bool = False) -> torch.Tensor:
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     m = x.shape[0]
@@ -683,13 +698,13 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
     if m == 0:
         return out
     _launch(x, x_scale, topk_ids, topk_weights, wv, out, num_shared, routed_scaling_factor,
-            MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences)), 0, pdl)
+            MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(act_tma)), 0, pdl)
     return out
 
 
 @_mega_moe.register_fake
 def _mega_moe_fake(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared, routed_scaling_factor,
-                   block_n, stages, group_size, split_waves, pdl=True, lean_fences=False):
+                   block_n, stages, group_size, split_waves, pdl=True, lean_fences=False, act_tma=False):
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     return x.new_empty((x.shape[0], wv.hidden), dtype=BF16)
@@ -712,7 +727,8 @@ def mega_moe(x_fp8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor,
     return torch.ops.glm5_fastpath.mega_moe(x_fp8, x_scale, topk_ids, topk_weights, weights.w13, weights.w13_scale,
                                             weights.w2, weights.w2_scale, weights.num_shared,
                                             float(routed_scaling_factor), config.block_n, config.stages,
-                                            config.group_size, config.split_waves, pdl, config.lean_fences)
+                                            config.group_size, config.split_waves, pdl, config.lean_fences,
+                                            config.act_tma)
 
 
 # ---- diagnostics ----------------------------------------------------------------------------------------
@@ -802,9 +818,10 @@ TRACE_COLUMNS = ("claim_ns", "spin_start_clk", "spin_end_clk", "math_start_clk",
 DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed task to calibrate against
 
 
-def trace_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False) -> KernelSpec:
+def trace_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
+               act_tma: bool = False) -> KernelSpec:
     """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace."""
-    base = kernel_spec(hidden, inter, block_n, stages, lean_fences)
+    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, act_tma)
     return KernelSpec(TRACE_FUNCTION, source=SOURCE, defines=tuple(base.defines) + (("GLM5_MEGAMOE_TRACE", "1"),),
                       functions=(TRACE_FUNCTION, PLAN_FUNCTION))
 
@@ -986,9 +1003,11 @@ def precompile(weights: MegaMoEWeights, topk: int = 8, max_tokens: int = 256, de
 
 def compile_check_specs() -> list[KernelSpec]:
     """Variants for scripts/compile_check.py: GLM-5 dims with every token block (deepest ring), both fence builds
-    (default_config takes the lean one), the small preset (H 512, I 128), and one trace build."""
+    (default_config takes the lean one), the small preset (H 512, I 128), three activation-TMA builds and one trace
+    build."""
     specs = [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=lf) for lf in (True, False) for bn in BLOCK_NS]
     specs += [kernel_spec(512, 128, 16, max_stages(16), lean_fences=lf) for lf in (True, False)]
+    specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, act_tma=True) for bn in (16, 64, WIDE_BN)]
     specs.append(trace_spec(6144, 2048, 64, max_stages(64)))  # the trace build compiles too
     return specs
 
