@@ -140,18 +140,20 @@ constexpr bool kTrace = GLM5_MEGAMOE_TRACE != 0;
 #define GLM5_MEGAMOE_LEAN_FENCES 0
 #endif
 constexpr bool kLeanFences = GLM5_MEGAMOE_LEAN_FENCES != 0;
-// Activation rows by TMA (GLM5_MEGAMOE_ACT_TMA=1, its own cubin; MegaMoEConfig.act_tma). The loader warps copy each
-// token row's 128-byte K slice with one 2-D TMA load (box {128, 1} of x [M, H] for FC1 by token id, of act [pairs, I]
-// for FC2) instead of eight 16-byte cp.async; the TMA unit applies the same 128B swizzle from the destination address
-// (row i at stage + 128 i), and the rows complete on the stage's full barrier as transaction bytes. Why: at (a) 1024
-// tokens the loader warps almost never waited for free stages (4 of 45 us per FC1 task) while the math waited 14 us for
-// full ones and the weight producer 40 us for free ones: the cp.async gathers set the pace (session-11 trace). The
-// activation scales stay on cp.async. FC2 reads FC1's output (generic-proxy stores of other CTAs) through the async
-// proxy, so both sides add a proxy fence to the fc1_done hand-off.
-#ifndef GLM5_MEGAMOE_ACT_TMA
-#define GLM5_MEGAMOE_ACT_TMA 0
+// Token pool (GLM5_MEGAMOE_POOL=1, its own cubin; MegaMoEConfig.pool): the dispatch target of the design. At kernel
+// start the loader warps of all CTAs copy every pair's token row (x8 [t], 6 KB, and its 48 scales) into its pair row of
+// a pool [pairs_cap, H] (the expert-grouped order of pair_list), then count themselves done; FC1's activations are then
+// one contiguous run of pool rows per token block, loaded with ONE 2-D TMA box {128, kBN} per stage (as FC2's from act
+// [pairs_cap, I]), instead of kBN x 8 16-byte cp.async gathers. Why: at (a) 1024 tokens the loader warps almost never
+// waited for free stages (4 of 45 us per FC1 task) while the math waited 14 us for full ones and the weight producer
+// 40 us for free ones (session-11 trace): the gathers set the pace. (One TMA box per token ROW was tried first:
+// bitwise equal and 26-31 % slower, the TMA unit's per-request cost.) The pool and act rows are written through the
+// generic proxy and read through the async proxy (TMA), so their hand-offs carry proxy fences on both sides. The
+// activation scales stay on cp.async (4 per 16-byte copy, as FC2's).
+#ifndef GLM5_MEGAMOE_POOL
+#define GLM5_MEGAMOE_POOL 0
 #endif
-constexpr bool kActTma = GLM5_MEGAMOE_ACT_TMA != 0;
+constexpr bool kPool = GLM5_MEGAMOE_POOL != 0;
 constexpr int kTraceCols = 16;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
@@ -218,7 +220,8 @@ struct Params {
     int32_t* blk_base;         // [kMaxExperts] first token-block index (fc1_done)
     int32_t* pair_list;        // [pairs_cap] pair codes, grouped by expert
     int32_t* tasks;            // [tasks_cap] task descriptors in claim order
-    int32_t* ctrl;             // [8]: 0 num_tasks, 1 claim counter, 2 tasks finished, 3 output tiles combined
+    int32_t* ctrl;             // [8]: 0 num_tasks, 1 claim counter, 2 tasks finished, 3 output tiles combined,
+                               //      4 pair rows (pool build), 5 loader warps done copying into the pool
     int32_t* fc1_done;         // [blocks_cap]
     int32_t* combine_ctr;      // [max_tokens, H/128] (H / stage_rows(kBN) used per token), zero at rest
     int32_t* split_ctr;        // [split_max_tiles], zero at rest (split-K FC1 tiles: first/last finisher)
@@ -226,6 +229,8 @@ struct Params {
     uint8_t* act;              // [pairs_cap, I] e4m3: FC1 output (FC2 input)
     float* act_scale;          // [I/128, pairs_cap] fp32 (transposed: a block's scales are contiguous)
     uint16_t* slots;           // [max_tokens, S, H] bf16 weighted FC2 outputs
+    uint8_t* pool;             // [pairs_cap, H] e4m3: the token pool (pool build; pair row r = token of pair_list[r])
+    float* pool_scale;         // [H/128, pairs_cap] fp32 its scales (transposed, as act_scale)
     int32_t num_tokens;        // M
     int32_t topk;              // k routed slots per token
     int32_t num_slots;         // S = k + n_shared
@@ -536,6 +541,13 @@ struct MegaMoE {
             p.blk_base[e] = in ? s.bb[e] : 0;
         }
         if (tid == 0) p.ctrl[0] = s.totals[3], p.ctrl[1] = 0, p.ctrl[2] = 0, p.ctrl[3] = 0;
+        if constexpr (kPool) {
+            // the pool copy walks every pair row: mark each expert's alignment padding rows (code -1)
+            for (int e = tid; e < E; e += kPlanThreads)
+                for (int r = s.cnt[e]; r < (s.cnt[e] + kPairAlign - 1) / kPairAlign * kPairAlign; ++r)
+                    p.pair_list[s.off[e] + r] = -1;
+            if (tid == 0) p.ctrl[4] = s.totals[0], p.ctrl[5] = 0;
+        }
     }
 
     // ================================ persistent kernel ================================================
@@ -617,11 +629,34 @@ struct MegaMoE {
     // with 16-byte cp.async, and each of its lanes arrives on the stage's full barrier once its copies land. One warp
     // could not keep up from 32-token blocks on: its cp.async issue held the ring (session 9 trace: the weight
     // producer waited 59 of a 74 us FC1 task for free stages, the loader 8, the math 26 for full stages).
-    static GLM5_DEVICE void act_loader(const CUtensorMap* tm_x, const CUtensorMap* tm_act, const Params& p, uint8_t* sm,
+    static GLM5_DEVICE void act_loader(const CUtensorMap* tm_pool, const CUtensorMap* tm_act, const Params& p, uint8_t* sm,
                                        uint32_t sbase, const Bars& bar, const TraceBuf& tr, int lw) {
         const uint32_t lane = lane_id();
         const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
         int32_t* meta = reinterpret_cast<int32_t*>(sm + L::kMeta);
+        [[maybe_unused]] bool pooled = false;
+        if constexpr (kPool) {
+            // Dispatch: pair row r <- token row of pair_list[r] (x8 and its scales), rows spread over every loader warp
+            // of the grid; then count this warp done (release). FC1 loads wait for all of them (above the K loop).
+            const int rows = p.ctrl[4];
+            const int nw = static_cast<int>(gridDim.x) * kLoaderWarps;
+            for (int r = static_cast<int>(blockIdx.x) * kLoaderWarps + lw; r < rows; r += nw) {
+                const int32_t c = p.pair_list[r];
+                if (c < 0) continue;  // an expert's alignment padding
+                const int t = c >> 4;
+                const uint8_t* src = p.x + static_cast<int64_t>(t) * kH;
+                uint8_t* dst = p.pool + static_cast<int64_t>(r) * kH;
+#pragma unroll 4
+                for (int q = lane; q < kH / 16; q += 32)
+                    ptx::st_global_v4(dst + 16 * q, ptx::ld_global_v4(src + 16 * q));
+                for (int g = lane; g < kH / kBK; g += 32)
+                    p.pool_scale[static_cast<int64_t>(g) * p.pairs_cap + r] = p.x_scale[static_cast<int64_t>(t) * (kH / kBK) + g];
+            }
+            fence_proxy_async_global();  // for the TMA reads of these rows (async proxy)
+            __threadfence();
+            __syncwarp();
+            if (lane == 0) red_release_gpu_add(p.ctrl + 5, 1);
+        }
         uint32_t it = 0;
         for (int n = 0;; ++n) {
             const int slot = n % kTaskSlots;
@@ -685,7 +720,24 @@ struct MegaMoE {
                 // after the FC1 tiles' releases without relying on bar.warp.sync for cross-lane memory ordering
                 while (ld_acquire_gpu(p.fc1_done + blk) < kT1) {  // lane 0 saw >= kT1: at most a few re-reads
                 }
-                if constexpr (kActTma) fence_proxy_async_global();  // the rows below are read through the async proxy
+                if constexpr (kPool) fence_proxy_async_global();  // the rows below are read through the async proxy
+            }
+            if constexpr (kPool) {
+                if (!fc2 && !pooled) {  // every loader warp of the grid has copied its pool rows
+                    const int32_t want = static_cast<int32_t>(gridDim.x) * kLoaderWarps;
+                    if (lane == 0) {
+                        const long long t0 = clock64();
+                        while (ld_acquire_gpu(p.ctrl + 5) < want) {
+                            __nanosleep(64);
+                            if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES) __trap();
+                        }
+                    }
+                    __syncwarp();
+                    while (ld_acquire_gpu(p.ctrl + 5) < want) {  // each lane's own acquire (as for fc1_done)
+                    }
+                    fence_proxy_async_global();  // the pool rows are read through the async proxy (TMA)
+                    pooled = true;
+                }
             }
             const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1 * kPasses);
             const int chunk = lane & 7;
@@ -701,17 +753,13 @@ struct MegaMoE {
                 }
                 const uint32_t dst = sbase + L::kA + s * L::kAStage;
                 const int kc = fc2 || kPasses == 1 ? kb : kb % kKb1;  // K block (wide FC1: both passes read x)
-                if constexpr (kActTma) {
-                    // rows 32 lw + lane + 32 kLoaderWarps j: their bytes first raise the stage's transaction count
-                    // (before this lane's arrival below, so the phase cannot complete without them)
-                    const int first = 32 * lw + static_cast<int>(lane);
-                    const int mine = first < cnt ? (cnt - 1 - first) / (32 * kLoaderWarps) + 1 : 0;
-                    if (mine > 0) sm90::mbar_expect_tx(bar.full(s), static_cast<uint32_t>(mine * kBK));
-                    for (int i = first; i < cnt; i += 32 * kLoaderWarps) {
-                        if (fc2)
-                            sm90::tma_load_2d(tm_act, dst + i * kBK, bar.full(s), kc * kBK, p0 + i);
-                        else
-                            sm90::tma_load_2d(tm_x, dst + i * kBK, bar.full(s), kc * kBK, code[i] >> 4);
+                if constexpr (kPool) {
+                    // one box of kBN rows from row p0 (rows past cnt: the next expert's, padding, or zero fill past
+                    // the tensor: columns the epilogues never read); its bytes raise the stage's transaction count
+                    // before this lane's arrival below, so the phase cannot complete without them
+                    if (lw == 0 && lane == 0) {
+                        sm90::mbar_expect_tx(bar.full(s), static_cast<uint32_t>(kBN * kBK));
+                        sm90::tma_load_2d(fc2 ? tm_act : tm_pool, dst, bar.full(s), kc * kBK, p0);
                     }
                 } else {
                     for (int i = 4 * lw + (lane >> 3); i < cnt; i += 4 * kLoaderWarps) {
@@ -722,10 +770,10 @@ struct MegaMoE {
                     }
                 }
                 const uint32_t sdst = sbase + L::kSA + s * kBN * 4;
-                if (fc2) {  // 4 scales per 16-byte copy (p0 is a multiple of 8, pairs_cap of 4)
+                if (fc2 || kPool) {  // 4 scales per 16-byte copy (p0 is a multiple of 8, pairs_cap of 4)
+                    const float* sc = fc2 ? p.act_scale : p.pool_scale;
                     for (int q = 32 * lw + lane; q < (cnt + 3) / 4; q += 32 * kLoaderWarps)
-                        ptx::cp_async_16(sdst + q * 16, p.act_scale + static_cast<int64_t>(kc) * p.pairs_cap + p0 + 4 * q,
-                                         16);
+                        ptx::cp_async_16(sdst + q * 16, sc + static_cast<int64_t>(kc) * p.pairs_cap + p0 + 4 * q, 16);
                 } else {
                     for (int i = 32 * lw + lane; i < cnt; i += 32 * kLoaderWarps)
                         cp_async_4(sdst + i * 4, p.x_scale + static_cast<int64_t>(code[i] >> 4) * (kH / kBK) + kc);
@@ -1126,7 +1174,7 @@ struct MegaMoE {
             ptx::lds_v4(out_s + row * kBK + c * 16, a, b, c2, d);
             ptx::st_global_v4(p.act + static_cast<int64_t>(p0 + row) * kI + rt * kBK + c * 16, ptx::u32x4{a, b, c2, d});
         }
-        if constexpr (kActTma) fence_proxy_async_global();  // FC2 reads these rows through TMA (async proxy)
+        if constexpr (kPool) fence_proxy_async_global();  // FC2 reads these rows through TMA (async proxy)
         handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         if constexpr (kTrace) {
@@ -1295,7 +1343,7 @@ struct MegaMoE {
     }
 
     // ---- the persistent kernel body -------------------------------------------------------------------
-    static GLM5_DEVICE void run(const CUtensorMap* tm_w13, const CUtensorMap* tm_w2, const CUtensorMap* tm_x,
+    static GLM5_DEVICE void run(const CUtensorMap* tm_w13, const CUtensorMap* tm_w2, const CUtensorMap* tm_pool,
                                 const CUtensorMap* tm_act, const Params& p, uint8_t* smem_raw,
                                 const TraceBuf tr = TraceBuf{nullptr, 0}) {
         const uint32_t raw = ptx::smem_addr(smem_raw);
@@ -1316,7 +1364,7 @@ struct MegaMoE {
             sm90::fence_barrier_init();
             sm90::tma_prefetch_desc(tm_w13);
             sm90::tma_prefetch_desc(tm_w2);
-            if constexpr (kActTma) sm90::tma_prefetch_desc(tm_x), sm90::tma_prefetch_desc(tm_act);
+            if constexpr (kPool) sm90::tma_prefetch_desc(tm_pool), sm90::tma_prefetch_desc(tm_act);
         }
         __syncthreads();
         ptx::griddep_launch_dependents();
@@ -1327,7 +1375,7 @@ struct MegaMoE {
             if (warp == 0) {
                 if (lane_id() == 0) weight_producer(tm_w13, tm_w2, p, sm, sbase, bar, tr);
             } else if (warp <= kLoaderWarps) {
-                act_loader(tm_x, tm_act, p, sm, sbase, bar, tr, warp - 1);
+                act_loader(tm_pool, tm_act, p, sm, sbase, bar, tr, warp - 1);
             }
         } else {
             sm90::setmaxnreg_inc<kMathRegs>();

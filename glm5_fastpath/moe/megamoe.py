@@ -166,8 +166,9 @@ class MegaMoEConfig:
                 40 launches at 1-33 tokens) and 0.5-3 % faster (H200, 2026-11-30: 94.1 vs 96.3-96.9 us at 1 token,
                 settings a / b). The dataclass default stays False so that names without "_lf" keep meaning the
                 fenced build.
-    act_tma:    activation rows by TMA (one box {128, 1} per token row and K block) instead of 16-byte cp.async
-                gathers (megamoe.cuh kActTma; its own cubin, name suffix "_at").
+    pool:       the token pool (megamoe.cuh kPool; its own cubin, name suffix "_p"): the kernel first copies every pair's
+                token row into an expert-grouped pool, then loads each stage's activations as one TMA box instead of
+                block_n x 8 16-byte cp.async gathers.
     """
 
     block_n: int
@@ -175,7 +176,7 @@ class MegaMoEConfig:
     group_size: int = MAX_EXPERTS
     split_waves: int = SPLIT_WAVES
     lean_fences: bool = False
-    act_tma: bool = False
+    pool: bool = False
 
     def validate(self) -> "MegaMoEConfig":
         if self.block_n not in BLOCK_NS:
@@ -199,19 +200,19 @@ class MegaMoEConfig:
         return smem_bytes(self.block_n, self.stages)
 
     def spec(self, hidden: int, inter: int) -> KernelSpec:
-        return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences, self.act_tma)
+        return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences, self.pool)
 
     @property
     def name(self) -> str:
         return (f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}" + ("_lf" if self.lean_fences else "")
-                + ("_at" if self.act_tma else ""))
+                + ("_p" if self.pool else ""))
 
     @classmethod
     def from_name(cls, name: str) -> "MegaMoEConfig":
-        """Inverse of .name ("bn16_s6_g512_w4[_lf][_at]"; "bn16" alone = deepest stages, defaults for the rest)."""
-        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_at)?", name)
+        """Inverse of .name ("bn16_s6_g512_w4[_lf][_p]"; "bn16" alone = deepest stages, defaults for the rest)."""
+        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_p)?", name)
         if m is None:
-            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf][_at]")
+            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf][_p]")
         bn = int(m.group(1))
         if bn not in BLOCK_NS:
             raise _fail(f"config {name!r}: block_n={bn} is not supported (one of {BLOCK_NS})")
@@ -223,13 +224,13 @@ class MegaMoEConfig:
 
 @functools.lru_cache(maxsize=None)
 def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
-                act_tma: bool = False) -> KernelSpec:
+                pool: bool = False) -> KernelSpec:
     defines = (("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
                ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages)))
     if lean_fences:  # absent otherwise: the default build's cache key and cubin are unchanged
         defines += (("GLM5_MEGAMOE_LEAN_FENCES", "1"),)
-    if act_tma:
-        defines += (("GLM5_MEGAMOE_ACT_TMA", "1"),)
+    if pool:
+        defines += (("GLM5_MEGAMOE_POOL", "1"),)
     return KernelSpec(FUNCTION, source=SOURCE, defines=defines, functions=(FUNCTION, PLAN_FUNCTION))
 
 
@@ -386,11 +387,11 @@ def _w2_map(w2: torch.Tensor, rows: int = TILE_ROWS):
     return tensor_map_2d(w2.view(e_tot * h, i), BK, rows, 128, name="w2")
 
 
-def _row_map(t: torch.Tensor, name: str):
-    """Row-gather map of an e4m3 [rows, K] tensor (x or the FC1 output): box {BK, 1} with the 128B swizzle, so a
-    load at (k, row) lands the row's K block at stage + 128 * slot in the layout the wgmma descriptors read."""
+def _rows_map(t: torch.Tensor, block_n: int, name: str):
+    """Activation map of an e4m3 [pair rows, K] tensor (the token pool or the FC1 output): box {BK, block_n} with the
+    128B swizzle, so a load at (k, p0) lands a token block's K slice in the layout the wgmma descriptors read."""
     from ..jit.tma import tensor_map_2d
-    return tensor_map_2d(t, BK, 1, 128, name=name)
+    return tensor_map_2d(t, BK, block_n, 128, name=name)
 
 
 def prepare_weights_from_experts(experts: Sequence[tuple[Any, Any]], num_shared: int = 1,
@@ -444,7 +445,8 @@ class WorkspaceShape:
         return (self.pairs_cap * self.inter + self.inter // 128 * self.pairs_cap * 4
                 + self.max_tokens * self.num_slots * self.hidden * 2 + self.combine_ctrs * 4
                 + 4 * (3 * MAX_EXPERTS + self.pairs_cap + self.tasks_cap + 8 + self.blocks_cap)
-                + 4 * (self.split_tiles_cap + self.split_partial_floats))
+                + 4 * (self.split_tiles_cap + self.split_partial_floats)
+                + self.pairs_cap * self.hidden + self.hidden // 128 * self.pairs_cap * 4)
 
 
 @dataclass
@@ -463,6 +465,8 @@ class Workspace:
     act: torch.Tensor
     act_scale: torch.Tensor
     slots: torch.Tensor
+    pool: torch.Tensor        # [pairs_cap, H] e4m3 (the pool build's token pool)
+    pool_scale: torch.Tensor  # [H/128, pairs_cap] fp32
 
 
 def _alloc_workspace(shape: WorkspaceShape, dev: torch.device) -> Workspace:
@@ -477,7 +481,9 @@ def _alloc_workspace(shape: WorkspaceShape, dev: torch.device) -> Workspace:
         torch.empty(shape.split_partial_floats, dtype=torch.float32, device=dev),
         torch.empty(shape.pairs_cap, shape.inter, dtype=FP8, device=dev),
         torch.empty(shape.inter // 128, shape.pairs_cap, dtype=torch.float32, device=dev),
-        torch.empty(shape.max_tokens, shape.num_slots, shape.hidden, dtype=BF16, device=dev))
+        torch.empty(shape.max_tokens, shape.num_slots, shape.hidden, dtype=BF16, device=dev),
+        torch.empty(shape.pairs_cap, shape.hidden, dtype=FP8, device=dev),
+        torch.empty(shape.hidden // 128, shape.pairs_cap, dtype=torch.float32, device=dev))
 
 
 _lock = threading.RLock()
@@ -530,7 +536,7 @@ def _sms(dev: torch.device) -> int:
 
 def _kernels_for(cfg: MegaMoEConfig, hidden: int, inter: int, dev: torch.device) -> tuple[Any, Any]:
     idx = _dev_index(dev)
-    key = (hidden, inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.act_tma, idx)
+    key = (hidden, inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.pool, idx)
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
@@ -553,7 +559,7 @@ class _Params(ctypes.Structure):
         ("pair_list", ctypes.c_void_p), ("tasks", ctypes.c_void_p), ("ctrl", ctypes.c_void_p),
         ("fc1_done", ctypes.c_void_p), ("combine_ctr", ctypes.c_void_p), ("split_ctr", ctypes.c_void_p),
         ("split_partial", ctypes.c_void_p), ("act", ctypes.c_void_p),
-        ("act_scale", ctypes.c_void_p), ("slots", ctypes.c_void_p),
+        ("act_scale", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("pool", ctypes.c_void_p), ("pool_scale", ctypes.c_void_p),
         ("num_tokens", ctypes.c_int32), ("topk", ctypes.c_int32), ("num_slots", ctypes.c_int32),
         ("e_local", ctypes.c_int32), ("n_shared", ctypes.c_int32), ("ids_int64", ctypes.c_int32),
         ("group_size", ctypes.c_int32), ("pairs_cap", ctypes.c_int32), ("tasks_cap", ctypes.c_int32),
@@ -562,8 +568,8 @@ class _Params(ctypes.Structure):
     ]
 
 
-PARAMS_BYTES = ctypes.sizeof(_Params)  # 20 pointers + 12 ints + 2 floats = 160 + 56 = 216
-assert PARAMS_BYTES == 216, PARAMS_BYTES
+PARAMS_BYTES = ctypes.sizeof(_Params)  # 22 pointers + 12 ints + 2 floats = 176 + 56 = 232
+assert PARAMS_BYTES == 232, PARAMS_BYTES
 
 
 def _params(x, xs, ids, wts, wt: "_WeightViews", out, ws: Workspace, num_shared: int, rsf: float, group_size: int,
@@ -576,6 +582,7 @@ def _params(x, xs, ids, wts, wt: "_WeightViews", out, ws: Workspace, num_shared:
         ws.expert_cnt.data_ptr(), ws.expert_off.data_ptr(), ws.blk_base.data_ptr(), ws.pair_list.data_ptr(),
         ws.tasks.data_ptr(), ws.ctrl.data_ptr(), ws.fc1_done.data_ptr(), ws.combine_ctr.data_ptr(),
         ws.split_ctr.data_ptr(), ws.split_partial.data_ptr(), ws.act.data_ptr(), ws.act_scale.data_ptr(), ws.slots.data_ptr(),
+        ws.pool.data_ptr(), ws.pool_scale.data_ptr(),
         m, k, k + num_shared, wt.num_total - num_shared, num_shared, int(ids.dtype == torch.int64), group_size,
         s.pairs_cap, s.tasks_cap, min(s.blocks_cap, MAX_BLOCKS), min(split_max_tiles, s.split_tiles_cap), flags,
         1.0 / rsf, float(rsf))  # c_float rounds 1/rsf to fp32 (RNE), as the reference's torch.full(..., 1/rsf)
@@ -671,7 +678,7 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
         extra: list = []
     else:
         from ..jit.runtime import get_kernel
-        spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.act_tma)
+        spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.pool)
         plan_k, main_k = get_kernel(spec, PLAN_FUNCTION, dev), get_kernel(spec, TRACE_FUNCTION, dev)
         extra = [trace[0], ctypes.c_int32(trace[1])]
     env.print_config("mega_moe", {"M": m, "H": wv.hidden, "I": wv.inter, "experts": wv.num_total, "topk": k,
@@ -679,10 +686,10 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
                      {"config": cfg.name, "smem": cfg.smem, "grid": _sms(dev), "threads": THREADS})
     rows = stage_rows(cfg.block_n)
     tm13, tm2 = _w13_map(wv.w13, rows), _w2_map(wv.w2, rows)
-    tmx, tmact = _row_map(x, "x"), _row_map(ws.act, "act")  # used by the act_tma build only
+    tmpool, tmact = _rows_map(ws.pool, cfg.block_n, "pool"), _rows_map(ws.act, cfg.block_n, "act")  # pool build only
     p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
     plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
-    main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmx, tmact, p, *extra], smem=cfg.smem, pdl=True)
+    main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra], smem=cfg.smem, pdl=True)
     return ws
 
 
@@ -690,7 +697,7 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
 def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, num_shared: int,
               routed_scaling_factor: float, block_n: int, stages: int, group_size: int, split_waves: int,
-              pdl: bool = True, lean_fences: bool = False, act_tma: bool = False) -> torch.Tensor:
+              pdl: bool = True, lean_fences: bool = False, pool: bool = False) -> torch.Tensor:
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     m = x.shape[0]
@@ -698,13 +705,13 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
     if m == 0:
         return out
     _launch(x, x_scale, topk_ids, topk_weights, wv, out, num_shared, routed_scaling_factor,
-            MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(act_tma)), 0, pdl)
+            MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool)), 0, pdl)
     return out
 
 
 @_mega_moe.register_fake
 def _mega_moe_fake(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared, routed_scaling_factor,
-                   block_n, stages, group_size, split_waves, pdl=True, lean_fences=False, act_tma=False):
+                   block_n, stages, group_size, split_waves, pdl=True, lean_fences=False, pool=False):
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     return x.new_empty((x.shape[0], wv.hidden), dtype=BF16)
@@ -728,7 +735,7 @@ def mega_moe(x_fp8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor,
                                             weights.w2, weights.w2_scale, weights.num_shared,
                                             float(routed_scaling_factor), config.block_n, config.stages,
                                             config.group_size, config.split_waves, pdl, config.lean_fences,
-                                            config.act_tma)
+                                            config.pool)
 
 
 # ---- diagnostics ----------------------------------------------------------------------------------------
@@ -819,9 +826,9 @@ DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed
 
 
 def trace_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
-               act_tma: bool = False) -> KernelSpec:
+               pool: bool = False) -> KernelSpec:
     """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace."""
-    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, act_tma)
+    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool)
     return KernelSpec(TRACE_FUNCTION, source=SOURCE, defines=tuple(base.defines) + (("GLM5_MEGAMOE_TRACE", "1"),),
                       functions=(TRACE_FUNCTION, PLAN_FUNCTION))
 
@@ -1007,7 +1014,7 @@ def compile_check_specs() -> list[KernelSpec]:
     build."""
     specs = [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=lf) for lf in (True, False) for bn in BLOCK_NS]
     specs += [kernel_spec(512, 128, 16, max_stages(16), lean_fences=lf) for lf in (True, False)]
-    specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, act_tma=True) for bn in (16, 64, WIDE_BN)]
+    specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, pool=True) for bn in (16, 64, WIDE_BN)]
     specs.append(trace_spec(6144, 2048, 64, max_stages(64)))  # the trace build compiles too
     return specs
 

@@ -1009,34 +1009,35 @@ def test_gpu_wide_mode_equals_bn64_bitwise(m, kind, e_local):
         assert_equal(OP + f" wide repeat {i}", again, got, context=f"{m=} {kind=}")
 
 
-# ---- activation rows by TMA (act_tma) -----------------------------------------------------------------------
+# ---- the token pool (pool): dispatch copy + one TMA box of activations per stage -----------------------------
 
-def test_act_tma_config_name_and_spec():
-    c = M.MegaMoEConfig(64, M.max_stages(64), M.MAX_EXPERTS, 0, lean_fences=True, act_tma=True)
-    assert c.name == "bn64_s5_g512_w0_lf_at" and M.MegaMoEConfig.from_name(c.name) == c
-    assert ("GLM5_MEGAMOE_ACT_TMA", "1") in c.spec(6144, 2048).defines
-    assert all(k != "GLM5_MEGAMOE_ACT_TMA" for k, _ in M.MegaMoEConfig(64, 5).spec(6144, 2048).defines)
-    assert M.MegaMoEConfig.from_name("bn64").act_tma is False
-    assert any(("GLM5_MEGAMOE_ACT_TMA", "1") in s.defines for s in M.compile_check_specs())
+def test_pool_config_name_and_spec():
+    c = M.MegaMoEConfig(64, M.max_stages(64), M.MAX_EXPERTS, 0, lean_fences=True, pool=True)
+    assert c.name == "bn64_s5_g512_w0_lf_p" and M.MegaMoEConfig.from_name(c.name) == c
+    assert ("GLM5_MEGAMOE_POOL", "1") in c.spec(6144, 2048).defines
+    assert all(k != "GLM5_MEGAMOE_POOL" for k, _ in M.MegaMoEConfig(64, 5).spec(6144, 2048).defines)
+    assert M.MegaMoEConfig.from_name("bn64").pool is False
+    assert any(("GLM5_MEGAMOE_POOL", "1") in s.defines for s in M.compile_check_specs())
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bn, split", [(16, 4), (64, 0), (128, 0)])
 @pytest.mark.parametrize("m, e_local, kind", [(1, 32, "uniform"), (3, 256, "uniform"), (40, 32, "skewed"),
                                               (256, 32, "uniform"), (1024, 32, "skewed"), (1024, 256, "uniform")])
-def test_gpu_act_tma_equals_cp_async_bitwise(m, e_local, kind, bn, split):
-    """The TMA row gathers land the same bytes in the same swizzled places as the cp.async gathers, so the outputs
-    and every intermediate (FC1 activations and scales, slot values) are identical bit for bit; launched several
-    times (a missing proxy fence on the FC1 -> FC2 hand-off would show as stale FC2 inputs in some launch)."""
+def test_gpu_pool_equals_cp_async_bitwise(m, e_local, kind, bn, split):
+    """The pool build (every pair's token row copied into an expert-grouped pool, then one TMA box per stage for FC1
+    and FC2 activations) lands the same bytes in the same swizzled places as the cp.async gathers, so the outputs and
+    every intermediate (FC1 activations and scales, slot values) are identical bit for bit; launched several times (a
+    missing fence on the pool or FC1 -> FC2 hand-offs would show as stale inputs in some launch)."""
     _, wt = _weights(e_local)
     x8, xs, ids, wts = _inputs(m, e_local, 8, kind, seed=5000 + m + bn)
     base = M.MegaMoEConfig(bn, M.max_stages(bn), split_waves=split, lean_fences=True)
-    tma = dataclasses.replace(base, act_tma=True)
+    tma = dataclasses.replace(base, pool=True)
     want = M.debug_run(x8, xs, ids, wts, wt, config=base)
     got = M.debug_run(x8, xs, ids, wts, wt, config=tma)
     for key in ("a8", "a_scale", "slots", "out"):
-        assert_equal(OP + f" act_tma {key}", got[key], want[key], context=f"{m=} {e_local=} {kind=} {bn=}")
+        assert_equal(OP + f" pool {key}", got[key], want[key], context=f"{m=} {e_local=} {kind=} {bn=}")
     assert got["combine_ctr_sum"] == 0 and got["ctrl"]["tasks_done"] == got["ctrl"]["num_tasks"]
     for i in range(10):
         again = M.mega_moe(x8, xs, ids, wts, wt, config=tma)
-        assert_equal(OP + f" act_tma launch {i}", again, want["out"], context=f"{m=} {bn=}")
+        assert_equal(OP + f" pool launch {i}", again, want["out"], context=f"{m=} {bn=}")
