@@ -445,8 +445,7 @@ class WorkspaceShape:
         return (self.pairs_cap * self.inter + self.inter // 128 * self.pairs_cap * 4
                 + self.max_tokens * self.num_slots * self.hidden * 2 + self.combine_ctrs * 4
                 + 4 * (3 * MAX_EXPERTS + self.pairs_cap + self.tasks_cap + 8 + self.blocks_cap)
-                + 4 * (self.split_tiles_cap + self.split_partial_floats)
-                + self.pairs_cap * self.hidden + self.hidden // 128 * self.pairs_cap * 4)
+                + 4 * (self.split_tiles_cap + self.split_partial_floats))  # + the pool build's pool (_ensure_pool)
 
 
 @dataclass
@@ -465,8 +464,8 @@ class Workspace:
     act: torch.Tensor
     act_scale: torch.Tensor
     slots: torch.Tensor
-    pool: torch.Tensor        # [pairs_cap, H] e4m3 (the pool build's token pool)
-    pool_scale: torch.Tensor  # [H/128, pairs_cap] fp32
+    pool: torch.Tensor        # [pairs_cap, H] e4m3, the pool build's token pool (empty until a pool config runs)
+    pool_scale: torch.Tensor  # [H/128, pairs_cap] fp32 (idem)
 
 
 def _alloc_workspace(shape: WorkspaceShape, dev: torch.device) -> Workspace:
@@ -482,8 +481,21 @@ def _alloc_workspace(shape: WorkspaceShape, dev: torch.device) -> Workspace:
         torch.empty(shape.pairs_cap, shape.inter, dtype=FP8, device=dev),
         torch.empty(shape.inter // 128, shape.pairs_cap, dtype=torch.float32, device=dev),
         torch.empty(shape.max_tokens, shape.num_slots, shape.hidden, dtype=BF16, device=dev),
-        torch.empty(shape.pairs_cap, shape.hidden, dtype=FP8, device=dev),
-        torch.empty(shape.hidden // 128, shape.pairs_cap, dtype=torch.float32, device=dev))
+        torch.empty(0, shape.hidden, dtype=FP8, device=dev), torch.empty(shape.hidden // 128, 0, dtype=torch.float32, device=dev))
+
+
+def _ensure_pool(ws: Workspace) -> None:
+    """Allocate the token pool of a pool-build launch (pairs_cap x H bytes: ~230 MB at 4096 tokens and 9 slots), once
+    per workspace, outside CUDA-graph capture."""
+    cap = ws.shape.pairs_cap
+    if ws.pool.shape[0] >= cap:
+        return
+    if _capturing():
+        raise RuntimeError(f"{OP}: the token pool of a pool config is not allocated; call glm5_fastpath.moe.precompile("
+                           "weights, configs=[...]) (or run the config once eagerly) before CUDA-graph capture")
+    dev = ws.act.device
+    ws.pool = torch.empty(cap, ws.shape.hidden, dtype=FP8, device=dev)
+    ws.pool_scale = torch.empty(ws.shape.hidden // 128, cap, dtype=torch.float32, device=dev)
 
 
 _lock = threading.RLock()
@@ -673,6 +685,8 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
                             "w13_scale": wv.w13_scale, "w2": wv.w2, "w2_scale": wv.w2_scale})
     m, k = ids.shape
     ws = get_workspace(dev, wv.hidden, wv.inter, wv.num_total, k + num_shared, m)
+    if cfg.pool:
+        _ensure_pool(ws)
     if trace is None:
         plan_k, main_k = _kernels_for(cfg, wv.hidden, wv.inter, dev)
         extra: list = []
@@ -686,7 +700,8 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
                      {"config": cfg.name, "smem": cfg.smem, "grid": _sms(dev), "threads": THREADS})
     rows = stage_rows(cfg.block_n)
     tm13, tm2 = _w13_map(wv.w13, rows), _w2_map(wv.w2, rows)
-    tmpool, tmact = _rows_map(ws.pool, cfg.block_n, "pool"), _rows_map(ws.act, cfg.block_n, "act")  # pool build only
+    tmact = _rows_map(ws.act, cfg.block_n, "act")  # read by the pool build only (so is tmpool; else a stand-in)
+    tmpool = _rows_map(ws.pool, cfg.block_n, "pool") if cfg.pool else tmact
     p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
     plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
     main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra], smem=cfg.smem, pdl=True)
@@ -1002,7 +1017,9 @@ def precompile(weights: MegaMoEWeights, topk: int = 8, max_tokens: int = 256, de
         configs = list(seen.values())
     for c in configs:
         _kernels_for(c.validate(), weights.hidden, weights.inter, dev)
-    get_workspace(dev, weights.hidden, weights.inter, weights.num_total, topk + weights.num_shared, max_tokens)
+    ws = get_workspace(dev, weights.hidden, weights.inter, weights.num_total, topk + weights.num_shared, max_tokens)
+    if any(c.pool for c in configs):
+        _ensure_pool(ws)
     for rows in sorted({stage_rows(c.block_n) for c in configs}):
         _w13_map(weights.w13, rows)
         _w2_map(weights.w2, rows)

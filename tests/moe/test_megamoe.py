@@ -1041,3 +1041,12 @@ def test_gpu_pool_equals_cp_async_bitwise(m, e_local, kind, bn, split):
     for i in range(10):
         again = M.mega_moe(x8, xs, ids, wts, wt, config=tma)
         assert_equal(OP + f" pool launch {i}", again, want["out"], context=f"{m=} {bn=}")
+
+
+def test_pool_is_allocated_only_for_pool_configs():
+    """The token pool (pairs_cap x H bytes) is not part of the workspace until a pool config needs it."""
+    dev = torch.device("meta")
+    ws = M._alloc_workspace(M.WorkspaceShape(512, 128, 9, 4, 64), dev)
+    assert ws.pool.shape[0] == 0 and ws.pool_scale.shape[1] == 0
+    M._ensure_pool(ws)
+    assert tuple(ws.pool.shape) == (ws.shape.pairs_cap, 512) and tuple(ws.pool_scale.shape) == (4, ws.shape.pairs_cap)
