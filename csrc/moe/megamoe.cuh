@@ -34,7 +34,8 @@
 //               routing weights) into the task slot; for FC2 each spins on fc1_done (acquire) first; they
 //               gather the token block's activation rows (FC1: x8 rows by token id; FC2: contiguous a8 rows)
 //               and their scales with 16-byte cp.async (manual 128B swizzle) into the same stage, rows split
-//               over the warps, arriving with cp.async.mbarrier.arrive.
+//               over the warps, arriving with cp.async.mbarrier.arrive. (Pool build, kPool: they first copy every
+//               pair's token row into an expert-grouped pool; each stage's rows are then one TMA box.)
 //   WG1, WG2    math: each owns 128 of the 256 weight rows (two m64 halves) x kBN tokens; per stage 4 k32
 //               wgmma per half into a temporary, then acc += tmp * (x_scale[token] * w_scale[block]);
 //               fused epilogues (SwiGLU/quant for FC1, weight/slot store/combine for FC2).
