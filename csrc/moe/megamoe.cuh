@@ -155,6 +155,14 @@ constexpr bool kLeanFences = GLM5_MEGAMOE_LEAN_FENCES != 0;
 #define GLM5_MEGAMOE_POOL 0
 #endif
 constexpr bool kPool = GLM5_MEGAMOE_POOL != 0;
+
+// Diagnostic only (GLM5_MEGAMOE_NOLOAD=1, set by editing a copy of this tree: no config selects it): the weight producer
+// and the activation loaders arrive on the stage barriers without loading anything (the stages hold zeros), so a launch
+// times the math, the epilogues and the schedule alone. Outputs are meaningless.
+#ifndef GLM5_MEGAMOE_NOLOAD
+#define GLM5_MEGAMOE_NOLOAD 0
+#endif
+constexpr bool kNoLoad = GLM5_MEGAMOE_NOLOAD != 0;
 constexpr int kTraceCols = 16;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
@@ -602,6 +610,10 @@ struct MegaMoE {
                 } else {
                     sm90::mbar_wait(bar.empty(s), ((it / kStages) & 1u) ^ 1u);
                 }
+                if constexpr (kNoLoad) {
+                    sm90::mbar_arrive(bar.full(s));
+                    continue;
+                }
                 sm90::mbar_arrive_expect_tx(bar.full(s), L::kWStage);
                 const uint32_t dst = sbase + L::kW + s * L::kWStage;
                 // FC1 pass (wide) and K block inside it
@@ -754,6 +766,10 @@ struct MegaMoE {
                 }
                 const uint32_t dst = sbase + L::kA + s * L::kAStage;
                 const int kc = fc2 || kPasses == 1 ? kb : kb % kKb1;  // K block (wide FC1: both passes read x)
+                if constexpr (kNoLoad) {
+                    sm90::cp_async_16_mbar_arrive(bar.full(s));  // nothing pending: arrives at once
+                    continue;
+                }
                 if constexpr (kPool) {
                     // one box of kBN rows from row p0 (rows past cnt: the next expert's, padding, or zero fill past
                     // the tensor: columns the epilogues never read); its bytes raise the stage's transaction count
@@ -1352,6 +1368,10 @@ struct MegaMoE {
         uint8_t* sm = smem_raw + (sbase - raw);
         const Bars bar{sbase + L::kBar};
         const int warp = threadIdx.x >> 5;
+        if constexpr (kNoLoad) {  // zero stages: the math then folds zeros (no NaN slow paths)
+            for (int i = threadIdx.x; i < L::kBar / 16; i += kThreads)
+                asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(sbase + 16u * i), "r"(0u) : "memory");
+        }
         if (threadIdx.x == 0) {
             for (int s = 0; s < kStages; ++s) {
                 sm90::mbar_init(bar.full(s), 1 + 32 * kLoaderWarps);
