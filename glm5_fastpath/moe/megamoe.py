@@ -497,9 +497,11 @@ def _ensure_pool(ws: Workspace) -> None:
     if _capturing():
         raise RuntimeError(f"{OP}: the token pool of a pool config is not allocated; call glm5_fastpath.moe.precompile("
                            "weights, configs=[...]) (or run the config once eagerly) before CUDA-graph capture")
-    dev = ws.act.device
-    ws.pool = torch.empty(cap, ws.shape.hidden, dtype=FP8, device=dev)
-    ws.pool_scale = torch.empty(ws.shape.hidden // 128, cap, dtype=torch.float32, device=dev)
+    with _lock:
+        if ws.pool.shape[0] < cap:
+            dev = ws.act.device
+            ws.pool_scale = torch.empty(ws.shape.hidden // 128, cap, dtype=torch.float32, device=dev)
+            ws.pool = torch.empty(cap, ws.shape.hidden, dtype=FP8, device=dev)
 
 
 _lock = threading.RLock()
