@@ -156,13 +156,19 @@ constexpr bool kLeanFences = GLM5_MEGAMOE_LEAN_FENCES != 0;
 #endif
 constexpr bool kPool = GLM5_MEGAMOE_POOL != 0;
 
-// Diagnostic only (GLM5_MEGAMOE_NOLOAD=1, set by editing a copy of this tree: no config selects it): the weight producer
-// and the activation loaders arrive on the stage barriers without loading anything (the stages hold zeros), so a launch
-// times the math, the epilogues and the schedule alone. Outputs are meaningless.
-#ifndef GLM5_MEGAMOE_NOLOAD
-#define GLM5_MEGAMOE_NOLOAD 0
+// Diagnostic builds (GLM5_MEGAMOE_DIAG, a bit mask, its own cubin; MegaMoEConfig.diag, name suffix "_d<mask>", for
+// `bench moe --configs` only: the outputs are meaningless). They time the kernel with parts removed, to see where the
+// time goes (docs/megamoe_large_m.md, session 11):
+//   1 no loads: the weight producer and the activation loaders arrive on the stage barriers without loading anything
+//     (the stages are zeroed at start, so the math folds zeros: no NaN slow paths);
+//   2 no epilogues: FC1 tasks only release fc1_done (after the math barrier), FC2 tasks write nothing;
+//   4 no folds: each wgmma temporary is consumed by one add instead of the scaled fold.
+#ifndef GLM5_MEGAMOE_DIAG
+#define GLM5_MEGAMOE_DIAG 0
 #endif
-constexpr bool kNoLoad = GLM5_MEGAMOE_NOLOAD != 0;
+constexpr bool kNoLoad = (GLM5_MEGAMOE_DIAG & 1) != 0;
+constexpr bool kNoEpilogue = (GLM5_MEGAMOE_DIAG & 2) != 0;
+constexpr bool kNoFold = (GLM5_MEGAMOE_DIAG & 4) != 0;
 constexpr int kTraceCols = 16;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
@@ -820,6 +826,10 @@ struct MegaMoE {
     template <int kN>
     static GLM5_DEVICE void fold(float (&acc)[kNAcc], const float (&tmp)[kN / 2], const float* sa, int t4, float s_lo,
                                  float s_hi) {
+        if constexpr (kNoFold) {  // diagnostic: the temporary consumed, no scaling
+            acc[0] += tmp[0];
+            return;
+        }
 #pragma unroll
         for (int j = 0; j < kN / 8; ++j) {
             const float a0 = sa[8 * j + 2 * t4], a1 = sa[8 * j + 2 * t4 + 1];
@@ -970,7 +980,23 @@ struct MegaMoE {
             // (a forced-inline member, not a lambda: a lambda called twice (wide FC1) was outlined, which put the
             // accumulators it takes by reference in local memory)
             k_loop_width(width, sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, 0, full_wait);
-            if (fc2) {
+            if constexpr (kNoEpilogue) {  // diagnostic: FC1 only releases what FC2 waits for
+                if (!fc2) {
+                    if constexpr (kWide)  // the second pass's stages are streamed anyway
+                        k_loop_width(width, sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n,
+                                     mt, 1, full_wait);
+                    if (!task_split(desc) || task_half(desc) == 1) {  // one release per FC1 tile
+                        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+                        if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
+                    }
+                }
+                float z = 0.f;  // every accumulator stays live (else the folds would be dead code)
+#pragma unroll
+                for (int i = 0; i < kNAcc; ++i) z += acc0[i];
+#pragma unroll
+                for (int i = 0; i < kNAcc1; ++i) z += acc1[i];
+                if (z == 0x1p100f) p.ctrl[7] = 1;
+            } else if (fc2) {
                 epilogue_fc2(p, sm, slot, rt, cnt, wg, w, lane, acc0, acc1, tr, n);
             } else if constexpr (kWide) {
                 // pass 0 (channels [64 q, 64 q + 64) of the group for q = 0) -> bf16 stash; pass 1 -> both quantised

@@ -1050,3 +1050,31 @@ def test_pool_is_allocated_only_for_pool_configs():
     assert ws.pool.shape[0] == 0 and ws.pool_scale.shape[1] == 0
     M._ensure_pool(ws)
     assert tuple(ws.pool.shape) == (ws.shape.pairs_cap, 512) and tuple(ws.pool_scale.shape) == (4, ws.shape.pairs_cap)
+
+
+# ---- diagnostic builds (diag: parts of the kernel removed, for timing only) -----------------------------------
+
+def test_diag_config_name_spec_and_validation():
+    c = M.MegaMoEConfig(64, M.max_stages(64), M.MAX_EXPERTS, 0, lean_fences=True, diag=3)
+    assert c.name == "bn64_s5_g512_w0_lf_d3" and M.MegaMoEConfig.from_name(c.name) == c
+    assert ("GLM5_MEGAMOE_DIAG", "3") in c.spec(6144, 2048).defines
+    assert all(k != "GLM5_MEGAMOE_DIAG" for k, _ in M.MegaMoEConfig(64, 5).spec(6144, 2048).defines)
+    assert M.MegaMoEConfig.from_name("bn128_s6_g512_w0_lf_p_d7").diag == 7
+    with pytest.raises(M.MegaMoEInputError, match="diag"):
+        M.MegaMoEConfig(64, 5, diag=8).validate()
+    assert all(M.default_config(m, 32, 8, 1).diag == 0 for m in (1, 64, 4096))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bn, split", [(16, 4), (64, 0), (128, 0)])
+@pytest.mark.parametrize("diag", [1, 3, 7])
+@pytest.mark.parametrize("m", [3, 1024])
+def test_gpu_diag_builds_run_every_task(m, diag, bn, split):
+    """A diagnostic build computes nothing meaningful, but it must run the whole schedule: every planned task
+    finishes (no lost fc1_done release, no stage barrier left waiting), launch after launch."""
+    _, wt = _weights(32)
+    x8, xs, ids, wts = _inputs(m, 32, 8, "uniform", seed=7000 + m)
+    cfg = M.MegaMoEConfig(bn, M.max_stages(bn), split_waves=split, lean_fences=True, diag=diag)
+    for _ in range(3):
+        got = M.debug_run(x8, xs, ids, wts, wt, config=cfg)
+        assert got["ctrl"]["tasks_done"] == got["ctrl"]["num_tasks"] > 0, (m, diag, bn, got["ctrl"])
