@@ -64,6 +64,10 @@ GLM5_DEVICE void ld_cg_v4(const void* p, uint32_t& a, uint32_t& b, uint32_t& c, 
                  : "memory");
 }
 
+GLM5_DEVICE void ld_cg_v2(const void* p, uint32_t& a, uint32_t& b) {
+    asm volatile("ld.global.cg.v2.b32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p) : "memory");
+}
+
 GLM5_DEVICE void st_cg_f32x4(float* p, float4 v) {
     asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                  : "memory");

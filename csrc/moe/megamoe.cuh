@@ -11,7 +11,8 @@
 //   FC2        y  = bf16((sum_g as[g] * S2[n/128, g] * a8 . W2[n]) * w)             -> slot buffer (t, j)
 //   combine    out[t] = bf16(rsf * sum_{j = 0..S-1} fp32(y[t, j]))                    fixed slot order
 //
-// Work decomposition (all tasks cover 256 weight rows, 128 K per pipeline stage):
+// Work decomposition (narrow builds, kBN <= 64: all tasks cover 256 weight rows, 128 K per pipeline stage; the wide
+// build's differences are listed below):
 //   FC1 task (e, rt, b): rows [256 rt, 256 rt + 256) of the gate/up weight interleaved by 8 rows
 //     ([g0..7, u0..7, g8..15, u8..15, ...], gathered in that order by one 5-D TMA box from the natural
 //     gate || up layout: no weight copy) = intermediate channels
@@ -28,7 +29,7 @@
 // CTA = 3 warpgroups (384 threads), one CTA per SM, persistent, tasks claimed dynamically with one
 // global atomic in list order (the plan orders FC1 of expert group g+1 before FC2 of group g):
 //   WG0 warp 0  weight producer + scheduler: claims a task, publishes it in a 4-slot smem task ring,
-//               streams its weight tiles with TMA (32 KB boxes, 128B swizzle) into the stage ring.
+//               streams its weight tiles with TMA (32 KB boxes; wide: 16 KB; 128B swizzle) into the stage ring.
 //               Never waits on a cross-CTA counter.
 //   WG0 warps 1-3 activation loaders (kLoaderWarps): per task, warp 1 puts the column info (pair codes,
 //               routing weights) into the task slot; for FC2 each spins on fc1_done (acquire) first; they
@@ -36,11 +37,14 @@
 //               and their scales with 16-byte cp.async (manual 128B swizzle) into the same stage, rows split
 //               over the warps, arriving with cp.async.mbarrier.arrive. (Pool build, kPool: they first copy every
 //               pair's token row into an expert-grouped pool; each stage's rows are then one TMA box.)
-//   WG1, WG2    math: each owns 128 of the 256 weight rows (two m64 halves) x kBN tokens; per stage 4 k32
+//   WG1, WG2    math: each owns 128 of the 256 weight rows (two m64 halves; wide: 64 of 128, one half) x kBN tokens; per stage 4 k32
 //               wgmma per half into a temporary, then acc += tmp * (x_scale[token] * w_scale[block]);
 //               fused epilogues (SwiGLU/quant for FC1, weight/slot store/combine for FC2).
 // Deadlock freedom: tasks are processed in claim order per CTA and every FC2 task depends only on FC1
-// tasks earlier in the global list, so the earliest unfinished claimed task can always progress.
+// tasks earlier in the global list, so the earliest unfinished claimed task can always progress, whichever CTAs are
+// running. The pool build adds a grid-wide wait (every loader warp's copy share, ctrl[5]): it needs all CTAs resident
+// at once (one CTA per SM, as launched; not under MPS / green-context SM limits or next to a kernel that waits for
+// this one). A work-stealing copy (a global row cursor) would lift that; not built.
 //
 // Counters (graph-replay safe, no memset): the plan kernel (which waits for the previous grid with
 // griddepcontrol.wait) zeroes the claim counter and the fc1_done counters it uses; the combine
@@ -160,7 +164,7 @@ constexpr bool kPool = GLM5_MEGAMOE_POOL != 0;
 // `bench moe --configs` only: the outputs are meaningless). They time the kernel with parts removed, to see where the
 // time goes (docs/megamoe_large_m.md, session 11):
 //   1 no loads: the weight producer and the activation loaders arrive on the stage barriers without loading anything
-//     (the stages are zeroed at start, so the math folds zeros: no NaN slow paths);
+//     (the stages are zeroed at start, so the math folds zeros: no NaN slow paths; a pool build still copies its pool);
 //   2 no epilogues: FC1 tasks only release fc1_done (after the math barrier), FC2 tasks write nothing;
 //   4 no folds: each wgmma temporary is consumed by one add instead of the scaled fold.
 #ifndef GLM5_MEGAMOE_DIAG
@@ -262,6 +266,8 @@ struct Params {
     float routed_scaling;      // applied in the combine
 };
 
+static_assert(sizeof(Params) == 232, "Params ABI: glm5_fastpath/moe/megamoe.py::_Params (PARAMS_BYTES)");
+
 constexpr int32_t kFlagFc1Only = 1;    // plan FC1 tasks only
 constexpr int32_t kFlagNoCombine = 2;  // FC2 writes its slot values; no combine counters, `out` untouched
 
@@ -293,10 +299,6 @@ GLM5_DEVICE int32_t atom_acq_rel_gpu_add(int32_t* p, int32_t v) {
 
 GLM5_DEVICE void st_shared_u8(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.u8 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-
-GLM5_DEVICE void ld_cg_v2(const void* p, uint32_t& a, uint32_t& b) {
-    asm volatile("ld.global.cg.v2.b32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p) : "memory");
 }
 
 // Order this thread's generic-proxy global accesses with its async-proxy ones (TMA) across a hand-off.
@@ -347,7 +349,7 @@ struct Smem {
     static constexpr int kA = kW + kStages * kWStage;                  // activations, 1024-aligned
     static constexpr int kSA = kA + kStages * kAStage;                 // activation scales [kStages][kBN]
     static constexpr int kOut = kSA + kStages * kBN * 4;               // FC1 output staging [kBN][128] e4m3
-                                                                       // (wide: first also the pass-1 stash, 16 KB)
+                                                                       // (wide: first also the pass-0 stash, 16 KB)
     static constexpr int kRed = kOut + kBN * kBK;                      // amax exchange [8 warps][kBN]
     static constexpr int kFlag = kRed + 8 * kBN * 4;                   // combine: last-contributor flags [kBN]
     static constexpr int kCode = kFlag + kBN * 4;                      // per task slot: pair codes [T][kBN]
@@ -777,7 +779,8 @@ struct MegaMoE {
                     continue;
                 }
                 if constexpr (kPool) {
-                    // one box of kBN rows from row p0 (rows past cnt: the next expert's, padding, or zero fill past
+                    // one box of kBN rows from row p0 (rows past cnt: the next expert's, padding rows (stale), rows
+                    // never written this launch (the pool and act are zeroed when allocated), or zero fill past
                     // the tensor: columns the epilogues never read); its bytes raise the stage's transaction count
                     // before this lane's arrival below, so the phase cannot complete without them
                     if (lw == 0 && lane == 0) {
@@ -941,7 +944,7 @@ struct MegaMoE {
 
     static GLM5_DEVICE void math(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar, const TraceBuf& tr) {
         const int mt = threadIdx.x - 128;  // 0..255
-        const int wg = mt >> 7;            // math warpgroup: weight rows [128 wg, 128 wg + 128) of the tile
+        const int wg = mt >> 7;            // math warpgroup: weight rows [128 wg, 128 wg + 128) of the tile (wide: 64 wg)
         const int w = (mt >> 5) & 3;       // warp inside the warpgroup
         const int lane = mt & 31;
         const int t4 = lane & 3;
@@ -1358,7 +1361,7 @@ struct MegaMoE {
                         if constexpr (kLaneW == 4)
                             ptx::ld_cg_v4(src, v[jj][0], v[jj][1], v[jj][2], v[jj][3]);
                         else
-                            ld_cg_v2(src, v[jj][0], v[jj][1]);
+                            ptx::ld_cg_v2(src, v[jj][0], v[jj][1]);
                     }
                 }
 #pragma unroll

@@ -78,6 +78,7 @@ BF16 = torch.bfloat16
 # Mirrors of csrc/moe/megamoe.cuh constants.
 THREADS = 384
 PLAN_THREADS = 1024
+LOADER_WARPS = 3  # activation loader warps (kLoaderWarps, the GLM5_MEGAMOE_LOADER_WARPS default)
 TILE_ROWS = 256   # weight rows of an FC1 task (one 128-channel quant group) and of a narrow FC2 task
 BK = 128
 WIDE_BN = 128     # the wide token block: 128-row wgmma tiles (megamoe.cuh MegaMoE::kWide)
@@ -91,6 +92,7 @@ FLAG_NO_COMBINE = 2    # FC2 writes slot values only: no combine counters, `out`
 TASK_END = -1          # end-of-list sentinel (FC2 descriptors are negative int32: never test the sign)
 # ctrl[] entries of the workspace (megamoe.cuh Params::ctrl)
 CTRL_NUM_TASKS, CTRL_CLAIMS, CTRL_TASKS_DONE, CTRL_TILES_COMBINED = 0, 1, 2, 3
+CTRL_POOL_ROWS, CTRL_POOL_DONE = 4, 5  # pool build: pair rows copied, loader warps done copying
 MAX_BLOCKS = 1 << 14   # 14-bit token-block field of a task
 SPLIT_MAX_BN = 16      # split-K FC1 tiles only for token blocks up to this (scratch: 2 x 256 x BN fp32 per tile)
 SPLIT_WAVES = 4        # split-K FC1 tiles when the call has at most this many waves of FC1 tiles (default_config: 1 token)
@@ -489,7 +491,9 @@ def _alloc_workspace(shape: WorkspaceShape, dev: torch.device) -> Workspace:
         torch.zeros(shape.combine_ctrs, **i32),                              # zero at rest (self-resetting)
         torch.zeros(shape.split_tiles_cap, **i32),                           # zero at rest (self-resetting)
         torch.empty(shape.split_partial_floats, dtype=torch.float32, device=dev),
-        torch.empty(shape.pairs_cap, shape.inter, dtype=FP8, device=dev),
+        # zeroed once: a pool build's TMA boxes read act rows past a block's live tokens, which must hold valid FP8
+        # values (NaN bytes there would only send the epilogues' division fast-path tests to the slow path)
+        torch.zeros(shape.pairs_cap, shape.inter, dtype=FP8, device=dev),
         torch.empty(shape.inter // 128, shape.pairs_cap, dtype=torch.float32, device=dev),
         torch.empty(shape.max_tokens, shape.num_slots, shape.hidden, dtype=BF16, device=dev),
         torch.empty(0, shape.hidden, dtype=FP8, device=dev), torch.empty(shape.hidden // 128, 0, dtype=torch.float32, device=dev))
@@ -507,8 +511,8 @@ def _ensure_pool(ws: Workspace) -> None:
     with _lock:
         if ws.pool.shape[0] < cap:
             dev = ws.act.device
-            ws.pool_scale = torch.empty(ws.shape.hidden // 128, cap, dtype=torch.float32, device=dev)
-            ws.pool = torch.empty(cap, ws.shape.hidden, dtype=FP8, device=dev)
+            ws.pool_scale = torch.zeros(ws.shape.hidden // 128, cap, dtype=torch.float32, device=dev)
+            ws.pool = torch.zeros(cap, ws.shape.hidden, dtype=FP8, device=dev)  # (act: why zeroed)
 
 
 _lock = threading.RLock()
@@ -680,6 +684,9 @@ def _check_inputs(x, xs, ids, wts, w13, s13, w2, s2, num_shared: int, rsf: float
     if not (rsf > 0 and math.isfinite(rsf)):
         raise _fail(f"routed_scaling_factor={rsf} must be a positive finite number")
     MegaMoEConfig(block_n, stages, group_size, split_waves).validate()
+    if h // stage_rows(block_n) > 63:
+        raise _fail(f"hidden size H={h} with block_n={block_n}: at most 63 row tiles of {stage_rows(block_n)} (H <= "
+                    f"{63 * stage_rows(block_n)})")
     devs = {t.device for t in (x, xs, ids, wts, w13, s13, w2, s2)}
     if len(devs) != 1:
         raise _fail(f"all tensors must be on one device, got {sorted(map(str, devs))}")
@@ -713,8 +720,9 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
                      {"config": cfg.name, "smem": cfg.smem, "grid": _sms(dev), "threads": THREADS})
     rows = stage_rows(cfg.block_n)
     tm13, tm2 = _w13_map(wv.w13, rows), _w2_map(wv.w2, rows)
-    tmact = _rows_map(ws.act, cfg.block_n, "act")  # read by the pool build only (so is tmpool; else a stand-in)
-    tmpool = _rows_map(ws.pool, cfg.block_n, "pool") if cfg.pool else tmact
+    # the activation maps are read by the pool build only; the other builds get the w2 map as a stand-in
+    tmpool, tmact = ((_rows_map(ws.pool, cfg.block_n, "pool"), _rows_map(ws.act, cfg.block_n, "act")) if cfg.pool
+                     else (tm2, tm2))
     p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
     plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
     main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra], smem=cfg.smem, pdl=True)
@@ -837,7 +845,8 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
     blocks = sum(_cdiv(int(c), cfg.block_n) for c in got["counts"])
     got.update(out=out, slots=ws.slots[:m].clone(), fc1_done=ws.fc1_done[:blocks].cpu().clone(),
                ctrl={"num_tasks": ctrl[CTRL_NUM_TASKS], "claims": ctrl[CTRL_CLAIMS],
-                     "tasks_done": ctrl[CTRL_TASKS_DONE], "tiles_combined": ctrl[CTRL_TILES_COMBINED]},
+                     "tasks_done": ctrl[CTRL_TASKS_DONE], "tiles_combined": ctrl[CTRL_TILES_COMBINED],
+                     "pool_rows": ctrl[CTRL_POOL_ROWS], "pool_done": ctrl[CTRL_POOL_DONE]},
                combine_ctr_sum=int(ws.combine_ctr.abs().sum()), grid=_sms(dev), config=cfg.name)
     return got
 

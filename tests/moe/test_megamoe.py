@@ -274,7 +274,7 @@ def test_python_mirrors_match_cpp(nvcc_jit):
     consts = {"kThreads": M.THREADS, "kPlanThreads": M.PLAN_THREADS, "kTileRows": M.TILE_ROWS, "kBK": M.BK,
               "kTaskSlots": M.TASK_SLOTS, "kMaxExperts": M.MAX_EXPERTS, "kMaxSlots": M.MAX_SLOTS,
               "kPairAlign": M.PAIR_ALIGN, "kFlagFc1Only": M.FLAG_FC1_ONLY, "kFlagNoCombine": M.FLAG_NO_COMBINE,
-              "kTaskEnd": M.TASK_END, "kTraceCols": M.TRACE_COLS}
+              "kTaskEnd": M.TASK_END, "kTraceCols": M.TRACE_COLS, "kLoaderWarps": M.LOADER_WARPS}
     lines += [f"static_assert(mm::{k} == {v}, \"{k}\");" for k, v in consts.items()]
     # The kernel's end-of-list test rejects every descriptor a plan can hold (FC2 ones are negative int32).
     ids, _ = routing(3, 32, 8, seed=4)
@@ -999,8 +999,7 @@ def test_gpu_wide_mode_equals_bn64_bitwise(m, kind, e_local):
     assert_equal(OP + " wide vs bn64", got, want, context=f"{m=} {kind=} {e_local=}")
     per_wide = M.debug_run(x8, xs, ids, wts, wt, routed_scaling_factor=rsf, config=wide)
     for key in ("a8", "a_scale", "slots"):
-        if key in per_wide:
-            assert_equal(OP + f" wide vs bn64 {key}", per_wide[key], per_narrow[key], context=f"{m=} {kind=}")
+        assert_equal(OP + f" wide vs bn64 {key}", per_wide[key], per_narrow[key], context=f"{m=} {kind=}")
     if m <= 1024:
         ref = ref_f64(x8, xs, ids, wts, raw, e_local, 1, rsf)
         assert_close(OP, got.float(), ref.float(), kind="fp8_same_quant", context=f"{m=} {kind=} {e_local=} bn128")
@@ -1038,6 +1037,9 @@ def test_gpu_pool_equals_cp_async_bitwise(m, e_local, kind, bn, split):
     for key in ("a8", "a_scale", "slots", "out"):
         assert_equal(OP + f" pool {key}", got[key], want[key], context=f"{m=} {e_local=} {kind=} {bn=}")
     assert got["combine_ctr_sum"] == 0 and got["ctrl"]["tasks_done"] == got["ctrl"]["num_tasks"]
+    # every loader warp of the grid copied its share, over exactly the plan's (8-aligned) pair rows
+    plan = M.plan_reference(ids, e_local, 1, bn, base.group_size, 6144, 2048)
+    assert got["ctrl"]["pool_done"] == got["grid"] * M.LOADER_WARPS and got["ctrl"]["pool_rows"] == plan.total_rows, got["ctrl"]
     for i in range(10):
         again = M.mega_moe(x8, xs, ids, wts, wt, config=tma)
         assert_equal(OP + f" pool launch {i}", again, want["out"], context=f"{m=} {bn=}")
@@ -1077,4 +1079,16 @@ def test_gpu_diag_builds_run_every_task(m, diag, bn, split):
     cfg = M.MegaMoEConfig(bn, M.max_stages(bn), split_waves=split, lean_fences=True, diag=diag)
     for _ in range(3):
         got = M.debug_run(x8, xs, ids, wts, wt, config=cfg)
-        assert got["ctrl"]["tasks_done"] == got["ctrl"]["num_tasks"] > 0, (m, diag, bn, got["ctrl"])
+        c = got["ctrl"]
+        assert c["tasks_done"] == c["num_tasks"] > 0 and c["claims"] == c["num_tasks"] + got["grid"], (m, diag, bn, c)
+
+
+def test_wide_mode_hidden_size_limit_is_checked_on_the_host():
+    """The wide build's FC2 row tiles are 128 rows: H / 128 must fit the descriptor's 6-bit field (H <= 8064)."""
+    w13, s13, w2, s2 = make_experts(3, 8192, 128, 0)
+    x8, xs = quant_act_per_token(torch.randn(2, 8192).to(BF16))
+    ids = torch.zeros(2, 1, dtype=torch.int32)
+    wts = torch.ones(2, 1)
+    with pytest.raises(M.MegaMoEInputError, match="row tiles"):
+        M._check_inputs(x8, xs, ids, wts, w13, s13, w2, s2, 1, 2.5, 128, M.max_stages(128), 8)
+    M._check_inputs(x8, xs, ids, wts, w13, s13, w2, s2, 1, 2.5, 64, M.max_stages(64), 8)  # 256-row tiles: 32 fit
