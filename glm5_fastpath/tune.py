@@ -122,7 +122,9 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
        shared expert may span several token blocks), nearest to the default's block_n first (ties: the
        larger), each with the deepest stages and the default's split_waves;
     4. the split twins of those, under the same rule as 2.
-    Only block_n <= SPLIT_MAX_BN splits at all, so larger blocks never get a twin.
+    Only block_n <= SPLIT_MAX_BN splits at all, so larger blocks never get a twin. The wide block (WIDE_BN) is not a
+    candidate: it took 1.15-1.35x the time of bn64 at 256-4096 tokens on the H200 (benchmarks/results/
+    2026-11-30_h200_session11); time it explicitly with `bench moe --configs`.
     """
     from dataclasses import replace
 
@@ -134,7 +136,7 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
     d = MM.default_config(m, experts, topk, num_shared, num_sms, inter)
     load = MM.expected_max_load(m, experts, topk)
     i0 = MM.BLOCK_NS.index(d.block_n)
-    near = sorted((b for b in MM.BLOCK_NS if b != d.block_n and b >= load),
+    near = sorted((b for b in MM.BLOCK_NS if b not in (d.block_n, MM.WIDE_BN) and b >= load),
                   key=lambda b: (abs(MM.BLOCK_NS.index(b) - i0), -b))
     primary = [d] + [MM.MegaMoEConfig(b, MM.max_stages(b), split_waves=d.split_waves,
                                       lean_fences=d.lean_fences).validate() for b in near]

@@ -326,3 +326,11 @@ def test_gpu_tune_with_moe_smoke(tmp_path):
         assert d.get("median_us", 0) > 0 and d["check"] == "bitwise", d
         assert r["choice"] == tune.choose_moe(r)[0]
     assert (tmp_path / "table" / "moe_tune.md").read_text().startswith("# MoE tune")
+
+
+def test_moe_candidates_leave_out_the_wide_block():
+    """bn128 (the wide mode) measured slower than bn64 everywhere: tune does not spend its budget on it."""
+    from glm5_fastpath.moe import megamoe as MM
+    for m in (1, 16, 64, 128, 256, 512, 1024, 4096):
+        for experts in (32, 256):
+            assert all(c.block_n != MM.WIDE_BN for c in tune.moe_candidates(m, 4, experts=experts)), (m, experts)
