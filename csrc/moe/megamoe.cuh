@@ -301,6 +301,20 @@ GLM5_DEVICE void st_shared_u8(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.u8 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
 
+// Spin (this thread; 64 ns naps) until the only-growing counter *ctr reaches want, acquiring it; after
+// GLM5_MEGAMOE_SPIN_LIMIT_CYCLES run on_timeout() (diagnostics) and trap, so a lost release fails loudly.
+template <class OnTimeout>
+GLM5_DEVICE void spin_acquire_geq(const int32_t* ctr, int32_t want, OnTimeout on_timeout) {
+    const long long t0 = clock64();
+    while (ld_acquire_gpu(ctr) < want) {
+        __nanosleep(64);
+        if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES) {
+            on_timeout();
+            __trap();
+        }
+    }
+}
+
 // Order this thread's generic-proxy global accesses with its async-proxy ones (TMA) across a hand-off.
 GLM5_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
@@ -720,17 +734,12 @@ struct MegaMoE {
                         if constexpr (kTrace) {
                             if (lw == 0) tr.put(n, 1, clock_cycles());
                         }
-                        const long long t0 = clock64();
-                        while (ld_acquire_gpu(ctr) < kT1) {
-                            __nanosleep(64);
-                            if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES) {
+                        spin_acquire_geq(ctr, kT1, [&] {
 #ifdef GLM5_MEGAMOE_TIMEOUT_PRINTF
-                                printf("glm5 megamoe: fc1_done timeout: block %d token-block %d count %d of %d (cta %d)\n",
-                                       blk, task_block(desc), ld_acquire_gpu(ctr), kT1, blockIdx.x);
+                            printf("glm5 megamoe: fc1_done timeout: block %d token-block %d count %d of %d (cta %d)\n",
+                                   blk, task_block(desc), ld_acquire_gpu(ctr), kT1, blockIdx.x);
 #endif
-                                __trap();
-                            }
-                        }
+                        });
                         if constexpr (kTrace) {
                             if (lw == 0) tr.put(n, 2, clock_cycles());
                         }
@@ -746,13 +755,7 @@ struct MegaMoE {
             if constexpr (kPool) {
                 if (!fc2 && !pooled) {  // every loader warp of the grid has copied its pool rows
                     const int32_t want = static_cast<int32_t>(gridDim.x) * kLoaderWarps;
-                    if (lane == 0) {
-                        const long long t0 = clock64();
-                        while (ld_acquire_gpu(p.ctrl + 5) < want) {
-                            __nanosleep(64);
-                            if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES) __trap();
-                        }
-                    }
+                    if (lane == 0) spin_acquire_geq(p.ctrl + 5, want, [] {});
                     __syncwarp();
                     while (ld_acquire_gpu(p.ctrl + 5) < want) {  // each lane's own acquire (as for fc1_done)
                     }
