@@ -390,10 +390,6 @@ struct MegaMoE {
     // 128 rows over the same token block: pass 0 stashes its SwiGLU output (bf16) in the FC1 staging area, pass 1
     // quantises both halves; the weight producer and the loaders stream the 2 x H/128 stages back to back.
     static constexpr bool kWide = kBN == kWideBN;
-    // The math warpgroups' cannot-happen traps (mbarrier timeouts, bad widths) as calls instead of inline traps: an
-    // inline trap caps ptxas at the 168-register launch allocation inside the setmaxnreg region (arch.cuh
-    // trap_out_of_line). The wide build needs the 224; the narrow builds keep the inline trap (measured faster).
-    static constexpr bool kMathTrapOutOfLine = kWide;
     static constexpr int kRows = stage_rows(kBN);  // weight rows per stage / wgmma tile
     static constexpr int kPasses = kWide ? 2 : 1;  // 128-row passes of an FC1 task
     static_assert(kH % 256 == 0 && kH / kRows <= 63, "hidden size: multiple of 256 (FC2 row tiles: 6-bit field)");
@@ -858,30 +854,6 @@ struct MegaMoE {
                                         k > 0);
     }
 
-    // Stage addresses: this warpgroup's weight rows, the activation tile, the activation scales.
-    static GLM5_DEVICE uint32_t stage_w(uint32_t sbase, int s, int wg) {
-        return sbase + L::kW + s * L::kWStage + wg * (kRows / 2 * kBK);
-    }
-    static GLM5_DEVICE uint32_t stage_a(uint32_t sbase, int s) { return sbase + L::kA + s * L::kAStage; }
-    static GLM5_DEVICE const float* stage_sa(uint8_t* sm, int s) {
-        return reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
-    }
-
-    // Wait for stage s (ring position it) to land; the trace build records the wait (not the first stage's).
-    static GLM5_DEVICE void wait_stage(const Bars& bar, int s, uint32_t it, int kb, [[maybe_unused]] const TraceBuf& tr,
-                                       [[maybe_unused]] int n, [[maybe_unused]] int mt, [[maybe_unused]] int pass,
-                                       [[maybe_unused]] uint32_t& full_wait) {
-        if constexpr (kTrace) {
-            const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
-            sm90::mbar_wait<kMathTrapOutOfLine>(bar.full(s), (it / kStages) & 1u);
-            if (kb > 0 || pass > 0) full_wait += static_cast<uint32_t>(clock_cycles()) - c0;
-            if (mt == 0 && kb == 0 && pass == 0) tr.put(n, 4, clock_cycles());
-        } else {
-            sm90::mbar_wait<kMathTrapOutOfLine>(bar.full(s), (it / kStages) & 1u);
-        }
-        sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
-    }
-
     // The K loop of one task (wide FC1: of one pass) at wgmma width kN: nk stages from ring position `it` (advanced),
     // folding into acc0 / acc1 (wide: acc0 only) with the block scales at s_lo_ptr / s_hi_ptr (one per stage).
     template <int kN>
@@ -890,71 +862,49 @@ struct MegaMoE {
                                    float (&acc1)[kNAcc1], [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n,
                                    [[maybe_unused]] int mt, [[maybe_unused]] int pass,
                                    [[maybe_unused]] uint32_t& full_wait) {
-        // Narrow builds: two temporaries, pipelined across stages so every fold runs under one of this warpgroup's own
-        // wgmma groups: stage s issues half 0, folds half 1 of stage s - 1 (and frees that stage), issues half 1, then
-        // folds half 0. (Folding both halves of a stage after its own wgmma left the tensor cores to the other math
-        // warpgroup during the second fold, the mbarrier wait and the next issue.) Each accumulator still folds its
-        // stages in order, so the sums are unchanged. Wide: one half, one temporary (64 + 64); the other math
-        // warpgroup's wgmma overlaps this one's fold.
+        // two temporaries: both halves' wgmma in flight (kN <= 64: 2 x 32 + 2 x 32 fragment floats); wide: one half,
+        // one temporary (64 + 64), and the other math warpgroup's wgmma overlaps this one's fold
         float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
-        if constexpr (kWide) {
-            for (int kb = 0; kb < nk; ++kb, ++it) {
-                const int s = it % kStages;
-                const float cur_lo = s_lo, cur_hi = s_hi;
-                if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
-                wait_stage(bar, s, it, kb, tr, n, mt, pass, full_wait);
+        for (int kb = 0; kb < nk; ++kb, ++it) {
+            const int s = it % kStages;
+            const float cur_lo = s_lo, cur_hi = s_hi;
+            if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
+            if constexpr (kTrace) {
+                const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
+                sm90::mbar_wait<kWide>(bar.full(s), (it / kStages) & 1u);
+                if (kb > 0 || pass > 0) full_wait += static_cast<uint32_t>(clock_cycles()) - c0;
+                if (mt == 0 && kb == 0 && pass == 0) tr.put(n, 4, clock_cycles());
+            } else {
+                sm90::mbar_wait<kWide>(bar.full(s), (it / kStages) & 1u);
+            }
+            sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
+            const uint32_t a_addr = sbase + L::kW + s * L::kWStage + wg * (kRows / 2 * kBK);
+            const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
+            const float* sa = reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
+            if constexpr (kWide) {
                 float tmp0[kN / 2];
                 sm90::wgmma_fence();
-                issue_half<kN>(tmp0, stage_w(sbase, s, wg), stage_a(sbase, s));
+                issue_half<kN>(tmp0, a_addr, b_addr);
                 sm90::wgmma_commit();
                 sm90::wgmma_wait<0>();
                 sm90::fence_operands(tmp0);
-                fold<kN>(acc0, tmp0, stage_sa(sm, s), t4, cur_lo, cur_hi);
-                __syncwarp();
-                if (lane == 0) sm90::mbar_arrive(bar.empty(s));
-            }
-        } else if (nk > 0) {
-            float tmp0[kN / 2], tmp1[kN / 2];
-            // stage 0: both halves issued, half 0 folded under half 1
-            int prev_s = it % kStages;
-            float prev_lo = s_lo, prev_hi = s_hi;
-            if (nk > 1) s_lo = __ldg(s_lo_ptr + 1), s_hi = __ldg(s_hi_ptr + 1);
-            wait_stage(bar, prev_s, it, 0, tr, n, mt, pass, full_wait);
-            sm90::wgmma_fence();
-            issue_half<kN>(tmp0, stage_w(sbase, prev_s, wg), stage_a(sbase, prev_s));
-            sm90::wgmma_commit();
-            issue_half<kN>(tmp1, stage_w(sbase, prev_s, wg) + 64 * kBK, stage_a(sbase, prev_s));
-            sm90::wgmma_commit();
-            sm90::wgmma_wait<1>();
-            sm90::fence_operands(tmp0);
-            fold<kN>(acc0, tmp0, stage_sa(sm, prev_s), t4, prev_lo, prev_hi);
-            ++it;
-            for (int kb = 1; kb < nk; ++kb, ++it) {
-                const int s = it % kStages;
-                const float cur_lo = s_lo, cur_hi = s_hi;
-                if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
-                wait_stage(bar, s, it, kb, tr, n, mt, pass, full_wait);
+                fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
+            } else {
+                float tmp0[kN / 2], tmp1[kN / 2];
                 sm90::wgmma_fence();
-                issue_half<kN>(tmp0, stage_w(sbase, s, wg), stage_a(sbase, s));
+                issue_half<kN>(tmp0, a_addr, b_addr);
                 sm90::wgmma_commit();
-                sm90::wgmma_wait<1>();  // the previous stage's half 1, folded under this stage's half 0
-                sm90::fence_operands(tmp1);
-                fold<kN>(acc1, tmp1, stage_sa(sm, prev_s), t4, prev_lo, prev_hi);
-                __syncwarp();
-                if (lane == 0) sm90::mbar_arrive(bar.empty(prev_s));
-                sm90::wgmma_fence();
-                issue_half<kN>(tmp1, stage_w(sbase, s, wg) + 64 * kBK, stage_a(sbase, s));
+                issue_half<kN>(tmp1, a_addr + 64 * kBK, b_addr);
                 sm90::wgmma_commit();
                 sm90::wgmma_wait<1>();
                 sm90::fence_operands(tmp0);
-                fold<kN>(acc0, tmp0, stage_sa(sm, s), t4, cur_lo, cur_hi);
-                prev_s = s, prev_lo = cur_lo, prev_hi = cur_hi;
+                fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
+                sm90::wgmma_wait<0>();
+                sm90::fence_operands(tmp1);
+                fold<kN>(acc1, tmp1, sa, t4, cur_lo, cur_hi);
             }
-            sm90::wgmma_wait<0>();  // the last stage's half 1
-            sm90::fence_operands(tmp1);
-            fold<kN>(acc1, tmp1, stage_sa(sm, prev_s), t4, prev_lo, prev_hi);
             __syncwarp();
-            if (lane == 0) sm90::mbar_arrive(bar.empty(prev_s));
+            if (lane == 0) sm90::mbar_arrive(bar.empty(s));
         }
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 5, clock_cycles()), tr.put(n, 10, full_wait);  // (wide FC1: pass 1 rewrites them)
@@ -965,7 +915,7 @@ struct MegaMoE {
     // mbar_wait<true>): an inline trap there capped ptxas at the 168-register launch allocation and the build spilled
     // (arch.cuh trap_out_of_line); the narrow builds keep the inline trap (their register allocation, measured).
     static GLM5_DEVICE void math_trap() {
-        if constexpr (kMathTrapOutOfLine)
+        if constexpr (kWide)
             glm5::trap_out_of_line();
         else
             __trap();
@@ -1007,7 +957,7 @@ struct MegaMoE {
         for (int n = 0;; ++n) {
             const int slot = n % kTaskSlots;
             const uint32_t tpar = (n / kTaskSlots) & 1u;
-            sm90::mbar_wait<kMathTrapOutOfLine>(bar.tfull(slot), tpar);
+            sm90::mbar_wait<kWide>(bar.tfull(slot), tpar);
             const int32_t desc = desc_ring[slot];
             if (task_is_end(desc)) break;
             if constexpr (kTrace) {
@@ -1029,7 +979,7 @@ struct MegaMoE {
             for (int i = 0; i < kNAcc1; ++i) acc1[i] = 0.f;
             // The loader publishes the task's column info before it loads any stage, so this wait adds nothing
             // to the first stage's.
-            sm90::mbar_wait<kMathTrapOutOfLine>(bar.tinfo(slot), tpar);
+            sm90::mbar_wait<kWide>(bar.tinfo(slot), tpar);
             const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
             const int width = mma_width(cnt);
             [[maybe_unused]] uint32_t full_wait = 0;  // trace build: K-loop stage waits (column 10)
