@@ -117,6 +117,8 @@ static_assert(kLoaderWarps >= 1 && kLoaderWarps <= 3, "activation loader warps: 
 //   shared memory (second barrier), a8 rows stored (before the fc1_done release); split-K tiles stamp them only
 //   on the finisher that runs the epilogue. FC2 tasks: slot values stored (this thread's stores issued), combine
 //   counters counted (after the barrier that follows the atomics), 15 unused (the combine ends at column 6)
+//   16 math: cycles in the K loop's wgmma waits (wait_group: the tensor cores behind), 17 math: cycles issuing the
+//   folds (from the wait's return to the fold's last instruction issued; LDS of the column scales included)
 //   (which side waits tells whether the K loop is bound by the loads (10 high, 11 / 12 low) or by the math
 //   (10 low, 11 / 12 high); 11 high with 12 low points at the activation loader)
 //   Since the per-task wgmma width (session 9) the math reads the task's column info before its K loop, so
@@ -184,7 +186,7 @@ constexpr int kPingPong = GLM5_MEGAMOE_PINGPONG;
 static_assert(kPingPong >= 0 && kPingPong <= 2, "GLM5_MEGAMOE_PINGPONG: 0 off, 1 after completion, 2 after issue");
 constexpr int kPingBarrier = 2;  // named barriers of the ping-pong: warpgroup 0 -> 1
 constexpr int kPongBarrier = 3;  // warpgroup 1 -> 0
-constexpr int kTraceCols = 16;
+constexpr int kTraceCols = 18;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
     int32_t cap;
@@ -865,6 +867,18 @@ struct MegaMoE {
                                         k > 0);
     }
 
+    // Trace build: K-loop clocks of one task (columns 10 / 16 / 17); the other builds never touch them.
+    struct KClocks {
+        uint32_t stage_wait, mma_wait, fold;
+    };
+    // clock64 in the trace build, 0 (no instruction) in the others
+    static GLM5_DEVICE uint32_t trace_clock() {
+        if constexpr (kTrace)
+            return static_cast<uint32_t>(clock_cycles());
+        else
+            return 0u;
+    }
+
     // The K loop of one task (wide FC1: of one pass) at wgmma width kN: nk stages from ring position `it` (advanced),
     // folding into acc0 / acc1 (wide: acc0 only) with the block scales at s_lo_ptr / s_hi_ptr (one per stage).
     template <int kN>
@@ -872,7 +886,7 @@ struct MegaMoE {
                                    int t4, const float* s_lo_ptr, const float* s_hi_ptr, float (&acc0)[kNAcc],
                                    float (&acc1)[kNAcc1], [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n,
                                    [[maybe_unused]] int mt, [[maybe_unused]] int pass,
-                                   [[maybe_unused]] uint32_t& full_wait) {
+                                   [[maybe_unused]] KClocks& clk) {
         // two temporaries: both halves' wgmma in flight (kN <= 64: 2 x 32 + 2 x 32 fragment floats); wide: one half,
         // one temporary (64 + 64), and the other math warpgroup's wgmma overlaps this one's fold
         float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
@@ -883,7 +897,7 @@ struct MegaMoE {
             if constexpr (kTrace) {
                 const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
                 sm90::mbar_wait<kWide>(bar.full(s), (it / kStages) & 1u);
-                if (kb > 0 || pass > 0) full_wait += static_cast<uint32_t>(clock_cycles()) - c0;
+                if (kb > 0 || pass > 0) clk.stage_wait += static_cast<uint32_t>(clock_cycles()) - c0;
                 if (mt == 0 && kb == 0 && pass == 0) tr.put(n, 4, clock_cycles());
             } else {
                 sm90::mbar_wait<kWide>(bar.full(s), (it / kStages) & 1u);
@@ -897,9 +911,12 @@ struct MegaMoE {
                 sm90::wgmma_fence();
                 issue_half<kN>(tmp0, a_addr, b_addr);
                 sm90::wgmma_commit();
+                [[maybe_unused]] const uint32_t c0 = trace_clock();
                 sm90::wgmma_wait<0>();
                 sm90::fence_operands(tmp0);
+                [[maybe_unused]] const uint32_t c1 = trace_clock();
                 fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
+                if constexpr (kTrace) sm90::fence_operands(acc0), clk.mma_wait += c1 - c0, clk.fold += trace_clock() - c1;
             } else {
                 // ping-pong (kPingPong): per task, warpgroup 0 signals nk times and waits nk - 1 times (not before
                 // its first stage), warpgroup 1 waits nk times and signals nk - 1 times (not after its last)
@@ -916,19 +933,30 @@ struct MegaMoE {
                 issue_half<kN>(tmp1, a_addr + 64 * kBK, b_addr);
                 sm90::wgmma_commit();
                 if constexpr (kPingPong == 2) ping_pong_signal(wg, kb, nk);
+                [[maybe_unused]] const uint32_t c0 = trace_clock();
                 sm90::wgmma_wait<1>();
                 if constexpr (kPingPong == 1) ping_pong_signal(wg, kb, nk);
                 sm90::fence_operands(tmp0);
+                [[maybe_unused]] const uint32_t c1 = trace_clock();
                 fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
+                if constexpr (kTrace) sm90::fence_operands(acc0);
+                [[maybe_unused]] const uint32_t c2 = trace_clock();
                 sm90::wgmma_wait<0>();
                 sm90::fence_operands(tmp1);
+                [[maybe_unused]] const uint32_t c3 = trace_clock();
                 fold<kN>(acc1, tmp1, sa, t4, cur_lo, cur_hi);
+                if constexpr (kTrace) {
+                    sm90::fence_operands(acc1);
+                    clk.mma_wait += (c1 - c0) + (c3 - c2), clk.fold += (c2 - c1) + (trace_clock() - c3);
+                }
             }
             __syncwarp();
             if (lane == 0) sm90::mbar_arrive(bar.empty(s));
         }
         if constexpr (kTrace) {
-            if (mt == 0) tr.put(n, 5, clock_cycles()), tr.put(n, 10, full_wait);  // (wide FC1: pass 1 rewrites them)
+            if (mt == 0)  // (wide FC1: pass 1 rewrites them)
+                tr.put(n, 5, clock_cycles()), tr.put(n, 10, clk.stage_wait), tr.put(n, 16, clk.mma_wait),
+                    tr.put(n, 17, clk.fold);
         }
     }
 
@@ -953,12 +981,12 @@ struct MegaMoE {
     static GLM5_DEVICE void k_loop_width(int width, uint8_t* sm, uint32_t sbase, const Bars& bar, int nk, uint32_t& it,
                                          int wg, int lane, int t4, const float* s_lo_ptr, const float* s_hi_ptr,
                                          float (&acc0)[kNAcc], float (&acc1)[kNAcc1], const TraceBuf& tr, int n, int mt,
-                                         int pass, uint32_t& full_wait) {
+                                         int pass, KClocks& clk) {
         switch (width) {
 #define GLM5_MEGAMOE_K_LOOP(N)                                                                                       \
     case N:                                                                                                          \
         if constexpr (N <= kBN)                                                                                      \
-            k_loop<N>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, pass, full_wait); \
+            k_loop<N>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, pass, clk);       \
         break;
             GLM5_MEGAMOE_K_LOOP(8)
             GLM5_MEGAMOE_K_LOOP(16)
@@ -1010,15 +1038,15 @@ struct MegaMoE {
             sm90::mbar_wait<kWide>(bar.tinfo(slot), tpar);
             const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
             const int width = mma_width(cnt);
-            [[maybe_unused]] uint32_t full_wait = 0;  // trace build: K-loop stage waits (column 10)
+            [[maybe_unused]] KClocks clk{};  // trace build: K-loop clocks (columns 10, 16, 17)
             // (a forced-inline member, not a lambda: a lambda called twice (wide FC1) was outlined, which put the
             // accumulators it takes by reference in local memory)
-            k_loop_width(width, sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, 0, full_wait);
+            k_loop_width(width, sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, 0, clk);
             if constexpr (kNoEpilogue) {  // diagnostic: FC1 only releases what FC2 waits for
                 if (!fc2) {
                     if constexpr (kWide)  // the second pass's stages are streamed anyway
                         k_loop_width(width, sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n,
-                                     mt, 1, full_wait);
+                                     mt, 1, clk);
                     if (!task_split(desc) || task_half(desc) == 1) {  // one release per FC1 tile
                         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
                         if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
@@ -1038,7 +1066,7 @@ struct MegaMoE {
 #pragma unroll
                 for (int i = 0; i < kNAcc; ++i) acc0[i] = 0.f;
                 k_loop_width(width, sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, 1,
-                             full_wait);
+                             clk);
                 float prev[kNAcc];  // pass 0's activations (gate registers; the rest unused)
                 wide_unstash(sbase, prev);
                 epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, prev, acc0, tr, n);

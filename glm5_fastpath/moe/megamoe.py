@@ -854,10 +854,11 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
 # ---- trace build (diagnostics: where the persistent kernel's time goes) ------------------------------------
 
 TRACE_FUNCTION = "glm5_megamoe_trace"
-TRACE_COLS = 16  # megamoe.cuh kTraceCols
+TRACE_COLS = 18  # megamoe.cuh kTraceCols
 TRACE_COLUMNS = ("claim_ns", "spin_start_clk", "spin_end_clk", "math_start_clk", "first_stage_clk", "mma_done_clk",
                  "epi_done_clk", "desc", "math_start_ns", "epi_done_ns", "math_stage_wait_clk", "producer_empty_wait_clk",
-                 "loader_empty_wait_clk", "epi_amax_or_slots_clk", "epi_quant_or_counters_clk", "fc1_epi_stored_clk")
+                 "loader_empty_wait_clk", "epi_amax_or_slots_clk", "epi_quant_or_counters_clk", "fc1_epi_stored_clk",
+                 "math_mma_wait_clk", "math_fold_clk")
 # (columns 13 / 14: FC1 tasks SwiGLU + amax / quant, FC2 tasks slot stores / combine counters; megamoe.cuh)
 DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed task to calibrate against
 
@@ -953,6 +954,9 @@ def summarize_trace(rows: torch.Tensor) -> dict[str, Any]:
             # inside the MMA loop: the math waiting for stages 1.. (loads behind), and the two loaders waiting for
             # free stages (math behind)
             d["mma_stage_wait_us"] = float(r[..., 10][first & (r[..., 5] > 0)].sum()) * to_us
+            if r.shape[-1] > 17:  # the K loop's wgmma waits and fold issue (math thread 0's warpgroup)
+                d["mma_wgmma_wait_us"] = float(r[..., 16][first & (r[..., 5] > 0)].sum()) * to_us
+                d["mma_fold_us"] = float(r[..., 17][first & (r[..., 5] > 0)].sum()) * to_us
             d["producer_wait_us"] = float(r[..., 11][sel].sum()) * to_us
             d["loader_wait_us"] = float(r[..., 12][sel].sum()) * to_us
             d["epi_us"] = float((r[..., 6] - r[..., 5])[sel & (r[..., 5] > 0)].sum()) * to_us
@@ -1000,6 +1004,8 @@ def trace_markdown(summary: dict[str, Any]) -> str:
                          + (f" (of which waiting for stages {100 * d['mma_stage_wait_us'] / tot:.0f} %; free-stage waits: "
                             f"weight producer {d['producer_wait_us']:.1f} us, activation loader {d['loader_wait_us']:.1f} us)"
                             if "mma_stage_wait_us" in d else "")
+                         + (f", K loop: wgmma waits {100 * d['mma_wgmma_wait_us'] / tot:.0f} %, fold issue "
+                            f"{100 * d['mma_fold_us'] / tot:.0f} %" if "mma_fold_us" in d else "")
                          + (f", fc1_done spin {d['spin_us']:.1f} us over {d['spun_tasks']} tasks" if k == "fc2" else "")
                          + (f", epilogue per task: SwiGLU + amax {d['epi_amax_us'] / d['epi_phase_tasks']:.2f} us, quant "
                             f"{d['epi_quant_us'] / d['epi_phase_tasks']:.2f}, a8 stores {d['epi_store_us'] / d['epi_phase_tasks']:.2f}, "

@@ -866,7 +866,7 @@ def test_trace_summary_from_synthetic_rows():
 
     from glm5_fastpath.testing.megamoe_trace import put_trace_row as row  # ns; clocks at 2 cycles / ns
     row(r, 0, 0, 1000, 1100, 2100, 5100, 5600, fc1, stage_wait=500, producer_wait=100, loader_wait=50,
-        phases=(5200, 5350, 5500))
+        phases=(5200, 5350, 5500), mma_wait=1200, fold=900)
     row(r, 0, 1, 1200, 5600, 6600, 8600, 9100, fc2, spin=(5000, 6000), phases=(8700, 8900, 0))
     row(r, 1, 0, 1050, 1150, 1650, 4650, 5150, fc1)
     r[1, 1, 0], r[1, 1, 7] = 1300, fc2  # claimed, never finished: not a task row
@@ -882,6 +882,7 @@ def test_trace_summary_from_synthetic_rows():
                         "epi_us": pytest.approx(1.0), "spin_us": 0.0, "spun_tasks": 0,
                         "claim_lead_us": pytest.approx(0.2), "gap_us": 0.0, "mma_stage_wait_us": pytest.approx(0.5),
                         "producer_wait_us": pytest.approx(0.1), "loader_wait_us": pytest.approx(0.05),
+                        "mma_wgmma_wait_us": pytest.approx(1.2), "mma_fold_us": pytest.approx(0.9),
                         # the FC1 epilogue phases: only the task that stamped them (CTA 0's)
                         "epi_phase_tasks": 1, "epi_amax_us": pytest.approx(0.1), "epi_quant_us": pytest.approx(0.15),
                         "epi_store_us": pytest.approx(0.15), "epi_release_us": pytest.approx(0.1)}
@@ -893,6 +894,7 @@ def test_trace_summary_from_synthetic_rows():
     assert "FC1 2 tasks" in md and "fc1_done spin 1.0 us over 1 tasks" in md
     assert "of which waiting for stages 6 %" in md and "weight producer 0.1 us, activation loader 0.1 us" in md
     assert "SwiGLU + amax 0.10 us, quant 0.15, a8 stores 0.15, release 0.10" in md
+    assert "K loop: wgmma waits 14 %, fold issue 11 %" in md  # 1.2 / 0.9 us of the FC1 tasks' 8.5 us
     assert M.summarize_trace(torch.zeros(1, 2, M.TRACE_COLS, dtype=torch.int64)) == {"tasks": 0}
     zero = dict(s, fc1={"tasks": 1, "wait_us": 0.0, "mma_us": 0.0, "epi_us": 0.0, "spin_us": 0.0, "spun_tasks": 0})
     assert "FC1 1 tasks: first-stage wait 0 %" in M.trace_markdown(zero)  # no ZeroDivisionError
