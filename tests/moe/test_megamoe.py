@@ -927,6 +927,10 @@ def test_gpu_trace_run_matches_the_normal_build(m, wide):
     assert int(done.sum()) == int(ws.ctrl[M.CTRL_NUM_TASKS])
     d = r[done]
     assert bool(((d[:, 4] >= d[:, 3]) & (d[:, 5] >= d[:, 4]) & (d[:, 6] >= d[:, 5]) & (d[:, 9] >= d[:, 8])).all())
+    # the K loop's parts (stage waits, wgmma waits, fold issue: columns 10 / 16 / 17) fit inside its span; every task
+    # folds at least one stage
+    assert bool((d[:, 17] > 0).all()) and bool((d[:, 16] >= 0).all())
+    assert bool((d[:, 10] + d[:, 16] + d[:, 17] <= d[:, 5] - d[:, 4]).all())
     gt = torch.sort(torch.unique(torch.cat([d[:, 8], d[:, 9]]))).values
     print(f"smallest %globaltimer step seen: {int((gt[1:] - gt[:-1]).min()) if gt.numel() > 1 else '-'} ns")
     s = got["summary"]
