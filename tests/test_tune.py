@@ -328,9 +328,16 @@ def test_gpu_tune_with_moe_smoke(tmp_path):
     assert (tmp_path / "table" / "moe_tune.md").read_text().startswith("# MoE tune")
 
 
-def test_moe_candidates_leave_out_the_wide_block():
-    """bn128 (the wide mode) measured slower than bn64 everywhere: tune does not spend its budget on it."""
+def test_moe_candidates_take_the_wide_block_only_as_the_pool_default():
+    """bn128 (the wide mode) measured slower than bn64 below the wide-pool threshold and in its cp.async build: tune
+    does not spend its budget on it there. From the threshold the default is bn128 + pool, with bn64 as the
+    alternative."""
     from glm5_fastpath.moe import megamoe as MM
     for m in (1, 16, 64, 128, 256, 512, 1024, 4096):
         for experts in (32, 256):
-            assert all(c.block_n != MM.WIDE_BN for c in tune.moe_candidates(m, 4, experts=experts)), (m, experts)
+            cands = tune.moe_candidates(m, 4, experts=experts)
+            if MM.expected_max_load(m, experts, 8) >= MM.WIDE_POOL_MIN_LOAD:
+                assert cands[0].block_n == MM.WIDE_BN and cands[0].pool, (m, experts)
+                assert [c.block_n for c in cands[1:]] == [64] and not cands[1].pool, (m, experts)
+            else:
+                assert all(c.block_n != MM.WIDE_BN and not c.pool for c in cands), (m, experts)

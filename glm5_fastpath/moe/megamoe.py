@@ -254,13 +254,23 @@ def expected_max_load(num_tokens: int, num_experts: int, topk: int) -> float:
     return mean + 3.0 * math.sqrt(max(mean * (1 - p), 0.0)) + 1.0
 
 
+# expected largest routed expert (expected_max_load, tokens) from which default_config takes the wide block with the
+# token pool (bn128 + pool) instead of bn64
+WIDE_POOL_MIN_LOAD = 256
+
+
 def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int = 1, num_sms: int = 132,
                    inter: int = 2048) -> MegaMoEConfig:
     """Heuristic per token bucket (no tuned table yet).
 
     Token block: the smallest of 8/16/32/64 that holds the expected largest expert (the shared
     expert holds every token), so each weight tile is streamed from HBM once per call; capped at 64
-    (128 spills, see the .cuh), and at 32 up to 128 tokens when only the shared expert needs more (measured faster, see below). Decode is weight-bandwidth bound, so MMA padding is free there.
+    (a 256-row x 128-token tile spills, see the .cuh), and at 32 up to 128 tokens when only the shared expert needs more
+    (measured faster, see below). Decode is weight-bandwidth bound, so MMA padding is free there. From an expected
+    largest routed expert of WIDE_POOL_MIN_LOAD tokens (setting (a) from ~1024 tokens), the wide block (128-row x
+    128-token tiles, WIDE_BN) with the token pool instead: its wider wgmma runs the K loop at ~1.3x the MACs per cycle
+    (trace build, session 12), and at these loads the blocks are full. The pool build needs every CTA of the
+    persistent grid resident at once (its grid-wide copy wait; MegaMoEConfig.pool).
     Stages: the deepest ring that fits. Group size: one group (all FC1 tasks first). Split-K FC1 tiles
     (below 4 waves of FC1 tiles) at 1 token only: from 2 tokens whole-K tiles measured as fast or faster (H200,
     2026-11-30, session 10, routed experts, same run: (a) 2 / 4 / 8 / 16 tokens 141.9 / 200.1 / 253.2 / 280.8 us
@@ -283,6 +293,12 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
         # stream twice, and that setting measured 1.53x its floor with bn32 (H200, 2026-11-30, session 6;
         # bn64 there not yet measured). 256 tokens was not measured: it keeps the block that holds every token.
         bn = min(bn, 32)
+    if routed >= WIDE_POOL_MIN_LOAD:
+        # measured (H200, 2026-11-30, session 12, same run, routed experts, setting (a) 32 experts): the wide block with
+        # the token pool took 1342 / 2549 / 4960 us at 1024 / 2048 / 4096 tokens against bn64's 1392 / 2649 / 5160
+        # (3.6-3.9 % less time), but 1.11x / 1.09x bn64's time at 256 / 512 (expected largest expert 86 / 158 tokens);
+        # (b) 4096 (162): 1.02x faster, not taken (benchmarks/results/2026-11-30_h200_session12/c9_pool)
+        return MegaMoEConfig(WIDE_BN, max_stages(WIDE_BN), split_waves=0, lean_fences=True, pool=True).validate()
     return MegaMoEConfig(bn, max_stages(bn), split_waves=SPLIT_WAVES if num_tokens == 1 else 0,
                          lean_fences=True).validate()
 
