@@ -175,15 +175,16 @@ constexpr bool kPool = GLM5_MEGAMOE_POOL != 0;
 constexpr bool kNoLoad = (GLM5_MEGAMOE_DIAG & 1) != 0;
 constexpr bool kNoEpilogue = (GLM5_MEGAMOE_DIAG & 2) != 0;
 constexpr bool kNoFold = (GLM5_MEGAMOE_DIAG & 4) != 0;
-// Stage ping-pong of the two math warpgroups (narrow builds; GLM5_MEGAMOE_PINGPONG, its own cubin): warpgroup 1
-// issues a stage's wgmma only after warpgroup 0 signals it, and warpgroup 0 the next stage only after warpgroup 1
-// signals back, so each one's folds run while the other's wgmma has the tensor cores (without it both fold at the
-// same time and the tensor cores idle). 1: the signal once the sender's first half completed; 2: once issued.
+// Stage ping-pong of the two math warpgroups (narrow builds; GLM5_MEGAMOE_PINGPONG, an experiment: no config option,
+// set it with -D or here): warpgroup 1 issues a stage's wgmma only after warpgroup 0 signals it, and warpgroup 0 the
+// next stage only after warpgroup 1 signals back, so that each one's folds run while the other's wgmma has the
+// tensor cores. 1: the signal once the sender's first half completed; 2: once issued. Both were bitwise equal and
+// 4-5 % slower at (a) 1024-4096 tokens on the H200 (session 12, docs/megamoe_large_m.md), hence off.
 #ifndef GLM5_MEGAMOE_PINGPONG
 #define GLM5_MEGAMOE_PINGPONG 0
 #endif
 constexpr int kPingPong = GLM5_MEGAMOE_PINGPONG;
-static_assert(kPingPong >= 0 && kPingPong <= 2, "GLM5_MEGAMOE_PINGPONG: 0 off, 1 after completion, 2 after issue");
+static_assert(kPingPong >= 0 && kPingPong <= 2, "GLM5_MEGAMOE_PINGPONG: 0 off, 1 after the first half, 2 after issue");
 constexpr int kPingBarrier = 2;  // named barriers of the ping-pong: warpgroup 0 -> 1
 constexpr int kPongBarrier = 3;  // warpgroup 1 -> 0
 constexpr int kTraceCols = 18;
