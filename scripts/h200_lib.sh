@@ -9,8 +9,11 @@
 #                              OUTDIR/NAME.log, rc and the log's last line in steps.log
 #   run_tests NAME LIMIT ARGS  step "gpu-tests-NAME" running `pytest -m gpu -v -rfEs ARGS`: one file / -k per call
 #                              (a -k on a combined run deselects the other files' tests)
-# Each step writes straight into OUTDIR, so a call cut short still returns what finished; tar OUTDIR at the end of
-# the device command (a call returns at most 8 files).
+#   h200_pack [MAX_MB]         tar OUTDIR's logs / json / md / txt / pt files under MAX_MB each (default 4) into
+#                              $OUT/r.tgz and remove OUTDIR: the device returns files under a size limit only, and
+#                              a tarball with bulk data in it (bitwise dumps) comes back as nothing at all
+# Each step writes straight into OUTDIR, so a call cut short still returns what finished; end the device command with
+# h200_pack (a call returns at most 8 files).
 h200_setup() {
   H200_OUT=${1:?usage: h200_setup OUTDIR [SITE.tar.xz] [JIT.tar.xz]}
   local site_tar=${2:-.carry/h200site.tar.xz} jit_tar=${3:-.carry/jit.tar.xz}
@@ -37,4 +40,10 @@ step() {
 run_tests() {
   local name=$1 limit=$2; shift 2
   step "gpu-tests-$name" "$limit" python3 -m pytest -m gpu -v -rfEs -p no:cacheprovider --durations=10 "$@"
+}
+h200_pack() {
+  local max=${1:-4} parent base
+  parent=$(dirname "$H200_OUT"); base=$(basename "$H200_OUT")
+  (cd "$parent" && find "$base" -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' -o -name '*.txt' -o -name '*.pt' \) \
+     -size -"${max}"M | tar -czf r.tgz -T - && rm -rf "$base")
 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--b", help="kernel source tree B")
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--keep-dumps", action="store_true",
+                    help="keep OUT/a and OUT/b (the compared tensors: hundreds of MB at 4096 tokens); by default only "
+                         "OUT/bitwise_ab.json stays")
     ap.add_argument("--dump-only", action="store_true", help=argparse.SUPPRESS)  # the child process
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -87,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row))
     (out / "bitwise_ab.json").write_text(json.dumps({"a": args.a, "b": args.b, "identical": same, "cases": report},
                                                     indent=1))
+    if not args.keep_dumps:  # a device call returns its results as one small archive (session 12 lost one this way)
+        for side in ("a", "b"):
+            shutil.rmtree(out / side, ignore_errors=True)
     print("IDENTICAL" if same else "DIFFERENT")
     return 0 if same else 1
 
