@@ -25,7 +25,7 @@ h200_setup() {
   [ -d "$SITE/sglang" ] || { mkdir -p "$SITE" && tar -xJf "$site_tar" -C "$SITE"; }
   [ -d "$GLM5_FASTPATH_CACHE_DIR/sm_90a" ] || { mkdir -p "$GLM5_FASTPATH_CACHE_DIR" && tar -xJf "$jit_tar" -C "$GLM5_FASTPATH_CACHE_DIR"; }
   export PYTHONPATH="$SITE:$PWD"
-  el "unpacked; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); commit ${GLM5_FASTPATH_COMMIT:-?}"
+  el "unpacked; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); commit ${GLM5_FASTPATH_COMMIT:-${C:-?}}"
 }
 el() { echo "[$(( $(date +%s) - H200_T0 ))s] $*" | tee -a "$H200_OUT/steps.log"; }
 left() { echo $(( ${DEADLINE:-570} - ($(date +%s) - H200_T0) )); }
