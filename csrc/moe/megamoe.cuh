@@ -175,18 +175,6 @@ constexpr bool kPool = GLM5_MEGAMOE_POOL != 0;
 constexpr bool kNoLoad = (GLM5_MEGAMOE_DIAG & 1) != 0;
 constexpr bool kNoEpilogue = (GLM5_MEGAMOE_DIAG & 2) != 0;
 constexpr bool kNoFold = (GLM5_MEGAMOE_DIAG & 4) != 0;
-// Stage ping-pong of the two math warpgroups (narrow builds; GLM5_MEGAMOE_PINGPONG, an experiment: no config option,
-// set it with -D or here): warpgroup 1 issues a stage's wgmma only after warpgroup 0 signals it, and warpgroup 0 the
-// next stage only after warpgroup 1 signals back, so that each one's folds run while the other's wgmma has the
-// tensor cores. 1: the signal once the sender's first half completed; 2: once issued. Both were bitwise equal and
-// 4-5 % slower at (a) 1024-4096 tokens on the H200 (session 12, docs/megamoe_large_m.md), hence off.
-#ifndef GLM5_MEGAMOE_PINGPONG
-#define GLM5_MEGAMOE_PINGPONG 0
-#endif
-constexpr int kPingPong = GLM5_MEGAMOE_PINGPONG;
-static_assert(kPingPong >= 0 && kPingPong <= 2, "GLM5_MEGAMOE_PINGPONG: 0 off, 1 after the first half, 2 after issue");
-constexpr int kPingBarrier = 2;  // named barriers of the ping-pong: warpgroup 0 -> 1
-constexpr int kPongBarrier = 3;  // warpgroup 1 -> 0
 constexpr int kTraceCols = 18;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
@@ -917,26 +905,19 @@ struct MegaMoE {
                 sm90::fence_operands(tmp0);
                 [[maybe_unused]] const uint32_t c1 = trace_clock();
                 fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
-                if constexpr (kTrace) sm90::fence_operands(acc0), clk.mma_wait += c1 - c0, clk.fold += trace_clock() - c1;
-            } else {
-                // ping-pong (kPingPong): per task, warpgroup 0 signals nk times and waits nk - 1 times (not before
-                // its first stage), warpgroup 1 waits nk times and signals nk - 1 times (not after its last)
-                if constexpr (kPingPong != 0) {
-                    if (wg == 1)
-                        ptx::named_barrier_sync<kPingBarrier, kMathThreads>();
-                    else if (kb > 0)
-                        ptx::named_barrier_sync<kPongBarrier, kMathThreads>();
+                if constexpr (kTrace) {
+                    sm90::fence_operands(acc0);
+                    clk.mma_wait += c1 - c0, clk.fold += trace_clock() - c1;
                 }
+            } else {
                 float tmp0[kN / 2], tmp1[kN / 2];
                 sm90::wgmma_fence();
                 issue_half<kN>(tmp0, a_addr, b_addr);
                 sm90::wgmma_commit();
                 issue_half<kN>(tmp1, a_addr + 64 * kBK, b_addr);
                 sm90::wgmma_commit();
-                if constexpr (kPingPong == 2) ping_pong_signal(wg, kb, nk);
                 [[maybe_unused]] const uint32_t c0 = trace_clock();
                 sm90::wgmma_wait<1>();
-                if constexpr (kPingPong == 1) ping_pong_signal(wg, kb, nk);
                 sm90::fence_operands(tmp0);
                 [[maybe_unused]] const uint32_t c1 = trace_clock();
                 fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
@@ -959,13 +940,6 @@ struct MegaMoE {
                 tr.put(n, 5, clock_cycles()), tr.put(n, 10, clk.stage_wait), tr.put(n, 16, clk.mma_wait),
                     tr.put(n, 17, clk.fold);
         }
-    }
-
-    static GLM5_DEVICE void ping_pong_signal(int wg, int kb, int nk) {
-        if (wg == 0)
-            ptx::named_barrier_arrive<kPingBarrier, kMathThreads>();
-        else if (kb + 1 < nk)
-            ptx::named_barrier_arrive<kPongBarrier, kMathThreads>();
     }
 
     // A cannot-happen stop in the math warpgroups' code. The wide build traps out of line (and waits with
