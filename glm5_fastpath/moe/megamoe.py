@@ -23,10 +23,11 @@ Kernels (csrc/moe/megamoe.{cuh,cu}; design notes in the .cuh header):
   c8_3702794). FC1 task = 256
   rows of the gate/up weight interleaved by 8 (= 128 channels = one requant group) x one token block;
   FC2 task = 256 output rows x one token block, gated on all I/128 FC1 tiles of that block.
-  Two opt-in large-M builds (bitwise equal, measured in docs/megamoe_large_m.md, not defaults): block_n 128, the wide
+  Two large-M builds (bitwise equal to the default, measured in docs/megamoe_large_m.md): block_n 128, the wide
   mode (128-row wgmma tiles, one m64n128 half per math warpgroup, FC1 tasks as two 128-row passes, 128-row FC2
   tasks); and `pool` (the loader warps first copy every pair's token row into an expert-grouped token pool, then
-  each stage's activations are one TMA box).
+  each stage's activations are one TMA box). default_config takes the two together from an expected largest routed
+  expert of WIDE_POOL_MIN_LOAD tokens; each alone is opt-in.
 
 Combine (deterministic): the FC2 epilogue writes bf16 y per (token, slot) into a slot buffer
 [max_tokens, S, H]; a per-(token, 256-column tile; wide mode 128) counter tells the last of the S contributors, which
