@@ -175,6 +175,14 @@ constexpr bool kPool = GLM5_MEGAMOE_POOL != 0;
 constexpr bool kNoLoad = (GLM5_MEGAMOE_DIAG & 1) != 0;
 constexpr bool kNoEpilogue = (GLM5_MEGAMOE_DIAG & 2) != 0;
 constexpr bool kNoFold = (GLM5_MEGAMOE_DIAG & 4) != 0;
+// Narrow builds (two m64 halves per math warpgroup): when the fold's column scales are read from shared memory.
+//   0: before each fold, after its wgmma wait (twice per stage: the wait's memory clobber forces the second read);
+//   1: once, after the first half's wait, kept in registers for the second fold;
+//   2: once, before the wgmma issue (as the wide builds), with the math warps' trap out of line (else bn64 spills).
+#ifndef GLM5_MEGAMOE_NARROW_SCALES
+#define GLM5_MEGAMOE_NARROW_SCALES 0
+#endif
+constexpr int kNarrowScales = GLM5_MEGAMOE_NARROW_SCALES;
 constexpr int kTraceCols = 18;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
@@ -392,6 +400,9 @@ struct MegaMoE {
     // 128 rows over the same token block: pass 0 stashes its SwiGLU output (bf16) in the FC1 staging area, pass 1
     // quantises both halves; the weight producer and the loaders stream the 2 x H/128 stages back to back.
     static constexpr bool kWide = kBN == kWideBN;
+    // The math warps trap out of line (mbar_wait<true>, math_trap): the wide builds, and the narrow ones that read the
+    // column scales before the wgmma issue (an inline trap caps ptxas at the launch allocation; math_trap).
+    static constexpr bool kTrapOutOfLine = kWide || kNarrowScales == 2;
     static constexpr int kRows = stage_rows(kBN);  // weight rows per stage / wgmma tile
     static constexpr int kPasses = kWide ? 2 : 1;  // 128-row passes of an FC1 task
     static_assert(kH % 256 == 0 && kH / kRows <= 63, "hidden size: multiple of 256 (FC2 row tiles: 6-bit field)");
@@ -829,10 +840,20 @@ struct MegaMoE {
         return w < kBN ? w : kBN;
     }
 
+    // The column scales of one stage that this thread folds with (columns 8 j + 2 t4 and + 1, j < kN / 8), read into
+    // registers right after the stage's full wait, before the wgmma issue: their shared-memory latency then hides behind
+    // the wgmma, and the narrow builds' second fold reuses them (read after wgmma_wait, whose memory clobber forces a
+    // reload, they were read twice per stage and their latency was exposed: Nsight Compute source counters, session 13).
+    template <int kN>
+    static GLM5_DEVICE void load_col_scales(float2 (&sc)[kN / 8], const float* sa, int t4) {
+#pragma unroll
+        for (int j = 0; j < kN / 8; ++j) sc[j] = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * t4);
+    }
+
     // Fold one m64 half's temporary into its accumulator: acc += tmp * (x_scale[col] * w_scale[row]), columns < kN.
     // Rows g (d[4j+0..1]) use s_lo, rows g+8 (d[4j+2..3]) use s_hi (FC1: gate / up block scales).
     template <int kN>
-    static GLM5_DEVICE void fold(float (&acc)[kNAcc], const float (&tmp)[kN / 2], const float* sa, int t4, float s_lo,
+    static GLM5_DEVICE void fold(float (&acc)[kNAcc], const float (&tmp)[kN / 2], const float2 (&sc)[kN / 8], float s_lo,
                                  float s_hi) {
         if constexpr (kNoFold) {  // diagnostic: the temporary consumed, no scaling
             acc[0] += tmp[0];
@@ -840,7 +861,7 @@ struct MegaMoE {
         }
 #pragma unroll
         for (int j = 0; j < kN / 8; ++j) {
-            const float a0 = sa[8 * j + 2 * t4], a1 = sa[8 * j + 2 * t4 + 1];
+            const float a0 = sc[j].x, a1 = sc[j].y;
             acc[4 * j + 0] = fmaf(tmp[4 * j + 0], a0 * s_lo, acc[4 * j + 0]);
             acc[4 * j + 1] = fmaf(tmp[4 * j + 1], a1 * s_lo, acc[4 * j + 1]);
             acc[4 * j + 2] = fmaf(tmp[4 * j + 2], a0 * s_hi, acc[4 * j + 2]);
@@ -885,16 +906,18 @@ struct MegaMoE {
             if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
             if constexpr (kTrace) {
                 const uint32_t c0 = static_cast<uint32_t>(clock_cycles());
-                sm90::mbar_wait<kWide>(bar.full(s), (it / kStages) & 1u);
+                sm90::mbar_wait<kTrapOutOfLine>(bar.full(s), (it / kStages) & 1u);
                 if (kb > 0 || pass > 0) clk.stage_wait += static_cast<uint32_t>(clock_cycles()) - c0;
                 if (mt == 0 && kb == 0 && pass == 0) tr.put(n, 4, clock_cycles());
             } else {
-                sm90::mbar_wait<kWide>(bar.full(s), (it / kStages) & 1u);
+                sm90::mbar_wait<kTrapOutOfLine>(bar.full(s), (it / kStages) & 1u);
             }
             sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
             const uint32_t a_addr = sbase + L::kW + s * L::kWStage + wg * (kRows / 2 * kBK);
             const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
             const float* sa = reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
+            float2 sc[kN / 8];
+            if constexpr (kWide || kNarrowScales == 2) load_col_scales<kN>(sc, sa, t4);
             if constexpr (kWide) {
                 float tmp0[kN / 2];
                 sm90::wgmma_fence();
@@ -904,7 +927,7 @@ struct MegaMoE {
                 sm90::wgmma_wait<0>();
                 sm90::fence_operands(tmp0);
                 [[maybe_unused]] const uint32_t c1 = trace_clock();
-                fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
+                fold<kN>(acc0, tmp0, sc, cur_lo, cur_hi);
                 if constexpr (kTrace) {
                     sm90::fence_operands(acc0);
                     clk.mma_wait += c1 - c0, clk.fold += trace_clock() - c1;
@@ -920,13 +943,15 @@ struct MegaMoE {
                 sm90::wgmma_wait<1>();
                 sm90::fence_operands(tmp0);
                 [[maybe_unused]] const uint32_t c1 = trace_clock();
-                fold<kN>(acc0, tmp0, sa, t4, cur_lo, cur_hi);
+                if constexpr (kNarrowScales < 2) load_col_scales<kN>(sc, sa, t4);
+                fold<kN>(acc0, tmp0, sc, cur_lo, cur_hi);
                 if constexpr (kTrace) sm90::fence_operands(acc0);
                 [[maybe_unused]] const uint32_t c2 = trace_clock();
                 sm90::wgmma_wait<0>();
                 sm90::fence_operands(tmp1);
                 [[maybe_unused]] const uint32_t c3 = trace_clock();
-                fold<kN>(acc1, tmp1, sa, t4, cur_lo, cur_hi);
+                if constexpr (kNarrowScales == 0) load_col_scales<kN>(sc, sa, t4);
+                fold<kN>(acc1, tmp1, sc, cur_lo, cur_hi);
                 if constexpr (kTrace) {
                     sm90::fence_operands(acc1);
                     clk.mma_wait += (c1 - c0) + (c3 - c2), clk.fold += (c2 - c1) + (trace_clock() - c3);
@@ -944,9 +969,10 @@ struct MegaMoE {
 
     // A cannot-happen stop in the math warpgroups' code. The wide build traps out of line (and waits with
     // mbar_wait<true>): an inline trap there capped ptxas at the 168-register launch allocation and the build spilled
-    // (arch.cuh trap_out_of_line); the narrow builds keep the inline trap (their register allocation, measured).
+    // (arch.cuh trap_out_of_line); the narrow builds keep the inline trap (their register allocation, measured) unless
+    // kNarrowScales == 2 needs the registers.
     static GLM5_DEVICE void math_trap() {
-        if constexpr (kWide)
+        if constexpr (kTrapOutOfLine)
             glm5::trap_out_of_line();
         else
             __trap();
@@ -988,7 +1014,7 @@ struct MegaMoE {
         for (int n = 0;; ++n) {
             const int slot = n % kTaskSlots;
             const uint32_t tpar = (n / kTaskSlots) & 1u;
-            sm90::mbar_wait<kWide>(bar.tfull(slot), tpar);
+            sm90::mbar_wait<kTrapOutOfLine>(bar.tfull(slot), tpar);
             const int32_t desc = desc_ring[slot];
             if (task_is_end(desc)) break;
             if constexpr (kTrace) {
@@ -1010,7 +1036,7 @@ struct MegaMoE {
             for (int i = 0; i < kNAcc1; ++i) acc1[i] = 0.f;
             // The loader publishes the task's column info before it loads any stage, so this wait adds nothing
             // to the first stage's.
-            sm90::mbar_wait<kWide>(bar.tinfo(slot), tpar);
+            sm90::mbar_wait<kTrapOutOfLine>(bar.tinfo(slot), tpar);
             const int p0 = meta[slot * 4 + 0], cnt = meta[slot * 4 + 1], blk = meta[slot * 4 + 2];
             const int width = mma_width(cnt);
             [[maybe_unused]] KClocks clk{};  // trace build: K-loop clocks (columns 10, 16, 17)
