@@ -183,6 +183,17 @@ constexpr bool kNoFold = (GLM5_MEGAMOE_DIAG & 4) != 0;
 #define GLM5_MEGAMOE_NARROW_SCALES 0
 #endif
 constexpr int kNarrowScales = GLM5_MEGAMOE_NARROW_SCALES;
+// Token-major wide build (GLM5_MEGAMOE_TOKEN_MAJOR=1 with the wide block, its own cubin; MegaMoEConfig.token_major, name
+// suffix "_t"). The wgmma operands swap roles: each math warpgroup takes 64 of the block's 128 tokens on the M side and
+// all 128 weight rows of the stage on N (m64n128k32, A = tokens, B = weights; same shared-memory stages, same bytes per
+// MAC). Why: with tokens on N (swapAB) the fold's activation scale is per column, so every thread reads 32 column
+// scales per stage and forms 64 products (16 LDS.64 + 64 FMUL + 64 FFMA per stage and thread; the scale loads were
+// ~40 % of all shared-memory wavefronts of the wide build at (a) 1024 tokens, Nsight Compute, session 13). Token-major,
+// the scale is per row: 2 token scales x the gate / up block scale = 4 products, then one FFMA per element. FC1's
+// per-token quant amax stays inside a warp (4 lanes), FC2 writes each token's channels with a 4-lane transpose.
+#ifndef GLM5_MEGAMOE_TOKEN_MAJOR
+#define GLM5_MEGAMOE_TOKEN_MAJOR 0
+#endif
 constexpr int kTraceCols = 18;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
@@ -310,6 +321,9 @@ GLM5_DEVICE int32_t atom_acq_rel_gpu_add(int32_t* p, int32_t v) {
 GLM5_DEVICE void st_shared_u8(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.u8 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
+GLM5_DEVICE void st_shared_u16(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(static_cast<uint16_t>(v)) : "memory");
+}
 
 // Spin (this thread; 64 ns naps) until the only-growing counter *ctr reaches want, acquiring it; after
 // GLM5_MEGAMOE_SPIN_LIMIT_CYCLES run on_timeout() (diagnostics) and trap, so a lost release fails loudly.
@@ -403,6 +417,8 @@ struct MegaMoE {
     // The math warps trap out of line (mbar_wait<true>, math_trap): the wide builds, and the narrow ones that read the
     // column scales before the wgmma issue (an inline trap caps ptxas at the launch allocation; math_trap).
     static constexpr bool kTrapOutOfLine = kWide || kNarrowScales == 2;
+    static constexpr bool kTokenMajor = GLM5_MEGAMOE_TOKEN_MAJOR != 0;
+    static_assert(!kTokenMajor || kWide, "the token-major build is a wide (bn128) build");
     static constexpr int kRows = stage_rows(kBN);  // weight rows per stage / wgmma tile
     static constexpr int kPasses = kWide ? 2 : 1;  // 128-row passes of an FC1 task
     static_assert(kH % 256 == 0 && kH / kRows <= 63, "hidden size: multiple of 256 (FC2 row tiles: 6-bit field)");
@@ -869,6 +885,24 @@ struct MegaMoE {
         }
     }
 
+    // Token-major fold: acc += tmp * (x_scale[row] * w_scale[column group]): rows g / g + 8 (this thread's two tokens)
+    // with the gate (even 8-column groups) / up (odd) block scale: products p_lo0 / p_hi0 (token g), p_lo1 / p_hi1 (g + 8).
+    static GLM5_DEVICE void fold_tm(float (&acc)[kNAcc], const float (&tmp)[kNAcc], float p_lo0, float p_hi0,
+                                    float p_lo1, float p_hi1) {
+        if constexpr (kNoFold) {
+            acc[0] += tmp[0];
+            return;
+        }
+#pragma unroll
+        for (int j = 0; j < kNJ; ++j) {
+            const float s0 = (j & 1) ? p_hi0 : p_lo0, s1 = (j & 1) ? p_hi1 : p_lo1;
+            acc[4 * j + 0] = fmaf(tmp[4 * j + 0], s0, acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(tmp[4 * j + 1], s0, acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(tmp[4 * j + 2], s1, acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(tmp[4 * j + 3], s1, acc[4 * j + 3]);
+        }
+    }
+
     template <int kN>
     static GLM5_DEVICE void issue_half(float (&t)[kN / 2], uint32_t a_addr, uint32_t b_addr) {
 #pragma unroll
@@ -916,6 +950,28 @@ struct MegaMoE {
             const uint32_t a_addr = sbase + L::kW + s * L::kWStage + wg * (kRows / 2 * kBK);
             const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
             const float* sa = reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
+            if constexpr (kTokenMajor) {
+                // this thread's tokens (rows g, g + 8 of its warp's 16) and their scales, read before the issue
+                const int tok = 64 * wg + 16 * ((mt >> 5) & 3) + (lane >> 2);
+                const float r0 = sa[tok], r1 = sa[tok + 8];
+                float tmp0[kNAcc];
+                sm90::wgmma_fence();
+                issue_half<kBN>(tmp0, b_addr + wg * (64 * kBK), sbase + L::kW + s * L::kWStage);
+                sm90::wgmma_commit();
+                [[maybe_unused]] const uint32_t c0 = trace_clock();
+                sm90::wgmma_wait<0>();
+                sm90::fence_operands(tmp0);
+                [[maybe_unused]] const uint32_t c1 = trace_clock();
+                // (x_scale * w_scale in this order, as fold's: the same fp32 products)
+                fold_tm(acc0, tmp0, r0 * cur_lo, r0 * cur_hi, r1 * cur_lo, r1 * cur_hi);
+                if constexpr (kTrace) {
+                    sm90::fence_operands(acc0);
+                    clk.mma_wait += c1 - c0, clk.fold += trace_clock() - c1;
+                }
+                __syncwarp();
+                if (lane == 0) sm90::mbar_arrive(bar.empty(s));
+                continue;
+            }
             float2 sc[kN / 8];
             if constexpr (kWide || kNarrowScales == 2) load_col_scales<kN>(sc, sa, t4);
             if constexpr (kWide) {
@@ -983,6 +1039,10 @@ struct MegaMoE {
                                          int wg, int lane, int t4, const float* s_lo_ptr, const float* s_hi_ptr,
                                          float (&acc0)[kNAcc], float (&acc1)[kNAcc1], const TraceBuf& tr, int n, int mt,
                                          int pass, KClocks& clk) {
+        if constexpr (kTokenMajor) {  // N = the stage's 128 weight rows, whatever the live tokens
+            k_loop<kBN>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, pass, clk);
+            return;
+        }
         switch (width) {
 #define GLM5_MEGAMOE_K_LOOP(N)                                                                                       \
     case N:                                                                                                          \
@@ -1063,6 +1123,7 @@ struct MegaMoE {
                 epilogue_fc2(p, sm, slot, rt, cnt, wg, w, lane, acc0, acc1, tr, n);
             } else if constexpr (kWide) {
                 // pass 0 (channels [64 q, 64 q + 64) of the group for q = 0) -> bf16 stash; pass 1 -> both quantised
+                if constexpr (kTokenMajor) tm_pair_order(acc0);
                 wide_stash(sbase, acc0);
 #pragma unroll
                 for (int i = 0; i < kNAcc; ++i) acc0[i] = 0.f;
@@ -1070,7 +1131,12 @@ struct MegaMoE {
                              clk);
                 float prev[kNAcc];  // pass 0's activations (gate registers; the rest unused)
                 wide_unstash(sbase, prev);
-                epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, prev, acc0, tr, n);
+                if constexpr (kTokenMajor) {
+                    tm_pair_order(acc0);
+                    epilogue_fc1_tm(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, prev, acc0, tr, n);
+                } else {
+                    epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, prev, acc0, tr, n);
+                }
             } else if (!task_split(desc) || split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1)) {
                 epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1, tr, n);
             }
@@ -1189,6 +1255,113 @@ struct MegaMoE {
                 acc[4 * j] = ptx::bf16lo_to_f32(u[r]), acc[4 * j + 1] = ptx::bf16hi_to_f32(u[r]);
             }
         }
+    }
+
+    // Token-major FC1: reorder one pass's accumulator (index 4 j + 2 r + q: token g + 8 r, weight column 8 j + 2 t4 + q;
+    // even groups j gate, odd up) into the (gate, up) pair order of swiglu / wide_stash: index 4 m + q the gate and
+    // 4 m + 2 + q the up value of channel 8 jj + 2 t4 + q of token g + 8 r, m = 2 jj + r. A register renaming.
+    static GLM5_DEVICE void tm_pair_order(float (&acc)[kNAcc]) {
+        float t[kNAcc];
+#pragma unroll
+        for (int jj = 0; jj < kNJ / 2; ++jj) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {
+                    t[4 * (2 * jj + r) + q] = acc[4 * (2 * jj) + 2 * r + q];
+                    t[4 * (2 * jj + r) + 2 + q] = acc[4 * (2 * jj + 1) + 2 * r + q];
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kNAcc; ++i) acc[i] = t[i];
+    }
+
+    // Token-major FC1 after pass 1: SwiGLU, then per token (a row: 4 lanes hold its 128 channels, 32 each) the 1x128
+    // amax by two shuffles, FP8 quant, the staged rows to global, fc1_done += 1. prev: pass 0's activations, acc: pass
+    // 1's accumulator in pair order (tm_pair_order); index 4 m + q, m = 2 jj + r: token g + 8 r, channel
+    // 64 pass + 8 jj + 2 t4 + q. The same values as epilogue_fc1 (SwiGLU and quant are per element, amax a max).
+    static GLM5_DEVICE void epilogue_fc1_tm(const Params& p, uint8_t* sm, uint32_t sbase, int rt, int p0, int cnt,
+                                            int blk, int wg, int w, int lane, float (&prev)[kNAcc], float (&acc)[kNAcc],
+                                            [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n) {
+        (void)sm;
+        const int g8 = lane >> 2, t4 = lane & 3;
+        const int mt = threadIdx.x - 128;
+        const auto div_unchecked = [](float a, float b) { return div_rn_nocheck(a, b); };
+        const auto div_ieee = [](float a, float b) { return __fdiv_rn(a, b); };
+        swiglu<false>(acc, acc);
+        float amaxs[2];
+        bool qfast = true;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float m = 0.f;
+#pragma unroll
+            for (int jj = 0; jj < kNJ / 2; ++jj) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {
+                    const int i = 4 * (2 * jj + r) + q;
+                    m = fmaxf(m, fmaxf(fabsf(prev[i]), fabsf(acc[i])));
+                    qfast &= div_rn_fast_ok(prev[i], 1.0f) && div_rn_fast_ok(acc[i], 1.0f);
+                }
+            }
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            amaxs[r] = fmaxf(m, 1e-10f);
+            qfast &= amaxs[r] <= 0x1p60f;
+        }
+        uint32_t q2s[2][kNJ];  // [r][2 jj + pass]: the FP8 pair of channels 64 pass + 8 jj + 2 t4, + 1
+        float scs[2];
+        auto quant = [&](auto div) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float sc = div(amaxs[r], 448.0f);
+                scs[r] = sc;
+#pragma unroll
+                for (int jj = 0; jj < kNJ / 2; ++jj) {
+                    const int i = 4 * (2 * jj + r);
+                    q2s[r][2 * jj] = ptx::f32x2_to_e4m3x2_satfinite(div(prev[i], sc), div(prev[i + 1], sc));
+                    q2s[r][2 * jj + 1] = ptx::f32x2_to_e4m3x2_satfinite(div(acc[i], sc), div(acc[i + 1], sc));
+                }
+            }
+        };
+        if (__all_sync(0xffffffffu, qfast))
+            quant(div_unchecked);
+        else
+            quant(div_ieee);
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 13, clock_cycles());
+        }
+        // every thread has read its pass-0 stash (wide_unstash) before any staging byte over it is written
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        const uint32_t out_s = sbase + L::kOut;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = 64 * wg + 16 * w + g8 + 8 * r;
+#pragma unroll
+            for (int jj = 0; jj < kNJ / 2; ++jj) {
+#pragma unroll
+                for (int ps = 0; ps < 2; ++ps)
+                    st_shared_u16(out_s + row * kBK + 64 * ps + 8 * jj + 2 * t4, q2s[r][2 * jj + ps]);
+            }
+            if (t4 == 0 && row < cnt) p.act_scale[static_cast<int64_t>(rt) * p.pairs_cap + p0 + row] = scs[r];
+        }
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 14, clock_cycles());
+        }
+        for (int i = mt; i < cnt * (kBK / 16); i += kMathThreads) {
+            const int row = i >> 3, c = i & 7;
+            uint32_t a, b, c2, d;
+            ptx::lds_v4(out_s + row * kBK + c * 16, a, b, c2, d);
+            ptx::st_global_v4(p.act + static_cast<int64_t>(p0 + row) * kI + rt * kBK + c * 16, ptx::u32x4{a, b, c2, d});
+        }
+        if constexpr (kPool) fence_proxy_async_global();  // FC2 reads these rows through TMA (async proxy)
+        handoff_fence();
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 15, clock_cycles());
+        }
+        if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
     }
 
     // FC1: SwiGLU of the (gate, up) row pairs each thread holds, 1x128 FP8 quant of the 128 channels of
@@ -1377,8 +1550,49 @@ struct MegaMoE {
                 }
             }
         };
-        store_half(acc0, 0);
-        if constexpr (!kWide) store_half(acc1, 1);
+        // Token-major: this thread's tokens are rows g / g + 8, its channels 8 j + 2 t4 (+ 1); the 4 lanes of a row hold
+        // 8 consecutive channels of each group j, so a 4 x 4 transpose over t4 (per 4 groups) gives each lane one group's
+        // 8 channels: 16-byte stores, as above.
+        auto store_tm = [&](float (&acc)[kNAcc]) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int tok = 64 * wg + 16 * w + g8 + 8 * r;
+                const float wt = wgt[tok];
+                const int32_t c = code[tok];  // -1 past cnt (the loader's fill)
+#pragma unroll
+                for (int j0 = 0; j0 < kNJ; j0 += 4) {
+                    uint32_t u[4];  // u[jj]: this lane's channel pair of group j0 + jj
+#pragma unroll
+                    for (int jj = 0; jj < 4; ++jj)
+                        u[jj] = ptx::f32x2_to_bf16x2_rn(acc[4 * (j0 + jj) + 2 * r] * wt, acc[4 * (j0 + jj) + 2 * r + 1] * wt);
+#pragma unroll
+                    for (int b = 0; b < 2; ++b) {  // transpose over t4 (lane bits 0, 1)
+                        const int m = 1 << b;
+                        const bool up = (t4 & m) != 0;
+#pragma unroll
+                        for (int cc = 0; cc < 4; ++cc) {
+                            if (cc & m) continue;
+                            const uint32_t got = __shfl_xor_sync(0xffffffffu, up ? u[cc] : u[cc | m], m);
+                            if (up)
+                                u[cc] = got;
+                            else
+                                u[cc | m] = got;
+                        }
+                    }
+                    if (tok < cnt) {
+                        uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kRows +
+                                        8 * (j0 + t4);
+                        ptx::st_global_v4(dst, ptx::u32x4{u[0], u[1], u[2], u[3]});
+                    }
+                }
+            }
+        };
+        if constexpr (kTokenMajor) {
+            store_tm(acc0);
+        } else {
+            store_half(acc0, 0);
+            if constexpr (!kWide) store_half(acc1, 1);
+        }
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 13, clock_cycles());
         }

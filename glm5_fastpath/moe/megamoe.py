@@ -178,6 +178,8 @@ class MegaMoEConfig:
                 block_n x 8 16-byte cp.async gathers.
     diag:       a diagnostic build (megamoe.cuh GLM5_MEGAMOE_DIAG, name suffix "_d<mask>"): 1 no loads, 2 no epilogues,
                 4 no folds. Its outputs are meaningless: only `bench moe --configs` timing, to see where the time goes.
+    token_major: the wide block with tokens on the wgmma's M side (megamoe.cuh GLM5_MEGAMOE_TOKEN_MAJOR; its own cubin,
+                name suffix "_t"; block_n 128 only): one FFMA per element in the fold instead of a per-column scale.
     """
 
     block_n: int
@@ -187,6 +189,7 @@ class MegaMoEConfig:
     lean_fences: bool = False
     pool: bool = False
     diag: int = 0
+    token_major: bool = False
 
     def validate(self) -> "MegaMoEConfig":
         if self.block_n not in BLOCK_NS:
@@ -202,6 +205,8 @@ class MegaMoEConfig:
             raise _fail(f"config split_waves={self.split_waves} must be in 0..8")
         if not 0 <= self.diag <= 7:
             raise _fail(f"config diag={self.diag} must be a mask in 0..7 (1 no loads, 2 no epilogues, 4 no folds)")
+        if self.token_major and self.block_n != WIDE_BN:
+            raise _fail(f"config token_major needs block_n={WIDE_BN} (the wide block), got {self.block_n}")
         return self
 
     def split_max_tiles(self, num_sms: int) -> int:
@@ -212,31 +217,33 @@ class MegaMoEConfig:
         return smem_bytes(self.block_n, self.stages)
 
     def spec(self, hidden: int, inter: int) -> KernelSpec:
-        return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences, self.pool, self.diag)
+        return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences, self.pool, self.diag,
+                           self.token_major)
 
     @property
     def name(self) -> str:
         return (f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}" + ("_lf" if self.lean_fences else "")
-                + ("_p" if self.pool else "") + (f"_d{self.diag}" if self.diag else ""))
+                + ("_p" if self.pool else "") + ("_t" if self.token_major else "") + (f"_d{self.diag}" if self.diag else ""))
 
     @classmethod
     def from_name(cls, name: str) -> "MegaMoEConfig":
-        """Inverse of .name ("bn16_s6_g512_w4[_lf][_p][_d<mask>]"; "bn16" alone = deepest stages, defaults for the rest)."""
-        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_p)?(?:_d(\d))?", name)
+        """Inverse of .name ("bn16_s6_g512_w4[_lf][_p][_t][_d<mask>]"; "bn16" alone = deepest stages, defaults for the
+        rest)."""
+        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_p)?(_t)?(?:_d(\d))?", name)
         if m is None:
-            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf][_p][_d<mask>]")
+            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf][_p][_t][_d<mask>]")
         bn = int(m.group(1))
         if bn not in BLOCK_NS:
             raise _fail(f"config {name!r}: block_n={bn} is not supported (one of {BLOCK_NS})")
         st = int(m.group(2)) if m.group(2) else max_stages(bn)
         g = int(m.group(3)) if m.group(3) else MAX_EXPERTS
         w = int(m.group(4)) if m.group(4) else 4
-        return cls(bn, st, g, w, bool(m.group(5)), bool(m.group(6)), int(m.group(7) or 0)).validate()
+        return cls(bn, st, g, w, bool(m.group(5)), bool(m.group(6)), int(m.group(8) or 0), bool(m.group(7))).validate()
 
 
 @functools.lru_cache(maxsize=None)
 def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
-                pool: bool = False, diag: int = 0) -> KernelSpec:
+                pool: bool = False, diag: int = 0, token_major: bool = False) -> KernelSpec:
     defines = (("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
                ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages)))
     if lean_fences:  # absent otherwise: the default build's cache key and cubin are unchanged
@@ -245,6 +252,8 @@ def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences:
         defines += (("GLM5_MEGAMOE_POOL", "1"),)
     if diag:
         defines += (("GLM5_MEGAMOE_DIAG", str(diag)),)
+    if token_major:
+        defines += (("GLM5_MEGAMOE_TOKEN_MAJOR", "1"),)
     return KernelSpec(FUNCTION, source=SOURCE, defines=defines, functions=(FUNCTION, PLAN_FUNCTION))
 
 
@@ -582,7 +591,7 @@ def _sms(dev: torch.device) -> int:
 
 def _kernels_for(cfg: MegaMoEConfig, hidden: int, inter: int, dev: torch.device) -> tuple[Any, Any]:
     idx = _dev_index(dev)
-    key = (hidden, inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.pool, cfg.diag, idx)
+    key = (hidden, inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.pool, cfg.diag, cfg.token_major, idx)
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
@@ -729,7 +738,8 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
         extra: list = []
     else:
         from ..jit.runtime import get_kernel
-        spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.pool, cfg.diag)
+        spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.pool, cfg.diag,
+                          cfg.token_major)
         plan_k, main_k = get_kernel(spec, PLAN_FUNCTION, dev), get_kernel(spec, TRACE_FUNCTION, dev)
         extra = [trace[0], ctypes.c_int32(trace[1])]
     env.print_config("mega_moe", {"M": m, "H": wv.hidden, "I": wv.inter, "experts": wv.num_total, "topk": k,
@@ -750,7 +760,8 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
 def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, num_shared: int,
               routed_scaling_factor: float, block_n: int, stages: int, group_size: int, split_waves: int,
-              pdl: bool = True, lean_fences: bool = False, pool: bool = False, diag: int = 0) -> torch.Tensor:
+              pdl: bool = True, lean_fences: bool = False, pool: bool = False, diag: int = 0,
+              token_major: bool = False) -> torch.Tensor:
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     m = x.shape[0]
@@ -758,13 +769,15 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
     if m == 0:
         return out
     _launch(x, x_scale, topk_ids, topk_weights, wv, out, num_shared, routed_scaling_factor,
-            MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag)), 0, pdl)
+            MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag),
+                          bool(token_major)), 0, pdl)
     return out
 
 
 @_mega_moe.register_fake
 def _mega_moe_fake(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared, routed_scaling_factor,
-                   block_n, stages, group_size, split_waves, pdl=True, lean_fences=False, pool=False, diag=0):
+                   block_n, stages, group_size, split_waves, pdl=True, lean_fences=False, pool=False, diag=0,
+                   token_major=False):
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     return x.new_empty((x.shape[0], wv.hidden), dtype=BF16)
@@ -788,7 +801,7 @@ def mega_moe(x_fp8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor,
                                             weights.w2, weights.w2_scale, weights.num_shared,
                                             float(routed_scaling_factor), config.block_n, config.stages,
                                             config.group_size, config.split_waves, pdl, config.lean_fences,
-                                            config.pool, config.diag)
+                                            config.pool, config.diag, config.token_major)
 
 
 # ---- diagnostics ----------------------------------------------------------------------------------------
@@ -881,9 +894,9 @@ DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed
 
 
 def trace_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
-               pool: bool = False, diag: int = 0) -> KernelSpec:
+               pool: bool = False, diag: int = 0, token_major: bool = False) -> KernelSpec:
     """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace."""
-    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool, diag)
+    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool, diag, token_major)
     return KernelSpec(TRACE_FUNCTION, source=SOURCE, defines=tuple(base.defines) + (("GLM5_MEGAMOE_TRACE", "1"),),
                       functions=(TRACE_FUNCTION, PLAN_FUNCTION))
 
@@ -1077,6 +1090,7 @@ def compile_check_specs() -> list[KernelSpec]:
     specs = [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=lf) for lf in (True, False) for bn in BLOCK_NS]
     specs += [kernel_spec(512, 128, 16, max_stages(16), lean_fences=lf) for lf in (True, False)]
     specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, pool=True) for bn in (16, 64, WIDE_BN)]
+    specs.append(kernel_spec(6144, 2048, WIDE_BN, max_stages(WIDE_BN), lean_fences=True, pool=True, token_major=True))
     specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, diag=7) for bn in (16, 64, WIDE_BN)]
     specs.append(trace_spec(6144, 2048, 64, max_stages(64)))  # the trace build compiles too
     return specs

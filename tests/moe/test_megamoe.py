@@ -909,14 +909,15 @@ def test_trace_build_is_its_own_cubin():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, wide", [(16, False), (256, False), (256, True)])
+@pytest.mark.parametrize("m, wide", [(16, False), (256, False), (256, True), (256, "token_major")])
 def test_gpu_trace_run_matches_the_normal_build(m, wide):
     """The trace build computes the same output bitwise as the normal build, and stamps every planned task
     exactly once (one finished row per task, math start <= first stage <= last fold <= epilogue end); also in the
     wide mode (two K loops per FC1 task)."""
     _, wt = _weights(32)
     x8, xs, ids, wts = _inputs(m, 32, 8, "uniform", 7)
-    cfg = M.MegaMoEConfig(128, M.max_stages(128), split_waves=0, lean_fences=True) if wide else M.default_config(m, 32, 8, 1)
+    cfg = (M.MegaMoEConfig(128, M.max_stages(128), split_waves=0, lean_fences=True, token_major=wide == "token_major")
+           if wide else M.default_config(m, 32, 8, 1))
     want = M.mega_moe(x8, xs, ids, wts, wt, config=cfg)
     got = M.trace_run(x8, xs, ids, wts, wt, config=cfg, cap=1024)
     torch.cuda.synchronize()
@@ -1074,6 +1075,52 @@ def test_pool_is_allocated_only_for_pool_configs():
     assert ws.pool.shape[0] == 0 and ws.pool_scale.shape[1] == 0
     M._ensure_pool(ws)
     assert tuple(ws.pool.shape) == (ws.shape.pairs_cap, 512) and tuple(ws.pool_scale.shape) == (4, ws.shape.pairs_cap)
+
+
+# ---- the token-major wide build (tokens on the wgmma's M side) ------------------------------------------------
+
+def test_token_major_config_name_spec_and_validation():
+    c = M.MegaMoEConfig(128, M.max_stages(128), M.MAX_EXPERTS, 0, lean_fences=True, pool=True, token_major=True)
+    assert c.name == "bn128_s6_g512_w0_lf_p_t" and M.MegaMoEConfig.from_name(c.name) == c
+    assert M.MegaMoEConfig.from_name("bn128_s6_g512_w0_lf_t_d4") == dataclasses.replace(c, pool=False, diag=4)
+    assert ("GLM5_MEGAMOE_TOKEN_MAJOR", "1") in c.spec(6144, 2048).defines
+    assert all(k != "GLM5_MEGAMOE_TOKEN_MAJOR" for k, _ in dataclasses.replace(c, token_major=False).spec(6144, 2048).defines)
+    assert M.MegaMoEConfig.from_name("bn128").token_major is False
+    with pytest.raises(M.MegaMoEInputError, match="token_major"):
+        M.MegaMoEConfig(64, M.max_stages(64), token_major=True).validate()
+    with pytest.raises(M.MegaMoEInputError, match="token_major"):
+        M.MegaMoEConfig.from_name("bn64_t")
+    assert any(("GLM5_MEGAMOE_TOKEN_MAJOR", "1") in s.defines for s in M.compile_check_specs())
+    # its own trace build too
+    assert ("GLM5_MEGAMOE_TOKEN_MAJOR", "1") in M.trace_spec(6144, 2048, 128, 6, True, True, 0, True).defines
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pool", [False, True])
+@pytest.mark.parametrize("m, e_local, kind", [(1, 32, "uniform"), (3, 256, "uniform"), (33, 32, "skewed"),
+                                              (128, 256, "skewed"), (256, 32, "uniform"), (1024, 32, "skewed"),
+                                              (1024, 256, "uniform"), (4096, 32, "uniform")])
+def test_gpu_token_major_equals_the_wide_build_bitwise(m, e_local, kind, pool):
+    """The token-major wide build computes the same per-(token, channel) K sums with the same products of scales
+    (x_scale * w_scale), the same SwiGLU, amax (a max), quant and combine order as the swapAB wide build, so every
+    intermediate (FC1 activations and scales, slot values) and the output must be identical bit for bit; the
+    workspace is poisoned first (debug_run), every task must finish, the counters end at zero, the output matches the
+    float64 reference within FP8 noise, and repeated launches agree."""
+    raw, wt = _weights(e_local)
+    x8, xs, ids, wts = _inputs(m, e_local, 8, kind, seed=8000 + m)
+    base = M.MegaMoEConfig(128, M.max_stages(128), split_waves=0, lean_fences=True, pool=pool)
+    tm = dataclasses.replace(base, token_major=True)
+    got = M.debug_run(x8, xs, ids, wts, wt, config=tm)
+    assert got["combine_ctr_sum"] == 0 and got["ctrl"]["tasks_done"] == got["ctrl"]["num_tasks"], got["ctrl"]
+    if m <= 1024:
+        ref = ref_f64(x8, xs, ids, wts, raw, e_local, 1, 2.5)
+        assert_close(OP, got["out"].float(), ref.float(), kind="fp8_same_quant", context=f"{m=} {kind=} {e_local=} tm")
+    want = M.debug_run(x8, xs, ids, wts, wt, config=base)
+    for key in ("a8", "a_scale", "slots", "out"):
+        assert_equal(OP + f" token-major {key}", got[key], want[key], context=f"{m=} {e_local=} {kind=} {pool=}")
+    for i in range(5):  # repeat: races would show as differing launches
+        again = M.mega_moe(x8, xs, ids, wts, wt, config=tm)
+        assert_equal(OP + f" token-major launch {i}", again, want["out"], context=f"{m=} {pool=}")
 
 
 # ---- diagnostic builds (diag: parts of the kernel removed, for timing only) -----------------------------------
