@@ -126,7 +126,8 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
     candidate only as the default itself (with the token pool, from an expected largest routed expert of
     megamoe.WIDE_POOL_MIN_LOAD tokens; then bn64 is its alternative): its cp.async build took 1.15-1.35x bn64's time
     at 256-4096 tokens (H200, session 11), the pool build 0.96x at (a) 1024-4096 tokens and 1.09-1.11x at 256 / 512
-    (session 12); time other combinations with `bench moe --configs`.
+    (session 12), its token-major build (the default there since session 13) 0.82-0.97x at (a) 512-4096; time other
+    combinations with `bench moe --configs`.
     """
     from dataclasses import replace
 

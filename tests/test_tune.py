@@ -337,7 +337,7 @@ def test_moe_candidates_take_the_wide_block_only_as_the_pool_default():
         for experts in (32, 256):
             cands = tune.moe_candidates(m, 4, experts=experts)
             if MM.expected_max_load(m, experts, 8) >= MM.WIDE_POOL_MIN_LOAD:
-                assert cands[0].block_n == MM.WIDE_BN and cands[0].pool, (m, experts)
+                assert cands[0].block_n == MM.WIDE_BN and cands[0].pool and cands[0].token_major, (m, experts)
                 assert [c.block_n for c in cands[1:]] == [64] and not cands[1].pool, (m, experts)
             else:
                 assert all(c.block_n != MM.WIDE_BN and not c.pool for c in cands), (m, experts)

@@ -930,7 +930,7 @@ struct MegaMoE {
                                    int t4, const float* s_lo_ptr, const float* s_hi_ptr, float (&acc0)[kNAcc],
                                    float (&acc1)[kNAcc1], [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n,
                                    [[maybe_unused]] int mt, [[maybe_unused]] int pass,
-                                   [[maybe_unused]] KClocks& clk) {
+                                   [[maybe_unused]] KClocks& clk, [[maybe_unused]] bool live = true) {
         // two temporaries: both halves' wgmma in flight (kN <= 64: 2 x 32 + 2 x 32 fragment floats); wide: one half,
         // one temporary (64 + 64), and the other math warpgroup's wgmma overlaps this one's fold
         float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
@@ -951,6 +951,11 @@ struct MegaMoE {
             const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
             const float* sa = reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
             if constexpr (kTokenMajor) {
+                if (!live) {  // (warp-uniform) nothing of this stage to compute: free it
+                    __syncwarp();
+                    if (lane == 0) sm90::mbar_arrive(bar.empty(s));
+                    continue;
+                }
                 // this thread's tokens (rows g, g + 8 of its warp's 16) and their scales, read before the issue
                 const int tok = 64 * wg + 16 * ((mt >> 5) & 3) + (lane >> 2);
                 const float r0 = sa[tok], r1 = sa[tok + 8];
@@ -1040,7 +1045,10 @@ struct MegaMoE {
                                          float (&acc0)[kNAcc], float (&acc1)[kNAcc1], const TraceBuf& tr, int n, int mt,
                                          int pass, KClocks& clk) {
         if constexpr (kTokenMajor) {  // N = the stage's 128 weight rows, whatever the live tokens
-            k_loop<kBN>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, pass, clk);
+            // warpgroup 1's 64 token rows are all padding when the block holds at most 64 tokens (width <= 64): it
+            // then only consumes the stages (its accumulator stays zero; no row of it is stored)
+            k_loop<kBN>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, pass, clk,
+                        wg == 0 || width > 64);
             return;
         }
         switch (width) {

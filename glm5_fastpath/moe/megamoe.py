@@ -26,7 +26,9 @@ Kernels (csrc/moe/megamoe.{cuh,cu}; design notes in the .cuh header):
   Two large-M builds (bitwise equal to the default, measured in docs/megamoe_large_m.md): block_n 128, the wide
   mode (128-row wgmma tiles, one m64n128 half per math warpgroup, FC1 tasks as two 128-row passes, 128-row FC2
   tasks); and `pool` (the loader warps first copy every pair's token row into an expert-grouped token pool, then
-  each stage's activations are one TMA box). default_config takes the two together from an expected largest routed
+  each stage's activations are one TMA box). A third, token_major, runs the wide mode with the wgmma operands
+  swapped (tokens on M, the 128 weight rows on N: per-row scales, one FFMA per element in the fold; session 13:
+  8-10 % less time at (a) 1024-4096). default_config takes the three together from an expected largest routed
   expert of WIDE_POOL_MIN_LOAD tokens; each alone is opt-in.
 
 Combine (deterministic): the FC2 epilogue writes bf16 y per (token, slot) into a slot buffer
@@ -264,9 +266,9 @@ def expected_max_load(num_tokens: int, num_experts: int, topk: int) -> float:
     return mean + 3.0 * math.sqrt(max(mean * (1 - p), 0.0)) + 1.0
 
 
-# expected largest routed expert (expected_max_load, tokens) from which default_config takes the wide block with the
-# token pool (bn128 + pool) instead of bn64
-WIDE_POOL_MIN_LOAD = 256
+# expected largest routed expert (expected_max_load, tokens) from which default_config takes the token-major wide block
+# with the token pool (bn128 + pool + token-major) instead of bn64
+WIDE_POOL_MIN_LOAD = 128
 
 
 def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int = 1, num_sms: int = 132,
@@ -307,8 +309,14 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
         # measured (H200, 2026-11-30, session 12, same run, routed experts, setting (a) 32 experts): the wide block with
         # the token pool took 1342 / 2549 / 4960 us at 1024 / 2048 / 4096 tokens against bn64's 1392 / 2649 / 5160
         # (3.6-3.9 % less time), but 1.11x / 1.09x bn64's time at 256 / 512 (expected largest expert 86 / 158 tokens);
-        # (b) 4096 (162): 1.02x faster, not taken (benchmarks/results/2026-11-30_h200_session12/c9_pool)
-        return MegaMoEConfig(WIDE_BN, max_stages(WIDE_BN), split_waves=0, lean_fences=True, pool=True).validate()
+        # (b) 4096 (162): 1.02x faster, not taken (benchmarks/results/2026-11-30_h200_session12/c9_pool).
+        # Session 13 (same run, H200): its token-major build (one FFMA per element in the fold) took 732 / 1207 / 2231 /
+        # 4323 us at (a) 512 / 1024 / 2048 / 4096 against the swapAB wide build's 764 / 1305 / 2480 / 4792 and bn64's
+        # 755-809 / 1408 / 2665 / 5266; at (a) 256 (86) bn64 stays ahead (458 against 466), at (b) 1024 (50) far ahead
+        # (2662 against 3984: small blocks, and token-major always multiplies all 128 token rows), (b) 4096 (162) a tie
+        # (6070 both); so the threshold moved from 256 to 128 (benchmarks/results/2026-11-30_h200_session13/)
+        return MegaMoEConfig(WIDE_BN, max_stages(WIDE_BN), split_waves=0, lean_fences=True, pool=True,
+                             token_major=True).validate()
     return MegaMoEConfig(bn, max_stages(bn), split_waves=SPLIT_WAVES if num_tokens == 1 else 0,
                          lean_fences=True).validate()
 

@@ -946,18 +946,19 @@ def test_default_config_takes_the_lean_fences_build():
 
 
 def test_default_config_takes_the_wide_pool_block_from_the_threshold_load():
-    """bn128 + token pool once the expected largest routed expert reaches WIDE_POOL_MIN_LOAD (setting (a), 32 experts:
-    from 1024 tokens; measured 3.6-3.9 % less time there, slower at 256 / 512); bn64 below it and for 256 experts up to
-    4096 tokens; the shared expert's load does not count."""
-    for m, experts, wide in ((256, 32, False), (512, 32, False), (1024, 32, True), (4096, 32, True),
-                             (1024, 256, False), (4096, 256, False)):
+    """bn128 + token pool + token-major once the expected largest routed expert reaches WIDE_POOL_MIN_LOAD (setting
+    (a), 32 experts: from 512 tokens; (b) 256 experts: at 4096; session 13: 8-10 % less time than the swapAB wide build
+    at (a) 1024-4096, ahead of bn64 at (a) 512, behind it at (a) 256); bn64 below it; the shared expert's load does not
+    count."""
+    for m, experts, wide in ((256, 32, False), (512, 32, True), (1024, 32, True), (4096, 32, True),
+                             (1024, 256, False), (2048, 256, False), (4096, 256, True)):
         c = M.default_config(m, experts, 8, 1)
         assert (M.expected_max_load(m, experts, 8) >= M.WIDE_POOL_MIN_LOAD) == wide
         if wide:
-            assert (c.block_n, c.pool, c.split_waves, c.lean_fences) == (M.WIDE_BN, True, 0, True)
-            assert c.name == f"bn{M.WIDE_BN}_s{M.max_stages(M.WIDE_BN)}_g{M.MAX_EXPERTS}_w0_lf_p"
+            assert (c.block_n, c.pool, c.split_waves, c.lean_fences, c.token_major) == (M.WIDE_BN, True, 0, True, True)
+            assert c.name == f"bn{M.WIDE_BN}_s{M.max_stages(M.WIDE_BN)}_g{M.MAX_EXPERTS}_w0_lf_p_t"
         else:
-            assert c.block_n <= 64 and not c.pool
+            assert c.block_n <= 64 and not c.pool and not c.token_major
         assert M.default_config(m, experts, 8, 0) == c  # the same block with or without the shared expert
 
 
