@@ -42,7 +42,7 @@
 //               fused epilogues (SwiGLU/quant for FC1, weight/slot store/combine for FC2).
 // Deadlock freedom: tasks are processed in claim order per CTA and every FC2 task depends only on FC1
 // tasks earlier in the global list, so the earliest unfinished claimed task can always progress, whichever CTAs are
-// running. The pool build adds a grid-wide wait (every loader warp's copy share, ctrl[5]): it needs all CTAs resident
+// running. The pool build adds a grid-wide wait (every copy warp's share of the pool, ctrl[5]): it needs all CTAs resident
 // at once (one CTA per SM, as launched; not under MPS / green-context SM limits or next to a kernel that waits for
 // this one). A work-stealing copy (a global row cursor) would lift that; not built.
 //
@@ -100,6 +100,9 @@ constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
 #define GLM5_MEGAMOE_LOADER_WARPS 3
 #endif
 constexpr int kLoaderWarps = GLM5_MEGAMOE_LOADER_WARPS;
+// Warps per CTA that copy the token pool at kernel start (pool builds): the loader warps and the 8 math warps (the math
+// has nothing to do before the pool is complete, and its registers hold a whole row's loads in flight).
+constexpr int kPoolCopyWarps = kLoaderWarps + 8;
 static_assert(kLoaderWarps >= 1 && kLoaderWarps <= 3, "activation loader warps: WG0 warps 1..3");
 
 // Trace build (GLM5_MEGAMOE_TRACE=1, a separate cubin; glm5_fastpath/moe/megamoe.py trace_run): per CTA and
@@ -687,6 +690,44 @@ struct MegaMoE {
         }
     }
 
+    // ---- the token pool's dispatch copy (pool builds, kernel start) ---------------------------------------------
+    // Pair row r <- token row of pair_list[r] (x8 and its scales), rows spread over the kPoolCopyWarps copy warps of
+    // every CTA; then count this warp done (release, ctrl[5]). FC1 loads wait for all of them (act_loader).
+    // kManyInFlight (a wide build's math warp): all 12 of a lane's 16-byte loads of a row in flight before its stores
+    // (48 registers); otherwise 4 (a loader warp has 56 registers in all). The copy is latency-bound: with the loader
+    // warps alone (6 KB in flight per CTA) it took ~100 us at (a) 1024 tokens and ~560 us at 4096 before the first FC1
+    // stage (session-13 trace: the first-stage wait of the pool builds).
+    template <bool kManyInFlight>
+    static GLM5_DEVICE void pool_copy(const Params& p, int w0, uint32_t lane) {
+        constexpr int kChunks = kH / 16 / 32;  // 16-byte chunks per lane and row
+        static_assert(kH % 512 == 0, "pool copy: whole 16-byte chunks per lane");
+        const int rows = p.ctrl[4];
+        const int nw = static_cast<int>(gridDim.x) * kPoolCopyWarps;
+        for (int r = w0; r < rows; r += nw) {
+            const int32_t c = p.pair_list[r];
+            if (c < 0) continue;  // an expert's alignment padding
+            const int t = c >> 4;
+            const uint8_t* src = p.x + static_cast<int64_t>(t) * kH + 16 * lane;
+            uint8_t* dst = p.pool + static_cast<int64_t>(r) * kH + 16 * lane;
+            if constexpr (kManyInFlight) {
+                ptx::u32x4 v[kChunks];
+#pragma unroll
+                for (int q = 0; q < kChunks; ++q) v[q] = ptx::ld_global_v4(src + 512 * q);
+#pragma unroll
+                for (int q = 0; q < kChunks; ++q) ptx::st_global_v4(dst + 512 * q, v[q]);
+            } else {
+#pragma unroll 4
+                for (int q = 0; q < kChunks; ++q) ptx::st_global_v4(dst + 512 * q, ptx::ld_global_v4(src + 512 * q));
+            }
+            for (int g = lane; g < kH / kBK; g += 32)
+                p.pool_scale[static_cast<int64_t>(g) * p.pairs_cap + r] = p.x_scale[static_cast<int64_t>(t) * (kH / kBK) + g];
+        }
+        fence_proxy_async_global();  // for the TMA reads of these rows (async proxy)
+        __threadfence();
+        __syncwarp();
+        if (lane == 0) red_release_gpu_add(p.ctrl + 5, 1);
+    }
+
     // ---- WG0 warps 1..kLoaderWarps: activation loaders ----------------------------------------------------
     // Warp 1 (lw 0) publishes the task's column info (pair codes, routing weights, {p0, cnt, blk}); every
     // loader warp then gathers its share of the token rows of each stage (row i goes to warp (i / 4) % kLoaderWarps)
@@ -699,28 +740,7 @@ struct MegaMoE {
         const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
         int32_t* meta = reinterpret_cast<int32_t*>(sm + L::kMeta);
         [[maybe_unused]] bool pooled = false;
-        if constexpr (kPool) {
-            // Dispatch: pair row r <- token row of pair_list[r] (x8 and its scales), rows spread over every loader warp
-            // of the grid; then count this warp done (release). FC1 loads wait for all of them (above the K loop).
-            const int rows = p.ctrl[4];
-            const int nw = static_cast<int>(gridDim.x) * kLoaderWarps;
-            for (int r = static_cast<int>(blockIdx.x) * kLoaderWarps + lw; r < rows; r += nw) {
-                const int32_t c = p.pair_list[r];
-                if (c < 0) continue;  // an expert's alignment padding
-                const int t = c >> 4;
-                const uint8_t* src = p.x + static_cast<int64_t>(t) * kH;
-                uint8_t* dst = p.pool + static_cast<int64_t>(r) * kH;
-#pragma unroll 4
-                for (int q = lane; q < kH / 16; q += 32)
-                    ptx::st_global_v4(dst + 16 * q, ptx::ld_global_v4(src + 16 * q));
-                for (int g = lane; g < kH / kBK; g += 32)
-                    p.pool_scale[static_cast<int64_t>(g) * p.pairs_cap + r] = p.x_scale[static_cast<int64_t>(t) * (kH / kBK) + g];
-            }
-            fence_proxy_async_global();  // for the TMA reads of these rows (async proxy)
-            __threadfence();
-            __syncwarp();
-            if (lane == 0) red_release_gpu_add(p.ctrl + 5, 1);
-        }
+        if constexpr (kPool) pool_copy<false>(p, static_cast<int>(blockIdx.x) * kPoolCopyWarps + lw, lane);
         uint32_t it = 0;
         for (int n = 0;; ++n) {
             const int slot = n % kTaskSlots;
@@ -782,8 +802,8 @@ struct MegaMoE {
                 if constexpr (kPool) fence_proxy_async_global();  // the rows below are read through the async proxy
             }
             if constexpr (kPool) {
-                if (!fc2 && !pooled) {  // every loader warp of the grid has copied its pool rows
-                    const int32_t want = static_cast<int32_t>(gridDim.x) * kLoaderWarps;
+                if (!fc2 && !pooled) {  // every copy warp of the grid has copied its pool rows
+                    const int32_t want = static_cast<int32_t>(gridDim.x) * kPoolCopyWarps;
                     if (lane == 0) spin_acquire_geq(p.ctrl + 5, want, [] {});
                     __syncwarp();
                     while (ld_acquire_gpu(p.ctrl + 5) < want) {  // each lane's own acquire (as for fc1_done)
@@ -1076,6 +1096,8 @@ struct MegaMoE {
         const int w = (mt >> 5) & 3;       // warp inside the warpgroup
         const int lane = mt & 31;
         const int t4 = lane & 3;
+        // (the narrow builds keep 4 loads in flight: their inline trap caps the registers, and 12 spilled bn64)
+        if constexpr (kPool) pool_copy<kWide>(p, static_cast<int>(blockIdx.x) * kPoolCopyWarps + kLoaderWarps + (mt >> 5), lane);
         const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
         const int32_t* meta = reinterpret_cast<const int32_t*>(sm + L::kMeta);
         uint32_t it = 0;
@@ -1634,7 +1656,26 @@ struct MegaMoE {
             float sum[kLaneCh];
 #pragma unroll
             for (int i = 0; i < kLaneCh; ++i) sum[i] = 0.f;
-            for (int j0 = 0; j0 < S; j0 += 4) {
+            if constexpr (kLaneW == 2) {
+                // wide: every slot's 8 bytes in flight at once (2 x kMaxSlots registers), one L2 round trip per combined
+                // token instead of one per 4 slots (the combine was ~3.4-3.9 us of every FC2 task at (a) 1024-4096,
+                // session-13 trace); summed in slot order as below
+                uint32_t v[kMaxSlots][2];
+#pragma unroll
+                for (int j = 0; j < kMaxSlots; ++j)
+                    if (j < S) ptx::ld_cg_v2(p.slots + base + static_cast<int64_t>(j) * kH, v[j][0], v[j][1]);
+#pragma unroll
+                for (int j = 0; j < kMaxSlots; ++j) {
+                    if (j < S) {
+#pragma unroll
+                        for (int i = 0; i < 2; ++i) {
+                            sum[2 * i] += ptx::bf16lo_to_f32(v[j][i]);
+                            sum[2 * i + 1] += ptx::bf16hi_to_f32(v[j][i]);
+                        }
+                    }
+                }
+            }
+            for (int j0 = 0; kLaneW != 2 && j0 < S; j0 += 4) {
                 uint32_t v[4][kLaneW];
 #pragma unroll
                 for (int jj = 0; jj < 4; ++jj) {

@@ -82,6 +82,7 @@ BF16 = torch.bfloat16
 THREADS = 384
 PLAN_THREADS = 1024
 LOADER_WARPS = 3  # activation loader warps (kLoaderWarps, the GLM5_MEGAMOE_LOADER_WARPS default)
+POOL_COPY_WARPS = LOADER_WARPS + 8  # warps per CTA that copy the token pool (kPoolCopyWarps: loaders + math warps)
 TILE_ROWS = 256   # weight rows of an FC1 task (one 128-channel quant group) and of a narrow FC2 task
 BK = 128
 WIDE_BN = 128     # the wide token block: 128-row wgmma tiles (megamoe.cuh MegaMoE::kWide)

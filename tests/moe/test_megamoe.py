@@ -274,7 +274,8 @@ def test_python_mirrors_match_cpp(nvcc_jit):
     consts = {"kThreads": M.THREADS, "kPlanThreads": M.PLAN_THREADS, "kTileRows": M.TILE_ROWS, "kBK": M.BK,
               "kTaskSlots": M.TASK_SLOTS, "kMaxExperts": M.MAX_EXPERTS, "kMaxSlots": M.MAX_SLOTS,
               "kPairAlign": M.PAIR_ALIGN, "kFlagFc1Only": M.FLAG_FC1_ONLY, "kFlagNoCombine": M.FLAG_NO_COMBINE,
-              "kTaskEnd": M.TASK_END, "kTraceCols": M.TRACE_COLS, "kLoaderWarps": M.LOADER_WARPS}
+              "kTaskEnd": M.TASK_END, "kTraceCols": M.TRACE_COLS, "kLoaderWarps": M.LOADER_WARPS,
+              "kPoolCopyWarps": M.POOL_COPY_WARPS}
     lines += [f"static_assert(mm::{k} == {v}, \"{k}\");" for k, v in consts.items()]
     # The kernel's end-of-list test rejects every descriptor a plan can hold (FC2 ones are negative int32).
     ids, _ = routing(3, 32, 8, seed=4)
@@ -1061,9 +1062,9 @@ def test_gpu_pool_equals_cp_async_bitwise(m, e_local, kind, bn, split):
     for key in ("a8", "a_scale", "slots", "out"):
         assert_equal(OP + f" pool {key}", got[key], want[key], context=f"{m=} {e_local=} {kind=} {bn=}")
     assert got["combine_ctr_sum"] == 0 and got["ctrl"]["tasks_done"] == got["ctrl"]["num_tasks"]
-    # every loader warp of the grid copied its share, over exactly the plan's (8-aligned) pair rows
+    # every copy warp of the grid (loaders and math warps) copied its share, over exactly the plan's (8-aligned) pair rows
     plan = M.plan_reference(ids, e_local, 1, bn, base.group_size, 6144, 2048)
-    assert got["ctrl"]["pool_done"] == got["grid"] * M.LOADER_WARPS and got["ctrl"]["pool_rows"] == plan.total_rows, got["ctrl"]
+    assert got["ctrl"]["pool_done"] == got["grid"] * M.POOL_COPY_WARPS and got["ctrl"]["pool_rows"] == plan.total_rows, got["ctrl"]
     for i in range(10):
         again = M.mega_moe(x8, xs, ids, wts, wt, config=tma)
         assert_equal(OP + f" pool launch {i}", again, want["out"], context=f"{m=} {bn=}")
