@@ -966,7 +966,9 @@ struct MegaMoE {
             } else {
                 sm90::mbar_wait<kTrapOutOfLine>(bar.full(s), (it / kStages) & 1u);
             }
-            sm90::fence_proxy_async_smem();  // the activation half of the stage came through cp.async
+            // the activation half of the stage came through cp.async (generic proxy) and wgmma reads it through the async
+            // proxy; the pool builds load both halves by TMA (async proxy already), so they skip the fence
+            if constexpr (!kPool || kNoLoad) sm90::fence_proxy_async_smem();  // (kNoLoad: stages zeroed by generic stores)
             const uint32_t a_addr = sbase + L::kW + s * L::kWStage + wg * (kRows / 2 * kBK);
             const uint32_t b_addr = sbase + L::kA + s * L::kAStage;
             const float* sa = reinterpret_cast<const float*>(sm + L::kSA) + s * kBN;
