@@ -1494,72 +1494,6 @@ struct MegaMoE {
         if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
     }
 
-    // Token-major wide combine (128-channel tiles): one half-warp per finished token, its 16 lanes 8 channels each, every slot's
-    // 16 bytes in flight at once (the narrow loop below: one warp per token, 4 slots per round trip). The finished
-    // tokens are ranked by ballots over the flags, and half-warp h takes ranks h, h + 16, ...: one L2 round trip per
-    // 16 finished tokens (~14 per task at (a) 1024-4096) instead of one per token and slot group (the combine took
-    // 2.6-3.9 us of every FC2 task there, session-13 trace). Summed in slot order, as the narrow loop.
-    static GLM5_DEVICE void combine_wide(const Params& p, const int32_t* code, const int32_t* flag, int cnt, int rt, int S,
-                                         int mt) {
-        static_assert(kRows == 128, "wide combine: 16 lanes x 8 channels");
-        const int lane = mt & 31, hw = mt >> 4, hl = lane & 15;
-        uint32_t fb[kBN / 32];
-        int total = 0;
-#pragma unroll
-        for (int q = 0; q < kBN / 32; ++q) {
-            const int c = 32 * q + lane;
-            fb[q] = __ballot_sync(0xffffffffu, c < cnt && flag[c] != 0);
-            total += __popc(fb[q]);
-        }
-        if (total > 0) handoff_fence();
-        for (int r0 = 0; r0 < total; r0 += 16) {  // the same trip count for both halves of a warp
-            const int r = r0 + hw;
-            int col = -1;
-            if (r < total) {
-                int rem = r;
-#pragma unroll
-                for (int q = 0; q < kBN / 32; ++q) {
-                    const int pc = __popc(fb[q]);
-                    if (col < 0) {
-                        if (rem < pc) {
-                            uint32_t m = fb[q];
-                            for (int i = 0; i < rem; ++i) m &= m - 1;  // drop the rem lowest set bits
-                            col = 32 * q + __ffs(m) - 1;
-                        } else {
-                            rem -= pc;
-                        }
-                    }
-                }
-            }
-            if (col < 0) continue;
-            const int t = code[col] >> 4;
-            const int64_t base = static_cast<int64_t>(t) * S * kH + rt * kRows + 8 * hl;
-            uint32_t v[kMaxSlots][4];
-#pragma unroll
-            for (int j = 0; j < kMaxSlots; ++j)
-                if (j < S) ptx::ld_cg_v4(p.slots + base + static_cast<int64_t>(j) * kH, v[j][0], v[j][1], v[j][2], v[j][3]);
-            float sum[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) sum[i] = 0.f;
-#pragma unroll
-            for (int j = 0; j < kMaxSlots; ++j) {
-                if (j < S) {
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        sum[2 * i] += ptx::bf16lo_to_f32(v[j][i]);
-                        sum[2 * i + 1] += ptx::bf16hi_to_f32(v[j][i]);
-                    }
-                }
-            }
-            uint32_t o[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                o[i] = ptx::f32x2_to_bf16x2_rn(sum[2 * i] * p.routed_scaling, sum[2 * i + 1] * p.routed_scaling);
-            ptx::st_global_v4(p.out + static_cast<int64_t>(t) * kH + rt * kRows + 8 * hl, ptx::u32x4{o[0], o[1], o[2], o[3]});
-            if (hl == 0) red_relaxed_gpu_add(p.ctrl + 3, 1);  // diagnostics: output tiles combined
-        }
-    }
-
     // FC2: y = bf16(acc * w) into the slot buffer (16-byte stores of 8 channels; 4-byte channel pairs at bn8), then
     // the last of the S contributors of (token, rt) sums the S slots in slot order into out.
     static GLM5_DEVICE void epilogue_fc2(const Params& p, uint8_t* sm, int slot, int rt, int cnt, int wg, int w,
@@ -1709,12 +1643,8 @@ struct MegaMoE {
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 14, clock_cycles());
         }
-        if constexpr (kTokenMajor) {  // (the swapAB wide build spilled 0.7-0.9 KB with it)
-            combine_wide(p, code, flag, cnt, rt, S, mt);
-            return;
-        }
-        // (wide: 4 channels per lane, 8-byte loads)
-        // One warp per finished token: lane owns kLaneCh consecutive channels of the tile's kRows (8: 16-byte loads).
+        // One warp per finished token: lane owns kLaneCh consecutive channels of the tile's kRows (8: 16-byte loads;
+        // wide: 4, 8-byte loads).
         constexpr int kLaneCh = kRows / 32, kLaneW = kLaneCh / 2;
         const int mw = mt >> 5;
         for (int col = mw; col < cnt; col += kMathThreads / 32) {
@@ -1728,7 +1658,26 @@ struct MegaMoE {
             float sum[kLaneCh];
 #pragma unroll
             for (int i = 0; i < kLaneCh; ++i) sum[i] = 0.f;
-            for (int j0 = 0; j0 < S; j0 += 4) {
+            if constexpr (kLaneW == 2) {
+                // wide: every slot's 8 bytes in flight at once (2 x kMaxSlots registers), one L2 round trip per combined
+                // token instead of one per 4 slots (the combine was ~3.4-3.9 us of every FC2 task at (a) 1024-4096,
+                // session-13 trace); summed in slot order as below
+                uint32_t v[kMaxSlots][2];
+#pragma unroll
+                for (int j = 0; j < kMaxSlots; ++j)
+                    if (j < S) ptx::ld_cg_v2(p.slots + base + static_cast<int64_t>(j) * kH, v[j][0], v[j][1]);
+#pragma unroll
+                for (int j = 0; j < kMaxSlots; ++j) {
+                    if (j < S) {
+#pragma unroll
+                        for (int i = 0; i < 2; ++i) {
+                            sum[2 * i] += ptx::bf16lo_to_f32(v[j][i]);
+                            sum[2 * i + 1] += ptx::bf16hi_to_f32(v[j][i]);
+                        }
+                    }
+                }
+            }
+            for (int j0 = 0; kLaneW != 2 && j0 < S; j0 += 4) {
                 uint32_t v[4][kLaneW];
 #pragma unroll
                 for (int jj = 0; jj < 4; ++jj) {
