@@ -178,14 +178,6 @@ constexpr bool kPool = GLM5_MEGAMOE_POOL != 0;
 constexpr bool kNoLoad = (GLM5_MEGAMOE_DIAG & 1) != 0;
 constexpr bool kNoEpilogue = (GLM5_MEGAMOE_DIAG & 2) != 0;
 constexpr bool kNoFold = (GLM5_MEGAMOE_DIAG & 4) != 0;
-// Narrow builds (two m64 halves per math warpgroup): when the fold's column scales are read from shared memory.
-//   0: before each fold, after its wgmma wait (twice per stage: the wait's memory clobber forces the second read);
-//   1: once, after the first half's wait, kept in registers for the second fold;
-//   2: once, before the wgmma issue (as the wide builds), with the math warps' trap out of line (else bn64 spills).
-#ifndef GLM5_MEGAMOE_NARROW_SCALES
-#define GLM5_MEGAMOE_NARROW_SCALES 0
-#endif
-constexpr int kNarrowScales = GLM5_MEGAMOE_NARROW_SCALES;
 // Token-major wide build (GLM5_MEGAMOE_TOKEN_MAJOR=1 with the wide block, its own cubin; MegaMoEConfig.token_major, name
 // suffix "_t"). The wgmma operands swap roles: each math warpgroup takes 64 of the block's 128 tokens on the M side and
 // all 128 weight rows of the stage on N (m64n128k32, A = tokens, B = weights; same shared-memory stages, same bytes per
@@ -417,9 +409,9 @@ struct MegaMoE {
     // 128 rows over the same token block: pass 0 stashes its SwiGLU output (bf16) in the FC1 staging area, pass 1
     // quantises both halves; the weight producer and the loaders stream the 2 x H/128 stages back to back.
     static constexpr bool kWide = kBN == kWideBN;
-    // The math warps trap out of line (mbar_wait<true>, math_trap): the wide builds, and the narrow ones that read the
-    // column scales before the wgmma issue (an inline trap caps ptxas at the launch allocation; math_trap).
-    static constexpr bool kTrapOutOfLine = kWide || kNarrowScales == 2;
+    // The math warps trap out of line (mbar_wait<true>, math_trap) in the wide builds (an inline trap caps ptxas at the
+    // launch allocation; math_trap).
+    static constexpr bool kTrapOutOfLine = kWide;
     static constexpr bool kTokenMajor = GLM5_MEGAMOE_TOKEN_MAJOR != 0;
     static_assert(!kTokenMajor || kWide, "the token-major build is a wide (bn128) build");
     static constexpr int kRows = stage_rows(kBN);  // weight rows per stage / wgmma tile
@@ -876,10 +868,10 @@ struct MegaMoE {
         return w < kBN ? w : kBN;
     }
 
-    // The column scales of one stage that this thread folds with (columns 8 j + 2 t4 and + 1, j < kN / 8), read into
-    // registers right after the stage's full wait, before the wgmma issue: their shared-memory latency then hides behind
-    // the wgmma, and the narrow builds' second fold reuses them (read after wgmma_wait, whose memory clobber forces a
-    // reload, they were read twice per stage and their latency was exposed: Nsight Compute source counters, session 13).
+    // The column scales of one stage that this thread folds with (columns 8 j + 2 t4 and + 1, j < kN / 8). The wide
+    // builds read them right after the stage's full wait, before the wgmma issue, so their shared-memory latency hides
+    // behind the wgmma (read after the wait, it was exposed: Nsight Compute source counters, session 13; 3-4 % at (a)
+    // 1024-4096). The narrow builds read them after each half's wait (k_loop).
     template <int kN>
     static GLM5_DEVICE void load_col_scales(float2 (&sc)[kN / 8], const float* sa, int t4) {
 #pragma unroll
@@ -1000,7 +992,7 @@ struct MegaMoE {
                 continue;
             }
             float2 sc[kN / 8];
-            if constexpr (kWide || kNarrowScales == 2) load_col_scales<kN>(sc, sa, t4);
+            if constexpr (kWide) load_col_scales<kN>(sc, sa, t4);
             if constexpr (kWide) {
                 float tmp0[kN / 2];
                 sm90::wgmma_fence();
@@ -1026,14 +1018,17 @@ struct MegaMoE {
                 sm90::wgmma_wait<1>();
                 sm90::fence_operands(tmp0);
                 [[maybe_unused]] const uint32_t c1 = trace_clock();
-                if constexpr (kNarrowScales < 2) load_col_scales<kN>(sc, sa, t4);
+                // narrow builds: the scales after the wait, for each fold (read before the issue, they spilled bn64
+                // under the inline trap's register cap, or cost 3 % with the trap out of line; read once for both
+                // folds they spilled too: session 13)
+                load_col_scales<kN>(sc, sa, t4);
                 fold<kN>(acc0, tmp0, sc, cur_lo, cur_hi);
                 if constexpr (kTrace) sm90::fence_operands(acc0);
                 [[maybe_unused]] const uint32_t c2 = trace_clock();
                 sm90::wgmma_wait<0>();
                 sm90::fence_operands(tmp1);
                 [[maybe_unused]] const uint32_t c3 = trace_clock();
-                if constexpr (kNarrowScales == 0) load_col_scales<kN>(sc, sa, t4);
+                load_col_scales<kN>(sc, sa, t4);  // (wgmma_wait's memory clobber: read again)
                 fold<kN>(acc1, tmp1, sc, cur_lo, cur_hi);
                 if constexpr (kTrace) {
                     sm90::fence_operands(acc1);
@@ -1052,8 +1047,7 @@ struct MegaMoE {
 
     // A cannot-happen stop in the math warpgroups' code. The wide build traps out of line (and waits with
     // mbar_wait<true>): an inline trap there capped ptxas at the 168-register launch allocation and the build spilled
-    // (arch.cuh trap_out_of_line); the narrow builds keep the inline trap (their register allocation, measured) unless
-    // kNarrowScales == 2 needs the registers.
+    // (arch.cuh trap_out_of_line); the narrow builds keep the inline trap (their register allocation, measured).
     static GLM5_DEVICE void math_trap() {
         if constexpr (kTrapOutOfLine)
             glm5::trap_out_of_line();
