@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared for the next session (not run): FC2's combine moved to two combine warps (WG0 warps 2-3; token-major pool
+# Prepared for the next session (not run): FC2's combine counters and combine moved to two combine warps (WG0 warps 2-3; token-major pool
 # builds only; combine_warps_untested.patch: compiles without spills here, nvcc 13.0). Trees:
 #   cwoff = the patch with GLM5_MEGAMOE_COMBINE_WARPS 0 (only the combine_token refactor: the SASS of every build changes)
 #   cw    = the patch with GLM5_MEGAMOE_COMBINE_WARPS 1
