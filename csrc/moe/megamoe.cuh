@@ -183,7 +183,7 @@ constexpr bool kNoFold = (GLM5_MEGAMOE_DIAG & 4) != 0;
 // all 128 weight rows of the stage on N (m64n128k32, A = tokens, B = weights; same shared-memory stages, same bytes per
 // MAC). Why: with tokens on N (swapAB) the fold's activation scale is per column, so every thread reads 32 column
 // scales per stage and forms 64 products (16 LDS.64 + 64 FMUL + 64 FFMA per stage and thread; the scale loads were
-// ~40 % of all shared-memory wavefronts of the wide build at (a) 1024 tokens, Nsight Compute, session 13). Token-major,
+// ~34 % of the shared-memory wavefronts of the wide build at (a) 1024 tokens, Nsight Compute, session 13). Token-major,
 // the scale is per row: 2 token scales x the gate / up block scale = 4 products, then one FFMA per element. FC1's
 // per-token quant amax stays inside a warp (4 lanes), FC2 writes each token's channels with a 4-lane transpose.
 #ifndef GLM5_MEGAMOE_TOKEN_MAJOR
