@@ -1159,7 +1159,7 @@ struct MegaMoE {
                 wide_unstash(sbase, prev);
                 if constexpr (kTokenMajor) {
                     tm_pair_order(acc0);
-                    epilogue_fc1_tm(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, prev, acc0, tr, n);
+                    epilogue_fc1_tm(p, sbase, rt, p0, cnt, blk, wg, w, lane, prev, acc0, tr, n);
                 } else {
                     epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, prev, acc0, tr, n);
                 }
@@ -1283,6 +1283,29 @@ struct MegaMoE {
         }
     }
 
+    // The end of every FC1 epilogue, once this tile's FP8 rows are staged in shared memory ([token][128 channels]) and
+    // their scales written: the cnt rows to act (16-byte copies), then fc1_done += 1 (release) for the FC2 loaders.
+    static GLM5_DEVICE void fc1_store_rows(const Params& p, uint32_t out_s, int rt, int p0, int cnt, int blk, int mt,
+                                           [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n) {
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 14, clock_cycles());
+        }
+        for (int i = mt; i < cnt * (kBK / 16); i += kMathThreads) {
+            const int row = i >> 3, c = i & 7;
+            uint32_t a, b, c2, d;
+            ptx::lds_v4(out_s + row * kBK + c * 16, a, b, c2, d);
+            ptx::st_global_v4(p.act + static_cast<int64_t>(p0 + row) * kI + rt * kBK + c * 16, ptx::u32x4{a, b, c2, d});
+        }
+        if constexpr (kPool) fence_proxy_async_global();  // FC2 reads these rows through TMA (async proxy)
+        handoff_fence();
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 15, clock_cycles());
+        }
+        if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
+    }
+
     // Token-major FC1: reorder one pass's accumulator (index 4 j + 2 r + q: token g + 8 r, weight column 8 j + 2 t4 + q;
     // even groups j gate, odd up) into the (gate, up) pair order of swiglu / wide_stash: index 4 m + q the gate and
     // 4 m + 2 + q the up value of channel 8 jj + 2 t4 + q of token g + 8 r, m = 2 jj + r. A register renaming.
@@ -1307,10 +1330,9 @@ struct MegaMoE {
     // amax by two shuffles, FP8 quant, the staged rows to global, fc1_done += 1. prev: pass 0's activations, acc: pass
     // 1's accumulator in pair order (tm_pair_order); index 4 m + q, m = 2 jj + r: token g + 8 r, channel
     // 64 pass + 8 jj + 2 t4 + q. The same values as epilogue_fc1 (SwiGLU and quant are per element, amax a max).
-    static GLM5_DEVICE void epilogue_fc1_tm(const Params& p, uint8_t* sm, uint32_t sbase, int rt, int p0, int cnt,
-                                            int blk, int wg, int w, int lane, float (&prev)[kNAcc], float (&acc)[kNAcc],
+    static GLM5_DEVICE void epilogue_fc1_tm(const Params& p, uint32_t sbase, int rt, int p0, int cnt, int blk, int wg,
+                                            int w, int lane, float (&prev)[kNAcc], float (&acc)[kNAcc],
                                             [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n) {
-        (void)sm;
         const int g8 = lane >> 2, t4 = lane & 3;
         const int mt = threadIdx.x - 128;
         const auto div_unchecked = [](float a, float b) { return div_rn_nocheck(a, b); };
@@ -1371,23 +1393,7 @@ struct MegaMoE {
             }
             if (t4 == 0 && row < cnt) p.act_scale[static_cast<int64_t>(rt) * p.pairs_cap + p0 + row] = scs[r];
         }
-        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
-        if constexpr (kTrace) {
-            if (mt == 0) tr.put(n, 14, clock_cycles());
-        }
-        for (int i = mt; i < cnt * (kBK / 16); i += kMathThreads) {
-            const int row = i >> 3, c = i & 7;
-            uint32_t a, b, c2, d;
-            ptx::lds_v4(out_s + row * kBK + c * 16, a, b, c2, d);
-            ptx::st_global_v4(p.act + static_cast<int64_t>(p0 + row) * kI + rt * kBK + c * 16, ptx::u32x4{a, b, c2, d});
-        }
-        if constexpr (kPool) fence_proxy_async_global();  // FC2 reads these rows through TMA (async proxy)
-        handoff_fence();
-        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
-        if constexpr (kTrace) {
-            if (mt == 0) tr.put(n, 15, clock_cycles());
-        }
-        if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
+        fc1_store_rows(p, out_s, rt, p0, cnt, blk, mt, tr, n);
     }
 
     // FC1: SwiGLU of the (gate, up) row pairs each thread holds, 1x128 FP8 quant of the 128 channels of
@@ -1469,23 +1475,7 @@ struct MegaMoE {
                     p.act_scale[static_cast<int64_t>(rt) * p.pairs_cap + p0 + col] = scs[2 * j + q];
             }
         }
-        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
-        if constexpr (kTrace) {
-            if (mt == 0) tr.put(n, 14, clock_cycles());
-        }
-        for (int i = mt; i < cnt * (kBK / 16); i += kMathThreads) {
-            const int row = i >> 3, c = i & 7;
-            uint32_t a, b, c2, d;
-            ptx::lds_v4(out_s + row * kBK + c * 16, a, b, c2, d);
-            ptx::st_global_v4(p.act + static_cast<int64_t>(p0 + row) * kI + rt * kBK + c * 16, ptx::u32x4{a, b, c2, d});
-        }
-        if constexpr (kPool) fence_proxy_async_global();  // FC2 reads these rows through TMA (async proxy)
-        handoff_fence();
-        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
-        if constexpr (kTrace) {
-            if (mt == 0) tr.put(n, 15, clock_cycles());
-        }
-        if (mt == 0) red_release_gpu_add(p.fc1_done + blk, 1);
+        fc1_store_rows(p, out_s, rt, p0, cnt, blk, mt, tr, n);
     }
 
     // FC2: y = bf16(acc * w) into the slot buffer (16-byte stores of 8 channels; 4-byte channel pairs at bn8), then
@@ -1671,26 +1661,24 @@ struct MegaMoE {
                         }
                     }
                 }
-            }
-            for (int j0 = 0; kLaneW != 2 && j0 < S; j0 += 4) {
-                uint32_t v[4][kLaneW];
+            } else {  // narrow (kLaneW 4): 4 slots per round trip
+                for (int j0 = 0; j0 < S; j0 += 4) {
+                    uint32_t v[4][kLaneW];
 #pragma unroll
-                for (int jj = 0; jj < 4; ++jj) {
-                    if (j0 + jj < S) {
-                        const uint16_t* src = p.slots + base + static_cast<int64_t>(j0 + jj) * kH;
-                        if constexpr (kLaneW == 4)
+                    for (int jj = 0; jj < 4; ++jj) {
+                        if (j0 + jj < S) {
+                            const uint16_t* src = p.slots + base + static_cast<int64_t>(j0 + jj) * kH;
                             ptx::ld_cg_v4(src, v[jj][0], v[jj][1], v[jj][2], v[jj][3]);
-                        else
-                            ptx::ld_cg_v2(src, v[jj][0], v[jj][1]);
+                        }
                     }
-                }
 #pragma unroll
-                for (int jj = 0; jj < 4; ++jj) {
-                    if (j0 + jj < S) {
+                    for (int jj = 0; jj < 4; ++jj) {
+                        if (j0 + jj < S) {
 #pragma unroll
-                        for (int i = 0; i < kLaneW; ++i) {
-                            sum[2 * i] += ptx::bf16lo_to_f32(v[jj][i]);
-                            sum[2 * i + 1] += ptx::bf16hi_to_f32(v[jj][i]);
+                            for (int i = 0; i < kLaneW; ++i) {
+                                sum[2 * i] += ptx::bf16lo_to_f32(v[jj][i]);
+                                sum[2 * i + 1] += ptx::bf16hi_to_f32(v[jj][i]);
+                            }
                         }
                     }
                 }

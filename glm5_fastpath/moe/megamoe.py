@@ -96,7 +96,7 @@ FLAG_NO_COMBINE = 2    # FC2 writes slot values only: no combine counters, `out`
 TASK_END = -1          # end-of-list sentinel (FC2 descriptors are negative int32: never test the sign)
 # ctrl[] entries of the workspace (megamoe.cuh Params::ctrl)
 CTRL_NUM_TASKS, CTRL_CLAIMS, CTRL_TASKS_DONE, CTRL_TILES_COMBINED = 0, 1, 2, 3
-CTRL_POOL_ROWS, CTRL_POOL_DONE = 4, 5  # pool build: pair rows copied, loader warps done copying
+CTRL_POOL_ROWS, CTRL_POOL_DONE = 4, 5  # pool build: pair rows to copy, copy warps done (POOL_COPY_WARPS per CTA)
 MAX_BLOCKS = 1 << 14   # 14-bit token-block field of a task
 SPLIT_MAX_BN = 16      # split-K FC1 tiles only for token blocks up to this (scratch: 2 x 256 x BN fp32 per tile)
 SPLIT_WAVES = 4        # split-K FC1 tiles when the call has at most this many waves of FC1 tiles (default_config: 1 token)
@@ -771,15 +771,17 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
               routed_scaling_factor: float, block_n: int, stages: int, group_size: int, split_waves: int,
               pdl: bool = True, lean_fences: bool = False, pool: bool = False, diag: int = 0,
               token_major: bool = False) -> torch.Tensor:
+    # the whole config first: a build the kernel does not support (e.g. token_major on a narrow block) must be a clear
+    # error here, not an nvcc static_assert
+    cfg = MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag),
+                        bool(token_major)).validate()
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     m = x.shape[0]
     out = torch.empty((m, wv.hidden), dtype=BF16, device=x.device)
     if m == 0:
         return out
-    _launch(x, x_scale, topk_ids, topk_weights, wv, out, num_shared, routed_scaling_factor,
-            MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag),
-                          bool(token_major)), 0, pdl)
+    _launch(x, x_scale, topk_ids, topk_weights, wv, out, num_shared, routed_scaling_factor, cfg, 0, pdl)
     return out
 
 
@@ -787,6 +789,8 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
 def _mega_moe_fake(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared, routed_scaling_factor,
                    block_n, stages, group_size, split_waves, pdl=True, lean_fences=False, pool=False, diag=0,
                    token_major=False):
+    MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag),
+                  bool(token_major)).validate()
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     return x.new_empty((x.shape[0], wv.hidden), dtype=BF16)

@@ -205,6 +205,15 @@ def _call(d, shared=1, rsf=2.5, bn=8, st=6, g=8):
                                             d["w13_scale"], d["w2"], d["w2_scale"], shared, rsf, bn, st, g, True)
 
 
+def test_op_refuses_an_unsupported_build():
+    """The op validates the whole config (token_major / diag included) before anything compiles or launches."""
+    d = _meta_inputs()
+    with pytest.raises(M.MegaMoEInputError, match="token_major"):
+        torch.ops.glm5_fastpath.mega_moe(*d.values(), 1, 2.5, 64, M.max_stages(64), 8, 0, True, True, True, 0, True)
+    with pytest.raises(M.MegaMoEInputError, match="diag"):
+        torch.ops.glm5_fastpath.mega_moe(*d.values(), 1, 2.5, 8, 6, 8, 0, True, False, False, 9, False)
+
+
 def test_fake_shape_and_compile():
     d = _meta_inputs()
     out = _call(d)
