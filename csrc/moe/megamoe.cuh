@@ -411,9 +411,12 @@ struct MegaMoE {
     static constexpr bool kWide = kBN == kWideBN;
     // The math warps trap out of line (mbar_wait<true>, math_trap) in the wide builds (an inline trap caps ptxas at the
     // launch allocation; math_trap).
-    static constexpr bool kTrapOutOfLine = kWide;
     static constexpr bool kTokenMajor = GLM5_MEGAMOE_TOKEN_MAJOR != 0;
-    static_assert(!kTokenMajor || kWide, "the token-major build is a wide (bn128) build");
+    static constexpr bool kTrapOutOfLine = kWide || kTokenMajor;
+    static_assert(!kTokenMajor || kBN == 64 || kWide, "token-major builds: bn64 (narrow) or bn128 (wide)");
+    // Token-major wgmma: m64 (tokens) x n128 (weight rows). Wide: warpgroup wg takes tokens [64 wg, 64 wg + 64) and the
+    // stage's 128 rows; narrow (bn64): the block's 64 tokens and rows [128 wg, 128 wg + 128) of the 256-row tile.
+    static constexpr int kTmN = 128;
     static constexpr int kRows = stage_rows(kBN);  // weight rows per stage / wgmma tile
     static constexpr int kPasses = kWide ? 2 : 1;  // 128-row passes of an FC1 task
     static_assert(kH % 256 == 0 && kH / kRows <= 63, "hidden size: multiple of 256 (FC2 row tiles: 6-bit field)");
@@ -427,9 +430,10 @@ struct MegaMoE {
     static constexpr int kKb2 = kI / kBK;         // FC2 K stages
     static constexpr int kT1 = 2 * kI / kTileRows;  // FC1 tasks per token block (= I/128 = fc1_done target)
     static constexpr int kT2 = kH / kRows;        // FC2 row tiles per expert (= combine counters per token)
-    static constexpr int kNAcc = kBN / 2;         // accumulator floats per m64 half per thread (wide: the one half)
-    static constexpr int kNAcc1 = kWide ? 1 : kNAcc;  // the second half's (unused in the wide mode)
-    static constexpr int kNJ = kBN / 8;           // 8-column groups
+    // accumulator floats per m64 half per thread (wide: the one half; token-major: m64 x n128)
+    static constexpr int kNAcc = kTokenMajor ? 64 : kBN / 2;
+    static constexpr int kNAcc1 = kWide || kTokenMajor ? 1 : kNAcc;  // the second half's (unused in wide / token-major)
+    static constexpr int kNJ = kTokenMajor ? 16 : kBN / 8;           // 8-column groups
     static_assert(!kWide || 256 * 64 <= kBN * kBK, "the pass-0 stash (256 threads x 32 bf16) fits the FC1 staging area");
 
     // ================================ plan kernel (1 CTA, 1024 threads) ================================
@@ -971,11 +975,13 @@ struct MegaMoE {
                     continue;
                 }
                 // this thread's tokens (rows g, g + 8 of its warp's 16) and their scales, read before the issue
-                const int tok = 64 * wg + 16 * ((mt >> 5) & 3) + (lane >> 2);
+                const int tok = (kWide ? 64 * wg : 0) + 16 * ((mt >> 5) & 3) + (lane >> 2);
                 const float r0 = sa[tok], r1 = sa[tok + 8];
                 float tmp0[kNAcc];
                 sm90::wgmma_fence();
-                issue_half<kBN>(tmp0, b_addr + wg * (64 * kBK), sbase + L::kW + s * L::kWStage);
+                // A: the warpgroup's 64 token rows; B: its 128 weight rows (wide: the whole stage; narrow: a_addr)
+                issue_half<kTmN>(tmp0, kWide ? b_addr + wg * (64 * kBK) : b_addr,
+                                 kWide ? sbase + L::kW + s * L::kWStage : a_addr);
                 sm90::wgmma_commit();
                 [[maybe_unused]] const uint32_t c0 = trace_clock();
                 sm90::wgmma_wait<0>();
@@ -990,53 +996,54 @@ struct MegaMoE {
                 __syncwarp();
                 if (lane == 0) sm90::mbar_arrive(bar.empty(s));
                 continue;
-            }
-            float2 sc[kN / 8];
-            if constexpr (kWide) load_col_scales<kN>(sc, sa, t4);
-            if constexpr (kWide) {
-                float tmp0[kN / 2];
-                sm90::wgmma_fence();
-                issue_half<kN>(tmp0, a_addr, b_addr);
-                sm90::wgmma_commit();
-                [[maybe_unused]] const uint32_t c0 = trace_clock();
-                sm90::wgmma_wait<0>();
-                sm90::fence_operands(tmp0);
-                [[maybe_unused]] const uint32_t c1 = trace_clock();
-                fold<kN>(acc0, tmp0, sc, cur_lo, cur_hi);
-                if constexpr (kTrace) {
-                    sm90::fence_operands(acc0);
-                    clk.mma_wait += c1 - c0, clk.fold += trace_clock() - c1;
+            } else {  // swapAB: weights on M, tokens on N
+                float2 sc[kN / 8];
+                if constexpr (kWide) load_col_scales<kN>(sc, sa, t4);
+                if constexpr (kWide) {
+                    float tmp0[kN / 2];
+                    sm90::wgmma_fence();
+                    issue_half<kN>(tmp0, a_addr, b_addr);
+                    sm90::wgmma_commit();
+                    [[maybe_unused]] const uint32_t c0 = trace_clock();
+                    sm90::wgmma_wait<0>();
+                    sm90::fence_operands(tmp0);
+                    [[maybe_unused]] const uint32_t c1 = trace_clock();
+                    fold<kN>(acc0, tmp0, sc, cur_lo, cur_hi);
+                    if constexpr (kTrace) {
+                        sm90::fence_operands(acc0);
+                        clk.mma_wait += c1 - c0, clk.fold += trace_clock() - c1;
+                    }
+                } else {
+                    float tmp0[kN / 2], tmp1[kN / 2];
+                    sm90::wgmma_fence();
+                    issue_half<kN>(tmp0, a_addr, b_addr);
+                    sm90::wgmma_commit();
+                    issue_half<kN>(tmp1, a_addr + 64 * kBK, b_addr);
+                    sm90::wgmma_commit();
+                    [[maybe_unused]] const uint32_t c0 = trace_clock();
+                    sm90::wgmma_wait<1>();
+                    sm90::fence_operands(tmp0);
+                    [[maybe_unused]] const uint32_t c1 = trace_clock();
+                    // narrow builds: the scales after the wait, for each fold (read before the issue, they spilled bn64
+                    // under the inline trap's register cap, or cost 3 % with the trap out of line; read once for both
+                    // folds they spilled too: session 13)
+                    load_col_scales<kN>(sc, sa, t4);
+                    fold<kN>(acc0, tmp0, sc, cur_lo, cur_hi);
+                    if constexpr (kTrace) sm90::fence_operands(acc0);
+                    [[maybe_unused]] const uint32_t c2 = trace_clock();
+                    sm90::wgmma_wait<0>();
+                    sm90::fence_operands(tmp1);
+                    [[maybe_unused]] const uint32_t c3 = trace_clock();
+                    load_col_scales<kN>(sc, sa, t4);  // (wgmma_wait's memory clobber: read again)
+                    fold<kN>(acc1, tmp1, sc, cur_lo, cur_hi);
+                    if constexpr (kTrace) {
+                        sm90::fence_operands(acc1);
+                        clk.mma_wait += (c1 - c0) + (c3 - c2), clk.fold += (c2 - c1) + (trace_clock() - c3);
+                    }
                 }
-            } else {
-                float tmp0[kN / 2], tmp1[kN / 2];
-                sm90::wgmma_fence();
-                issue_half<kN>(tmp0, a_addr, b_addr);
-                sm90::wgmma_commit();
-                issue_half<kN>(tmp1, a_addr + 64 * kBK, b_addr);
-                sm90::wgmma_commit();
-                [[maybe_unused]] const uint32_t c0 = trace_clock();
-                sm90::wgmma_wait<1>();
-                sm90::fence_operands(tmp0);
-                [[maybe_unused]] const uint32_t c1 = trace_clock();
-                // narrow builds: the scales after the wait, for each fold (read before the issue, they spilled bn64
-                // under the inline trap's register cap, or cost 3 % with the trap out of line; read once for both
-                // folds they spilled too: session 13)
-                load_col_scales<kN>(sc, sa, t4);
-                fold<kN>(acc0, tmp0, sc, cur_lo, cur_hi);
-                if constexpr (kTrace) sm90::fence_operands(acc0);
-                [[maybe_unused]] const uint32_t c2 = trace_clock();
-                sm90::wgmma_wait<0>();
-                sm90::fence_operands(tmp1);
-                [[maybe_unused]] const uint32_t c3 = trace_clock();
-                load_col_scales<kN>(sc, sa, t4);  // (wgmma_wait's memory clobber: read again)
-                fold<kN>(acc1, tmp1, sc, cur_lo, cur_hi);
-                if constexpr (kTrace) {
-                    sm90::fence_operands(acc1);
-                    clk.mma_wait += (c1 - c0) + (c3 - c2), clk.fold += (c2 - c1) + (trace_clock() - c3);
-                }
+                __syncwarp();
+                if (lane == 0) sm90::mbar_arrive(bar.empty(s));
             }
-            __syncwarp();
-            if (lane == 0) sm90::mbar_arrive(bar.empty(s));
         }
         if constexpr (kTrace) {
             if (mt == 0)  // (wide FC1: pass 1 rewrites them)
@@ -1064,7 +1071,7 @@ struct MegaMoE {
             // warpgroup 1's 64 token rows are all padding when the block holds at most 64 tokens (width <= 64): it
             // then only consumes the stages (its accumulator stays zero; no row of it is stored)
             k_loop<kBN>(sm, sbase, bar, nk, it, wg, lane, t4, s_lo_ptr, s_hi_ptr, acc0, acc1, tr, n, mt, pass, clk,
-                        wg == 0 || width > 64);
+                        !kWide || wg == 0 || width > 64);
             return;
         }
         switch (width) {
@@ -1093,7 +1100,8 @@ struct MegaMoE {
         const int lane = mt & 31;
         const int t4 = lane & 3;
         // (the narrow builds keep 4 loads in flight: their inline trap caps the registers, and 12 spilled bn64)
-        if constexpr (kPool) pool_copy<kWide>(p, static_cast<int>(blockIdx.x) * kPoolCopyWarps + kLoaderWarps + (mt >> 5), lane);
+        if constexpr (kPool)
+            pool_copy<kTrapOutOfLine>(p, static_cast<int>(blockIdx.x) * kPoolCopyWarps + kLoaderWarps + (mt >> 5), lane);
         const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
         const int32_t* meta = reinterpret_cast<const int32_t*>(sm + L::kMeta);
         uint32_t it = 0;
@@ -1163,6 +1171,9 @@ struct MegaMoE {
                 } else {
                     epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, prev, acc0, tr, n);
                 }
+            } else if constexpr (kTokenMajor) {  // narrow token-major: one pass, the 256-row group over both warpgroups
+                tm_pair_order(acc0);
+                epilogue_fc1_tmn(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, tr, n);
             } else if (!task_split(desc) || split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1)) {
                 epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1, tr, n);
             }
@@ -1396,6 +1407,77 @@ struct MegaMoE {
         fc1_store_rows(p, out_s, rt, p0, cnt, blk, mt, tr, n);
     }
 
+    // Narrow token-major FC1 (bn64): SwiGLU; per token the warpgroup's 64 channels' amax (4 lanes, two shuffles), then
+    // the two warpgroups' partials exchanged through shared memory; FP8 quant, the staged rows to global, fc1_done += 1.
+    // acc in pair order (tm_pair_order): index 4 m + q, m = 2 jj + r: token 16 w + g + 8 r, channel 64 wg + 8 jj + 2 t4
+    // + q. The same values as epilogue_fc1.
+    static GLM5_DEVICE void epilogue_fc1_tmn(const Params& p, uint8_t* sm, uint32_t sbase, int rt, int p0, int cnt,
+                                             int blk, int wg, int w, int lane, float (&acc)[kNAcc],
+                                             [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n) {
+        const int g8 = lane >> 2, t4 = lane & 3;
+        const int mt = threadIdx.x - 128;
+        float* red = reinterpret_cast<float*>(sm + L::kRed);  // [2 warpgroups][kBN tokens]
+        const auto div_unchecked = [](float a, float b) { return div_rn_nocheck(a, b); };
+        const auto div_ieee = [](float a, float b) { return __fdiv_rn(a, b); };
+        swiglu<false>(acc, acc);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float m = 0.f;
+#pragma unroll
+            for (int jj = 0; jj < kNJ / 2; ++jj) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q) m = fmaxf(m, fabsf(acc[4 * (2 * jj + r) + q]));
+            }
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            if (t4 == 0) red[wg * kBN + 16 * w + g8 + 8 * r] = m;
+        }
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if constexpr (kTrace) {
+            if (mt == 0) tr.put(n, 13, clock_cycles());
+        }
+        float amaxs[2];
+        bool qfast = true;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int tok = 16 * w + g8 + 8 * r;
+            amaxs[r] = fmaxf(fmaxf(red[tok], red[kBN + tok]), 1e-10f);
+            qfast &= amaxs[r] <= 0x1p60f;
+#pragma unroll
+            for (int jj = 0; jj < kNJ / 2; ++jj) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q) qfast &= div_rn_fast_ok(acc[4 * (2 * jj + r) + q], 1.0f);
+            }
+        }
+        uint32_t q2s[2][kNJ / 2];
+        float scs[2];
+        auto quant = [&](auto div) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float sc = div(amaxs[r], 448.0f);
+                scs[r] = sc;
+#pragma unroll
+                for (int jj = 0; jj < kNJ / 2; ++jj) {
+                    const int i = 4 * (2 * jj + r);
+                    q2s[r][jj] = ptx::f32x2_to_e4m3x2_satfinite(div(acc[i], sc), div(acc[i + 1], sc));
+                }
+            }
+        };
+        if (__all_sync(0xffffffffu, qfast))
+            quant(div_unchecked);
+        else
+            quant(div_ieee);
+        const uint32_t out_s = sbase + L::kOut;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = 16 * w + g8 + 8 * r;
+#pragma unroll
+            for (int jj = 0; jj < kNJ / 2; ++jj) st_shared_u16(out_s + row * kBK + 64 * wg + 8 * jj + 2 * t4, q2s[r][jj]);
+            if (wg == 0 && t4 == 0 && row < cnt) p.act_scale[static_cast<int64_t>(rt) * p.pairs_cap + p0 + row] = scs[r];
+        }
+        fc1_store_rows(p, out_s, rt, p0, cnt, blk, mt, tr, n);
+    }
+
     // FC1: SwiGLU of the (gate, up) row pairs each thread holds, 1x128 FP8 quant of the 128 channels of
     // this tile per token, a8 rows + scales to global, then fc1_done += 1.
     static GLM5_DEVICE void epilogue_fc1(const Params& p, uint8_t* sm, uint32_t sbase, int rt, int p0, int cnt, int blk,
@@ -1572,7 +1654,7 @@ struct MegaMoE {
         auto store_tm = [&](float (&acc)[kNAcc]) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const int tok = 64 * wg + 16 * w + g8 + 8 * r;
+                const int tok = (kWide ? 64 * wg : 0) + 16 * w + g8 + 8 * r;
                 const float wt = wgt[tok];
                 const int32_t c = code[tok];  // -1 past cnt (the loader's fill)
 #pragma unroll
@@ -1597,7 +1679,7 @@ struct MegaMoE {
                     }
                     if (tok < cnt) {
                         uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kRows +
-                                        8 * (j0 + t4);
+                                        (kWide ? 0 : kTmN * wg) + 8 * (j0 + t4);
                         ptx::st_global_v4(dst, ptx::u32x4{u[0], u[1], u[2], u[3]});
                     }
                 }

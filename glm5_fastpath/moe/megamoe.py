@@ -208,8 +208,8 @@ class MegaMoEConfig:
             raise _fail(f"config split_waves={self.split_waves} must be in 0..8")
         if not 0 <= self.diag <= 7:
             raise _fail(f"config diag={self.diag} must be a mask in 0..7 (1 no loads, 2 no epilogues, 4 no folds)")
-        if self.token_major and self.block_n != WIDE_BN:
-            raise _fail(f"config token_major needs block_n={WIDE_BN} (the wide block), got {self.block_n}")
+        if self.token_major and self.block_n not in (64, WIDE_BN):
+            raise _fail(f"config token_major needs block_n 64 or {WIDE_BN}, got {self.block_n}")
         return self
 
     def split_max_tiles(self, num_sms: int) -> int:

@@ -209,7 +209,7 @@ def test_op_refuses_an_unsupported_build():
     """The op validates the whole config (token_major / diag included) before anything compiles or launches."""
     d = _meta_inputs()
     with pytest.raises(M.MegaMoEInputError, match="token_major"):
-        torch.ops.glm5_fastpath.mega_moe(*d.values(), 1, 2.5, 64, M.max_stages(64), 8, 0, True, True, True, 0, True)
+        torch.ops.glm5_fastpath.mega_moe(*d.values(), 1, 2.5, 32, M.max_stages(32), 8, 0, True, True, True, 0, True)
     with pytest.raises(M.MegaMoEInputError, match="diag"):
         torch.ops.glm5_fastpath.mega_moe(*d.values(), 1, 2.5, 8, 6, 8, 0, True, False, False, 9, False)
 
@@ -1098,20 +1098,22 @@ def test_token_major_config_name_spec_and_validation():
     assert all(k != "GLM5_MEGAMOE_TOKEN_MAJOR" for k, _ in dataclasses.replace(c, token_major=False).spec(6144, 2048).defines)
     assert M.MegaMoEConfig.from_name("bn128").token_major is False
     with pytest.raises(M.MegaMoEInputError, match="token_major"):
-        M.MegaMoEConfig(64, M.max_stages(64), token_major=True).validate()
+        M.MegaMoEConfig(32, M.max_stages(32), token_major=True).validate()
     with pytest.raises(M.MegaMoEInputError, match="token_major"):
-        M.MegaMoEConfig.from_name("bn64_t")
+        M.MegaMoEConfig.from_name("bn16_t")
+    assert M.MegaMoEConfig.from_name("bn64_s5_g512_w0_lf_t").token_major  # the narrow token-major build
     assert any(("GLM5_MEGAMOE_TOKEN_MAJOR", "1") in s.defines for s in M.compile_check_specs())
     # its own trace build too
     assert ("GLM5_MEGAMOE_TOKEN_MAJOR", "1") in M.trace_spec(6144, 2048, 128, 6, True, True, 0, True).defines
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bn", [64, 128])
 @pytest.mark.parametrize("pool", [False, True])
 @pytest.mark.parametrize("m, e_local, kind", [(1, 32, "uniform"), (3, 256, "uniform"), (33, 32, "skewed"),
                                               (128, 256, "skewed"), (256, 32, "uniform"), (1024, 32, "skewed"),
                                               (1024, 256, "uniform"), (4096, 32, "uniform")])
-def test_gpu_token_major_equals_the_wide_build_bitwise(m, e_local, kind, pool):
+def test_gpu_token_major_equals_the_wide_build_bitwise(m, e_local, kind, pool, bn):
     """The token-major wide build computes the same per-(token, channel) K sums with the same products of scales
     (x_scale * w_scale), the same SwiGLU, amax (a max), quant and combine order as the swapAB wide build, so every
     intermediate (FC1 activations and scales, slot values) and the output must be identical bit for bit; the
@@ -1119,7 +1121,7 @@ def test_gpu_token_major_equals_the_wide_build_bitwise(m, e_local, kind, pool):
     float64 reference within FP8 noise, and repeated launches agree."""
     raw, wt = _weights(e_local)
     x8, xs, ids, wts = _inputs(m, e_local, 8, kind, seed=8000 + m)
-    base = M.MegaMoEConfig(128, M.max_stages(128), split_waves=0, lean_fences=True, pool=pool)
+    base = M.MegaMoEConfig(bn, M.max_stages(bn), split_waves=0, lean_fences=True, pool=pool)
     tm = dataclasses.replace(base, token_major=True)
     got = M.debug_run(x8, xs, ids, wts, wt, config=tm)
     assert got["combine_ctr_sum"] == 0 and got["ctrl"]["tasks_done"] == got["ctrl"]["num_tasks"], got["ctrl"]
@@ -1130,7 +1132,7 @@ def test_gpu_token_major_equals_the_wide_build_bitwise(m, e_local, kind, pool):
         assert_close(OP, got["out"].float(), ref.float(), kind="fp8_same_quant", context=f"{m=} {kind=} {e_local=} tm")
     want = M.debug_run(x8, xs, ids, wts, wt, config=base)
     for key in ("a8", "a_scale", "slots", "out"):
-        assert_equal(OP + f" token-major {key}", got[key], want[key], context=f"{m=} {e_local=} {kind=} {pool=}")
+        assert_equal(OP + f" token-major {key}", got[key], want[key], context=f"{m=} {e_local=} {kind=} {pool=} {bn=}")
     for i in range(5):  # repeat: races would show as differing launches
         again = M.mega_moe(x8, xs, ids, wts, wt, config=tm)
         assert_equal(OP + f" token-major launch {i}", again, want["out"], context=f"{m=} {pool=}")
