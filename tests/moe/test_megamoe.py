@@ -1125,8 +1125,9 @@ def test_gpu_token_major_equals_the_wide_build_bitwise(m, e_local, kind, pool, b
     tm = dataclasses.replace(base, token_major=True)
     got = M.debug_run(x8, xs, ids, wts, wt, config=tm)
     assert got["combine_ctr_sum"] == 0 and got["ctrl"]["tasks_done"] == got["ctrl"]["num_tasks"], got["ctrl"]
-    # the half-warp combine: every (token, 128-channel tile) combined exactly once
-    assert got["ctrl"]["tiles_combined"] == m * wt.hidden // 128, got["ctrl"]
+    # every (token, FC2 row tile) combined exactly once: 128-row tiles in the wide block, 256-row tiles in the narrow one
+    fc2_rows = 128 if bn == M.WIDE_BN else 256
+    assert got["ctrl"]["tiles_combined"] == m * wt.hidden // fc2_rows, got["ctrl"]
     if m <= 1024:
         ref = ref_f64(x8, xs, ids, wts, raw, e_local, 1, 2.5)
         assert_close(OP, got["out"].float(), ref.float(), kind="fp8_same_quant", context=f"{m=} {kind=} {e_local=} tm")
