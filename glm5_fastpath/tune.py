@@ -122,12 +122,12 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
        shared expert may span several token blocks), nearest to the default's block_n first (ties: the
        larger), each with the deepest stages and the default's split_waves;
     4. the split twins of those, under the same rule as 2.
-    Only block_n <= SPLIT_MAX_BN splits at all, so larger blocks never get a twin. The wide block (WIDE_BN) is a
-    candidate only as the default itself (with the token pool, from an expected largest routed expert of
-    megamoe.WIDE_POOL_MIN_LOAD tokens; then bn64 is its alternative): its cp.async build took 1.15-1.35x bn64's time
-    at 256-4096 tokens (H200, session 11), the pool build 0.96x at (a) 1024-4096 tokens and 1.09-1.11x at 256 / 512
-    (session 12), its token-major build (the default there since session 13) 0.82-0.97x at (a) 512-4096; time other
-    combinations with `bench moe --configs`.
+    Only block_n <= SPLIT_MAX_BN splits at all, so larger blocks never get a twin. From an expected largest routed
+    expert of megamoe.TOKEN_MAJOR_POOL_MIN_LOAD tokens the default is bn64's token-major pool build; its alternatives
+    are plain bn64 and the wide token-major pool build (WIDE_BN, the default there in session 13). The wide block is
+    no candidate otherwise: its cp.async build took 1.15-1.35x bn64's time at 256-4096 tokens (H200, session 11), and
+    bn64's token-major pool build beat its token-major pool build at every bucket from (a) 256 (session 14); time
+    other combinations with `bench moe --configs`.
     """
     from dataclasses import replace
 
@@ -141,10 +141,12 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
     i0 = MM.BLOCK_NS.index(d.block_n)
     near = sorted((b for b in MM.BLOCK_NS if b not in (d.block_n, MM.WIDE_BN) and b >= load),
                   key=lambda b: (abs(MM.BLOCK_NS.index(b) - i0), -b))
-    if d.block_n == MM.WIDE_BN:  # the wide pool default: the largest narrow block is its alternative
-        near = [max(b for b in MM.BLOCK_NS if b != MM.WIDE_BN)]
     primary = [d] + [MM.MegaMoEConfig(b, MM.max_stages(b), split_waves=d.split_waves,
                                       lean_fences=d.lean_fences).validate() for b in near]
+    if d.token_major:  # the token-major pool default: plain bn64 and the wide token-major pool build are its alternatives
+        primary = [d, replace(d, pool=False, token_major=False).validate(),
+                   MM.MegaMoEConfig(MM.WIDE_BN, MM.max_stages(MM.WIDE_BN), split_waves=0, lean_fences=d.lean_fences,
+                                    pool=True, token_major=True).validate()]
 
     def twin(c: Any) -> Any | None:
         t = replace(c, split_waves=0 if c.split_waves else MM.SPLIT_WAVES).validate()

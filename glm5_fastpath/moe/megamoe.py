@@ -27,9 +27,10 @@ Kernels (csrc/moe/megamoe.{cuh,cu}; design notes in the .cuh header):
   mode (128-row wgmma tiles, one m64n128 half per math warpgroup, FC1 tasks as two 128-row passes, 128-row FC2
   tasks); and `pool` (the loader warps first copy every pair's token row into an expert-grouped token pool, then
   each stage's activations are one TMA box). A third, token_major, runs the wide mode with the wgmma operands
-  swapped (tokens on M, the 128 weight rows on N: per-row scales, one FFMA per element in the fold; session 13:
-  8-10 % less time at (a) 1024-4096). default_config takes the three together from an expected largest routed
-  expert of WIDE_POOL_MIN_LOAD tokens; each alone is opt-in.
+  swapped (tokens on M, weight rows on N: per-row scales, one FFMA per element in the fold), in the wide block
+  (session 13) and in the narrow one (bn64: both math warpgroups share the 64 token rows, each takes 128 of the 256
+  weight rows; session 14). default_config takes bn64 + pool + token_major from an expected largest routed expert
+  of TOKEN_MAJOR_POOL_MIN_LOAD tokens; the other combinations are opt-in.
 
 Combine (deterministic): the FC2 epilogue writes bf16 y per (token, slot) into a slot buffer
 [max_tokens, S, H]; a per-(token, 256-column tile; wide mode 128) counter tells the last of the S contributors, which
@@ -267,9 +268,9 @@ def expected_max_load(num_tokens: int, num_experts: int, topk: int) -> float:
     return mean + 3.0 * math.sqrt(max(mean * (1 - p), 0.0)) + 1.0
 
 
-# expected largest routed expert (expected_max_load, tokens) from which default_config takes the token-major wide block
-# with the token pool (bn128 + pool + token-major) instead of bn64
-WIDE_POOL_MIN_LOAD = 128
+# expected largest routed expert (expected_max_load, tokens) from which default_config takes the token-major build of
+# the 64-token block with the token pool (bn64 + pool + token-major) instead of plain bn64
+TOKEN_MAJOR_POOL_MIN_LOAD = 64
 
 
 def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int = 1, num_sms: int = 132,
@@ -280,10 +281,11 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
     expert holds every token), so each weight tile is streamed from HBM once per call; capped at 64
     (a 256-row x 128-token tile spills, see the .cuh), and at 32 up to 128 tokens when only the shared expert needs more
     (measured faster, see below). Decode is weight-bandwidth bound, so MMA padding is free there. From an expected
-    largest routed expert of WIDE_POOL_MIN_LOAD tokens (setting (a) from ~1024 tokens), the wide block (128-row x
-    128-token tiles, WIDE_BN) with the token pool instead: its wider wgmma runs the K loop at ~1.3x the MACs per cycle
-    (trace build, session 12), and at these loads the blocks are full. The pool build needs every CTA of the
-    persistent grid resident at once (its grid-wide copy wait; MegaMoEConfig.pool).
+    largest routed expert of TOKEN_MAJOR_POOL_MIN_LOAD tokens (setting (a) from ~256 tokens, (b) from ~2048), bn64's
+    token-major build with the token pool instead (tokens on the wgmma M side: one FFMA per element in the fold; one
+    TMA box of activations per stage): measured faster than plain bn64 and than the wide block (WIDE_BN) there. The
+    pool build needs every CTA of the persistent grid resident at once (its grid-wide copy wait;
+    MegaMoEConfig.pool).
     Stages: the deepest ring that fits. Group size: one group (all FC1 tasks first). Split-K FC1 tiles
     (below 4 waves of FC1 tiles) at 1 token only: from 2 tokens whole-K tiles measured as fast or faster (H200,
     2026-11-30, session 10, routed experts, same run: (a) 2 / 4 / 8 / 16 tokens 141.9 / 200.1 / 253.2 / 280.8 us
@@ -306,18 +308,16 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
         # stream twice, and that setting measured 1.53x its floor with bn32 (H200, 2026-11-30, session 6;
         # bn64 there not yet measured). 256 tokens was not measured: it keeps the block that holds every token.
         bn = min(bn, 32)
-    if routed >= WIDE_POOL_MIN_LOAD:
-        # measured (H200, 2026-11-30, session 12, same run, routed experts, setting (a) 32 experts): the wide block with
-        # the token pool took 1342 / 2549 / 4960 us at 1024 / 2048 / 4096 tokens against bn64's 1392 / 2649 / 5160
-        # (3.6-3.9 % less time), but 1.11x / 1.09x bn64's time at 256 / 512 (expected largest expert 86 / 158 tokens);
-        # (b) 4096 (162): 1.02x faster, not taken (benchmarks/results/2026-11-30_h200_session12/c9_pool).
-        # Session 13 (same run, H200): its token-major build (one FFMA per element in the fold) took 732 / 1207 / 2231 /
-        # 4323 us at (a) 512 / 1024 / 2048 / 4096 against the swapAB wide build's 764 / 1305 / 2480 / 4792 and bn64's
-        # 755-809 / 1408 / 2665 / 5266; at (a) 256 (86) bn64 stays ahead (458 against 466), at (b) 1024 (50) far ahead
-        # (2662 against 3984: small blocks, and token-major always multiplies all 128 token rows), (b) 4096 (162) a tie
-        # (6070 both); so the threshold moved from 256 to 128 (benchmarks/results/2026-11-30_h200_session13/)
-        return MegaMoEConfig(WIDE_BN, max_stages(WIDE_BN), split_waves=0, lean_fences=True, pool=True,
-                             token_major=True).validate()
+    if routed >= TOKEN_MAJOR_POOL_MIN_LOAD:
+        # measured (H200, 2026-11-30, session 14, same runs, routed experts, ours alone): the narrow token-major build
+        # with the token pool (64 tokens on the wgmma M side, each math warpgroup 128 of the 256-row tile on N) took
+        # (a) 425 / 636 / 1050 / 2047 / 3903 us at 256 / 512 / 1024 / 2048 / 4096 tokens (expected largest expert
+        # 86 / 158 / 299 / 572 / 1108) against plain bn64's 448-457 / 757-780 / 1384-1395 / 2679-2703 / 5174-5193 and the
+        # wide token-major pool build's (session 13's default) 486-489 / 749-762 / 1217-1237 / 2237-2259 / 4270-4281;
+        # (b) 3418-3439 at 2048 (89) against bn64's 3726-3754, 5002 at 4096 (162) against the wide build's 5852; but
+        # 2689-2731 at (b) 1024 (50) against bn64's 2598-2619 and 336 at (a) 128 (48) against 329-331
+        # (benchmarks/results/2026-11-30_h200_session14/)
+        return MegaMoEConfig(64, max_stages(64), split_waves=0, lean_fences=True, pool=True, token_major=True).validate()
     return MegaMoEConfig(bn, max_stages(bn), split_waves=SPLIT_WAVES if num_tokens == 1 else 0,
                          lean_fences=True).validate()
 

@@ -955,18 +955,18 @@ def test_default_config_takes_the_lean_fences_build():
         assert "_lf" in M.default_config(m, experts, 8, 1).name
 
 
-def test_default_config_takes_the_wide_pool_block_from_the_threshold_load():
-    """bn128 + token pool + token-major once the expected largest routed expert reaches WIDE_POOL_MIN_LOAD (setting
-    (a), 32 experts: from 512 tokens; (b) 256 experts: at 4096; session 13: 8-10 % less time than the swapAB wide build
-    at (a) 1024-4096, ahead of bn64 at (a) 512, behind it at (a) 256); bn64 below it; the shared expert's load does not
-    count."""
-    for m, experts, wide in ((256, 32, False), (512, 32, True), (1024, 32, True), (4096, 32, True),
-                             (1024, 256, False), (2048, 256, False), (4096, 256, True)):
+def test_default_config_takes_the_token_major_pool_block_from_the_threshold_load():
+    """bn64 + token pool + token-major once the expected largest routed expert reaches TOKEN_MAJOR_POOL_MIN_LOAD
+    (setting (a), 32 experts: from ~192 tokens; (b) 256 experts: from ~1536; session 14: 4-15 % less time than plain
+    bn64 and the wide token-major pool build at (a) 256-4096 and (b) 2048 / 4096, 3-5 % more than bn64 at (b) 1024);
+    plain blocks below it; the shared expert's load does not count."""
+    for m, experts, tm in ((128, 32, False), (256, 32, True), (512, 32, True), (1024, 32, True), (4096, 32, True),
+                           (1024, 256, False), (2048, 256, True), (4096, 256, True)):
         c = M.default_config(m, experts, 8, 1)
-        assert (M.expected_max_load(m, experts, 8) >= M.WIDE_POOL_MIN_LOAD) == wide
-        if wide:
-            assert (c.block_n, c.pool, c.split_waves, c.lean_fences, c.token_major) == (M.WIDE_BN, True, 0, True, True)
-            assert c.name == f"bn{M.WIDE_BN}_s{M.max_stages(M.WIDE_BN)}_g{M.MAX_EXPERTS}_w0_lf_p_t"
+        assert (M.expected_max_load(m, experts, 8) >= M.TOKEN_MAJOR_POOL_MIN_LOAD) == tm
+        if tm:
+            assert (c.block_n, c.pool, c.split_waves, c.lean_fences, c.token_major) == (64, True, 0, True, True)
+            assert c.name == f"bn64_s{M.max_stages(64)}_g{M.MAX_EXPERTS}_w0_lf_p_t"
         else:
             assert c.block_n <= 64 and not c.pool and not c.token_major
         assert M.default_config(m, experts, 8, 0) == c  # the same block with or without the shared expert
