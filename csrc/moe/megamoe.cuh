@@ -277,7 +277,7 @@ struct Params {
     int32_t tasks_cap;
     int32_t blocks_cap;
     int32_t split_max_tiles;   // split every FC1 tile in two K halves when the call has at most this many
-    int32_t flags;             // kFlagFc1Only / kFlagNoCombine (diagnostics)
+    int32_t flags;             // kFlagFc1Only / kFlagNoCombine (diagnostics), kFlagEndCombine
     float shared_weight;       // fp32(1 / routed_scaling_factor)
     float routed_scaling;      // applied in the combine
 };
@@ -286,6 +286,8 @@ static_assert(sizeof(Params) == 232, "Params ABI: glm5_fastpath/moe/megamoe.py::
 
 constexpr int32_t kFlagFc1Only = 1;    // plan FC1 tasks only
 constexpr int32_t kFlagNoCombine = 2;  // FC2 writes its slot values; no combine counters, `out` untouched
+constexpr int32_t kFlagEndCombine = 4;  // pool builds: FC2 writes its slot values only; after a grid-wide count of the
+                                       // CTAs that finished their tasks (ctrl[6]) every math warp combines tiles
 
 // ---- private PTX helpers (one instruction each) ------------------------------------------------------
 
@@ -605,7 +607,7 @@ struct MegaMoE {
             for (int e = tid; e < E; e += kPlanThreads)
                 for (int r = s.cnt[e]; r < (s.cnt[e] + kPairAlign - 1) / kPairAlign * kPairAlign; ++r)
                     p.pair_list[s.off[e] + r] = -1;
-            if (tid == 0) p.ctrl[4] = s.totals[0], p.ctrl[5] = 0;
+            if (tid == 0) p.ctrl[4] = s.totals[0], p.ctrl[5] = 0, p.ctrl[6] = 0;
         }
     }
 
@@ -1110,7 +1112,12 @@ struct MegaMoE {
             const uint32_t tpar = (n / kTaskSlots) & 1u;
             sm90::mbar_wait<kTrapOutOfLine>(bar.tfull(slot), tpar);
             const int32_t desc = desc_ring[slot];
-            if (task_is_end(desc)) break;
+            if (task_is_end(desc)) {
+                if constexpr (kPool) {
+                    if (p.flags & kFlagEndCombine) end_combine(p, mt, lane);
+                }
+                break;
+            }
             if constexpr (kTrace) {
                 if (mt == 0) tr.put(n, 3, clock_cycles()), tr.put(n, 8, globaltimer_ns());
             }
@@ -1694,7 +1701,8 @@ struct MegaMoE {
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 13, clock_cycles());
         }
-        if (p.flags & kFlagNoCombine) return;  // diagnostics: slot values only (uniform branch)
+        if (p.flags & (kFlagNoCombine | kFlagEndCombine)) return;  // slot values only (uniform branch): diagnostics, or
+                                                                   // the end combine (end_combine)
         handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         constexpr int kCtrPerToken = kH / kRows;
@@ -1709,73 +1717,99 @@ struct MegaMoE {
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 14, clock_cycles());
         }
-        // One warp per finished token: lane owns kLaneCh consecutive channels of the tile's kRows (8: 16-byte loads;
-        // wide: 4, 8-byte loads).
-        constexpr int kLaneCh = kRows / 32, kLaneW = kLaneCh / 2;
+        // One warp per finished token (combine_tile).
         const int mw = mt >> 5;
         for (int col = mw; col < cnt; col += kMathThreads / 32) {
             if (!flag[col]) continue;
             handoff_fence();
-            const int t = code[col] >> 4;
-            const int64_t base = static_cast<int64_t>(t) * S * kH + rt * kRows + lane * kLaneCh;
-            // The slot loads go out 4 at a time (8 spill the bn64 build), then are summed in slot order. A loop over the
-            // runtime S issued one L2 round trip per slot: ~9 in a row per combined token, most of FC2's epilogue at
-            // 128+ tokens (session-10 trace).
-            float sum[kLaneCh];
+            combine_tile(p, code[col] >> 4, rt, lane);
+        }
+    }
+
+    // The combine of one (token, FC2 row tile): the sum of the token's S slot values in slot order (fp32) x rsf -> bf16
+    // out. One warp; lane owns kLaneCh consecutive channels of the tile's kRows (8: 16-byte loads; wide: 4, 8-byte
+    // loads). The caller has acquired every slot's values.
+    static GLM5_DEVICE void combine_tile(const Params& p, int t, int rt, int lane) {
+        constexpr int kLaneCh = kRows / 32, kLaneW = kLaneCh / 2;
+        const int S = p.num_slots;
+        const int64_t base = static_cast<int64_t>(t) * S * kH + rt * kRows + lane * kLaneCh;
+        // The slot loads go out 4 at a time (8 spill the bn64 build), then are summed in slot order. A loop over the
+        // runtime S issued one L2 round trip per slot: ~9 in a row per combined token, most of FC2's epilogue at
+        // 128+ tokens (session-10 trace).
+        float sum[kLaneCh];
 #pragma unroll
-            for (int i = 0; i < kLaneCh; ++i) sum[i] = 0.f;
-            if constexpr (kLaneW == 2) {
-                // wide: every slot's 8 bytes in flight at once (2 x kMaxSlots registers), one L2 round trip per combined
-                // token instead of one per 4 slots (session-13 trace at (a) 1024-4096: the combine phase went from
-                // 3.4-3.9 to 2.6-3.1 us per FC2 task; timed end to end only together with the pool copy change);
-                // summed in slot order as below
-                uint32_t v[kMaxSlots][2];
+        for (int i = 0; i < kLaneCh; ++i) sum[i] = 0.f;
+        if constexpr (kLaneW == 2) {
+            // wide: every slot's 8 bytes in flight at once (2 x kMaxSlots registers), one L2 round trip per combined
+            // token instead of one per 4 slots (session-13 trace at (a) 1024-4096: the combine phase went from
+            // 3.4-3.9 to 2.6-3.1 us per FC2 task; timed end to end only together with the pool copy change);
+            // summed in slot order as below
+            uint32_t v[kMaxSlots][2];
 #pragma unroll
-                for (int j = 0; j < kMaxSlots; ++j)
-                    if (j < S) ptx::ld_cg_v2(p.slots + base + static_cast<int64_t>(j) * kH, v[j][0], v[j][1]);
+            for (int j = 0; j < kMaxSlots; ++j)
+                if (j < S) ptx::ld_cg_v2(p.slots + base + static_cast<int64_t>(j) * kH, v[j][0], v[j][1]);
 #pragma unroll
-                for (int j = 0; j < kMaxSlots; ++j) {
-                    if (j < S) {
+            for (int j = 0; j < kMaxSlots; ++j) {
+                if (j < S) {
 #pragma unroll
-                        for (int i = 0; i < 2; ++i) {
-                            sum[2 * i] += ptx::bf16lo_to_f32(v[j][i]);
-                            sum[2 * i + 1] += ptx::bf16hi_to_f32(v[j][i]);
-                        }
+                    for (int i = 0; i < 2; ++i) {
+                        sum[2 * i] += ptx::bf16lo_to_f32(v[j][i]);
+                        sum[2 * i + 1] += ptx::bf16hi_to_f32(v[j][i]);
                     }
                 }
-            } else {  // narrow (kLaneW 4): 4 slots per round trip
-                for (int j0 = 0; j0 < S; j0 += 4) {
-                    uint32_t v[4][kLaneW];
+            }
+        } else {  // narrow (kLaneW 4): 4 slots per round trip
+            for (int j0 = 0; j0 < S; j0 += 4) {
+                uint32_t v[4][kLaneW];
 #pragma unroll
-                    for (int jj = 0; jj < 4; ++jj) {
-                        if (j0 + jj < S) {
-                            const uint16_t* src = p.slots + base + static_cast<int64_t>(j0 + jj) * kH;
-                            ptx::ld_cg_v4(src, v[jj][0], v[jj][1], v[jj][2], v[jj][3]);
-                        }
+                for (int jj = 0; jj < 4; ++jj) {
+                    if (j0 + jj < S) {
+                        const uint16_t* src = p.slots + base + static_cast<int64_t>(j0 + jj) * kH;
+                        ptx::ld_cg_v4(src, v[jj][0], v[jj][1], v[jj][2], v[jj][3]);
                     }
+                }
 #pragma unroll
-                    for (int jj = 0; jj < 4; ++jj) {
-                        if (j0 + jj < S) {
+                for (int jj = 0; jj < 4; ++jj) {
+                    if (j0 + jj < S) {
 #pragma unroll
-                            for (int i = 0; i < kLaneW; ++i) {
-                                sum[2 * i] += ptx::bf16lo_to_f32(v[jj][i]);
-                                sum[2 * i + 1] += ptx::bf16hi_to_f32(v[jj][i]);
-                            }
+                        for (int i = 0; i < kLaneW; ++i) {
+                            sum[2 * i] += ptx::bf16lo_to_f32(v[jj][i]);
+                            sum[2 * i + 1] += ptx::bf16hi_to_f32(v[jj][i]);
                         }
                     }
                 }
             }
-            uint32_t o[kLaneW];
-#pragma unroll
-            for (int i = 0; i < kLaneW; ++i)
-                o[i] = ptx::f32x2_to_bf16x2_rn(sum[2 * i] * p.routed_scaling, sum[2 * i + 1] * p.routed_scaling);
-            uint16_t* dst = p.out + static_cast<int64_t>(t) * kH + rt * kRows + lane * kLaneCh;
-            if constexpr (kLaneW == 4)
-                ptx::st_global_v4(dst, ptx::u32x4{o[0], o[1], o[2], o[3]});
-            else
-                ptx::st_global_v2(dst, o[0], o[1]);
-            if (lane == 0) red_relaxed_gpu_add(p.ctrl + 3, 1);  // diagnostics: output tiles combined
         }
+        uint32_t o[kLaneW];
+#pragma unroll
+        for (int i = 0; i < kLaneW; ++i)
+            o[i] = ptx::f32x2_to_bf16x2_rn(sum[2 * i] * p.routed_scaling, sum[2 * i + 1] * p.routed_scaling);
+        uint16_t* dst = p.out + static_cast<int64_t>(t) * kH + rt * kRows + lane * kLaneCh;
+        if constexpr (kLaneW == 4)
+            ptx::st_global_v4(dst, ptx::u32x4{o[0], o[1], o[2], o[3]});
+        else
+            ptx::st_global_v2(dst, o[0], o[1]);
+        if (lane == 0) red_relaxed_gpu_add(p.ctrl + 3, 1);  // diagnostics: output tiles combined
+    }
+
+    // The end combine (kFlagEndCombine, pool builds: all CTAs are resident, see the header): after its last task each
+    // CTA releases its slot stores and counts itself done (ctrl[6]); once every CTA has, the grid's math warps combine
+    // the M x H / kRows (token, row tile) items: CTA b takes tokens b, b + grid, ..., its 8 math warps a token's row
+    // tiles (a flat item index with / and % spilled 4 bytes in the bn64 swapAB pool build). Replaces the per-FC2-task
+    // combine counters and last-contributor combine (their latency on the math warps' path: ~3.9 us per FC2 task at
+    // (a) 4096 tokens, session-14 trace) by one bandwidth-bound pass; the same sums in the same order.
+    static GLM5_DEVICE void end_combine(const Params& p, int mt, int lane) {
+        handoff_fence();
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        if (mt == 0) red_release_gpu_add(p.ctrl + 6, 1);
+        const int32_t want = static_cast<int32_t>(gridDim.x);
+        if (lane == 0) spin_acquire_geq(p.ctrl + 6, want, [] {});
+        __syncwarp();
+        while (ld_acquire_gpu(p.ctrl + 6) < want) {  // each lane's own acquire (as for fc1_done)
+        }
+        constexpr int kCtrPerToken = kH / kRows, kMathWarps = kMathThreads / 32;
+        for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x)
+            for (int rt = mt >> 5; rt < kCtrPerToken; rt += kMathWarps) combine_tile(p, t, rt, lane);
     }
 
     // ---- the persistent kernel body -------------------------------------------------------------------

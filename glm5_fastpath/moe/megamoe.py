@@ -94,10 +94,12 @@ PAIR_ALIGN = 8
 SMEM_LIMIT = 232448  # 227 KB per block on sm_90
 FLAG_FC1_ONLY = 1      # plan FC1 tasks only (diagnostics)
 FLAG_NO_COMBINE = 2    # FC2 writes slot values only: no combine counters, `out` untouched (diagnostics)
+FLAG_END_COMBINE = 4   # MegaMoEConfig.end_combine: the combine as one grid-wide pass after the last task (pool builds)
 TASK_END = -1          # end-of-list sentinel (FC2 descriptors are negative int32: never test the sign)
 # ctrl[] entries of the workspace (megamoe.cuh Params::ctrl)
 CTRL_NUM_TASKS, CTRL_CLAIMS, CTRL_TASKS_DONE, CTRL_TILES_COMBINED = 0, 1, 2, 3
 CTRL_POOL_ROWS, CTRL_POOL_DONE = 4, 5  # pool build: pair rows to copy, copy warps done (POOL_COPY_WARPS per CTA)
+CTRL_END_DONE = 6     # pool build with end_combine: CTAs done with their tasks (the end combine waits for all)
 MAX_BLOCKS = 1 << 14   # 14-bit token-block field of a task
 SPLIT_MAX_BN = 16      # split-K FC1 tiles only for token blocks up to this (scratch: 2 x 256 x BN fp32 per tile)
 SPLIT_WAVES = 4        # split-K FC1 tiles when the call has at most this many waves of FC1 tiles (default_config: 1 token)
@@ -183,7 +185,11 @@ class MegaMoEConfig:
     diag:       a diagnostic build (megamoe.cuh GLM5_MEGAMOE_DIAG, name suffix "_d<mask>"): 1 no loads, 2 no epilogues,
                 4 no folds. Its outputs are meaningless: only `bench moe --configs` timing, to see where the time goes.
     token_major: the wide block with tokens on the wgmma's M side (megamoe.cuh GLM5_MEGAMOE_TOKEN_MAJOR; its own cubin,
-                name suffix "_t"; block_n 128 only): one FFMA per element in the fold instead of a per-column scale.
+                name suffix "_t"; block_n 64 or 128): one FFMA per element in the fold instead of a per-column scale.
+    end_combine: (pool builds; a runtime flag, the same cubin; name suffix "_e") FC2 tasks only store their slot values;
+                after its last task each CTA counts itself done, and once all have, every math warp of the grid combines
+                (token, row tile) items: no per-task combine counters, no last-contributor combine on the math warps'
+                path. The same sums in the same order (bitwise equal). Needs the pool build's co-resident grid.
     """
 
     block_n: int
@@ -194,6 +200,7 @@ class MegaMoEConfig:
     pool: bool = False
     diag: int = 0
     token_major: bool = False
+    end_combine: bool = False
 
     def validate(self) -> "MegaMoEConfig":
         if self.block_n not in BLOCK_NS:
@@ -211,6 +218,9 @@ class MegaMoEConfig:
             raise _fail(f"config diag={self.diag} must be a mask in 0..7 (1 no loads, 2 no epilogues, 4 no folds)")
         if self.token_major and self.block_n not in (64, WIDE_BN):
             raise _fail(f"config token_major needs block_n 64 or {WIDE_BN}, got {self.block_n}")
+        if self.end_combine and not self.pool:
+            raise _fail("config end_combine needs the token pool build (pool, name suffix _p): its grid-wide wait needs "
+                        "every CTA resident, which only the pool build guarantees")
         return self
 
     def split_max_tiles(self, num_sms: int) -> int:
@@ -227,22 +237,25 @@ class MegaMoEConfig:
     @property
     def name(self) -> str:
         return (f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}" + ("_lf" if self.lean_fences else "")
-                + ("_p" if self.pool else "") + ("_t" if self.token_major else "") + (f"_d{self.diag}" if self.diag else ""))
+                + ("_p" if self.pool else "") + ("_t" if self.token_major else "") + ("_e" if self.end_combine else "")
+                + (f"_d{self.diag}" if self.diag else ""))
 
     @classmethod
     def from_name(cls, name: str) -> "MegaMoEConfig":
-        """Inverse of .name ("bn16_s6_g512_w4[_lf][_p][_t][_d<mask>]"; "bn16" alone = deepest stages, defaults for the
-        rest)."""
-        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_p)?(_t)?(?:_d(\d))?", name)
+        """Inverse of .name ("bn16_s6_g512_w4[_lf][_p][_t][_e][_d<mask>]"; "bn16" alone = deepest stages, defaults for
+        the rest)."""
+        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_p)?(_t)?(_e)?(?:_d(\d))?", name)
         if m is None:
-            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf][_p][_t][_d<mask>]")
+            raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf][_p][_t][_e]"
+                        "[_d<mask>]")
         bn = int(m.group(1))
         if bn not in BLOCK_NS:
             raise _fail(f"config {name!r}: block_n={bn} is not supported (one of {BLOCK_NS})")
         st = int(m.group(2)) if m.group(2) else max_stages(bn)
         g = int(m.group(3)) if m.group(3) else MAX_EXPERTS
         w = int(m.group(4)) if m.group(4) else 4
-        return cls(bn, st, g, w, bool(m.group(5)), bool(m.group(6)), int(m.group(8) or 0), bool(m.group(7))).validate()
+        return cls(bn, st, g, w, bool(m.group(5)), bool(m.group(6)), int(m.group(9) or 0), bool(m.group(7)),
+                   bool(m.group(8))).validate()
 
 
 @functools.lru_cache(maxsize=None)
@@ -759,6 +772,8 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
     # the activation maps are read by the pool build only; the other builds get the w2 map as a stand-in
     tmpool, tmact = ((_rows_map(ws.pool, cfg.block_n, "pool"), _rows_map(ws.act, cfg.block_n, "act")) if cfg.pool
                      else (tm2, tm2))
+    if cfg.end_combine and not flags & (FLAG_FC1_ONLY | FLAG_NO_COMBINE):
+        flags |= FLAG_END_COMBINE
     p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
     plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
     main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra], smem=cfg.smem, pdl=True)
@@ -770,11 +785,11 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
               w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, num_shared: int,
               routed_scaling_factor: float, block_n: int, stages: int, group_size: int, split_waves: int,
               pdl: bool = True, lean_fences: bool = False, pool: bool = False, diag: int = 0,
-              token_major: bool = False) -> torch.Tensor:
+              token_major: bool = False, end_combine: bool = False) -> torch.Tensor:
     # the whole config first: a build the kernel does not support (e.g. token_major on a narrow block) must be a clear
     # error here, not an nvcc static_assert
     cfg = MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag),
-                        bool(token_major)).validate()
+                        bool(token_major), bool(end_combine)).validate()
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     m = x.shape[0]
@@ -788,9 +803,9 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
 @_mega_moe.register_fake
 def _mega_moe_fake(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared, routed_scaling_factor,
                    block_n, stages, group_size, split_waves, pdl=True, lean_fences=False, pool=False, diag=0,
-                   token_major=False):
+                   token_major=False, end_combine=False):
     MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag),
-                  bool(token_major)).validate()
+                  bool(token_major), bool(end_combine)).validate()
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     return x.new_empty((x.shape[0], wv.hidden), dtype=BF16)
@@ -814,7 +829,7 @@ def mega_moe(x_fp8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor,
                                             weights.w2, weights.w2_scale, weights.num_shared,
                                             float(routed_scaling_factor), config.block_n, config.stages,
                                             config.group_size, config.split_waves, pdl, config.lean_fences,
-                                            config.pool, config.diag, config.token_major)
+                                            config.pool, config.diag, config.token_major, config.end_combine)
 
 
 # ---- diagnostics ----------------------------------------------------------------------------------------
@@ -889,7 +904,8 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
     got.update(out=out, slots=ws.slots[:m].clone(), fc1_done=ws.fc1_done[:blocks].cpu().clone(),
                ctrl={"num_tasks": ctrl[CTRL_NUM_TASKS], "claims": ctrl[CTRL_CLAIMS],
                      "tasks_done": ctrl[CTRL_TASKS_DONE], "tiles_combined": ctrl[CTRL_TILES_COMBINED],
-                     "pool_rows": ctrl[CTRL_POOL_ROWS], "pool_done": ctrl[CTRL_POOL_DONE]},
+                     "pool_rows": ctrl[CTRL_POOL_ROWS], "pool_done": ctrl[CTRL_POOL_DONE],
+                     "end_done": ctrl[CTRL_END_DONE]},
                combine_ctr_sum=int(ws.combine_ctr.abs().sum()), grid=_sms(dev), config=cfg.name)
     return got
 
@@ -1098,12 +1114,14 @@ def precompile(weights: MegaMoEWeights, topk: int = 8, max_tokens: int = 256, de
 
 def compile_check_specs() -> list[KernelSpec]:
     """Variants for scripts/compile_check.py: GLM-5 dims with every token block (deepest ring), both fence builds
-    (default_config takes the lean one), the small preset (H 512, I 128), three pool builds, three diagnostic builds
-    (all parts off) and one trace build."""
+    (default_config takes the lean one), the small preset (H 512, I 128), three pool builds, three token-major builds
+    (bn64 with and without the pool, bn128 with it), three diagnostic builds (all parts off) and one trace build."""
     specs = [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=lf) for lf in (True, False) for bn in BLOCK_NS]
     specs += [kernel_spec(512, 128, 16, max_stages(16), lean_fences=lf) for lf in (True, False)]
     specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, pool=True) for bn in (16, 64, WIDE_BN)]
-    specs.append(kernel_spec(6144, 2048, WIDE_BN, max_stages(WIDE_BN), lean_fences=True, pool=True, token_major=True))
+    specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, pool=True, token_major=True)
+              for bn in (64, WIDE_BN)]
+    specs.append(kernel_spec(6144, 2048, 64, max_stages(64), lean_fences=True, token_major=True))
     specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, diag=7) for bn in (16, 64, WIDE_BN)]
     specs.append(trace_spec(6144, 2048, 64, max_stages(64)))  # the trace build compiles too
     return specs

@@ -1139,6 +1139,84 @@ def test_gpu_token_major_equals_the_wide_build_bitwise(m, e_local, kind, pool, b
         assert_equal(OP + f" token-major launch {i}", again, want["out"], context=f"{m=} {pool=}")
 
 
+# ---- the end combine (one grid-wide combine pass after the last task; pool builds) ------------------------------
+
+def test_end_combine_config_name_and_validation():
+    c = M.MegaMoEConfig(64, M.max_stages(64), M.MAX_EXPERTS, 0, lean_fences=True, pool=True, token_major=True,
+                        end_combine=True)
+    assert c.name == "bn64_s5_g512_w0_lf_p_t_e" and M.MegaMoEConfig.from_name(c.name) == c
+    assert M.MegaMoEConfig.from_name("bn16_s6_g512_w4_lf_p_e_d3") == M.MegaMoEConfig(16, 6, M.MAX_EXPERTS, 4, True, True,
+                                                                                      3, False, True)
+    # a runtime flag: the same cubin as without it
+    assert c.spec(6144, 2048) == dataclasses.replace(c, end_combine=False).spec(6144, 2048)
+    with pytest.raises(M.MegaMoEInputError, match="end_combine needs the token pool"):
+        M.MegaMoEConfig(64, 5, end_combine=True).validate()
+    with pytest.raises(M.MegaMoEInputError, match="end_combine needs the token pool"):
+        M.MegaMoEConfig.from_name("bn64_s5_g512_w0_lf_e")
+    assert not any(M.default_config(m, e, 8, 1).end_combine for m in (1, 64, 512, 4096) for e in (32, 256))
+
+
+def test_op_refuses_end_combine_without_the_pool():
+    """The custom op validates end_combine like the other config fields, before anything compiles (the fake too)."""
+    d = _meta_inputs()
+    with pytest.raises(M.MegaMoEInputError, match="end_combine"):
+        torch.ops.glm5_fastpath.mega_moe(d["x"], d["x_scale"], d["topk_ids"], d["topk_weights"], d["w13"],
+                                         d["w13_scale"], d["w2"], d["w2_scale"], 1, 2.5, 64, 5, M.MAX_EXPERTS, 0, True,
+                                         True, False, 0, False, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["bn64_s5_g512_w0_lf_p_t", "bn64_s5_g512_w0_lf_p", "bn128_s6_g512_w0_lf_p_t",
+                                  "bn16_s6_g512_w4_lf_p"])
+@pytest.mark.parametrize("m, e_local, kind", [(1, 32, "uniform"), (3, 256, "uniform"), (33, 32, "skewed"),
+                                              (256, 32, "uniform"), (1024, 256, "skewed"), (4096, 32, "uniform")])
+def test_gpu_end_combine_equals_the_per_task_combine_bitwise(m, e_local, kind, name):
+    """The end combine sums the same bf16 slot values in the same slot order with the same fp32 arithmetic as the
+    per-task last-contributor combine, so the outputs must be identical bit for bit; the output is poisoned first
+    (debug_run), every (token, row tile) is combined exactly once, every CTA counted itself done, the per-task
+    combine counters stay at zero, and repeated launches agree (a missing release / acquire around the grid-wide
+    count would show as stale slot values in some launch)."""
+    _, wt = _weights(e_local)
+    x8, xs, ids, wts = _inputs(m, e_local, 8, kind, seed=9100 + m)
+    base = M.MegaMoEConfig.from_name(name)
+    end = dataclasses.replace(base, end_combine=True)
+    want = M.debug_run(x8, xs, ids, wts, wt, config=base)
+    got = M.debug_run(x8, xs, ids, wts, wt, config=end)
+    c = got["ctrl"]
+    assert c["tasks_done"] == c["num_tasks"] and c["end_done"] == got["grid"] and got["combine_ctr_sum"] == 0, c
+    assert c["tiles_combined"] == m * wt.hidden // M.stage_rows(base.block_n), c
+    for key in ("slots", "out"):
+        assert_equal(OP + f" end combine {key}", got[key], want[key], context=f"{m=} {e_local=} {kind=} {name}")
+    for i in range(5):
+        again = M.mega_moe(x8, xs, ids, wts, wt, config=end)
+        assert_equal(OP + f" end combine launch {i}", again, want["out"], context=f"{m=} {name}")
+
+
+@pytest.mark.gpu
+def test_gpu_end_combine_cuda_graph_replay():
+    """The grid-wide done count (ctrl[6]) is zeroed by the plan kernel of every launch: graph replays with changing
+    inputs keep matching eager launches (a count left over from the previous replay would let the combine start
+    before the slot values are there)."""
+    _, wt = _weights(32)
+    m = 200
+    cfg = M.MegaMoEConfig.from_name("bn64_s5_g512_w0_lf_p_t_e")
+    M.precompile(wt, topk=8, max_tokens=256, configs=[cfg])
+    x8, xs, ids, wts = _inputs(m, 32, 8, "uniform", seed=31)
+    sx8, sxs, sids, swts = x8.clone(), xs.clone(), ids.clone(), wts.clone()
+    M.mega_moe(sx8, sxs, sids, swts, wt, config=cfg)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = M.mega_moe(sx8, sxs, sids, swts, wt, config=cfg)
+    for seed in range(32, 38):
+        nx8, nxs, nids, nwts = _inputs(m, 32, 8, "skewed" if seed % 2 else "uniform", seed=seed)
+        sx8.copy_(nx8), sxs.copy_(nxs), sids.copy_(nids), swts.copy_(nwts)
+        g.replay()
+        torch.cuda.synchronize()
+        eager = M.mega_moe(nx8, nxs, nids, nwts, wt, config=dataclasses.replace(cfg, end_combine=False))
+        assert_equal(OP + " end combine graph replay", out, eager, context=f"{seed=}")
+
+
 # ---- diagnostic builds (diag: parts of the kernel removed, for timing only) -----------------------------------
 
 def test_diag_config_name_spec_and_validation():
