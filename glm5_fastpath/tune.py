@@ -123,8 +123,9 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
        larger), each with the deepest stages and the default's split_waves;
     4. the split twins of those, under the same rule as 2.
     Only block_n <= SPLIT_MAX_BN splits at all, so larger blocks never get a twin. From an expected largest routed
-    expert of megamoe.TOKEN_MAJOR_POOL_MIN_LOAD tokens the default is bn64's token-major pool build; its alternatives
-    are plain bn64 and the wide token-major pool build (WIDE_BN, the default there in session 13). The wide block is
+    expert of megamoe.TOKEN_MAJOR_POOL_MIN_LOAD tokens the default is bn64's token-major pool build with the end
+    combine; its alternatives are plain bn64 and the wide token-major pool build (WIDE_BN, the default there in
+    session 13) with the end combine. The wide block is
     no candidate otherwise: its cp.async build took 1.15-1.35x bn64's time at 256-4096 tokens (H200, session 11), and
     bn64's token-major pool build beat its token-major pool build at every bucket from (a) 256 (session 14); time
     other combinations with `bench moe --configs`.
@@ -144,9 +145,9 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
     primary = [d] + [MM.MegaMoEConfig(b, MM.max_stages(b), split_waves=d.split_waves,
                                       lean_fences=d.lean_fences).validate() for b in near]
     if d.token_major:  # the token-major pool default: plain bn64 and the wide token-major pool build are its alternatives
-        primary = [d, replace(d, pool=False, token_major=False).validate(),
+        primary = [d, replace(d, pool=False, token_major=False, end_combine=False).validate(),
                    MM.MegaMoEConfig(MM.WIDE_BN, MM.max_stages(MM.WIDE_BN), split_waves=0, lean_fences=d.lean_fences,
-                                    pool=True, token_major=True).validate()]
+                                    pool=True, token_major=True, end_combine=d.end_combine).validate()]
 
     def twin(c: Any) -> Any | None:
         t = replace(c, split_waves=0 if c.split_waves else MM.SPLIT_WAVES).validate()

@@ -337,7 +337,7 @@ def test_moe_candidates_take_the_wide_block_only_as_an_alternative_of_the_token_
         for experts in (32, 256):
             cands = tune.moe_candidates(m, 4, experts=experts)
             if MM.expected_max_load(m, experts, 8) >= MM.TOKEN_MAJOR_POOL_MIN_LOAD:
-                assert [c.name for c in cands] == ["bn64_s5_g512_w0_lf_p_t", "bn64_s5_g512_w0_lf",
-                                                   "bn128_s6_g512_w0_lf_p_t"], (m, experts)
+                assert [c.name for c in cands] == ["bn64_s5_g512_w0_lf_p_t_e", "bn64_s5_g512_w0_lf",
+                                                   "bn128_s6_g512_w0_lf_p_t_e"], (m, experts)
             else:
                 assert all(c.block_n != MM.WIDE_BN and not c.pool for c in cands), (m, experts)

@@ -1808,8 +1808,10 @@ struct MegaMoE {
         while (ld_acquire_gpu(p.ctrl + 6) < want) {  // each lane's own acquire (as for fc1_done)
         }
         constexpr int kCtrPerToken = kH / kRows, kMathWarps = kMathThreads / 32;
-        for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x)
+        for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+            if (token_masked(p, t)) continue;  // a padding row: no slot values; the plan kernel zeroed its output
             for (int rt = mt >> 5; rt < kCtrPerToken; rt += kMathWarps) combine_tile(p, t, rt, lane);
+        }
     }
 
     // ---- the persistent kernel body -------------------------------------------------------------------

@@ -29,8 +29,9 @@ Kernels (csrc/moe/megamoe.{cuh,cu}; design notes in the .cuh header):
   each stage's activations are one TMA box). A third, token_major, runs the wide mode with the wgmma operands
   swapped (tokens on M, weight rows on N: per-row scales, one FFMA per element in the fold), in the wide block
   (session 13) and in the narrow one (bn64: both math warpgroups share the 64 token rows, each takes 128 of the 256
-  weight rows; session 14). default_config takes bn64 + pool + token_major from an expected largest routed expert
-  of TOKEN_MAJOR_POOL_MIN_LOAD tokens; the other combinations are opt-in.
+  weight rows; session 14). default_config takes bn64 + pool + token_major + end_combine (the combine as one grid-wide
+  pass after the last task, below) from an expected largest routed expert of TOKEN_MAJOR_POOL_MIN_LOAD tokens; the
+  other combinations are opt-in.
 
 Combine (deterministic): the FC2 epilogue writes bf16 y per (token, slot) into a slot buffer
 [max_tokens, S, H]; a per-(token, 256-column tile; wide mode 128) counter tells the last of the S contributors, which
@@ -295,8 +296,9 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
     (a 256-row x 128-token tile spills, see the .cuh), and at 32 up to 128 tokens when only the shared expert needs more
     (measured faster, see below). Decode is weight-bandwidth bound, so MMA padding is free there. From an expected
     largest routed expert of TOKEN_MAJOR_POOL_MIN_LOAD tokens (setting (a) from ~256 tokens, (b) from ~2048), bn64's
-    token-major build with the token pool instead (tokens on the wgmma M side: one FFMA per element in the fold; one
-    TMA box of activations per stage): measured faster than plain bn64 and than the wide block (WIDE_BN) there. The
+    token-major build with the token pool and the end combine instead (tokens on the wgmma M side: one FFMA per element
+    in the fold; one TMA box of activations per stage; one combine pass at the end): measured faster than plain bn64
+    and than the wide block (WIDE_BN) there. The
     pool build needs every CTA of the persistent grid resident at once (its grid-wide copy wait;
     MegaMoEConfig.pool).
     Stages: the deepest ring that fits. Group size: one group (all FC1 tasks first). Split-K FC1 tiles
@@ -329,8 +331,11 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
         # wide token-major pool build's (session 13's default) 486-489 / 749-762 / 1217-1237 / 2237-2259 / 4270-4281;
         # (b) 3418-3439 at 2048 (89) against bn64's 3726-3754, 5002 at 4096 (162) against the wide build's 5852; but
         # 2689-2731 at (b) 1024 (50) against bn64's 2598-2619 and 336 at (a) 128 (48) against 329-331
-        # (benchmarks/results/2026-11-30_h200_session14/)
-        return MegaMoEConfig(64, max_stages(64), split_waves=0, lean_fences=True, pool=True, token_major=True).validate()
+        # (benchmarks/results/2026-11-30_h200_session14/). With the end combine (one grid-wide combine pass after the
+        # last task, same run, c4): (a) 407 / 596 / 1032 / 1917 / 3766 us at 256-4096 against 418-424 / 609-616 /
+        # 1072-1078 / 2006-2008 / 3856-3870 (2.5-4.5 % less), (b) 1024 / 4096 4-5 % / 2-4 % less, (b) 2048 1.5-2.8 % more
+        return MegaMoEConfig(64, max_stages(64), split_waves=0, lean_fences=True, pool=True, token_major=True,
+                             end_combine=True).validate()
     return MegaMoEConfig(bn, max_stages(bn), split_waves=SPLIT_WAVES if num_tokens == 1 else 0,
                          lean_fences=True).validate()
 
