@@ -109,6 +109,10 @@ def fc1_split(cfg: Any, counts: Sequence[int], m: int, num_sms: int = 132, inter
     return blocks * (2 * inter // MM.TILE_ROWS) <= limit
 
 
+# expected largest routed expert from which tune also times bn64's token-major build (below the default's threshold)
+TOKEN_MAJOR_CANDIDATE_MIN_LOAD = 40
+
+
 def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, counts: Sequence[int] | None = None,
                    experts: int = MOE_EXPERTS, topk: int = MOE_TOPK, num_shared: int = MOE_SHARED,
                    inter: int = 2048) -> list[Any]:
@@ -122,7 +126,9 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
        shared expert may span several token blocks), nearest to the default's block_n first (ties: the
        larger), each with the deepest stages and the default's split_waves;
     4. the split twins of those, under the same rule as 2.
-    Only block_n <= SPLIT_MAX_BN splits at all, so larger blocks never get a twin. From an expected largest routed
+    Only block_n <= SPLIT_MAX_BN splits at all, so larger blocks never get a twin. A bn64 default from an expected
+    largest routed expert of TOKEN_MAJOR_CANDIDATE_MIN_LOAD tokens gets its token-major build as the first
+    alternative. From an expected largest routed
     expert of megamoe.TOKEN_MAJOR_POOL_MIN_LOAD tokens the default is bn64's token-major pool build with the end
     combine; its alternatives are plain bn64 and the wide token-major pool build (WIDE_BN, the default there in
     session 13) with the end combine. The wide block is
@@ -144,6 +150,10 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
                   key=lambda b: (abs(MM.BLOCK_NS.index(b) - i0), -b))
     primary = [d] + [MM.MegaMoEConfig(b, MM.max_stages(b), split_waves=d.split_waves,
                                       lean_fences=d.lean_fences).validate() for b in near]
+    if d.block_n == 64 and not d.token_major and load >= TOKEN_MAJOR_CANDIDATE_MIN_LOAD:
+        # bn64's token-major build (no pool) right after the default: 3-4 % faster at (a) 128 / 192 tokens (expected
+        # largest expert 48 / 67) in four runs, 2-5 % slower or even at (b) 1024 (50) (H200, session 14); a tuner's call
+        primary.insert(1, replace(d, token_major=True).validate())
     if d.token_major:  # the token-major pool default: plain bn64 and the wide token-major pool build are its alternatives
         primary = [d, replace(d, pool=False, token_major=False, end_combine=False).validate(),
                    MM.MegaMoEConfig(MM.WIDE_BN, MM.max_stages(MM.WIDE_BN), split_waves=0, lean_fences=d.lean_fences,

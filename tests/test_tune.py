@@ -341,3 +341,8 @@ def test_moe_candidates_take_the_wide_block_only_as_an_alternative_of_the_token_
                                                    "bn128_s6_g512_w0_lf_p_t_e"], (m, experts)
             else:
                 assert all(c.block_n != MM.WIDE_BN and not c.pool for c in cands), (m, experts)
+                # bn64 defaults near the threshold: the token-major twin is the first alternative
+                tm = cands[0].block_n == 64 and MM.expected_max_load(m, experts, 8) >= tune.TOKEN_MAJOR_CANDIDATE_MIN_LOAD
+                assert [c.token_major for c in cands] == [False, True] + [False] * (len(cands) - 2) if tm else \
+                    not any(c.token_major for c in cands), (m, experts, [c.name for c in cands])
+    assert [c.name for c in tune.moe_candidates(128, 4, experts=32)][:2] == ["bn64_s5_g512_w0_lf", "bn64_s5_g512_w0_lf_t"]
