@@ -48,7 +48,8 @@
 //
 // Counters (graph-replay safe, no memset): the plan kernel (which waits for the previous grid with
 // griddepcontrol.wait) zeroes the claim counter and the fc1_done counters it uses; the combine
-// counters return to zero when their last contributor resets them. Diagnostics: after a launch
+// counters return to zero when their last contributor resets them (the end combine, kFlagEndCombine, uses none: its
+// grid-wide done count ctrl[6] is zeroed by the plan kernel like ctrl[5]). Diagnostics: after a launch
 // ctrl[2] (tasks finished) == ctrl[0] (tasks planned), ctrl[1] (claims) == ctrl[0] + grid size
 // (each CTA's last claim finds the end), ctrl[3] (output tiles combined) == M * H / stage_rows(kBN).
 #pragma once

@@ -36,7 +36,8 @@ Kernels (csrc/moe/megamoe.{cuh,cu}; design notes in the .cuh header):
 Combine (deterministic): the FC2 epilogue writes bf16 y per (token, slot) into a slot buffer
 [max_tokens, S, H]; a per-(token, 256-column tile; wide mode 128) counter tells the last of the S contributors, which
 sums the S slots in slot order (fp32), multiplies by rsf and writes the bf16 output. Same slot order and
-roundings as the reference's moe_sum_reduce, so repeated runs are bitwise identical.
+roundings as the reference's moe_sum_reduce, so repeated runs are bitwise identical. The end combine (end_combine,
+pool builds) does the same sums in one grid-wide pass after every CTA's last task instead (no counters).
 
 Weights: the kernel reads the stacked checkpoint layout as it is (SGLang's w13_weight [E_tot, 2I, H]
 gate || up, w2_weight [E_tot, H, I], their block scales; routed experts 0..E-1, then the shared expert):
