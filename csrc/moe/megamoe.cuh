@@ -1702,8 +1702,8 @@ struct MegaMoE {
         if constexpr (kTrace) {
             if (mt == 0) tr.put(n, 13, clock_cycles());
         }
-        if (p.flags & (kFlagNoCombine | kFlagEndCombine)) return;  // slot values only (uniform branch): diagnostics, or
-                                                                   // the end combine (end_combine)
+        // slot values only (uniform branch): diagnostics, or the end combine (end_combine; pool builds)
+        if (p.flags & (kPool ? kFlagNoCombine | kFlagEndCombine : kFlagNoCombine)) return;
         handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         constexpr int kCtrPerToken = kH / kRows;
