@@ -101,12 +101,6 @@ constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
 #define GLM5_MEGAMOE_LOADER_WARPS 3
 #endif
 constexpr int kLoaderWarps = GLM5_MEGAMOE_LOADER_WARPS;
-// Token-major builds, an A/B experiment (GLM5_MEGAMOE_TM_SKEW = SM clocks, 0 = off): math warpgroup 1 starts each K loop
-// this much later than warpgroup 0. Both wait on the same stage barriers and fold right after their wgmma wait; in
-// lockstep both fold at once and the tensor pipe idles meanwhile; skewed, one's fold can run under the other's wgmma.
-#ifndef GLM5_MEGAMOE_TM_SKEW
-#define GLM5_MEGAMOE_TM_SKEW 0
-#endif
 // Warps per CTA that copy the token pool at kernel start (pool builds): the loader warps and the 8 math warps (the math
 // has nothing to do before the pool is complete, and its registers hold a whole row's loads in flight).
 constexpr int kPoolCopyWarps = kLoaderWarps + 8;
@@ -959,13 +953,6 @@ struct MegaMoE {
         // two temporaries: both halves' wgmma in flight (kN <= 64: 2 x 32 + 2 x 32 fragment floats); wide: one half,
         // one temporary (64 + 64), and the other math warpgroup's wgmma overlaps this one's fold
         float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
-        if constexpr (kTokenMajor && GLM5_MEGAMOE_TM_SKEW > 0) {
-            if (wg == 1) {
-                const int64_t t0 = clock_cycles();
-                while (clock_cycles() - t0 < GLM5_MEGAMOE_TM_SKEW) {
-                }
-            }
-        }
         for (int kb = 0; kb < nk; ++kb, ++it) {
             const int s = it % kStages;
             const float cur_lo = s_lo, cur_hi = s_hi;
