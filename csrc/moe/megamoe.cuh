@@ -101,12 +101,6 @@ constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
 #define GLM5_MEGAMOE_LOADER_WARPS 3
 #endif
 constexpr int kLoaderWarps = GLM5_MEGAMOE_LOADER_WARPS;
-// The narrow token-major K loop as two n64 halves in a software pipeline (GLM5_MEGAMOE_TM_PIPE=1, an A/B experiment):
-// each half's fold runs while the other half's wgmma group is in flight (k_loop_tm_pipe). Same registers (two 32-float
-// temporaries instead of one of 64), same per-element products and fold order.
-#ifndef GLM5_MEGAMOE_TM_PIPE
-#define GLM5_MEGAMOE_TM_PIPE 0
-#endif
 // Warps per CTA that copy the token pool at kernel start (pool builds): the loader warps and the 8 math warps (the math
 // has nothing to do before the pool is complete, and its registers hold a whole row's loads in flight).
 constexpr int kPoolCopyWarps = kLoaderWarps + 8;
@@ -928,25 +922,6 @@ struct MegaMoE {
         }
     }
 
-    // fold_tm on one n64 half h (column groups 8 h .. 8 h + 7; the group parity, lo / hi scale, is the same as there)
-    template <int kHalf>
-    static GLM5_DEVICE void fold_tm_half(float (&acc)[kNAcc], const float (&tmp)[kNAcc / 2], float p_lo0, float p_hi0,
-                                         float p_lo1, float p_hi1) {
-        if constexpr (kNoFold) {
-            acc[0] += tmp[0];
-            return;
-        }
-#pragma unroll
-        for (int j = 0; j < kNJ / 2; ++j) {
-            const float s0 = (j & 1) ? p_hi0 : p_lo0, s1 = (j & 1) ? p_hi1 : p_lo1;
-            float* a = acc + 4 * (kNJ / 2 * kHalf + j);
-            a[0] = fmaf(tmp[4 * j + 0], s0, a[0]);
-            a[1] = fmaf(tmp[4 * j + 1], s0, a[1]);
-            a[2] = fmaf(tmp[4 * j + 2], s1, a[2]);
-            a[3] = fmaf(tmp[4 * j + 3], s1, a[3]);
-        }
-    }
-
     template <int kN>
     static GLM5_DEVICE void issue_half(float (&t)[kN / 2], uint32_t a_addr, uint32_t b_addr) {
 #pragma unroll
@@ -1080,64 +1055,6 @@ struct MegaMoE {
         }
     }
 
-    // The narrow token-major K loop by n64 halves (GLM5_MEGAMOE_TM_PIPE): per stage, half A (weight rows 0-63 of this
-    // warpgroup's 128) and half B (64-127) are two wgmma groups; A is folded while B runs, then B. Every group retires
-    // inside its stage: ptxas tracks wgmma groups only within a loop iteration (a group left in flight across the back
-    // edge got a full warpgroup.wait injected before its first use, C7517, or serialized every wgmma, C7514). Every
-    // element gets the same products in the same order as k_loop's token-major branch.
-    static GLM5_DEVICE void k_loop_tm_pipe(uint8_t* sm, uint32_t sbase, const Bars& bar, int nk, uint32_t& it, int wg,
-                                           int lane, const float* s_lo_ptr, const float* s_hi_ptr, float (&acc)[kNAcc],
-                                           [[maybe_unused]] const TraceBuf& tr, [[maybe_unused]] int n, int mt,
-                                           [[maybe_unused]] int pass, [[maybe_unused]] KClocks& clk) {
-        constexpr int kHalfN = kTmN / 2;
-        const int tok = 16 * ((mt >> 5) & 3) + (lane >> 2);  // this thread's token rows tok, tok + 8
-        const float* sa_base = reinterpret_cast<const float*>(sm + L::kSA);
-        float s_lo = __ldg(s_lo_ptr), s_hi = __ldg(s_hi_ptr);
-        for (int kb = 0; kb < nk; ++kb, ++it) {
-            const int s = it % kStages;
-            const float cur_lo = s_lo, cur_hi = s_hi;
-            if (kb + 1 < nk) s_lo = __ldg(s_lo_ptr + kb + 1), s_hi = __ldg(s_hi_ptr + kb + 1);
-            [[maybe_unused]] const uint32_t c0 = trace_clock();
-            sm90::mbar_wait<kTrapOutOfLine>(bar.full(s), (it / kStages) & 1u);
-            if constexpr (kTrace) {
-                if (kb > 0 || pass > 0) clk.stage_wait += trace_clock() - c0;
-                if (mt == 0 && kb == 0 && pass == 0) tr.put(n, 4, clock_cycles());
-            }
-            const uint32_t x_addr = sbase + L::kA + s * L::kAStage;
-            const uint32_t w_addr = sbase + L::kW + s * L::kWStage + wg * (kRows / 2 * kBK);
-            const float r0 = sa_base[s * kBN + tok], r1 = sa_base[s * kBN + tok + 8];
-            float tA[kNAcc / 2], tB[kNAcc / 2];
-            sm90::wgmma_fence();
-            issue_half<kHalfN>(tA, x_addr, w_addr);
-            sm90::wgmma_commit();
-            issue_half<kHalfN>(tB, x_addr, w_addr + kHalfN * kBK);
-            sm90::wgmma_commit();
-            // (x_scale * w_scale in this order, as fold's: the same fp32 products)
-            const float p_lo0 = r0 * cur_lo, p_hi0 = r0 * cur_hi, p_lo1 = r1 * cur_lo, p_hi1 = r1 * cur_hi;
-            [[maybe_unused]] const uint32_t c1 = trace_clock();
-            sm90::wgmma_wait<1>();  // A done, B in flight
-            sm90::fence_operands(tA);
-            [[maybe_unused]] const uint32_t c2 = trace_clock();
-            fold_tm_half<0>(acc, tA, p_lo0, p_hi0, p_lo1, p_hi1);
-            [[maybe_unused]] const uint32_t c3 = trace_clock();
-            sm90::wgmma_wait<0>();
-            sm90::fence_operands(tB);
-            [[maybe_unused]] const uint32_t c4 = trace_clock();
-            fold_tm_half<1>(acc, tB, p_lo0, p_hi0, p_lo1, p_hi1);
-            if constexpr (kTrace) {
-                sm90::fence_operands(acc);
-                clk.mma_wait += (c2 - c1) + (c4 - c3), clk.fold += (c3 - c2) + (trace_clock() - c4);
-            }
-            __syncwarp();
-            if (lane == 0) sm90::mbar_arrive(bar.empty(s));
-        }
-        if constexpr (kTrace) {
-            if (mt == 0)
-                tr.put(n, 5, clock_cycles()), tr.put(n, 10, clk.stage_wait), tr.put(n, 16, clk.mma_wait),
-                    tr.put(n, 17, clk.fold);
-        }
-    }
-
     // A cannot-happen stop in the math warpgroups' code. The wide build traps out of line (and waits with
     // mbar_wait<true>): an inline trap there capped ptxas at the 168-register launch allocation and the build spilled
     // (arch.cuh trap_out_of_line); the narrow builds keep the inline trap (their register allocation, measured).
@@ -1153,10 +1070,6 @@ struct MegaMoE {
                                          int wg, int lane, int t4, const float* s_lo_ptr, const float* s_hi_ptr,
                                          float (&acc0)[kNAcc], float (&acc1)[kNAcc1], const TraceBuf& tr, int n, int mt,
                                          int pass, KClocks& clk) {
-        if constexpr (kTokenMajor && !kWide && GLM5_MEGAMOE_TM_PIPE) {
-            k_loop_tm_pipe(sm, sbase, bar, nk, it, wg, lane, s_lo_ptr, s_hi_ptr, acc0, tr, n, mt, pass, clk);
-            return;
-        }
         if constexpr (kTokenMajor) {  // N = the stage's 128 weight rows, whatever the live tokens
             // warpgroup 1's 64 token rows are all padding when the block holds at most 64 tokens (width <= 64): it
             // then only consumes the stages (its accumulator stays zero; no row of it is stored)
