@@ -127,12 +127,11 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
        larger), each with the deepest stages and the default's split_waves;
     4. the split twins of those, under the same rule as 2.
     Only block_n <= SPLIT_MAX_BN splits at all, so larger blocks never get a twin. A bn64 default from an expected
-    largest routed expert of TOKEN_MAJOR_CANDIDATE_MIN_LOAD tokens gets its token-major build as the first
-    alternative. From an expected largest routed
-    expert of megamoe.TOKEN_MAJOR_POOL_MIN_LOAD tokens the default is bn64's token-major pool build with the end
-    combine; its alternatives are plain bn64 and the wide token-major pool build (WIDE_BN, the default there in
-    session 13) with the end combine. The wide block is
-    no candidate otherwise: its cp.async build took 1.15-1.35x bn64's time at 256-4096 tokens (H200, session 11), and
+    largest routed expert of TOKEN_MAJOR_CANDIDATE_MIN_LOAD tokens gets bn64's token-major build (no pool) as the
+    first alternative. From megamoe.TOKEN_MAJOR_POOL_MIN_LOAD tokens the default is bn64's token-major pool build with
+    the end combine; its alternatives are bn64's token-major build without the pool, plain bn64 and the wide
+    token-major pool build (WIDE_BN, the default there in session 13) with the end combine. The wide block is no
+    candidate otherwise: its cp.async build took 1.15-1.35x bn64's time at 256-4096 tokens (H200, session 11), and
     bn64's token-major pool build beat its token-major pool build at every bucket from (a) 256 (session 14); time
     other combinations with `bench moe --configs`.
     """
@@ -150,12 +149,14 @@ def moe_candidates(m: int, n: int = MOE_CANDIDATES, *, num_sms: int = 132, count
                   key=lambda b: (abs(MM.BLOCK_NS.index(b) - i0), -b))
     primary = [d] + [MM.MegaMoEConfig(b, MM.max_stages(b), split_waves=d.split_waves,
                                       lean_fences=d.lean_fences).validate() for b in near]
+    # bn64's token-major build without the pool: 3-4 % faster than plain bn64 at (a) 128 tokens (expected largest
+    # expert 48) and than both plain bn64 and the token-major pool default at (a) 192 (67), in every run; 2-5 % slower
+    # or even at (b) 1024 (50) (H200, session 14): a tuner's call
     if d.block_n == 64 and not d.token_major and load >= TOKEN_MAJOR_CANDIDATE_MIN_LOAD:
-        # bn64's token-major build (no pool) right after the default: 3-4 % faster at (a) 128 / 192 tokens (expected
-        # largest expert 48 / 67) in four runs, 2-5 % slower or even at (b) 1024 (50) (H200, session 14); a tuner's call
         primary.insert(1, replace(d, token_major=True).validate())
-    if d.token_major:  # the token-major pool default: plain bn64 and the wide token-major pool build are its alternatives
-        primary = [d, replace(d, pool=False, token_major=False, end_combine=False).validate(),
+    if d.token_major:  # the token-major pool default
+        primary = [d, replace(d, pool=False, end_combine=False).validate(),
+                   replace(d, pool=False, token_major=False, end_combine=False).validate(),
                    MM.MegaMoEConfig(MM.WIDE_BN, MM.max_stages(MM.WIDE_BN), split_waves=0, lean_fences=d.lean_fences,
                                     pool=True, token_major=True, end_combine=d.end_combine).validate()]
 

@@ -330,15 +330,15 @@ def test_gpu_tune_with_moe_smoke(tmp_path):
 
 def test_moe_candidates_take_the_wide_block_only_as_an_alternative_of_the_token_major_default():
     """bn128 (the wide mode) measured slower than bn64 below the token-major threshold and in its cp.async build: tune
-    does not spend its budget on it there. From the threshold the default is bn64 + pool + token-major, with plain
-    bn64 and the wide token-major pool build as the alternatives."""
+    does not spend its budget on it there. From the threshold the default is bn64 + pool + token-major + end combine,
+    with bn64 token-major (no pool), plain bn64 and the wide token-major pool build as the alternatives."""
     from glm5_fastpath.moe import megamoe as MM
     for m in (1, 16, 64, 128, 256, 512, 1024, 2048, 4096):
         for experts in (32, 256):
             cands = tune.moe_candidates(m, 4, experts=experts)
             if MM.expected_max_load(m, experts, 8) >= MM.TOKEN_MAJOR_POOL_MIN_LOAD:
-                assert [c.name for c in cands] == ["bn64_s5_g512_w0_lf_p_t_e", "bn64_s5_g512_w0_lf",
-                                                   "bn128_s6_g512_w0_lf_p_t_e"], (m, experts)
+                assert [c.name for c in cands] == ["bn64_s5_g512_w0_lf_p_t_e", "bn64_s5_g512_w0_lf_t",
+                                                   "bn64_s5_g512_w0_lf", "bn128_s6_g512_w0_lf_p_t_e"], (m, experts)
             else:
                 assert all(c.block_n != MM.WIDE_BN and not c.pool for c in cands), (m, experts)
                 # bn64 defaults near the threshold: the token-major twin is the first alternative

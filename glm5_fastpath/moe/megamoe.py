@@ -296,12 +296,11 @@ def default_config(num_tokens: int, num_experts: int, topk: int, num_shared: int
     expert holds every token), so each weight tile is streamed from HBM once per call; capped at 64
     (a 256-row x 128-token tile spills, see the .cuh), and at 32 up to 128 tokens when only the shared expert needs more
     (measured faster, see below). Decode is weight-bandwidth bound, so MMA padding is free there. From an expected
-    largest routed expert of TOKEN_MAJOR_POOL_MIN_LOAD tokens (setting (a) from ~256 tokens, (b) from ~2048), bn64's
+    largest routed expert of TOKEN_MAJOR_POOL_MIN_LOAD tokens (setting (a) from ~192 tokens, (b) from ~1536), bn64's
     token-major build with the token pool and the end combine instead (tokens on the wgmma M side: one FFMA per element
     in the fold; one TMA box of activations per stage; one combine pass at the end): measured faster than plain bn64
-    and than the wide block (WIDE_BN) there. The
-    pool build needs every CTA of the persistent grid resident at once (its grid-wide copy wait;
-    MegaMoEConfig.pool).
+    and than the wide block (WIDE_BN) there. The pool build needs every CTA of the persistent grid resident at once (its
+    grid-wide copy wait; MegaMoEConfig.pool).
     Stages: the deepest ring that fits. Group size: one group (all FC1 tasks first). Split-K FC1 tiles
     (below 4 waves of FC1 tiles) at 1 token only: from 2 tokens whole-K tiles measured as fast or faster (H200,
     2026-11-30, session 10, routed experts, same run: (a) 2 / 4 / 8 / 16 tokens 141.9 / 200.1 / 253.2 / 280.8 us
