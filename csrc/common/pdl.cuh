@@ -57,15 +57,6 @@ GLM5_DEVICE void named_barrier_sync() {
     asm volatile("bar.sync %0, %1;" ::"n"(kBarrierId), "n"(kThreads) : "memory");
 }
 
-// bar.arrive on a named barrier: this warp's threads count toward kThreads without waiting (the signalling side of a
-// hand-off whose other side calls named_barrier_sync with the same id and count).
-template <int kBarrierId, int kThreads>
-GLM5_DEVICE void named_barrier_arrive() {
-    static_assert(kBarrierId >= 0 && kBarrierId < 16, "hardware has 16 named barriers");
-    static_assert(kThreads % 32 == 0 && kThreads > 0, "named barriers count whole warps");
-    asm volatile("bar.arrive %0, %1;" ::"n"(kBarrierId), "n"(kThreads) : "memory");
-}
-
 // Nanosecond global timer (coarse ticks; for spin bounds and tests, not for fine timing).
 GLM5_DEVICE uint64_t globaltimer_ns() {
     uint64_t t;

@@ -96,15 +96,6 @@ constexpr int kMathRegs = 224;
 static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536 / kThreads / 8 * 8 * kThreads,
               "register split exceeds the launch allocation");
 constexpr int kMathBarrier = 1;    // named barrier of the 256 math threads
-// Warpgroup ping-pong on the tensor pipe (GLM5_MEGAMOE_TM_PINGPONG=1; narrow token-major builds; an A/B experiment): per
-// stage, warpgroup 0 issues its wgmma group, waits for it and signals warpgroup 1 (barrier kPingBar1), which only then
-// issues its own, and warpgroup 0 issues the next stage's only after warpgroup 1's group is done (kPingBar0). Each
-// group then has the tensor pipe alone while the other warpgroup folds. Without it the two groups of a stage interleave
-// on the pipe, finish together and fold together (the pipe idles meanwhile: 48 % active at (a) 4096, session 14 ncu).
-#ifndef GLM5_MEGAMOE_TM_PINGPONG
-#define GLM5_MEGAMOE_TM_PINGPONG 0
-#endif
-constexpr int kPingBar0 = 3, kPingBar1 = 4;  // ping-pong hand-offs to warpgroup 0 / 1 (128 arrive + 128 sync)
 // Activation loader warps (WG0 warps 1..kLoaderWarps; the rest of WG0 but warp 0 idles). Its own cubin per value.
 #ifndef GLM5_MEGAMOE_LOADER_WARPS
 #define GLM5_MEGAMOE_LOADER_WARPS 3
@@ -426,7 +417,6 @@ struct MegaMoE {
     static constexpr bool kTokenMajor = GLM5_MEGAMOE_TOKEN_MAJOR != 0;
     static constexpr bool kTrapOutOfLine = kWide || kTokenMajor;
     static_assert(!kTokenMajor || kBN == 64 || kWide, "token-major builds: bn64 (narrow) or bn128 (wide)");
-    static constexpr bool kTmPingPong = GLM5_MEGAMOE_TM_PINGPONG != 0 && kTokenMajor && !kWide;
     // Token-major wgmma: m64 (tokens) x n128 (weight rows). Wide: warpgroup wg takes tokens [64 wg, 64 wg + 64) and the
     // stage's 128 rows; narrow (bn64): the block's 64 tokens and rows [128 wg, 128 wg + 128) of the 256-row tile.
     static constexpr int kTmN = 128;
@@ -991,12 +981,6 @@ struct MegaMoE {
                 const int tok = (kWide ? 64 * wg : 0) + 16 * ((mt >> 5) & 3) + (lane >> 2);
                 const float r0 = sa[tok], r1 = sa[tok + 8];
                 float tmp0[kNAcc];
-                if constexpr (kTmPingPong) {  // my turn on the tensor pipe (warpgroup 0's first stage: nothing before it)
-                    if (wg == 1)
-                        ptx::named_barrier_sync<kPingBar1, kMathThreads>();
-                    else if (it > 0)
-                        ptx::named_barrier_sync<kPingBar0, kMathThreads>();
-                }
                 sm90::wgmma_fence();
                 // A: the warpgroup's 64 token rows; B: its 128 weight rows (wide: the whole stage; narrow: a_addr)
                 issue_half<kTmN>(tmp0, kWide ? b_addr + wg * (64 * kBK) : b_addr,
@@ -1005,12 +989,6 @@ struct MegaMoE {
                 [[maybe_unused]] const uint32_t c0 = trace_clock();
                 sm90::wgmma_wait<0>();
                 sm90::fence_operands(tmp0);
-                if constexpr (kTmPingPong) {  // the other warpgroup's turn
-                    if (wg == 0)
-                        ptx::named_barrier_arrive<kPingBar1, kMathThreads>();
-                    else
-                        ptx::named_barrier_arrive<kPingBar0, kMathThreads>();
-                }
                 [[maybe_unused]] const uint32_t c1 = trace_clock();
                 // (x_scale * w_scale in this order, as fold's: the same fp32 products)
                 fold_tm(acc0, tmp0, r0 * cur_lo, r0 * cur_hi, r1 * cur_lo, r1 * cur_hi);
@@ -1213,9 +1191,6 @@ struct MegaMoE {
             }
             if (lane == 0) sm90::mbar_arrive(bar.tempty(slot));
             if (mt == 0) red_relaxed_gpu_add(p.ctrl + 2, 1);  // diagnostics: tasks finished
-        }
-        if constexpr (kTmPingPong) {  // warpgroup 1's hand-off after the last stage: consumed, so the barrier ends empty
-            if (wg == 0 && it > 0) ptx::named_barrier_sync<kPingBar0, kMathThreads>();
         }
     }
 
@@ -1833,10 +1808,10 @@ struct MegaMoE {
         __syncwarp();
         while (ld_acquire_gpu(p.ctrl + 6) < want) {  // each lane's own acquire (as for fc1_done)
         }
-        constexpr int kCtrPerToken = kH / kRows, kMathWarps = kMathThreads / 32;
+        constexpr int kRowTiles = kH / kRows, kMathWarps = kMathThreads / 32;  // FC2 row tiles per token
         for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
             if (token_masked(p, t)) continue;  // a padding row: no slot values; the plan kernel zeroed its output
-            for (int rt = mt >> 5; rt < kCtrPerToken; rt += kMathWarps) combine_tile(p, t, rt, lane);
+            for (int rt = mt >> 5; rt < kRowTiles; rt += kMathWarps) combine_tile(p, t, rt, lane);
         }
     }
 

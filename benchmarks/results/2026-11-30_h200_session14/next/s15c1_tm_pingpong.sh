@@ -1,11 +1,15 @@
 #!/bin/bash
-# Prepared for the next session (NOT run here: this session's device time was spent). GLM5_MEGAMOE_TM_PINGPONG=1: the two
-# math warpgroups of the narrow token-major build take turns on the tensor pipe, stage by stage (named barriers 3 / 4;
-# csrc/moe/megamoe.cuh, committed with the macro at 0, SASS of every build unchanged). Compiles without spills for sm_90a
-# (nvcc 13.0; the trace build too). Expected: the K loop's stage period from ~850 clocks toward ~600 (c7's ncu: tensor
-# pipe 48 % active; both warpgroups' groups interleave on the pipe, finish together and fold together).
+# Prepared for the next session (NOT run here: this session's device time was spent). tm_pingpong_untested.patch
+# (GLM5_MEGAMOE_TM_PINGPONG=1 in it): the two math warpgroups of the narrow token-major build take turns on the tensor
+# pipe, stage by stage (named barriers 3 / 4; adds named_barrier_arrive to csrc/common/pdl.cuh). Applied to a copy of
+# csrc it compiles without spills for sm_90a (nvcc 13.0; the trace build too), and with the macro at 0 every build's SASS
+# is unchanged. Expected: the K loop's stage period from ~850 clocks toward ~600 (c7's ncu: tensor pipe 48 % active; the
+# two warpgroups' groups interleave on the pipe, finish together and fold together). Caution: session 12 measured the
+# same hand-off on the swapAB bn64 build (43c82a9, GLM5_MEGAMOE_PINGPONG) 3-5 % slower (docs/megamoe_large_m.md,
+# Session 12); the token-major fold is 4x cheaper, the barrier hand-off costs the same. One call decides.
 # prepare here:
 #   rm -rf build/abx/pp && mkdir -p build/abx/pp && cp -r csrc build/abx/pp/ &&
+#     (cd build/abx/pp && patch -p1 < ../../../benchmarks/results/2026-11-30_h200_session14/next/tm_pingpong_untested.patch) &&
 #     sed -i 's/^#define GLM5_MEGAMOE_TM_PINGPONG 0$/#define GLM5_MEGAMOE_TM_PINGPONG 1/' build/abx/pp/csrc/moe/megamoe.cuh
 #   warm the JIT cache for HEAD and for build/abx/pp (bn64_s5_g512_w0_lf_p_t, bn64_s5_g512_w0_lf_t, bn64_s5_g512_w0_lf_p,
 #   bn64_s5_g512_w0_lf, the defaults; GLM5_FASTPATH_CSRC=$PWD/build/abx/pp/csrc for the tree), tar it to .carry/jit.tar.xz
