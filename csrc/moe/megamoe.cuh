@@ -190,6 +190,27 @@ constexpr bool kNoFold = (GLM5_MEGAMOE_DIAG & 4) != 0;
 #ifndef GLM5_MEGAMOE_TOKEN_MAJOR
 #define GLM5_MEGAMOE_TOKEN_MAJOR 0
 #endif
+// Expert parallelism (GLM5_MEGAMOE_EP=1, its own cubin; glm5_fastpath/moe/ep/kernel.py, docs/megamoe_ep.md; issue #8):
+// one kernel per rank, the ranks' symmetric buffers (torch symmetric memory: the same layout at every rank, mapped into
+// every peer) addressed through EpParams::peer. Pool builds with the end combine only. Per call:
+//   plan      entry barrier (epoch: st.release.sys ready[me] at every peer, ld.acquire.sys all ready[r]), then it gathers
+//             every rank's token count, topk ids and weights into the local workspace and plans this rank's pairs: the
+//             routed pairs whose expert it owns (global id / e_local == rank) + the shared pairs of its own tokens.
+//             Pair code = (src << kEpTokBits | t) << 4 | j; the routing weight of pair row r goes to pair_weight[r].
+//   dispatch  the pool copy pulls each pair's token row (x8 + scales) from the source rank's symmetric buffer (NVLink).
+//   FC2       slot values go straight to the SOURCE rank's symmetric slot buffer (16-byte remote stores; combine mode A).
+//   combine   after its last task a CTA counts itself done; the last CTA of the rank releases done[me] = epoch at every
+//             peer (.sys); every rank's math warps wait for done[r] == epoch of all ranks, then combine their own tokens.
+// No host synchronisation, CUDA-graph safe (the epoch lives in device memory). Every rank must call, also with M = 0.
+#ifndef GLM5_MEGAMOE_EP
+#define GLM5_MEGAMOE_EP 0
+#endif
+constexpr bool kEP = GLM5_MEGAMOE_EP != 0;
+constexpr int kMaxRanks = 8;
+constexpr int kEpTokBits = 20;  // token field of an EP pair code's token part (src << 20 | t)
+// int32 words of the symmetric signal block (EpParams::sym_sig): epoch (the local call counter), num_tokens of the current
+// call, ready[kMaxRanks] (entry barrier: written by the peers), done[kMaxRanks] (exit barrier: written by the peers).
+constexpr int kSigEpoch = 0, kSigTokens = 1, kSigReady = 2, kSigDone = 2 + kMaxRanks, kSigWords = 2 + 2 * kMaxRanks;
 constexpr int kTraceCols = 18;
 struct TraceBuf {
     int64_t* rows;  // [gridDim.x][cap][kTraceCols] or nullptr
@@ -281,9 +302,25 @@ struct Params {
     int32_t flags;             // kFlagFc1Only / kFlagNoCombine (diagnostics), kFlagEndCombine
     float shared_weight;       // fp32(1 / routed_scaling_factor)
     float routed_scaling;      // applied in the combine
+    // ---- expert parallelism (kEP builds; zero elsewhere) ----
+    uint64_t peer[kMaxRanks];  // symmetric buffer base of each rank (peer[rank] = this rank's own)
+    int64_t sym_x;             // byte offsets of the symmetric fields (identical at every rank): x8 [T, H] e4m3,
+    int64_t sym_xs;            //   x_scale [T, H/128] fp32,
+    int64_t sym_w;             //   topk_weights [T, k] fp32,
+    int64_t sym_ids;           //   topk_ids [T, k] int32,
+    int64_t sym_sig;           //   signals [kSigWords] int32,
+    int64_t sym_slots;         //   slots [T, S, H] bf16 (written by the ranks that own the pairs' experts)
+    int32_t* g_ids;            // local [world * T, k] int32: every rank's topk ids, gathered by the plan (src-major)
+    float* g_w;                // local [world * T, k] fp32: their routing weights
+    float* pair_weight;        // local [pairs_cap] fp32: routing weight of each pair row
+    int32_t rank;
+    int32_t world;
+    int32_t ep_max_tokens;     // T (rows of the symmetric per-token fields)
+    int32_t ep_pad;
 };
 
-static_assert(sizeof(Params) == 232, "Params ABI: glm5_fastpath/moe/megamoe.py::_Params (PARAMS_BYTES)");
+static_assert(sizeof(Params) == 232 + 8 * kMaxRanks + 6 * 8 + 3 * 8 + 16,
+              "Params ABI: glm5_fastpath/moe/megamoe.py::_Params (PARAMS_BYTES)");
 
 constexpr int32_t kFlagFc1Only = 1;    // plan FC1 tasks only
 constexpr int32_t kFlagNoCombine = 2;  // FC2 writes its slot values; no combine counters, `out` untouched
@@ -304,6 +341,16 @@ GLM5_DEVICE int32_t ld_acquire_gpu(const int32_t* p) {
 
 GLM5_DEVICE void red_release_gpu_add(int32_t* p, int32_t v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+GLM5_DEVICE int32_t ld_acquire_sys(const int32_t* p) {
+    int32_t v;
+    asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+GLM5_DEVICE void st_release_sys(int32_t* p, int32_t v) {
+    asm volatile("st.release.sys.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 GLM5_DEVICE void red_relaxed_gpu_add(int32_t* p, int32_t v) {
@@ -462,6 +509,39 @@ struct MegaMoE {
     // Padding token (first id negative): takes no pairs and gets a zero output row from the plan kernel.
     static GLM5_DEVICE bool token_masked(const Params& p, int t) { return topk_id(p, t, 0) < 0; }
 
+    // ---- pair addressing: the token's activation row, its scales and its slot row (kEP: at the source rank) ----------
+    static_assert(!kEP || kPool, "the EP build runs on the token pool (its dispatch target) and the end combine");
+    static GLM5_DEVICE int code_src(int32_t c) { return kEP ? (c >> 4) >> kEpTokBits : 0; }
+    static GLM5_DEVICE int code_tok(int32_t c) { return kEP ? (c >> 4) & ((1 << kEpTokBits) - 1) : c >> 4; }
+    // Symmetric base of rank r: static parameter indices (a dynamic index into the parameter array would copy it to
+    // the stack).
+    static GLM5_DEVICE uint64_t peer_base(const Params& p, int r) {
+        uint64_t b = p.peer[0];
+#pragma unroll
+        for (int i = 1; i < kMaxRanks; ++i)
+            if (r == i) b = p.peer[i];
+        return b;
+    }
+    template <class T>
+    static GLM5_DEVICE T* sym_ptr(const Params& p, int r, int64_t off) {
+        return reinterpret_cast<T*>(peer_base(p, r) + static_cast<uint64_t>(off));
+    }
+    static GLM5_DEVICE const uint8_t* pair_x(const Params& p, int32_t c) {
+        if constexpr (kEP) return sym_ptr<const uint8_t>(p, code_src(c), p.sym_x) + static_cast<int64_t>(code_tok(c)) * kH;
+        return p.x + static_cast<int64_t>(c >> 4) * kH;
+    }
+    static GLM5_DEVICE const float* pair_xs(const Params& p, int32_t c) {
+        if constexpr (kEP)
+            return sym_ptr<const float>(p, code_src(c), p.sym_xs) + static_cast<int64_t>(code_tok(c)) * (kH / kBK);
+        return p.x_scale + static_cast<int64_t>(c >> 4) * (kH / kBK);
+    }
+    // Slot (t, j) of pair code c: [H] bf16.
+    static GLM5_DEVICE uint16_t* pair_slot(const Params& p, int32_t c, int S) {
+        if constexpr (kEP)
+            return sym_ptr<uint16_t>(p, code_src(c), p.sym_slots) + (static_cast<int64_t>(code_tok(c)) * S + (c & 15)) * kH;
+        return p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH;
+    }
+
     // Expert of pair (t, j) of an unmasked token.
     static GLM5_DEVICE int pair_expert(const Params& p, int t, int j) {
         if (j >= p.topk) return p.e_local;  // the fused shared expert
@@ -479,19 +559,117 @@ struct MegaMoE {
         return p.n_shared ? (q == 0 ? p.e_local : q - 1) : q;
     }
 
+    // ---- EP plan pieces (kEP) ----------------------------------------------------------------------------------------
+    // First gathered token of each rank (exclusive scan of the ranks' token counts; [world] = the total).
+    static GLM5_DEVICE int* ep_base_smem() {
+        __shared__ int base[kMaxRanks + 1];
+        return base;
+    }
+    static GLM5_DEVICE __noinline__ void ep_spin_timeout(const char* what, int rank, int r, int epoch, int seen) {
+        printf("glm5 megamoe ep: %s barrier timeout: rank %d waits for rank %d (epoch %d, sees %d, block %d)\n", what,
+               rank, r, epoch, seen, blockIdx.x);
+        __trap();
+    }
+    // Entry barrier + gather (plan kernel): bump the epoch, publish this call's token count, release ready[me] = epoch at
+    // every rank, acquire every rank's ready, then copy every rank's topk ids and weights (its symmetric fields, already
+    // written by earlier kernels on its stream) into g_ids / g_w, src-major. Returns the number of gathered tokens.
+    static GLM5_DEVICE int ep_gather(const Params& p) {
+        __shared__ int32_t epoch_s;
+        int* base = ep_base_smem();
+        const int tid = threadIdx.x;
+        int32_t* sig = sym_ptr<int32_t>(p, p.rank, p.sym_sig);
+        if (tid == 0) {
+            const int32_t epoch = sig[kSigEpoch] + 1;
+            sig[kSigEpoch] = epoch;
+            sig[kSigTokens] = p.num_tokens;
+            epoch_s = epoch;
+            __threadfence_system();
+            for (int r = 0; r < p.world; ++r) st_release_sys(sym_ptr<int32_t>(p, r, p.sym_sig) + kSigReady + p.rank, epoch);
+        }
+        __syncthreads();
+        if (tid < p.world) {
+            const int32_t epoch = epoch_s;
+            const long long t0 = clock64();
+            while (ld_acquire_sys(sig + kSigReady + tid) != epoch) {
+                __nanosleep(128);
+                if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES)
+                    ep_spin_timeout("entry", p.rank, tid, epoch, ld_acquire_sys(sig + kSigReady + tid));
+            }
+            base[tid + 1] = ld_acquire_sys(sym_ptr<int32_t>(p, tid, p.sym_sig) + kSigTokens);
+        }
+        __syncthreads();  // orders every thread's remote loads below after the acquires above
+        if (tid == 0) {
+            base[0] = 0;
+            for (int r = 0; r < p.world; ++r) {
+                if (base[r + 1] < 0 || base[r + 1] > p.ep_max_tokens) {
+                    printf("glm5 megamoe ep: rank %d has %d tokens (capacity %d)\n", r, base[r + 1], p.ep_max_tokens);
+                    __trap();
+                }
+                base[r + 1] += base[r];
+            }
+        }
+        __syncthreads();
+        const int k = p.topk;
+        for (int r = 0; r < p.world; ++r) {
+            const int n = (base[r + 1] - base[r]) * k;
+            const int32_t* ids = sym_ptr<const int32_t>(p, r, p.sym_ids);
+            const float* w = sym_ptr<const float>(p, r, p.sym_w);
+            const int64_t o = static_cast<int64_t>(base[r]) * k;
+#pragma unroll 4
+            for (int i = tid; i < n; i += kPlanThreads) p.g_ids[o + i] = ids[i], p.g_w[o + i] = w[i];
+        }
+        __syncthreads();
+        return base[p.world];
+    }
+    static GLM5_DEVICE int ep_src(int gi) {
+        const int* base = ep_base_smem();
+        int r = 0;
+        while (gi >= base[r + 1]) ++r;
+        return r;
+    }
+    // Gathered token gi: padding (first id negative)?
+    static GLM5_DEVICE bool gtok_masked(const Params& p, int gi) {
+        if constexpr (kEP) return p.g_ids[static_cast<int64_t>(gi) * p.topk] < 0;
+        return token_masked(p, gi);
+    }
+    // Local expert of pair (gi, j) of an unmasked gathered token; kEP: -1 when another rank owns it (routed ids are global:
+    // rank r owns [r e_local, (r + 1) e_local); the shared expert is this rank's own tokens' only).
+    static GLM5_DEVICE int gpair_expert(const Params& p, int gi, int j) {
+        if constexpr (kEP) {
+            if (j >= p.topk) return ep_src(gi) == p.rank ? p.e_local : -1;
+            const int e = p.g_ids[static_cast<int64_t>(gi) * p.topk + j];
+            if (e < 0 || e >= p.world * p.e_local) {
+                printf("glm5 megamoe ep: topk id %d of gathered token %d slot %d is outside [0, %d)\n", e, gi, j,
+                       p.world * p.e_local);
+                __trap();
+            }
+            return e / p.e_local == p.rank ? e - p.rank * p.e_local : -1;
+        }
+        return pair_expert(p, gi, j);
+    }
+
     static GLM5_DEVICE void plan(const Params& p, PlanSmem& s) {
         const int tid = threadIdx.x;
         const int E = p.e_local + p.n_shared;
         const int S = p.num_slots;
-        const int pairs = p.num_tokens * S;
 
         ptx::griddep_launch_dependents();  // the persistent kernel may start its setup now
         ptx::griddep_wait();               // topk_ids come from the router; the previous MoE launch is done
+        int ntok = p.num_tokens;           // tokens whose pairs are planned (kEP: every rank's)
+        if constexpr (kEP) ntok = ep_gather(p);
+        const int pairs = ntok * S;
 
         for (int e = tid; e < kMaxExperts; e += kPlanThreads) s.cnt[e] = 0, s.cursor[e] = 0;
         __syncthreads();
-        for (int i = tid; i < pairs; i += kPlanThreads)
-            if (!token_masked(p, i / S)) atomicAdd(&s.cnt[pair_expert(p, i / S, i % S)], 1);
+        for (int i = tid; i < pairs; i += kPlanThreads) {
+            if constexpr (kEP) {
+                if (gtok_masked(p, i / S)) continue;
+                const int e = gpair_expert(p, i / S, i % S);
+                if (e >= 0) atomicAdd(&s.cnt[e], 1);
+            } else {
+                if (!token_masked(p, i / S)) atomicAdd(&s.cnt[pair_expert(p, i / S, i % S)], 1);
+            }
+        }
         // Padding tokens: zero output rows (nothing else writes them); 16-byte stores.
         for (int i = tid; i < p.num_tokens * (kH / 8); i += kPlanThreads) {
             const int t = i / (kH / 8);
@@ -572,10 +750,20 @@ struct MegaMoE {
         // token block a pair lands in; every column is computed independently, so results do not depend on it).
         for (int i = tid; i < pairs; i += kPlanThreads) {
             const int t = i / S, j = i % S;
-            if (token_masked(p, t)) continue;
-            const int e = pair_expert(p, t, j);
-            const int pos = atomicAdd(&s.cursor[e], 1);
-            p.pair_list[s.off[e] + pos] = encode_pair(t, j);
+            if constexpr (kEP) {
+                if (gtok_masked(p, t)) continue;
+                const int e = gpair_expert(p, t, j);
+                if (e < 0) continue;
+                const int pos = atomicAdd(&s.cursor[e], 1);
+                const int src = ep_src(t);
+                p.pair_list[s.off[e] + pos] = encode_pair(src << kEpTokBits | (t - ep_base_smem()[src]), j);
+                p.pair_weight[s.off[e] + pos] = j < p.topk ? p.g_w[static_cast<int64_t>(t) * p.topk + j] : p.shared_weight;
+            } else {
+                if (token_masked(p, t)) continue;
+                const int e = pair_expert(p, t, j);
+                const int pos = atomicAdd(&s.cursor[e], 1);
+                p.pair_list[s.off[e] + pos] = encode_pair(t, j);
+            }
         }
         // Tasks: one warp per active expert; FC1 (rt, b) and FC2 (rt, b) with the token block innermost,
         // so the blocks of one weight tile are claimed back to back (the second reads it from L2).
@@ -706,7 +894,7 @@ struct MegaMoE {
             const int32_t c = p.pair_list[r];
             if (c < 0) continue;  // an expert's alignment padding
             const int t = c >> 4;
-            const uint8_t* src = p.x + static_cast<int64_t>(t) * kH + 16 * lane;
+            const uint8_t* src = kEP ? pair_x(p, c) + 16 * lane : p.x + static_cast<int64_t>(t) * kH + 16 * lane;
             uint8_t* dst = p.pool + static_cast<int64_t>(r) * kH + 16 * lane;
             if constexpr (kManyInFlight) {
                 ptx::u32x4 v[kChunks];
@@ -719,7 +907,8 @@ struct MegaMoE {
                 for (int q = 0; q < kChunks; ++q) ptx::st_global_v4(dst + 512 * q, ptx::ld_global_v4(src + 512 * q));
             }
             for (int g = lane; g < kH / kBK; g += 32)
-                p.pool_scale[static_cast<int64_t>(g) * p.pairs_cap + r] = p.x_scale[static_cast<int64_t>(t) * (kH / kBK) + g];
+                p.pool_scale[static_cast<int64_t>(g) * p.pairs_cap + r] =
+                    kEP ? pair_xs(p, c)[g] : p.x_scale[static_cast<int64_t>(t) * (kH / kBK) + g];
         }
         fence_proxy_async_global();  // for the TMA reads of these rows (async proxy)
         __threadfence();
@@ -762,8 +951,12 @@ struct MegaMoE {
                     code[i] = c;
                     float w = 0.f;
                     if (c >= 0) {
-                        const int tt = c >> 4, jj = c & 15;
-                        w = jj < p.topk ? p.topk_w[static_cast<int64_t>(tt) * p.topk + jj] : p.shared_weight;
+                        if constexpr (kEP) {
+                            w = p.pair_weight[p0 + i];  // the plan's copy (the source rank's topk weight)
+                        } else {
+                            const int tt = c >> 4, jj = c & 15;
+                            w = jj < p.topk ? p.topk_w[static_cast<int64_t>(tt) * p.topk + jj] : p.shared_weight;
+                        }
                     }
                     wgt[i] = w;
                 }
@@ -1115,7 +1308,7 @@ struct MegaMoE {
             const int32_t desc = desc_ring[slot];
             if (task_is_end(desc)) {
                 if constexpr (kPool) {
-                    if (p.flags & kFlagEndCombine) end_combine(p, mt, lane);
+                    if (kEP || (p.flags & kFlagEndCombine)) end_combine(p, mt, lane);
                 }
                 break;
             }
@@ -1631,7 +1824,7 @@ struct MegaMoE {
                     if (col < cnt) {
                         const int32_t c = (k >> 1) ? codes[j0 + 1] : codes[j0];
                         const int ch = ch_base + 64 * half + 16 * w + 8 * (k & 1);
-                        uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kRows + ch;
+                        uint16_t* dst = pair_slot(p, c, S) + rt * kRows + ch;
                         ptx::st_global_v4(dst, ptx::u32x4{u[0], u[1], u[2], u[3]});
                     }
                 }
@@ -1649,7 +1842,7 @@ struct MegaMoE {
                         const int ch = ch_base + 64 * half + 16 * w + 8 * r + (g8 & ~1);  // even channel of the pair
                         if (col < cnt) {
                             const int32_t c = codes[j];
-                            uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kRows + ch;
+                            uint16_t* dst = pair_slot(p, c, S) + rt * kRows + ch;
                             st_global_u32(dst, ptx::f32x2_to_bf16x2_rn(lo, hi));
                         }
                     }
@@ -1686,8 +1879,7 @@ struct MegaMoE {
                         }
                     }
                     if (tok < cnt) {
-                        uint16_t* dst = p.slots + (static_cast<int64_t>(c >> 4) * S + (c & 15)) * kH + rt * kRows +
-                                        (kWide ? 0 : kTmN * wg) + 8 * (j0 + t4);
+                        uint16_t* dst = pair_slot(p, c, S) + rt * kRows + (kWide ? 0 : kTmN * wg) + 8 * (j0 + t4);
                         ptx::st_global_v4(dst, ptx::u32x4{u[0], u[1], u[2], u[3]});
                     }
                 }
@@ -1703,7 +1895,7 @@ struct MegaMoE {
             if (mt == 0) tr.put(n, 13, clock_cycles());
         }
         // slot values only (uniform branch): diagnostics, or the end combine (end_combine; pool builds)
-        if (p.flags & (kPool ? kFlagNoCombine | kFlagEndCombine : kFlagNoCombine)) return;
+        if (kEP || (p.flags & (kPool ? kFlagNoCombine | kFlagEndCombine : kFlagNoCombine))) return;
         handoff_fence();
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
         constexpr int kCtrPerToken = kH / kRows;
@@ -1800,18 +1992,53 @@ struct MegaMoE {
     // combine counters and last-contributor combine (their latency on the math warps' path: ~3.9 us per FC2 task at
     // (a) 4096 tokens, session-14 trace) by one bandwidth-bound pass; the same sums in the same order.
     static GLM5_DEVICE void end_combine(const Params& p, int mt, int lane) {
-        handoff_fence();
-        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
-        if (mt == 0) red_release_gpu_add(p.ctrl + 6, 1);
-        const int32_t want = static_cast<int32_t>(gridDim.x);
-        if (lane == 0) spin_acquire_geq(p.ctrl + 6, want, [] {});
-        __syncwarp();
-        while (ld_acquire_gpu(p.ctrl + 6) < want) {  // each lane's own acquire (as for fc1_done)
+        if constexpr (kEP) {
+            ep_exit_barrier(p, mt, lane);
+        } else {
+            handoff_fence();
+            ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+            if (mt == 0) red_release_gpu_add(p.ctrl + 6, 1);
+            const int32_t want = static_cast<int32_t>(gridDim.x);
+            if (lane == 0) spin_acquire_geq(p.ctrl + 6, want, [] {});
+            __syncwarp();
+            while (ld_acquire_gpu(p.ctrl + 6) < want) {  // each lane's own acquire (as for fc1_done)
+            }
         }
         constexpr int kRowTiles = kH / kRows, kMathWarps = kMathThreads / 32;  // FC2 row tiles per token
         for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
             if (token_masked(p, t)) continue;  // a padding row: no slot values; the plan kernel zeroed its output
             for (int rt = mt >> 5; rt < kRowTiles; rt += kMathWarps) combine_tile(p, t, rt, lane);
+        }
+    }
+
+    // EP exit barrier (kEP): every rank's slot values for this rank's tokens have landed. Each math thread fences its
+    // (remote) slot stores at system scope; the CTA counts itself done (ctrl[6]); the CTA that completes the count has
+    // acquired every CTA's release and publishes done[me] = epoch at every rank (fence + st.release.sys); then every
+    // lane acquires done[r] == epoch of all ranks (its own acquire, as for fc1_done). The peers' slot stores reach this
+    // rank's memory before their done flag: release -> acquire chains are cumulative (PTX memory model).
+    static GLM5_DEVICE void ep_exit_barrier(const Params& p, int mt, int lane) {
+        __threadfence_system();
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
+        int32_t* sig = sym_ptr<int32_t>(p, p.rank, p.sym_sig);
+        const int32_t epoch = sig[kSigEpoch];  // written by the plan kernel (a completed predecessor)
+        if (mt == 0) {
+            const int32_t old = atom_acq_rel_gpu_add(p.ctrl + 6, 1);
+            if (old == static_cast<int32_t>(gridDim.x) - 1) {
+                __threadfence_system();
+                for (int r = 0; r < p.world; ++r) st_release_sys(sym_ptr<int32_t>(p, r, p.sym_sig) + kSigDone + p.rank, epoch);
+            }
+        }
+        for (int r = 0; r < p.world; ++r) {
+            const long long t0 = clock64();
+            while (ld_acquire_sys(sig + kSigDone + r) != epoch) {
+                __nanosleep(128);
+                if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES) {
+#ifdef GLM5_MEGAMOE_TIMEOUT_PRINTF  // opt-in: a call on the math path serializes every wgmma of the kernel (C7510)
+                    ep_spin_timeout("exit", p.rank, r, epoch, ld_acquire_sys(sig + kSigDone + r));
+#endif
+                    math_trap();
+                }
+            }
         }
     }
 

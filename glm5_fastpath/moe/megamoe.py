@@ -103,6 +103,7 @@ CTRL_NUM_TASKS, CTRL_CLAIMS, CTRL_TASKS_DONE, CTRL_TILES_COMBINED = 0, 1, 2, 3
 CTRL_POOL_ROWS, CTRL_POOL_DONE = 4, 5  # pool build: pair rows to copy, copy warps done (POOL_COPY_WARPS per CTA)
 CTRL_END_DONE = 6     # pool build with end_combine: CTAs done with their tasks (the end combine waits for all)
 MAX_BLOCKS = 1 << 14   # 14-bit token-block field of a task
+EP_MAX_RANKS = 8       # megamoe.cuh kMaxRanks (the EP build's peer table)
 SPLIT_MAX_BN = 16      # split-K FC1 tiles only for token blocks up to this (scratch: 2 x 256 x BN fp32 per tile)
 SPLIT_WAVES = 4        # split-K FC1 tiles when the call has at most this many waves of FC1 tiles (default_config: 1 token)
 
@@ -262,7 +263,7 @@ class MegaMoEConfig:
 
 @functools.lru_cache(maxsize=None)
 def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
-                pool: bool = False, diag: int = 0, token_major: bool = False) -> KernelSpec:
+                pool: bool = False, diag: int = 0, token_major: bool = False, ep: bool = False) -> KernelSpec:
     defines = (("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
                ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages)))
     if lean_fences:  # absent otherwise: the default build's cache key and cubin are unchanged
@@ -273,6 +274,10 @@ def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences:
         defines += (("GLM5_MEGAMOE_DIAG", str(diag)),)
     if token_major:
         defines += (("GLM5_MEGAMOE_TOKEN_MAJOR", "1"),)
+    if ep:  # the expert-parallel build (moe/ep/kernel.py): pool builds only
+        if not pool:
+            raise _fail("the EP build (megamoe.cuh kEP) needs the token pool build (pool)")
+        defines += (("GLM5_MEGAMOE_EP", "1"),)
     return KernelSpec(FUNCTION, source=SOURCE, defines=defines, functions=(FUNCTION, PLAN_FUNCTION))
 
 
@@ -647,11 +652,18 @@ class _Params(ctypes.Structure):
         ("group_size", ctypes.c_int32), ("pairs_cap", ctypes.c_int32), ("tasks_cap", ctypes.c_int32),
         ("blocks_cap", ctypes.c_int32), ("split_max_tiles", ctypes.c_int32), ("flags", ctypes.c_int32),
         ("shared_weight", ctypes.c_float), ("routed_scaling", ctypes.c_float),
+        # expert parallelism (the EP build, moe/ep/kernel.py; zero for the single-GPU op)
+        ("peer", ctypes.c_uint64 * EP_MAX_RANKS),
+        ("sym_x", ctypes.c_int64), ("sym_xs", ctypes.c_int64), ("sym_w", ctypes.c_int64), ("sym_ids", ctypes.c_int64),
+        ("sym_sig", ctypes.c_int64), ("sym_slots", ctypes.c_int64),
+        ("g_ids", ctypes.c_void_p), ("g_w", ctypes.c_void_p), ("pair_weight", ctypes.c_void_p),
+        ("rank", ctypes.c_int32), ("world", ctypes.c_int32), ("ep_max_tokens", ctypes.c_int32), ("ep_pad", ctypes.c_int32),
     ]
 
 
-PARAMS_BYTES = ctypes.sizeof(_Params)  # 22 pointers + 12 ints + 2 floats = 176 + 56 = 232
-assert PARAMS_BYTES == 232, PARAMS_BYTES
+# 22 pointers + 12 ints + 2 floats = 232, + the EP block: 8 peers + 6 offsets + 3 pointers + 4 ints = 152
+PARAMS_BYTES = ctypes.sizeof(_Params)
+assert PARAMS_BYTES == 384, PARAMS_BYTES
 
 
 def _params(x, xs, ids, wts, wt: "_WeightViews", out, ws: Workspace, num_shared: int, rsf: float, group_size: int,

@@ -284,7 +284,7 @@ def test_python_mirrors_match_cpp(nvcc_jit):
               "kTaskSlots": M.TASK_SLOTS, "kMaxExperts": M.MAX_EXPERTS, "kMaxSlots": M.MAX_SLOTS,
               "kPairAlign": M.PAIR_ALIGN, "kFlagFc1Only": M.FLAG_FC1_ONLY, "kFlagNoCombine": M.FLAG_NO_COMBINE,
               "kTaskEnd": M.TASK_END, "kTraceCols": M.TRACE_COLS, "kLoaderWarps": M.LOADER_WARPS,
-              "kPoolCopyWarps": M.POOL_COPY_WARPS}
+              "kPoolCopyWarps": M.POOL_COPY_WARPS, "kMaxRanks": M.EP_MAX_RANKS}
     lines += [f"static_assert(mm::{k} == {v}, \"{k}\");" for k, v in consts.items()]
     # The kernel's end-of-list test rejects every descriptor a plan can hold (FC2 ones are negative int32).
     ids, _ = routing(3, 32, 8, seed=4)
