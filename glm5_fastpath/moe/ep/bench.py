@@ -7,8 +7,9 @@ routing (uniform over all 256 experts, seeded per (tokens, rank)), tokens = per-
   deepgemm  deep_gemm.fp8_mega_moe on the N-rank group (symmetric buffer get_symm_buffer_for_mega_moe(group,
             E=256, max_tokens, k, H, I)); its input copy into the buffer is outside the timed region, as in
             bench moe (glm5_fastpath/bench/moe.py::DeepGemmMegaMoE);
-  ours      the in-kernel EP MegaMoE (glm5_fastpath.moe.ep.kernel.ep_mega_moe) once it exists; until then
-            the row says "not implemented".
+  ours      the in-kernel EP MegaMoE (glm5_fastpath.moe.ep.kernel.EPMegaMoE: dispatch, FC1, FC2 and combine in one
+            kernel per rank over torch symmetric memory); its input copy into the symmetric buffer (stage) is outside
+            the timed region, as DeepGEMM's. Config per token count: kernel.default_ep_config, or --ep-config.
 Routed experts only by default (what DeepGEMM's fp8_mega_moe computes); --ep-shared adds the replicated
 shared expert to staged / ours.
 
@@ -17,7 +18,10 @@ one call, all_reduce(MAX) over ranks -> median of the per-iteration slowest rank
 pair of events around `iters` back-to-back calls, all_reduce(MAX) -> mean. Collectives stay eager (no CUDA
 graph): the staged baseline's NCCL calls and DeepGEMM's barriers are part of what is measured.
 Correctness: for token counts <= --ep-check-tokens every implementation's output is compared with the EP
-reference (moe/ep/reference.py, ep_forward_dist: the single-GPU MegaMoE math, mode A), rel_err max over ranks.
+reference (moe/ep/reference.py, ep_forward_dist: the single-GPU MegaMoE math, mode A), rel_err max over ranks;
+DeepGEMM's against the reference with routed_scaling_factor 1 (fp8_mega_moe does not apply it).
+Floor per token count: the largest number of local experts any rank touches x 37.75 MB / 4.27 TB/s (weight bytes;
+NVLink traffic is far smaller at these sizes, docs/megamoe_ep.md section 3).
 
 --ep-device cpu runs the same harness on N gloo processes with small dims (H 256, I 128, 16 experts, top-4)
 and the reference grouped GEMM: a smoke test of the harness (tests/moe/ep/test_ep_bench.py), not a benchmark.
@@ -58,6 +62,8 @@ def add_ep_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ep-check-tokens", type=int, default=64,
                     help="check outputs against the EP reference for token counts up to this (0: never)")
     ap.add_argument("--ep-iters", type=int, default=20, help="timed iterations per token count")
+    ap.add_argument("--ep-config", default="", help="ours: MegaMoE pool config name for every token count "
+                    "(default: kernel.default_ep_config per count)")
 
 
 # ---- data (identical on every rank and device for the same seed) ------------------------------------------------
@@ -182,19 +188,46 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
                 impls["_dg_obj"] = dg
             except Exception as e:  # noqa: BLE001
                 errors["deepgemm"] = f"{type(e).__name__}: {e}"
+    ours_for: dict[str, Any] = {}
     if "ours" in cfg["impls"]:
-        try:
-            from .kernel import ep_mega_moe  # noqa: F401 - the in-kernel EP MegaMoE (next step of issue #8)
-            errors["ours"] = "ep_mega_moe exists but is not wired into the bench yet"
-        except ImportError:
-            errors["ours"] = "not implemented (issue #8: the in-kernel EP MegaMoE is the next step)"
+        if dev.type != "cuda":
+            errors["ours"] = "needs CUDA"
+        else:
+            try:
+                from .. import megamoe as MM
+                from .kernel import EPBuffers, EPMegaMoE, SymLayout, default_ep_config
+                bufs = EPBuffers.symmetric(SymLayout(max(cfg["tokens"]), H, K, K + shared))
+                wt = MM.prepare_weights(w.w13, w.w13_scale, w.w2, w.w2_scale, shared)
+
+                def ours_obj(m: int):
+                    c = (MM.MegaMoEConfig.from_name(cfg["ep_config"]) if cfg.get("ep_config")
+                         else default_ep_config(m, world, E, K))
+                    if c.name not in ours_for:
+                        ours_for[c.name] = EPMegaMoE(wt, bufs, num_experts=E, topk=K, config=c,
+                                                     routed_scaling_factor=RSF)
+                    return ours_for[c.name]
+                impls["ours"] = ours_obj
+            except Exception as e:  # noqa: BLE001
+                errors["ours"] = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
     rows = []
     for m in cfg["tokens"]:
         inp = rank_inputs(m, rank, E, K, H, dev)
         row: dict[str, Any] = {"tokens_per_rank": m, "tokens_total": m * world}
-        ref = None
+        ref = ref1 = None
         if m <= cfg["check_tokens"]:
             ref = ep_forward_dist(inp, w, part, RSF, modes=("A",)).out["A"][0]
+            if "deepgemm" in impls:
+                ref1 = ep_forward_dist(inp, w, part, 1.0, modes=("A",)).out["A"][0]
+        # weight-bytes floor of the slowest rank: the most local experts any rank touches (every rank's routing is
+        # generated from its seed, so each rank can count all of them)
+        touched = []
+        for r in range(world):
+            ids_r = rank_inputs(m, r, E, K, H, dev).topk_ids.long()
+            own = ids_r[(ids_r // (E // world)) == rank] if m else ids_r.new_empty(0)
+            touched.append(int(torch.unique(own).numel()) + shared)
+        row["experts_touched_rank"] = touched[rank]
+        row["floor_us"] = _max_over_ranks(touched[rank] * 3 * H * I / 4.27e12 * 1e6, dev)
         for name in IMPLS:
             if name in errors:
                 row[name] = {"error": errors[name]}
@@ -203,12 +236,23 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
                 continue
             fn = impls[name]
             try:
+                extra: dict[str, Any] = {}
                 if name == "deepgemm":
                     impls["_dg_obj"].load(inp.x8, inp.x_scale, inp.topk_ids, inp.topk_weights)
-                res = time_slowest_rank(lambda: fn(inp), dev, cfg["iters"])
-                if ref is not None:
-                    out = fn(inp)
-                    res["rel_err_vs_reference_max_rank"] = _max_over_ranks(_rel_err(out, ref) if m else 0.0, dev)
+                if name == "ours":
+                    moe = fn(m)
+                    moe.stage(inp.x8, inp.x_scale, inp.topk_ids, inp.topk_weights)
+                    y = torch.empty(m, H, dtype=torch.bfloat16, device=dev)
+                    res = time_slowest_rank(lambda: moe.run_staged(m, y), dev, cfg["iters"])
+                    extra = {"config": moe.config.name, "grid": moe.grid}
+                    fn = moe  # the full call (stage + kernels) for the check
+                else:
+                    res = time_slowest_rank(lambda: fn(inp), dev, cfg["iters"])
+                res.update(extra)
+                want = ref1 if name == "deepgemm" else ref
+                if want is not None:
+                    out = (fn(inp.x8, inp.x_scale, inp.topk_ids, inp.topk_weights) if name == "ours" else fn(inp))
+                    res["rel_err_vs_reference_max_rank"] = _max_over_ranks(_rel_err(out, want) if m else 0.0, dev)
                 row[name] = res
             except Exception as e:  # noqa: BLE001 - keep benchmarking the rest
                 row[name] = {"error": f"{type(e).__name__}: {e}"}
@@ -233,10 +277,12 @@ def markdown(result: dict) -> str:
     lines = [f"# MegaMoE EP{result['ep']} benchmark ({result['gpu']}, {result['date']})", "",
              "Slowest rank per call (all_reduce MAX over the ranks): per-iteration median / window mean, "
              f"{result['dims']}, routed experts only unless shared={result['shared']}.", "",
-             "| tokens/rank | " + " | ".join(f"{n} median us | {n} window us | {n} rel_err" for n in IMPLS) + " |",
-             "|---|" + "---|---|---|" * len(IMPLS)]
+             "| tokens/rank | floor us | " + " | ".join(f"{n} median us | {n} window us | {n} rel_err" for n in IMPLS)
+             + " | ours config | DeepGEMM / ours | staged / ours | ours / floor |",
+             "|---|---|" + "---|---|---|" * len(IMPLS) + "---|---|---|---|"]
     for r in result["rows"]:
-        cells = []
+        fl = r.get("floor_us")
+        cells = [f"{fl:.1f}" if fl else "-"]
         for n in IMPLS:
             v = r.get(n, {})
             if "median_us" in v:
@@ -244,6 +290,9 @@ def markdown(result: dict) -> str:
                 cells += [f"{v['median_us']:.1f}", f"{v['window_mean_us']:.1f}", "-" if e is None else f"{e:.1e}"]
             else:
                 cells += [v.get("error", "-")[:40], "-", "-"]
+        o, d, st = (r.get(n, {}).get("median_us") for n in ("ours", "deepgemm", "staged"))
+        cells += [r.get("ours", {}).get("config", "-"), f"{d / o:.2f}x" if o and d else "-",
+                  f"{st / o:.2f}x" if o and st else "-", f"{o / fl:.2f}" if o and fl else "-"]
         lines.append(f"| {r['tokens_per_rank']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -259,7 +308,8 @@ def run_ep(args: argparse.Namespace) -> int:
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         raise ValueError(f"bench moe --ep {n}: needs {n} CUDA GPUs, found {have} (--ep-device cpu: harness smoke run)")
     cfg = {"tokens": [int(t) for t in args.tokens.split(",") if t], "impls": impls, "device": args.ep_device,
-           "shared": bool(args.ep_shared), "check_tokens": int(args.ep_check_tokens), "iters": int(args.ep_iters)}
+           "shared": bool(args.ep_shared), "check_tokens": int(args.ep_check_tokens), "iters": int(args.ep_iters),
+           "ep_config": getattr(args, "ep_config", "")}
     print(f"bench moe --ep {n} ({args.ep_device}): {impls}, tokens per rank {cfg['tokens']}", flush=True)
     res = run_ranks(_rank_main, n, (cfg,), backend="nccl" if args.ep_device == "cuda" else "gloo",
                     timeout_s=1800.0)
