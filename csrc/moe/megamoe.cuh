@@ -591,7 +591,7 @@ struct MegaMoE {
             const int32_t epoch = epoch_s;
             const long long t0 = clock64();
             while (ld_acquire_sys(sig + kSigReady + tid) != epoch) {
-                __nanosleep(128);
+                __nanosleep(32);
                 if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES)
                     ep_spin_timeout("entry", p.rank, tid, epoch, ld_acquire_sys(sig + kSigReady + tid));
             }
@@ -609,14 +609,15 @@ struct MegaMoE {
             }
         }
         __syncthreads();
-        const int k = p.topk;
-        for (int r = 0; r < p.world; ++r) {
-            const int n = (base[r + 1] - base[r]) * k;
-            const int32_t* ids = sym_ptr<const int32_t>(p, r, p.sym_ids);
-            const float* w = sym_ptr<const float>(p, r, p.sym_w);
-            const int64_t o = static_cast<int64_t>(base[r]) * k;
+        // one flat loop over every rank's entries: all remote loads of a thread in flight together (4 per unrolled round)
+        const int k = p.topk, total = base[p.world] * k;
 #pragma unroll 4
-            for (int i = tid; i < n; i += kPlanThreads) p.g_ids[o + i] = ids[i], p.g_w[o + i] = w[i];
+        for (int i = tid; i < total; i += kPlanThreads) {
+            int r = 0;
+            while (i >= base[r + 1] * k) ++r;
+            const int li = i - base[r] * k;
+            p.g_ids[i] = sym_ptr<const int32_t>(p, r, p.sym_ids)[li];
+            p.g_w[i] = sym_ptr<const float>(p, r, p.sym_w)[li];
         }
         __syncthreads();
         return base[p.world];
@@ -2031,7 +2032,7 @@ struct MegaMoE {
         for (int r = 0; r < p.world; ++r) {
             const long long t0 = clock64();
             while (ld_acquire_sys(sig + kSigDone + r) != epoch) {
-                __nanosleep(128);
+                __nanosleep(32);
                 if (static_cast<unsigned long long>(clock64() - t0) > GLM5_MEGAMOE_SPIN_LIMIT_CYCLES) {
 #ifdef GLM5_MEGAMOE_TIMEOUT_PRINTF  // opt-in: a call on the math path serializes every wgmma of the kernel (C7510)
                     ep_spin_timeout("exit", p.rank, r, epoch, ld_acquire_sys(sig + kSigDone + r));

@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "ep", 1) > 1:  # --ep N: the EP bench (glm5_fastpath/moe/ep/bench.py), its own options
+    if getattr(args, "ep", 1) > 1 or getattr(args, "ep_bench", False):  # the EP bench (moe/ep/bench.py), its own options
         from ..moe.ep.bench import run_ep
         return run_ep(args)
     bad = [s for s in args.settings.split(",") if s and s not in SETTINGS]

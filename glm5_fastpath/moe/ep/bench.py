@@ -62,6 +62,11 @@ def add_ep_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ep-check-tokens", type=int, default=64,
                     help="check outputs against the EP reference for token counts up to this (0: never)")
     ap.add_argument("--ep-iters", type=int, default=20, help="timed iterations per token count")
+    ap.add_argument("--ep-routing", default="uniform", choices=("uniform", "local"),
+                    help="uniform over all experts, or local: each rank's tokens pick only its own experts (diagnostic)")
+    ap.add_argument("--ep-bench", action="store_true", help="run this EP benchmark also at --ep 1 (one rank: the EP "
+                    "kernel's machinery without remote traffic, against DeepGEMM on a one-rank group)")
+    ap.add_argument("--ep-graph-calls", type=int, default=30, help="calls per CUDA-graph replay (graph timing)")
     ap.add_argument("--ep-config", default="", help="ours: MegaMoE pool config name for every token count "
                     "(default: kernel.default_ep_config per count)")
 
@@ -81,10 +86,17 @@ def local_weights(part: EPPartition, rank: int, hidden: int, inter: int, dev: to
     return RankWeights(*(torch.stack([w[i] for w in ws]) for i in range(4)))
 
 
-def rank_inputs(m: int, rank: int, experts: int, topk: int, hidden: int, dev: torch.device) -> RankInputs:
+def rank_inputs(m: int, rank: int, experts: int, topk: int, hidden: int, dev: torch.device, routing: str = "uniform",
+                world: int = 1) -> RankInputs:
+    """uniform: top-k distinct experts of all; local: of this rank's own experts only (no NVLink traffic; the same
+    per-rank work as uniform: a diagnostic of the EP machinery's cost)."""
     g = torch.Generator(device=dev).manual_seed(10_007 * m + rank)
     x8, xs = quant_act_per_token(torch.randn(m, hidden, generator=g, device=dev).to(torch.bfloat16))
-    ids = torch.argsort(torch.rand(m, experts, generator=g, device=dev), dim=1)[:, :topk].to(torch.int32)
+    if routing == "local":
+        epr = experts // world
+        ids = (torch.argsort(torch.rand(m, epr, generator=g, device=dev), dim=1)[:, :topk] + rank * epr).to(torch.int32)
+    else:
+        ids = torch.argsort(torch.rand(m, experts, generator=g, device=dev), dim=1)[:, :topk].to(torch.int32)
     w = torch.rand(m, topk, generator=g, device=dev) + 0.05
     return RankInputs(x8, xs, ids, (w / w.sum(-1, keepdim=True)).float())
 
@@ -250,7 +262,7 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
                 traceback.print_exc()
     rows = []
     for m in cfg["tokens"]:
-        inp = rank_inputs(m, rank, E, K, H, dev)
+        inp = rank_inputs(m, rank, E, K, H, dev, cfg.get("routing", "uniform"), world)
         row: dict[str, Any] = {"tokens_per_rank": m, "tokens_total": m * world}
         ref = ref1 = None
         if m <= cfg["check_tokens"]:
@@ -259,7 +271,8 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
                 ref1 = ep_forward_dist(inp, w, part, 1.0, modes=("A",)).out["A"][0]
         # weight-bytes floor of the slowest rank: the most local experts any rank touches, from every rank's tokens
         # (every rank's routing is generated from its seed, so each rank can regenerate all of them)
-        all_ids = torch.cat([rank_inputs(m, r, E, K, H, dev).topk_ids.long().flatten() for r in range(world)])
+        all_ids = torch.cat([rank_inputs(m, r, E, K, H, dev, cfg.get("routing", "uniform"), world).topk_ids.long().flatten()
+                             for r in range(world)])
         mine = torch.unique(all_ids[(all_ids // (E // world)) == rank])
         row["experts_touched_rank"] = int(mine.numel()) + shared
         row["floor_us"] = _max_over_ranks(row["experts_touched_rank"] * 3 * H * I / 4.27e12 * 1e6, dev)
@@ -281,13 +294,15 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
                     res = time_slowest_rank(lambda: moe.run_staged(m, y), dev, cfg["iters"])
                     extra = {"config": moe.config.name, "grid": moe.grid}
                     if cfg.get("graph", True):
-                        extra.update(time_graph_slowest_rank(lambda: moe.run_staged(m, y), dev, cfg["iters"]))
+                        extra.update(time_graph_slowest_rank(lambda: moe.run_staged(m, y), dev, cfg["iters"],
+                                                             cfg.get("graph_calls", 30)))
                     fn = moe  # the full call (stage + kernels) for the check
                 else:
                     res = time_slowest_rank(lambda: fn(inp), dev, cfg["iters"])
                     if name == "deepgemm" and cfg.get("graph", True):
                         try:
-                            extra.update(time_graph_slowest_rank(lambda: fn(inp), dev, cfg["iters"]))
+                            extra.update(time_graph_slowest_rank(lambda: fn(inp), dev, cfg["iters"],
+                                                                 cfg.get("graph_calls", 30)))
                         except Exception as e:  # noqa: BLE001 - the eager timings stand
                             extra["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 res.update(extra)
@@ -325,7 +340,8 @@ def markdown(result: dict) -> str:
              "",
              "Slowest rank per call (all_reduce MAX over the ranks), microseconds: eager per-iteration median (barrier + "
              "events around one call: includes the ranks' host skew), eager window mean (back-to-back calls: includes "
-             "host launch overhead when it exceeds the GPU time), CUDA-graph median (10 calls per replay: the GPU time). "
+             f"host launch overhead when it exceeds the GPU time), CUDA-graph median ({result.get('graph_calls', 10)} calls "
+             f"per replay: the GPU time). Routing: {result.get('routing', 'uniform')}. "
              f"Ratios use the graph median where there is one, else the window. {result['dims']}, routed experts only "
              f"unless shared={result['shared']}.", "",
              "| tokens/rank | floor us | " + " | ".join(f"{n} median | {n} window | {n} graph | {n} rel_err" for n in IMPLS)
@@ -362,12 +378,14 @@ def run_ep(args: argparse.Namespace) -> int:
         raise ValueError(f"bench moe --ep {n}: needs {n} CUDA GPUs, found {have} (--ep-device cpu: harness smoke run)")
     cfg = {"tokens": [int(t) for t in args.tokens.split(",") if t], "impls": impls, "device": args.ep_device,
            "shared": bool(args.ep_shared), "check_tokens": int(args.ep_check_tokens), "iters": int(args.ep_iters),
-           "ep_config": getattr(args, "ep_config", "")}
+           "ep_config": getattr(args, "ep_config", ""), "routing": getattr(args, "ep_routing", "uniform"),
+           "graph_calls": int(getattr(args, "ep_graph_calls", 30))}
     print(f"bench moe --ep {n} ({args.ep_device}): {impls}, tokens per rank {cfg['tokens']}", flush=True)
     res = run_ranks(_rank_main, n, (cfg,), backend="nccl" if args.ep_device == "cuda" else "gloo",
                     timeout_s=1800.0)
     r0 = res[0]
     result = {"ep": n, "date": _dt.date.today().isoformat(), "gpu": r0["gpu"], "dims": r0["dims"],
+              "routing": cfg["routing"], "graph_calls": cfg["graph_calls"],
               "shared": cfg["shared"], "impls": impls, "rows": r0["rows"], "torch": torch.__version__}
     try:
         from ...bench.meta import git_commit
