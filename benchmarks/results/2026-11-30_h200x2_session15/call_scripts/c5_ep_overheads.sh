@@ -11,7 +11,7 @@ step ep2u 150 python3 -m glm5_fastpath.cli bench moe --ep 2 --ep-impls ours,deep
 step ep2l 100 python3 -m glm5_fastpath.cli bench moe --ep 2 --ep-impls ours --ep-routing local --ep-iters 10 --ep-check-tokens 8 --tokens $T --out $H200_OUT/ep2l
 step ep1 120 python3 -m glm5_fastpath.cli bench moe --ep 1 --ep-bench --ep-impls ours,deepgemm --ep-iters 10 --ep-check-tokens 8 --tokens 1,8,64,256,1024 --out $H200_OUT/ep1
 step b1 100 python3 -m glm5_fastpath.cli bench moe --no-deepgemm --settings b --tokens 1,8,64,256 --configs bn8_s6_g512_w0_lf_p_e,bn16_s6_g512_w0_lf_p_e,bn32_s6_g512_w0_lf_p_e,bn64_s5_g512_w0_lf_p_e --out $H200_OUT/b1
-python3 - <<'PY' > $H200_OUT/summary.txt 2>&1
+H200_OUT=$H200_OUT python3 - <<'PY' > $H200_OUT/summary.txt 2>&1
 import json, glob, os
 o = os.environ["H200_OUT"]
 for f in sorted(glob.glob(o + "/ep*/megamoe_ep_bench.json")):
