@@ -891,7 +891,37 @@ struct MegaMoE {
         static_assert(kH % 512 == 0, "pool copy: whole 16-byte chunks per lane");
         const int rows = p.ctrl[4];
         const int nw = static_cast<int>(gridDim.x) * kPoolCopyWarps;
-        for (int r = w0; r < rows; r += nw) {
+        if constexpr (kEP) {
+            // EP: a remote row costs an NVLink round trip per batch of loads, so a row is split into parts of 4 chunks
+            // per lane (2 KB at H = 6144), each one work item with all its loads (and part 0 also the row's scales) in
+            // flight at once: one round trip per item, and at decode sizes (a few rows) more warps share the rows.
+            constexpr int kPer = kChunks < 4 ? kChunks : 4, kParts = (kChunks + kPer - 1) / kPer;
+            static_assert(kH / kBK <= 64, "EP pool copy: at most 2 scales per lane");
+            for (int it = w0; it < rows * kParts; it += nw) {
+                const int r = it / kParts, part = it - r * kParts;
+                const int32_t c = p.pair_list[r];
+                if (c < 0) continue;  // an expert's alignment padding
+                const uint8_t* src = pair_x(p, c) + 16 * lane + 512 * kPer * part;
+                uint8_t* dst = p.pool + static_cast<int64_t>(r) * kH + 16 * lane + 512 * kPer * part;
+                const float* xs = pair_xs(p, c);
+                ptx::u32x4 v[kPer];
+#pragma unroll
+                for (int q = 0; q < kPer; ++q)
+                    if (kPer * part + q < kChunks) v[q] = ptx::ld_global_v4(src + 512 * q);
+                float sc[2] = {0.f, 0.f};
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    if (part == 0 && lane + 32 * h < kH / kBK) sc[h] = xs[lane + 32 * h];
+#pragma unroll
+                for (int q = 0; q < kPer; ++q)
+                    if (kPer * part + q < kChunks) ptx::st_global_v4(dst + 512 * q, v[q]);
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    if (part == 0 && lane + 32 * h < kH / kBK)
+                        p.pool_scale[static_cast<int64_t>(lane + 32 * h) * p.pairs_cap + r] = sc[h];
+            }
+        }
+        for (int r = w0; r < (kEP ? 0 : rows); r += nw) {
             const int32_t c = p.pair_list[r];
             if (c < 0) continue;  // an expert's alignment padding
             const int t = c >> 4;

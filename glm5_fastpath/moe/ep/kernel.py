@@ -139,14 +139,17 @@ def _check(name: str, t: Any, dtypes: tuple[torch.dtype, ...], shape: tuple[int,
 
 
 def default_ep_config(tokens_per_rank: int, world: int, num_experts: int, topk: int) -> M.MegaMoEConfig:
-    """The pool build the EP kernel runs (it needs the token pool and the end combine): the single-GPU choice for this
-    rank's expected load (tokens of all ranks routed over num_experts, this rank's share of the experts), moved to
-    its pool variant (bn16 with split-K tiles below the token-major threshold, else the token-major bn64 pool build)."""
-    base = M.default_config(max(1, tokens_per_rank * world), num_experts, topk, 1)
-    if base.pool:
-        return dataclasses.replace(base, end_combine=True)
-    return M.MegaMoEConfig(base.block_n, M.max_stages(base.block_n), base.group_size, base.split_waves,
-                           lean_fences=True, pool=True, end_combine=True).validate()
+    """The pool build the EP kernel runs (it needs the token pool and the end combine), from the expected largest
+    per-expert load (every rank's tokens over num_experts): the token-major bn64 pool build from the single-GPU
+    threshold (M.TOKEN_MAJOR_POOL_MIN_LOAD) on, below it the smallest swapAB block that holds the load (8 / 16 / 32 /
+    64 tokens), whole-K FC1 tiles (split-K did not help at 1 token per rank: 119-123 vs 117 us, EP2, 2026-11-30)."""
+    load = M.expected_max_load(max(1, tokens_per_rank * world), num_experts, topk)
+    if load >= M.TOKEN_MAJOR_POOL_MIN_LOAD:
+        return M.MegaMoEConfig(64, M.max_stages(64), M.MAX_EXPERTS, 0, lean_fences=True, pool=True, token_major=True,
+                               end_combine=True).validate()
+    bn = next(b for b in (8, 16, 32, 64) if load <= b)
+    return M.MegaMoEConfig(bn, M.max_stages(bn), M.MAX_EXPERTS, 0, lean_fences=True, pool=True,
+                           end_combine=True).validate()
 
 
 class EPMegaMoE:

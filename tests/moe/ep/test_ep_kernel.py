@@ -36,6 +36,8 @@ def test_default_ep_config_is_a_pool_build_with_the_end_combine():
             c = K.default_ep_config(m, world, 256, 8)
             assert c.pool and c.end_combine and c.lean_fences, (m, world, c.name)
     assert K.default_ep_config(4096, 8, 256, 8).token_major
+    assert [K.default_ep_config(m, 2, 256, 8).block_n for m in (1, 64, 128, 512)] == [8, 16, 32, 64]
+    assert all(K.default_ep_config(m, 2, 256, 8).split_waves == 0 for m in (1, 8, 64))
 
 
 def test_ep_spec_needs_the_pool():
