@@ -309,17 +309,20 @@ struct Params {
     int64_t sym_w;             //   topk_weights [T, k] fp32,
     int64_t sym_ids;           //   topk_ids [T, k] int32,
     int64_t sym_sig;           //   signals [kSigWords] int32,
-    int64_t sym_slots;         //   slots [T, S, H] bf16 (written by the ranks that own the pairs' experts)
+    int64_t sym_slots;         //   slots [T, S, H] bf16 (combine mode A: written by the ranks that own the pairs' experts)
+    int64_t sym_loc;           //   pair_loc [T, S] int32 (mode B: owner rank << 24 | its pair row, written by the owner)
+    int64_t sym_opool;         //   out_pool [pairs_cap, H] bf16 (mode B: this rank's FC2 outputs by pair row)
     int32_t* g_ids;            // local [world * T, k] int32: every rank's topk ids, gathered by the plan (src-major)
     float* g_w;                // local [world * T, k] fp32: their routing weights
     float* pair_weight;        // local [pairs_cap] fp32: routing weight of each pair row
     int32_t rank;
     int32_t world;
     int32_t ep_max_tokens;     // T (rows of the symmetric per-token fields)
-    int32_t ep_pad;
+    int32_t ep_mode;           // combine mode: 0 = A (FC2 stores into the source's slots), 1 = B (FC2 stores into the
+                               // local out_pool; the source reads the owners' pools after the exit barrier)
 };
 
-static_assert(sizeof(Params) == 232 + 8 * kMaxRanks + 6 * 8 + 3 * 8 + 16,
+static_assert(sizeof(Params) == 232 + 8 * kMaxRanks + 8 * 8 + 3 * 8 + 16,
               "Params ABI: glm5_fastpath/moe/megamoe.py::_Params (PARAMS_BYTES)");
 
 constexpr int32_t kFlagFc1Only = 1;    // plan FC1 tasks only
@@ -757,8 +760,11 @@ struct MegaMoE {
                 if (e < 0) continue;
                 const int pos = atomicAdd(&s.cursor[e], 1);
                 const int src = ep_src(t);
-                p.pair_list[s.off[e] + pos] = encode_pair(src << kEpTokBits | (t - ep_base_smem()[src]), j);
+                const int tl = t - ep_base_smem()[src];
+                p.pair_list[s.off[e] + pos] = encode_pair(src << kEpTokBits | tl, j);
                 p.pair_weight[s.off[e] + pos] = j < p.topk ? p.g_w[static_cast<int64_t>(t) * p.topk + j] : p.shared_weight;
+                if (p.ep_mode)  // mode B: tell the source where (rank, pair row) its slot (tl, j) will be
+                    sym_ptr<int32_t>(p, src, p.sym_loc)[static_cast<int64_t>(tl) * S + j] = p.rank << 24 | (s.off[e] + pos);
             } else {
                 if (token_masked(p, t)) continue;
                 const int e = pair_expert(p, t, j);
@@ -792,6 +798,11 @@ struct MegaMoE {
             p.blk_base[e] = in ? s.bb[e] : 0;
         }
         if (tid == 0) p.ctrl[0] = s.totals[3], p.ctrl[1] = 0, p.ctrl[2] = 0, p.ctrl[3] = 0;
+        if constexpr (kEP) {
+            // mode B: the pair_loc stores above reach the sources before anything this rank releases later (the exit
+            // barrier's done flag, after the persistent kernel)
+            if (p.ep_mode) __threadfence_system();
+        }
         if constexpr (kPool) {
             // the pool copy walks every pair row: mark each expert's alignment padding rows (code -1)
             for (int e = tid; e < E; e += kPlanThreads)
@@ -1805,6 +1816,15 @@ struct MegaMoE {
         const int S = p.num_slots;
         const bool even = (g8 & 1) == 0;
         const int ch_base = kWide ? 64 * wg : 128 * wg;  // first channel of this warpgroup's rows in the tile
+        // Row of the weighted value of column col (pair code c): its slot (t, j) (single GPU; EP mode A: at the source
+        // rank), or EP mode B: this rank's out_pool row of the pair (p0 + col).
+        [[maybe_unused]] const int p0 = kEP ? reinterpret_cast<const int32_t*>(sm + L::kMeta)[slot * 4 + 0] : 0;
+        auto out_row = [&](int32_t c, [[maybe_unused]] int col) -> uint16_t* {
+            if constexpr (kEP) {
+                if (p.ep_mode) return sym_ptr<uint16_t>(p, p.rank, p.sym_opool) + static_cast<int64_t>(p0 + col) * kH;
+            }
+            return pair_slot(p, c, S);
+        };
         // Routing weights and pair codes of this thread's columns, loaded before the first store: the stores are asm
         // volatile (memory clobber), so loads inside the store loop waited for the previous store's issue.
         float w0s[kNJ], w1s[kNJ];
@@ -1855,7 +1875,7 @@ struct MegaMoE {
                     if (col < cnt) {
                         const int32_t c = (k >> 1) ? codes[j0 + 1] : codes[j0];
                         const int ch = ch_base + 64 * half + 16 * w + 8 * (k & 1);
-                        uint16_t* dst = pair_slot(p, c, S) + rt * kRows + ch;
+                        uint16_t* dst = out_row(c, col) + rt * kRows + ch;
                         ptx::st_global_v4(dst, ptx::u32x4{u[0], u[1], u[2], u[3]});
                     }
                 }
@@ -1873,7 +1893,7 @@ struct MegaMoE {
                         const int ch = ch_base + 64 * half + 16 * w + 8 * r + (g8 & ~1);  // even channel of the pair
                         if (col < cnt) {
                             const int32_t c = codes[j];
-                            uint16_t* dst = pair_slot(p, c, S) + rt * kRows + ch;
+                            uint16_t* dst = out_row(c, col) + rt * kRows + ch;
                             st_global_u32(dst, ptx::f32x2_to_bf16x2_rn(lo, hi));
                         }
                     }
@@ -1910,7 +1930,7 @@ struct MegaMoE {
                         }
                     }
                     if (tok < cnt) {
-                        uint16_t* dst = pair_slot(p, c, S) + rt * kRows + (kWide ? 0 : kTmN * wg) + 8 * (j0 + t4);
+                        uint16_t* dst = out_row(c, tok) + rt * kRows + (kWide ? 0 : kTmN * wg) + 8 * (j0 + t4);
                         ptx::st_global_v4(dst, ptx::u32x4{u[0], u[1], u[2], u[3]});
                     }
                 }
@@ -1957,6 +1977,18 @@ struct MegaMoE {
         constexpr int kLaneCh = kRows / 32, kLaneW = kLaneCh / 2;
         const int S = p.num_slots;
         const int64_t base = static_cast<int64_t>(t) * S * kH + rt * kRows + lane * kLaneCh;
+        // Slot j's values: this rank's slot buffer (single GPU; EP mode A), or EP mode B: the owner's out_pool row
+        // (pair_loc, written by the owner's plan kernel; NVLink loads when the owner is a peer).
+        auto src_of = [&](int j) -> const uint16_t* {
+            if constexpr (kEP) {
+                if (p.ep_mode) {
+                    const int32_t loc = sym_ptr<const int32_t>(p, p.rank, p.sym_loc)[static_cast<int64_t>(t) * S + j];
+                    return sym_ptr<const uint16_t>(p, loc >> 24, p.sym_opool) + static_cast<int64_t>(loc & 0xffffff) * kH +
+                           rt * kRows + lane * kLaneCh;
+                }
+            }
+            return p.slots + base + static_cast<int64_t>(j) * kH;
+        };
         // The slot loads go out 4 at a time (8 spill the bn64 build), then are summed in slot order. A loop over the
         // runtime S issued one L2 round trip per slot: ~9 in a row per combined token, most of FC2's epilogue at
         // 128+ tokens (session-10 trace).
@@ -1971,7 +2003,7 @@ struct MegaMoE {
             uint32_t v[kMaxSlots][2];
 #pragma unroll
             for (int j = 0; j < kMaxSlots; ++j)
-                if (j < S) ptx::ld_cg_v2(p.slots + base + static_cast<int64_t>(j) * kH, v[j][0], v[j][1]);
+                if (j < S) ptx::ld_cg_v2(src_of(j), v[j][0], v[j][1]);
 #pragma unroll
             for (int j = 0; j < kMaxSlots; ++j) {
                 if (j < S) {
@@ -1988,7 +2020,7 @@ struct MegaMoE {
 #pragma unroll
                 for (int jj = 0; jj < 4; ++jj) {
                     if (j0 + jj < S) {
-                        const uint16_t* src = p.slots + base + static_cast<int64_t>(j0 + jj) * kH;
+                        const uint16_t* src = src_of(j0 + jj);
                         ptx::ld_cg_v4(src, v[jj][0], v[jj][1], v[jj][2], v[jj][3]);
                     }
                 }

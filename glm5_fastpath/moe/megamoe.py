@@ -655,15 +655,15 @@ class _Params(ctypes.Structure):
         # expert parallelism (the EP build, moe/ep/kernel.py; zero for the single-GPU op)
         ("peer", ctypes.c_uint64 * EP_MAX_RANKS),
         ("sym_x", ctypes.c_int64), ("sym_xs", ctypes.c_int64), ("sym_w", ctypes.c_int64), ("sym_ids", ctypes.c_int64),
-        ("sym_sig", ctypes.c_int64), ("sym_slots", ctypes.c_int64),
+        ("sym_sig", ctypes.c_int64), ("sym_slots", ctypes.c_int64), ("sym_loc", ctypes.c_int64), ("sym_opool", ctypes.c_int64),
         ("g_ids", ctypes.c_void_p), ("g_w", ctypes.c_void_p), ("pair_weight", ctypes.c_void_p),
-        ("rank", ctypes.c_int32), ("world", ctypes.c_int32), ("ep_max_tokens", ctypes.c_int32), ("ep_pad", ctypes.c_int32),
+        ("rank", ctypes.c_int32), ("world", ctypes.c_int32), ("ep_max_tokens", ctypes.c_int32), ("ep_mode", ctypes.c_int32),
     ]
 
 
-# 22 pointers + 12 ints + 2 floats = 232, + the EP block: 8 peers + 6 offsets + 3 pointers + 4 ints = 152
+# 22 pointers + 12 ints + 2 floats = 232, + the EP block: 8 peers + 8 offsets + 3 pointers + 4 ints = 168
 PARAMS_BYTES = ctypes.sizeof(_Params)
-assert PARAMS_BYTES == 384, PARAMS_BYTES
+assert PARAMS_BYTES == 400, PARAMS_BYTES
 
 
 def _params(x, xs, ids, wts, wt: "_WeightViews", out, ws: Workspace, num_shared: int, rsf: float, group_size: int,

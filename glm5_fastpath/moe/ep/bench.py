@@ -62,6 +62,8 @@ def add_ep_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ep-check-tokens", type=int, default=64,
                     help="check outputs against the EP reference for token counts up to this (0: never)")
     ap.add_argument("--ep-iters", type=int, default=20, help="timed iterations per token count")
+    ap.add_argument("--ep-mode", default="A", choices=("A", "B"), help="ours: combine mode (moe/ep/kernel.py "
+                    "SymLayout): A = FC2 stores into the source's slots, B = sources read the owners' output pools")
     ap.add_argument("--ep-routing", default="uniform", choices=("uniform", "local"),
                     help="uniform over all experts, or local: each rank's tokens pick only its own experts (diagnostic)")
     ap.add_argument("--ep-bench", action="store_true", help="run this EP benchmark also at --ep 1 (one rank: the EP "
@@ -246,7 +248,8 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
             try:
                 from .. import megamoe as MM
                 from .kernel import EPBuffers, EPMegaMoE, SymLayout, default_ep_config
-                bufs = EPBuffers.symmetric(SymLayout(max(cfg["tokens"]), H, K, K + shared))
+                bufs = EPBuffers.symmetric(SymLayout.for_group(max(cfg["tokens"]), H, I, K, shared, world, E,
+                                                               cfg.get("mode", "A")))
                 wt = MM.prepare_weights(w.w13, w.w13_scale, w.w2, w.w2_scale, shared)
 
                 def ours_obj(m: int):
@@ -341,7 +344,8 @@ def markdown(result: dict) -> str:
              "Slowest rank per call (all_reduce MAX over the ranks), microseconds: eager per-iteration median (barrier + "
              "events around one call: includes the ranks' host skew), eager window mean (back-to-back calls: includes "
              f"host launch overhead when it exceeds the GPU time), CUDA-graph median ({result.get('graph_calls', 10)} calls "
-             f"per replay: the GPU time). Routing: {result.get('routing', 'uniform')}. "
+             f"per replay: the GPU time). Routing: {result.get('routing', 'uniform')}; ours: combine mode "
+             f"{result.get('mode', 'A')}. "
              f"Ratios use the graph median where there is one, else the window. {result['dims']}, routed experts only "
              f"unless shared={result['shared']}.", "",
              "| tokens/rank | floor us | " + " | ".join(f"{n} median | {n} window | {n} graph | {n} rel_err" for n in IMPLS)
@@ -379,13 +383,14 @@ def run_ep(args: argparse.Namespace) -> int:
     cfg = {"tokens": [int(t) for t in args.tokens.split(",") if t], "impls": impls, "device": args.ep_device,
            "shared": bool(args.ep_shared), "check_tokens": int(args.ep_check_tokens), "iters": int(args.ep_iters),
            "ep_config": getattr(args, "ep_config", ""), "routing": getattr(args, "ep_routing", "uniform"),
+           "mode": getattr(args, "ep_mode", "A"),
            "graph_calls": int(getattr(args, "ep_graph_calls", 30))}
     print(f"bench moe --ep {n} ({args.ep_device}): {impls}, tokens per rank {cfg['tokens']}", flush=True)
     res = run_ranks(_rank_main, n, (cfg,), backend="nccl" if args.ep_device == "cuda" else "gloo",
                     timeout_s=1800.0)
     r0 = res[0]
     result = {"ep": n, "date": _dt.date.today().isoformat(), "gpu": r0["gpu"], "dims": r0["dims"],
-              "routing": cfg["routing"], "graph_calls": cfg["graph_calls"],
+              "routing": cfg["routing"], "graph_calls": cfg["graph_calls"], "mode": cfg["mode"],
               "shared": cfg["shared"], "impls": impls, "rows": r0["rows"], "torch": torch.__version__}
     try:
         from ...bench.meta import git_commit

@@ -48,24 +48,51 @@ def _align(n: int, a: int = _ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+MODES = {"A": 0, "B": 1}  # megamoe.cuh Params.ep_mode
+
+
 @dataclass(frozen=True)
 class SymLayout:
-    """Byte layout of one rank's symmetric buffer (identical at every rank; megamoe.cuh Params.sym_*)."""
+    """Byte layout of one rank's symmetric buffer (identical at every rank; megamoe.cuh Params.sym_*).
+
+    Combine mode A (the default): each pair's weighted FC2 output goes straight into the source rank's slot buffer
+    [T, S, H] (remote 16-byte stores from the FC2 epilogue); the source sums its slots after the exit barrier.
+    Mode B: the owner keeps its outputs in its own out_pool [pairs_cap, H] (pair-row order, local stores) and writes
+    each slot's location (owner << 24 | pair row) into the source's pair_loc [T, S]; after the exit barrier the source
+    reads its slots from the owners' pools (NVLink loads). pairs_cap is the owner's workspace capacity
+    (megamoe.WorkspaceShape over world x T tokens)."""
 
     max_tokens: int  # T: rows of the per-token fields (tokens per rank per call)
     hidden: int
     topk: int
     num_slots: int   # S = topk + num_shared
+    mode: str = "A"
+    pairs_cap: int = 0  # mode B: rows of out_pool
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_tokens <= MAX_TOKENS_PER_RANK:
             raise EPKernelError(f"max_tokens={self.max_tokens} must be in 1..{MAX_TOKENS_PER_RANK}")
+        if self.mode not in MODES:
+            raise EPKernelError(f"combine mode {self.mode!r} must be one of {sorted(MODES)}")
+        if self.mode == "B" and not 0 < self.pairs_cap < 1 << 24:
+            raise EPKernelError(f"mode B needs pairs_cap in 1..2^24 - 1 (24-bit row of pair_loc), got {self.pairs_cap}")
+
+    @classmethod
+    def for_group(cls, max_tokens: int, hidden: int, inter: int, topk: int, num_shared: int, world: int,
+                  num_experts: int, mode: str = "A") -> "SymLayout":
+        """The layout for `world` ranks of num_experts routed experts (+ num_shared replicated) each holding up to
+        max_tokens tokens per call."""
+        S = topk + num_shared
+        cap = M.WorkspaceShape(hidden, inter, num_experts // world + num_shared, S, world * max_tokens).pairs_cap
+        return cls(max_tokens, hidden, topk, S, mode, cap if mode == "B" else 0)
 
     @property
     def offsets(self) -> dict[str, int]:
         T, H, k, S = self.max_tokens, self.hidden, self.topk, self.num_slots
+        a, b = self.mode == "A", self.mode == "B"
         sizes = [("x", T * H), ("xs", T * (H // 128) * 4), ("w", T * k * 4), ("ids", T * k * 4), ("sig", SIG_WORDS * 4),
-                 ("slots", T * S * H * 2)]
+                 ("slots", T * S * H * 2 if a else 0), ("loc", T * S * 4 if b else 0),
+                 ("opool", self.pairs_cap * H * 2 if b else 0)]
         off, out = 0, {}
         for name, n in sizes:
             out[name] = off
@@ -86,7 +113,10 @@ class SymLayout:
         return {"x": v("x", T * H, M.FP8, (T, H)), "xs": v("xs", T * H // 128 * 4, torch.float32, (T, H // 128)),
                 "w": v("w", T * k * 4, torch.float32, (T, k)), "ids": v("ids", T * k * 4, torch.int32, (T, k)),
                 "sig": v("sig", SIG_WORDS * 4, torch.int32, (SIG_WORDS,)),
-                "slots": v("slots", T * S * H * 2, torch.bfloat16, (T, S, H))}
+                "slots": v("slots", T * S * H * 2 if self.mode == "A" else 0, torch.bfloat16,
+                           (T, S, H) if self.mode == "A" else (0, S, H)),
+                "loc": v("loc", T * S * 4 if self.mode == "B" else 0, torch.int32, (T, S) if self.mode == "B" else (0, S)),
+                "opool": v("opool", self.pairs_cap * H * 2, torch.bfloat16, (self.pairs_cap, H))}
 
 
 @dataclass
@@ -183,6 +213,9 @@ class EPMegaMoE:
         self.grid = grid or sms
         T = lay.max_tokens
         shape = M.WorkspaceShape(weights.hidden, weights.inter, weights.num_total, lay.num_slots, self.world * T, sms)
+        if lay.mode == "B" and lay.pairs_cap != shape.pairs_cap:
+            raise EPKernelError(f"mode B: the layout's out_pool has {lay.pairs_cap} rows, this rank's workspace "
+                                f"{shape.pairs_cap} (build the layout with SymLayout.for_group)")
         self.ws = M._alloc_workspace(shape, dev)
         self.ws.slots = torch.empty(0, dtype=torch.bfloat16, device=dev)  # the slots live in the symmetric buffer
         M._ensure_pool(self.ws)
@@ -245,8 +278,9 @@ class EPMegaMoE:
         o = lay.offsets
         for r, ptr in enumerate(self.bufs.peers):
             p.peer[r] = ptr
-        p.sym_x, p.sym_xs, p.sym_w, p.sym_ids, p.sym_sig, p.sym_slots = (o[n] for n in ("x", "xs", "w", "ids", "sig",
-                                                                                       "slots"))
+        p.sym_x, p.sym_xs, p.sym_w, p.sym_ids, p.sym_sig, p.sym_slots, p.sym_loc, p.sym_opool = (
+            o[n] for n in ("x", "xs", "w", "ids", "sig", "slots", "loc", "opool"))
+        p.ep_mode = MODES[lay.mode]
         p.slots = v["slots"].data_ptr()
         p.g_ids, p.g_w, p.pair_weight = self.g_ids.data_ptr(), self.g_w.data_ptr(), self.pair_weight.data_ptr()
         p.rank, p.world, p.ep_max_tokens = self.rank, self.world, lay.max_tokens
@@ -299,6 +333,6 @@ def simulated_grid(world: int, num_sms: int) -> int:
     return max(1, (num_sms - world) // world)
 
 
-__all__ = ["EPBuffers", "EPKernelError", "EPMegaMoE", "SymLayout", "default_ep_config", "local_weight_stack", "simulate",
+__all__ = ["EPBuffers", "EPKernelError", "EPMegaMoE", "MODES", "SymLayout", "default_ep_config", "local_weight_stack", "simulate",
            "simulated_grid", "SIG_WORDS", "EP_TOK_BITS"]
 _ = ctypes  # ctypes structures come from megamoe._params

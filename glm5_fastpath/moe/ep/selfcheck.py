@@ -81,6 +81,7 @@ class Case:
     config: str = "bn64_s5_g512_w0_lf_p_t"
     seed: int = 1
     repeats: int = 3               # calls per check (the epoch advances; each call must give the same bits)
+    mode: str = "A"                # combine mode (kernel.SymLayout)
     graph_replays: int = 0         # > 0: capture one call in a CUDA graph and replay it with new inputs
 
 
@@ -113,7 +114,8 @@ def check_simulated(case: Case, dev: Any = None) -> dict[str, Any]:
     inputs = [rank_inputs(m, r, case.num_experts, case.topk, world, case.hidden, case.kind, case.seed, dev)
               for r, m in enumerate(case.tokens)]
     want = _single_gpu(inputs, full, cfg)
-    lay = K.SymLayout(max(1, max(case.tokens)), case.hidden, case.topk, case.topk + 1)
+    lay = K.SymLayout.for_group(max(1, max(case.tokens)), case.hidden, case.inter, case.topk, 1, world,
+                                case.num_experts, case.mode)
     bufs = K.EPBuffers.simulated(lay, world, dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     ranks = [K.EPMegaMoE(K.local_weight_stack(*raw, r, world), bufs[r], num_experts=case.num_experts, topk=case.topk,
@@ -182,7 +184,8 @@ def check_rank(rank: int, world: int, case: Case) -> dict[str, Any]:
     full = M.prepare_weights(*raw, num_shared=1)
     want = _single_gpu(inputs, full, cfg)[rank]
     del full
-    lay = K.SymLayout(max(1, max(case.tokens)), case.hidden, case.topk, case.topk + 1)
+    lay = K.SymLayout.for_group(max(1, max(case.tokens)), case.hidden, case.inter, case.topk, 1, world,
+                                case.num_experts, case.mode)
     bufs = K.EPBuffers.symmetric(lay)
     moe = K.EPMegaMoE(K.local_weight_stack(*raw, rank, world), bufs, num_experts=case.num_experts, topk=case.topk,
                       config=cfg)

@@ -28,6 +28,21 @@ def test_sym_layout_offsets_and_views():
     assert v["slots"].shape == (5, 9, 512) and v["slots"].dtype == torch.bfloat16
     with pytest.raises(K.EPKernelError, match="max_tokens"):
         K.SymLayout(0, 512, 8, 9)
+    assert v["loc"].numel() == 0 and v["opool"].numel() == 0  # mode A: no pull-combine fields
+
+
+def test_sym_layout_mode_b():
+    lay = K.SymLayout.for_group(16, 512, 128, 8, 1, 2, 32, "B")
+    cap = M.WorkspaceShape(512, 128, 17, 9, 32).pairs_cap
+    assert lay.pairs_cap == cap and lay.mode == "B"
+    v = lay.views(torch.zeros(lay.nbytes, dtype=torch.uint8))
+    assert v["slots"].numel() == 0 and v["loc"].shape == (16, 9) and v["opool"].shape == (cap, 512)
+    o = lay.offsets
+    assert o["opool"] + cap * 512 * 2 <= lay.nbytes and o["loc"] % 256 == 0
+    with pytest.raises(K.EPKernelError, match="pairs_cap"):
+        K.SymLayout(16, 512, 8, 9, "B", 0)
+    with pytest.raises(K.EPKernelError, match="mode"):
+        K.SymLayout(16, 512, 8, 9, "C")
 
 
 def test_default_ep_config_is_a_pool_build_with_the_end_combine():
@@ -116,6 +131,17 @@ def test_gpu_sim_ranks_equal_single_gpu_bitwise(tokens, kind, config):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", ["bn64_s5_g512_w0_lf_p_t", "bn16_s6_g512_w0_lf_p", "bn128_s6_g512_w0_lf_p_t"])
+@pytest.mark.parametrize("tokens, kind", [((1, 1), "uniform"), ((0, 5), "rank0"), ((33, 64), "hot"),
+                                          ((40, 41), "padding"), ((5, 9, 0, 13), "uniform"), ((200, 17), "uniform")])
+def test_gpu_sim_mode_b_equals_single_gpu_bitwise(tokens, kind, config):
+    """Combine mode B (owners keep their outputs in a local pool, sources read them back through pair_loc): the same
+    values summed in the same slot order, so the same bits as the single-GPU kernel."""
+    rep = SC.check_simulated(SC.Case(tokens=tokens, kind=kind, config=config, repeats=3, mode="B"))
+    _assert_report(rep)
+
+
+@pytest.mark.gpu
 def test_gpu_sim_split_k_config_within_fp8_noise():
     """bn16 with split-K FC1 tiles: whether a tile splits depends on the rank's tile count, so EP vs single GPU is
     compared within FP8 noise (the two K halves are summed in another order)."""
@@ -129,10 +155,11 @@ def test_gpu_sim_glm5_dims():
 
 
 @pytest.mark.gpu
-def test_gpu_sim_cuda_graph_replay():
+@pytest.mark.parametrize("mode", ["A", "B"])
+def test_gpu_sim_cuda_graph_replay(mode):
     """One captured call per rank, replayed concurrently with new inputs: the epoch and the barriers live in device
     memory, so replays need no host work."""
-    _assert_report(SC.check_simulated(SC.Case(tokens=(24, 10), repeats=1, graph_replays=6)))
+    _assert_report(SC.check_simulated(SC.Case(tokens=(24, 10), repeats=1, graph_replays=6, mode=mode)))
 
 
 # ---- GPU: real ranks (2+ GPUs) -----------------------------------------------------------------------------------
@@ -148,7 +175,9 @@ def _gpus() -> int:
     SC.Case(tokens=(300, 100), kind="padding", config="bn128_s6_g512_w0_lf_p_t"),
     SC.Case(tokens=(8, 8), num_experts=256, hidden=6144, inter=2048),
     SC.Case(tokens=(256, 200), num_experts=256, hidden=6144, inter=2048),
-], ids=lambda c: f"{c.tokens}-{c.kind}-{c.hidden}-{c.config}")
+    SC.Case(tokens=(0, 9), kind="rank0", mode="B"), SC.Case(tokens=(64, 33), kind="hot", mode="B"),
+    SC.Case(tokens=(256, 200), num_experts=256, hidden=6144, inter=2048, mode="B"),
+], ids=lambda c: f"{c.tokens}-{c.kind}-{c.hidden}-{c.config}-{c.mode}")
 def test_gpu_two_ranks_equal_single_gpu_bitwise(case):
     from glm5_fastpath.moe.ep.launch import run_ranks
     res = run_ranks(SC.check_rank, 2, (case,), backend="nccl", timeout_s=300)
