@@ -142,6 +142,19 @@ def test_gpu_sim_mode_b_equals_single_gpu_bitwise(tokens, kind, config):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["A", "B"])
+@pytest.mark.parametrize("tokens, kind, experts, hidden, inter", [
+    ((3, 0, 5, 1, 7, 2, 0, 4), "uniform", 64, 512, 128), ((9, 9, 9, 9, 9, 9, 9, 9), "rank0", 64, 512, 128),
+    ((16, 1, 0, 8, 33, 2, 5, 12), "uniform", 256, 6144, 2048)])
+def test_gpu_sim_ep8(tokens, kind, experts, hidden, inter, mode):
+    """EP8 as 8 simulated ranks on one GPU (15 CTAs each): ranks without tokens, every rank's tokens routed to rank 0's
+    experts only (seven ranks receive no routed pair), GLM-5 shapes; bitwise against the single-GPU kernel."""
+    rep = SC.check_simulated(SC.Case(tokens=tokens, kind=kind, num_experts=experts, hidden=hidden, inter=inter,
+                                     repeats=2, mode=mode))
+    _assert_report(rep)
+
+
+@pytest.mark.gpu
 def test_gpu_sim_split_k_config_within_fp8_noise():
     """bn16 with split-K FC1 tiles: whether a tile splits depends on the rank's tile count, so EP vs single GPU is
     compared within FP8 noise (the two K halves are summed in another order)."""
