@@ -316,7 +316,13 @@ def local_weight_stack(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s
 def simulate(ranks: Sequence[EPMegaMoE], inputs: Sequence[Sequence[torch.Tensor]],
              streams: Sequence[torch.cuda.Stream] | None = None) -> list[torch.Tensor]:
     """Run N simulated ranks on one GPU: rank r's call on stream r (they must run concurrently: the barriers spin);
-    returns the outputs after a device synchronisation."""
+    returns the outputs after a device synchronisation. N is limited by the device's hardware work queues
+    (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default): with more streams than queues two ranks' kernels could be queued one
+    behind the other, and the first one's barrier would then wait (and trap) for a rank that cannot start."""
+    import os
+    queues = int(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8"))
+    if len(ranks) > queues:
+        raise EPKernelError(f"simulate: {len(ranks)} ranks > CUDA_DEVICE_MAX_CONNECTIONS={queues} hardware queues")
     streams = streams or [torch.cuda.Stream(ranks[0].device) for _ in ranks]
     cur = torch.cuda.current_stream(ranks[0].device)
     outs = []
