@@ -1132,7 +1132,8 @@ def precompile(weights: MegaMoEWeights, topk: int = 8, max_tokens: int = 256, de
 def compile_check_specs() -> list[KernelSpec]:
     """Variants for scripts/compile_check.py: GLM-5 dims with every token block (deepest ring), both fence builds
     (default_config takes the lean one), the small preset (H 512, I 128), three pool builds, three token-major builds
-    (bn64 with and without the pool, bn128 with it), three diagnostic builds (all parts off) and one trace build."""
+    (bn64 with and without the pool, bn128 with it), three diagnostic builds (all parts off), one trace build and the
+    expert-parallel builds (moe/ep/kernel.py: swapAB bn8 and token-major bn64 pool builds)."""
     specs = [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=lf) for lf in (True, False) for bn in BLOCK_NS]
     specs += [kernel_spec(512, 128, 16, max_stages(16), lean_fences=lf) for lf in (True, False)]
     specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, pool=True) for bn in (16, 64, WIDE_BN)]
@@ -1141,6 +1142,8 @@ def compile_check_specs() -> list[KernelSpec]:
     specs.append(kernel_spec(6144, 2048, 64, max_stages(64), lean_fences=True, token_major=True))
     specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, diag=7) for bn in (16, 64, WIDE_BN)]
     specs.append(trace_spec(6144, 2048, 64, max_stages(64)))  # the trace build compiles too
+    specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, pool=True, token_major=tm, ep=True)
+              for bn, tm in ((8, False), (64, True))]
     return specs
 
 
