@@ -182,9 +182,18 @@ def default_ep_config(tokens_per_rank: int, world: int, num_experts: int, topk: 
                            end_combine=True).validate()
 
 
+# EPMegaMoE instances by handle: the torch.library op (ep_mega_moe) takes the handle, as DeepGEMM's fp8_mega_moe takes
+# its symmetric buffer object (an op cannot take arbitrary Python objects).
+_INSTANCES: dict[int, "EPMegaMoE"] = {}
+_next_handle = [1]
+
+
 class EPMegaMoE:
     """This rank's EP MegaMoE: local weights (the routed experts it owns, then the shared one), its EPBuffers, a local
-    workspace sized for every rank's tokens routed here (world x T tokens)."""
+    workspace sized for every rank's tokens routed here (world x T tokens).
+
+    moe(x8, x_scale, topk_ids, topk_weights) runs it directly; moe.op(...) goes through the torch.library op
+    torch.ops.glm5_fastpath.ep_mega_moe (fake implementation for tracing: [M, H] bf16)."""
 
     def __init__(self, weights: M.MegaMoEWeights, bufs: EPBuffers, *, num_experts: int, topk: int,
                  config: M.MegaMoEConfig | None = None, grid: int | None = None,
@@ -230,6 +239,16 @@ class EPMegaMoE:
         rows = M.stage_rows(c.block_n)
         self.maps = (M._w13_map(weights.w13, rows), M._w2_map(weights.w2, rows),
                      M._rows_map(self.ws.pool, c.block_n, "pool"), M._rows_map(self.ws.act, c.block_n, "act"))
+        self.handle = _register(self)
+
+    def op(self, x8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor,
+           topk_weights: torch.Tensor) -> torch.Tensor:
+        """The same call through torch.ops.glm5_fastpath.ep_mega_moe."""
+        return torch.ops.glm5_fastpath.ep_mega_moe(x8, x_scale, topk_ids, topk_weights, self.handle)
+
+    def close(self) -> None:
+        """Drop the op's reference to this instance (its buffers are freed with the last reference)."""
+        _INSTANCES.pop(getattr(self, "handle", 0), None)
 
     def __call__(self, x8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor,
                  topk_weights: torch.Tensor) -> torch.Tensor:
@@ -298,6 +317,34 @@ class EPMegaMoE:
 
     def epoch(self) -> int:
         return int(self.bufs.views["sig"][0])
+
+
+def _register(inst: Any) -> int:
+    h = _next_handle[0]
+    _next_handle[0] += 1
+    _INSTANCES[h] = inst
+    return h
+
+
+def _instance(handle: int) -> "EPMegaMoE":
+    inst = _INSTANCES.get(int(handle))
+    if inst is None:
+        raise EPKernelError(f"ep_mega_moe: no EPMegaMoE with handle {handle} in this process (closed, or made in another)")
+    return inst
+
+
+@torch.library.custom_op("glm5_fastpath::ep_mega_moe", mutates_args=())
+def _ep_mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 handle: int) -> torch.Tensor:
+    return _instance(handle)(x, x_scale, topk_ids, topk_weights)
+
+
+@_ep_mega_moe.register_fake
+def _ep_mega_moe_fake(x, x_scale, topk_ids, topk_weights, handle):
+    inst = _instance(handle)
+    if x.dim() != 2:
+        raise EPKernelError(f"ep_mega_moe: x must be 2-D [M, H], got shape {list(x.shape)}")
+    return x.new_empty((x.shape[0], inst.weights.hidden), dtype=torch.bfloat16)
 
 
 def local_weight_stack(w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, rank: int, world: int,

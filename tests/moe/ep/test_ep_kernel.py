@@ -97,6 +97,26 @@ def test_local_weight_stack_takes_the_rank_block_and_the_shared_expert():
         K.local_weight_stack(w13, s13, w2, s2, rank=0, world=3)
 
 
+def test_ep_op_is_registered_with_a_fake_implementation():
+    """torch.ops.glm5_fastpath.ep_mega_moe takes an EPMegaMoE handle; under fake tensors it gives [M, H] bf16 without a
+    GPU; an unknown handle is a clear error."""
+    from types import SimpleNamespace
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    h = K._register(SimpleNamespace(weights=SimpleNamespace(hidden=512)))
+    try:
+        with FakeTensorMode():
+            x = torch.empty(5, 512, dtype=M.FP8)
+            out = torch.ops.glm5_fastpath.ep_mega_moe(x, torch.empty(5, 4), torch.empty(5, 8, dtype=torch.int32),
+                                                      torch.empty(5, 8), h)
+        assert tuple(out.shape) == (5, 512) and out.dtype == torch.bfloat16
+    finally:
+        K._INSTANCES.pop(h, None)
+    with pytest.raises(K.EPKernelError, match="no EPMegaMoE with handle"):
+        torch.ops.glm5_fastpath.ep_mega_moe(torch.empty(1, 512, dtype=M.FP8), torch.empty(1, 4),
+                                            torch.zeros(1, 8, dtype=torch.int32), torch.empty(1, 8), 10 ** 9)
+
+
 def test_rank_routing_kinds():
     ids, w = SC.rank_routing(12, 32, 8, 4, "rank0", seed=3)
     assert int(ids.max()) < 8 and torch.allclose(w.sum(-1), torch.ones(12))
