@@ -219,6 +219,24 @@ def test_gpu_two_ranks_equal_single_gpu_bitwise(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 4, reason="needs 4 or 8 GPUs (nvidia-h200-x4 / -x8)")
+@pytest.mark.parametrize("mode", ["A", "B"])
+@pytest.mark.parametrize("kind, dims", [("uniform", "small"), ("rank0", "small"), ("padding", "small"),
+                                        ("uniform", "glm5")])
+def test_gpu_all_ranks_equal_single_gpu_bitwise(kind, dims, mode):
+    """EP4 / EP8 on real GPUs (every GPU of the machine, at most 8): ranks with no tokens, ranks that receive no routed
+    pair (rank0), padding rows, GLM-5 shapes; bitwise against the single-GPU kernel, both combine modes."""
+    from glm5_fastpath.moe.ep.launch import run_ranks
+    world = min(8, _gpus()) if _gpus() >= 8 else 4
+    tokens = tuple([5, 0, 17, 1, 64, 3, 9, 30][:world])
+    shape = dict(num_experts=256, hidden=6144, inter=2048) if dims == "glm5" else dict(num_experts=64)
+    case = SC.Case(tokens=tokens, kind=kind, mode=mode, **shape)
+    res = run_ranks(SC.check_rank, world, (case,), backend="nccl", timeout_s=300)
+    assert all(r["ok"] for r in res), res
+    assert [r["epoch"] for r in res] == [case.repeats] * world
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs (nvidia-h200-x2)")
 @pytest.mark.parametrize("mode", ["A", "B"])
 def test_gpu_two_ranks_stress_and_graph_replay(mode):
