@@ -192,15 +192,18 @@ constexpr bool kNoFold = (GLM5_MEGAMOE_DIAG & 4) != 0;
 #endif
 // Expert parallelism (GLM5_MEGAMOE_EP=1, its own cubin; glm5_fastpath/moe/ep/kernel.py, docs/megamoe_ep.md; issue #8):
 // one kernel per rank, the ranks' symmetric buffers (torch symmetric memory: the same layout at every rank, mapped into
-// every peer) addressed through EpParams::peer. Pool builds with the end combine only. Per call:
+// every peer) addressed through Params::peer and the Params::sym_* offsets. Pool builds with the end combine only. Per call:
 //   plan      entry barrier (epoch: st.release.sys ready[me] at every peer, ld.acquire.sys all ready[r]), then it gathers
 //             every rank's token count, topk ids and weights into the local workspace and plans this rank's pairs: the
 //             routed pairs whose expert it owns (global id / e_local == rank) + the shared pairs of its own tokens.
 //             Pair code = (src << kEpTokBits | t) << 4 | j; the routing weight of pair row r goes to pair_weight[r].
 //   dispatch  the pool copy pulls each pair's token row (x8 + scales) from the source rank's symmetric buffer (NVLink).
-//   FC2       slot values go straight to the SOURCE rank's symmetric slot buffer (16-byte remote stores; combine mode A).
+//   FC2       mode A (ep_mode 0): slot values go straight to the SOURCE rank's symmetric slot buffer (16-byte remote
+//             stores); mode B (1): into this rank's symmetric out_pool by pair row, whose location the plan kernel wrote
+//             into the source's pair_loc.
 //   combine   after its last task a CTA counts itself done; the last CTA of the rank releases done[me] = epoch at every
-//             peer (.sys); every rank's math warps wait for done[r] == epoch of all ranks, then combine their own tokens.
+//             peer (.sys); every rank's math warps wait for done[r] == epoch of all ranks, then combine their own tokens
+//             (mode B: reading the owners' out_pool rows).
 // No host synchronisation, CUDA-graph safe (the epoch lives in device memory). Every rank must call, also with M = 0.
 #ifndef GLM5_MEGAMOE_EP
 #define GLM5_MEGAMOE_EP 0
@@ -932,7 +935,7 @@ struct MegaMoE {
                         p.pool_scale[static_cast<int64_t>(lane + 32 * h) * p.pairs_cap + r] = sc[h];
             }
         }
-        for (int r = w0; r < (kEP ? 0 : rows); r += nw) {
+        for (int r = w0; r < (kEP ? 0 : rows); r += nw) {  // single GPU, one warp per row (EP: the row parts above)
             const int32_t c = p.pair_list[r];
             if (c < 0) continue;  // an expert's alignment padding
             const int t = c >> 4;
