@@ -25,6 +25,8 @@ class PlatformInfo:
     gpu_name: str | None = None
     capability: tuple[int, int] | None = None
     num_sms: int | None = None
+    num_gpus: int = 0
+    peer_access: bool | None = None  # every visible GPU can map every other's memory (the EP kernel's NVLink loads/stores)
     l2_bytes: int | None = None
     nvcc: str | None = None
     cuda_python: str | None = None
@@ -64,6 +66,13 @@ def detect() -> PlatformInfo:
         info.gpu_name, info.capability = p.name, (p.major, p.minor)
         info.num_sms = p.multi_processor_count
         info.l2_bytes = getattr(p, "L2_cache_size", None)
+        info.num_gpus = torch.cuda.device_count()
+        if info.num_gpus > 1:
+            try:
+                info.peer_access = all(torch.cuda.can_device_access_peer(a, b) for a in range(info.num_gpus)
+                                       for b in range(info.num_gpus) if a != b)
+            except Exception:  # noqa: BLE001 - info must never fail
+                info.peer_access = None
     info.nvcc = _nvcc()
     info.cuda_python = _dist_version("cuda-bindings", "cuda-python")
     info.cutlass = _dist_version("nvidia-cutlass")
@@ -90,7 +99,18 @@ def _paths(i: PlatformInfo) -> list[PathStatus]:
                           kern_why or f"sm_{i.capability[0]}{i.capability[1]}, nvcc {i.nvcc}; correct on H200, "
                                       "tuning toward the bytes floor in progress (issue #3)"))
     out.append(PathStatus("CMP executor (prefix: CUDA graph + streams + PDL)", ok, kern_why or "built (issue #4)"))
-    out.append(PathStatus("MegaMoE (fused FP8 MoE)", ok, kern_why or "built; single GPU (expert parallelism: issue #8)"))
+    out.append(PathStatus("MegaMoE (fused FP8 MoE)", ok, kern_why or "built"))
+    if not ok:
+        ep_why = kern_why
+    elif i.num_gpus < 2:
+        ep_why = f"{i.num_gpus} GPU visible: expert parallelism needs 2-8 (simulated ranks on one GPU still run: moe.ep.simulate)"
+    elif i.peer_access is False:
+        ep_why = f"{i.num_gpus} GPUs, but not all pairs have peer access (the EP kernel reads and writes peers' memory)"
+    else:
+        ep_why = ""
+    out.append(PathStatus("MegaMoE across GPUs (expert parallel)", ep_why == "",
+                          ep_why or f"{i.num_gpus} GPUs with peer access; `glm5-fastpath bench moe --ep "
+                                    f"{min(i.num_gpus, 8)}` (measured at EP2 on H200s; issue #8)"))
     out.append(PathStatus("MegaRTP executor (prefix megakernel)", False,
                           "in progress (issue #5): host plan + megakernel for part of the op graph; the SGLang route "
                           "does not select it yet"))
