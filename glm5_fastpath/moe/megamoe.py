@@ -233,9 +233,10 @@ class MegaMoEConfig:
     def smem(self) -> int:
         return smem_bytes(self.block_n, self.stages)
 
-    def spec(self, hidden: int, inter: int) -> KernelSpec:
+    def spec(self, hidden: int, inter: int, ep: bool = False) -> KernelSpec:
+        """ep: the expert-parallel build of this config (moe/ep/kernel.py; pool builds only)."""
         return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences, self.pool, self.diag,
-                           self.token_major)
+                           self.token_major, ep)
 
     @property
     def name(self) -> str:
@@ -623,14 +624,14 @@ def _sms(dev: torch.device) -> int:
 
 def _kernels_for(cfg: MegaMoEConfig, hidden: int, inter: int, dev: torch.device) -> tuple[Any, Any]:
     idx = _dev_index(dev)
-    key = (hidden, inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.pool, cfg.diag, cfg.token_major, idx)
+    spec = cfg.spec(hidden, inter)  # every build field of the config, so the key cannot miss one
+    key = (spec, idx)
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
         with _lock:
             k = _kernels.get(key)
             if k is None:
-                spec = cfg.spec(hidden, inter)
                 d = torch.device("cuda", idx)
                 k = _kernels[key] = (get_kernel(spec, PLAN_FUNCTION, d), get_kernel(spec, FUNCTION, d))
     return k

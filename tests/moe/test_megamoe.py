@@ -25,8 +25,9 @@ import torch
 
 from glm5_fastpath.config import Glm5Config
 from glm5_fastpath.moe import megamoe as M
-from glm5_fastpath.ref.fp8 import FP8, quant_act_per_token, quant_weight_block
+from glm5_fastpath.ref.fp8 import FP8, quant_act_per_token
 from glm5_fastpath.ref.moe import moe_forward
+from glm5_fastpath.testing.moe_data import make_experts
 from glm5_fastpath.testing.numerics import THRESHOLDS, assert_close, assert_equal, poison_, rel_err
 from glm5_fastpath.weights import ExpertStore, Fp8Linear, MoEWeights
 
@@ -37,21 +38,6 @@ GLM5 = Glm5Config.preset("glm5")
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------
-
-def make_experts(n: int, hidden: int, inter: int, seed: int, device="cpu"):
-    """n experts as stacked checkpoint-layout tensors (w13 gate||up [n, 2I, H], w2 [n, H, I] + scales),
-    generated and block-quantised on `device` (GLM-5 size on a GPU: ~40 ms per expert)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    w13 = torch.empty(n, 2 * inter, hidden, dtype=FP8, device=device)
-    s13 = torch.empty(n, 2 * inter // 128, hidden // 128, dtype=torch.float32, device=device)
-    w2 = torch.empty(n, hidden, inter, dtype=FP8, device=device)
-    s2 = torch.empty(n, hidden // 128, inter // 128, dtype=torch.float32, device=device)
-    for e in range(n):
-        row_gain = 1 + torch.rand(2 * inter, 1, generator=g, device=device)
-        w13[e], s13[e] = quant_weight_block(torch.randn(2 * inter, hidden, generator=g, device=device) * 0.02 * row_gain)
-        w2[e], s2[e] = quant_weight_block(torch.randn(hidden, inter, generator=g, device=device) * 0.02)
-    return w13, s13, w2, s2
-
 
 def routing(m: int, e: int, k: int, seed: int, kind: str = "uniform"):
     """(topk_ids [m, k] int32, topk_weights [m, k] fp32 summing to 1). uniform: k distinct experts per token.

@@ -233,8 +233,7 @@ class EPMegaMoE:
         self.pair_weight = torch.zeros(shape.pairs_cap, dtype=torch.float32, device=dev)
         from ...jit.runtime import get_kernel
         c = self.config
-        spec = M.kernel_spec(weights.hidden, weights.inter, c.block_n, c.stages, c.lean_fences, c.pool, c.diag,
-                             c.token_major, ep=True)
+        spec = c.spec(weights.hidden, weights.inter, ep=True)
         self.plan_k, self.main_k = get_kernel(spec, M.PLAN_FUNCTION, dev), get_kernel(spec, M.FUNCTION, dev)
         rows = M.stage_rows(c.block_n)
         self.maps = (M._w13_map(weights.w13, rows), M._w2_map(weights.w2, rows),
@@ -312,8 +311,8 @@ class EPMegaMoE:
 
     def ctrl(self) -> dict[str, int]:
         c = self.ws.ctrl.tolist()
-        return {"num_tasks": c[0], "claims": c[1], "tasks_done": c[2], "pool_rows": c[4], "pool_done": c[5],
-                "end_done": c[6]}
+        return {"num_tasks": c[M.CTRL_NUM_TASKS], "claims": c[M.CTRL_CLAIMS], "tasks_done": c[M.CTRL_TASKS_DONE],
+                "pool_rows": c[M.CTRL_POOL_ROWS], "pool_done": c[M.CTRL_POOL_DONE], "end_done": c[M.CTRL_END_DONE]}
 
     def epoch(self) -> int:
         return int(self.bufs.views["sig"][0])

@@ -19,25 +19,16 @@ from typing import Any, Sequence
 import torch
 
 from .. import megamoe as M
-from ...ref.fp8 import quant_act_per_token, quant_weight_block
+from ...ref.fp8 import quant_act_per_token
+from ...testing.moe_data import make_experts
 from . import kernel as K
 
 BF16 = torch.bfloat16
 
 
 def global_weights(num_experts: int, hidden: int, inter: int, seed: int, dev: torch.device) -> tuple[torch.Tensor, ...]:
-    """Checkpoint-layout stack [num_experts routed..., 1 shared]: w13 gate||up, w2, their 128x128 block scales."""
-    g = torch.Generator(device=dev).manual_seed(seed)
-    n = num_experts + 1
-    w13 = torch.empty(n, 2 * inter, hidden, dtype=M.FP8, device=dev)
-    s13 = torch.empty(n, 2 * inter // 128, hidden // 128, dtype=torch.float32, device=dev)
-    w2 = torch.empty(n, hidden, inter, dtype=M.FP8, device=dev)
-    s2 = torch.empty(n, hidden // 128, inter // 128, dtype=torch.float32, device=dev)
-    for e in range(n):
-        gain = 1 + torch.rand(2 * inter, 1, generator=g, device=dev)
-        w13[e], s13[e] = quant_weight_block(torch.randn(2 * inter, hidden, generator=g, device=dev) * 0.02 * gain)
-        w2[e], s2[e] = quant_weight_block(torch.randn(hidden, inter, generator=g, device=dev) * 0.02)
-    return w13, s13, w2, s2
+    """Checkpoint-layout stack [num_experts routed..., 1 shared] (the tests' generator, testing.moe_data)."""
+    return make_experts(num_experts + 1, hidden, inter, seed, device=dev)
 
 
 def rank_routing(m: int, num_experts: int, topk: int, world: int, kind: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
