@@ -278,7 +278,8 @@ def _rank_main(rank: int, world: int, cfg: dict) -> dict:
                              for r in range(world)])
         mine = torch.unique(all_ids[(all_ids // (E // world)) == rank])
         row["experts_touched_rank"] = int(mine.numel()) + shared
-        row["floor_us"] = _max_over_ranks(row["experts_touched_rank"] * 3 * H * I / 4.27e12 * 1e6, dev)
+        from ...bench.moe import BW_FLOOR  # the single-GPU bench's bandwidth floor (H200 HBM)
+        row["floor_us"] = _max_over_ranks(row["experts_touched_rank"] * 3 * H * I / BW_FLOOR * 1e6, dev)
         for name in IMPLS:
             if name in errors:
                 row[name] = {"error": errors[name]}

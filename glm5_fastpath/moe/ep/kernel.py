@@ -25,7 +25,6 @@ the ranks' calls on N streams with `grid` = SMs / N each (`simulate` does): the 
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -387,4 +386,3 @@ def simulated_grid(world: int, num_sms: int) -> int:
 
 __all__ = ["EPBuffers", "EPKernelError", "EPMegaMoE", "MODES", "SymLayout", "default_ep_config", "local_weight_stack", "simulate",
            "simulated_grid", "SIG_WORDS", "EP_TOK_BITS"]
-_ = ctypes  # ctypes structures come from megamoe._params

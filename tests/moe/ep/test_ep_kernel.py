@@ -6,8 +6,6 @@ GPU (2+ H200s): real ranks through torch symmetric memory (skipped with fewer GP
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -249,5 +247,3 @@ def test_gpu_two_ranks_stress_and_graph_replay(mode):
     assert all(r["ok"] for r in res), [{k: r[k] for k in ("rank", "bad_calls", "calls", "graph")} for r in res]
     assert [r["epoch"] for r in res] == [200 + 8] * 2
 
-
-_ = dataclasses
