@@ -390,6 +390,39 @@ class forced_config:
         _forced.knobs = self._prev
 
 
+_cap = threading.local()
+
+
+class grid_cap:
+    """Context manager: GEMM ops launched by this thread inside run as a persistent launch on at most
+    `ctas` CTAs when their chosen config has more work units than that (the other SMs stay free for a
+    concurrent branch: the CMP executor's `cap:OP=N` modes). Needs the wgmma mainloop with the global
+    split-K reduce (or no split); any other config raises, naming the op."""
+
+    def __init__(self, ctas: int):
+        if not isinstance(ctas, int) or ctas < 1:
+            raise ValueError(f"grid_cap: ctas must be a positive int, got {ctas!r}")
+        self.ctas = ctas
+
+    def __enter__(self) -> "grid_cap":
+        self._prev = getattr(_cap, "ctas", None)
+        _cap.ctas = self.ctas
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _cap.ctas = self._prev
+
+
+def _apply_grid_cap(epi: int, c: SkinnyConfig) -> SkinnyConfig:
+    cap = getattr(_cap, "ctas", None)
+    if cap is None or c.ctas <= cap:
+        return c
+    if c.impl != "wgmma" or (c.splits > 1 and c.reduce != "global") or c.diag:
+        raise _fail(epi, f"grid_cap({cap}): the chosen config ({c.impl}, {c.splits} splits, reduce {c.reduce!r}) has "
+                         "no persistent launch (wgmma with the global split-K reduce only)")
+    return dataclasses.replace(c, persist=min(cap, c.units))
+
+
 def _forced_config_for(m: int, n: int, k: int, epi: int) -> SkinnyConfig | None:
     knobs = getattr(_forced, "knobs", None)
     if knobs is None:
@@ -804,8 +837,9 @@ def _prepare(epi: int, x8, xs, w, ws, extra: tuple = (), rot: int = 0) -> tuple[
     if forced is not None:
         if forced.impl == "wgmma" and not wgmma_supported(cc):
             raise _fail(epi, f"forced_config: impl 'wgmma' needs an sm_90 GPU, {dev} is sm_{cc[0]}{cc[1]}")
-        return rotated(forced, rot), dev
-    return rotated(with_env_pipe(config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), epi), rot), dev
+        return rotated(_apply_grid_cap(epi, forced), rot), dev
+    return rotated(_apply_grid_cap(epi, with_env_pipe(config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), epi)),
+                   rot), dev
 
 
 def env_pipe(epi: int = EPI_PLAIN) -> int | None:
@@ -1417,6 +1451,6 @@ def rotated_specs() -> list[KernelSpec]:
 __all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig",
            "B0_DEFAULT_MODE", "B0_MODES", "IMPLS", "IMPL_ENV", "PIPES", "PIPE_ENV", "b0_mode", "b0_qkv_a", "b1_indexer_k",
            "compile_check_specs", "config_for", "d0_q_b", "d1_indexer_q", "default_impl", "diag_specs", "env_impl",
-           "env_pipe", "estimate_us", "forced_config", "fp8_gemm_skinny", "precompile", "rope_table", "rotated", "rotated_specs",
+           "env_pipe", "estimate_us", "forced_config", "fp8_gemm_skinny", "grid_cap", "precompile", "rope_table", "rotated", "rotated_specs",
            "tensor_maps",
            "wgmma_supported", "with_env_pipe"]

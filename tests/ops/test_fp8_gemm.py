@@ -214,6 +214,29 @@ def test_tuning_knobs_default_to_the_production_kernel():
     assert d["GLM5_SKINNY_MINB"] == "2" and d["GLM5_SKINNY_DIAG"] == "1"
 
 
+def test_grid_cap_hook():
+    """grid_cap(N) (the CMP cap:OP=N modes): a config with more than N units becomes a persistent launch on N
+    CTAs; smaller grids stay as they are; configs without a persistent launch raise, naming the op."""
+    c = F.SkinnyConfig(F.EPI_Q_B, 16, 16384, 2048, 16, 1, 8, impl="wgmma")
+    assert F._apply_grid_cap(F.EPI_Q_B, c) is c  # no cap set
+    with F.grid_cap(64):
+        p = F._apply_grid_cap(F.EPI_Q_B, c)
+        assert (p.persist, p.ctas, p.grid, p.units) == (64, 64, (64, 1, 1), 128)
+        assert dict(p.spec().defines)["GLM5_SKINNY_PERSIST"] == "1"
+        with F.grid_cap(200):  # nests, restores; a grid already within the cap is unchanged
+            assert F._apply_grid_cap(F.EPI_Q_B, c) is c
+        assert F._apply_grid_cap(F.EPI_Q_B, c).persist == 64
+        g = F.SkinnyConfig(F.EPI_QKV_A, 16, 2624, 6144, 16, 4, 6, impl="wgmma")  # global split-K reduce: fine
+        assert F._apply_grid_cap(F.EPI_QKV_A, g).persist == 64
+        for bad in (dataclasses.replace(g, reduce="cluster"), F.SkinnyConfig(F.EPI_Q_B, 16, 16384, 2048, 16, 1, 6)):
+            with pytest.raises(F.Fp8GemmInputError, match="grid_cap"):
+                F._apply_grid_cap(F.EPI_Q_B, bad)
+    assert F._apply_grid_cap(F.EPI_Q_B, c) is c
+    for bad in (0, -3, 1.5):
+        with pytest.raises(ValueError, match="grid_cap"):
+            F.grid_cap(bad)
+
+
 def test_forced_config_hook():
     assert F._forced_config_for(16, 2624, 6144, F.EPI_PLAIN) is None
     with F.forced_config(32, 4, 3, minb=2, diag=F.DIAG_NO_REDUCE):

@@ -16,7 +16,7 @@ Method, per M (M independent sequences of kv_len context, testing.decode_step):
   this run (and at the 4.27 TB/s constant);
 - decomposition: serial -> multistream (branches) -> each PDL wait point; a mode the kernels cannot
   realize (modes.py: entry / prologue need a kernel flag) is recorded "not implemented" with why;
-- timeline: one graph replay of the "full" and "serial" modes at the first M, profiled with
+- timeline: one graph replay of the --timeline-modes (default "full", "serial") at the first M, profiled with
   torch.profiler (kernel start / end per stream), drawn as a PNG when matplotlib is installed.
 Output: cmp_prefix.json, cmp_prefix.md, cmp_timeline_M<M>.png, cmp_timeline_M<M>.json under --out.
 """
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ... import cost
 from ...config import INDEX_K_PAGE_TOKENS, Glm5Config
-from .modes import DECOMPOSITION, MODES
+from .modes import DECOMPOSITION, MODES, get_mode
 
 PAGE = INDEX_K_PAGE_TOKENS
 DEFAULT_MS = (1, 8, 16, 32, 64, 128, 256)
@@ -189,6 +189,11 @@ def _executors(cfg, mode: str, sets: list[_Set], m: int, kv_len: int, device: st
     return out
 
 
+def _file_safe(mode: str) -> str:
+    """A composite mode name (full+after:D1>D0) as a file-name part."""
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in mode)
+
+
 def timeline(ex, m: int, inputs: dict, path_json: Path) -> list[dict[str, Any]]:
     """Kernels of one graph replay of `ex` (bucket m), from torch.profiler: name, stream, start, duration (us)."""
     from torch.profiler import ProfilerActivity, profile
@@ -206,8 +211,10 @@ def timeline(ex, m: int, inputs: dict, path_json: Path) -> list[dict[str, Any]]:
     ev = [e for e in json.loads(tmp.read_text()).get("traceEvents", []) if e.get("cat") == "kernel"]
     tmp.unlink(missing_ok=True)
     t0 = min((e["ts"] for e in ev), default=0)
+    # grid / smem tell the ops apart where several run one kernel (the FP8 GEMM of B0, B1, D0, D1)
     rows = [{"name": e["name"][:80], "stream": e.get("args", {}).get("stream", e.get("tid")), "start_us": e["ts"] - t0,
-             "dur_us": e.get("dur", 0)} for e in ev]
+             "dur_us": e.get("dur", 0), "grid": e.get("args", {}).get("grid"),
+             "smem": e.get("args", {}).get("dynamic shared memory")} for e in ev]
     path_json.write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -239,13 +246,13 @@ def plot_timelines(tl: dict[str, list[dict]], path: Path) -> str | None:
 
 def bench_prefix(cfg: Glm5Config, modes: Sequence[str] = DEFAULT_MODES, ms: Sequence[int] = DEFAULT_MS,
                  kv_len: int = 8192, out_dir: str | Path = "benchmarks/results/cmp_prefix", *, device: str = "cuda",
-                 replays: int = 30, max_sets: int = MAX_SETS, stock: bool = True, seed: int = 0) -> dict[str, Any]:
+                 replays: int = 30, max_sets: int = MAX_SETS, stock: bool = True, seed: int = 0,
+                 timeline_modes: Sequence[str] = ("full", "serial")) -> dict[str, Any]:
     from ...bench.prefix_ops import indexer_layer
     from ...bench.timing import l2_cache_bytes, measure_copy_bandwidth, plan_rotation
 
     for m in modes:
-        if m not in MODES:
-            raise ValueError(f"unknown mode {m!r}; choose from {list(MODES)}")
+        get_mode(m)  # a named mode or a composite one (modes.py); raises naming the bad part
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bw = measure_copy_bandwidth(device)
@@ -265,9 +272,9 @@ def bench_prefix(cfg: Glm5Config, modes: Sequence[str] = DEFAULT_MODES, ms: Sequ
             try:
                 exs = _executors(cfg, mode, sets, m, kv_len, device)
                 row["modes"][mode] = _time(lambda i: exs[i % len(exs)].enqueue(m), len(exs), device, replays)
-                if m == ms[0] and mode in ("full", "serial"):
+                if m == ms[0] and mode in timeline_modes:
                     rep["timelines"][mode] = timeline(exs[0], m, sets[0].inputs,
-                                                        out / f"cmp_timeline_M{m}_{mode}.json")
+                                                        out / f"cmp_timeline_M{m}_{_file_safe(mode)}.json")
                 exs = None  # free the executors (graphs, buffers) before the next mode
             except NotImplementedError as e:
                 row["modes"][mode] = {"not_implemented": str(e)}
@@ -395,12 +402,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="glm5", help="preset name or config.json path")
     p.add_argument("--executors", default=None,
                    help=f"comma list of {', '.join(EXECUTORS)} (default: stock,serial,cmp); overrides --modes")
-    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"CMP modes to run: {', '.join(MODES)}")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"CMP modes to run: {', '.join(MODES)}, or composites such as full+after:D1>D0+cap:D0=64 "
+                        "(attn_pre/cmp/modes.py)")
     p.add_argument("--ms", default=",".join(map(str, DEFAULT_MS)), help="token counts (one bucket each)")
     p.add_argument("--kv-len", type=int, default=8192, help="context length of every sequence")
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--max-sets", type=int, default=MAX_SETS, help="cap on rotated weight + cache copies")
     p.add_argument("--no-stock", action="store_true")
+    p.add_argument("--timeline-modes", default="full,serial",
+                   help="modes whose one replay at the first M is profiled into the timeline")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -408,11 +419,14 @@ def run(a: argparse.Namespace) -> int:
     modes, stock = [m for m in a.modes.split(",") if m], not a.no_stock
     if a.executors:
         modes, stock = modes_for_executors([e for e in a.executors.split(",") if e])
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise ValueError(f"bench prefix: unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    for m in modes:
+        try:
+            get_mode(m)
+        except ValueError as e:
+            raise ValueError(f"bench prefix: unknown mode {m!r}: {e}") from None
+    tl = [m for m in a.timeline_modes.split(",") if m]
     bench_prefix(cfg, modes, [int(x) for x in a.ms.split(",") if x], a.kv_len, a.out,
-                 replays=a.replays, max_sets=a.max_sets, stock=stock)
+                 replays=a.replays, max_sets=a.max_sets, stock=stock, timeline_modes=tl)
     return 0
 
 

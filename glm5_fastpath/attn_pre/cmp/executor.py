@@ -119,6 +119,9 @@ class CmpExecutor:
         kwargs.setdefault(OP_FUNCTIONS["E1"], {})["max_ctx"] = self.max_ctx
         self.bound = BoundOps(impl, kwargs)
         self.graph = build_prefix_graph(cfg, full_indexer=not self.shared_layer, impl=self.bound)
+        unknown = sorted({op for op, _ in self.mode.grid_caps} - set(ops))
+        if unknown:
+            raise CmpError(f"mode {self.mode.name}: grid cap for {unknown}, not ops of this prefix ({', '.join(ops)})")
         self.schedule: Schedule = build_schedule(self.graph, self.mode, wait_plans=self.wait_plans, pins=pins)
         check_exclusive(self.graph, self.schedule, workspace_groups(self.graph))
 
@@ -210,7 +213,7 @@ class CmpExecutor:
                 for w in l.waits:
                     s.wait_event(events[w])
             op = self.graph.ops[l.op]
-            with _stream_ctx(s if cuda and l.stream != MAIN else None), self._priority(l.op, cuda):
+            with _stream_ctx(s if cuda and l.stream != MAIN else None), self._priority(l.op, cuda), self._cap(l.op):
                 produced = op.ref({t: out[t] for t in op.inputs})
             if set(produced) != set(op.outputs):
                 raise CmpError(f"op {l.op} returned {sorted(produced)}, declared {sorted(op.outputs)}")
@@ -234,6 +237,15 @@ class CmpExecutor:
         if self._high_priority is None:
             self._high_priority = priority_range(self.device)[1]
         return launch_priority(self._high_priority)
+
+    def _cap(self, op: str):
+        """The mode's grid cap for op's GEMM (modes.Mode.grid_caps: a persistent launch on <= N CTAs)."""
+        caps = dict(self.mode.grid_caps)
+        if op not in caps:
+            return contextlib.nullcontext()
+        from ...ops.fp8_gemm import grid_cap
+
+        return grid_cap(caps[op])
 
     def prepare(self) -> None:
         """Compile / load the kernels and allocate their workspaces and RoPE tables (before any capture)."""

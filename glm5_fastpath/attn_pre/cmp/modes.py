@@ -14,6 +14,17 @@ A mode is three switches, so the benchmark can charge each mechanism separately
 | full_prio_index | branches | on | after_prefetch, + launch priority for C0, B1, D1, E1, E2 |
 | full_prio_b1 | branches | on | after_prefetch, + launch priority for B1, E1, E2 |
 
+Composite modes (experiments, `bench prefix --modes`): a named mode followed by `+` modifiers,
+e.g. `full+after:D1>D0+cap:D0=64`:
+- `after:X>Y`: Y also waits for X's completion (an ordering edge that is not a data edge). Why:
+  a PDL-launched consumer's CTAs hold their SMs while they wait, so the op launched first owns the
+  machine. In one H200 replay at M = 16 (`full`, 2026-11-30 session 9) D0's 128 CTAs (q_b, not on the
+  indexer path) were resident from 8 us, and D1 (indexer Q, on the D1 -> E1 -> E2 critical path)
+  took 19 us against 8.7 alone; `after:D1>D0` hands the SMs to the critical path first.
+- `cap:OP=N`: OP's FP8 GEMM runs as a persistent launch on at most N CTAs
+  (ops.fp8_gemm.grid_cap), leaving the other SMs to the concurrent branch.
+- `prio:A/B`: launch priority for the named ops (as the _prio modes).
+
 Launch priority (the `_prio` modes; jit.runtime.launch_priority, CU_LAUNCH_ATTRIBUTE_PRIORITY at the context's
 greatest priority, kept by torch-captured graphs): the named ops' CTAs take SMs first when kernels of several
 branches compete. Why: in one H200 replay at M = 1 (`full`, 2026-11-30 session 7 timeline) B1's 12-CTA GEMM took
@@ -41,7 +52,8 @@ modes raise NotImplementedError naming the ops that lack it (see `resolve_wait_p
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 WAIT_POINTS = ("entry", "after_prologue", "after_prefetch")
@@ -54,12 +66,20 @@ class Mode:
     pdl: bool
     wait_point: str | None  # requested wait point (None when pdl is off)
     priority_ops: tuple[str, ...] = ()  # ops launched at the highest launch priority (module doc)
+    order_edges: tuple[tuple[str, str], ...] = ()  # (X, Y): Y also waits for X's completion (module doc)
+    grid_caps: tuple[tuple[str, int], ...] = ()  # (op, N): op's GEMM persistent on <= N CTAs (module doc)
 
     def __post_init__(self) -> None:
         if self.pdl != (self.wait_point is not None):
             raise ValueError(f"mode {self.name}: a wait point is given exactly when PDL is on")
         if self.wait_point is not None and self.wait_point not in WAIT_POINTS:
             raise ValueError(f"mode {self.name}: wait point {self.wait_point!r} not in {WAIT_POINTS}")
+        for a, b in self.order_edges:
+            if a == b:
+                raise ValueError(f"mode {self.name}: ordering edge {a}>{b} names one op twice")
+        for op, n in self.grid_caps:
+            if n < 1:
+                raise ValueError(f"mode {self.name}: cap {op}={n} must be at least 1 CTA")
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (
@@ -98,12 +118,44 @@ OP_FUNCTIONS: dict[str, str] = {
 }
 
 
+_OP_RE = re.compile(r"^[A-Z][A-Z0-9]*$")
+
+
 def get_mode(mode: str | Mode) -> Mode:
+    """A Mode by name: one of MODES, or a composite `name+modifier+...` (module doc)."""
     if isinstance(mode, Mode):
         return mode
-    if mode not in MODES:
-        raise ValueError(f"unknown CMP mode {mode!r}; choose one of {list(MODES)}")
-    return MODES[mode]
+    if not isinstance(mode, str):
+        raise ValueError(f"CMP mode must be a name, got {type(mode).__name__}")
+    base, *mods = mode.split("+")
+    if base not in MODES:
+        raise ValueError(f"unknown CMP mode {base!r}; choose one of {list(MODES)} (optionally + after:X>Y, "
+                         f"cap:OP=N, prio:A/B)")
+    m = MODES[base]
+    if not mods:
+        return m
+    order, caps, prio = list(m.order_edges), list(m.grid_caps), list(m.priority_ops)
+    for mod in mods:
+        kind, _, arg = mod.partition(":")
+        ok = False
+        if kind == "after":
+            a, _, b = arg.partition(">")
+            ok = bool(_OP_RE.match(a) and _OP_RE.match(b))
+            if ok:
+                order.append((a, b))
+        elif kind == "cap":
+            op, _, n = arg.partition("=")
+            ok = bool(_OP_RE.match(op) and n.isdigit())
+            if ok:
+                caps.append((op, int(n)))
+        elif kind == "prio":
+            ops = [o for o in arg.split("/") if o]  # "/": --modes is a comma list
+            ok = bool(ops) and all(_OP_RE.match(o) for o in ops)
+            if ok:
+                prio += [o for o in ops if o not in prio]
+        if not ok:
+            raise ValueError(f"CMP mode {mode!r}: bad modifier {mod!r} (after:X>Y, cap:OP=N or prio:A/B)")
+    return replace(m, name=mode, order_edges=tuple(order), grid_caps=tuple(caps), priority_ops=tuple(prio))
 
 
 def _accepts(fn: Any, kw: str) -> bool:

@@ -139,6 +139,15 @@ def build_schedule(graph: OpGraph, mode: str | Mode, *, wait_plans: Mapping[str,
     None the mode's requested wait point is recorded as is)."""
     m = get_mode(mode)
     order = graph.topo_order()
+    pos = {o: i for i, o in enumerate(order)}
+    for a, b in m.order_edges:
+        if a not in pos or b not in pos:
+            raise ScheduleError(f"mode {m.name}: ordering edge {a}>{b} names an op that is not in {graph.name} "
+                                f"({', '.join(order)})")
+        if pos[a] > pos[b]:
+            raise ScheduleError(f"mode {m.name}: ordering edge {a}>{b} runs against the enqueue order "
+                                f"({', '.join(order)})")
+    extra = {b: [a for a, bb in m.order_edges if bb == b] for _, b in m.order_edges}
     streams = assign_streams(graph, pins) if m.multistream else {o: MAIN for o in order}
     last: dict[int, str] = {}
     needed_events: set[str] = set()
@@ -152,6 +161,8 @@ def build_schedule(graph: OpGraph, mode: str | Mode, *, wait_plans: Mapping[str,
                 cross.append((p, op))
                 # a producer already ordered before this op's stream position needs no second wait
                 waits.append(p)
+        # ordering edges: a wait on the other stream's op (on the same stream the enqueue order holds it)
+        waits += [p for p in extra.get(op, ()) if streams[p] != s and p not in waits]
         raw.append((op, s, tuple(_minimal_waits(graph, waits, streams, last.get(s))), last.get(s)))
         last[s] = op
     joins = tuple(last[s] for s in sorted(last) if s != MAIN)
@@ -165,7 +176,7 @@ def build_schedule(graph: OpGraph, mode: str | Mode, *, wait_plans: Mapping[str,
             wp = wait_plans[op].realized if wait_plans is not None else m.wait_point
         launches.append(Launch(op, s, waits, after, m.pdl, wp, op in needed_events))
     sched = Schedule(graph.name, m.name, tuple(launches), tuple(cross), joins)
-    validate_schedule(graph, sched)
+    validate_schedule(graph, sched, m.order_edges)
     return sched
 
 
@@ -178,9 +189,10 @@ def _minimal_waits(graph: OpGraph, waits: list[str], streams: Mapping[str, int],
     return [p for p in waits if p not in anc]
 
 
-def validate_schedule(graph: OpGraph, sched: Schedule) -> None:
-    """Every data edge is honoured (same-stream order or an event wait), side streams are tied into the
-    capture, the main stream is enqueued first, and each op appears exactly once."""
+def validate_schedule(graph: OpGraph, sched: Schedule, order_edges: Iterable[tuple[str, str]] = ()) -> None:
+    """Every data edge and every ordering edge of the mode is honoured (same-stream order or an event
+    wait), side streams are tied into the capture, the main stream is enqueued first, and each op
+    appears exactly once."""
     ops = [l.op for l in sched.launches]
     if sorted(ops) != sorted(graph.ops):
         raise ScheduleError(f"schedule ops {ops} != graph ops {list(graph.ops)}")
@@ -206,6 +218,9 @@ def validate_schedule(graph: OpGraph, sched: Schedule) -> None:
     for e in graph.edges():
         if e.src not in happens_before[e.dst]:
             raise ScheduleError(f"edge {e.src}->{e.dst} ({', '.join(e.tensors)}) is not enforced by the schedule")
+    for a, b in order_edges:
+        if a not in happens_before[b]:
+            raise ScheduleError(f"ordering edge {a}>{b} is not enforced by the schedule")
     for j in sched.joins:
         if not by_op[j].records:
             raise ScheduleError(f"join op {j} records no event")

@@ -132,6 +132,22 @@ def test_early_wait_modes_equal_serial_bitwise(layer, step, mode):
     _check_vs_eager(ex, out, r, step, mode)
 
 
+@pytest.mark.parametrize("mode", ["full+after:D1>D0", "full+cap:D0=64", "multistream_pdl_prologue+after:D1>D0+cap:D0=48"])
+@pytest.mark.parametrize("bucket", [1, 16, 64])
+def test_composite_modes_equal_serial_bitwise(layer, step, mode, bucket):
+    """Ordering edges and grid caps (modes.py composites) change when and on how many CTAs kernels run, never
+    the bits: the capped D0 runs the persistent launch of the same tile code."""
+    r = _rows(step, torch.arange(bucket, device="cuda"))
+    serial = {k: v.clone() for k, v in _executor(layer, step, "serial", buckets=(bucket,)).run(**r, all_tensors=True).items()}
+    ex = _executor(layer, step, mode, buckets=(bucket,))
+    for _ in range(3):
+        out = ex.run(**r, all_tensors=True)
+        torch.cuda.synchronize()
+        for n in OUTS:
+            assert_equal(f"{mode} vs serial {n}", out[n], serial[n], context=f"bucket={bucket}")
+    _check_vs_eager(ex, out, r, step, f"{mode} bucket={bucket}")
+
+
 def modes_native(op):
     from glm5_fastpath.attn_pre.cmp.modes import NATIVE_WAIT_POINTS
 

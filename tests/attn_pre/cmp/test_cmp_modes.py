@@ -101,3 +101,29 @@ def test_selection_knows_exactly_the_cmp_modes():
     from glm5_fastpath.selection import CMP_MODES
 
     assert tuple(MODES) == CMP_MODES
+
+
+def test_composite_modes_parse_onto_a_named_mode():
+    m = get_mode("full+after:D1>D0+cap:D0=64+prio:B1/E1")
+    base = MODES["full"]
+    assert (m.multistream, m.pdl, m.wait_point) == (base.multistream, base.pdl, base.wait_point)
+    assert m.name == "full+after:D1>D0+cap:D0=64+prio:B1/E1"
+    assert m.order_edges == (("D1", "D0"),) and m.grid_caps == (("D0", 64),) and m.priority_ops == ("B1", "E1")
+    p = get_mode("full_prio_b1+prio:D1/B1")  # priorities add to the named mode's, once each
+    assert p.priority_ops == ("B1", "E1", "E2", "D1")
+    assert get_mode("multistream_pdl_prologue+after:D1>D0").wait_point == "after_prologue"
+    assert get_mode(m) is m and get_mode("full") is MODES["full"]
+
+
+@pytest.mark.parametrize("bad", ["full+after:D1", "full+after:D1>", "full+cap:D0", "full+cap:D0=x", "full+cap:D0=-1",
+                                 "full+prio:", "full+sideways:D0", "full+", "fast+after:D1>D0", "full+after:d1>D0"])
+def test_composite_modes_reject_bad_modifiers(bad):
+    with pytest.raises(ValueError, match="CMP mode"):
+        get_mode(bad)
+
+
+def test_composite_mode_field_checks():
+    with pytest.raises(ValueError, match="twice"):
+        Mode("x", True, True, "after_prefetch", order_edges=(("D0", "D0"),))
+    with pytest.raises(ValueError, match="at least 1"):
+        Mode("x", True, True, "after_prefetch", grid_caps=(("D0", 0),))

@@ -106,3 +106,32 @@ def test_wait_points_are_explicit_data():
     assert s.wait_points()["E2"] == "after_prologue" and s.wait_points()["B0"] == "after_prefetch"
     assert plans["E1"].kwargs == {"meta_before_wait": True}
     assert all(v is None for v in build_schedule(FULL, "multistream").wait_points().values())
+
+
+def test_ordering_edge_becomes_a_cross_stream_wait():
+    """after:D1>D0 (modes.py): D0 (main stream) also waits for D1's completion event; the data edges stay."""
+    s = build_schedule(FULL, "full+after:D1>D0")
+    assert s.launch("D0").waits == ("D1",) and s.launch("D1").records
+    assert {l.op: l.stream for l in s.launches} == EXPECTED_STREAMS
+    assert set(s.cross_edges) == EXPECTED_CROSS  # data edges only
+    assert {l.op: l.waits for l in s.launches if l.op != "D0"} == {k: v for k, v in EXPECTED_WAITS.items() if k != "D0"}
+    assert "s0: D0 waits[D1]" in s.render()
+    # same stream: the enqueue order already holds it (no event)
+    s2 = build_schedule(FULL, "full+after:B0>D0")
+    assert s2.launch("D0").waits == ()
+    # one stream: nothing to add
+    assert all(not l.waits for l in build_schedule(FULL, "serial+after:D1>D0").launches)
+
+
+def test_ordering_edges_are_checked():
+    with pytest.raises(ScheduleError, match="against the enqueue order"):
+        build_schedule(FULL, "full+after:D0>D1")
+    with pytest.raises(ScheduleError, match="not in"):
+        build_schedule(FULL, "full+after:X9>D0")
+    s = build_schedule(FULL, "full+after:D1>D0")
+    bad = Schedule(s.graph, s.mode, tuple(Launch(l.op, l.stream, () if l.op == "D0" else l.waits, l.after, l.pdl,
+                                                 l.wait_point, l.records) for l in s.launches),
+                   s.cross_edges, s.joins)
+    validate_schedule(FULL, bad)  # the data edges alone are fine ...
+    with pytest.raises(ScheduleError, match="ordering edge D1>D0"):
+        validate_schedule(FULL, bad, [("D1", "D0")])  # ... the ordering edge is not
