@@ -24,6 +24,9 @@ e.g. `full+after:D1>D0+cap:D0=64`:
 - `cap:OP=N`: OP's FP8 GEMM runs as a persistent launch on at most N CTAs
   (ops.fp8_gemm.grid_cap), leaving the other SMs to the concurrent branch.
 - `prio:A/B`: launch priority for the named ops (as the _prio modes).
+- `pin:OP=S`: put OP on stream S (streams.assign_streams' pins). `pin:D1=0` continues the main stream
+  after B0 with D1, so D1 is the PDL-launched consumer that prefetches its weights while B0 runs (in
+  `full`, D0 is, and D1 waits for B0's completion event), and D0 opens a side stream.
 
 Launch priority (the `_prio` modes; jit.runtime.launch_priority, CU_LAUNCH_ATTRIBUTE_PRIORITY at the context's
 greatest priority, kept by torch-captured graphs): the named ops' CTAs take SMs first when kernels of several
@@ -68,6 +71,7 @@ class Mode:
     priority_ops: tuple[str, ...] = ()  # ops launched at the highest launch priority (module doc)
     order_edges: tuple[tuple[str, str], ...] = ()  # (X, Y): Y also waits for X's completion (module doc)
     grid_caps: tuple[tuple[str, int], ...] = ()  # (op, N): op's GEMM persistent on <= N CTAs (module doc)
+    pins: tuple[tuple[str, int], ...] = ()  # (op, stream): stream assignment overrides (module doc)
 
     def __post_init__(self) -> None:
         if self.pdl != (self.wait_point is not None):
@@ -130,11 +134,11 @@ def get_mode(mode: str | Mode) -> Mode:
     base, *mods = mode.split("+")
     if base not in MODES:
         raise ValueError(f"unknown CMP mode {base!r}; choose one of {list(MODES)} (optionally + after:X>Y, "
-                         f"cap:OP=N, prio:A/B)")
+                         f"cap:OP=N, pin:OP=S, prio:A/B)")
     m = MODES[base]
     if not mods:
         return m
-    order, caps, prio = list(m.order_edges), list(m.grid_caps), list(m.priority_ops)
+    order, caps, prio, pins = list(m.order_edges), list(m.grid_caps), list(m.priority_ops), list(m.pins)
     for mod in mods:
         kind, _, arg = mod.partition(":")
         ok = False
@@ -148,14 +152,20 @@ def get_mode(mode: str | Mode) -> Mode:
             ok = bool(_OP_RE.match(op) and n.isdigit())
             if ok:
                 caps.append((op, int(n)))
+        elif kind == "pin":
+            op, _, n = arg.partition("=")
+            ok = bool(_OP_RE.match(op) and n.isdigit())
+            if ok:
+                pins.append((op, int(n)))
         elif kind == "prio":
             ops = [o for o in arg.split("/") if o]  # "/": --modes is a comma list
             ok = bool(ops) and all(_OP_RE.match(o) for o in ops)
             if ok:
                 prio += [o for o in ops if o not in prio]
         if not ok:
-            raise ValueError(f"CMP mode {mode!r}: bad modifier {mod!r} (after:X>Y, cap:OP=N or prio:A/B)")
-    return replace(m, name=mode, order_edges=tuple(order), grid_caps=tuple(caps), priority_ops=tuple(prio))
+            raise ValueError(f"CMP mode {mode!r}: bad modifier {mod!r} (after:X>Y, cap:OP=N, pin:OP=S or prio:A/B)")
+    return replace(m, name=mode, order_edges=tuple(order), grid_caps=tuple(caps), priority_ops=tuple(prio),
+                   pins=tuple(pins))
 
 
 def _accepts(fn: Any, kw: str) -> bool:

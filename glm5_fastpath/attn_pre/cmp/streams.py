@@ -148,6 +148,7 @@ def build_schedule(graph: OpGraph, mode: str | Mode, *, wait_plans: Mapping[str,
             raise ScheduleError(f"mode {m.name}: ordering edge {a}>{b} runs against the enqueue order "
                                 f"({', '.join(order)})")
     extra = {b: [a for a, bb in m.order_edges if bb == b] for _, b in m.order_edges}
+    pins = {**dict(m.pins), **dict(pins or {})}  # the caller's pins win over the mode's
     streams = assign_streams(graph, pins) if m.multistream else {o: MAIN for o in order}
     last: dict[int, str] = {}
     needed_events: set[str] = set()

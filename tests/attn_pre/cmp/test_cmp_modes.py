@@ -113,10 +113,11 @@ def test_composite_modes_parse_onto_a_named_mode():
     assert p.priority_ops == ("B1", "E1", "E2", "D1")
     assert get_mode("multistream_pdl_prologue+after:D1>D0").wait_point == "after_prologue"
     assert get_mode(m) is m and get_mode("full") is MODES["full"]
+    assert get_mode("full+pin:D1=0+pin:D0=3").pins == (("D1", 0), ("D0", 3))
 
 
 @pytest.mark.parametrize("bad", ["full+after:D1", "full+after:D1>", "full+cap:D0", "full+cap:D0=x", "full+cap:D0=-1",
-                                 "full+prio:", "full+sideways:D0", "full+", "fast+after:D1>D0", "full+after:d1>D0"])
+                                 "full+prio:", "full+pin:D1", "full+pin:D1=a", "full+sideways:D0", "full+", "fast+after:D1>D0", "full+after:d1>D0"])
 def test_composite_modes_reject_bad_modifiers(bad):
     with pytest.raises(ValueError, match="CMP mode"):
         get_mode(bad)

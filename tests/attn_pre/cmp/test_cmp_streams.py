@@ -135,3 +135,16 @@ def test_ordering_edges_are_checked():
     validate_schedule(FULL, bad)  # the data edges alone are fine ...
     with pytest.raises(ScheduleError, match="ordering edge D1>D0"):
         validate_schedule(FULL, bad, [("D1", "D0")])  # ... the ordering edge is not
+
+
+def test_pin_modifier_moves_d1_onto_the_main_stream():
+    """pin:D1=0 (modes.py): D1 is B0's same-stream (PDL) consumer; D0 / D2 open a side stream waiting on B0."""
+    s = build_schedule(FULL, "full+pin:D1=0")
+    assert s.streams() == {0: ["A0", "B0", "D1", "E1", "E2"], 1: ["C0"], 2: ["B1"], 3: ["D0", "D2"]}
+    assert s.launch("D1").after == "B0" and s.launch("D1").waits == ("C0",)
+    assert s.launch("D0").waits == ("B0",) and s.launch("D0").after is None
+    assert set(s.joins) == {"C0", "B1", "D2"}
+    # an explicit pins= argument wins over the mode's
+    assert build_schedule(FULL, "full+pin:D1=0", pins={"D1": 1}).launch("D1").stream == 1
+    with pytest.raises(ScheduleError, match="first op"):
+        build_schedule(FULL, "full+pin:A0=2")
