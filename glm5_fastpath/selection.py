@@ -18,8 +18,8 @@ are errors, so a typo never silently falls back to a default):
 prefix: one of PREFIX_EXECUTORS (cmp | megartp | stock). moe: "stock", "megamoe" (MegaMoE with its default
 config for the bucket) or "megamoe:<config name>" (MegaMoEConfig.name, e.g. megamoe:bn16_s6_g512_w4).
 cmp_mode (optional, default "full"): the CMP executor's mode for this bucket (attn_pre/cmp/modes.py:
-serial | serial_pdl | multistream | multistream_pdl_entry | multistream_pdl_prologue | full); the mode
-that measured fastest in `glm5-fastpath tune` (PDL does not win at every bucket).
+serial | serial_pdl | multistream | multistream_pdl_entry | multistream_pdl_prologue | full, or a composite such
+as full+pin:D1=0); the mode that measured fastest in `glm5-fastpath tune` (PDL does not win at every bucket).
 A decode step of M tokens uses the smallest bucket with tokens >= M; above the largest bucket the
 step stays on SGLang's path (reason "above_largest_bucket"). The choice is made on the host from the
 batch size, so each captured decode CUDA graph bakes exactly one bucket.
@@ -51,6 +51,18 @@ DEFAULT_CMP_MODE = "full"
 # attn_pre/cmp/modes.MODES (not imported: this module stays import-light for the plugin's register())
 CMP_MODES = ("serial", "serial_pdl", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full",
              "full_prio_index", "full_prio_b1")
+
+
+# composites (modes.get_mode): a named mode + modifiers, e.g. "full+pin:D1=0"; the same grammar, checked here without
+# importing the executor (tests/attn_pre/cmp/test_cmp_modes.py keeps the two in step)
+_OP = r"[A-Z][A-Z0-9]*"
+_CMP_MOD = rf"(after:{_OP}>{_OP}|cap:{_OP}=\d+|pin:{_OP}=\d+|prio:{_OP}(/{_OP})*)"
+CMP_MODE_RE = re.compile(rf"^({'|'.join(CMP_MODES)})(\+{_CMP_MOD})*$")
+
+
+def valid_cmp_mode(mode: object) -> bool:
+    """A named CMP mode or a composite of one (attn_pre/cmp/modes.py)."""
+    return isinstance(mode, str) and CMP_MODE_RE.match(mode) is not None
 
 
 class SelectionError(ValueError):
@@ -146,8 +158,9 @@ def parse(d: Any, source: str = "<dict>") -> SelectionTable:
         if not isinstance(moe, str) or not (moe == STOCK or MOE_CONFIG_RE.match(moe)):
             raise _err(source, f"{where}.moe", f"unknown MoE config {moe!r} (use 'stock' or 'megamoe:<config name>')")
         cmp_mode = e.get("cmp_mode", DEFAULT_CMP_MODE)
-        if cmp_mode not in CMP_MODES:
-            raise _err(source, f"{where}.cmp_mode", f"unknown CMP mode {cmp_mode!r} (choose {' | '.join(CMP_MODES)})")
+        if not valid_cmp_mode(cmp_mode):
+            raise _err(source, f"{where}.cmp_mode", f"unknown CMP mode {cmp_mode!r} (choose {' | '.join(CMP_MODES)}, "
+                                                    "optionally + after:X>Y / cap:OP=N / pin:OP=S / prio:A/B)")
         out.append(BucketChoice(t, e["prefix"], moe, cmp_mode))
     return SelectionTable(tuple(out), tuple(gpu), source, comment)
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 CFG = Glm5Config.preset("glm5")
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-MODES = ("serial", "multistream", "serial_pdl", "full")
+MODES = ("serial", "multistream", "serial_pdl", "full", "full+pin:D1=0")
 N_SEQ = 256
 OUTS = ("residual_out", "q_pe", "q_lat", "topk_slots", "x_fp8", "q_lora", "head_w", "logits")
 

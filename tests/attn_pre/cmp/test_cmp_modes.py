@@ -103,6 +103,25 @@ def test_selection_knows_exactly_the_cmp_modes():
     assert tuple(MODES) == CMP_MODES
 
 
+@pytest.mark.parametrize("mode", ["full+pin:D1=0", "multistream+after:D1>D0+cap:D0=96", "full_prio_b1+prio:D1/B1",
+                                  "full+pin:D1=0+pin:D0=3", "serial"])
+def test_selection_accepts_what_get_mode_parses(mode):
+    from glm5_fastpath.selection import valid_cmp_mode
+
+    assert valid_cmp_mode(mode)
+    assert get_mode(mode).name == mode
+
+
+@pytest.mark.parametrize("bad", ["full+after:D1", "full+cap:D0=x", "full+pin:D1", "full+prio:", "full+", "fast",
+                                 "full+sideways:D0", "full+prio:B1,E1", None])
+def test_selection_rejects_what_get_mode_rejects(bad):
+    from glm5_fastpath.selection import valid_cmp_mode
+
+    assert not valid_cmp_mode(bad)
+    with pytest.raises(ValueError):
+        get_mode(bad)
+
+
 def test_composite_modes_parse_onto_a_named_mode():
     m = get_mode("full+after:D1>D0+cap:D0=64+prio:B1/E1")
     base = MODES["full"]
