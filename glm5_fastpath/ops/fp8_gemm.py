@@ -413,7 +413,29 @@ class grid_cap:
         _cap.ctas = self._prev
 
 
+class stage_cap:
+    """Context manager: GEMM ops launched by this thread inside use at most `stages` ring stages (>= 2), so
+    their CTAs take less shared memory and a concurrent branch's CTAs fit beside them on an SM (the CMP
+    executor's `stages:OP=N` modes). The K loop and the result are unchanged (bitwise)."""
+
+    def __init__(self, stages: int):
+        if not isinstance(stages, int) or stages < 2:
+            raise ValueError(f"stage_cap: stages must be an int >= 2, got {stages!r}")
+        self.stages = stages
+
+    def __enter__(self) -> "stage_cap":
+        self._prev = getattr(_cap, "stages", None)
+        _cap.stages = self.stages
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _cap.stages = self._prev
+
+
 def _apply_grid_cap(epi: int, c: SkinnyConfig) -> SkinnyConfig:
+    st = getattr(_cap, "stages", None)
+    if st is not None and c.stages > st:
+        c = dataclasses.replace(c, stages=st)
     cap = getattr(_cap, "ctas", None)
     if cap is None or c.ctas <= cap:
         return c
@@ -1451,6 +1473,6 @@ def rotated_specs() -> list[KernelSpec]:
 __all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig",
            "B0_DEFAULT_MODE", "B0_MODES", "IMPLS", "IMPL_ENV", "PIPES", "PIPE_ENV", "b0_mode", "b0_qkv_a", "b1_indexer_k",
            "compile_check_specs", "config_for", "d0_q_b", "d1_indexer_q", "default_impl", "diag_specs", "env_impl",
-           "env_pipe", "estimate_us", "forced_config", "fp8_gemm_skinny", "grid_cap", "precompile", "rope_table", "rotated", "rotated_specs",
+           "env_pipe", "estimate_us", "forced_config", "fp8_gemm_skinny", "grid_cap", "stage_cap", "precompile", "rope_table", "rotated", "rotated_specs",
            "tensor_maps",
            "wgmma_supported", "with_env_pipe"]

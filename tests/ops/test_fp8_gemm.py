@@ -237,6 +237,24 @@ def test_grid_cap_hook():
             F.grid_cap(bad)
 
 
+def test_stage_cap_hook():
+    """stage_cap(N) (the CMP stages:OP=N modes): fewer ring stages, less shared memory, same work split."""
+    c = F.SkinnyConfig(F.EPI_Q_B, 16, 16384, 2048, 16, 1, 8, impl="wgmma")
+    with F.stage_cap(4):
+        p = F._apply_grid_cap(F.EPI_Q_B, c)
+        assert (p.stages, p.tm, p.splits, p.grid) == (4, 16, 1, c.grid) and p.smem_bytes < c.smem_bytes
+        assert dict(p.spec().defines)["GLM5_SKINNY_STAGES"] == "4"
+        small = dataclasses.replace(c, stages=3)
+        assert F._apply_grid_cap(F.EPI_Q_B, small) is small  # already within the cap
+        with F.grid_cap(64):  # both: fewer stages and a persistent launch
+            q = F._apply_grid_cap(F.EPI_Q_B, c)
+            assert (q.stages, q.persist) == (4, 64)
+    assert F._apply_grid_cap(F.EPI_Q_B, c) is c
+    for bad in (1, 0, 2.5):
+        with pytest.raises(ValueError, match="stage_cap"):
+            F.stage_cap(bad)
+
+
 def test_forced_config_hook():
     assert F._forced_config_for(16, 2624, 6144, F.EPI_PLAIN) is None
     with F.forced_config(32, 4, 3, minb=2, diag=F.DIAG_NO_REDUCE):

@@ -119,7 +119,7 @@ class CmpExecutor:
         kwargs.setdefault(OP_FUNCTIONS["E1"], {})["max_ctx"] = self.max_ctx
         self.bound = BoundOps(impl, kwargs)
         self.graph = build_prefix_graph(cfg, full_indexer=not self.shared_layer, impl=self.bound)
-        unknown = sorted({op for op, _ in self.mode.grid_caps} - set(ops))
+        unknown = sorted({op for op, _ in self.mode.grid_caps + self.mode.stage_caps} - set(ops))
         if unknown:
             raise CmpError(f"mode {self.mode.name}: grid cap for {unknown}, not ops of this prefix ({', '.join(ops)})")
         self.schedule: Schedule = build_schedule(self.graph, self.mode, wait_plans=self.wait_plans, pins=pins)
@@ -239,13 +239,19 @@ class CmpExecutor:
         return launch_priority(self._high_priority)
 
     def _cap(self, op: str):
-        """The mode's grid cap for op's GEMM (modes.Mode.grid_caps: a persistent launch on <= N CTAs)."""
-        caps = dict(self.mode.grid_caps)
-        if op not in caps:
+        """The mode's caps for op's GEMM: modes.Mode.grid_caps (a persistent launch on <= N CTAs) and
+        Mode.stage_caps (<= N ring stages)."""
+        caps, stages = dict(self.mode.grid_caps), dict(self.mode.stage_caps)
+        if op not in caps and op not in stages:
             return contextlib.nullcontext()
-        from ...ops.fp8_gemm import grid_cap
+        from ...ops.fp8_gemm import grid_cap, stage_cap
 
-        return grid_cap(caps[op])
+        st = contextlib.ExitStack()
+        if op in stages:
+            st.enter_context(stage_cap(stages[op]))
+        if op in caps:
+            st.enter_context(grid_cap(caps[op]))
+        return st
 
     def prepare(self) -> None:
         """Compile / load the kernels and allocate their workspaces and RoPE tables (before any capture)."""

@@ -23,6 +23,10 @@ e.g. `full+after:D1>D0+cap:D0=64`:
   took 19 us against 8.7 alone; `after:D1>D0` hands the SMs to the critical path first.
 - `cap:OP=N`: OP's FP8 GEMM runs as a persistent launch on at most N CTAs
   (ops.fp8_gemm.grid_cap), leaving the other SMs to the concurrent branch.
+- `stages:OP=N`: OP's FP8 GEMM uses at most N ring stages (ops.fp8_gemm.stage_cap): less shared
+  memory per CTA, so a concurrent branch's CTAs fit beside it. Why: E1 (128 threads, 38 KB) runs
+  4 CTAs per SM alone, but only one beside a resident 155 KB D0 CTA (M = 16: 8 stages); in the
+  session-16 timelines E1 took 19 us in the graph against 9 alone.
 - `prio:A/B`: launch priority for the named ops (as the _prio modes).
 - `pin:OP=S`: put OP on stream S (streams.assign_streams' pins). `pin:D1=0` continues the main stream
   after B0 with D1, so D1 is the PDL-launched consumer that prefetches its weights while B0 runs (in
@@ -72,18 +76,22 @@ class Mode:
     order_edges: tuple[tuple[str, str], ...] = ()  # (X, Y): Y also waits for X's completion (module doc)
     grid_caps: tuple[tuple[str, int], ...] = ()  # (op, N): op's GEMM persistent on <= N CTAs (module doc)
     pins: tuple[tuple[str, int], ...] = ()  # (op, stream): stream assignment overrides (module doc)
+    stage_caps: tuple[tuple[str, int], ...] = ()  # (op, N): op's GEMM ring <= N stages (module doc)
 
     def __post_init__(self) -> None:
         if self.pdl != (self.wait_point is not None):
-            raise ValueError(f"mode {self.name}: a wait point is given exactly when PDL is on")
+            raise ValueError(f"CMP mode {self.name}: a wait point is given exactly when PDL is on")
         if self.wait_point is not None and self.wait_point not in WAIT_POINTS:
-            raise ValueError(f"mode {self.name}: wait point {self.wait_point!r} not in {WAIT_POINTS}")
+            raise ValueError(f"CMP mode {self.name}: wait point {self.wait_point!r} not in {WAIT_POINTS}")
         for a, b in self.order_edges:
             if a == b:
-                raise ValueError(f"mode {self.name}: ordering edge {a}>{b} names one op twice")
+                raise ValueError(f"CMP mode {self.name}: ordering edge {a}>{b} names one op twice")
         for op, n in self.grid_caps:
             if n < 1:
-                raise ValueError(f"mode {self.name}: cap {op}={n} must be at least 1 CTA")
+                raise ValueError(f"CMP mode {self.name}: cap {op}={n} must be at least 1 CTA")
+        for op, n in self.stage_caps:
+            if n < 2:
+                raise ValueError(f"CMP mode {self.name}: stages {op}={n} must be at least 2")
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (
@@ -134,11 +142,12 @@ def get_mode(mode: str | Mode) -> Mode:
     base, *mods = mode.split("+")
     if base not in MODES:
         raise ValueError(f"unknown CMP mode {base!r}; choose one of {list(MODES)} (optionally + after:X>Y, "
-                         f"cap:OP=N, pin:OP=S, prio:A/B)")
+                         f"cap:OP=N, stages:OP=N, pin:OP=S, prio:A/B)")
     m = MODES[base]
     if not mods:
         return m
     order, caps, prio, pins = list(m.order_edges), list(m.grid_caps), list(m.priority_ops), list(m.pins)
+    stages = list(m.stage_caps)
     for mod in mods:
         kind, _, arg = mod.partition(":")
         ok = False
@@ -152,6 +161,11 @@ def get_mode(mode: str | Mode) -> Mode:
             ok = bool(_OP_RE.match(op) and n.isdigit())
             if ok:
                 caps.append((op, int(n)))
+        elif kind == "stages":
+            op, _, n = arg.partition("=")
+            ok = bool(_OP_RE.match(op) and n.isdigit())
+            if ok:
+                stages.append((op, int(n)))
         elif kind == "pin":
             op, _, n = arg.partition("=")
             ok = bool(_OP_RE.match(op) and n.isdigit())
@@ -163,9 +177,9 @@ def get_mode(mode: str | Mode) -> Mode:
             if ok:
                 prio += [o for o in ops if o not in prio]
         if not ok:
-            raise ValueError(f"CMP mode {mode!r}: bad modifier {mod!r} (after:X>Y, cap:OP=N, pin:OP=S or prio:A/B)")
+            raise ValueError(f"CMP mode {mode!r}: bad modifier {mod!r} (after:X>Y, cap:OP=N, stages:OP=N, pin:OP=S or prio:A/B)")
     return replace(m, name=mode, order_edges=tuple(order), grid_caps=tuple(caps), priority_ops=tuple(prio),
-                   pins=tuple(pins))
+                   pins=tuple(pins), stage_caps=tuple(stages))
 
 
 def _accepts(fn: Any, kw: str) -> bool:

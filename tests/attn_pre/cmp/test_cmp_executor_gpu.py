@@ -133,7 +133,7 @@ def test_early_wait_modes_equal_serial_bitwise(layer, step, mode):
 
 
 @pytest.mark.parametrize("mode", ["full+after:D1>D0", "full+cap:D0=64", "multistream_pdl_prologue+after:D1>D0+cap:D0=48",
-                                  "full+pin:D1=0+cap:D0=96"])
+                                  "full+pin:D1=0+cap:D0=96", "full+pin:D1=0+stages:D0=3"])
 @pytest.mark.parametrize("bucket", [1, 16, 64])
 def test_composite_modes_equal_serial_bitwise(layer, step, mode, bucket):
     """Ordering edges and grid caps (modes.py composites) change when and on how many CTAs kernels run, never

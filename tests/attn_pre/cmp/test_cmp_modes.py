@@ -104,7 +104,7 @@ def test_selection_knows_exactly_the_cmp_modes():
 
 
 @pytest.mark.parametrize("mode", ["full+pin:D1=0", "multistream+after:D1>D0+cap:D0=96", "full_prio_b1+prio:D1/B1",
-                                  "full+pin:D1=0+pin:D0=3", "serial"])
+                                  "full+pin:D1=0+pin:D0=3", "full+pin:D1=0+stages:D0=4", "serial"])
 def test_selection_accepts_what_get_mode_parses(mode):
     from glm5_fastpath.selection import valid_cmp_mode
 
@@ -133,10 +133,11 @@ def test_composite_modes_parse_onto_a_named_mode():
     assert get_mode("multistream_pdl_prologue+after:D1>D0").wait_point == "after_prologue"
     assert get_mode(m) is m and get_mode("full") is MODES["full"]
     assert get_mode("full+pin:D1=0+pin:D0=3").pins == (("D1", 0), ("D0", 3))
+    assert get_mode("full+stages:D0=4").stage_caps == (("D0", 4),)
 
 
 @pytest.mark.parametrize("bad", ["full+after:D1", "full+after:D1>", "full+cap:D0", "full+cap:D0=x", "full+cap:D0=-1",
-                                 "full+prio:", "full+pin:D1", "full+pin:D1=a", "full+sideways:D0", "full+", "fast+after:D1>D0", "full+after:d1>D0"])
+                                 "full+prio:", "full+pin:D1", "full+pin:D1=a", "full+stages:D0=1", "full+sideways:D0", "full+", "fast+after:D1>D0", "full+after:d1>D0"])
 def test_composite_modes_reject_bad_modifiers(bad):
     with pytest.raises(ValueError, match="CMP mode"):
         get_mode(bad)
@@ -147,3 +148,5 @@ def test_composite_mode_field_checks():
         Mode("x", True, True, "after_prefetch", order_edges=(("D0", "D0"),))
     with pytest.raises(ValueError, match="at least 1"):
         Mode("x", True, True, "after_prefetch", grid_caps=(("D0", 0),))
+    with pytest.raises(ValueError, match="at least 2"):
+        Mode("x", True, True, "after_prefetch", stage_caps=(("D0", 1),))
