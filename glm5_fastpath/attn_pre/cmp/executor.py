@@ -119,9 +119,11 @@ class CmpExecutor:
         kwargs.setdefault(OP_FUNCTIONS["E1"], {})["max_ctx"] = self.max_ctx
         self.bound = BoundOps(impl, kwargs)
         self.graph = build_prefix_graph(cfg, full_indexer=not self.shared_layer, impl=self.bound)
-        unknown = sorted({op for op, _ in self.mode.grid_caps + self.mode.stage_caps} - set(ops))
+        from .modes import NATIVE_WAIT_POINTS  # caps naming a prefix op this graph lacks do not apply (streams.py)
+
+        unknown = sorted({op for op, _ in self.mode.grid_caps + self.mode.stage_caps} - set(ops) - set(NATIVE_WAIT_POINTS))
         if unknown:
-            raise CmpError(f"mode {self.mode.name}: grid cap for {unknown}, not ops of this prefix ({', '.join(ops)})")
+            raise CmpError(f"mode {self.mode.name}: GEMM cap for {unknown}, not prefix ops ({', '.join(ops)})")
         self.schedule: Schedule = build_schedule(self.graph, self.mode, wait_plans=self.wait_plans, pins=pins)
         check_exclusive(self.graph, self.schedule, workspace_groups(self.graph))
 
@@ -239,19 +241,8 @@ class CmpExecutor:
         return launch_priority(self._high_priority)
 
     def _cap(self, op: str):
-        """The mode's caps for op's GEMM: modes.Mode.grid_caps (a persistent launch on <= N CTAs) and
-        Mode.stage_caps (<= N ring stages)."""
-        caps, stages = dict(self.mode.grid_caps), dict(self.mode.stage_caps)
-        if op not in caps and op not in stages:
-            return contextlib.nullcontext()
-        from ...ops.fp8_gemm import grid_cap, stage_cap
+        return gemm_caps(self.mode, op)
 
-        st = contextlib.ExitStack()
-        if op in stages:
-            st.enter_context(stage_cap(stages[op]))
-        if op in caps:
-            st.enter_context(grid_cap(caps[op]))
-        return st
 
     def prepare(self) -> None:
         """Compile / load the kernels and allocate their workspaces and RoPE tables (before any capture)."""
@@ -365,3 +356,32 @@ def workspace_groups(graph) -> list[list[str]]:
         if op in fam:
             keys.setdefault((fam[op],), []).append(op)
     return [v for v in keys.values() if len(v) > 1]
+
+
+def gemm_caps(mode: Mode, op: str):
+    """The mode's caps for op's GEMM, as one context manager around the op's call: modes.Mode.grid_caps (a
+    persistent launch on <= N CTAs) and Mode.stage_caps (<= N ring stages). Used by CmpExecutor and the
+    SGLang seam's executor alike."""
+    caps, stages = dict(mode.grid_caps), dict(mode.stage_caps)
+    if op not in caps and op not in stages:
+        return contextlib.nullcontext()
+    from ...ops.fp8_gemm import grid_cap, stage_cap
+
+    st = contextlib.ExitStack()
+    if op in stages:
+        st.enter_context(stage_cap(stages[op]))
+    if op in caps:
+        st.enter_context(grid_cap(caps[op]))
+    return st
+
+
+def op_launch_context(mode: Mode, op: str, cuda: bool):
+    """Everything a mode sets around one op's launch besides streams and waits: its GEMM caps and, for the
+    mode's priority_ops, the context's greatest launch priority (queried on the current device)."""
+    st = contextlib.ExitStack()
+    st.enter_context(gemm_caps(mode, op))
+    if cuda and op in mode.priority_ops:
+        from ...jit.runtime import launch_priority, priority_range
+
+        st.enter_context(launch_priority(priority_range()[1]))
+    return st

@@ -34,11 +34,11 @@ on two streams; `check_exclusive` enforces that for the groups the caller names.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Mapping
 
 from ...graph.op_graph import GraphError, OpGraph
-from .modes import Mode, WaitPlan, get_mode
+from .modes import NATIVE_WAIT_POINTS, Mode, WaitPlan, get_mode
 
 MAIN = 0
 
@@ -140,10 +140,10 @@ def build_schedule(graph: OpGraph, mode: str | Mode, *, wait_plans: Mapping[str,
     m = get_mode(mode)
     order = graph.topo_order()
     pos = {o: i for i, o in enumerate(order)}
+    # A mode is chosen per bucket for every layer kind: a modifier naming a prefix op this graph lacks (D1 in a
+    # GLM-5.2 shared layer) does not apply here; a name that is no prefix op at all is a mistake.
+    m = _for_graph(m, set(order), graph.name)
     for a, b in m.order_edges:
-        if a not in pos or b not in pos:
-            raise ScheduleError(f"mode {m.name}: ordering edge {a}>{b} names an op that is not in {graph.name} "
-                                f"({', '.join(order)})")
         if pos[a] > pos[b]:
             raise ScheduleError(f"mode {m.name}: ordering edge {a}>{b} runs against the enqueue order "
                                 f"({', '.join(order)})")
@@ -179,6 +179,19 @@ def build_schedule(graph: OpGraph, mode: str | Mode, *, wait_plans: Mapping[str,
     sched = Schedule(graph.name, m.name, tuple(launches), tuple(cross), joins)
     validate_schedule(graph, sched, m.order_edges)
     return sched
+
+
+def _for_graph(m: Mode, ops: set[str], name: str) -> Mode:
+    """m without the ordering edges / pins that name prefix ops missing from this graph (ScheduleError for a
+    name that is not a prefix op)."""
+    named = {o for e in m.order_edges for o in e} | {o for o, _ in m.pins}
+    bad = sorted(named - ops - set(NATIVE_WAIT_POINTS))
+    if bad:
+        raise ScheduleError(f"mode {m.name}: {bad} not in {name} ({', '.join(sorted(ops))}) nor any prefix op")
+    if named <= ops:
+        return m
+    return replace(m, order_edges=tuple(e for e in m.order_edges if set(e) <= ops),
+                   pins=tuple(p for p in m.pins if p[0] in ops))
 
 
 def _minimal_waits(graph: OpGraph, waits: list[str], streams: Mapping[str, int], prev: str | None) -> list[str]:

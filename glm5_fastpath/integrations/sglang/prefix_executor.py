@@ -162,6 +162,10 @@ def enqueue(graph: OpGraph, schedule: Any, env: Mapping[str, torch.Tensor], stre
     """Issue `schedule` (cmp/streams.py) on the current stream (main) and `streams[1:]`: eagerly, or into the
     CUDA-graph capture in progress (side streams join it through events recorded on captured streams). If an
     op raises, every side stream used so far is joined back to main first, so SGLang's capture stays valid."""
+    from ...attn_pre.cmp.executor import op_launch_context
+    from ...attn_pre.cmp.modes import get_mode
+
+    mode = get_mode(schedule.mode)  # its priorities and GEMM caps (composite names round-trip)
     out = dict(env)
     cuda = streams[0] is not None
     where: dict[str, int] = {}
@@ -180,7 +184,8 @@ def enqueue(graph: OpGraph, schedule: Any, env: Mapping[str, torch.Tensor], stre
                 for t in op.inputs:
                     if where.get(t, 0) != launch.stream:
                         _record(out[t], s)
-            with (torch.cuda.stream(s) if cuda and launch.stream != 0 else contextlib.nullcontext()):
+            with (torch.cuda.stream(s) if cuda and launch.stream != 0 else contextlib.nullcontext()), \
+                    op_launch_context(mode, launch.op, cuda):
                 produced = op.ref(ins)
             out.update(produced)
             for t in produced:

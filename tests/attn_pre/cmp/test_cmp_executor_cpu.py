@@ -165,3 +165,24 @@ def test_priority_modes_raise_only_the_named_ops_launch_priority(layer, monkeypa
     got = ex.run(**_rows(s, idx))
     ref = _reference(layer, s, idx, s.kv_cache.clone(), s.index_k_cache.clone())
     assert_close("cmp prio q_pe", got["q_pe"], ref["q_pe"], kind="bf16")
+
+
+def test_op_launch_context_sets_the_modes_caps_and_priorities(monkeypatch):
+    """op_launch_context (CmpExecutor and the SGLang seam): GEMM caps of the named op, the greatest launch priority
+    for priority_ops on CUDA; nothing for other ops, and everything restored afterwards."""
+    from glm5_fastpath.attn_pre.cmp.executor import op_launch_context
+    from glm5_fastpath.attn_pre.cmp.modes import get_mode
+    from glm5_fastpath.jit import runtime
+    from glm5_fastpath.ops import fp8_gemm
+
+    monkeypatch.setattr(runtime, "priority_range", lambda device=None: (0, -5))
+    m = get_mode("full+cap:D0=64+stages:D0=4+prio:E1")
+    with op_launch_context(m, "D0", True):
+        assert (fp8_gemm._cap.ctas, fp8_gemm._cap.stages) == (64, 4)
+        assert runtime.current_launch_priority() is None
+    with op_launch_context(m, "E1", True):
+        assert runtime.current_launch_priority() == -5
+        assert getattr(fp8_gemm._cap, "ctas", None) is None
+    with op_launch_context(m, "E1", False):  # no CUDA streams: no priority
+        assert runtime.current_launch_priority() is None
+    assert getattr(fp8_gemm._cap, "ctas", None) is None and getattr(fp8_gemm._cap, "stages", None) is None

@@ -159,7 +159,7 @@ def test_weight_views_share_sglang_storage_and_repacks_are_exact():
 
 # ---- the executor against the reference prefix ------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["serial", "full"])
+@pytest.mark.parametrize("mode", ["serial", "full", "full+pin:D1=0", "full_prio_index"])
 @pytest.mark.parametrize("fused_topk", [True, False])
 def test_full_route_reproduces_reference_prefix(mode, fused_topk):
     a = F.DeepseekV2AttentionMLA(CFG)
@@ -612,3 +612,43 @@ def test_precompile_rotated_builds_the_tables_wait_points(caplog):
         q_b=types.SimpleNamespace(weight=types.SimpleNamespace(device=torch.device("cuda", 0)))))]
     ex._precompile_rotated(None)
     assert seen == [(True, (None, "entry"))]
+
+
+def test_seam_enqueue_applies_the_modes_launch_context(monkeypatch):
+    """The seam's enqueue wraps every op's call in the mode's launch context (priorities, GEMM caps), the mode
+    read back from the schedule's name (composite names round-trip through get_mode)."""
+    from glm5_fastpath.attn_pre.cmp import executor as cmp_executor
+
+    seen = []
+
+    class _Ctx:
+        def __init__(self, mode, op, cuda):
+            seen.append((mode.name, mode.grid_caps, op, cuda))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(cmp_executor, "op_launch_context", _Ctx)
+    ops = {"X": types.SimpleNamespace(inputs=("a",), ref=lambda e: {"b": e["a"] + 1}),
+           "D0": types.SimpleNamespace(inputs=("b",), ref=lambda e: {"c": e["b"] * 2})}
+    launches = tuple(types.SimpleNamespace(op=o, stream=0, waits=(), records=False) for o in ("X", "D0"))
+    sched = types.SimpleNamespace(mode="full+pin:D1=0+cap:D0=64", launches=launches, joins=())
+    out = PX.enqueue(types.SimpleNamespace(ops=ops), sched, {"a": torch.tensor(1.0)}, [None])
+    assert out["c"].item() == 4.0
+    assert seen == [("full+pin:D1=0+cap:D0=64", (("D0", 64),), "X", False),
+                    ("full+pin:D1=0+cap:D0=64", (("D0", 64),), "D0", False)]
+
+
+def test_composite_cmp_mode_from_the_selection_table():
+    from types import SimpleNamespace
+
+    from glm5_fastpath import selection
+    from glm5_fastpath.integrations.sglang.prefix_executor import PrefixExecutor
+
+    table = selection.parse({"version": 1, "buckets": [
+        {"tokens": 4, "prefix": "cmp", "moe": "stock", "cmp_mode": "full+pin:D1=0"}]})
+    m = PrefixExecutor(router=SimpleNamespace(table=table)).mode_for(3)
+    assert m.name == "full+pin:D1=0" and m.pins == (("D1", 0),) and m.wait_point == "after_prefetch"
