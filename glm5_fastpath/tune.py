@@ -39,7 +39,8 @@ from .selection import SCHEMA_VERSION, STOCK, parse
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # candidates per bucket (the _prio modes: launch priorities for the indexer branch; chosen only where measured faster)
 # + pin:D1=0 (D1 as B0's same-stream PDL consumer, its weights prefetched during B0) and after:D1>D0 (D0 waits for D1):
-# 9-12 % faster than every named mode at M = 64 on the H200 (2026-11-30 session 16, benchmarks/results/.../c1, c2)
+# on the H200 full+pin:D1=0 was 2.5-4.8 % faster than every named mode at 1-4 tokens in six rounds; at 16-128 no
+# composite beat the best named mode beyond the run-to-run spread (benchmarks/results/2026-11-30_h200_session16)
 TUNE_MODES = ("serial", "multistream", "multistream_pdl_entry", "multistream_pdl_prologue", "full", "full_prio_index",
               "full_prio_b1", "multistream+pin:D1=0", "multistream_pdl_prologue+pin:D1=0", "full+pin:D1=0",
               "full+after:D1>D0")
