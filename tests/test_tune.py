@@ -183,7 +183,10 @@ def _fake_gpu_run(monkeypatch, tmp_path, argv, moe_rep=None):
     import glm5_fastpath.attn_pre.cmp.bench as cmp_bench
     from glm5_fastpath.cli import main
 
-    prefix_rep = {"device": "NVIDIA H200", "kv_len": 8192, "rows": [_row(1, 60.0, full=50.0), _row(16, 120.0, full=70.0)]}
+    prefix_rep = {"device": "NVIDIA H200", "kv_len": 8192, "config": "glm5", "modes": ["full"],
+                  "copy_bandwidth": {"bytes_per_s": 4.1e12},
+                  "rows": [{**_row(1, 60.0, full=50.0), "floor_us": 17.5, "bytes": 73e6},
+                           {**_row(16, 120.0, full=70.0), "floor_us": 22.5, "bytes": 94e6}]}
     calls = []
 
     def fake_bench_prefix(cfg, modes, buckets, kv_len, out_dir, **kw):
@@ -206,7 +209,7 @@ def _fake_gpu_run(monkeypatch, tmp_path, argv, moe_rep=None):
 
 
 def test_cli_moe_off_keeps_the_prefix_only_tune(monkeypatch, tmp_path):
-    doc, files, calls, prefix_rep = _fake_gpu_run(monkeypatch, tmp_path, ["--moe", "off"])
+    doc, files, calls, prefix_rep = _fake_gpu_run(monkeypatch, tmp_path, ["--moe", "off", "--rounds", "1"])
     assert calls == [] and files == ["cmp_prefix.json"]  # no MoE measurement, no MoE report
     expected = tune.table_from_report(prefix_rep, ["H200"], commit="unknown")
     assert doc == expected and all(b["moe"] == "stock" for b in doc["buckets"])
@@ -215,12 +218,51 @@ def test_cli_moe_off_keeps_the_prefix_only_tune(monkeypatch, tmp_path):
 def test_cli_moe_auto_fills_the_moe_column(monkeypatch, tmp_path):
     moe = _moe_rep([_moe_row(1, 200.0, {"bn8_s6_g512_w4": 110.0}), _moe_row(16, None, {"bn16_s6_g512_w4": 900.0})],
                    kind=tune.STOCK_DEEPGEMM)
-    doc, files, calls, _ = _fake_gpu_run(monkeypatch, tmp_path, ["--moe-candidates", "2", "--moe-margin", "0.05"], moe)
+    doc, files, calls, _ = _fake_gpu_run(monkeypatch, tmp_path, ["--moe-candidates", "2", "--moe-margin", "0.05",
+                                                                  "--rounds", "1"], moe)
     assert calls[0][0] == [1, 16] and calls[0][1]["n_candidates"] == 2 and calls[0][1]["margin"] == 0.05
     assert [b["moe"] for b in doc["buckets"]] == ["megamoe:bn8_s6_g512_w4", "stock"]  # M=16: no stock timing
     assert "moe_tune.json" in files and selection.parse(doc).lookup(1).choice.moe == "megamoe:bn8_s6_g512_w4"
-    doc, *_ = _fake_gpu_run(monkeypatch, tmp_path, ["--moe-without-stock"], moe)
+    doc, *_ = _fake_gpu_run(monkeypatch, tmp_path, ["--moe-without-stock", "--rounds", "1"], moe)
     assert [b["moe"] for b in doc["buckets"]] == ["megamoe:bn8_s6_g512_w4", "megamoe:bn16_s6_g512_w4"]
+
+
+def test_merge_rounds_takes_the_median_per_mode_and_bucket():
+    r1 = {"device": "NVIDIA H200", "kv_len": 8192, "modes": ["full", "multistream"],
+          "rows": [{**_row(1, 70.0, full=50.0, multistream=52.0), "floor_us": 17.5},
+                   {**_row(16, 90.0, full=55.0, multistream=None), "floor_us": 22.5}]}
+    r2 = {"rows": [{**_row(1, None, full=47.0, multistream=46.0), "floor_us": 17.5},
+                   {**_row(16, None, full=51.0, multistream=53.0), "floor_us": 22.5}]}
+    r3 = {"rows": [{**_row(1, None, full=48.0, multistream=45.0), "floor_us": 17.5}]}  # cut short before M = 16
+    for r in (r2, r3):
+        for row in r["rows"]:
+            row.pop("stock")  # later rounds run without the stock graph
+    rep = tune.merge_rounds([r1, r2, r3])
+    assert rep["rounds"] == 3 and [r["M"] for r in rep["rows"]] == [1, 16] and rep["device"] == "NVIDIA H200"
+    one, sixteen = rep["rows"]
+    assert one["modes"]["full"] == {"median_us": 48.0, "rounds_us": [50.0, 47.0, 48.0],
+                                    **{k: one["modes"]["full"][k] for k in ("time_over_floor", "speedup_vs_stock",
+                                                                             "speedup_vs_serial")}}
+    assert one["modes"]["multistream"]["median_us"] == 46.0 and one["stock"]["median_us"] == 70.0
+    assert abs(one["modes"]["multistream"]["speedup_vs_stock"] - 70.0 / 46.0) < 1e-9
+    assert sixteen["modes"]["full"]["median_us"] == 53.0 and sixteen["modes"]["multistream"]["rounds_us"] == [53.0]
+    # round 1 alone would pick full at M = 1 (50 < 52); the median picks multistream (46 < 48)
+    assert tune.choose_prefix(r1["rows"][0])[1] == "full" and tune.choose_prefix(one)[1] == "multistream"
+    err = tune.merge_rounds([{"rows": [_row(8, None, full=None)]}])["rows"][0]
+    assert "error" in err["modes"]["full"] and err["stock"] == {"skipped": "no deep_gemm"}
+    with pytest.raises(ValueError, match="no rounds"):
+        tune.merge_rounds([])
+
+
+def test_cli_rounds_merge_the_prefix_rounds(monkeypatch, tmp_path):
+    doc, files, calls, prefix_rep = _fake_gpu_run(monkeypatch, tmp_path, ["--moe", "off", "--rounds", "3"])
+    assert files == ["cmp_prefix.json", "merged", "round2", "round3"]
+    merged = json.loads((tmp_path / "table" / "merged" / "cmp_prefix.json").read_text())
+    assert merged["rounds"] == 3 and merged["rows"][0]["modes"]["full"]["rounds_us"] == [50.0, 50.0, 50.0]
+    assert [b["tokens"] for b in doc["buckets"]] == [1, 16]
+    from glm5_fastpath.cli import build_parser
+
+    assert build_parser().parse_args(["tune", "--out", "t.json"]).rounds == tune.ROUNDS
 
 
 def test_cli_moe_options_parse():

@@ -343,6 +343,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
     lines = [f"# CMP attention prefix ({rep['config']}, KV {rep['kv_len']} per sequence, {rep['device']})", "",
              f"Copy bandwidth {rep['copy_bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s (floors use it). Times: median "
              "per prefix, CUDA-graph replay over rotating weight + cache sets."
+             + (f" Each time is the median over {rep['rounds']} rounds (tune.merge_rounds)." if rep.get("rounds") else "")
              + ("" if rep.get("complete", True) else " **Partial: the run stopped before the last M.**"), "",
              "| M | floor us | MB | stock us | " + " | ".join(f"{m} us" for m in modes) + " | best/floor | stock/best |",
              "|---:|---:|---:|---:|" + "---:|" * len(modes) + "---:|---:|"]
