@@ -356,7 +356,8 @@ def test_gpu_tune_with_moe_smoke(tmp_path):
     from glm5_fastpath.moe import megamoe as MM
 
     out = tmp_path / "table.json"
-    assert main(["tune", "--out", str(out), "--buckets", "1,16", "--moe", "auto", "--replays", "5"]) == 0
+    assert main(["tune", "--out", str(out), "--buckets", "1,16", "--moe", "auto", "--replays", "5", "--rounds", "2"]) == 0
+    assert json.loads((tmp_path / "table" / "merged" / "cmp_prefix.json").read_text())["rounds"] == 2
     t = selection.load(out)
     assert [b.tokens for b in t.buckets] == [1, 16]
     for b in t.buckets:
