@@ -412,7 +412,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sets", type=int, default=MAX_SETS, help="cap on rotated weight + cache copies")
     p.add_argument("--no-stock", action="store_true")
     p.add_argument("--timeline-modes", default="full,serial",
-                   help="modes whose one replay at the first M is profiled into the timeline")
+                   help="modes whose one replay at the first M is profiled into the timeline ('none': no timeline)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -425,7 +425,7 @@ def run(a: argparse.Namespace) -> int:
             get_mode(m)
         except ValueError as e:
             raise ValueError(f"bench prefix: unknown mode {m!r}: {e}") from None
-    tl = [m for m in a.timeline_modes.split(",") if m]
+    tl = [] if a.timeline_modes.strip().lower() in ("", "none") else [m for m in a.timeline_modes.split(",") if m]
     bench_prefix(cfg, modes, [int(x) for x in a.ms.split(",") if x], a.kv_len, a.out,
                  replays=a.replays, max_sets=a.max_sets, stock=stock, timeline_modes=tl)
     return 0

@@ -24,7 +24,9 @@ streams whose completion events it waits on, its same-stream predecessor (the ed
 attribute applies to), whether it is launched with PDL, and the wait point its kernel uses
 (modes.py). A mode without multistream puts every op on stream 0.
 
-Cross-stream edges are plain event waits (full completion). When captured into a CUDA graph, a
+Cross-stream edges are plain event waits (full completion), and so are a mode's ordering edges
+(modes.py `after:X>Y`) between streams; its pins (`pin:OP=S`) override `assign_streams` like `pins`.
+Modifiers naming a prefix op the graph lacks (D1 in a GLM-5.2 shared layer) are dropped for that graph. When captured into a CUDA graph, a
 PDL-attributed launch may turn its event dependency into a programmatic edge as well; that is
 still correct because every kernel executes griddepcontrol.wait before reading any upstream
 output (the wait covers all prerequisite grids).
