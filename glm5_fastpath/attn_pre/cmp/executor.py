@@ -39,7 +39,7 @@ import torch
 from ...config import Glm5Config
 from ...graph.eager import run_eager
 from ...graph.prefix_graph import build_prefix_graph, weight_tensors
-from .modes import OP_FUNCTIONS, Mode, get_mode, resolve_wait_points, wait_support
+from .modes import NATIVE_WAIT_POINTS, OP_FUNCTIONS, Mode, get_mode, resolve_wait_points, wait_support
 from .staging import PAGE, StagingError, StaticInputs, pick_bucket
 from .streams import MAIN, Schedule, build_schedule, check_exclusive
 
@@ -119,9 +119,9 @@ class CmpExecutor:
         kwargs.setdefault(OP_FUNCTIONS["E1"], {})["max_ctx"] = self.max_ctx
         self.bound = BoundOps(impl, kwargs)
         self.graph = build_prefix_graph(cfg, full_indexer=not self.shared_layer, impl=self.bound)
-        from .modes import NATIVE_WAIT_POINTS  # caps naming a prefix op this graph lacks do not apply (streams.py)
-
-        unknown = sorted({op for op, _ in self.mode.grid_caps + self.mode.stage_caps} - set(ops) - set(NATIVE_WAIT_POINTS))
+        # caps naming a prefix op this graph lacks do not apply (as in streams.py); other names are mistakes
+        capped = {op for op, _ in self.mode.grid_caps + self.mode.stage_caps}
+        unknown = sorted(capped - set(ops) - set(NATIVE_WAIT_POINTS))
         if unknown:
             raise CmpError(f"mode {self.mode.name}: GEMM cap for {unknown}, not prefix ops ({', '.join(ops)})")
         self.schedule: Schedule = build_schedule(self.graph, self.mode, wait_plans=self.wait_plans, pins=pins)

@@ -14,8 +14,11 @@ A mode is three switches, so the benchmark can charge each mechanism separately
 | full_prio_index | branches | on | after_prefetch, + launch priority for C0, B1, D1, E1, E2 |
 | full_prio_b1 | branches | on | after_prefetch, + launch priority for B1, E1, E2 |
 
-Composite modes (experiments, `bench prefix --modes`): a named mode followed by `+` modifiers,
-e.g. `full+after:D1>D0+cap:D0=64`:
+Composite modes (`bench prefix --modes`, `tune`'s candidates, selection tables' `cmp_mode`): a named
+mode followed by `+` modifiers, e.g. `full+after:D1>D0+cap:D0=64`. They change when and on how many CTAs
+kernels run, never what they compute (GPU tests: bitwise equal to serial). On the H200 (2026-11-30,
+benchmarks/results/2026-11-30_h200_session16) `full+pin:D1=0` beat every named mode at 1-4 tokens by
+2.5-4.8 %; ordering edges, caps and stage caps did not pay at 1-64 tokens (the reasons are there).
 - `after:X>Y`: Y also waits for X's completion (an ordering edge that is not a data edge). Why:
   a PDL-launched consumer's CTAs hold their SMs while they wait, so the op launched first owns the
   machine. In one H200 replay at M = 16 (`full`, 2026-11-30 session 9) D0's 128 CTAs (q_b, not on the
@@ -172,12 +175,13 @@ def get_mode(mode: str | Mode) -> Mode:
             if ok:
                 pins.append((op, int(n)))
         elif kind == "prio":
-            ops = [o for o in arg.split("/") if o]  # "/": --modes is a comma list
-            ok = bool(ops) and all(_OP_RE.match(o) for o in ops)
+            ops = arg.split("/")  # "/": --modes is a comma list
+            ok = all(_OP_RE.match(o) for o in ops)
             if ok:
                 prio += [o for o in ops if o not in prio]
         if not ok:
-            raise ValueError(f"CMP mode {mode!r}: bad modifier {mod!r} (after:X>Y, cap:OP=N, stages:OP=N, pin:OP=S or prio:A/B)")
+            raise ValueError(f"CMP mode {mode!r}: bad modifier {mod!r} (after:X>Y, cap:OP=N, stages:OP=N, "
+                             "pin:OP=S or prio:A/B)")
     return replace(m, name=mode, order_edges=tuple(order), grid_caps=tuple(caps), priority_ops=tuple(prio),
                    pins=tuple(pins), stage_caps=tuple(stages))
 

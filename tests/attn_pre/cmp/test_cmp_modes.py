@@ -113,7 +113,7 @@ def test_selection_accepts_what_get_mode_parses(mode):
 
 
 @pytest.mark.parametrize("bad", ["full+after:D1", "full+cap:D0=x", "full+pin:D1", "full+prio:", "full+", "fast",
-                                 "full+sideways:D0", "full+prio:B1,E1", None])
+                                 "full+sideways:D0", "full+prio:B1,E1", "full+prio:B1//E1", None])
 def test_selection_rejects_what_get_mode_rejects(bad):
     from glm5_fastpath.selection import valid_cmp_mode
 
