@@ -139,6 +139,14 @@ def test_shared_layer_runs_with_prev_topk():
     ex = CmpExecutor(cfg, w, "cpu", buckets=(4,), mode="full", impl=P, kv_cache=s.kv_cache,
                      max_pages=s.block_table.shape[1], pad_slot=pad_page * 64)
     assert ex.schedule.num_streams == 1
+    # a bucket's composite mode names D1, which a shared layer lacks: it does not apply there (no error) ...
+    ex2 = CmpExecutor(cfg, w, "cpu", buckets=(4,), mode="full+pin:D1=0+after:D1>D0+cap:D1=64", impl=P,
+                      kv_cache=s.kv_cache, max_pages=s.block_table.shape[1], pad_slot=pad_page * 64)
+    assert ex2.schedule.num_streams == 1
+    # ... but a name that is no prefix op is a mistake
+    with pytest.raises(CmpError, match="not prefix ops"):
+        CmpExecutor(cfg, w, "cpu", buckets=(4,), mode="full+cap:Q9=64", impl=P, kv_cache=s.kv_cache,
+                    max_pages=s.block_table.shape[1], pad_slot=pad_page * 64)
     prev = torch.randint(0, 100, (3, cfg.index_topk), dtype=torch.int32)
     out = ex.run(**_rows(s, torch.arange(3)), prev_topk=prev)
     assert torch.equal(out["topk_slots"], prev) if "topk_slots" in out else True
