@@ -2,12 +2,16 @@
 # Build ONE carry-sized archive of everything the H200 machine needs beyond its own torch/triton for the
 # SGLang 0.5.14 engine runs (issue #9) and our JIT kernels: the wheel set of
 # ../shared/tools/sglang-h200-wheels.sh (sglang 0.5.14, sglang-kernel 0.4.4 without FA3, flashinfer,
-# sgl-deep-gemm 0.1.3, tvm-ffi, transformers 5.8.1, small deps) plus nvidia-cutlass (CuTe headers),
+# sgl-deep-gemm 0.1.3, tvm-ffi, transformers 5.8.1, small deps), optionally nvidia-cutlass (CuTe headers),
 # installed here with pip --target for cp312 / manylinux x86-64 and packed as tar.xz.
 # The three wheel parts are ~72 MB (over the 64 MB a device call carries); unpacked and xz-compressed the
 # same files are ~44 MB, so one call brings everything and the engine runs need no second transfer.
 #
-# usage: scripts/build_h200_site.sh [OUT.tar.xz]        (default .carry/h200site.tar.xz; needs network)
+# nvidia-cutlass (1.9 MB of the archive) only when WITH_CUTLASS=1: no kernel in csrc/ includes CuTe today
+# (KernelSpec.use_cutlass is unused) and SGLang's own cute paths import the separate CuTe DSL package, while the
+# repository's tracked files (~21 MiB, 2026-11-30) plus the site must stay under a call's 64 MiB.
+#
+# usage: [WITH_CUTLASS=1] scripts/build_h200_site.sh [OUT.tar.xz]   (default .carry/h200site.tar.xz; needs network)
 # on the H200: mkdir -p /tmp/site && tar -xJf .carry/h200site.tar.xz -C /tmp/site; PYTHONPATH=/tmp/site:$PWD
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,8 +20,10 @@ tools=${SGLANG_WHEELS_TOOL:-$here/../shared/tools/sglang-h200-wheels.sh}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bash "$tools" "$work/wheels" >/dev/null
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 -d "$work/wheels/part4" nvidia-cutlass==4.2.0.0
+if [ "${WITH_CUTLASS:-0}" = 1 ]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 -d "$work/wheels/part4" nvidia-cutlass==4.2.0.0
+fi
 plat=()
 for p in manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 \
          manylinux_2_26_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
