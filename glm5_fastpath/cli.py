@@ -96,6 +96,12 @@ def _cmd_bench_router(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _cmd_bench_gemm_phases(args: argparse.Namespace) -> int:
+    from .bench.gemm_phases import run
+
+    return run(args)
+
+
 def _cmd_bench_l2_prefetch(args: argparse.Namespace) -> int:
     from .bench.l2_prefetch import main
 
@@ -200,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_router_args(b)
     b.set_defaults(fn=_cmd_bench_router)
+    b = bsub.add_parser("gemm-phases", help="(GPU) where one skinny FP8 GEMM launch spends its time, per CTA (phase "
+                                            "build: launch spread, first byte, stream, split-K finish, epilogue)")
+    from .bench.gemm_phases import add_arguments as _bench_gemm_phases_args
+
+    _bench_gemm_phases_args(b)
+    b.set_defaults(fn=_cmd_bench_gemm_phases)
     b = bsub.add_parser("l2-prefetch", help="(GPU) L2 prefetch of the next weight-bound kernel's weights: probe, "
                                             "attention tail (o_proj), MoE shared expert, with vs without")
     from .bench.l2_prefetch import add_arguments as _bench_l2_args

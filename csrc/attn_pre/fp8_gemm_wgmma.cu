@@ -12,6 +12,11 @@
 //   GLM5_SKINNY_PIPE     0: wait each stage's wgmmas; 1: two partials, next stage issued first (TM <= 64)
 //   GLM5_SKINNY_REDUCE   0: split-K through the global workspace; 1: through DSMEM of a (1, splits, 1)
 //                        cluster (launch attribute; splits <= 8)
+//   GLM5_SKINNY_PHASES   (diagnostic) thread 0 of every CTA writes %globaltimer (ns) at the phase marks into the
+//                        __device__ array skinny_phase_ns[cta * 8 + i] (read back with cuModuleGetGlobal:
+//                        glm5_fastpath.ops.fp8_gemm.read_phases): 0 entry, 1 past griddepcontrol.wait, 2 first stage
+//                        landed, 3 K loop done, 4 split-K finish done (or left it to another CTA), 5 epilogue done,
+//                        6 unused, 7 the SM id; the first kMaxPhaseCtas CTAs only. Not for persistent launches.
 //   GLM5_SKINNY_PERSIST  0: one CTA per (n tile, split, token block) unit; 1: persistent, grid (P, 1, 1) with
 //                        P <= units: CTA b takes units b, b + P, ... through one continuous TMA ring (global
 //                        split-K reduce only. Built for multi-wave weight streams (o_proj, the dense MLP), but
@@ -22,6 +27,24 @@
 //   x_map: x8 [M, K] e4m3, box 128 K-bytes x TM rows, SWIZZLE_128B.
 // Launch: grid (tiles_n, splits, tiles_m), block 288, dynamic smem
 // WgmmaSmem<TM, STAGES>::launch_bytes(gmax); PDL-ready (weights are issued before griddepcontrol.wait).
+#include <stdint.h>
+#if GLM5_SKINNY_PHASES
+constexpr int kMaxPhaseCtas = 2048;
+__device__ unsigned long long skinny_phase_ns[kMaxPhaseCtas * 8];
+__device__ __forceinline__ unsigned long long skinny_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ int skinny_phase_cta() {
+    return static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+}
+#define GLM5_SKINNY_MARK(i)                                                                       \
+    do {                                                                                          \
+        const int cta_ = skinny_phase_cta();                                                      \
+        if (threadIdx.x == 0 && cta_ < kMaxPhaseCtas) skinny_phase_ns[cta_ * 8 + (i)] = skinny_globaltimer(); \
+    } while (0)
+#endif
 #include "fp8_gemm_wgmma.cuh"
 
 #ifndef GLM5_SKINNY_TM
@@ -51,8 +74,12 @@
 #ifndef GLM5_SKINNY_PERSIST
 #define GLM5_SKINNY_PERSIST 0
 #endif
+#ifndef GLM5_SKINNY_PHASES
+#define GLM5_SKINNY_PHASES 0
+#endif
 static_assert(!GLM5_SKINNY_PERSIST || (!GLM5_SKINNY_REDUCE && !GLM5_SKINNY_DIAG),
               "persistent launch: global split-K reduce, no diagnostic variants");
+static_assert(!(GLM5_SKINNY_PHASES && GLM5_SKINNY_PERSIST), "phase marks: one CTA per unit only");
 
 using WgmmaTile = glm5::attn_pre::skinny::WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES,
                                                         glm5::attn_pre::skinny::epi_with_rot(GLM5_SKINNY_EPI, GLM5_SKINNY_ROT),
@@ -62,6 +89,7 @@ extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kWgThreads,
 glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_constant__ CUtensorMap w_map,
                     const __grid_constant__ CUtensorMap x_map) {
     using namespace glm5::attn_pre::skinny;
+    GLM5_SKINNY_MARK(0);
     glm5::ptx::griddep_wait_at<0>();  // GLM5_PDL_WAIT_AT=0 (pdl_wait="entry"), every role
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     uint8_t* smem = WgmmaTile::align_smem(smem_raw);
@@ -95,6 +123,14 @@ glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_c
     glm5::ptx::griddep_launch_dependents();
     // Activations, their scales and every epilogue input may be the previous kernel's output.
     glm5::ptx::griddep_wait();
+    GLM5_SKINNY_MARK(1);
+#if GLM5_SKINNY_PHASES
+    if (tid == 0 && skinny_phase_cta() < kMaxPhaseCtas) {
+        uint32_t smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        skinny_phase_ns[skinny_phase_cta() * 8 + 7] = smid;
+    }
+#endif
 
     if (GLM5_SKINNY_PERSIST) {
         if (producer) {
@@ -120,6 +156,9 @@ glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_c
         return;
     }
     float acc[WgmmaTile::kNT][4];
-    if (!WgmmaTile::mainloop(p, c, smem, tid, acc)) return;  // another split finishes this tile
+    const bool finishes = WgmmaTile::mainloop(p, c, smem, tid, acc);
+    GLM5_SKINNY_MARK(4);
+    if (!finishes) return;  // another split finishes this tile
     WgmmaTile::epilogue(p, c, smem, tid, acc);
+    GLM5_SKINNY_MARK(5);
 }

@@ -52,6 +52,12 @@
 #include "../common/sm90_wgmma.cuh"
 #include "fp8_gemm_skinny.cuh"
 
+// Phase marks (diagnostic builds only: fp8_gemm_wgmma.cu with GLM5_SKINNY_PHASES defines the macro to record
+// %globaltimer per CTA; compiled out otherwise, so the tile code is unchanged for every other user).
+#ifndef GLM5_SKINNY_MARK
+#define GLM5_SKINNY_MARK(i) ((void)0)
+#endif
+
 namespace glm5 {
 namespace attn_pre {
 namespace skinny {
@@ -270,6 +276,7 @@ struct WgmmaGemmTile {
             const int slot = slot_of(it);
             const uint32_t parity = kDiag == kDiagNoLoads ? 0u : ((q0 + static_cast<uint32_t>(it)) / kStages) & 1u;
             sm90::mbar_wait(full_bar(base, slot), parity);
+            if (it == 0) GLM5_SKINNY_MARK(2);  // the first stage has landed (weights + activations)
             const uint32_t a_st = base + a_off + slot * kWStageBytes;
             const uint32_t b_st = base + Smem::kOffX + slot * Smem::kXStageBytes;
             sm90::fence_operands(pt);
@@ -352,6 +359,7 @@ struct WgmmaGemmTile {
             }
         }
 
+        GLM5_SKINNY_MARK(3);  // the K loop is done (every stage consumed and promoted)
         to_mma_layout(d, acc, g, t);
         if constexpr (Finish::kRope) ptx::cp_async_wait<0>();  // no copy in flight when a split CTA exits
 

@@ -195,6 +195,7 @@ class SkinnyConfig:
     rot: int = 0    # Walsh-Hadamard rotation option of D1 / B1 (0: none, else the head dim; see `rotated`)
     persist: int = 0  # persistent launch (wgmma, global reduce): this many CTAs take the (n tile, split, token
                       # block) units round-robin through one continuous TMA ring; 0 = one CTA per unit
+    phases: int = 0   # diagnostic build recording per-CTA phase times (GLM5_SKINNY_PHASES; phase_build / read_phases)
 
     @property
     def groups(self) -> int:
@@ -257,7 +258,8 @@ class SkinnyConfig:
 
     def spec(self, wait_at: int = PDL_WAIT_NATIVE) -> KernelSpec:
         return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag, self.impl, self.pipe,
-                           self.reduce if self.splits > 1 else "global", wait_at, self.rot, bool(self.persist))
+                           self.reduce if self.splits > 1 else "global", wait_at, self.rot, bool(self.persist),
+                           bool(self.phases))
 
     def describe(self) -> dict[str, Any]:
         d = {"impl": self.impl, "tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb,
@@ -278,7 +280,8 @@ DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* 
 
 @functools.lru_cache(maxsize=None)
 def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, impl: str = "mma", pipe: int = 0,
-                reduce: str = "global", wait_at: int = PDL_WAIT_NATIVE, rot: int = 0, persist: bool = False) -> KernelSpec:
+                reduce: str = "global", wait_at: int = PDL_WAIT_NATIVE, rot: int = 0, persist: bool = False,
+                phases: bool = False) -> KernelSpec:
     if impl not in IMPLS:
         raise ValueError(f"glm5_fastpath.fp8_gemm: impl={impl!r}: expected one of {', '.join(IMPLS)}")
     if reduce not in REDUCES or pipe not in PIPES:
@@ -306,6 +309,10 @@ def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, im
         defines.append(("GLM5_SKINNY_REDUCE", "1"))
     if persist:
         defines.append(("GLM5_SKINNY_PERSIST", "1"))
+    if phases:
+        if impl != "wgmma" or persist:
+            raise ValueError("glm5_fastpath.fp8_gemm: phase marks exist for the wgmma mainloop with one CTA per unit")
+        defines.append(("GLM5_SKINNY_PHASES", "1"))
     defines += wait_defines(check_wait_at("glm5_fastpath.fp8_gemm", wait_at))
     if impl == "wgmma":
         return KernelSpec(WGMMA_FUNCTION, source=WGMMA_SOURCE, defines=tuple(defines))
@@ -432,7 +439,58 @@ class stage_cap:
         _cap.stages = self._prev
 
 
+class phase_build:
+    """Context manager (diagnostics): wgmma GEMM ops launched by this thread inside run the GLM5_SKINNY_PHASES
+    build, whose thread 0 of every CTA records %globaltimer at the phase marks of fp8_gemm_wgmma.cu; read them
+    with read_phases(cfg, device) after the launch. Same results as the normal build."""
+
+    def __enter__(self) -> "phase_build":
+        self._prev = getattr(_cap, "phases", None)
+        _cap.phases = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _cap.phases = self._prev
+
+
+PHASE_NAMES = ("entry", "past_wait", "first_stage", "k_loop_done", "finish_done", "epilogue_done")
+MAX_PHASE_CTAS = 2048  # kMaxPhaseCtas of fp8_gemm_wgmma.cu
+
+
+def read_phases(cfg: SkinnyConfig, device=None, wait_at: int = PDL_WAIT_NATIVE) -> torch.Tensor:
+    """[min(ctas, MAX_PHASE_CTAS), 8] int64 of the phase build of `cfg` (its last launch on `device`): columns
+    PHASE_NAMES in ns of %globaltimer (0 where a CTA did not reach a mark in that launch, e.g. the epilogue of a
+    split that another CTA finished: zero the buffer with reset_phases first), column 7 the SM id."""
+    from ..jit.runtime import _InContext, check, driver
+
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    c = dataclasses.replace(cfg, phases=1)
+    k = _kernel(c, dev, wait_at)
+    n = min(c.ctas, MAX_PHASE_CTAS)
+    out = torch.zeros(n, 8, dtype=torch.int64, device=dev)
+    d = driver()
+    with _InContext(k.module.device):
+        ptr, _ = check(d.cuModuleGetGlobal(k.module.handle, b"skinny_phase_ns"), "cuModuleGetGlobal")
+        check(d.cuMemcpyDtoD(out.data_ptr(), ptr, n * 8 * 8), "cuMemcpyDtoD")
+    torch.cuda.synchronize(dev)
+    return out
+
+
+def reset_phases(cfg: SkinnyConfig, device=None, wait_at: int = PDL_WAIT_NATIVE) -> None:
+    """Zero the phase build's buffer (before the launch read_phases will read)."""
+    from ..jit.runtime import _InContext, check, driver
+
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    k = _kernel(dataclasses.replace(cfg, phases=1), dev, wait_at)
+    d = driver()
+    with _InContext(k.module.device):
+        ptr, _ = check(d.cuModuleGetGlobal(k.module.handle, b"skinny_phase_ns"), "cuModuleGetGlobal")
+        check(d.cuMemsetD8(ptr, 0, MAX_PHASE_CTAS * 8 * 8), "cuMemsetD8")
+
+
 def _apply_grid_cap(epi: int, c: SkinnyConfig) -> SkinnyConfig:
+    if getattr(_cap, "phases", None) and c.impl == "wgmma" and not c.persist:
+        c = dataclasses.replace(c, phases=1)
     st = getattr(_cap, "stages", None)
     if st is not None and c.stages > st:
         c = dataclasses.replace(c, stages=st)
@@ -695,7 +753,8 @@ def _check_capability(epi: int, dev: torch.device) -> None:
 
 def _kernel(cfg: SkinnyConfig, dev: torch.device, wait_at: int = PDL_WAIT_NATIVE):
     key = (cfg.impl, cfg.tm, cfg.stages, cfg.epi, cfg.minb, cfg.diag, cfg.pipe,
-           cfg.reduce if cfg.splits > 1 else "global", wait_at, cfg.rot, bool(cfg.persist), _dev_index(dev))
+           cfg.reduce if cfg.splits > 1 else "global", wait_at, cfg.rot, bool(cfg.persist), bool(cfg.phases),
+           _dev_index(dev))
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
@@ -1441,7 +1500,8 @@ def compile_check_specs() -> list[KernelSpec]:
     opts += [kernel_spec(128, WGMMA_STAGES[128], EPI_PLAIN, impl="wgmma", reduce="cluster")]
     # the opt-in launch options: stage pairs (pipe=2) and the persistent launch, one plain variant each
     opts += [kernel_spec(8, WGMMA_STAGES[8], EPI_PLAIN, impl="wgmma", pipe=2),
-             kernel_spec(8, WGMMA_STAGES[8], EPI_PLAIN, impl="wgmma", persist=True)]
+             kernel_spec(8, WGMMA_STAGES[8], EPI_PLAIN, impl="wgmma", persist=True),
+             kernel_spec(16, 6, EPI_PLAIN, impl="wgmma", reduce="cluster", phases=True)]  # bench gemm-phases
     return [kernel_spec(tm, st, epi, minb=mb, impl=impl) for impl, tm, st, epi, mb in sorted(base | tuned | heur)] + \
         opts + _row_specs() + rotated_specs()
 
@@ -1473,6 +1533,7 @@ def rotated_specs() -> list[KernelSpec]:
 __all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp8GemmInputError", "SkinnyConfig",
            "B0_DEFAULT_MODE", "B0_MODES", "IMPLS", "IMPL_ENV", "PIPES", "PIPE_ENV", "b0_mode", "b0_qkv_a", "b1_indexer_k",
            "compile_check_specs", "config_for", "d0_q_b", "d1_indexer_q", "default_impl", "diag_specs", "env_impl",
-           "env_pipe", "estimate_us", "forced_config", "fp8_gemm_skinny", "grid_cap", "stage_cap", "precompile", "rope_table", "rotated", "rotated_specs",
+           "env_pipe", "estimate_us", "forced_config", "fp8_gemm_skinny", "grid_cap", "stage_cap", "phase_build",
+           "read_phases", "reset_phases", "PHASE_NAMES", "precompile", "rope_table", "rotated", "rotated_specs",
            "tensor_maps",
            "wgmma_supported", "with_env_pipe"]

@@ -255,6 +255,24 @@ def test_stage_cap_hook():
             F.stage_cap(bad)
 
 
+def test_phase_build_hook_and_spec():
+    """phase_build() (bench gemm-phases): wgmma configs get the GLM5_SKINNY_PHASES build; nothing else changes."""
+    c = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 4, 6, impl="wgmma", reduce="cluster")
+    assert "GLM5_SKINNY_PHASES" not in dict(c.spec().defines)
+    with F.phase_build():
+        p = F._apply_grid_cap(F.EPI_PLAIN, c)
+        assert p.phases == 1 and dataclasses.replace(p, phases=0) == c
+        assert dict(p.spec().defines)["GLM5_SKINNY_PHASES"] == "1"
+        mma = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 4, 6)
+        assert F._apply_grid_cap(F.EPI_PLAIN, mma) is mma  # the mma.sync mainloop has no marks
+    assert F._apply_grid_cap(F.EPI_PLAIN, c) is c
+    with pytest.raises(ValueError, match="phase marks"):
+        F.kernel_spec(16, 4, F.EPI_PLAIN, impl="mma", phases=True)
+    with pytest.raises(ValueError, match="phase marks"):
+        F.kernel_spec(16, 4, F.EPI_PLAIN, impl="wgmma", persist=True, phases=True)
+    assert F.PHASE_NAMES[0] == "entry" and len(F.PHASE_NAMES) == 6
+
+
 def test_forced_config_hook():
     assert F._forced_config_for(16, 2624, 6144, F.EPI_PLAIN) is None
     with F.forced_config(32, 4, 3, minb=2, diag=F.DIAG_NO_REDUCE):
