@@ -20,9 +20,21 @@ def test_choose_prefix_fastest_mode_and_gain_threshold():
     assert (ex, mode) == ("stock", None) and "no CMP mode" in why
 
 
+def test_modes_within_the_margin_count_as_tied_and_the_first_listed_wins():
+    """Session 16 (H200, call 3 merged): composites beat multistream by ~1 % at 32-128 tokens (inside the spread),
+    full+pin:D1=0 beat every named mode by 3-5 % at 1-4: only the latter may change the table."""
+    r32 = _row(32, 92.4, multistream=66.2, full=67.9, **{"full+after:D1>D0": 65.4})
+    assert tune.choose_prefix(r32)[1] == "multistream"
+    assert tune.choose_prefix(r32, mode_margin=0.0)[1] == "full+after:D1>D0"
+    r1 = _row(1, 74.0, multistream_pdl_prologue=45.6, full=46.2, **{"full+pin:D1=0": 44.1})
+    assert tune.choose_prefix(r1)[1] == "full+pin:D1=0"
+    doc = tune.table_from_report({"device": "H200", "kv_len": 8192, "rows": [r32]}, ["H200"], mode_margin=0.0)
+    assert doc["buckets"][0]["cmp_mode"] == "full+after:D1>D0"
+
+
 def test_table_from_report_is_a_valid_selection_table(tmp_path):
     rep = {"device": "NVIDIA H200", "kv_len": 8192,
-           "rows": [_row(64, 145.0, serial=130.0, multistream=110.0, full=109.0),
+           "rows": [_row(64, 145.0, serial=130.0, multistream=110.0, full=100.0),
                     _row(16, 120.0, serial=83.0, multistream=66.7, full=70.2),
                     _row(256, 200.0, serial=300.0, full=290.0)]}
     doc = tune.table_from_report(rep, ["H200"], commit="abc123")
