@@ -488,7 +488,8 @@ def reset_phases(cfg: SkinnyConfig, device=None, wait_at: int = PDL_WAIT_NATIVE)
         check(d.cuMemsetD8(ptr, 0, MAX_PHASE_CTAS * 8 * 8), "cuMemsetD8")
 
 
-def _apply_grid_cap(epi: int, c: SkinnyConfig) -> SkinnyConfig:
+def _apply_launch_overrides(epi: int, c: SkinnyConfig) -> SkinnyConfig:
+    """c with this thread's launch overrides: phase_build, stage_cap, grid_cap (in that order)."""
     if getattr(_cap, "phases", None) and c.impl == "wgmma" and not c.persist:
         c = dataclasses.replace(c, phases=1)
     st = getattr(_cap, "stages", None)
@@ -918,8 +919,8 @@ def _prepare(epi: int, x8, xs, w, ws, extra: tuple = (), rot: int = 0) -> tuple[
     if forced is not None:
         if forced.impl == "wgmma" and not wgmma_supported(cc):
             raise _fail(epi, f"forced_config: impl 'wgmma' needs an sm_90 GPU, {dev} is sm_{cc[0]}{cc[1]}")
-        return rotated(_apply_grid_cap(epi, forced), rot), dev
-    return rotated(_apply_grid_cap(epi, with_env_pipe(config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), epi)),
+        return rotated(_apply_launch_overrides(epi, forced), rot), dev
+    return rotated(_apply_launch_overrides(epi, with_env_pipe(config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), epi)),
                    rot), dev
 
 

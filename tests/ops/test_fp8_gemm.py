@@ -218,20 +218,20 @@ def test_grid_cap_hook():
     """grid_cap(N) (the CMP cap:OP=N modes): a config with more than N units becomes a persistent launch on N
     CTAs; smaller grids stay as they are; configs without a persistent launch raise, naming the op."""
     c = F.SkinnyConfig(F.EPI_Q_B, 16, 16384, 2048, 16, 1, 8, impl="wgmma")
-    assert F._apply_grid_cap(F.EPI_Q_B, c) is c  # no cap set
+    assert F._apply_launch_overrides(F.EPI_Q_B, c) is c  # no cap set
     with F.grid_cap(64):
-        p = F._apply_grid_cap(F.EPI_Q_B, c)
+        p = F._apply_launch_overrides(F.EPI_Q_B, c)
         assert (p.persist, p.ctas, p.grid, p.units) == (64, 64, (64, 1, 1), 128)
         assert dict(p.spec().defines)["GLM5_SKINNY_PERSIST"] == "1"
         with F.grid_cap(200):  # nests, restores; a grid already within the cap is unchanged
-            assert F._apply_grid_cap(F.EPI_Q_B, c) is c
-        assert F._apply_grid_cap(F.EPI_Q_B, c).persist == 64
+            assert F._apply_launch_overrides(F.EPI_Q_B, c) is c
+        assert F._apply_launch_overrides(F.EPI_Q_B, c).persist == 64
         g = F.SkinnyConfig(F.EPI_QKV_A, 16, 2624, 6144, 16, 4, 6, impl="wgmma")  # global split-K reduce: fine
-        assert F._apply_grid_cap(F.EPI_QKV_A, g).persist == 64
+        assert F._apply_launch_overrides(F.EPI_QKV_A, g).persist == 64
         for bad in (dataclasses.replace(g, reduce="cluster"), F.SkinnyConfig(F.EPI_Q_B, 16, 16384, 2048, 16, 1, 6)):
             with pytest.raises(F.Fp8GemmInputError, match="grid_cap"):
-                F._apply_grid_cap(F.EPI_Q_B, bad)
-    assert F._apply_grid_cap(F.EPI_Q_B, c) is c
+                F._apply_launch_overrides(F.EPI_Q_B, bad)
+    assert F._apply_launch_overrides(F.EPI_Q_B, c) is c
     for bad in (0, -3, 1.5):
         with pytest.raises(ValueError, match="grid_cap"):
             F.grid_cap(bad)
@@ -241,15 +241,15 @@ def test_stage_cap_hook():
     """stage_cap(N) (the CMP stages:OP=N modes): fewer ring stages, less shared memory, same work split."""
     c = F.SkinnyConfig(F.EPI_Q_B, 16, 16384, 2048, 16, 1, 8, impl="wgmma")
     with F.stage_cap(4):
-        p = F._apply_grid_cap(F.EPI_Q_B, c)
+        p = F._apply_launch_overrides(F.EPI_Q_B, c)
         assert (p.stages, p.tm, p.splits, p.grid) == (4, 16, 1, c.grid) and p.smem_bytes < c.smem_bytes
         assert dict(p.spec().defines)["GLM5_SKINNY_STAGES"] == "4"
         small = dataclasses.replace(c, stages=3)
-        assert F._apply_grid_cap(F.EPI_Q_B, small) is small  # already within the cap
+        assert F._apply_launch_overrides(F.EPI_Q_B, small) is small  # already within the cap
         with F.grid_cap(64):  # both: fewer stages and a persistent launch
-            q = F._apply_grid_cap(F.EPI_Q_B, c)
+            q = F._apply_launch_overrides(F.EPI_Q_B, c)
             assert (q.stages, q.persist) == (4, 64)
-    assert F._apply_grid_cap(F.EPI_Q_B, c) is c
+    assert F._apply_launch_overrides(F.EPI_Q_B, c) is c
     for bad in (1, 0, 2.5):
         with pytest.raises(ValueError, match="stage_cap"):
             F.stage_cap(bad)
@@ -260,12 +260,12 @@ def test_phase_build_hook_and_spec():
     c = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 4, 6, impl="wgmma", reduce="cluster")
     assert "GLM5_SKINNY_PHASES" not in dict(c.spec().defines)
     with F.phase_build():
-        p = F._apply_grid_cap(F.EPI_PLAIN, c)
+        p = F._apply_launch_overrides(F.EPI_PLAIN, c)
         assert p.phases == 1 and dataclasses.replace(p, phases=0) == c
         assert dict(p.spec().defines)["GLM5_SKINNY_PHASES"] == "1"
         mma = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 4, 6)
-        assert F._apply_grid_cap(F.EPI_PLAIN, mma) is mma  # the mma.sync mainloop has no marks
-    assert F._apply_grid_cap(F.EPI_PLAIN, c) is c
+        assert F._apply_launch_overrides(F.EPI_PLAIN, mma) is mma  # the mma.sync mainloop has no marks
+    assert F._apply_launch_overrides(F.EPI_PLAIN, c) is c
     with pytest.raises(ValueError, match="phase marks"):
         F.kernel_spec(16, 4, F.EPI_PLAIN, impl="mma", phases=True)
     with pytest.raises(ValueError, match="phase marks"):
