@@ -105,42 +105,36 @@ def merge_rounds(reps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     import copy
     import statistics
 
-    from .attn_pre.cmp.bench import _derive
+    from .attn_pre.cmp.bench import derive_row
 
     if not reps:
         raise ValueError("merge_rounds: no rounds")
-    out = copy.deepcopy(dict(reps[0]))
-    rows: dict[int, dict[str, Any]] = {}
+
+    def merged(entries: list[Any]) -> Any:
+        """One timing entry from the rounds' entries of one (M, mode) or stock row: the first timed entry's
+        fields with median_us over the timed ones, else the first entry as it is (an error, a skip)."""
+        timed = [e for e in entries if _median(e) is not None]
+        if not timed:
+            return copy.deepcopy(entries[0])
+        vals = [_median(e) for e in timed]
+        return {**copy.deepcopy(dict(timed[0])), "median_us": statistics.median(vals), "rounds_us": vals}
+
+    by_m: dict[int, list[Mapping[str, Any]]] = {}
     for rep in reps:
         for row in rep.get("rows", []):
-            m = int(row["M"])
-            if m not in rows:
-                rows[m] = copy.deepcopy(dict(row))
-                rows[m]["modes"] = {}
-                rows[m].pop("stock", None)
-                rows[m]["_t"] = {"modes": {}, "stock": []}
-            acc = rows[m]["_t"]
-            for mode, t in row.get("modes", {}).items():
-                v = _median(t)
-                if v is not None:
-                    acc["modes"].setdefault(mode, []).append(v)
-                elif mode not in rows[m]["modes"]:
-                    rows[m]["modes"][mode] = copy.deepcopy(dict(t))  # error / not implemented, kept as is
-            v = _median(row.get("stock"))
-            if v is not None:
-                acc["stock"].append(v)
-                rows[m].setdefault("_stock_extra", {k: x for k, x in row["stock"].items() if k != "median_us"})
-            elif "stock" in row and "stock" not in rows[m]:
-                rows[m]["stock"] = copy.deepcopy(row["stock"])
-    for m, row in rows.items():
-        acc = row.pop("_t")
-        for mode, vals in acc["modes"].items():
-            row["modes"][mode] = {"median_us": statistics.median(vals), "rounds_us": vals}
-        extra = row.pop("_stock_extra", None)
-        if acc["stock"]:
-            row["stock"] = {**(extra or {}), "median_us": statistics.median(acc["stock"]), "rounds_us": acc["stock"]}
+            by_m.setdefault(int(row["M"]), []).append(row)
+    rows: dict[int, dict[str, Any]] = {}
+    for m, rs in by_m.items():
+        row = copy.deepcopy(dict(rs[0]))
+        modes = list(dict.fromkeys(k for r in rs for k in r.get("modes", {})))  # first-seen order (choose_prefix)
+        row["modes"] = {k: merged([r["modes"][k] for r in rs if k in r.get("modes", {})]) for k in modes}
+        stock = [r["stock"] for r in rs if "stock" in r]
+        if stock:
+            row["stock"] = merged(stock)
         if "floor_us" in row:  # (every bench_prefix row has it; hand-made reports may not)
-            _derive(row)
+            derive_row(row)
+        rows[m] = row
+    out = copy.deepcopy(dict(reps[0]))
     out["rows"] = [rows[m] for m in sorted(rows)]
     out["rounds"] = len(reps)
     return out
@@ -787,10 +781,9 @@ def run(a: argparse.Namespace) -> int:
                                  stock=False, timeline_modes=()))
     rep = merge_rounds(reps) if rounds > 1 else reps[0]
     if rounds > 1:
-        from .attn_pre.cmp.bench import _write as write_prefix_report
+        from .attn_pre.cmp.bench import write_report
 
-        (report_dir / "merged").mkdir(parents=True, exist_ok=True)
-        write_prefix_report(rep, report_dir / "merged", final=True)
+        write_report(rep, report_dir / "merged", final=True)
     name = torch.cuda.get_device_name()
     gpu = [tok for tok in name.replace("NVIDIA", "").split() if tok][:1] or [name]
     commit = os.environ.get("GLM5_FASTPATH_COMMIT", "unknown")

@@ -294,19 +294,20 @@ def bench_prefix(cfg: Glm5Config, modes: Sequence[str] = DEFAULT_MODES, ms: Sequ
                 except Exception as e:  # noqa: BLE001
                     row["stock"] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
             _log(f"M={m} stock: {row['stock'].get('median_us', row['stock'])}")
-        _derive(row)
+        derive_row(row)
         rep["rows"].append(row)
         del sets
         torch.cuda.empty_cache()
-        _write(rep, out, final=False)  # after every M: a run cut short keeps the rows it finished
+        write_report(rep, out, final=False)  # after every M: a run cut short keeps the rows it finished
     if rep["timelines"]:
         rep["timeline_png"] = plot_timelines(rep["timelines"], out / f"cmp_timeline_M{ms[0]}.png")
-    _write(rep, out, final=True)
+    write_report(rep, out, final=True)
     _log(f"wrote {out}/cmp_prefix.json, cmp_prefix.md")
     return rep
 
 
-def _write(rep: dict[str, Any], out: Path, final: bool) -> None:
+def write_report(rep: dict[str, Any], out: Path, final: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     rep["complete"] = final
     (out / "cmp_prefix.json").write_text(json.dumps(rep, indent=1, default=str))
     (out / "cmp_prefix.md").write_text(render_markdown(rep))
@@ -316,7 +317,7 @@ def _med(x: Any) -> float | None:
     return x.get("median_us") if isinstance(x, dict) else None
 
 
-def _derive(row: dict[str, Any]) -> None:
+def derive_row(row: dict[str, Any]) -> None:
     """time / floor, speedup over stock and over serial, and the decomposition steps (us saved per step)."""
     stock = _med(row.get("stock"))
     serial = _med(row["modes"].get("serial"))

@@ -39,7 +39,7 @@ import torch
 from ...config import Glm5Config
 from ...graph.eager import run_eager
 from ...graph.prefix_graph import build_prefix_graph, weight_tensors
-from .modes import NATIVE_WAIT_POINTS, OP_FUNCTIONS, Mode, get_mode, resolve_wait_points, wait_support
+from .modes import OP_FUNCTIONS, Mode, get_mode, resolve_wait_points, wait_support
 from .staging import PAGE, StagingError, StaticInputs, pick_bucket
 from .streams import MAIN, Schedule, build_schedule, check_exclusive
 
@@ -98,7 +98,6 @@ class CmpExecutor:
         self.w = getattr(weights, "attn", weights)
         self.shared_layer = self.w.indexer is None
         self.mode = get_mode(mode)
-        self._high_priority: int | None = None  # the context's greatest launch priority (the _prio modes)
         if impl is None:
             from ... import ops as impl  # noqa: PLC0415 (kernels: imported lazily, needs no GPU)
         self.impl = impl
@@ -119,11 +118,10 @@ class CmpExecutor:
         kwargs.setdefault(OP_FUNCTIONS["E1"], {})["max_ctx"] = self.max_ctx
         self.bound = BoundOps(impl, kwargs)
         self.graph = build_prefix_graph(cfg, full_indexer=not self.shared_layer, impl=self.bound)
-        # caps naming a prefix op this graph lacks do not apply (as in streams.py); other names are mistakes
-        capped = {op for op, _ in self.mode.grid_caps + self.mode.stage_caps}
-        unknown = sorted(capped - set(ops) - set(NATIVE_WAIT_POINTS))
-        if unknown:
-            raise CmpError(f"mode {self.mode.name}: GEMM cap for {unknown}, not prefix ops ({', '.join(ops)})")
+        try:
+            self.mode = self.mode.for_ops(ops)  # caps / pins / edges naming an op this graph lacks do not apply
+        except ValueError as e:
+            raise CmpError(str(e)) from None
         self.schedule: Schedule = build_schedule(self.graph, self.mode, wait_plans=self.wait_plans, pins=pins)
         check_exclusive(self.graph, self.schedule, workspace_groups(self.graph))
 
@@ -215,7 +213,8 @@ class CmpExecutor:
                 for w in l.waits:
                     s.wait_event(events[w])
             op = self.graph.ops[l.op]
-            with _stream_ctx(s if cuda and l.stream != MAIN else None), self._priority(l.op, cuda), self._cap(l.op):
+            with _stream_ctx(s if cuda and l.stream != MAIN else None), \
+                    op_launch_context(self.mode, l.op, cuda, self.device):
                 produced = op.ref({t: out[t] for t in op.inputs})
             if set(produced) != set(op.outputs):
                 raise CmpError(f"op {l.op} returned {sorted(produced)}, declared {sorted(op.outputs)}")
@@ -232,17 +231,7 @@ class CmpExecutor:
     def _priority(self, op: str, cuda: bool):
         """The launch priority of op's kernels under this schedule's mode (modes.Mode.priority_ops): the context's
         greatest priority for the named ops, the stream's own otherwise."""
-        if not cuda or op not in self.mode.priority_ops:
-            return contextlib.nullcontext()
-        from ...jit.runtime import launch_priority, priority_range
-
-        if self._high_priority is None:
-            self._high_priority = priority_range(self.device)[1]
-        return launch_priority(self._high_priority)
-
-    def _cap(self, op: str):
-        return gemm_caps(self.mode, op)
-
+        return mode_priority(self.mode, op, cuda, self.device)
 
     def prepare(self) -> None:
         """Compile / load the kernels and allocate their workspaces and RoPE tables (before any capture)."""
@@ -360,8 +349,7 @@ def workspace_groups(graph) -> list[list[str]]:
 
 def gemm_caps(mode: Mode, op: str):
     """The mode's caps for op's GEMM, as one context manager around the op's call: modes.Mode.grid_caps (a
-    persistent launch on <= N CTAs) and Mode.stage_caps (<= N ring stages). Used by CmpExecutor and the
-    SGLang seam's executor alike."""
+    persistent launch on <= N CTAs) and Mode.stage_caps (<= N ring stages)."""
     caps, stages = dict(mode.grid_caps), dict(mode.stage_caps)
     if op not in caps and op not in stages:
         return contextlib.nullcontext()
@@ -375,13 +363,20 @@ def gemm_caps(mode: Mode, op: str):
     return st
 
 
-def op_launch_context(mode: Mode, op: str, cuda: bool):
-    """Everything a mode sets around one op's launch besides streams and waits: its GEMM caps and, for the
-    mode's priority_ops, the context's greatest launch priority (queried on the current device)."""
+def mode_priority(mode: Mode, op: str, cuda: bool, device: Any = None):
+    """For the mode's priority_ops on CUDA streams: launch at the context's greatest priority (on `device`,
+    default the current one); otherwise nothing."""
+    if not cuda or op not in mode.priority_ops:
+        return contextlib.nullcontext()
+    from ...jit.runtime import launch_priority, priority_range
+
+    return launch_priority(priority_range(device)[1])
+
+
+def op_launch_context(mode: Mode, op: str, cuda: bool, device: Any = None):
+    """Everything a mode sets around one op's launch besides streams and waits: its GEMM caps and its launch
+    priority (mode_priority). Used by CmpExecutor and the SGLang seam's executor alike."""
     st = contextlib.ExitStack()
     st.enter_context(gemm_caps(mode, op))
-    if cuda and op in mode.priority_ops:
-        from ...jit.runtime import launch_priority, priority_range
-
-        st.enter_context(launch_priority(priority_range()[1]))
+    st.enter_context(mode_priority(mode, op, cuda, device))
     return st

@@ -97,6 +97,23 @@ class Mode:
                 raise ValueError(f"CMP mode {self.name}: stages {op}={n} must be at least 2")
 
 
+    def for_ops(self, ops) -> "Mode":
+        """This mode for a graph holding `ops`: a mode is chosen per bucket for every layer kind, so ordering
+        edges, pins and GEMM caps naming a prefix op the graph lacks (D1 in a GLM-5.2 shared layer) do not apply
+        there; a name that is no prefix op at all raises ValueError."""
+        ops = set(ops)
+        named = ({o for e in self.order_edges for o in e} | {o for o, _ in self.pins}
+                 | {o for o, _ in self.grid_caps + self.stage_caps})
+        bad = sorted(named - ops - set(NATIVE_WAIT_POINTS))
+        if bad:
+            raise ValueError(f"CMP mode {self.name}: {bad} are not prefix ops ({', '.join(NATIVE_WAIT_POINTS)})")
+        if named <= ops:
+            return self
+        keep = lambda pairs: tuple(p for p in pairs if p[0] in ops)  # noqa: E731
+        return replace(self, order_edges=tuple(e for e in self.order_edges if set(e) <= ops), pins=keep(self.pins),
+                       grid_caps=keep(self.grid_caps), stage_caps=keep(self.stage_caps))
+
+
 MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("serial", False, False, None),
     Mode("serial_pdl", False, True, "after_prefetch"),

@@ -26,8 +26,8 @@ attribute applies to), whether it is launched with PDL, and the wait point its k
 
 Cross-stream edges are plain event waits (full completion), and so are a mode's ordering edges
 (modes.py `after:X>Y`) between streams; its pins (`pin:OP=S`) override `assign_streams` like `pins`.
-Modifiers naming a prefix op the graph lacks (D1 in a GLM-5.2 shared layer) are dropped for that graph. When captured into a CUDA graph, a
-PDL-attributed launch may turn its event dependency into a programmatic edge as well; that is
+Modifiers naming a prefix op the graph lacks (D1 in a GLM-5.2 shared layer) are dropped for that graph
+(Mode.for_ops). When captured into a CUDA graph, a PDL-attributed launch may turn its event dependency into a programmatic edge as well; that is
 still correct because every kernel executes griddepcontrol.wait before reading any upstream
 output (the wait covers all prerequisite grids).
 
@@ -36,11 +36,11 @@ on two streams; `check_exclusive` enforces that for the groups the caller names.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping
 
 from ...graph.op_graph import GraphError, OpGraph
-from .modes import NATIVE_WAIT_POINTS, Mode, WaitPlan, get_mode
+from .modes import Mode, WaitPlan, get_mode
 
 MAIN = 0
 
@@ -142,9 +142,10 @@ def build_schedule(graph: OpGraph, mode: str | Mode, *, wait_plans: Mapping[str,
     m = get_mode(mode)
     order = graph.topo_order()
     pos = {o: i for i, o in enumerate(order)}
-    # A mode is chosen per bucket for every layer kind: a modifier naming a prefix op this graph lacks (D1 in a
-    # GLM-5.2 shared layer) does not apply here; a name that is no prefix op at all is a mistake.
-    m = _for_graph(m, set(order), graph.name)
+    try:
+        m = m.for_ops(order)  # modifiers naming a prefix op this graph lacks do not apply here
+    except ValueError as e:
+        raise ScheduleError(str(e)) from None
     for a, b in m.order_edges:
         if pos[a] > pos[b]:
             raise ScheduleError(f"mode {m.name}: ordering edge {a}>{b} runs against the enqueue order "
@@ -181,19 +182,6 @@ def build_schedule(graph: OpGraph, mode: str | Mode, *, wait_plans: Mapping[str,
     sched = Schedule(graph.name, m.name, tuple(launches), tuple(cross), joins)
     validate_schedule(graph, sched, m.order_edges)
     return sched
-
-
-def _for_graph(m: Mode, ops: set[str], name: str) -> Mode:
-    """m without the ordering edges / pins that name prefix ops missing from this graph (ScheduleError for a
-    name that is not a prefix op)."""
-    named = {o for e in m.order_edges for o in e} | {o for o, _ in m.pins}
-    bad = sorted(named - ops - set(NATIVE_WAIT_POINTS))
-    if bad:
-        raise ScheduleError(f"mode {m.name}: {bad} not in {name} ({', '.join(sorted(ops))}) nor any prefix op")
-    if named <= ops:
-        return m
-    return replace(m, order_edges=tuple(e for e in m.order_edges if set(e) <= ops),
-                   pins=tuple(p for p in m.pins if p[0] in ops))
 
 
 def _minimal_waits(graph: OpGraph, waits: list[str], streams: Mapping[str, int], prev: str | None) -> list[str]:

@@ -9,7 +9,7 @@ def test_derive_and_render():
            "modes": {"serial": {"median_us": 60.0}, "multistream": {"median_us": 45.0},
                      "multistream_pdl_entry": {"not_implemented": "needs pdl_wait"}, "full": {"median_us": 33.0}},
            "stock": {"median_us": 66.0, "e2": "sgl_kernel.fast_topk_transform_fused"}}
-    bench._derive(row)
+    bench.derive_row(row)
     assert row["modes"]["full"]["speedup_vs_stock"] == 2.0
     assert row["modes"]["full"]["time_over_floor"] == 1.5
     assert [s["mode"] for s in row["decomposition"]] == ["serial", "multistream", "full"]
