@@ -102,6 +102,12 @@ def _cmd_bench_gemm_phases(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_bench_gemm_layout(args: argparse.Namespace) -> int:
+    from .bench.gemm_layout import run
+
+    return run(args)
+
+
 def _cmd_bench_l2_prefetch(args: argparse.Namespace) -> int:
     from .bench.l2_prefetch import main
 
@@ -212,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_gemm_phases_args(b)
     b.set_defaults(fn=_cmd_bench_gemm_phases)
+    b = bsub.add_parser("gemm-layout", help="(GPU) the skinny FP8 GEMM with row-major vs k-block-major weights (full "
+                                            "GEMM and the loads-only ring, bitwise check)")
+    from .bench.gemm_layout import add_arguments as _bench_gemm_layout_args
+
+    _bench_gemm_layout_args(b)
+    b.set_defaults(fn=_cmd_bench_gemm_layout)
     b = bsub.add_parser("l2-prefetch", help="(GPU) L2 prefetch of the next weight-bound kernel's weights: probe, "
                                             "attention tail (o_proj), MoE shared expert, with vs without")
     from .bench.l2_prefetch import add_arguments as _bench_l2_args

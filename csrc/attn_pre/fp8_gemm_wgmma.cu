@@ -12,6 +12,8 @@
 //   GLM5_SKINNY_PIPE     0: wait each stage's wgmmas; 1: two partials, next stage issued first (TM <= 64)
 //   GLM5_SKINNY_REDUCE   0: split-K through the global workspace; 1: through DSMEM of a (1, splits, 1)
 //                        cluster (launch attribute; splits <= 8)
+//   GLM5_SKINNY_WKB      0: W8 row-major [N, K] (2-D weight map); 1: k-block-major [K / 128][N][128] (3-D map,
+//                        every weight box one contiguous 16 KB; glm5_fastpath.ops.fp8_gemm.kblock_major)
 //   GLM5_SKINNY_PHASES   (diagnostic) thread 0 of every CTA writes %globaltimer (ns) at the phase marks into the
 //                        __device__ array skinny_phase_ns[cta * 8 + i] (read back with cuModuleGetGlobal:
 //                        glm5_fastpath.ops.fp8_gemm.read_phases): 0 entry, 1 past griddepcontrol.wait, 2 first stage
@@ -23,7 +25,7 @@
 //                        measured 3-14 % slower than the waves there at M <= 32 on the H200 (2026-11-30), tied at
 //                        64: no default uses it)
 // Parameters: (SkinnyParams p, CUtensorMap w_map, CUtensorMap x_map):
-//   w_map: W8 [N, K] e4m3, box 128 K-bytes x 128 rows, SWIZZLE_128B;
+//   w_map: W8 [N, K] e4m3, box 128 K-bytes x 128 rows, SWIZZLE_128B (GLM5_SKINNY_WKB: [K/128, N, 128], box 128 x 128 x 1);
 //   x_map: x8 [M, K] e4m3, box 128 K-bytes x TM rows, SWIZZLE_128B.
 // Launch: grid (tiles_n, splits, tiles_m), block 288, dynamic smem
 // WgmmaSmem<TM, STAGES>::launch_bytes(gmax); PDL-ready (weights are issued before griddepcontrol.wait).
@@ -77,13 +79,17 @@ __device__ __forceinline__ int skinny_phase_cta() {
 #ifndef GLM5_SKINNY_PHASES
 #define GLM5_SKINNY_PHASES 0
 #endif
+#ifndef GLM5_SKINNY_WKB
+#define GLM5_SKINNY_WKB 0
+#endif
 static_assert(!GLM5_SKINNY_PERSIST || (!GLM5_SKINNY_REDUCE && !GLM5_SKINNY_DIAG),
               "persistent launch: global split-K reduce, no diagnostic variants");
 static_assert(!(GLM5_SKINNY_PHASES && GLM5_SKINNY_PERSIST), "phase marks: one CTA per unit only");
 
 using WgmmaTile = glm5::attn_pre::skinny::WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES,
                                                         glm5::attn_pre::skinny::epi_with_rot(GLM5_SKINNY_EPI, GLM5_SKINNY_ROT),
-                                                        GLM5_SKINNY_DIAG, GLM5_SKINNY_PIPE, GLM5_SKINNY_REDUCE>;
+                                                        GLM5_SKINNY_DIAG, GLM5_SKINNY_PIPE, GLM5_SKINNY_REDUCE,
+                                                        GLM5_SKINNY_WKB>;
 
 extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kWgThreads, GLM5_SKINNY_MINB)
 glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_constant__ CUtensorMap w_map,

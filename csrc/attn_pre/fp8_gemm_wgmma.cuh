@@ -106,8 +106,9 @@ struct WgmmaSmem {
 // sums ranks 0..S-1 in order through ld.shared::cluster (the same order and operations as the global
 // path: bitwise identical) and runs the epilogue; a second cluster barrier keeps the peers' smem
 // alive until rank 0 has read it. No workspace, no counters, no fences to L2.
-template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff, int kPipe = 0, int kReduce = 0>
+template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff, int kPipe = 0, int kReduce = 0, int kWKb = 0>
 struct WgmmaGemmTile {
+    static_assert(kWKb == 0 || kWKb == 1, "kWKb: 0 row-major weights, 1 k-block-major");
     static_assert(kPipe >= 0 && kPipe <= 2, "kPipe: 0, 1 or 2");
     static_assert(kPipe == 0 || kTM <= 64, "kPipe: two partials + the accumulator fit up to 64 tokens");
     static_assert(kReduce == 0 || kDiag == kDiagOff, "cluster reduce: no diagnostic variants");
@@ -135,6 +136,14 @@ struct WgmmaGemmTile {
     static GLM5_DEVICE uint32_t empty_bar(uint32_t base, int s) { return base + Smem::kOffBar + 8 * (kStages + s); }
     static GLM5_DEVICE int prefill(const Coord& c) { return c.nk < kStages ? c.nk : kStages; }
 
+    // One stage's weight box: k group g (128 K-bytes) of the 128 rows from n0. Row-major W8 [N, K]: 128
+    // rows of 128 bytes each K bytes apart; k-block-major W8 [K / 128][N][128] (kWKb): 16 KB in one piece.
+    // The box lands in shared memory identically either way (same swizzle, same bytes).
+    static GLM5_DEVICE void load_w(const CUtensorMap* w_map, uint32_t dst, uint32_t bar, int g, int n0) {
+        if constexpr (kWKb) sm90::tma_load_3d(w_map, dst, bar, 0, n0, g);
+        else sm90::tma_load_2d(w_map, dst, bar, g * kBlockK, n0);
+    }
+
     // One thread, before a CTA barrier that every thread passes before touching a barrier.
     static GLM5_DEVICE void init_barriers(uint8_t* smem) {
         const uint32_t base = ptx::smem_addr(smem);
@@ -161,8 +170,7 @@ struct WgmmaGemmTile {
         const int n = prefill(c);
         for (int s = 0; s < n; ++s) {
             sm90::mbar_arrive_expect_tx(full_bar(base, s), kStageTx);
-            sm90::tma_load_2d(w_map, base + Smem::kOffW + s * kWStageBytes, full_bar(base, s), (c.g_begin + s) * kBlockK,
-                              c.tile_n * kBlockN);
+            load_w(w_map, base + Smem::kOffW + s * kWStageBytes, full_bar(base, s), c.g_begin + s, c.tile_n * kBlockN);
         }
     }
 
@@ -182,8 +190,7 @@ struct WgmmaGemmTile {
             sm90::mbar_wait(empty_bar(base, slot), (round - 1) & 1u);    // the math warps released round-1
             const uint32_t full = full_bar(base, slot);
             sm90::mbar_arrive_expect_tx(full, kStageTx);
-            sm90::tma_load_2d(w_map, base + Smem::kOffW + slot * kWStageBytes, full, (c.g_begin + it) * kBlockK,
-                              c.tile_n * kBlockN);
+            load_w(w_map, base + Smem::kOffW + slot * kWStageBytes, full, c.g_begin + it, c.tile_n * kBlockN);
             sm90::tma_load_2d(x_map, base + Smem::kOffX + slot * Smem::kXStageBytes, full, (c.g_begin + it) * kBlockK,
                               row_x);
         }
@@ -214,8 +221,7 @@ struct WgmmaGemmTile {
                     sm90::mbar_wait(empty_bar(base, slot), ((q / kStages) - 1) & 1u);  // round q/kStages - 1 released
                 const uint32_t full = full_bar(base, slot);
                 sm90::mbar_arrive_expect_tx(full, kStageTx);
-                sm90::tma_load_2d(w_map, base + Smem::kOffW + slot * kWStageBytes, full, (c.g_begin + it) * kBlockK,
-                                  c.tile_n * kBlockN);
+                load_w(w_map, base + Smem::kOffW + slot * kWStageBytes, full, c.g_begin + it, c.tile_n * kBlockN);
                 sm90::tma_load_2d(x_map, base + Smem::kOffX + slot * Smem::kXStageBytes, full, (c.g_begin + it) * kBlockK,
                                   row_x);
             }

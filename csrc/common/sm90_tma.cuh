@@ -67,6 +67,18 @@ GLM5_DEVICE void tma_load_2d_hint(const CUtensorMap* map, uint32_t smem_dst, uin
         : "memory");
 }
 
+// 3-D tiled load: box at (c0, c1, c2) (c0 = the contiguous dimension), same completion as tma_load_2d.
+// The skinny GEMM's k-block-major weights (W8 as [K / 128][N][128]: one 128-row x 128-byte box is 16 KB
+// of contiguous memory) load through it.
+GLM5_DEVICE void tma_load_3d(const CUtensorMap* map, uint32_t smem_dst, uint32_t bar, int32_t c0, int32_t c1,
+                             int32_t c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(
+            smem_dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+
 // 5-D tiled load: box at (c0, c1, c2, c3, c4) (c0 = the contiguous dimension), same completion and
 // L2 policy as tma_load_2d_hint. Lets one load gather rows from two strided row sets in an
 // interleaved order (MegaMoE's gate/up rows: glm5_fastpath/moe/megamoe.py::w13_map_geometry).

@@ -18,6 +18,7 @@ Output: OUT/gemm_phases.json, OUT/gemm_phases.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -35,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="comma list of " +
                    ", ".join(s[0] for s in SHAPES))
     p.add_argument("--launches", type=int, default=5, help="phase-build launches summarised per case (median)")
+    p.add_argument("--layouts", default="row", help="comma list of weight layouts: row (row-major [N, K]), kb "
+                                                   "(k-block-major, ops.fp8_gemm.kblock_major)")
 
 
 def summarize(ph: Sequence[Sequence[int]]) -> dict[str, float]:
@@ -78,7 +81,7 @@ def _flush(dev) -> None:
     del b
 
 
-def run_case(name: str, n: int, k: int, m: int, launches: int, dev: str = "cuda") -> dict[str, Any]:
+def run_case(name: str, n: int, k: int, m: int, launches: int, dev: str = "cuda", layout: str = "row") -> dict[str, Any]:
     import torch
 
     from ..ops import fp8_gemm as F
@@ -89,13 +92,20 @@ def run_case(name: str, n: int, k: int, m: int, launches: int, dev: str = "cuda"
     ws = torch.rand(-(-n // 128), k // 128, device=dev, generator=g) + 0.5
     x8 = (torch.randn(m, k, device=dev, generator=g)).to(torch.float8_e4m3fn)
     xs = torch.rand(m, k // 128, device=dev, generator=g) + 0.5
-    lin = Fp8Linear(w, ws)
+    if layout not in ("row", "kb"):
+        raise ValueError(f"bench gemm-phases: layout {layout!r}: expected row or kb")
+    ref = F.fp8_gemm_skinny(x8, xs, Fp8Linear(w, ws), pdl=False)
+    lin = Fp8Linear(F.kblock_major(w) if layout == "kb" else w, ws)
     cfg = F.config_for(m, n, k)
-    ref = F.fp8_gemm_skinny(x8, xs, lin, pdl=False)
+    if layout == "kb":
+        cfg = dataclasses.replace(cfg, wkb=1)
     times = []
     for _ in range(launches):
         _flush(dev)
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        # the GPU busy past the host's op dispatch: the events time the kernel, not the Python call (session 17's
+        # first run recorded 77-273 us here without it)
+        torch.cuda._sleep(2_000_000)
         e0.record()
         F.fp8_gemm_skinny(x8, xs, lin, pdl=False)
         e1.record()
@@ -113,7 +123,7 @@ def run_case(name: str, n: int, k: int, m: int, launches: int, dev: str = "cuda"
             torch.cuda.synchronize()
             sums.append(summarize(F.read_phases(cfg).cpu().tolist()))
     mb = (n * k + ws.numel() * 4 + m * k + m * n * 2) / 1e6
-    return {"name": name, "N": n, "K": k, "M": m, "config": cfg.describe(), "mb": mb,
+    return {"name": name, "layout": layout, "N": n, "K": k, "M": m, "config": cfg.describe(), "mb": mb,
             "event_us": statistics.median(times), "phase_build_equal": same, **median_summary(sums)}
 
 
@@ -122,11 +132,11 @@ def render_markdown(rep: Mapping[str, Any]) -> str:
     lines = [f"# Skinny FP8 GEMM phases ({rep['device']}, {rep['date']}, commit {rep['commit']})", "",
              "One launch, caches flushed, PDL off; per-CTA %globaltimer marks (bench/gemm_phases.py). us; med / max "
              "over CTAs; median of the launches.", "",
-             "| GEMM | M | MB | CTAs | event us | spread | wait | first byte | stream | finish | epilogue | last K loop "
+             "| GEMM | layout | M | MB | CTAs | event us | spread | wait | first byte | stream | finish | epilogue | last K loop "
              "| span | bitwise |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rep["rows"]:
-        lines.append(f"| {r['name']} | {r['M']} | {r['mb']:.1f} | {r['ctas']:.0f} | {f(r['event_us'])} | "
+        lines.append(f"| {r['name']} | {r.get('layout', 'row')} | {r['M']} | {r['mb']:.1f} | {r['ctas']:.0f} | {f(r['event_us'])} | "
                      f"{f(r['launch_spread_us'])} | {f(r['wait_med_us'])} | {f(r['first_byte_med_us'])} / "
                      f"{f(r['first_byte_max_us'])} | {f(r['stream_med_us'])} / {f(r['stream_max_us'])} | "
                      f"{f(r['finish_med_us'])} / {f(r['finish_max_us'])} | {f(r['epilogue_med_us'])} | "
@@ -152,11 +162,15 @@ def run(a: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rep: dict[str, Any] = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                            "commit": os.environ.get("GLM5_FASTPATH_COMMIT", "unknown"), "rows": []}
+    layouts = [x for x in a.layouts.split(",") if x]
+    if not layouts or any(x not in ("row", "kb") for x in layouts):
+        raise ValueError(f"bench gemm-phases: --layouts {a.layouts!r}: choose from row, kb")
     for s in want:
         name, n, k = shapes[s]
         for m in tokens:
-            rep["rows"].append(run_case(name, n, k, m, a.launches))
-            print(render_markdown(rep).splitlines()[-1], flush=True)
-            (out / "gemm_phases.json").write_text(json.dumps(rep, indent=1))
-            (out / "gemm_phases.md").write_text(render_markdown(rep))
+            for lay in layouts:
+                rep["rows"].append(run_case(name, n, k, m, a.launches, layout=lay))
+                print(render_markdown(rep).splitlines()[-1], flush=True)
+                (out / "gemm_phases.json").write_text(json.dumps(rep, indent=1))
+                (out / "gemm_phases.md").write_text(render_markdown(rep))
     return 0

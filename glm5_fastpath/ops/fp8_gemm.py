@@ -196,6 +196,7 @@ class SkinnyConfig:
     persist: int = 0  # persistent launch (wgmma, global reduce): this many CTAs take the (n tile, split, token
                       # block) units round-robin through one continuous TMA ring; 0 = one CTA per unit
     phases: int = 0   # diagnostic build recording per-CTA phase times (GLM5_SKINNY_PHASES; phase_build / read_phases)
+    wkb: int = 0      # 1: the weight is k-block-major [K / 128, N, 128] (kblock_major; wgmma only, GLM5_SKINNY_WKB)
 
     @property
     def groups(self) -> int:
@@ -259,7 +260,7 @@ class SkinnyConfig:
     def spec(self, wait_at: int = PDL_WAIT_NATIVE) -> KernelSpec:
         return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag, self.impl, self.pipe,
                            self.reduce if self.splits > 1 else "global", wait_at, self.rot, bool(self.persist),
-                           bool(self.phases))
+                           bool(self.phases), bool(self.wkb))
 
     def describe(self) -> dict[str, Any]:
         d = {"impl": self.impl, "tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb,
@@ -272,6 +273,8 @@ class SkinnyConfig:
         if self.persist:
             d["persist"] = self.persist
             d["units"] = self.units
+        if self.wkb:
+            d["wkb"] = 1
         return d
 
 
@@ -281,7 +284,7 @@ DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* 
 @functools.lru_cache(maxsize=None)
 def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, impl: str = "mma", pipe: int = 0,
                 reduce: str = "global", wait_at: int = PDL_WAIT_NATIVE, rot: int = 0, persist: bool = False,
-                phases: bool = False) -> KernelSpec:
+                phases: bool = False, wkb: bool = False) -> KernelSpec:
     if impl not in IMPLS:
         raise ValueError(f"glm5_fastpath.fp8_gemm: impl={impl!r}: expected one of {', '.join(IMPLS)}")
     if reduce not in REDUCES or pipe not in PIPES:
@@ -313,6 +316,10 @@ def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, im
         if impl != "wgmma" or persist:
             raise ValueError("glm5_fastpath.fp8_gemm: phase marks exist for the wgmma mainloop with one CTA per unit")
         defines.append(("GLM5_SKINNY_PHASES", "1"))
+    if wkb:
+        if impl != "wgmma":
+            raise ValueError("glm5_fastpath.fp8_gemm: k-block-major weights (wkb) exist for the wgmma mainloop only")
+        defines.append(("GLM5_SKINNY_WKB", "1"))
     defines += wait_defines(check_wait_at("glm5_fastpath.fp8_gemm", wait_at))
     if impl == "wgmma":
         return KernelSpec(WGMMA_FUNCTION, source=WGMMA_SOURCE, defines=tuple(defines))
@@ -844,11 +851,31 @@ def _check_tensor(epi: int, name: str, t: object, dtype: torch.dtype | tuple, sh
 _INDEX = (torch.int32, torch.int64)
 
 
+def kblock_major(w: torch.Tensor) -> torch.Tensor:
+    """W8 [N, K] (row-major) -> the same weight k-block-major, [K / 128, N, 128] contiguous: the 128-byte
+    K slices of every row for one k block lie together, so each 128-row x 128-byte box the wgmma mainloop
+    loads is 16 KB of contiguous memory (not 128 rows K bytes apart). The ops take either layout (a 3-D
+    weight is k-block-major) and give bitwise the same results."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[1] % 128:
+        raise Fp8GemmInputError(f"kblock_major: expected a [N, K] weight with K a multiple of 128, got "
+                                f"{getattr(w, 'shape', type(w).__name__)}")
+    n, k = w.shape
+    return w.reshape(n, k // 128, 128).transpose(0, 1).contiguous()
+
+
+def weight_rows(w: torch.Tensor) -> int:
+    """N of a row-major [N, K] or k-block-major [K / 128, N, 128] weight."""
+    return int(w.shape[1] if w.dim() == 3 else w.shape[0])
+
+
 def _check_gemm(epi: int, x8, xs, w, ws) -> tuple[int, int, int]:
     _check_tensor(epi, "x_fp8", x8, FP8, (None, None))
     m, k = x8.shape
-    _check_tensor(epi, "weight", w, FP8, (None, k))
-    n = w.shape[0]
+    if isinstance(w, torch.Tensor) and w.dim() == 3:  # k-block-major (kblock_major)
+        _check_tensor(epi, "weight (k-block-major)", w, FP8, (k // 128, None, 128))
+    else:
+        _check_tensor(epi, "weight", w, FP8, (None, k))
+    n = weight_rows(w)
     if k % 128 or k == 0:
         raise _fail(epi, f"K={k} must be a positive multiple of 128 (1x128 activation groups)")
     _check_tensor(epi, "x_scale", xs, torch.float32, (m, k // 128))
@@ -885,8 +912,13 @@ def _launch(epi: int, cfg: SkinnyConfig, dev: torch.device, p: _Params, pdl: boo
 def tensor_maps(cfg: SkinnyConfig, x8: torch.Tensor, w: torch.Tensor) -> list[Any]:
     """The wgmma kernel's TMA maps: W8 [N, K] in 128-row x 128-byte boxes and x8 [M, K] in tm-row x
     128-byte boxes, both 128-byte swizzled (cached per pointer and shape by jit.tma)."""
-    from ..jit.tma import tensor_map_2d
-    return [tensor_map_2d(w, 128, BLOCK_N, 128, name="weight"), tensor_map_2d(x8, 128, cfg.tm, 128, name="x_fp8")]
+    from ..jit.tma import tensor_map_2d, tensor_map_strided
+    if cfg.wkb:  # [K / 128, N, 128]: box (1 k block, 128 rows, 128 bytes), rows past N zero-filled as in 2-D
+        kb, n, _ = w.shape
+        wm = tensor_map_strided(w, (kb, n, 128), (n * 128, 128, 1), (1, BLOCK_N, 128), 128, name="weight_kblock")
+    else:
+        wm = tensor_map_2d(w, 128, BLOCK_N, 128, name="weight")
+    return [wm, tensor_map_2d(x8, 128, cfg.tm, 128, name="x_fp8")]
 
 
 def diag_specs() -> list[KernelSpec]:
@@ -921,9 +953,19 @@ def _prepare(epi: int, x8, xs, w, ws, extra: tuple = (), rot: int = 0) -> tuple[
     if forced is not None:
         if forced.impl == "wgmma" and not wgmma_supported(cc):
             raise _fail(epi, f"forced_config: impl 'wgmma' needs an sm_90 GPU, {dev} is sm_{cc[0]}{cc[1]}")
-        return rotated(_apply_launch_overrides(epi, forced), rot), dev
-    return rotated(_apply_launch_overrides(epi, with_env_pipe(config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), epi)),
-                   rot), dev
+        return _with_layout(epi, rotated(_apply_launch_overrides(epi, forced), rot), w), dev
+    return _with_layout(epi, rotated(_apply_launch_overrides(epi, with_env_pipe(
+        config_for(m, n, k, epi, _sms(dev), env_impl(epi), cc), epi)), rot), w), dev
+
+
+def _with_layout(epi: int, cfg: SkinnyConfig, w: torch.Tensor) -> SkinnyConfig:
+    """cfg for this weight's layout: a k-block-major (3-D) weight needs the wgmma mainloop (TMA boxes)."""
+    if w.dim() != 3:
+        return cfg
+    if cfg.impl != "wgmma":
+        raise _fail(epi, f"a k-block-major weight needs the wgmma mainloop, but M={cfg.m} N={cfg.n} K={cfg.k} runs impl "
+                         f"{cfg.impl!r}: pass the row-major [N, K] weight")
+    return dataclasses.replace(cfg, wkb=1)
 
 
 def env_pipe(epi: int = EPI_PLAIN) -> int | None:
@@ -959,7 +1001,7 @@ def _rope_args(epi: int, positions: torch.Tensor, table: torch.Tensor, rope_dim:
 def _fp8_gemm_skinny_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
                         pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE) -> torch.Tensor:
     cfg, dev = _prepare(EPI_PLAIN, x8, xs, w, ws)
-    y = torch.empty(x8.shape[0], w.shape[0], dtype=BF16, device=x8.device)
+    y = torch.empty(x8.shape[0], weight_rows(w), dtype=BF16, device=x8.device)
     if cfg is None:
         return y
     p = _base_params(EPI_PLAIN, cfg, x8, xs, w, ws, dev)
@@ -1010,7 +1052,7 @@ def _fp8_qkv_a_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch
 
 def _qkv_a_outputs(x8, w, q_norm, kv_norm, q, kv, r):
     e = EPI_QKV_A
-    _check_qkv_a_dims(q, kv, r, w.shape[0])
+    _check_qkv_a_dims(q, kv, r, weight_rows(w))
     _check_tensor(e, "q_a_norm", q_norm, BF16, (q,))
     _check_tensor(e, "kv_a_norm", kv_norm, BF16, (kv,))
     m = x8.shape[0]
@@ -1154,7 +1196,7 @@ def _fp8_q_b_rope_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: to
                      rope_table: torch.Tensor, heads: int, nope_dim: int, rope_dim: int, rope_theta: float,
                      pdl: bool = True, pdl_wait_at: int = PDL_WAIT_NATIVE) -> tuple[torch.Tensor, torch.Tensor]:
     e = EPI_Q_B
-    _check_q_b_dims(w.shape[0], heads, nope_dim, rope_dim)
+    _check_q_b_dims(weight_rows(w), heads, nope_dim, rope_dim)
     m = x8.shape[0]
     q_nope = x8.new_empty((m, heads, nope_dim), dtype=BF16)
     q_pe = x8.new_empty((m, heads, rope_dim), dtype=BF16)
@@ -1205,7 +1247,7 @@ def _fp8_indexer_q_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: t
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """rotate: the Walsh-Hadamard rotation of each (token, head) q row after RoPE (SGLang 0.5.14's indexer)."""
     e = EPI_IDX_Q
-    _check_head_dims(e, w.shape[0], heads, head_dim, rope_dim)
+    _check_head_dims(e, weight_rows(w), heads, head_dim, rope_dim)
     rot = _rot_of(e, rotate, head_dim)
     m = x8.shape[0]
     _check_tensor(e, "w_raw", w_raw, BF16, (m, heads))
@@ -1244,7 +1286,7 @@ def _fp8_indexer_k_op(x8: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: t
     """rotate: the Walsh-Hadamard rotation of each token's bf16 key after RoPE, rounded to bf16 again, before the
     quant and the cache store (SGLang 0.5.14's index-K cache format)."""
     e = EPI_IDX_K
-    d = w.shape[0]
+    d = weight_rows(w)
     _check_head_dims(e, d, 1, d, rope_dim)
     rot = _rot_of(e, rotate, d)
     m = x8.shape[0]
@@ -1504,7 +1546,9 @@ def compile_check_specs() -> list[KernelSpec]:
     # the opt-in launch options: stage pairs (pipe=2) and the persistent launch, one plain variant each
     opts += [kernel_spec(8, WGMMA_STAGES[8], EPI_PLAIN, impl="wgmma", pipe=2),
              kernel_spec(8, WGMMA_STAGES[8], EPI_PLAIN, impl="wgmma", persist=True),
-             kernel_spec(16, 6, EPI_PLAIN, impl="wgmma", reduce="cluster", phases=True)]  # bench gemm-phases
+             kernel_spec(16, 6, EPI_PLAIN, impl="wgmma", reduce="cluster", phases=True),  # bench gemm-phases
+             kernel_spec(16, 6, EPI_PLAIN, impl="wgmma", reduce="cluster", wkb=True),  # k-block-major weights
+             kernel_spec(8, WGMMA_STAGES[8], EPI_PLAIN, 1, DIAG_LOADS_ONLY, "wgmma", wkb=True)]
     return [kernel_spec(tm, st, epi, minb=mb, impl=impl) for impl, tm, st, epi, mb in sorted(base | tuned | heur)] + \
         opts + _row_specs() + rotated_specs()
 
@@ -1538,5 +1582,5 @@ __all__ = ["DIAG_LOADS_ONLY", "DIAG_NO_LOADS", "DIAG_NO_REDUCE", "DIAG_OFF", "Fp
            "compile_check_specs", "config_for", "d0_q_b", "d1_indexer_q", "default_impl", "diag_specs", "env_impl",
            "env_pipe", "estimate_us", "forced_config", "fp8_gemm_skinny", "grid_cap", "stage_cap", "phase_build",
            "read_phases", "reset_phases", "PHASE_NAMES", "precompile", "rope_table", "rotated", "rotated_specs",
-           "tensor_maps",
+           "tensor_maps", "kblock_major", "weight_rows",
            "wgmma_supported", "with_env_pipe"]

@@ -31,9 +31,9 @@ def test_markdown_and_cli_without_gpu(capsys, tmp_path):
 
     s = GP.summarize([_row(10, 20, 1020, 3020, 3020, 4020, 0)])
     rep = {"device": "NVIDIA H200", "date": "2026-11-30", "commit": "abc", "rows": [
-        {"name": "qkv_a", "N": 2624, "K": 6144, "M": 16, "mb": 16.2, "event_us": 9.4, "phase_build_equal": True, **s}]}
+        {"name": "qkv_a", "layout": "kb", "N": 2624, "K": 6144, "M": 16, "mb": 16.2, "event_us": 9.4, "phase_build_equal": True, **s}]}
     md = GP.render_markdown(rep)
-    assert "| qkv_a | 16 | 16.2 | 1 | 9.40 |" in md and md.rstrip().endswith("| yes |")
+    assert "| qkv_a | kb | 16 | 16.2 | 1 | 9.40 |" in md and md.rstrip().endswith("| yes |")
     if torch.cuda.is_available():
         pytest.skip("this checks the CPU error path")
     from glm5_fastpath.cli import main

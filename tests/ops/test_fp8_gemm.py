@@ -273,6 +273,40 @@ def test_phase_build_hook_and_spec():
     assert F.PHASE_NAMES[0] == "entry" and len(F.PHASE_NAMES) == 6
 
 
+def test_kblock_major_layout_plumbing():
+    """k-block-major weights ([K/128, N, 128], kblock_major): a pure permutation of the row-major bytes; the ops
+    accept the 3-D weight (N from weight_rows), its config gets the GLM5_SKINNY_WKB build, mma.sync refuses it."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randint(-100, 100, (300, 384), generator=g).to(torch.int8).view(FP8)
+    kb = F.kblock_major(w)
+    assert tuple(kb.shape) == (3, 300, 128) and kb.is_contiguous() and F.weight_rows(kb) == 300 == F.weight_rows(w)
+    for n in (0, 7, 299):
+        for j in range(3):
+            assert torch.equal(kb[j, n].view(torch.int8), w[n, j * 128:(j + 1) * 128].view(torch.int8))
+    with pytest.raises(F.Fp8GemmInputError, match="multiple of 128"):
+        F.kblock_major(w[:, :200])
+    c = F.SkinnyConfig(F.EPI_PLAIN, 16, 2624, 6144, 16, 4, 6, impl="wgmma", reduce="cluster")
+    assert "GLM5_SKINNY_WKB" not in dict(c.spec().defines)
+    k3 = F._with_layout(F.EPI_PLAIN, c, torch.empty(48, 2624, 128, dtype=FP8, device="meta"))
+    assert k3.wkb == 1 and dict(k3.spec().defines)["GLM5_SKINNY_WKB"] == "1" and k3.describe()["wkb"] == 1
+    assert F._with_layout(F.EPI_PLAIN, c, torch.empty(2624, 6144, dtype=FP8, device="meta")) is c
+    with pytest.raises(F.Fp8GemmInputError, match="k-block-major weight needs the wgmma"):
+        F._with_layout(F.EPI_QKV_A, dataclasses.replace(c, impl="mma", reduce="global"),
+                       torch.empty(48, 2624, 128, dtype=FP8, device="meta"))
+    with pytest.raises(ValueError, match="wgmma mainloop only"):
+        F.kernel_spec(16, 4, F.EPI_PLAIN, impl="mma", wkb=True)
+    # the fake implementations see N through weight_rows
+    x8 = torch.empty(5, 6144, dtype=FP8, device="meta")
+    xs = torch.empty(5, 48, device="meta")
+    y = torch.ops.glm5_fastpath.fp8_gemm_skinny(x8, xs, torch.empty(48, 2624, 128, dtype=FP8, device="meta"),
+                                                torch.empty(21, 48, device="meta"), True)
+    assert tuple(y.shape) == (5, 2624)
+    with pytest.raises(F.Fp8GemmInputError, match="k-block-major"):  # K / 128 must match x's K
+        torch.ops.glm5_fastpath.fp8_gemm_skinny(x8, xs, torch.empty(47, 2624, 128, dtype=FP8, device="meta"),
+                                                torch.empty(21, 48, device="meta"), True)
+    assert any(dict(sp.defines).get("GLM5_SKINNY_WKB") == "1" for sp in F.compile_check_specs())
+
+
 def test_forced_config_hook():
     assert F._forced_config_for(16, 2624, 6144, F.EPI_PLAIN) is None
     with F.forced_config(32, 4, 3, minb=2, diag=F.DIAG_NO_REDUCE):
@@ -1115,3 +1149,42 @@ def test_env_pipe_override(monkeypatch):
     monkeypatch.setenv(F.PIPE_ENV, "fast")
     with pytest.raises(F.Fp8GemmInputError, match="GLM5_FASTPATH_FP8_GEMM_PIPE"):
         F.with_env_pipe(c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 16, 64, 256])
+def test_kblock_major_weights_bitwise_equal(m, layer, no_pdl_override):
+    """Every wgmma GEMM op with k-block-major weights gives the row-major launch's bits (same smem bytes, only the
+    weight TMA boxes come from another address pattern); outputs poisoned first."""
+    c = GLM5
+    if F.config_for(m, c.qkv_a_out, c.hidden_size).impl != "wgmma":
+        pytest.skip("the default config of this M runs the mma.sync mainloop")
+    _, x8, xs = make_x(m, c, 90 + m)
+    ql8, qls = q_lora_inputs(m, c, layer, 91 + m)
+    a = layer.attn
+
+    def kb(lin):
+        return Fp8Linear(F.kblock_major(lin.weight), lin.scale_inv)
+
+    for name, lin, xx, sx in (("qkv_a", a.qkv_a, x8, xs), ("q_b", a.q_b, ql8, qls), ("wq_b", a.indexer.wq_b, ql8, qls)):
+        if F.config_for(m, F.weight_rows(lin.weight), lin.weight.shape[1]).impl != "wgmma":
+            continue
+        poison_pool()
+        got = F.fp8_gemm_skinny(xx, sx, kb(lin))
+        want = F.fp8_gemm_skinny(xx, sx, lin)
+        torch.cuda.synchronize()
+        assert_no_poison("fp8_gemm_skinny", got, names=[name])
+        assert_equal("fp8_gemm_skinny", got, want, context=f"k-block-major {name} {m=}")
+    kb_attn = dataclasses.replace(a, qkv_a=kb(a.qkv_a), q_b=kb(a.q_b))
+    poison_pool()
+    got = F.b0_qkv_a(x8, xs, kb_attn, c, mode="fused")
+    want = F.b0_qkv_a(x8, xs, a, c, mode="fused")
+    torch.cuda.synchronize()
+    for k in want:
+        assert_equal("b0_qkv_a", got[k], want[k], context=f"k-block-major {k} {m=}")
+    pos = make_positions(m, c, m)
+    qn, qp = F.d0_q_b(ql8, qls, kb_attn, pos, c)
+    rn, rp = F.d0_q_b(ql8, qls, a, pos, c)
+    torch.cuda.synchronize()
+    assert_equal("d0_q_b", qn, rn, context=f"k-block-major q_nope {m=}")
+    assert_equal("d0_q_b", qp, rp, context=f"k-block-major q_pe {m=}")
