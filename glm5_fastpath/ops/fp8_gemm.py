@@ -762,16 +762,17 @@ def _check_capability(epi: int, dev: torch.device) -> None:
 
 
 def _kernel(cfg: SkinnyConfig, dev: torch.device, wait_at: int = PDL_WAIT_NATIVE):
-    key = (cfg.impl, cfg.tm, cfg.stages, cfg.epi, cfg.minb, cfg.diag, cfg.pipe,
-           cfg.reduce if cfg.splits > 1 else "global", wait_at, cfg.rot, bool(cfg.persist), bool(cfg.phases),
-           _dev_index(dev))
+    # keyed by the spec itself, so a new build knob cannot alias another build's kernel (session 17: a hand-made key
+    # without the weight layout launched the row-major build with a k-block-major map, and it trapped)
+    spec = cfg.spec(wait_at)
+    key = (spec, _dev_index(dev))
     k = _kernels.get(key)
     if k is None:
         from ..jit.runtime import get_kernel
         with _state_lock:
             k = _kernels.get(key)
             if k is None:
-                k = _kernels[key] = get_kernel(cfg.spec(wait_at), device=dev)
+                k = _kernels[key] = get_kernel(spec, device=dev)
     return k
 
 

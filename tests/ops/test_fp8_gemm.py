@@ -1164,7 +1164,7 @@ def test_kblock_major_weights_bitwise_equal(m, layer, no_pdl_override):
     a = layer.attn
 
     def kb(lin):
-        return Fp8Linear(F.kblock_major(lin.weight), lin.scale_inv)
+        return dataclasses.replace(lin, weight=F.kblock_major(lin.weight))
 
     for name, lin, xx, sx in (("qkv_a", a.qkv_a, x8, xs), ("q_b", a.q_b, ql8, qls), ("wq_b", a.indexer.wq_b, ql8, qls)):
         if F.config_for(m, F.weight_rows(lin.weight), lin.weight.shape[1]).impl != "wgmma":
