@@ -108,6 +108,12 @@ def _cmd_bench_gemm_layout(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_bench_gemm_chain(args: argparse.Namespace) -> int:
+    from .bench.gemm_chain import run
+
+    return run(args)
+
+
 def _cmd_bench_l2_prefetch(args: argparse.Namespace) -> int:
     from .bench.l2_prefetch import main
 
@@ -224,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_gemm_layout_args(b)
     b.set_defaults(fn=_cmd_bench_gemm_layout)
+    b = bsub.add_parser("gemm-chain", help="(GPU) two dependent prefix GEMMs: two launches (PDL off / on) vs one "
+                                           "persistent chain launch streaming the second's weights early")
+    from .bench.gemm_chain import add_arguments as _bench_gemm_chain_args
+
+    _bench_gemm_chain_args(b)
+    b.set_defaults(fn=_cmd_bench_gemm_chain)
     b = bsub.add_parser("l2-prefetch", help="(GPU) L2 prefetch of the next weight-bound kernel's weights: probe, "
                                             "attention tail (o_proj), MoE shared expert, with vs without")
     from .bench.l2_prefetch import add_arguments as _bench_l2_args

@@ -31,6 +31,7 @@ from . import d2_absorb as _d2
 from . import e1_indexer_logits as _e1
 from . import e2_topk as _e2
 from . import fp8_gemm as _fp8
+from . import fp8_gemm_chain as _fp8_chain
 from . import prefetch as _l2_prefetch
 from . import moe_router as _moe_router
 from . import sparse_mla as _sparse_mla
@@ -48,7 +49,7 @@ from .sparse_mla import sparse_mla_decode
 # The reference's name for A0 (same signature), so `ops` can stand in for `ref.prefix` as a namespace.
 a0_add_rmsnorm_quant = add_rmsnorm_quant
 
-_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _moe_router, _act_quant, _sparse_mla, _l2_prefetch)
+_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _fp8_chain, _moe_router, _act_quant, _sparse_mla, _l2_prefetch)
 
 
 def precompile(cfg=None, device: object = None, indexer_rotate: bool = False,

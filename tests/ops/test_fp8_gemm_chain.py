@@ -1,0 +1,83 @@
+"""ops.fp8_gemm_chain (two dependent GEMMs in one persistent launch): host checks on CPU; bitwise equality with two
+forced-config launches, repeated launches and graph replays (the self-resetting chain counter) on an H200."""
+import dataclasses
+
+import pytest
+import torch
+
+from glm5_fastpath.ops import fp8_gemm as F
+from glm5_fastpath.ops import fp8_gemm_chain as C
+
+FP8 = torch.float8_e4m3fn
+
+
+def test_spec_and_config_checks():
+    assert dict(C.chain_spec(16, 6).defines) == {"GLM5_SKINNY_TM": "16", "GLM5_SKINNY_STAGES": "6"}
+    with pytest.raises(C.GemmChainInputError, match="token block"):
+        C.chain_spec(12, 6)
+    with pytest.raises(C.GemmChainInputError, match="stages"):
+        C.chain_spec(16, 1)
+    meta = dict(device="meta")
+    lin = type("L", (), {"weight": torch.empty(2624, 6144, dtype=FP8, **meta), "scale_inv": torch.empty(21, 48, **meta)})
+    g = C.ChainGemm(torch.empty(16, 6144, dtype=FP8, **meta), torch.empty(16, 48, **meta), lin, splits=4)
+    c = C._config(g, 16, 6, "A")
+    assert (c.units, c.gmax, c.wkb) == (84, 12, 0)
+    with pytest.raises(C.GemmChainInputError, match="splits=49"):
+        C._config(dataclasses.replace(g, splits=49), 16, 6, "A")
+    b = C._config(C.ChainGemm(torch.empty(16, 2048, dtype=FP8, **meta), torch.empty(16, 16, **meta),
+                              type("L", (), {"weight": torch.empty(16, 4096, 128, dtype=FP8, **meta),
+                                             "scale_inv": torch.empty(32, 16, **meta)}), 2), 16, 6, "B")
+    assert (b.n, b.k, b.units, b.wkb) == (4096, 2048, 64, 1)
+    assert C.chain_units(c, b) == 148 and C.smem_bytes(c, b) == F.wgmma_smem_bytes(16, 6, 12)
+    assert {s.source for s in C.compile_check_specs()} == {C.SOURCE}
+
+
+def test_bench_markdown():
+    from glm5_fastpath.bench import gemm_chain as GC
+
+    rep = {"device": "NVIDIA H200", "date": "2026-11-30", "commit": "abc", "copy_tbs": 4.16, "rows": [
+        {"pair": "qkv_a>index_q", "M": 16, "mb": 24.9, "floor_us": 6.0, "a_us": 9.0, "b_us": 7.0, "separate_us": 16.0,
+         "separate_pdl_us": 14.0, "chains": [{"cfg": "tm16 st6 s4/s2", "us": 10.0, "bitwise": True},
+                                             {"cfg": "tm16 st6 s6/s4", "skipped": "smem"}]}]}
+    md = GC.render_markdown(rep)
+    assert "| qkv_a>index_q | 16 | 24.9 | 6.00 | 9.00 | 7.00 | 16.00 | 14.00 | 10.00 | tm16 st6 s4/s2 | 1.40 | 1.67 | yes |" in md
+    assert GC.chain_configs(16)[0][0] == 16 and GC.chain_configs(1)[0][0] == 8
+
+
+def _pair(m, dev, seed, kb=False):
+    from glm5_fastpath.weights import Fp8Linear
+    g = torch.Generator(device=dev).manual_seed(seed)
+
+    def lin(n, k):
+        w = (torch.randn(n, k, device=dev, generator=g) * 0.05).to(FP8)
+        return Fp8Linear(F.kblock_major(w) if kb else w, torch.rand(-(-n // 128), k // 128, device=dev, generator=g) + 0.5)
+
+    def act(k):
+        return torch.randn(m, k, device=dev, generator=g).to(FP8), torch.rand(m, k // 128, device=dev, generator=g) + 0.5
+    return lin(2624, 6144), act(6144), lin(4096, 2048), act(2048)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,tm,sa,sb,kb", [(1, 8, 4, 2, False), (3, 8, 6, 4, False), (16, 16, 4, 2, False),
+                                           (16, 16, 4, 1, True), (31, 32, 3, 2, False)])
+def test_chain_equals_two_launches_and_replays(m, tm, sa, sb, kb):
+    la, xa, lb, xb = _pair(m, "cuda", 7 + m, kb)
+    a, b = C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb)
+    ya = torch.full((m, 2624), float("nan"), dtype=torch.bfloat16, device="cuda")
+    with F.forced_config(tm, sa, 6, impl="wgmma"):
+        ra = F.fp8_gemm_skinny(*xa, la, pdl=False)
+    with F.forced_config(tm, sb, 6, impl="wgmma"):
+        rb = F.fp8_gemm_skinny(*xb, lb, pdl=False)
+    for _ in range(5):  # the chain counter resets itself: every launch must see a fresh dependency
+        ya, yb = C.gemm_chain(a, b, tm=tm, stages=6)
+        torch.cuda.synchronize()
+        assert torch.equal(ya.view(torch.int16), ra.view(torch.int16))
+        assert torch.equal(yb.view(torch.int16), rb.view(torch.int16))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ga, gb = C.gemm_chain(a, b, tm=tm, stages=6, ctas=64)
+    for _ in range(20):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(ga.view(torch.int16), ra.view(torch.int16)) and torch.equal(gb.view(torch.int16), rb.view(torch.int16))
+    assert int(C._chain_counter(torch.device("cuda"))[:2].abs().sum()) == 0
