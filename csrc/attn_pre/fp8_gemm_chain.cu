@@ -13,7 +13,8 @@
 // activation scales. The CTA that completes the last B unit resets chain[0..1] (CUDA-graph replays).
 // A wait past GLM5_CHAIN_SPIN_LIMIT cycles traps (an error, not a hang).
 //
-// Compile-time: GLM5_SKINNY_TM (token block, shared by A and B), GLM5_SKINNY_STAGES (ring depth). Plain
+// Compile-time: GLM5_SKINNY_TM (token block, shared by A and B), GLM5_SKINNY_STAGES (ring depth), GLM5_SKINNY_WKB
+// (k-block-major weights, as fp8_gemm_wgmma.cu). Plain
 // epilogue, global split-K reduce (as the persistent launch of fp8_gemm_wgmma.cu).
 // Parameters: (SkinnyParams pa, CUtensorMap wa, CUtensorMap xa, SkinnyParams pb, CUtensorMap wb, CUtensorMap xb,
 //              uint32_t* chain [2], zero before the first launch).
@@ -28,6 +29,9 @@
 #ifndef GLM5_SKINNY_STAGES
 #define GLM5_SKINNY_STAGES 6
 #endif
+#ifndef GLM5_SKINNY_WKB
+#define GLM5_SKINNY_WKB 0
+#endif
 #ifndef GLM5_CHAIN_SPIN_LIMIT
 #define GLM5_CHAIN_SPIN_LIMIT (1ull << 34)
 #endif
@@ -35,7 +39,7 @@
 namespace {
 using namespace glm5::attn_pre::skinny;
 namespace sm90 = glm5::sm90;
-using Tile = WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES, kEpiPlain>;
+using Tile = WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES, kEpiPlain, kDiagOff, 0, 0, GLM5_SKINNY_WKB>;
 
 GLM5_DEVICE uint32_t ld_acquire_gpu(const uint32_t* p) {
     uint32_t v;
@@ -43,9 +47,15 @@ GLM5_DEVICE uint32_t ld_acquire_gpu(const uint32_t* p) {
     return v;
 }
 
+// Spin with backoff: a tight acquire-load loop from two threads of every CTA hammers the counter's L2 slice, and
+// every weight stream hashed to that slice slows with it (session 17, call 5: the chain took 2-8 us more than
+// the two launches it replaces).
 GLM5_DEVICE void wait_at_least(const uint32_t* p, uint32_t target) {
     const long long t0 = clock64();
+    unsigned ns = 32;
     while (ld_acquire_gpu(p) < target) {
+        __nanosleep(ns);
+        ns = ns < 256 ? 2 * ns : 256;
         if (static_cast<unsigned long long>(clock64() - t0) > (GLM5_CHAIN_SPIN_LIMIT)) asm volatile("trap;");
     }
 }

@@ -23,10 +23,12 @@ PAIRS = {"qkv_a>index_q": ((2624, 6144), (4096, 2048)), "qkv_a>q_b": ((2624, 614
 DEFAULT_TOKENS = (1, 16)
 
 
-def chain_configs(m: int) -> list[tuple[int, int, int, int]]:
-    """(tm, stages, splits A, splits B) candidates per token count."""
+def chain_configs(m: int) -> list[tuple[int, int, int, int, int | None]]:
+    """(tm, stages, splits A, splits B, CTAs) candidates per token count. CTAs = A's unit count makes every CTA start
+    with an A unit, so each one's B weights stream into its ring right behind its A stages (None: min(units, SMs),
+    where CTAs past A's units start B early and wait)."""
     tm = 8 if m <= 8 else 16 if m <= 16 else 32
-    return [(tm, 6, 4, 2), (tm, 6, 6, 4), (tm, 6, 4, 1)]
+    return [(tm, 6, 4, 2, None), (tm, 6, 4, 2, 84), (tm, 6, 6, 4, 126), (tm, 6, 4, 1, 84), (tm, 4, 6, 4, 126)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -99,13 +101,13 @@ def run_case(pair: str, m: int, replays: int, copy_bps: float, dev: str = "cuda"
     out["separate_us"] = timed(lambda i: separate(i, False))
     out["separate_pdl_us"] = timed(lambda i: separate(i, True))
     out["chains"] = []
-    for tm, st, sa, sb in chain_configs(m):
-        cfg = f"tm{tm} st{st} s{sa}/s{sb}"
+    for tm, st, sa, sb, ctas in chain_configs(m):
+        cfg = f"tm{tm} st{st} s{sa}/s{sb}" + (f" P{ctas}" if ctas else "")
         rec: dict[str, Any] = {"cfg": cfg}
         try:
             la, xa, lb, xb = sets[0]
-            ya, yb = C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st)
-            with F.forced_config(tm, sa, st, impl="wgmma"):
+            ya, yb = C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas)
+            with F.forced_config(tm, sa, st, impl="wgmma"):  # same tile code; stages do not change the sums
                 ra = F.fp8_gemm_skinny(*xa, la, pdl=False)
             with F.forced_config(tm, sb, st, impl="wgmma"):
                 rb = F.fp8_gemm_skinny(*xb, lb, pdl=False)
@@ -113,9 +115,9 @@ def run_case(pair: str, m: int, replays: int, copy_bps: float, dev: str = "cuda"
             rec["bitwise"] = bool(torch.equal(ya.view(torch.int16), ra.view(torch.int16)) and
                                   torch.equal(yb.view(torch.int16), rb.view(torch.int16)))
 
-            def chain(i: int, tm=tm, st=st, sa=sa, sb=sb) -> Any:
+            def chain(i: int, tm=tm, st=st, sa=sa, sb=sb, ctas=ctas) -> Any:
                 la, xa, lb, xb = sets[i % plan.sets]
-                return C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st)
+                return C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas)
             rec["us"] = timed(chain)
         except (C.GemmChainInputError, F.Fp8GemmInputError) as e:
             rec["skipped"] = str(e)

@@ -41,7 +41,7 @@ def test_bench_markdown():
                                              {"cfg": "tm16 st6 s6/s4", "skipped": "smem"}]}]}
     md = GC.render_markdown(rep)
     assert "| qkv_a>index_q | 16 | 24.9 | 6.00 | 9.00 | 7.00 | 16.00 | 14.00 | 10.00 | tm16 st6 s4/s2 | 1.40 | 1.67 | yes |" in md
-    assert GC.chain_configs(16)[0][0] == 16 and GC.chain_configs(1)[0][0] == 8
+    assert GC.chain_configs(16)[0][0] == 16 and GC.chain_configs(1)[0][0] == 8 and len(GC.chain_configs(1)[0]) == 5
 
 
 def _pair(m, dev, seed, kb=False):
