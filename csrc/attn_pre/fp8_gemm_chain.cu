@@ -12,6 +12,9 @@
 // chain[0] >= UA (acquire) before that unit's activation boxes; B's math warps wait for it before reading
 // activation scales. The CTA that completes the last B unit resets chain[0..1] (CUDA-graph replays).
 // A wait past GLM5_CHAIN_SPIN_LIMIT cycles traps (an error, not a hang).
+// GLM5_CHAIN_PHASES (diagnostic): %globaltimer per CTA into chain_phase_ns[cta * 8 + i]: 0 entry, 1 first A unit's
+// mainloop done, 2 last A unit signalled, 3 math warps past the B wait, 4 first B unit's mainloop done, 5 last unit
+// done, 6 producer past the B wait, 7 the SM id (ops.fp8_gemm_chain.read_phases).
 //
 // Compile-time: GLM5_SKINNY_TM (token block, shared by A and B), GLM5_SKINNY_STAGES (ring depth), GLM5_SKINNY_WKB
 // (k-block-major weights, as fp8_gemm_wgmma.cu). Plain
@@ -31,6 +34,9 @@
 #endif
 #ifndef GLM5_SKINNY_WKB
 #define GLM5_SKINNY_WKB 0
+#endif
+#ifndef GLM5_CHAIN_PHASES
+#define GLM5_CHAIN_PHASES 0
 #endif
 #ifndef GLM5_CHAIN_SPIN_LIMIT
 #define GLM5_CHAIN_SPIN_LIMIT (1ull << 34)
@@ -70,6 +76,17 @@ GLM5_DEVICE uint32_t add_acq_rel_gpu(uint32_t* p, uint32_t v) {
     return old;
 }
 
+#if GLM5_CHAIN_PHASES
+__device__ unsigned long long chain_phase_ns[2048 * 8];
+GLM5_DEVICE void mark(int i) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (blockIdx.x < 2048) chain_phase_ns[blockIdx.x * 8 + i] = t;
+}
+#else
+GLM5_DEVICE void mark(int) {}
+#endif
+
 GLM5_DEVICE int units_of(const SkinnyParams& p) { return p.tiles_n * p.splits * p.tiles_m; }
 }  // namespace
 
@@ -82,6 +99,14 @@ glm5_fp8_gemm_chain(const __grid_constant__ SkinnyParams pa, const __grid_consta
     const int tid = threadIdx.x;
     const int ua = units_of(pa), units = ua + units_of(pb);
     if (static_cast<int>(blockIdx.x) >= units) return;  // the host never launches more
+    if (tid == 0) mark(0);
+#if GLM5_CHAIN_PHASES
+    if (tid == 0) {
+        uint32_t smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        chain_phase_ns[blockIdx.x * 8 + 7] = smid;
+    }
+#endif
     if (tid == kThreads) Tile::init_barriers(smem);
     __syncthreads();
     const uint32_t base = glm5::ptx::smem_addr(smem);
@@ -123,6 +148,7 @@ glm5_fp8_gemm_chain(const __grid_constant__ SkinnyParams pa, const __grid_consta
                     arm_w(wm, c, q + s, s);
                 }
                 wait_at_least(chain, static_cast<uint32_t>(ua));
+                mark(6);
                 ready = true;
                 for (int s = 0; s < n; ++s) load_x(xm, c, q + s, s);
                 it = n;
@@ -139,7 +165,7 @@ glm5_fp8_gemm_chain(const __grid_constant__ SkinnyParams pa, const __grid_consta
 
     // math warps (threads 0..255)
     uint32_t q = 0;
-    bool ready = false;
+    bool ready = false, marked[2] = {false, false};
     const int ub = units - ua;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const bool second = u >= ua;
@@ -150,15 +176,21 @@ glm5_fp8_gemm_chain(const __grid_constant__ SkinnyParams pa, const __grid_consta
         if (second && !ready) {
             if (tid == 0) wait_at_least(chain, static_cast<uint32_t>(ua));
             consumer_sync();
+            if (tid == 0) mark(3);
             ready = true;
         }
         float acc[Tile::kNT][4];
-        if (Tile::mainloop(p, c, smem, tid, acc, q)) Tile::epilogue(p, c, smem, tid, acc);
+        const bool fin = Tile::mainloop(p, c, smem, tid, acc, q);
+        if (tid == 0 && !marked[second]) mark(second ? 4 : 1);  // this CTA's first A / B unit's K loop is done
+        marked[second] = true;
+        if (fin) Tile::epilogue(p, c, smem, tid, acc);
         q += static_cast<uint32_t>(c.nk);
         consumer_sync();  // every math thread's stores of this unit are issued
         if (tid == 0) {
+            mark(5);
             if (!second) {
                 add_release_gpu(chain, 1u);
+                mark(2);
             } else if (add_acq_rel_gpu(chain + 1, 1u) + 1u == static_cast<uint32_t>(ub)) {
                 // the last B unit: every A unit is counted and every B wait has passed; reset for the next launch
                 chain[0] = 0u;

@@ -31,6 +31,23 @@ def chain_configs(m: int) -> list[tuple[int, int, int, int, int | None]]:
     return [(tm, 6, 4, 2, None), (tm, 6, 4, 2, 84), (tm, 6, 6, 4, 126), (tm, 6, 4, 1, 84), (tm, 4, 6, 4, 126)]
 
 
+def summarize_phases(rows: list[list[int]]) -> dict[str, Any]:
+    """One phase-build launch's per-CTA marks (ops.fp8_gemm_chain.PHASE_NAMES) -> us after the first entry:
+    median / max of each mark over the CTAs that reached it."""
+    import statistics
+
+    live = [r for r in rows if r[0] > 0]
+    if not live:
+        raise ValueError("gemm_chain phases: no CTA recorded its entry")
+    t0 = min(r[0] for r in live)
+    out: dict[str, Any] = {"ctas": len(live)}
+    for i, name in enumerate(("entry", "a_loop_done", "a_signalled", "b_wait_passed", "b_loop_done", "last_unit_done",
+                              "producer_b_wait_passed")):
+        xs = [(r[i] - t0) / 1e3 for r in live if r[i] > 0]
+        out[name] = (round(statistics.median(xs), 2), round(max(xs), 2)) if xs else None
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="directory for gemm_chain.json / .md")
     p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma list of token counts")
@@ -58,6 +75,17 @@ def render_markdown(rep: Mapping[str, Any]) -> str:
                      f"{f(r.get('b_us'))} | {f(r.get('separate_us'))} | {f(sp)} | {f(best and best['us'])} | "
                      f"{best['cfg'] if best else '-'} | {f(sp / best['us'] if best and sp else None)} | "
                      f"{f(best['us'] / r['floor_us'] if best else None)} | {eq} |")
+    lines += ["", "Phase build, one launch per chain config (us after the first CTA entry; median / max over CTAs):", "",
+              "| pair | M | chain cfg | A loop done | A signalled | producer past B wait | math past B wait | "
+              "B loop done | last unit done |", "|---|---:|---|---|---|---|---|---|---|"]
+    g = lambda x: "-" if x is None else f"{x[0]:.2f} / {x[1]:.2f}"  # noqa: E731
+    for r in rep["rows"]:
+        for c in r.get("chains") or []:
+            ph = c.get("phases")
+            if ph:
+                lines.append(f"| {r['pair']} | {r['M']} | {c['cfg']} | {g(ph['a_loop_done'])} | {g(ph['a_signalled'])} | "
+                             f"{g(ph['producer_b_wait_passed'])} | {g(ph['b_wait_passed'])} | {g(ph['b_loop_done'])} | "
+                             f"{g(ph['last_unit_done'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -119,6 +147,12 @@ def run_case(pair: str, m: int, replays: int, copy_bps: float, dev: str = "cuda"
                 la, xa, lb, xb = sets[i % plan.sets]
                 return C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas)
             rec["us"] = timed(chain)
+            # one launch of the phase build (caches flushed first): where the chain's time goes
+            torch.empty(256 << 20, dtype=torch.uint8, device=dev).fill_(1)
+            C.reset_phases(tm, st, device=dev)
+            with C.phase_build():
+                C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas)
+            rec["phases"] = summarize_phases(C.read_phases(tm, st, device=dev).cpu().tolist())
         except (C.GemmChainInputError, F.Fp8GemmInputError) as e:
             rec["skipped"] = str(e)
         out["chains"].append(rec)
@@ -155,4 +189,5 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["DEFAULT_TOKENS", "PAIRS", "add_arguments", "chain_configs", "render_markdown", "run", "run_case"]
+__all__ = ["DEFAULT_TOKENS", "PAIRS", "add_arguments", "chain_configs", "render_markdown", "run", "run_case",
+           "summarize_phases"]

@@ -39,11 +39,59 @@ class ChainGemm:
     splits: int = 1
 
 
-def chain_spec(tm: int, stages: int) -> KernelSpec:
+_diag = threading.local()
+
+
+class phase_build:
+    """Context manager (diagnostics): gemm_chain launches inside run the GLM5_CHAIN_PHASES build (per-CTA
+    %globaltimer marks, fp8_gemm_chain.cu); read them with read_phases(tm, stages) after the launch."""
+
+    def __enter__(self) -> "phase_build":
+        self._prev = getattr(_diag, "phases", False)
+        _diag.phases = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _diag.phases = self._prev
+
+
+PHASE_NAMES = ("entry", "a_loop_done", "a_signalled", "b_wait_passed", "b_loop_done", "last_unit_done",
+               "producer_b_wait_passed")
+
+
+def chain_spec(tm: int, stages: int, wkb: bool = False, phases: bool = False) -> KernelSpec:
     if tm not in F.token_blocks("wgmma") or not 2 <= stages <= F.WGMMA_MAX_STAGES:
         raise GemmChainInputError(f"gemm_chain: token block {tm} (one of {F.token_blocks('wgmma')}) / stages {stages} "
                                   f"(2..{F.WGMMA_MAX_STAGES})")
-    return KernelSpec(FUNCTION, source=SOURCE, defines=(("GLM5_SKINNY_TM", str(tm)), ("GLM5_SKINNY_STAGES", str(stages))))
+    d = (("GLM5_SKINNY_TM", str(tm)), ("GLM5_SKINNY_STAGES", str(stages)))
+    d += (("GLM5_SKINNY_WKB", "1"),) if wkb else ()
+    d += (("GLM5_CHAIN_PHASES", "1"),) if phases else ()
+    return KernelSpec(FUNCTION, source=SOURCE, defines=d)
+
+
+def read_phases(tm: int, stages: int, wkb: bool = False, device=None) -> torch.Tensor:
+    """[2048, 8] int64 of the phase build's marks (its last launch on `device`): PHASE_NAMES in ns of %globaltimer,
+    0 where a CTA did not reach a mark; column 7 the SM id. Zero them first with reset_phases."""
+    out = torch.zeros(2048, 8, dtype=torch.int64, device=device or "cuda")
+    _phase_op(tm, stages, wkb, out.device,
+              lambda d, ptr, check: check(d.cuMemcpyDtoD(out.data_ptr(), ptr, out.numel() * 8), "cuMemcpyDtoD"))
+    return out
+
+
+def reset_phases(tm: int, stages: int, wkb: bool = False, device=None) -> None:
+    _phase_op(tm, stages, wkb, torch.device(device or "cuda"),
+              lambda d, ptr, check: check(d.cuMemsetD8(ptr, 0, 2048 * 8 * 8), "cuMemsetD8"))
+
+
+def _phase_op(tm: int, stages: int, wkb: bool, dev: torch.device, fn) -> None:
+    from ..jit.runtime import _InContext, check, driver, get_kernel
+    k = get_kernel(chain_spec(tm, stages, wkb, True), device=dev)
+    d = driver()
+    torch.cuda.synchronize(dev)
+    with _InContext(k.module.device):
+        ptr, _ = check(d.cuModuleGetGlobal(k.module.handle, b"chain_phase_ns"), "cuModuleGetGlobal")
+        fn(d, ptr, check)
+    torch.cuda.synchronize(dev)
 
 
 def _config(g: ChainGemm, tm: int, stages: int, what: str) -> F.SkinnyConfig:
@@ -94,9 +142,7 @@ def gemm_chain(a: ChainGemm, b: ChainGemm, *, tm: int, stages: int, ctas: int | 
     smem = smem_bytes(ca, cb)
     if smem > F.SMEM_LIMIT:
         raise GemmChainInputError(f"gemm_chain: {smem} B of shared memory > {F.SMEM_LIMIT}")
-    spec = dataclasses.replace(chain_spec(tm, stages), defines=chain_spec(tm, stages).defines +
-                               ((("GLM5_SKINNY_WKB", "1"),) if ca.wkb else ()))
-    kernel = get_kernel(spec, device=dev)
+    kernel = get_kernel(chain_spec(tm, stages, bool(ca.wkb), getattr(_diag, "phases", False)), device=dev)
     ya = torch.empty(ca.m, ca.n, dtype=torch.bfloat16, device=dev)
     yb = torch.empty(cb.m, cb.n, dtype=torch.bfloat16, device=dev)
     if ca.m == 0 or cb.m == 0:
@@ -112,8 +158,8 @@ def gemm_chain(a: ChainGemm, b: ChainGemm, *, tm: int, stages: int, ctas: int | 
 
 
 def compile_check_specs() -> list[KernelSpec]:
-    return [chain_spec(16, 6), chain_spec(8, 8)]
+    return [chain_spec(16, 6), chain_spec(8, 8), chain_spec(16, 6, wkb=True), chain_spec(8, 6, phases=True)]
 
 
-__all__ = ["ChainGemm", "GemmChainInputError", "chain_spec", "chain_units", "compile_check_specs", "gemm_chain",
-           "smem_bytes"]
+__all__ = ["ChainGemm", "GemmChainInputError", "PHASE_NAMES", "chain_spec", "chain_units", "compile_check_specs",
+           "gemm_chain", "phase_build", "read_phases", "reset_phases", "smem_bytes"]

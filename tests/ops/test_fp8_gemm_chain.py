@@ -30,6 +30,7 @@ def test_spec_and_config_checks():
     assert (b.n, b.k, b.units, b.wkb) == (4096, 2048, 64, 1)
     assert C.chain_units(c, b) == 148 and C.smem_bytes(c, b) == F.wgmma_smem_bytes(16, 6, 12)
     assert {s.source for s in C.compile_check_specs()} == {C.SOURCE}
+    assert dict(C.chain_spec(8, 6, wkb=True, phases=True).defines)["GLM5_CHAIN_PHASES"] == "1"
 
 
 def test_bench_markdown():
@@ -41,6 +42,11 @@ def test_bench_markdown():
                                              {"cfg": "tm16 st6 s6/s4", "skipped": "smem"}]}]}
     md = GC.render_markdown(rep)
     assert "| qkv_a>index_q | 16 | 24.9 | 6.00 | 9.00 | 7.00 | 16.00 | 14.00 | 10.00 | tm16 st6 s4/s2 | 1.40 | 1.67 | yes |" in md
+    ph = GC.summarize_phases([[1000, 3000, 4000, 6000, 7000, 9000, 5000, 3], [1500, 0, 0, 6500, 7500, 9500, 5500, 4],
+                              [0] * 8])
+    assert ph["ctas"] == 2 and ph["a_loop_done"] == (2.0, 2.0) and ph["last_unit_done"] == (8.25, 8.5)
+    rep["rows"][0]["chains"][0]["phases"] = ph
+    assert "| qkv_a>index_q | 16 | tm16 st6 s4/s2 | 2.00 / 2.00 | 3.00 / 3.00 |" in GC.render_markdown(rep)
     assert GC.chain_configs(16)[0][0] == 16 and GC.chain_configs(1)[0][0] == 8 and len(GC.chain_configs(1)[0]) == 5
 
 
