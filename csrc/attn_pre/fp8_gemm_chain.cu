@@ -77,7 +77,10 @@ GLM5_DEVICE uint32_t add_acq_rel_gpu(uint32_t* p, uint32_t v) {
 }
 
 #if GLM5_CHAIN_PHASES
+}  // namespace
+// at global scope: cuModuleGetGlobal finds it by this plain name (in the anonymous namespace it was not found)
 __device__ unsigned long long chain_phase_ns[2048 * 8];
+namespace {
 GLM5_DEVICE void mark(int i) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
