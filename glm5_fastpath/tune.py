@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from . import selection
 from .selection import SCHEMA_VERSION, STOCK, parse
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -74,6 +75,18 @@ STOCK_KINDS = {
 
 def _median(x: Any) -> float | None:
     return x.get("median_us") if isinstance(x, dict) else None
+
+
+def tune_modes(raw: str | None) -> tuple[str, ...]:
+    """The CMP modes `tune --modes` names (TUNE_MODES when None), each one a mode the selection table accepts."""
+    if raw is None:
+        return TUNE_MODES
+    modes = tuple(dict.fromkeys(m.strip() for m in raw.split(",") if m.strip()))
+    bad = [m for m in modes if not selection.valid_cmp_mode(m)]
+    if not modes or bad:
+        raise ValueError(f"tune: --modes {raw!r}: {'no mode given' if not modes else f'unknown mode(s) {bad}'} "
+                         f"(named modes: {', '.join(TUNE_MODES)}; composites: attn_pre/cmp/modes.py)")
+    return modes
 
 
 def choose_prefix(row: Mapping[str, Any], min_gain: float = MIN_GAIN,
@@ -729,6 +742,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-gain", type=float, default=MIN_GAIN, help="CMP must beat stock by this fraction")
     p.add_argument("--mode-margin", type=float, default=MODE_MARGIN,
                    help="CMP modes within this fraction of the fastest are tied; the first in the candidate order wins")
+    p.add_argument("--modes", default=None,
+                   help="comma list of CMP modes to time (named or composite, attn_pre/cmp/modes.py), in preference "
+                        "order for ties; default: TUNE_MODES")
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--rounds", type=int, default=ROUNDS,
                    help="prefix benchmark rounds (the first with the stock graph); each (bucket, mode) is judged by the "
@@ -775,9 +791,10 @@ def run(a: argparse.Namespace) -> int:
     rounds = int(getattr(a, "rounds", 1))
     if rounds < 1:
         raise ValueError(f"tune: --rounds must be >= 1, got {rounds}")
-    reps = [bench_prefix(cfg, TUNE_MODES, buckets, a.kv_len, report_dir, replays=a.replays, stock=True)]
+    modes = tune_modes(getattr(a, "modes", None))
+    reps = [bench_prefix(cfg, modes, buckets, a.kv_len, report_dir, replays=a.replays, stock=True)]
     for r in range(2, rounds + 1):  # no stock after round 1: CMP's margin over it is far above the spread
-        reps.append(bench_prefix(cfg, TUNE_MODES, buckets, a.kv_len, report_dir / f"round{r}", replays=a.replays,
+        reps.append(bench_prefix(cfg, modes, buckets, a.kv_len, report_dir / f"round{r}", replays=a.replays,
                                  stock=False, timeline_modes=()))
     rep = merge_rounds(reps) if rounds > 1 else reps[0]
     if rounds > 1:

@@ -368,7 +368,8 @@ def test_gpu_tune_with_moe_smoke(tmp_path):
     from glm5_fastpath.moe import megamoe as MM
 
     out = tmp_path / "table.json"
-    assert main(["tune", "--out", str(out), "--buckets", "1,16", "--moe", "auto", "--replays", "5", "--rounds", "2"]) == 0
+    assert main(["tune", "--out", str(out), "--buckets", "1,16", "--moe", "auto", "--replays", "5", "--rounds", "2",
+                 "--modes", "full,full+pin:D1=0"]) == 0
     assert json.loads((tmp_path / "table" / "merged" / "cmp_prefix.json").read_text())["rounds"] == 2
     t = selection.load(out)
     assert [b.tokens for b in t.buckets] == [1, 16]
@@ -401,3 +402,14 @@ def test_moe_candidates_take_the_wide_block_only_as_an_alternative_of_the_token_
                 assert [c.token_major for c in cands] == [False, True] + [False] * (len(cands) - 2) if tm else \
                     not any(c.token_major for c in cands), (m, experts, [c.name for c in cands])
     assert [c.name for c in tune.moe_candidates(128, 4, experts=32)][:2] == ["bn64_s5_g512_w0_lf", "bn64_s5_g512_w0_lf_t"]
+
+
+def test_tune_modes_option():
+    """tune --modes: the candidate list in the given order (duplicates dropped), composites allowed, unknown names and
+    an empty list refused; None keeps TUNE_MODES."""
+    assert tune.tune_modes(None) == tune.TUNE_MODES
+    assert tune.tune_modes("full, full+pin:D1=0,full") == ("full", "full+pin:D1=0")
+    with pytest.raises(ValueError, match="unknown mode"):
+        tune.tune_modes("full,warp_speed")
+    with pytest.raises(ValueError, match="no mode given"):
+        tune.tune_modes(" , ")
