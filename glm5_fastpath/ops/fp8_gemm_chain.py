@@ -124,7 +124,9 @@ def _chain_counter(dev: torch.device) -> torch.Tensor:
 def gemm_chain(a: ChainGemm, b: ChainGemm, *, tm: int, stages: int, ctas: int | None = None,
                pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(y_a [M_a, N_a], y_b [M_b, N_b]) bf16 in one persistent launch of `ctas` CTAs (default: min(units, SMs)).
-    Both GEMMs use token block tm and `stages` ring stages; weights may be k-block-major (then both must be)."""
+    Both GEMMs use token block tm and `stages` ring stages; weights may be k-block-major (then both must be).
+    One chain in flight per device: every launch shares the device's self-resetting counter (launch chains on one
+    stream, or serialise them)."""
     from ..jit.runtime import get_kernel
 
     ca, cb = _config(a, tm, stages, "A"), _config(b, tm, stages, "B")
@@ -142,11 +144,11 @@ def gemm_chain(a: ChainGemm, b: ChainGemm, *, tm: int, stages: int, ctas: int | 
     smem = smem_bytes(ca, cb)
     if smem > F.SMEM_LIMIT:
         raise GemmChainInputError(f"gemm_chain: {smem} B of shared memory > {F.SMEM_LIMIT}")
+    if ca.m == 0 or cb.m == 0:
+        raise GemmChainInputError("gemm_chain: both GEMMs need at least one token")
     kernel = get_kernel(chain_spec(tm, stages, bool(ca.wkb), getattr(_diag, "phases", False)), device=dev)
     ya = torch.empty(ca.m, ca.n, dtype=torch.bfloat16, device=dev)
     yb = torch.empty(cb.m, cb.n, dtype=torch.bfloat16, device=dev)
-    if ca.m == 0 or cb.m == 0:
-        raise GemmChainInputError("gemm_chain: both GEMMs need at least one token")
     pa = F._base_params(F.EPI_PLAIN, ca, a.x8, a.xs, a.lin.weight, a.lin.scale_inv, dev)
     pa.out_a = F._ptr(ya)
     pb = F._base_params(F.EPI_PLAIN, cb, b.x8, b.xs, b.lin.weight, b.lin.scale_inv, dev)
