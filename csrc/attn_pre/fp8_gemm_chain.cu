@@ -11,6 +11,13 @@
 // release semantics; B's producer issues the weight boxes of a B unit's first stages, then waits for
 // chain[0] >= UA (acquire) before that unit's activation boxes; B's math warps wait for it before reading
 // activation scales. The CTA that completes the last B unit resets chain[0..1] (CUDA-graph replays).
+// GLM5_CHAIN_TILE = 1 (tile dependencies): A's units run TILE-MAJOR (token block fastest, then K split, then n tile:
+// with enough splits the grid finishes A's tiles in order, wave by wave), the CTA that finishes A's tile t (its
+// split-K reduce + epilogue) adds 1 to chain[2 + t], and B's k block g waits only for chain[2 + g] >= A's token
+// blocks (B's K / 128 <= A's n tiles: B reads A's output features 128 g .. 128 g + 127). B's producer waits per
+// stage before that stage's activation box; B's math warps wait for every tile of their split before the
+// activation scales. The question it answers: does a consumer that trails the producer tile by tile hide the
+// per-hop latency that a grid-wide dependency exposes (session 17)?
 // A wait past GLM5_CHAIN_SPIN_LIMIT cycles traps (an error, not a hang).
 // GLM5_CHAIN_PHASES (diagnostic): %globaltimer per CTA into chain_phase_ns[cta * 8 + i]: 0 entry, 1 first A unit's
 // mainloop done, 2 last A unit signalled, 3 math warps past the B wait, 4 first B unit's mainloop done, 5 last unit
@@ -37,6 +44,9 @@
 #endif
 #ifndef GLM5_CHAIN_PHASES
 #define GLM5_CHAIN_PHASES 0
+#endif
+#ifndef GLM5_CHAIN_TILE
+#define GLM5_CHAIN_TILE 0
 #endif
 #ifndef GLM5_CHAIN_SPIN_LIMIT
 #define GLM5_CHAIN_SPIN_LIMIT (1ull << 34)
@@ -91,6 +101,21 @@ GLM5_DEVICE void mark(int) {}
 #endif
 
 GLM5_DEVICE int units_of(const SkinnyParams& p) { return p.tiles_n * p.splits * p.tiles_m; }
+
+// A's unit u: split-major as every persistent launch (Tile::unit_coord), or tile-major (GLM5_CHAIN_TILE).
+GLM5_DEVICE Coord a_coord(const SkinnyParams& p, int u) {
+    if constexpr (GLM5_CHAIN_TILE) {
+        const int rest = u / p.tiles_m;
+        return make_coord(p, rest / p.splits, rest % p.splits, u % p.tiles_m);
+    } else {
+        return Tile::unit_coord(p, u);
+    }
+}
+
+// Tile mode: wait until A's tiles g0 .. g0 + n - 1 are complete (every token block finished).
+GLM5_DEVICE void wait_tiles(const uint32_t* chain, int g0, int n, uint32_t blocks) {
+    for (int g = g0; g < g0 + n; ++g) wait_at_least(chain + 2 + g, blocks);
+}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kWgThreads, 1)
@@ -141,8 +166,30 @@ glm5_fp8_gemm_chain(const __grid_constant__ SkinnyParams pa, const __grid_consta
             const SkinnyParams& p = second ? pb : pa;
             const CUtensorMap* wm = second ? &wb : &wa;
             const CUtensorMap* xm = second ? &xb : &xa;
-            const Coord c = Tile::unit_coord(p, second ? u - ua : u);
+            const Coord c = second ? Tile::unit_coord(p, u - ua) : a_coord(p, u);
             int it = 0;
+            if (GLM5_CHAIN_TILE && second) {
+                // weights of the prefill stages first, then each stage's activations once its A tile is complete
+                const int n = Tile::prefill(c);
+                for (int s = 0; s < n; ++s) {
+                    slot_free(q + s);
+                    arm_w(wm, c, q + s, s);
+                }
+                for (int s = 0; s < n; ++s) {
+                    wait_tiles(chain, c.g_begin + s, 1, static_cast<uint32_t>(pa.tiles_m));
+                    if (!ready) mark(6);
+                    ready = true;
+                    load_x(xm, c, q + s, s);
+                }
+                for (it = n; it < c.nk; ++it) {
+                    slot_free(q + it);
+                    arm_w(wm, c, q + it, it);
+                    wait_tiles(chain, c.g_begin + it, 1, static_cast<uint32_t>(pa.tiles_m));
+                    load_x(xm, c, q + it, it);
+                }
+                q += static_cast<uint32_t>(c.nk);
+                continue;
+            }
             if (second && !ready) {
                 // B's weights first (slots free as A's stages are consumed), then the wait, then its activations.
                 const int n = Tile::prefill(c);
@@ -173,10 +220,15 @@ glm5_fp8_gemm_chain(const __grid_constant__ SkinnyParams pa, const __grid_consta
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const bool second = u >= ua;
         const SkinnyParams& p = second ? pb : pa;
-        const Coord c = Tile::unit_coord(p, second ? u - ua : u);
+        const Coord c = second ? Tile::unit_coord(p, u - ua) : a_coord(p, u);
         if (u != static_cast<int>(blockIdx.x)) consumer_sync();  // done with the previous unit's scales / scratch
         Tile::consumer_prologue(p, c, smem, tid);
-        if (second && !ready) {
+        if (GLM5_CHAIN_TILE && second) {
+            if (tid == 0) wait_tiles(chain, c.g_begin, c.nk, static_cast<uint32_t>(pa.tiles_m));
+            consumer_sync();
+            if (tid == 0 && !ready) mark(3);
+            ready = true;
+        } else if (second && !ready) {
             if (tid == 0) wait_at_least(chain, static_cast<uint32_t>(ua));
             consumer_sync();
             if (tid == 0) mark(3);
@@ -192,12 +244,15 @@ glm5_fp8_gemm_chain(const __grid_constant__ SkinnyParams pa, const __grid_consta
         if (tid == 0) {
             mark(5);
             if (!second) {
+                if (GLM5_CHAIN_TILE && fin) add_release_gpu(chain + 2 + c.tile_n, 1u);  // this CTA finished the tile
                 add_release_gpu(chain, 1u);
                 mark(2);
             } else if (add_acq_rel_gpu(chain + 1, 1u) + 1u == static_cast<uint32_t>(ub)) {
                 // the last B unit: every A unit is counted and every B wait has passed; reset for the next launch
                 chain[0] = 0u;
                 chain[1] = 0u;
+                if (GLM5_CHAIN_TILE)
+                    for (int t = 0; t < pa.tiles_n; ++t) chain[2 + t] = 0u;
                 __threadfence();
             }
         }

@@ -23,12 +23,15 @@ PAIRS = {"qkv_a>index_q": ((2624, 6144), (4096, 2048)), "qkv_a>q_b": ((2624, 614
 DEFAULT_TOKENS = (1, 16)
 
 
-def chain_configs(m: int) -> list[tuple[int, int, int, int, int | None]]:
-    """(tm, stages, splits A, splits B, CTAs) candidates per token count. CTAs = A's unit count makes every CTA start
-    with an A unit, so each one's B weights stream into its ring right behind its A stages (None: min(units, SMs),
-    where CTAs past A's units start B early and wait)."""
+def chain_configs(m: int) -> list[tuple[int, int, int, int, int | None, str]]:
+    """(tm, stages, splits A, splits B, CTAs, dependency) candidates per token count. CTAs = A's unit count makes
+    every CTA start with an A unit, so each one's B weights stream into its ring right behind its A stages (None:
+    min(units, SMs), where CTAs past A's units start B early and wait). "tile": A tile-major, B's k block g gated on
+    A's tile g only; with 12 splits A's 21 tiles finish in two waves (tiles 0-10, then 11-20), so half of B can start
+    while A's second wave streams."""
     tm = 8 if m <= 8 else 16 if m <= 16 else 32
-    return [(tm, 6, 4, 2, None), (tm, 6, 4, 2, 84), (tm, 6, 6, 4, 126), (tm, 6, 4, 1, 84), (tm, 4, 6, 4, 126)]
+    return [(tm, 6, 4, 2, 84, "grid"), (tm, 6, 6, 4, 126, "grid"), (tm, 6, 12, 4, None, "grid"),
+            (tm, 6, 12, 4, None, "tile"), (tm, 6, 6, 4, None, "tile"), (tm, 6, 12, 2, None, "tile")]
 
 
 def summarize_phases(rows: list[list[int]]) -> dict[str, Any]:
@@ -129,12 +132,13 @@ def run_case(pair: str, m: int, replays: int, copy_bps: float, dev: str = "cuda"
     out["separate_us"] = timed(lambda i: separate(i, False))
     out["separate_pdl_us"] = timed(lambda i: separate(i, True))
     out["chains"] = []
-    for tm, st, sa, sb, ctas in chain_configs(m):
-        cfg = f"tm{tm} st{st} s{sa}/s{sb}" + (f" P{ctas}" if ctas else "")
+    for tm, st, sa, sb, ctas, dep in chain_configs(m):
+        cfg = f"tm{tm} st{st} s{sa}/s{sb}" + (f" P{ctas}" if ctas else "") + f" {dep}"
         rec: dict[str, Any] = {"cfg": cfg}
         try:
             la, xa, lb, xb = sets[0]
-            ya, yb = C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas)
+            ya, yb = C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas,
+                                  dep=dep)
             with F.forced_config(tm, sa, st, impl="wgmma"):  # same tile code; stages do not change the sums
                 ra = F.fp8_gemm_skinny(*xa, la, pdl=False)
             with F.forced_config(tm, sb, st, impl="wgmma"):
@@ -143,16 +147,17 @@ def run_case(pair: str, m: int, replays: int, copy_bps: float, dev: str = "cuda"
             rec["bitwise"] = bool(torch.equal(ya.view(torch.int16), ra.view(torch.int16)) and
                                   torch.equal(yb.view(torch.int16), rb.view(torch.int16)))
 
-            def chain(i: int, tm=tm, st=st, sa=sa, sb=sb, ctas=ctas) -> Any:
+            def chain(i: int, tm=tm, st=st, sa=sa, sb=sb, ctas=ctas, dep=dep) -> Any:
                 la, xa, lb, xb = sets[i % plan.sets]
-                return C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas)
+                return C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas,
+                                    dep=dep)
             rec["us"] = timed(chain)
             # one launch of the phase build (caches flushed first): where the chain's time goes
             torch.empty(256 << 20, dtype=torch.uint8, device=dev).fill_(1)
-            C.reset_phases(tm, st, device=dev)
+            C.reset_phases(tm, st, device=dev, tile=dep == "tile")
             with C.phase_build():
-                C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas)
-            rec["phases"] = summarize_phases(C.read_phases(tm, st, device=dev).cpu().tolist())
+                C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas, dep=dep)
+            rec["phases"] = summarize_phases(C.read_phases(tm, st, device=dev, tile=dep == "tile").cpu().tolist())
         except (C.GemmChainInputError, F.Fp8GemmInputError) as e:
             rec["skipped"] = str(e)
         out["chains"].append(rec)

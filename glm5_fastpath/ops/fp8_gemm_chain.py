@@ -59,33 +59,38 @@ PHASE_NAMES = ("entry", "a_loop_done", "a_signalled", "b_wait_passed", "b_loop_d
                "producer_b_wait_passed")
 
 
-def chain_spec(tm: int, stages: int, wkb: bool = False, phases: bool = False) -> KernelSpec:
+DEPS = ("grid", "tile")
+MAX_A_TILES = 256  # chain counters per device: 2 + A's n tiles (tile dependencies)
+
+
+def chain_spec(tm: int, stages: int, wkb: bool = False, phases: bool = False, tile: bool = False) -> KernelSpec:
     if tm not in F.token_blocks("wgmma") or not 2 <= stages <= F.WGMMA_MAX_STAGES:
         raise GemmChainInputError(f"gemm_chain: token block {tm} (one of {F.token_blocks('wgmma')}) / stages {stages} "
                                   f"(2..{F.WGMMA_MAX_STAGES})")
     d = (("GLM5_SKINNY_TM", str(tm)), ("GLM5_SKINNY_STAGES", str(stages)))
     d += (("GLM5_SKINNY_WKB", "1"),) if wkb else ()
     d += (("GLM5_CHAIN_PHASES", "1"),) if phases else ()
+    d += (("GLM5_CHAIN_TILE", "1"),) if tile else ()
     return KernelSpec(FUNCTION, source=SOURCE, defines=d)
 
 
-def read_phases(tm: int, stages: int, wkb: bool = False, device=None) -> torch.Tensor:
+def read_phases(tm: int, stages: int, wkb: bool = False, device=None, tile: bool = False) -> torch.Tensor:
     """[2048, 8] int64 of the phase build's marks (its last launch on `device`): PHASE_NAMES in ns of %globaltimer,
     0 where a CTA did not reach a mark; column 7 the SM id. Zero them first with reset_phases."""
     out = torch.zeros(2048, 8, dtype=torch.int64, device=device or "cuda")
-    _phase_op(tm, stages, wkb, out.device,
+    _phase_op(tm, stages, wkb, tile, out.device,
               lambda d, ptr, check: check(d.cuMemcpyDtoD(out.data_ptr(), ptr, out.numel() * 8), "cuMemcpyDtoD"))
     return out
 
 
-def reset_phases(tm: int, stages: int, wkb: bool = False, device=None) -> None:
-    _phase_op(tm, stages, wkb, torch.device(device or "cuda"),
+def reset_phases(tm: int, stages: int, wkb: bool = False, device=None, tile: bool = False) -> None:
+    _phase_op(tm, stages, wkb, tile, torch.device(device or "cuda"),
               lambda d, ptr, check: check(d.cuMemsetD8(ptr, 0, 2048 * 8 * 8), "cuMemsetD8"))
 
 
-def _phase_op(tm: int, stages: int, wkb: bool, dev: torch.device, fn) -> None:
+def _phase_op(tm: int, stages: int, wkb: bool, tile: bool, dev: torch.device, fn) -> None:
     from ..jit.runtime import _InContext, check, driver, get_kernel
-    k = get_kernel(chain_spec(tm, stages, wkb, True), device=dev)
+    k = get_kernel(chain_spec(tm, stages, wkb, True, tile), device=dev)
     d = driver()
     torch.cuda.synchronize(dev)
     with _InContext(k.module.device):
@@ -100,6 +105,14 @@ def _config(g: ChainGemm, tm: int, stages: int, what: str) -> F.SkinnyConfig:
         raise GemmChainInputError(f"gemm_chain: {what} splits={g.splits} must be in 1..K/128 = {k // 128}")
     c = F.SkinnyConfig(F.EPI_PLAIN, m, n, k, tm, g.splits, stages, impl="wgmma")
     return dataclasses.replace(c, wkb=1) if g.lin.weight.dim() == 3 else c
+
+
+def check_dep(dep: str, a: F.SkinnyConfig, b: F.SkinnyConfig) -> None:
+    if dep not in DEPS:
+        raise GemmChainInputError(f"gemm_chain: dep={dep!r}: expected one of {', '.join(DEPS)}")
+    if dep == "tile" and (b.k // 128 > a.tiles_n or a.tiles_n > MAX_A_TILES):
+        raise GemmChainInputError(f"gemm_chain: dep='tile' maps B's k block g to A's n tile g: B's K / 128 = {b.k // 128} "
+                                  f"must be <= A's n tiles = {a.tiles_n} (<= {MAX_A_TILES})")
 
 
 def chain_units(a: F.SkinnyConfig, b: F.SkinnyConfig) -> int:
@@ -117,19 +130,21 @@ def _chain_counter(dev: torch.device) -> torch.Tensor:
         with _lock:
             t = _chains.get(i)
             if t is None:
-                t = _chains[i] = torch.zeros(4, dtype=torch.int32, device=dev)
+                t = _chains[i] = torch.zeros(2 + MAX_A_TILES, dtype=torch.int32, device=dev)
     return t
 
 
-def gemm_chain(a: ChainGemm, b: ChainGemm, *, tm: int, stages: int, ctas: int | None = None,
+def gemm_chain(a: ChainGemm, b: ChainGemm, *, tm: int, stages: int, ctas: int | None = None, dep: str = "grid",
                pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(y_a [M_a, N_a], y_b [M_b, N_b]) bf16 in one persistent launch of `ctas` CTAs (default: min(units, SMs)).
     Both GEMMs use token block tm and `stages` ring stages; weights may be k-block-major (then both must be).
-    One chain in flight per device: every launch shares the device's self-resetting counter (launch chains on one
-    stream, or serialise them)."""
+    dep: "grid" (B's activations wait for all of A) or "tile" (A runs tile-major; B's k block g waits for A's n tile
+    g only: B's K / 128 <= A's n tiles). One chain in flight per device: every launch shares the device's
+    self-resetting counters (launch chains on one stream, or serialise them)."""
     from ..jit.runtime import get_kernel
 
     ca, cb = _config(a, tm, stages, "A"), _config(b, tm, stages, "B")
+    check_dep(dep, ca, cb)
     if ca.wkb != cb.wkb:
         raise GemmChainInputError("gemm_chain: A and B must use one weight layout (both row-major or both k-block-major)")
     dev = F._same_device(F.EPI_PLAIN, a.x8, a.xs, a.lin.weight, a.lin.scale_inv, b.x8, b.xs, b.lin.weight,
@@ -146,7 +161,7 @@ def gemm_chain(a: ChainGemm, b: ChainGemm, *, tm: int, stages: int, ctas: int | 
         raise GemmChainInputError(f"gemm_chain: {smem} B of shared memory > {F.SMEM_LIMIT}")
     if ca.m == 0 or cb.m == 0:
         raise GemmChainInputError("gemm_chain: both GEMMs need at least one token")
-    kernel = get_kernel(chain_spec(tm, stages, bool(ca.wkb), getattr(_diag, "phases", False)), device=dev)
+    kernel = get_kernel(chain_spec(tm, stages, bool(ca.wkb), getattr(_diag, "phases", False), dep == "tile"), device=dev)
     ya = torch.empty(ca.m, ca.n, dtype=torch.bfloat16, device=dev)
     yb = torch.empty(cb.m, cb.n, dtype=torch.bfloat16, device=dev)
     pa = F._base_params(F.EPI_PLAIN, ca, a.x8, a.xs, a.lin.weight, a.lin.scale_inv, dev)
@@ -160,8 +175,9 @@ def gemm_chain(a: ChainGemm, b: ChainGemm, *, tm: int, stages: int, ctas: int | 
 
 
 def compile_check_specs() -> list[KernelSpec]:
-    return [chain_spec(16, 6), chain_spec(8, 8), chain_spec(16, 6, wkb=True), chain_spec(8, 6, phases=True)]
+    return [chain_spec(16, 6), chain_spec(8, 8), chain_spec(16, 6, wkb=True), chain_spec(8, 6, phases=True),
+            chain_spec(16, 6, tile=True), chain_spec(8, 6, phases=True, tile=True)]
 
 
-__all__ = ["ChainGemm", "GemmChainInputError", "PHASE_NAMES", "chain_spec", "chain_units", "compile_check_specs",
+__all__ = ["DEPS", "ChainGemm", "GemmChainInputError", "PHASE_NAMES", "check_dep", "chain_spec", "chain_units", "compile_check_specs",
            "gemm_chain", "phase_build", "read_phases", "reset_phases", "smem_bytes"]

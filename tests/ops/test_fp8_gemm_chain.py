@@ -30,6 +30,12 @@ def test_spec_and_config_checks():
     assert (b.n, b.k, b.units, b.wkb) == (4096, 2048, 64, 1)
     assert C.chain_units(c, b) == 148 and C.smem_bytes(c, b) == F.wgmma_smem_bytes(16, 6, 12)
     assert {s.source for s in C.compile_check_specs()} == {C.SOURCE}
+    assert dict(C.chain_spec(16, 6, tile=True).defines)["GLM5_CHAIN_TILE"] == "1"
+    C.check_dep("tile", c, b)  # B's 16 k blocks <= A's 21 tiles
+    with pytest.raises(C.GemmChainInputError, match="expected one of"):
+        C.check_dep("wave", c, b)
+    with pytest.raises(C.GemmChainInputError, match="must be <= A's n tiles"):
+        C.check_dep("tile", b, c)  # A with 32 tiles feeding B with K / 128 = 48
     assert dict(C.chain_spec(8, 6, wkb=True, phases=True).defines)["GLM5_CHAIN_PHASES"] == "1"
 
 
@@ -47,7 +53,8 @@ def test_bench_markdown():
     assert ph["ctas"] == 2 and ph["a_loop_done"] == (2.0, 2.0) and ph["last_unit_done"] == (8.25, 8.5)
     rep["rows"][0]["chains"][0]["phases"] = ph
     assert "| qkv_a>index_q | 16 | tm16 st6 s4/s2 | 2.00 / 2.00 | 3.00 / 3.00 |" in GC.render_markdown(rep)
-    assert GC.chain_configs(16)[0][0] == 16 and GC.chain_configs(1)[0][0] == 8 and len(GC.chain_configs(1)[0]) == 5
+    assert GC.chain_configs(16)[0][0] == 16 and GC.chain_configs(1)[0][0] == 8
+    assert {c[5] for c in GC.chain_configs(16)} == set(C.DEPS)
 
 
 def _pair(m, dev, seed, kb=False):
@@ -64,9 +71,11 @@ def _pair(m, dev, seed, kb=False):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,tm,sa,sb,kb", [(1, 8, 4, 2, False), (3, 8, 6, 4, False), (16, 16, 4, 2, False),
-                                           (16, 16, 4, 1, True), (31, 32, 3, 2, False)])
-def test_chain_equals_two_launches_and_replays(m, tm, sa, sb, kb):
+@pytest.mark.parametrize("m,tm,sa,sb,kb,dep", [(1, 8, 4, 2, False, "grid"), (3, 8, 6, 4, False, "grid"),
+                                               (16, 16, 4, 2, False, "grid"), (16, 16, 4, 1, True, "grid"),
+                                               (31, 32, 3, 2, False, "grid"), (1, 8, 12, 4, False, "tile"),
+                                               (16, 16, 12, 2, False, "tile"), (40, 32, 6, 4, True, "tile")])
+def test_chain_equals_two_launches_and_replays(m, tm, sa, sb, kb, dep):
     la, xa, lb, xb = _pair(m, "cuda", 7 + m, kb)
     a, b = C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb)
     ya = torch.full((m, 2624), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -74,16 +83,16 @@ def test_chain_equals_two_launches_and_replays(m, tm, sa, sb, kb):
         ra = F.fp8_gemm_skinny(*xa, la, pdl=False)
     with F.forced_config(tm, sb, 6, impl="wgmma"):
         rb = F.fp8_gemm_skinny(*xb, lb, pdl=False)
-    for _ in range(5):  # the chain counter resets itself: every launch must see a fresh dependency
-        ya, yb = C.gemm_chain(a, b, tm=tm, stages=6)
+    for _ in range(5):  # the chain counters reset themselves: every launch must see a fresh dependency
+        ya, yb = C.gemm_chain(a, b, tm=tm, stages=6, dep=dep)
         torch.cuda.synchronize()
         assert torch.equal(ya.view(torch.int16), ra.view(torch.int16))
         assert torch.equal(yb.view(torch.int16), rb.view(torch.int16))
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        ga, gb = C.gemm_chain(a, b, tm=tm, stages=6, ctas=64)
+        ga, gb = C.gemm_chain(a, b, tm=tm, stages=6, ctas=64, dep=dep)
     for _ in range(20):
         g.replay()
     torch.cuda.synchronize()
     assert torch.equal(ga.view(torch.int16), ra.view(torch.int16)) and torch.equal(gb.view(torch.int16), rb.view(torch.int16))
-    assert int(C._chain_counter(torch.device("cuda"))[:2].abs().sum()) == 0
+    assert int(C._chain_counter(torch.device("cuda")).abs().sum()) == 0
