@@ -9,7 +9,7 @@
 #                              OUTDIR/NAME.log, rc and the log's last line in steps.log
 #   run_tests NAME LIMIT ARGS  step "gpu-tests-NAME" running `pytest -m gpu -v -rfEs ARGS`: one file / -k per call
 #                              (a -k on a combined run deselects the other files' tests)
-#   h200_pack [MAX_MB]         tar OUTDIR's logs / json / md / txt / pt files under MAX_MB each (default 4) into
+#   h200_pack [MAX_MB]         tar OUTDIR's logs / json / md / txt / pt / png files under MAX_MB each (default 4) into
 #                              $OUT/r.tgz and remove OUTDIR: the device returns files under a size limit only, and
 #                              a tarball with bulk data in it (bitwise dumps) comes back as nothing at all
 # Each step writes straight into OUTDIR, so a call cut short still returns what finished; end the device command with
@@ -44,6 +44,6 @@ run_tests() {
 h200_pack() {
   local max=${1:-4} parent base
   parent=$(dirname "$H200_OUT"); base=$(basename "$H200_OUT")
-  (cd "$parent" && find "$base" -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' -o -name '*.txt' -o -name '*.pt' \) \
+  (cd "$parent" && find "$base" -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' -o -name '*.txt' -o -name '*.pt' -o -name '*.png' \) \
      -size -"${max}"M | tar -czf r.tgz -T - && rm -rf "$base")
 }
