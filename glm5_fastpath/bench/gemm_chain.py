@@ -97,24 +97,15 @@ def run_case(pair: str, m: int, replays: int, copy_bps: float, dev: str = "cuda"
 
     from ..ops import fp8_gemm as F
     from ..ops import fp8_gemm_chain as C
-    from ..weights import Fp8Linear
+    from .gemm_inputs import flush_l2, fp8_gemm_bytes, random_fp8_act, random_fp8_linear
     from .timing import l2_cache_bytes, plan_rotation, time_launches
 
     (na, ka), (nb, kb) = PAIRS[pair]
-    wbytes = na * ka + nb * kb + 4 * ((-(-na // 128)) * (ka // 128) + (-(-nb // 128)) * (kb // 128))
-    set_bytes = wbytes + m * (ka + kb) * 1 + 2 * m * (na + nb)
+    set_bytes = fp8_gemm_bytes(m, na, ka) + fp8_gemm_bytes(m, nb, kb)
     plan = plan_rotation(set_bytes, l2_cache_bytes(dev), min_launches=20)
     g = torch.Generator(device=dev).manual_seed(1000 + m)
-
-    def lin(n: int, k: int) -> Any:
-        return Fp8Linear((torch.randn(n, k, device=dev, generator=g) * 0.05).to(torch.float8_e4m3fn),
-                         torch.rand(-(-n // 128), k // 128, device=dev, generator=g) + 0.5)
-
-    def act(k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.randn(m, k, device=dev, generator=g).to(torch.float8_e4m3fn),
-                torch.rand(m, k // 128, device=dev, generator=g) + 0.5)
-
-    sets = [(lin(na, ka), act(ka), lin(nb, kb), act(kb)) for _ in range(plan.sets)]
+    sets = [(random_fp8_linear(na, ka, g, dev), random_fp8_act(m, ka, g, dev), random_fp8_linear(nb, kb, g, dev),
+             random_fp8_act(m, kb, g, dev)) for _ in range(plan.sets)]
     out: dict[str, Any] = {"pair": pair, "M": m, "mb": set_bytes / 1e6, "floor_us": set_bytes / copy_bps * 1e6,
                            "rotation": plan.to_dict(), "a_config": F.config_for(m, na, ka).describe(),
                            "b_config": F.config_for(m, nb, kb).describe()}
@@ -153,7 +144,7 @@ def run_case(pair: str, m: int, replays: int, copy_bps: float, dev: str = "cuda"
                                     dep=dep)
             rec["us"] = timed(chain)
             # one launch of the phase build (caches flushed first): where the chain's time goes
-            torch.empty(256 << 20, dtype=torch.uint8, device=dev).fill_(1)
+            flush_l2(dev)
             C.reset_phases(tm, st, device=dev, tile=dep == "tile")
             with C.phase_build():
                 C.gemm_chain(C.ChainGemm(*xa, la, sa), C.ChainGemm(*xb, lb, sb), tm=tm, stages=st, ctas=ctas, dep=dep)

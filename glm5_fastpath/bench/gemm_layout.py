@@ -75,24 +75,24 @@ def run_case(name: str, n: int, k: int, m: int, variants: list[str], replays: in
 
     from ..ops import fp8_gemm as F
     from ..weights import Fp8Linear
+    from .gemm_inputs import fp8_gemm_bytes, random_fp8_act, random_fp8_linear
     from .timing import l2_cache_bytes, plan_rotation, time_launches
 
     cfg = F.config_for(m, n, k)
     if cfg.impl != "wgmma":
         return {"name": name, "N": n, "K": k, "M": m, "config": cfg.describe(), "mb": 0.0, "floor_us": 0.0,
                 "skipped": f"the default config runs impl {cfg.impl!r} (k-block-major weights need wgmma)"}
-    wbytes = n * k + (-(-n // 128)) * (k // 128) * 4
-    set_bytes = wbytes + m * k + m * (k // 128) * 4 + m * n * 2
+    wbytes = fp8_gemm_bytes(0, n, k)
+    set_bytes = fp8_gemm_bytes(m, n, k)
     plan = plan_rotation(set_bytes, l2_cache_bytes(dev), min_launches=20)
     g = torch.Generator(device=dev).manual_seed(m * 7919 + n)
     row, kb, xs_, x8_ = [], [], [], []
     for _ in range(plan.sets):
-        w = (torch.randn(n, k, device=dev, generator=g) * 0.05).to(torch.float8_e4m3fn)
-        ws = torch.rand(-(-n // 128), k // 128, device=dev, generator=g) + 0.5
-        row.append(Fp8Linear(w, ws))
-        kb.append(Fp8Linear(F.kblock_major(w), ws))
-        x8_.append(torch.randn(m, k, device=dev, generator=g).to(torch.float8_e4m3fn))
-        xs_.append(torch.rand(m, k // 128, device=dev, generator=g) + 0.5)
+        row.append(random_fp8_linear(n, k, g, dev))
+        kb.append(Fp8Linear(F.kblock_major(row[-1].weight), row[-1].scale_inv))
+        x8, xs = random_fp8_act(m, k, g, dev)
+        x8_.append(x8)
+        xs_.append(xs)
     out: dict[str, Any] = {"name": name, "N": n, "K": k, "M": m, "config": cfg.describe(), "mb": set_bytes / 1e6,
                            "floor_us": set_bytes / copy_bps * 1e6, "rotation": plan.to_dict()}
     y_row = F.fp8_gemm_skinny(x8_[0], xs_[0], row[0], pdl=False)

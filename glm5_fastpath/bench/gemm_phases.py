@@ -18,7 +18,6 @@ Output: OUT/gemm_phases.json, OUT/gemm_phases.md.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -73,35 +72,24 @@ def median_summary(sums: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _flush(dev) -> None:
-    import torch
-
-    b = torch.empty(256 << 20, dtype=torch.uint8, device=dev)  # > 2x the 60 MB L2
-    b.fill_(1)
-    del b
-
-
 def run_case(name: str, n: int, k: int, m: int, launches: int, dev: str = "cuda", layout: str = "row") -> dict[str, Any]:
     import torch
 
     from ..ops import fp8_gemm as F
     from ..weights import Fp8Linear
+    from .gemm_inputs import flush_l2, fp8_gemm_bytes, random_fp8_act, random_fp8_linear
 
-    g = torch.Generator(device=dev).manual_seed(m * 7919 + n)
-    w = (torch.randn(n, k, device=dev, generator=g) * 0.05).to(torch.float8_e4m3fn)
-    ws = torch.rand(-(-n // 128), k // 128, device=dev, generator=g) + 0.5
-    x8 = (torch.randn(m, k, device=dev, generator=g)).to(torch.float8_e4m3fn)
-    xs = torch.rand(m, k // 128, device=dev, generator=g) + 0.5
     if layout not in ("row", "kb"):
         raise ValueError(f"bench gemm-phases: layout {layout!r}: expected row or kb")
-    ref = F.fp8_gemm_skinny(x8, xs, Fp8Linear(w, ws), pdl=False)
-    lin = Fp8Linear(F.kblock_major(w) if layout == "kb" else w, ws)
-    cfg = F.config_for(m, n, k)
-    if layout == "kb":
-        cfg = dataclasses.replace(cfg, wkb=1)
+    g = torch.Generator(device=dev).manual_seed(m * 7919 + n)
+    row = random_fp8_linear(n, k, g, dev)
+    x8, xs = random_fp8_act(m, k, g, dev)
+    ref = F.fp8_gemm_skinny(x8, xs, row, pdl=False)
+    lin = Fp8Linear(F.kblock_major(row.weight), row.scale_inv) if layout == "kb" else row
+    cfg = F._with_layout(F.EPI_PLAIN, F.config_for(m, n, k), lin.weight)  # the config the op launches
     times = []
     for _ in range(launches):
-        _flush(dev)
+        flush_l2(dev)
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         # the GPU busy past the host's op dispatch: the events time the kernel, not the Python call (session 17's
         # first run recorded 77-273 us here without it)
@@ -118,11 +106,11 @@ def run_case(name: str, n: int, k: int, m: int, launches: int, dev: str = "cuda"
         same = bool(torch.equal(y.view(torch.int16), ref.view(torch.int16)))
         for _ in range(launches):
             F.reset_phases(cfg)
-            _flush(dev)
+            flush_l2(dev)
             F.fp8_gemm_skinny(x8, xs, lin, pdl=False)
             torch.cuda.synchronize()
             sums.append(summarize(F.read_phases(cfg).cpu().tolist()))
-    mb = (n * k + ws.numel() * 4 + m * k + m * n * 2) / 1e6
+    mb = fp8_gemm_bytes(m, n, k) / 1e6
     return {"name": name, "layout": layout, "N": n, "K": k, "M": m, "config": cfg.describe(), "mb": mb,
             "event_us": statistics.median(times), "phase_build_equal": same, **median_summary(sums)}
 

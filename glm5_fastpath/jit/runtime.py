@@ -369,6 +369,25 @@ class Module:
             k = self._kernels[name] = Kernel(self, name)
         return k
 
+    def copy_global(self, name: str, out: Any = None, nbytes: int | None = None) -> None:
+        """A `__device__` array of this module (a diagnostic build's marks): copy its first out.nbytes bytes into
+        the torch tensor `out`, or (out None) zero its first `nbytes` (all of it by default). Synchronous: the
+        device is synchronised before and after, so it never races a launch."""
+        import torch
+        d = driver()
+        torch.cuda.synchronize(self.device.index)
+        with _InContext(self.device):
+            ptr, size = check(d.cuModuleGetGlobal(self.handle, name.encode()), f"cuModuleGetGlobal({name})")
+            if out is not None:
+                n = out.numel() * out.element_size()
+                if n > int(size):
+                    raise ValueError(f"glm5_fastpath: {name} holds {int(size)} bytes, {n} requested")
+                check(d.cuMemcpyDtoD(out.data_ptr(), ptr, n), f"cuMemcpyDtoD({name})")
+            else:
+                check(d.cuMemsetD8(ptr, 0, int(size) if nbytes is None else min(int(nbytes), int(size))),
+                      f"cuMemsetD8({name})")
+        torch.cuda.synchronize(self.device.index)
+
 
 _modules: dict[tuple[str, int], Module] = {}
 _kernels: dict[tuple[KernelSpec, int, str], Kernel] = {}

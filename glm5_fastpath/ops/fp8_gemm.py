@@ -464,37 +464,25 @@ PHASE_NAMES = ("entry", "past_wait", "first_stage", "k_loop_done", "finish_done"
 MAX_PHASE_CTAS = 2048  # kMaxPhaseCtas of fp8_gemm_wgmma.cu
 
 
-def _phase_buffer_op(cfg: SkinnyConfig, device, wait_at: int, fn) -> torch.device:
-    """fn(driver, address of skinny_phase_ns) inside the context of cfg's phase build module (after a sync)."""
-    from ..jit.runtime import _InContext, check, driver
-
+def _phase_module(cfg: SkinnyConfig, device, wait_at: int):
+    """The loaded module of cfg's phase build on `device` (its skinny_phase_ns array)."""
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    k = _kernel(dataclasses.replace(cfg, phases=1), dev, wait_at)
-    d = driver()
-    torch.cuda.synchronize(dev)
-    with _InContext(k.module.device):
-        ptr, _ = check(d.cuModuleGetGlobal(k.module.handle, b"skinny_phase_ns"), "cuModuleGetGlobal")
-        fn(d, ptr, check)
-    torch.cuda.synchronize(dev)
-    return dev
+    return _kernel(dataclasses.replace(cfg, phases=1), dev, wait_at).module, dev
 
 
 def read_phases(cfg: SkinnyConfig, device=None, wait_at: int = PDL_WAIT_NATIVE) -> torch.Tensor:
     """[min(ctas, MAX_PHASE_CTAS), 8] int64 of the phase build of `cfg` (its last launch on `device`): columns
     PHASE_NAMES in ns of %globaltimer (0 where a CTA did not reach a mark in that launch, e.g. the epilogue of a
     split that another CTA finished: zero the buffer with reset_phases first), column 7 the SM id."""
-    n = min(cfg.ctas, MAX_PHASE_CTAS)
-    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    out = torch.zeros(n, 8, dtype=torch.int64, device=dev)
-    _phase_buffer_op(cfg, dev, wait_at,
-                     lambda d, ptr, check: check(d.cuMemcpyDtoD(out.data_ptr(), ptr, n * 8 * 8), "cuMemcpyDtoD"))
+    mod, dev = _phase_module(cfg, device, wait_at)
+    out = torch.zeros(min(cfg.ctas, MAX_PHASE_CTAS), 8, dtype=torch.int64, device=dev)
+    mod.copy_global("skinny_phase_ns", out)
     return out
 
 
 def reset_phases(cfg: SkinnyConfig, device=None, wait_at: int = PDL_WAIT_NATIVE) -> None:
     """Zero the phase build's buffer (before the launch read_phases will read)."""
-    _phase_buffer_op(cfg, device, wait_at,
-                     lambda d, ptr, check: check(d.cuMemsetD8(ptr, 0, MAX_PHASE_CTAS * 8 * 8), "cuMemsetD8"))
+    _phase_module(cfg, device, wait_at)[0].copy_global("skinny_phase_ns")
 
 
 def _apply_launch_overrides(epi: int, c: SkinnyConfig) -> SkinnyConfig:

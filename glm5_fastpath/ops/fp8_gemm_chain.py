@@ -78,33 +78,25 @@ def read_phases(tm: int, stages: int, wkb: bool = False, device=None, tile: bool
     """[2048, 8] int64 of the phase build's marks (its last launch on `device`): PHASE_NAMES in ns of %globaltimer,
     0 where a CTA did not reach a mark; column 7 the SM id. Zero them first with reset_phases."""
     out = torch.zeros(2048, 8, dtype=torch.int64, device=device or "cuda")
-    _phase_op(tm, stages, wkb, tile, out.device,
-              lambda d, ptr, check: check(d.cuMemcpyDtoD(out.data_ptr(), ptr, out.numel() * 8), "cuMemcpyDtoD"))
+    _phase_module(tm, stages, wkb, tile, out.device).copy_global("chain_phase_ns", out)
     return out
 
 
 def reset_phases(tm: int, stages: int, wkb: bool = False, device=None, tile: bool = False) -> None:
-    _phase_op(tm, stages, wkb, tile, torch.device(device or "cuda"),
-              lambda d, ptr, check: check(d.cuMemsetD8(ptr, 0, 2048 * 8 * 8), "cuMemsetD8"))
+    _phase_module(tm, stages, wkb, tile, torch.device(device or "cuda")).copy_global("chain_phase_ns")
 
 
-def _phase_op(tm: int, stages: int, wkb: bool, tile: bool, dev: torch.device, fn) -> None:
-    from ..jit.runtime import _InContext, check, driver, get_kernel
-    k = get_kernel(chain_spec(tm, stages, wkb, True, tile), device=dev)
-    d = driver()
-    torch.cuda.synchronize(dev)
-    with _InContext(k.module.device):
-        ptr, _ = check(d.cuModuleGetGlobal(k.module.handle, b"chain_phase_ns"), "cuModuleGetGlobal")
-        fn(d, ptr, check)
-    torch.cuda.synchronize(dev)
+def _phase_module(tm: int, stages: int, wkb: bool, tile: bool, dev: torch.device):
+    from ..jit.runtime import get_kernel
+    return get_kernel(chain_spec(tm, stages, wkb, True, tile), device=dev).module
 
 
 def _config(g: ChainGemm, tm: int, stages: int, what: str) -> F.SkinnyConfig:
     m, n, k = F._check_gemm(F.EPI_PLAIN, g.x8, g.xs, g.lin.weight, g.lin.scale_inv)
     if not 1 <= g.splits <= k // 128:
         raise GemmChainInputError(f"gemm_chain: {what} splits={g.splits} must be in 1..K/128 = {k // 128}")
-    c = F.SkinnyConfig(F.EPI_PLAIN, m, n, k, tm, g.splits, stages, impl="wgmma")
-    return dataclasses.replace(c, wkb=1) if g.lin.weight.dim() == 3 else c
+    return F._with_layout(F.EPI_PLAIN, F.SkinnyConfig(F.EPI_PLAIN, m, n, k, tm, g.splits, stages, impl="wgmma"),
+                          g.lin.weight)
 
 
 def check_dep(dep: str, a: F.SkinnyConfig, b: F.SkinnyConfig) -> None:

@@ -58,16 +58,13 @@ def test_bench_markdown():
 
 
 def _pair(m, dev, seed, kb=False):
-    from glm5_fastpath.weights import Fp8Linear
+    from glm5_fastpath.bench.gemm_inputs import random_fp8_act, random_fp8_linear
     g = torch.Generator(device=dev).manual_seed(seed)
 
     def lin(n, k):
-        w = (torch.randn(n, k, device=dev, generator=g) * 0.05).to(FP8)
-        return Fp8Linear(F.kblock_major(w) if kb else w, torch.rand(-(-n // 128), k // 128, device=dev, generator=g) + 0.5)
-
-    def act(k):
-        return torch.randn(m, k, device=dev, generator=g).to(FP8), torch.rand(m, k // 128, device=dev, generator=g) + 0.5
-    return lin(2624, 6144), act(6144), lin(4096, 2048), act(2048)
+        r = random_fp8_linear(n, k, g, dev)
+        return dataclasses.replace(r, weight=F.kblock_major(r.weight)) if kb else r
+    return lin(2624, 6144), random_fp8_act(m, 6144, g, dev), lin(4096, 2048), random_fp8_act(m, 2048, g, dev)
 
 
 @pytest.mark.gpu
