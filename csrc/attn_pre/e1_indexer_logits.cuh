@@ -39,6 +39,11 @@
 // r), reduces over the 8 lanes of equal t (xor 4, 8, 16), and lanes g == 0 write
 // s_k * sum into a shared logits buffer. The tile's output columns are then written coalesced.
 //
+// kPackedQ: keep q (and each cache row) in registers as raw e4m3 words (kChunks x 4 words per row
+// instead of kWords f16 pairs: 32 instead of 64 q registers at 32 heads x 128 dims) and convert each MMA
+// step's fragments when they are used (q's conversions repeat per n-tile). The conversion is exact, so the
+// logits are bitwise the same; the MegaRTP megakernel uses it to fit its 168-register budget.
+//
 // PDL split (the launcher's business, see e1_indexer_logits.cu): prologue() reads only the
 // block table (and may prefetch the first pages into L2); run() reads q, head_w and the cache,
 // which are all the preceding kernels' outputs, so it must come after griddep_wait().
@@ -66,7 +71,8 @@ struct E1TileArgs {
     int32_t t_end;               // one past the last output column; t_end - t0 <= kMaxPages * 64
 };
 
-template <int kHeads, int kDim, int kStages, int kMaxPages, int kThreads = 128, int kBarrierId = 0>
+template <int kHeads, int kDim, int kStages, int kMaxPages, int kThreads = 128, int kBarrierId = 0,
+          bool kPackedQ = false>
 struct E1IndexerLogitsTile {
     static constexpr int kPageTokens = 64;
     static constexpr int kKBytes = kPageTokens * kDim;
@@ -78,6 +84,7 @@ struct E1IndexerLogitsTile {
     static constexpr int kRows = 2 * kMTiles;  // q rows (heads g + 8r) per lane
     static constexpr int kChunks = kDim / 64;  // 16-byte chunks per lane per row
     static constexpr int kWords = kChunks * 8;  // f16 pairs per lane per row
+    static constexpr int kQWords = kPackedQ ? kChunks * 4 : kWords;  // q registers per lane per row
     static constexpr int kSteps = kDim / 16;    // m16n8k16 steps over the head dim
     static constexpr int kMaxTokens = kMaxPages * kPageTokens;
 
@@ -211,20 +218,30 @@ struct E1IndexerLogitsTile {
         const int g = lane >> 2;
         const int t4 = lane & 3;
 
-        // q as f16x2 A-fragments and the head weights, once per tile (zero rows past kHeads).
-        uint32_t qf[kRows][kWords];
+        // q as f16x2 A-fragments (kPackedQ: raw e4m3 words) and the head weights, once per tile (zero rows
+        // past kHeads).
+        uint32_t qf[kRows][kQWords];
         float w[kRows];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             const int head = g + 8 * r;
             if (head < kHeads) {
 #pragma unroll
-                for (int c = 0; c < kChunks; ++c)
-                    unpack16(ptx::ld_global_v4(a.q + head * kDim + c * 64 + t4 * 16), &qf[r][c * 8]);
+                for (int c = 0; c < kChunks; ++c) {
+                    const ptx::u32x4 v = ptx::ld_global_v4(a.q + head * kDim + c * 64 + t4 * 16);
+                    if constexpr (kPackedQ) {
+                        qf[r][c * 4 + 0] = v.x;
+                        qf[r][c * 4 + 1] = v.y;
+                        qf[r][c * 4 + 2] = v.z;
+                        qf[r][c * 4 + 3] = v.w;
+                    } else {
+                        unpack16(v, &qf[r][c * 8]);
+                    }
+                }
                 w[r] = ld_coherent_f32(a.head_w + head);
             } else {
 #pragma unroll
-                for (int k = 0; k < kWords; ++k) qf[r][k] = 0u;
+                for (int k = 0; k < kQWords; ++k) qf[r][k] = 0u;
                 w[r] = 0.0f;
             }
         }
@@ -247,16 +264,46 @@ struct E1IndexerLogitsTile {
     }
 
     // This warp's kTokPerWarp tokens of one page in shared memory -> out[token] (page-relative).
-    static GLM5_DEVICE void page_logits(const uint8_t* stage, const uint32_t (&qf)[kRows][kWords], const float (&w)[kRows],
+    // A-fragment pair p (0..kWords) of q row r: unpacked, or converted from the packed word p / 2
+    // (pairs 2k, 2k + 1 are the low / high half of word k, the byte order unpack16 keeps).
+    static GLM5_DEVICE uint32_t q_pair(const uint32_t (&qf)[kRows][kQWords], int r, int p) {
+        if constexpr (kPackedQ) {
+            const uint32_t word = qf[r][p >> 1];
+            return ptx::e4m3x2_to_f16x2(static_cast<uint16_t>((p & 1) ? (word >> 16) : (word & 0xffffu)));
+        } else {
+            return qf[r][p];
+        }
+    }
+
+    template <int kN>
+    static GLM5_DEVICE uint32_t k_pair(const uint32_t (&kf)[kN], int p) {
+        if constexpr (kPackedQ) {
+            return ptx::e4m3x2_to_f16x2(static_cast<uint16_t>((p & 1) ? (kf[p >> 1] >> 16) : (kf[p >> 1] & 0xffffu)));
+        } else {
+            return kf[p];
+        }
+    }
+
+    static GLM5_DEVICE void page_logits(const uint8_t* stage, const uint32_t (&qf)[kRows][kQWords], const float (&w)[kRows],
                                         float* out, int warp, int g, int t4) {
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) {
             const int tok_base = warp * kTokPerWarp + j * 8;
             const uint8_t* row = stage + (tok_base + g) * kDim + t4 * 16;
-            uint32_t kf[kWords];
+            // the cache row's B fragments (kPackedQ: raw words, converted at the step like q)
+            uint32_t kf[kPackedQ ? kChunks * 4 : kWords];
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c)
-                unpack16(*reinterpret_cast<const ptx::u32x4*>(row + c * 64), &kf[c * 8]);
+            for (int c = 0; c < kChunks; ++c) {
+                const ptx::u32x4 v = *reinterpret_cast<const ptx::u32x4*>(row + c * 64);
+                if constexpr (kPackedQ) {
+                    kf[c * 4 + 0] = v.x;
+                    kf[c * 4 + 1] = v.y;
+                    kf[c * 4 + 2] = v.z;
+                    kf[c * 4 + 3] = v.w;
+                } else {
+                    unpack16(v, &kf[c * 8]);
+                }
+            }
 
             float acc[kMTiles][4];
 #pragma unroll
@@ -265,8 +312,9 @@ struct E1IndexerLogitsTile {
             for (int s = 0; s < kSteps; ++s) {
 #pragma unroll
                 for (int mt = 0; mt < kMTiles; ++mt)
-                    ptx::mma_m16n8k16_f16_f32(acc[mt], qf[2 * mt][2 * s], qf[2 * mt + 1][2 * s], qf[2 * mt][2 * s + 1],
-                                              qf[2 * mt + 1][2 * s + 1], kf[2 * s], kf[2 * s + 1]);
+                    ptx::mma_m16n8k16_f16_f32(acc[mt], q_pair(qf, 2 * mt, 2 * s), q_pair(qf, 2 * mt + 1, 2 * s),
+                                              q_pair(qf, 2 * mt, 2 * s + 1), q_pair(qf, 2 * mt + 1, 2 * s + 1),
+                                              k_pair(kf, 2 * s), k_pair(kf, 2 * s + 1));
             }
 
             // acc[mt][0..1]: head g + 16mt (= row 2mt), tokens 2t4, 2t4+1; acc[mt][2..3]: head g + 8 + 16mt.

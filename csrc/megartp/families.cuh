@@ -24,7 +24,13 @@
 //   standalone mainloops do; that API was being reworked while this was written: finish_group().)
 // The partials run SkinnyGemmTile::mainloop, which calls __syncthreads() once per K group: the
 // controller warp joins those barriers (gemm_joins(); a CPU test trips when the tile code changes).
-// Not in v1 (their tile code is being rewritten): A0, C0, E1, E2; D0 (its per-head N tiles start at
+//   E1  E1IndexerLogitsTile with the 256 workers (8 warps, one 8-token n-tile per warp per page), q held
+//       packed (e4m3, converted per MMA step: the unpacked f16 q would not fit the 168-register budget):
+//       one tile per token row of the instruction's Q block over its KV window [kv0, kv1) (pages
+//       bulk-copied into a kE1Stages ring); block-table reads before the event wait. Per token the same
+//       MMA order and head reduction as the standalone kernel (any warp count), so its logits are
+//       bitwise equal.
+// Not in v1 (their tile code is being rewritten): A0, C0, E2; D0 (its per-head N tiles start at
 // multiples of 192 rows, but the GEMM tile covers 128-row weight-scale blocks).
 #pragma once
 
@@ -33,6 +39,7 @@
 #include "../attn_pre/fp8_gemm_skinny.cuh"
 #include "../attn_pre/d2_absorb_kv_store.cuh"
 #include "../attn_pre/b0_row_norms.cuh"
+#include "../attn_pre/e1_indexer_logits.cuh"
 
 namespace glm5 {
 namespace megartp {
@@ -40,12 +47,14 @@ namespace megartp {
 namespace sk = ::glm5::attn_pre::skinny;
 
 // Compile-time model dims (the kernel is compiled per config: megakernel.cu defines).
-template <int kQ_, int kKV_, int kR_, int kNope_>
+template <int kQ_, int kKV_, int kR_, int kNope_, int kIdxHeads_, int kIdxDim_>
 struct Dims {
     static constexpr int kQ = kQ_;        // q_lora_rank
     static constexpr int kKV = kKV_;      // kv_lora_rank
     static constexpr int kR = kR_;        // qk_rope_head_dim
     static constexpr int kNope = kNope_;  // qk_nope_head_dim
+    static constexpr int kIdxHeads = kIdxHeads_;  // index_n_heads (E1's q tile)
+    static constexpr int kIdxDim = kIdxDim_;      // index_head_dim (E1's page rows)
     static constexpr int kQkv = kQ + kKV + kR;
 };
 
@@ -60,6 +69,7 @@ enum TileCheck : int32_t {
     kChkReduce = 7,       // reduce counter / target out of range
     kChkHeadDim = 8,      // D1 needs index_head_dim == 128
     kChkD2Tile = 9,       // D2: head / latent tile out of range
+    kChkE1Tile = 10,      // E1: rows / KV window (kv0 on a page, live tokens <= the window, heads / dim)
 };
 
 // ---- split-K GEMM partial (B0, B1, D1) ------------------------------------------------------------
@@ -524,6 +534,58 @@ struct D2Family {
                                   c.template operand<uint16_t>(sl::q_lat) + tok_off * D::kKV, rows, heads};
         if (rows <= kSmallRows) Tile1::run(smem, dp, head, ntile, c.tid);
         else Tile2::run(smem, dp, head, ntile, c.tid);
+        return true;
+    }
+};
+
+// ---- E1: paged FP8 indexer logits of a Q block's rows over one KV window ----------------------------------
+
+// KV window per instruction: the graph's E1 split (prefix_graph.TileParams.e1_kv_split = 512 tokens = 8
+// pages; device.py E1_MAX_PAGES). A last split's window runs to max_ctx, but only its live tokens
+// (< seq_len, at most 8 pages past kv0) are read; the rest of the row is written -inf.
+constexpr int kE1Stages = 4;    // pages in flight (ops/e1_indexer_logits.py STAGES)
+constexpr int kE1MaxPages = 8;  // live pages per window
+
+template <class D>
+struct E1Family {
+    using Tile = attn_pre::E1IndexerLogitsTile<D::kIdxHeads, D::kIdxDim, kE1Stages, kE1MaxPages, kWorkerThreads, kBarE1,
+                                               /*kPackedQ=*/true>;
+    static constexpr int kSmemBytes = Tile::kSmemBytes;
+
+    template <bool kTrace>
+    static GLM5_DEVICE bool run(const Ctx<kTrace>& c, uint8_t* smem) {
+        namespace sl = isa::E1::slot;
+        namespace pl = isa::E1::payload;
+        const int q0 = c.ins.w[pl::q0], q1 = c.ins.w[pl::q1], kv0 = c.ins.w[pl::kv0], kv1 = c.ins.w[pl::kv1];
+        const MegaParams& p = c.p;
+        if (!(0 <= q0 && q0 < q1 && q1 <= p.num_tokens)) return c.fail(kErrUnsupportedTile, kChkRows);
+        const int32_t* seq_lens = c.template operand<const int32_t>(sl::seq_lens);
+        // Live tokens of a row: seq_len clamped to [0, min(max_ctx, block-table capacity)] (host-checked to fit int32).
+        const int cap = min(p.max_ctx, p.bt_width * Tile::kPageTokens);
+        // Uniform checks (every worker reads the same words): the window and each row's live tokens.
+        bool ok = p.idx_heads == D::kIdxHeads && p.idx_dim == D::kIdxDim && kv0 >= 0 && kv0 % Tile::kPageTokens == 0 &&
+                  kv1 > kv0 && kv1 <= p.max_ctx && p.bt_width >= 1;
+        for (int m = q0; ok && m < q1; ++m) ok = min(max(seq_lens[m], 0), min(cap, kv1)) - kv0 <= Tile::kMaxTokens;
+        if (!ok) return c.fail(kErrUnsupportedTile, kChkE1Tile);
+        if (!check_smem(c, kSmemBytes)) return c.fail(kErrSmemTooSmall, kSmemBytes);
+        for (int m = q0; m < q1; ++m) {
+            attn_pre::E1TileArgs a;
+            a.q = c.template operand<const uint8_t>(sl::index_q_fp8) + static_cast<int64_t>(m) * (D::kIdxHeads * D::kIdxDim);
+            a.head_w = c.template operand<const float>(sl::head_w) + static_cast<int64_t>(m) * D::kIdxHeads;
+            a.cache = c.template operand<const uint8_t>(sl::index_k_cache_written);
+            a.block_table = c.template operand<const int32_t>(sl::block_table) + static_cast<int64_t>(m) * p.bt_width;
+            a.logits = c.template operand<float>(sl::logits) + static_cast<int64_t>(m) * p.max_ctx;
+            a.num_pages = p.idx_cache_pages;
+            a.seq_len = min(max(seq_lens[m], 0), cap);
+            a.t0 = kv0;
+            a.t_end = kv1;
+            // seq_lens / block_table are step inputs (no producer): read before the wait; q, head_w (D1)
+            // and the cache (B1) after it.
+            Tile::prologue(a, smem, c.tid, /*l2_prefetch=*/false);
+            if (m == q0 && !c.wait_inputs()) return false;
+            Tile::run(a, smem, c.tid);
+            worker_sync<kBarWorkers>();  // the ring, ids and logits buffer are reused by the next row
+        }
         return true;
     }
 };

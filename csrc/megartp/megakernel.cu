@@ -4,6 +4,8 @@
 //   GLM5_MRTP_KV     kv_lora_rank      (512, 128)
 //   GLM5_MRTP_R      qk_rope_head_dim  (64, 32)
 //   GLM5_MRTP_NOPE   qk_nope_head_dim  (192, 64)
+//   GLM5_MRTP_IH     index_n_heads     (32, 4)
+//   GLM5_MRTP_ID     index_head_dim    (128, 64)
 //   GLM5_MRTP_TRACE  1: record fetched / inputs-ready / done per instruction (%globaltimer)
 // Launch: grid (num_queues) <= SMs (one resident CTA per SM: every queue must make progress),
 // block (288) = 8 worker warps + 1 controller warp, dynamic shared memory = the largest family
@@ -22,11 +24,17 @@
 #ifndef GLM5_MRTP_NOPE
 #define GLM5_MRTP_NOPE 192
 #endif
+#ifndef GLM5_MRTP_IH
+#define GLM5_MRTP_IH 32
+#endif
+#ifndef GLM5_MRTP_ID
+#define GLM5_MRTP_ID 128
+#endif
 #ifndef GLM5_MRTP_TRACE
 #define GLM5_MRTP_TRACE 0
 #endif
 
-using MegaDims = glm5::megartp::Dims<GLM5_MRTP_Q, GLM5_MRTP_KV, GLM5_MRTP_R, GLM5_MRTP_NOPE>;
+using MegaDims = glm5::megartp::Dims<GLM5_MRTP_Q, GLM5_MRTP_KV, GLM5_MRTP_R, GLM5_MRTP_NOPE, GLM5_MRTP_IH, GLM5_MRTP_ID>;
 
 extern "C" __global__ void __launch_bounds__(glm5::megartp::kThreads, 1)
 glm5_megartp(const __grid_constant__ glm5::megartp::MegaParams p) {

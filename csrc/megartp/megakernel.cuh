@@ -48,6 +48,7 @@ GLM5_DEVICE bool dispatch(const Ctx<kTrace>& c, uint8_t* smem) {
         case isa::Opcode::B1: return B1Family<D>::run(c, smem);
         case isa::Opcode::D1: return D1Family<D>::run(c, smem);
         case isa::Opcode::D2: return D2Family<D>::run(c, smem);
+        case isa::Opcode::E1: return E1Family<D>::run(c, smem);
         default: return c.fail(kErrUnsupportedOpcode, c.ins.w[isa::kOpcode]);
     }
 }

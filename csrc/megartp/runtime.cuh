@@ -49,6 +49,7 @@ enum : int {
     kBarWorkers = 2,         // this runtime: the 256 workers
     kBarD2 = 3,              // D2AbsorbTile's K-block barrier
     kBarB0Rows = 4,          // B0RowNormsTile's row-sum barrier
+    kBarE1 = 5,              // E1IndexerLogitsTile's page barrier
 };
 
 // Kernel parameters. ABI of glm5_fastpath/attn_pre/megartp/device.py (_Params): 8-byte fields
@@ -79,9 +80,12 @@ struct MegaParams {
     float rms_eps;                 // B0 q_a / kv_a RMSNorm
     float k_norm_eps;              // B1 LayerNorm
     float head_w_scale;            // D1: fp32(index_n_heads^-0.5 * index_head_dim^-0.5)
+    int32_t max_ctx;               // E1: logits row stride (columns per token row)
+    int64_t idx_cache_pages;       // E1: pages of the index-K cache (ids outside [0, pages) are never read)
+    int32_t bt_width;              // E1: block-table row width (pages per row; rows are contiguous)
     int32_t pad_;
 };
-static_assert(sizeof(MegaParams) == 152, "MegaParams ABI (device.py _Params) changed");
+static_assert(sizeof(MegaParams) == 168, "MegaParams ABI (device.py _Params) changed");
 
 constexpr int kStateWords = 4;  // [0] last completed epoch, [1] CTAs exited (monotone), [2..3] unused
 

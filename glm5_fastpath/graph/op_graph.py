@@ -287,11 +287,14 @@ class OpGraph:
     # -- variants and tiles ---------------------------------------------------------------------------------
     def without(self, drop: Iterable[str], retype: Mapping[str, str] | None = None, name: str | None = None) -> "OpGraph":
         """A copy without the ops in `drop` and the tensors only they used; `retype` changes tensor kinds
-        (e.g. a tensor no longer produced becomes a caller-supplied input)."""
+        (e.g. a tensor no longer produced becomes a caller-supplied input). A retyped in-place cache version
+        (e.g. index_k_cache_written once B1 is dropped) stops being a version: the caller supplies it."""
         drop = set(drop)
+        retype = dict(retype or {})
         ops = [o for o in self.ops.values() if o.name not in drop]
-        used = {t for o in ops for t in o.inputs + o.outputs} | set(retype or {})
-        tensors = [replace(t, kind=(retype or {}).get(t.name, t.kind)) for t in self.tensors.values() if t.name in used]
+        used = {t for o in ops for t in o.inputs + o.outputs} | set(retype)
+        tensors = [replace(t, kind=retype[t.name], inplace_of=None) if t.name in retype else t
+                   for t in self.tensors.values() if t.name in used]
         return OpGraph(ops, tensors, name or self.name)
 
     def tiles(self, ctx: ShapeContext) -> dict[str, list[Tile]]:

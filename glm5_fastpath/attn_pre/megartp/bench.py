@@ -6,7 +6,7 @@
   and of the timed plan's queue length: kernel launch, CTA setup, instruction fetch / publish / release
   and exit, per launch (issue #5 target: <= 3 us);
 - plan time: the megakernel v1 runs only some families (device.SUPPORTED_FAMILIES), so the plan timed is
-  the prefix graph's supported subgraph (device.supported_subgraph: today B0, B1, D1, D2 with x_fp8,
+  the prefix graph's supported subgraph (device.supported_subgraph: today B0, B1, D1, D2, E1 with x_fp8,
   x_scale, w_raw, q_nope as inputs computed by the reference), M independent sequences of kv_len.
 Timing: bench.timing.time_launches: `launches` megakernel launches captured in one CUDA graph (epoch taken
 from device memory, so replays stay correct), replayed `replays` times; median per launch. The weights are
@@ -37,7 +37,8 @@ def _log(msg: str) -> None:
 def reference_env(cfg: Glm5Config, graph: OpGraph, ctx: ShapeContext, *, seed: int = 0, device: Any = "cuda"
                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(env, ref): `env` = the external tensors `graph` needs (a subgraph's inputs computed by the reference
-    prefix, caches as they were before the step); `ref` = every tensor of the reference prefix's step
+    prefix; a cache the graph writes as it was before the step, one it only reads as the reference left it);
+    `ref` = every tensor of the reference prefix's step
     (caches after the step under ref["kv_cache"], ref["index_k_cache"])."""
     from ...graph import build_prefix_graph, prefix_env, run_eager
     from ...testing.decode_step import make_decode_step
@@ -52,13 +53,20 @@ def reference_env(cfg: Glm5Config, graph: OpGraph, ctx: ShapeContext, *, seed: i
     ref = run_eager(full, base)
     env = {}
     for t in graph.external_tensors():
-        if t == "kv_cache":
-            env[t] = s.kv_cache.clone()
-        elif t == "index_k_cache":
-            env[t] = s.index_k_cache.clone()
+        before = {"kv_cache": s.kv_cache, "index_k_cache": s.index_k_cache}.get(t)
+        if before is not None and _writes(graph, t):
+            env[t] = before.clone()  # the graph writes this cache in the step: start from the old one
+        elif graph.tensors[t].kind == "cache":
+            # a cache the step only reads (E1 without B1 reads index_k_cache_written): as the reference left it
+            env[t] = ref[t].clone()
         else:
             env[t] = ref[t]
     return env, ref
+
+
+def _writes(graph: OpGraph, cache: str) -> bool:
+    """Does an op of `graph` write `cache` in place (an output aliasing it)?"""
+    return any(graph.tensors[o].inplace_of == cache for op in graph.ops.values() for o in op.outputs)
 
 
 def bind_tensors(plan: Any, env: dict[str, torch.Tensor], device: Any) -> dict[str, torch.Tensor]:

@@ -48,17 +48,19 @@ SOURCE = "megartp/megakernel.cu"
 FUNCTION = "glm5_megartp"
 THREADS = 288  # 8 worker warps + the controller warp
 WORKER_THREADS = 256
-SUPPORTED_FAMILIES = ("B0", "B1", "D1", "D2")  # csrc/megartp/megakernel.cuh dispatch()
+SUPPORTED_FAMILIES = ("B0", "B1", "D1", "D2", "E1")  # csrc/megartp/megakernel.cuh dispatch()
 UNSUPPORTED_WHY = {
     "A0": "no megakernel adapter yet for csrc/attn_pre/a0_add_rmsnorm_quant.cuh (cluster / own launch shape); not in megakernel v1",
     "C0": "no megakernel adapter yet for csrc/attn_pre/c0_head_gate.cuh (cluster / own launch shape); not in megakernel v1",
-    "E1": "no megakernel adapter yet for csrc/attn_pre/e1_indexer_logits.cuh (cluster / own launch shape); not in megakernel v1",
     "E2": "no megakernel adapter yet for csrc/attn_pre/e2_topk.cuh (cluster / own launch shape); not in megakernel v1",
     "D0": "the plan's per-head N tiles start at multiples of qk_head_dim (192) rows, the GEMM tile covers "
           "128-row weight-scale blocks (needs 128-aligned D0 tiles in graph/prefix_graph.py)",
 }
 GEMM_TOKEN_BLOCK = 16  # families.cuh Gemm = GemmCfg<16, 6>
 GEMM_STAGES = 6
+E1_STAGES = 4     # families.cuh kE1Stages: index-K pages in flight per worker group
+E1_MAX_PAGES = 8  # families.cuh kE1MaxPages: live pages per KV window (the graph's e1_kv_split / 64)
+E1_PAGE = 64      # tokens per index-K cache page
 ERROR_WORDS = 16
 TRACE_WORDS = 4
 STATE_WORDS = 4
@@ -96,7 +98,9 @@ UNSUPPORTED_DETAIL = {1: "rows: need 0 <= m0 < m1 <= M", 2: f"m0 not a multiple 
                       3: "n range: n0 on a 128-row block, n1 - n0 <= 128, n1 <= N, N even",
                       4: "k range: k0, k1 on 128-column groups inside [0, K]", 5: "k_split outside the group's splits",
                       6: "reduce group region is not what the epilogue covers", 7: "reduce counter / target out of range",
-                      8: "D1 needs index_head_dim == 128", 9: "D2 head / latent tile out of range"}
+                      8: "D1 needs index_head_dim == 128", 9: "D2 head / latent tile out of range",
+                      10: f"E1: rows / KV window (kv0 on a {E1_PAGE}-token page, kv1 <= max_ctx, at most "
+                          f"{E1_MAX_PAGES} live pages past kv0, indexer heads / dim of the build)"}
 _FIELDS = ("kind", "queue", "pos", "opcode", "event", "threshold", "target", "observed", "epoch", "tile",
            "operand_row", "role", "smid", "detail", "cycles", "claim")
 
@@ -178,17 +182,21 @@ class KernelDims:
     kv_lora: int
     rope: int
     nope: int
+    idx_heads: int
+    idx_dim: int
 
     @classmethod
     def of(cls, cfg: Glm5Config) -> "KernelDims":
-        return cls(cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim)
+        return cls(cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.index_n_heads,
+                   cfg.index_head_dim)
 
 
 @functools.lru_cache(maxsize=None)
 def _spec(dims: KernelDims, trace: bool) -> KernelSpec:
     return KernelSpec(FUNCTION, source=SOURCE, defines=(
         ("GLM5_MRTP_Q", str(dims.q_lora)), ("GLM5_MRTP_KV", str(dims.kv_lora)), ("GLM5_MRTP_R", str(dims.rope)),
-        ("GLM5_MRTP_NOPE", str(dims.nope)), ("GLM5_MRTP_TRACE", "1" if trace else "0")))
+        ("GLM5_MRTP_NOPE", str(dims.nope)), ("GLM5_MRTP_IH", str(dims.idx_heads)), ("GLM5_MRTP_ID", str(dims.idx_dim)),
+        ("GLM5_MRTP_TRACE", "1" if trace else "0")))
 
 
 def kernel_spec(cfg: Glm5Config, trace: bool = False) -> KernelSpec:
@@ -236,6 +244,15 @@ def d2_smem_bytes(nope: int, mt: int, nt: int = 4) -> int:
     return nope * 128 * 2 + 8 * (nt * 8) * (mt * 32 + 16)
 
 
+def e1_smem_bytes(idx_dim: int) -> int:
+    """E1IndexerLogitsTile<heads, idx_dim, E1_STAGES, E1_MAX_PAGES>::kSmemBytes (page ring, logits window,
+    page ids, mbarriers)."""
+    page = E1_PAGE * (idx_dim + 4)
+    ids_off = E1_STAGES * page + E1_MAX_PAGES * E1_PAGE * 4
+    bars_off = (ids_off + E1_MAX_PAGES * 4 + 7) // 8 * 8
+    return bars_off + E1_STAGES * 8
+
+
 def dynamic_smem_bytes(cfg: Glm5Config, plan: Any = None) -> int:
     """Dynamic shared memory of a launch: the largest family the plan uses (every family when plan is None).
     v1 gives each instruction all of it (no page map)."""
@@ -243,6 +260,8 @@ def dynamic_smem_bytes(cfg: Glm5Config, plan: Any = None) -> int:
     need = 0
     if "D2" in fams:
         need = max(need, d2_smem_bytes(cfg.qk_nope_head_dim, 2))
+    if "E1" in fams:
+        need = max(need, e1_smem_bytes(cfg.index_head_dim))
     gmax = max(_max_k_groups(plan) if plan is not None else cfg.hidden_size // 128, 1)
     for f in sorted(fams & set(FAMILY_EPI)):
         need = max(need, skinny_smem_bytes(GEMM_TOKEN_BLOCK, GEMM_STAGES, gmax, FAMILY_EPI[f]))
@@ -366,6 +385,9 @@ def family_support_errors(plan: Any, cfg: Glm5Config | None) -> list[str]:
                          or cfg.qk_rope_head_dim % 2 or cfg.qk_rope_head_dim > 64):
         errs.append(f"D2: dims nope={cfg.qk_nope_head_dim}, kv_lora={cfg.kv_lora_rank}, rope={cfg.qk_rope_head_dim} "
                     "outside the D2 tile's limits (nope % 32, <= 256; kv_lora % 128; rope even <= 64)")
+    if "E1" in fams and (cfg.index_n_heads > 32 or cfg.index_head_dim % 64):
+        errs.append(f"E1: {cfg.index_n_heads} indexer heads x {cfg.index_head_dim} dims outside the tile's limits "
+                    "(<= 32 heads in registers, head dim a multiple of 64)")
     for name in ("positions", "out_cache_loc"):
         if name in g.tensors and g.tensors[name].dtype != torch.int64:
             errs.append(f"{name} must be int64 (the families read 8-byte indices), the graph says {g.tensors[name].dtype}")
@@ -389,11 +411,25 @@ def family_support_errors(plan: Any, cfg: Glm5Config | None) -> list[str]:
                 why = f"D1 group [{p['g0']},{p['g1']}) is not the tile's head"
         elif f.name == "D2" and (p["n0"] % 128 or p["n1"] - p["n0"] != 128):
             why = f"latent columns [{p['n0']},{p['n1']}) are not one 128-column tile"
+        elif f.name == "E1":
+            why = _e1_tile_problem(p, plan.taskgraph.ctx)
         if why is not None:
             bad.setdefault(f.name, []).append(f"queue {q} slot {i} tile {ins.tile_index}: {why}")
     for name, lines in bad.items():
         errs.append(f"{name}: {len(lines)} tiles the family cannot run, e.g. " + "; ".join(lines[:3]))
     return errs
+
+
+def _e1_tile_problem(p: Mapping[str, int], ctx: ShapeContext) -> str | None:
+    """Why the E1 family cannot run this payload (the device checks the same with the bound seq_lens)."""
+    kv0, kv1 = p["kv0"], p["kv1"]
+    if kv0 % E1_PAGE or kv1 <= kv0:
+        return f"KV window [{kv0},{kv1}) does not start a {E1_PAGE}-token page"
+    lens = ctx.seq_lens[p["q0"]:p["q1"]]
+    live = max([min(int(n), kv1) - kv0 for n in lens] + [0])
+    if live > E1_MAX_PAGES * E1_PAGE:
+        return f"{live} live KV tokens past {kv0}: the family reads at most {E1_MAX_PAGES} pages per window"
+    return None
 
 
 def check_plan_supported(plan: Any, cfg: Glm5Config | None) -> None:
@@ -415,11 +451,12 @@ class _Params(ctypes.Structure):
         ("num_ops", ctypes.c_int32), ("num_counters", ctypes.c_int32), ("num_tokens", ctypes.c_int32),
         ("hidden", ctypes.c_int32), ("num_heads", ctypes.c_int32), ("idx_heads", ctypes.c_int32),
         ("idx_dim", ctypes.c_int32), ("rms_eps", ctypes.c_float), ("k_norm_eps", ctypes.c_float),
-        ("head_w_scale", ctypes.c_float), ("pad_", ctypes.c_int32),
+        ("head_w_scale", ctypes.c_float), ("max_ctx", ctypes.c_int32), ("idx_cache_pages", ctypes.c_int64),
+        ("bt_width", ctypes.c_int32), ("pad_", ctypes.c_int32),
     ]
 
 
-PARAMS_BYTES = 152  # static_assert(sizeof(MegaParams) == 152) in runtime.cuh
+PARAMS_BYTES = 168  # static_assert(sizeof(MegaParams) == 168) in runtime.cuh
 assert ctypes.sizeof(_Params) == PARAMS_BYTES, ctypes.sizeof(_Params)
 
 
@@ -484,6 +521,7 @@ class PlanRunner:
         self.budget_cycles = int(wait_budget_ms * 1e-3 * _sm_clock_hz(dev.index))
         self.bound: dict[str, torch.Tensor] = {}
         self._kv_slots = 0
+        self._e1_dims = (0, 0, 0)  # (max_ctx, block-table width, index-K cache pages) of the bound operands
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self._kernel = None
 
@@ -499,6 +537,10 @@ class PlanRunner:
         self.bound = dict(tensors)
         kv = tensors.get("kv_cache")
         self._kv_slots = int(kv.shape[0]) if isinstance(kv, torch.Tensor) else 0
+        lg, bt = tensors.get("logits"), tensors.get("block_table")
+        ik = tensors.get("index_k_cache", tensors.get("index_k_cache_written"))
+        self._e1_dims = tuple(int(t.shape[i]) if isinstance(t, torch.Tensor) and t.dim() == 2 else 0
+                              for t, i in ((lg, 1), (bt, 1), (ik, 0)))
         return self
 
     def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -526,6 +568,7 @@ class PlanRunner:
         p.idx_heads, p.idx_dim = c.index_n_heads, c.index_head_dim
         p.rms_eps, p.k_norm_eps = _fp32(c.rms_norm_eps), _fp32(INDEXER_K_NORM_EPS)
         p.head_w_scale = _fp32(c.index_weight_scale)
+        p.max_ctx, p.bt_width, p.idx_cache_pages = self._e1_dims
         return p
 
     def kernel(self):
@@ -666,8 +709,11 @@ def keep_only(graph: OpGraph, ops: Sequence[str], name: str | None = None) -> Op
     if unknown or not keep:
         raise MegaRtpError(f"keep_only({graph.name}): ops {unknown or list(ops)} are not in the graph ({list(graph.ops)})")
     drop = [o for o in graph.ops if o not in keep]
-    retype = {t: "input" for o in drop for t in graph.ops[o].outputs
-              if graph.tensors[t].inplace_of is None and any(t in graph.ops[k].inputs for k in keep)}
+    read = lambda t: any(t in graph.ops[k].inputs for k in keep)  # noqa: E731
+    retype = {t: "input" for o in drop for t in graph.ops[o].outputs if graph.tensors[t].inplace_of is None and read(t)}
+    # an in-place cache version whose writer is dropped (index_k_cache_written for E1 without B1): the caller's cache
+    retype.update({t: "cache" for o in drop for t in graph.ops[o].outputs
+                   if graph.tensors[t].inplace_of is not None and read(t)})
     return graph.without(drop, retype=retype, name=name or f"{graph.name}[{'+'.join(keep)}]").validate()
 
 

@@ -6,12 +6,12 @@ failure says where the problem is:
    counter at epochs x threshold; a trace build shows no instruction ready before its producers;
 3. failures: a wait nobody satisfies trips the bounded-wait guard (the host gets the record, the CUDA
    context survives and the next plan runs); a malformed instruction is refused on the device;
-4. families, each alone (its inputs computed by the reference): D2, B0, B1, D1 against the reference
-   (FP8 tolerances) and BITWISE against the standalone kernels with the same split-K (same math);
-5. the supported subgraph B0 + B1 + D1 + D2 with cross-SM events, several epochs (bitwise stable), the
+4. families, each alone (its inputs computed by the reference): D2, B0, B1, D1, E1 against the reference
+   (FP8 tolerances; E1's logits fp32) and BITWISE against the standalone kernels with the same split-K /
+   the same MMA order;
+5. the supported subgraph B0 + B1 + D1 + D2 + E1 with cross-SM events, several epochs (bitwise stable), the
    executor, a trace build (Chrome JSON + summary).
-The full prefix is not run: A0, C0, D0, E1, E2 have no family in the megakernel v1 (their refusal is
-checked).
+The full prefix is not run: A0, C0, D0, E2 have no family in the megakernel v1 (their refusal is checked).
 
     python -m pytest -q -s tests/attn_pre/megartp/test_megartp_device.py      (-s prints the framework cost)
 """
@@ -153,15 +153,15 @@ def test_malformed_instruction_is_refused_on_the_device():
 
 def test_full_prefix_plan_is_refused_with_the_missing_families():
     plan = build_plan(build_prefix_graph(SMALL), ShapeContext.shared_kv(4, 300), SMALL, num_sms=8)
-    with pytest.raises(D.MegaRtpUnsupported, match=r"A0 \(.*C0 \(.*D0 \(.*E1 \(.*E2 \("):
+    with pytest.raises(D.MegaRtpUnsupported, match=r"A0 \(.*C0 \(.*D0 \(.*E2 \("):
         D.PlanRunner(plan, SMALL, DEV)
 
 
 # ---- 4. families --------------------------------------------------------------------------------------------------
 
-def _family_run(cfg, ops, seq_lens, *, num_sms=None, seed=0, epochs=1):
+def _family_run(cfg, ops, seq_lens, *, num_sms=None, seed=0, epochs=1, ctx=None):
     g = D.keep_only(build_prefix_graph(cfg), ops)
-    ctx = ShapeContext.independent(seq_lens)
+    ctx = ctx or ShapeContext.independent(seq_lens)
     plan = validate(build_plan(g, ctx, cfg, num_sms=num_sms or sms()))
     env, ref = reference_env(cfg, g, ctx, seed=seed, device=DEV)
     before = {k: env[k].clone() for k in ("kv_cache", "index_k_cache") if k in env}  # caches before the step
@@ -276,16 +276,51 @@ def test_d1_family_glm5(m):
         assert_equal("megartp D1", t[n], want, context=f"{m=} {n} vs the standalone kernel")
 
 
+def _check_logits(op, out, ref, lens, context):
+    """Live columns (< seq_len) close to the reference (fp32: exact products, tensor-core sums), the rest -inf."""
+    width = out.shape[1]
+    cols = torch.arange(width, device=out.device)
+    live = cols.unsqueeze(0) < torch.tensor(lens, device=out.device).unsqueeze(1)
+    r = ref[:, :width] if ref.shape[1] >= width else torch.cat(
+        [ref, ref.new_full((ref.shape[0], width - ref.shape[1]), float("-inf"))], dim=1)
+    assert_close(op, out[live], r[live], kind="fp32", context=f"{context}: live logits vs reference")
+    assert bool(torch.isneginf(out[~live]).all()), f"{op} {context}: columns past seq_len must be -inf"
+
+
+@pytest.mark.parametrize("cfg", [SMALL, GLM5], ids=["small", "glm5"])
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+def test_e1_family(cfg, m):
+    from glm5_fastpath.ops import e1_indexer_logits
+    x = _family_run(cfg, ["E1"], LENS[m], num_sms=min(sms(), 48), epochs=2)
+    t, ref, e = x.t, x.ref, x.env
+    assert_no_poison("megartp E1", t["logits"], names=["logits"])
+    _check_logits("megartp E1", t["logits"], ref["logits"], LENS[m], f"{m=}")
+    want = e1_indexer_logits(e["index_q_fp8"], e["head_w"], e["index_k_cache_written"], e["seq_lens"],
+                             e["block_table"], cfg, max_ctx=t["logits"].shape[1])
+    torch.cuda.synchronize()
+    assert_equal("megartp E1", t["logits"], want, context=f"{m=} logits vs the standalone kernel (same MMA order)")
+
+
+@pytest.mark.parametrize("m", [3, 16])
+def test_e1_family_shared_kv_q_blocks(m):
+    """One sequence, M causal tokens: Q blocks of 4 rows per instruction (the adapter's row loop)."""
+    ctx = ShapeContext.shared_kv(m, 1100)
+    x = _family_run(GLM5, ["E1"], list(ctx.seq_lens), num_sms=min(sms(), 20), ctx=ctx)
+    assert max(b - a for a, b in ((i.named_payload()["q0"], i.named_payload()["q1"]) for _, _, i in D._decoded(x.plan))) > 1
+    assert_no_poison("megartp E1", x.t["logits"], names=["logits"])
+    _check_logits("megartp E1", x.t["logits"], x.ref["logits"], list(ctx.seq_lens), f"shared kv {m=}")
+
+
 # ---- 5. the supported subgraph ---------------------------------------------------------------------------------
 
 SUB_OUTPUTS = ["q_lora", "q_lora_fp8", "q_lora_scale", "c_kv", "k_pe", "index_k_fp8", "index_k_scale", "index_q_fp8",
-               "index_q_scale", "head_w", "q_lat"]
+               "index_q_scale", "head_w", "q_lat", "logits"]
 
 
 @pytest.mark.parametrize("num_sms", [None, 8], ids=["all-sms", "8-queues"])
 def test_subgraph_b0_b1_d1_d2_epochs(num_sms):
     g = D.supported_subgraph(build_prefix_graph(GLM5), GLM5)
-    assert list(g.ops) == ["B0", "B1", "D1", "D2"]
+    assert list(g.ops) == ["B0", "B1", "D1", "D2", "E1"]
     m = 16
     x = _family_run(GLM5, list(g.ops), LENS[m], num_sms=num_sms, seed=5)
     t, ref = x.t, x.ref
@@ -309,7 +344,7 @@ def test_subgraph_graph_replays_and_trace(tmp_path):
     tensors = bind_tensors(plan, env, DEV)
     r = D.run_plan(plan, tensors, 1, trace=True, cfg=GLM5)
     recs = r.trace_records()
-    assert {rec.op for rec in recs} - {"NOOP"} == {"B0", "B1", "D1", "D2"}  # queues are padded with NoOps
+    assert {rec.op for rec in recs} - {"NOOP"} == {"B0", "B1", "D1", "D2", "E1"}  # queues are padded with NoOps
     s = T.summarize(recs)
     T.write_chrome_trace(tmp_path / "subgraph.json", recs)
     print("\n" + T.format_summary(s))
@@ -338,9 +373,11 @@ def test_executor_runs_the_subgraph_and_refuses_the_full_prefix():
     w = random_layer(GLM5, GLM5.first_k_dense_replace, seed=7, device=DEV).attn
     ex = D.MegaRtpExecutor(GLM5, w, DEV, kv_cache=env["kv_cache"], index_k_cache=env["index_k_cache"], graph=g,
                            max_m=16, max_pages=32)
-    inputs = {k: env[k] for k in ("x_fp8", "x_scale", "w_raw", "q_nope", "positions", "out_cache_loc")}
+    inputs = {k: env[k] for k in ("x_fp8", "x_scale", "w_raw", "q_nope", "positions", "out_cache_loc", "seq_lens",
+                                  "block_table")}
     out = ex.run(ctx, **inputs)
     assert_close("megartp executor", out["q_lat"], ref["q_lat"], kind="bf16", context="q_lat")
+    _check_logits("megartp executor", out["logits"], ref["logits"], LENS[5], "logits (E1 after B1 / D1 in the plan)")
     first = {k: v.clone() for k, v in out.items()}
     out["q_lat"].fill_(float("nan"))
     out2 = ex.run(ctx, **inputs)  # second step: epoch 2 on the same plan and buffers

@@ -2,6 +2,8 @@
 decoding, hand-built plans, trace decoding / Chrome export / critical path. The C++ constants these
 depend on are parsed from csrc/megartp so a drift fails here, not on the GPU."""
 import ctypes
+import dataclasses
+import importlib
 import json
 import re
 from pathlib import Path
@@ -31,9 +33,10 @@ def _cpp(name: str) -> str:
 def test_kernel_spec_defines_follow_the_config():
     s = dict(D.kernel_spec(GLM5).defines)
     assert s == {"GLM5_MRTP_Q": "2048", "GLM5_MRTP_KV": "512", "GLM5_MRTP_R": "64", "GLM5_MRTP_NOPE": "192",
-                 "GLM5_MRTP_TRACE": "0"}
+                 "GLM5_MRTP_IH": "32", "GLM5_MRTP_ID": "128", "GLM5_MRTP_TRACE": "0"}
     t = dict(D.kernel_spec(SMALL, trace=True).defines)
     assert t["GLM5_MRTP_Q"] == "256" and t["GLM5_MRTP_NOPE"] == "64" and t["GLM5_MRTP_TRACE"] == "1"
+    assert (t["GLM5_MRTP_IH"], t["GLM5_MRTP_ID"]) == (str(SMALL.index_n_heads), str(SMALL.index_head_dim))
     assert D.kernel_spec(GLM5).source == D.SOURCE and D.kernel_spec(GLM5).functions == (D.FUNCTION,)
     assert len({s.defines for s in D.compile_check_specs()}) == 4
 
@@ -81,6 +84,15 @@ def test_smem_formulas_match_the_ops():
         assert D.d2_smem_bytes(nope, mt) == D2Config(nope, 512, 64, mt).smem_bytes
     assert D.dynamic_smem_bytes(GLM5) == max(D.skinny_smem_bytes(16, 6, 48, e) for e in (0, 3, 4))
     assert D.dynamic_smem_bytes(GLM5) <= 227 * 1024
+    E = importlib.import_module("glm5_fastpath.ops.e1_indexer_logits")  # the package re-exports a function of that name
+    fam = _cpp("families.cuh")
+    stages = int(re.search(r"kE1Stages = (\d+);", fam).group(1))
+    pages = int(re.search(r"kE1MaxPages = (\d+);", fam).group(1))
+    assert (stages, pages) == (D.E1_STAGES, D.E1_MAX_PAGES) and D.E1_STAGES == E.STAGES and D.E1_PAGE == E.PAGE
+    assert D.E1_MAX_PAGES * D.E1_PAGE == 512  # prefix_graph.TileParams.e1_kv_split
+    for dim in (64, 128):  # E1IndexerLogitsTile::kSmemBytes: ring, logits window, page ids, mbarriers
+        want = (D.E1_STAGES * E.page_bytes(dim) + D.E1_MAX_PAGES * 64 * 4 + D.E1_MAX_PAGES * 4 + 7) // 8 * 8 + D.E1_STAGES * 8
+        assert D.e1_smem_bytes(dim) == want, dim
 
 
 # ---- family support -----------------------------------------------------------------------------------------
@@ -90,25 +102,49 @@ def test_full_prefix_plan_is_refused_naming_the_missing_families():
     with pytest.raises(D.MegaRtpUnsupported) as e:
         D.check_plan_supported(plan, SMALL)
     msg = str(e.value)
-    for fam in ("A0", "C0", "D0", "E1", "E2"):
+    for fam in ("A0", "C0", "D0", "E2"):
         assert f"{fam} (" in msg
-    assert "B0 (" not in msg and "D2 (" not in msg
+    assert "B0 (" not in msg and "D2 (" not in msg and "E1 (" not in msg
     assert "index_head_dim == 128" in msg  # the small preset's D1 (64-wide heads)
 
 
 def test_supported_subgraph_plans_pass():
     g = D.supported_subgraph(build_prefix_graph(GLM5), GLM5)
-    assert list(g.ops) == ["B0", "B1", "D1", "D2"]
+    assert list(g.ops) == ["B0", "B1", "D1", "D2", "E1"]
     assert {"x_fp8", "x_scale", "w_raw", "q_nope"} <= set(g.external_tensors())
     plan = validate(build_plan(g, ShapeContext.independent([300, 301, 302]), GLM5, num_sms=132))
     assert D.family_support_errors(plan, GLM5) == []
     assert D.dynamic_smem_bytes(GLM5, plan) <= D.dynamic_smem_bytes(GLM5)
     small = D.supported_subgraph(build_prefix_graph(SMALL), SMALL)
-    assert list(small.ops) == ["B0", "B1", "D2"]  # D1 needs 128-wide indexer heads
+    assert list(small.ops) == ["B0", "B1", "D2", "E1"]  # D1 needs 128-wide indexer heads
     p = validate(build_plan(small, ShapeContext.independent([33] * 17), SMALL, num_sms=5))
     assert D.family_support_errors(p, SMALL) == []
     assert D.family_support_errors(p, None) == ["cfg (Glm5Config) is required for a plan with op families "
                                                 "(dims, eps, RoPE)"]
+
+
+def test_e1_windows_the_family_cannot_run_are_named():
+    g = D.keep_only(build_prefix_graph(GLM5), ["E1"])
+    ctx = ShapeContext.independent([40, 1000, 513])
+    plan = build_plan(g, ctx, GLM5, num_sms=6)
+    assert D.family_support_errors(plan, GLM5) == []
+    assert D.dynamic_smem_bytes(GLM5, plan) == D.e1_smem_bytes(128)
+    e1_op = int(Opcode.E1)
+    found = [(q, i, decode(plan.instructions[q, i])) for q in range(plan.instructions.shape[0])
+             for i in range(plan.instructions.shape[1]) if int(plan.instructions[q, i, 0]) == e1_op]
+    q, i, ins = next(x for x in found if x[2].named_payload()["kv0"] == 512)  # the 1000-token row's second split
+    for field_, value, why in (("kv0", 517, "does not start a 64-token page"), ("kv0", 0, "live KV tokens")):
+        pl = dict(ins.named_payload())
+        pl[field_] = value
+        good = plan.instructions
+        plan.instructions = good.clone()
+        plan.instructions[q, i] = torch.tensor(encode(dataclasses.replace(ins, payload=tuple(pl.values()))),
+                                               dtype=torch.int32)
+        try:
+            errs = D.family_support_errors(plan, GLM5)
+        finally:
+            plan.instructions = good
+        assert any("E1" in e and why in e for e in errs), (field_, errs)
 
 
 def test_bf16_indexer_k_graph_is_refused():

@@ -133,3 +133,20 @@ def test_interpreter_equals_eager_glm5_dims():
     plan = validate(build_plan(g, ctx, GLM5))
     for seed in (0, 1):
         compare(g, run_plan(plan, env(), GLM5, seed=seed), ref, f"glm5 seed={seed}")
+
+
+def test_e1_alone_reads_the_callers_index_cache_and_matches_the_reference():
+    """keep_only(["E1"]): B1 is dropped, so index_k_cache_written becomes the caller's cache (no longer an
+    in-place version); the plan's E1 instructions (per-row Q blocks of shared KV, split windows) reproduce the
+    reference logits exactly on the CPU interpreter."""
+    from glm5_fastpath.attn_pre.megartp import device as D
+    from glm5_fastpath.attn_pre.megartp.bench import reference_env
+    cfg = small_config()
+    for ctx in (ShapeContext.independent([40, 41, 300, 77, 1000]), ShapeContext.shared_kv(6, 700)):
+        g = D.keep_only(build_prefix_graph(cfg), ["E1"])
+        assert g.tensors["index_k_cache_written"].is_external
+        plan = validate(build_plan(g, ctx, cfg, num_sms=5))
+        assert D.family_support_errors(plan, cfg) == []
+        env, ref = reference_env(cfg, g, ctx, device="cpu")
+        out = run_plan(plan, env, cfg)
+        assert torch.equal(out["logits"], ref["logits"]), ctx
