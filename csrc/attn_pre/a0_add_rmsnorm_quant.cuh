@@ -176,5 +176,109 @@ struct A0AddRmsNormQuantClusterTile {
     }
 };
 
+// A0 for one CTA of kThreads threads per row (the MegaRTP megakernel's 256 workers): thread t handles the
+// vectors t, t + kThreads, ... (kIters of them), so iteration j of warp w covers the 256 columns of chunk
+// j * kWarps + w. Each warp's butterfly per chunk and the in-order sum of the chunk partials reproduce the
+// cluster tile's order exactly (its partial [rank][warp] is also one 256-column chunk, summed in chunk
+// order), so both tiles give bitwise the same row. Shared memory: kHidden / 256 floats (partials).
+template <int kHidden, int kThreads, int kBarrierId>
+struct A0AddRmsNormQuantRowTile {
+    static constexpr int kVec = 8;
+    static constexpr int kGroup = 128;
+    static constexpr int kLanesPerGroup = kGroup / kVec;
+    static constexpr int kVecs = kHidden / kVec;
+    static constexpr int kWarps = kThreads / 32;
+    static constexpr int kIters = (kVecs + kThreads - 1) / kThreads;
+    static constexpr int kChunks = kHidden / 256;  // sum-of-squares partials per row (one per warp-iteration)
+    static constexpr int kSmemBytes = kChunks * 4;
+
+    static_assert(kHidden % 256 == 0, "whole 256-column chunks (a warp-iteration is active or not as a whole)");
+    static_assert(kThreads % 32 == 0, "whole warps");
+
+    static GLM5_DEVICE uint32_t word(const ptx::u32x4& v, int w) {
+        return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+    }
+    static GLM5_DEVICE bool active(int j, int tid) { return j * kThreads + tid < kVecs; }
+
+    // All kThreads threads, one row; `weight` the norm weight [kHidden] bf16 (loaded with the row: the
+    // megakernel cannot hold it across an instruction without spilling); `partials` = kChunks floats of
+    // shared memory. Ends after the last read of `partials` by this thread only: barrier before reusing it.
+    static GLM5_DEVICE void run(const uint16_t* weight, const A0RowPtrs& p, float eps, float* partials, int tid) {
+        const int lane = tid & 31, warp = tid >> 5;
+        ptx::u32x4 h[kIters], res[kIters];
+#pragma unroll
+        for (int j = 0; j < kIters; ++j)
+            if (active(j, tid)) {
+                const int col = (j * kThreads + tid) * kVec;
+                h[j] = ptx::ld_global_v4(p.hidden + col);
+                res[j] = ptx::ld_global_v4(p.residual + col);
+            }
+        // Pass 1: r = hidden + residual (fp32), residual_out, the chunk partials. r is not kept: pass 2
+        // recomputes it from a second (L1 / L2) read of the row, which keeps the tile within the
+        // megakernel's register budget (the sums are the same fp32 adds, so r is bitwise the same).
+#pragma unroll
+        for (int j = 0; j < kIters; ++j) {
+            if (!active(j, tid)) continue;  // uniform per warp
+            float ss = 0.0f;
+            ptx::u32x4 ro;
+            uint32_t* rw = &ro.x;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const uint32_t hw = word(h[j], w), qw = word(res[j], w);
+                const float a = ptx::bf16lo_to_f32(hw) + ptx::bf16lo_to_f32(qw);
+                const float b = ptx::bf16hi_to_f32(hw) + ptx::bf16hi_to_f32(qw);
+                ss = fmaf(a, a, ss);
+                ss = fmaf(b, b, ss);
+                rw[w] = ptx::f32x2_to_bf16x2_rn(a, b);
+            }
+            ptx::st_global_v4(p.residual_out + (j * kThreads + tid) * kVec, ro);
+            ss = warp_sum(ss);
+            if (lane == 0) partials[j * kWarps + warp] = ss;
+        }
+        ptx::named_barrier_sync<kBarrierId, kThreads>();
+        float total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kChunks; ++i) total += partials[i];
+        const float rstd = 1.0f / sqrtf(total / static_cast<float>(kHidden) + eps);
+#pragma unroll
+        for (int j = 0; j < kIters; ++j) {
+            if (!active(j, tid)) continue;
+            const int col = (j * kThreads + tid) * kVec;
+            const ptx::u32x4 h2 = ptx::ld_global_v4(p.hidden + col);
+            const ptx::u32x4 res2 = ptx::ld_global_v4(p.residual + col);
+            const ptx::u32x4 gam = ptx::ld_global_nc_v4(weight + col);
+            ptx::u32x4 xo;
+            uint32_t* xw = &xo.x;
+            float xf[kVec];
+            float amax = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const uint32_t gw = word(gam, w), hw = word(h2, w), qw = word(res2, w);
+                const float ra = ptx::bf16lo_to_f32(hw) + ptx::bf16lo_to_f32(qw);
+                const float rb = ptx::bf16hi_to_f32(hw) + ptx::bf16hi_to_f32(qw);
+                const float ya = (ra * rstd) * ptx::bf16lo_to_f32(gw);
+                const float yb = (rb * rstd) * ptx::bf16hi_to_f32(gw);
+                xw[w] = ptx::f32x2_to_bf16x2_rn(ya, yb);
+                xf[2 * w] = ptx::bf16lo_to_f32(xw[w]);
+                xf[2 * w + 1] = ptx::bf16hi_to_f32(xw[w]);
+                amax = fmaxf(amax, fmaxf(fabsf(xf[2 * w]), fabsf(xf[2 * w + 1])));
+            }
+            ptx::st_global_v4(p.x + col, xo);
+            amax = warp_group_max<kLanesPerGroup>(amax);
+            const float sc = fmaxf(amax, 1e-10f) / 448.0f;
+            uint32_t q[2];
+#pragma unroll
+            for (int w = 0; w < 2; ++w) {
+                const uint32_t lo = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w] / sc, xf[4 * w + 1] / sc);
+                const uint32_t hi = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w + 2] / sc, xf[4 * w + 3] / sc);
+                q[w] = lo | (hi << 16);
+            }
+            ptx::st_global_v2(p.x_fp8 + col, q[0], q[1]);
+            if ((lane & (kLanesPerGroup - 1)) == 0)
+                ptx::st_global_f32(p.x_scale + static_cast<int64_t>(col / kGroup) * p.scale_stride_group, sc);
+        }
+    }
+};
+
 }  // namespace attn_pre
 }  // namespace glm5

@@ -30,7 +30,9 @@
 //       bulk-copied into a kE1Stages ring); block-table reads before the event wait. Per token the same
 //       MMA order and head reduction as the standalone kernel (any warp count), so its logits are
 //       bitwise equal.
-// Not in v1 (their tile code is being rewritten): A0, C0, E2; D0 (its per-head N tiles start at
+//   A0  A0AddRmsNormQuantRowTile: one token row per pass of the 256 workers (3 vectors per thread at
+//       hidden 6144); bitwise the standalone cluster kernel's row (same partial sums in the same order).
+// Not in v1 (their tile code is being rewritten): C0, E2; D0 (its per-head N tiles start at
 // multiples of 192 rows, but the GEMM tile covers 128-row weight-scale blocks).
 #pragma once
 
@@ -40,6 +42,7 @@
 #include "../attn_pre/d2_absorb_kv_store.cuh"
 #include "../attn_pre/b0_row_norms.cuh"
 #include "../attn_pre/e1_indexer_logits.cuh"
+#include "../attn_pre/a0_add_rmsnorm_quant.cuh"
 
 namespace glm5 {
 namespace megartp {
@@ -47,8 +50,9 @@ namespace megartp {
 namespace sk = ::glm5::attn_pre::skinny;
 
 // Compile-time model dims (the kernel is compiled per config: megakernel.cu defines).
-template <int kQ_, int kKV_, int kR_, int kNope_, int kIdxHeads_, int kIdxDim_>
+template <int kHidden_, int kQ_, int kKV_, int kR_, int kNope_, int kIdxHeads_, int kIdxDim_>
 struct Dims {
+    static constexpr int kHidden = kHidden_;  // hidden_size (A0's row)
     static constexpr int kQ = kQ_;        // q_lora_rank
     static constexpr int kKV = kKV_;      // kv_lora_rank
     static constexpr int kR = kR_;        // qk_rope_head_dim
@@ -534,6 +538,39 @@ struct D2Family {
                                   c.template operand<uint16_t>(sl::q_lat) + tok_off * D::kKV, rows, heads};
         if (rows <= kSmallRows) Tile1::run(smem, dp, head, ntile, c.tid);
         else Tile2::run(smem, dp, head, ntile, c.tid);
+        return true;
+    }
+};
+
+// ---- A0: residual add + RMSNorm + 1x128 FP8 quant, rows [m0, m1) ---------------------------------------------
+
+template <class D>
+struct A0Family {
+    using Tile = attn_pre::A0AddRmsNormQuantRowTile<D::kHidden, kWorkerThreads, kBarA0>;
+    static constexpr int kSmemBytes = Tile::kSmemBytes;
+
+    template <bool kTrace>
+    static GLM5_DEVICE bool run(const Ctx<kTrace>& c, uint8_t* smem) {
+        namespace sl = isa::A0::slot;
+        namespace pl = isa::A0::payload;
+        const int m0 = c.ins.w[pl::m0], m1 = c.ins.w[pl::m1];
+        if (!(0 <= m0 && m0 < m1 && m1 <= c.p.num_tokens) || c.p.hidden != D::kHidden)
+            return c.fail(kErrUnsupportedTile, kChkRows);
+        if (!check_smem(c, kSmemBytes)) return c.fail(kErrSmemTooSmall, kSmemBytes);
+        if (!c.wait_inputs()) return false;  // A0 is the prefix's first op: no waits in a prefix plan
+        constexpr int kGroups = D::kHidden / Tile::kGroup;
+        for (int m = m0; m < m1; ++m) {
+            const int64_t off = static_cast<int64_t>(m) * D::kHidden;
+            const attn_pre::A0RowPtrs rp{c.template operand<const uint16_t>(sl::hidden) + off,
+                                         c.template operand<const uint16_t>(sl::residual) + off,
+                                         c.template operand<uint16_t>(sl::x_bf16) + off,
+                                         c.template operand<uint16_t>(sl::residual_out) + off,
+                                         c.template operand<uint8_t>(sl::x_fp8) + off,
+                                         c.template operand<float>(sl::x_scale) + static_cast<int64_t>(m) * kGroups, 1};
+            Tile::run(c.template operand<const uint16_t>(sl::w_input_norm), rp, c.p.rms_eps, reinterpret_cast<float*>(smem),
+                      c.tid);
+            worker_sync<kBarWorkers>();  // every read of the row's partials is done before the next row writes them
+        }
         return true;
     }
 };

@@ -1,6 +1,7 @@
 // MegaRTP persistent megakernel (version 1), compiled per model config. Compile-time configuration
 // (part of the JIT cache key; glm5_fastpath/attn_pre/megartp/device.py kernel_spec):
-//   GLM5_MRTP_Q      q_lora_rank       (2048 GLM-5, 256 small preset)
+//   GLM5_MRTP_H      hidden_size       (6144 GLM-5, 512 small preset)
+//   GLM5_MRTP_Q      q_lora_rank       (2048, 256)
 //   GLM5_MRTP_KV     kv_lora_rank      (512, 128)
 //   GLM5_MRTP_R      qk_rope_head_dim  (64, 32)
 //   GLM5_MRTP_NOPE   qk_nope_head_dim  (192, 64)
@@ -12,6 +13,9 @@
 // (device.py dynamic_smem_bytes), no PDL (the kernel is the whole step).
 #include "megakernel.cuh"
 
+#ifndef GLM5_MRTP_H
+#define GLM5_MRTP_H 6144
+#endif
 #ifndef GLM5_MRTP_Q
 #define GLM5_MRTP_Q 2048
 #endif
@@ -34,7 +38,7 @@
 #define GLM5_MRTP_TRACE 0
 #endif
 
-using MegaDims = glm5::megartp::Dims<GLM5_MRTP_Q, GLM5_MRTP_KV, GLM5_MRTP_R, GLM5_MRTP_NOPE, GLM5_MRTP_IH, GLM5_MRTP_ID>;
+using MegaDims = glm5::megartp::Dims<GLM5_MRTP_H, GLM5_MRTP_Q, GLM5_MRTP_KV, GLM5_MRTP_R, GLM5_MRTP_NOPE, GLM5_MRTP_IH, GLM5_MRTP_ID>;
 
 extern "C" __global__ void __launch_bounds__(glm5::megartp::kThreads, 1)
 glm5_megartp(const __grid_constant__ glm5::megartp::MegaParams p) {

@@ -50,6 +50,7 @@ enum : int {
     kBarD2 = 3,              // D2AbsorbTile's K-block barrier
     kBarB0Rows = 4,          // B0RowNormsTile's row-sum barrier
     kBarE1 = 5,              // E1IndexerLogitsTile's page barrier
+    kBarA0 = 6,              // A0AddRmsNormQuantRowTile's partial-sum barrier
 };
 
 // Kernel parameters. ABI of glm5_fastpath/attn_pre/megartp/device.py (_Params): 8-byte fields

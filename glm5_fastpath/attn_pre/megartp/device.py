@@ -48,9 +48,8 @@ SOURCE = "megartp/megakernel.cu"
 FUNCTION = "glm5_megartp"
 THREADS = 288  # 8 worker warps + the controller warp
 WORKER_THREADS = 256
-SUPPORTED_FAMILIES = ("B0", "B1", "D1", "D2", "E1")  # csrc/megartp/megakernel.cuh dispatch()
+SUPPORTED_FAMILIES = ("A0", "B0", "B1", "D1", "D2", "E1")  # csrc/megartp/megakernel.cuh dispatch()
 UNSUPPORTED_WHY = {
-    "A0": "no megakernel adapter yet for csrc/attn_pre/a0_add_rmsnorm_quant.cuh (cluster / own launch shape); not in megakernel v1",
     "C0": "no megakernel adapter yet for csrc/attn_pre/c0_head_gate.cuh (cluster / own launch shape); not in megakernel v1",
     "E2": "no megakernel adapter yet for csrc/attn_pre/e2_topk.cuh (cluster / own launch shape); not in megakernel v1",
     "D0": "the plan's per-head N tiles start at multiples of qk_head_dim (192) rows, the GEMM tile covers "
@@ -178,6 +177,7 @@ def decode_error(words: Sequence[int], ops: Sequence[str] = ()) -> MegaRtpDevice
 class KernelDims:
     """The compile-time dims of one megakernel build (megakernel.cu GLM5_MRTP_*)."""
 
+    hidden: int
     q_lora: int
     kv_lora: int
     rope: int
@@ -187,14 +187,14 @@ class KernelDims:
 
     @classmethod
     def of(cls, cfg: Glm5Config) -> "KernelDims":
-        return cls(cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.index_n_heads,
-                   cfg.index_head_dim)
+        return cls(cfg.hidden_size, cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim,
+                   cfg.index_n_heads, cfg.index_head_dim)
 
 
 @functools.lru_cache(maxsize=None)
 def _spec(dims: KernelDims, trace: bool) -> KernelSpec:
     return KernelSpec(FUNCTION, source=SOURCE, defines=(
-        ("GLM5_MRTP_Q", str(dims.q_lora)), ("GLM5_MRTP_KV", str(dims.kv_lora)), ("GLM5_MRTP_R", str(dims.rope)),
+        ("GLM5_MRTP_H", str(dims.hidden)), ("GLM5_MRTP_Q", str(dims.q_lora)), ("GLM5_MRTP_KV", str(dims.kv_lora)), ("GLM5_MRTP_R", str(dims.rope)),
         ("GLM5_MRTP_NOPE", str(dims.nope)), ("GLM5_MRTP_IH", str(dims.idx_heads)), ("GLM5_MRTP_ID", str(dims.idx_dim)),
         ("GLM5_MRTP_TRACE", "1" if trace else "0")))
 
@@ -244,6 +244,11 @@ def d2_smem_bytes(nope: int, mt: int, nt: int = 4) -> int:
     return nope * 128 * 2 + 8 * (nt * 8) * (mt * 32 + 16)
 
 
+def a0_smem_bytes(hidden: int) -> int:
+    """A0AddRmsNormQuantRowTile<hidden, 256>::kSmemBytes: one fp32 partial per 256-column chunk."""
+    return hidden // 256 * 4
+
+
 def e1_smem_bytes(idx_dim: int) -> int:
     """E1IndexerLogitsTile<heads, idx_dim, E1_STAGES, E1_MAX_PAGES>::kSmemBytes (page ring, logits window,
     page ids, mbarriers)."""
@@ -262,6 +267,8 @@ def dynamic_smem_bytes(cfg: Glm5Config, plan: Any = None) -> int:
         need = max(need, d2_smem_bytes(cfg.qk_nope_head_dim, 2))
     if "E1" in fams:
         need = max(need, e1_smem_bytes(cfg.index_head_dim))
+    if "A0" in fams:
+        need = max(need, a0_smem_bytes(cfg.hidden_size))
     gmax = max(_max_k_groups(plan) if plan is not None else cfg.hidden_size // 128, 1)
     for f in sorted(fams & set(FAMILY_EPI)):
         need = max(need, skinny_smem_bytes(GEMM_TOKEN_BLOCK, GEMM_STAGES, gmax, FAMILY_EPI[f]))
@@ -385,6 +392,8 @@ def family_support_errors(plan: Any, cfg: Glm5Config | None) -> list[str]:
                          or cfg.qk_rope_head_dim % 2 or cfg.qk_rope_head_dim > 64):
         errs.append(f"D2: dims nope={cfg.qk_nope_head_dim}, kv_lora={cfg.kv_lora_rank}, rope={cfg.qk_rope_head_dim} "
                     "outside the D2 tile's limits (nope % 32, <= 256; kv_lora % 128; rope even <= 64)")
+    if "A0" in fams and cfg.hidden_size % 256:
+        errs.append(f"A0: hidden_size {cfg.hidden_size} is not a multiple of 256 (the row tile's 256-column chunks)")
     if "E1" in fams and (cfg.index_n_heads > 32 or cfg.index_head_dim % 64):
         errs.append(f"E1: {cfg.index_n_heads} indexer heads x {cfg.index_head_dim} dims outside the tile's limits "
                     "(<= 32 heads in registers, head dim a multiple of 64)")

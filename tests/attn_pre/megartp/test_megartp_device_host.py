@@ -33,7 +33,7 @@ def _cpp(name: str) -> str:
 def test_kernel_spec_defines_follow_the_config():
     s = dict(D.kernel_spec(GLM5).defines)
     assert s == {"GLM5_MRTP_Q": "2048", "GLM5_MRTP_KV": "512", "GLM5_MRTP_R": "64", "GLM5_MRTP_NOPE": "192",
-                 "GLM5_MRTP_IH": "32", "GLM5_MRTP_ID": "128", "GLM5_MRTP_TRACE": "0"}
+                 "GLM5_MRTP_IH": "32", "GLM5_MRTP_ID": "128", "GLM5_MRTP_H": "6144", "GLM5_MRTP_TRACE": "0"}
     t = dict(D.kernel_spec(SMALL, trace=True).defines)
     assert t["GLM5_MRTP_Q"] == "256" and t["GLM5_MRTP_NOPE"] == "64" and t["GLM5_MRTP_TRACE"] == "1"
     assert (t["GLM5_MRTP_IH"], t["GLM5_MRTP_ID"]) == (str(SMALL.index_n_heads), str(SMALL.index_head_dim))
@@ -83,6 +83,7 @@ def test_smem_formulas_match_the_ops():
     for nope, mt in ((192, 1), (192, 2), (64, 2)):
         assert D.d2_smem_bytes(nope, mt) == D2Config(nope, 512, 64, mt).smem_bytes
     assert D.dynamic_smem_bytes(GLM5) == max(D.skinny_smem_bytes(16, 6, 48, e) for e in (0, 3, 4))
+    assert D.a0_smem_bytes(6144) == 24 * 4  # one partial per 256-column chunk
     assert D.dynamic_smem_bytes(GLM5) <= 227 * 1024
     E = importlib.import_module("glm5_fastpath.ops.e1_indexer_logits")  # the package re-exports a function of that name
     fam = _cpp("families.cuh")
@@ -102,21 +103,22 @@ def test_full_prefix_plan_is_refused_naming_the_missing_families():
     with pytest.raises(D.MegaRtpUnsupported) as e:
         D.check_plan_supported(plan, SMALL)
     msg = str(e.value)
-    for fam in ("A0", "C0", "D0", "E2"):
+    for fam in ("C0", "D0", "E2"):
         assert f"{fam} (" in msg
-    assert "B0 (" not in msg and "D2 (" not in msg and "E1 (" not in msg
+    assert "A0 (" not in msg and "B0 (" not in msg and "D2 (" not in msg and "E1 (" not in msg
     assert "index_head_dim == 128" in msg  # the small preset's D1 (64-wide heads)
 
 
 def test_supported_subgraph_plans_pass():
     g = D.supported_subgraph(build_prefix_graph(GLM5), GLM5)
-    assert list(g.ops) == ["B0", "B1", "D1", "D2", "E1"]
-    assert {"x_fp8", "x_scale", "w_raw", "q_nope"} <= set(g.external_tensors())
+    assert list(g.ops) == ["A0", "B0", "B1", "D1", "D2", "E1"]
+    assert {"hidden", "residual", "w_raw", "q_nope"} <= set(g.external_tensors())
+    assert "x_fp8" not in g.external_tensors()
     plan = validate(build_plan(g, ShapeContext.independent([300, 301, 302]), GLM5, num_sms=132))
     assert D.family_support_errors(plan, GLM5) == []
     assert D.dynamic_smem_bytes(GLM5, plan) <= D.dynamic_smem_bytes(GLM5)
     small = D.supported_subgraph(build_prefix_graph(SMALL), SMALL)
-    assert list(small.ops) == ["B0", "B1", "D2", "E1"]  # D1 needs 128-wide indexer heads
+    assert list(small.ops) == ["A0", "B0", "B1", "D2", "E1"]  # D1 needs 128-wide indexer heads
     p = validate(build_plan(small, ShapeContext.independent([33] * 17), SMALL, num_sms=5))
     assert D.family_support_errors(p, SMALL) == []
     assert D.family_support_errors(p, None) == ["cfg (Glm5Config) is required for a plan with op families "
@@ -300,10 +302,10 @@ def test_trace_of_a_kernel_plan_names_ops_and_hidden_ops():
     plan = validate(build_plan(g, ShapeContext.independent([40, 41]), SMALL, num_sms=4))
     recs = T.decode_trace(plan, _fake_trace(plan))
     ops = {r.op for r in recs}
-    assert {"B0", "B1", "D2"} <= ops
+    assert {"A0", "B0", "B1", "D2", "E1"} <= ops
     s = T.summarize(recs)
-    assert set(s["critical_path_ops"]) | set(s["hidden_ops"]) >= {"B0", "B1", "D2"}
-    assert s["critical_path_ops"][0] in ("B0", "B1")  # a chain starts at a source op
+    assert set(s["critical_path_ops"]) | set(s["hidden_ops"]) >= {"A0", "B0", "B1", "D2", "E1"}
+    assert s["critical_path_ops"][0] == "A0"  # a chain starts at the source op
     with pytest.raises(ValueError, match="trace buffer has shape"):
         T.decode_trace(plan, torch.zeros(1, 1, 4, dtype=torch.int64))
     assert T.decode_trace(plan, torch.zeros(*plan.instructions.shape[:2], 4, dtype=torch.int64)) == []
