@@ -143,6 +143,44 @@ def bench_megartp(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_
     return result
 
 
+def trace_steps(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_MS, kv_len: int = 8192,
+                out: Any = "megartp_trace", device: Any = "cuda", seed: int = 0) -> dict[str, Any]:
+    """One traced step of the supported subgraph per M (trace build of the megakernel): a Chrome / Perfetto
+    trace JSON per M and the summary (critical path, which ops' work was hidden) as text + JSON."""
+    from ...graph import build_prefix_graph
+    from . import trace as T
+    from .device import PlanRunner, supported_subgraph
+    from .plan import build_plan
+    from .validator import validate
+
+    cfg = cfg or Glm5Config.preset("glm5")
+    dev = torch.device(device)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    graph = supported_subgraph(build_prefix_graph(cfg), cfg)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"graph": graph.name, "kv_len": kv_len, "steps": {}}
+    for m in ms:
+        ctx = ShapeContext.independent([kv_len] * int(m))
+        plan = validate(build_plan(graph, ctx, cfg, num_sms=sms))
+        env, _ = reference_env(cfg, graph, ctx, seed=seed, device=dev)
+        runner = PlanRunner(plan, cfg, dev, trace=True)
+        runner.bind(bind_tensors(plan, env, dev))
+        runner.launch(1)  # warm-up (first touch of the weights and caches)
+        runner.check()
+        runner.launch(2)
+        runner.check()
+        recs = runner.trace_records()
+        s = T.summarize(recs)
+        T.write_chrome_trace(out / f"trace_m{m}.json", recs)
+        text = T.format_summary(s)
+        (out / f"summary_m{m}.txt").write_text(text + "\n")
+        res["steps"][int(m)] = s
+        _log(f"M={m}: trace of {len(recs)} instructions -> {out}/trace_m{m}.json\n{text}")
+    (out / "summary.json").write_text(json.dumps(res, indent=1, default=str))
+    return res
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ms", default=",".join(map(str, DEFAULT_MS)))
@@ -151,11 +189,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="also run one traced step per M (trace build): Chrome trace JSON + critical-path summary in DIR")
     a = ap.parse_args(argv)
     res = bench_megartp(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x],
                         kv_len=a.kv_len, launches=a.launches, replays=a.replays)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+    if a.trace:
+        trace_steps(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x], kv_len=a.kv_len, out=a.trace)
     return 0
 
 
