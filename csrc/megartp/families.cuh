@@ -580,7 +580,7 @@ struct A0Family {
 // KV window per instruction: the graph's E1 split (prefix_graph.TileParams.e1_kv_split = 512 tokens = 8
 // pages; device.py E1_MAX_PAGES). A last split's window runs to max_ctx, but only its live tokens
 // (< seq_len, at most 8 pages past kv0) are read; the rest of the row is written -inf.
-constexpr int kE1Stages = 8;    // pages in flight: the whole window (one CTA streams it alone; 4 left it latency-bound)
+constexpr int kE1Stages = 4;    // pages in flight (8, the whole window, was no faster: session 18 call 8)
 constexpr int kE1MaxPages = 8;  // live pages per window
 
 template <class D>

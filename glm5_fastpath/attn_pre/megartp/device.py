@@ -57,7 +57,7 @@ UNSUPPORTED_WHY = {
 }
 GEMM_TOKEN_BLOCK = 16  # families.cuh Gemm = GemmCfg<16, 6>
 GEMM_STAGES = 6
-E1_STAGES = 8     # families.cuh kE1Stages: index-K pages in flight per worker group (the whole window)
+E1_STAGES = 4     # families.cuh kE1Stages: index-K pages in flight per worker group
 E1_MAX_PAGES = 8  # families.cuh kE1MaxPages: live pages per KV window (the graph's e1_kv_split / 64)
 E1_PAGE = 64      # tokens per index-K cache page
 ERROR_WORDS = 16

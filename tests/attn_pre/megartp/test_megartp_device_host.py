@@ -89,7 +89,7 @@ def test_smem_formulas_match_the_ops():
     fam = _cpp("families.cuh")
     stages = int(re.search(r"kE1Stages = (\d+);", fam).group(1))
     pages = int(re.search(r"kE1MaxPages = (\d+);", fam).group(1))
-    assert (stages, pages) == (D.E1_STAGES, D.E1_MAX_PAGES) and D.E1_PAGE == E.PAGE
+    assert (stages, pages) == (D.E1_STAGES, D.E1_MAX_PAGES) and D.E1_STAGES == E.STAGES and D.E1_PAGE == E.PAGE
     assert D.E1_MAX_PAGES * D.E1_PAGE == 512  # prefix_graph.TileParams.e1_kv_split
     for dim in (64, 128):  # E1IndexerLogitsTile::kSmemBytes: ring, logits window, page ids, mbarriers
         want = (D.E1_STAGES * E.page_bytes(dim) + D.E1_MAX_PAGES * 64 * 4 + D.E1_MAX_PAGES * 4 + 7) // 8 * 8 + D.E1_STAGES * 8
