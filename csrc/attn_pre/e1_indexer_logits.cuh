@@ -284,8 +284,8 @@ struct E1IndexerLogitsTile {
         }
     }
 
-    static GLM5_DEVICE void page_logits(const uint8_t* stage, const uint32_t (&qf)[kRows][kQWords], const float (&w)[kRows],
-                                        float* out, int warp, int g, int t4) {
+    static GLM5_DEVICE void page_logits(const uint8_t* stage, const uint32_t (&qf)[kRows][kQWords],
+                                        const float (&w)[kRows], float* out, int warp, int g, int t4) {
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) {
             const int tok_base = warp * kTokPerWarp + j * 8;

@@ -74,6 +74,7 @@ enum TileCheck : int32_t {
     kChkHeadDim = 8,      // D1 needs index_head_dim == 128
     kChkD2Tile = 9,       // D2: head / latent tile out of range
     kChkE1Tile = 10,      // E1: rows / KV window (kv0 on a page, live tokens <= the window, heads / dim)
+    kChkA0Hidden = 11,    // A0: the launch's hidden size is not the build's (GLM5_MRTP_H)
 };
 
 // ---- split-K GEMM partial (B0, B1, D1) ------------------------------------------------------------
@@ -554,8 +555,8 @@ struct A0Family {
         namespace sl = isa::A0::slot;
         namespace pl = isa::A0::payload;
         const int m0 = c.ins.w[pl::m0], m1 = c.ins.w[pl::m1];
-        if (!(0 <= m0 && m0 < m1 && m1 <= c.p.num_tokens) || c.p.hidden != D::kHidden)
-            return c.fail(kErrUnsupportedTile, kChkRows);
+        if (!(0 <= m0 && m0 < m1 && m1 <= c.p.num_tokens)) return c.fail(kErrUnsupportedTile, kChkRows);
+        if (c.p.hidden != D::kHidden) return c.fail(kErrUnsupportedTile, kChkA0Hidden);
         if (!check_smem(c, kSmemBytes)) return c.fail(kErrSmemTooSmall, kSmemBytes);
         if (!c.wait_inputs()) return false;  // A0 is the prefix's first op: no waits in a prefix plan
         constexpr int kGroups = D::kHidden / Tile::kGroup;
@@ -567,8 +568,8 @@ struct A0Family {
                                          c.template operand<uint16_t>(sl::residual_out) + off,
                                          c.template operand<uint8_t>(sl::x_fp8) + off,
                                          c.template operand<float>(sl::x_scale) + static_cast<int64_t>(m) * kGroups, 1};
-            Tile::run(c.template operand<const uint16_t>(sl::w_input_norm), rp, c.p.rms_eps, reinterpret_cast<float*>(smem),
-                      c.tid);
+            Tile::run(c.template operand<const uint16_t>(sl::w_input_norm), rp, c.p.rms_eps,
+                      reinterpret_cast<float*>(smem), c.tid);
             worker_sync<kBarWorkers>();  // every read of the row's partials is done before the next row writes them
         }
         return true;
@@ -607,7 +608,8 @@ struct E1Family {
         if (!check_smem(c, kSmemBytes)) return c.fail(kErrSmemTooSmall, kSmemBytes);
         for (int m = q0; m < q1; ++m) {
             attn_pre::E1TileArgs a;
-            a.q = c.template operand<const uint8_t>(sl::index_q_fp8) + static_cast<int64_t>(m) * (D::kIdxHeads * D::kIdxDim);
+            a.q = c.template operand<const uint8_t>(sl::index_q_fp8) +
+                  static_cast<int64_t>(m) * (D::kIdxHeads * D::kIdxDim);
             a.head_w = c.template operand<const float>(sl::head_w) + static_cast<int64_t>(m) * D::kIdxHeads;
             a.cache = c.template operand<const uint8_t>(sl::index_k_cache_written);
             a.block_table = c.template operand<const int32_t>(sl::block_table) + static_cast<int64_t>(m) * p.bt_width;

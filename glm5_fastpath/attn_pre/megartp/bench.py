@@ -190,14 +190,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--trace", default=None, metavar="DIR",
-                    help="also run one traced step per M (trace build): Chrome trace JSON + critical-path summary in DIR")
+                    help="also run one traced step per M (trace build): Chrome trace JSON + critical-path summary "
+                         "in DIR")
     a = ap.parse_args(argv)
     res = bench_megartp(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x],
                         kv_len=a.kv_len, launches=a.launches, replays=a.replays)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
     if a.trace:
-        trace_steps(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x], kv_len=a.kv_len, out=a.trace)
+        trace_steps(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x], kv_len=a.kv_len,
+                    out=a.trace)
     return 0
 
 

@@ -99,7 +99,8 @@ UNSUPPORTED_DETAIL = {1: "rows: need 0 <= m0 < m1 <= M", 2: f"m0 not a multiple 
                       6: "reduce group region is not what the epilogue covers", 7: "reduce counter / target out of range",
                       8: "D1 needs index_head_dim == 128", 9: "D2 head / latent tile out of range",
                       10: f"E1: rows / KV window (kv0 on a {E1_PAGE}-token page, kv1 <= max_ctx, at most "
-                          f"{E1_MAX_PAGES} live pages past kv0, indexer heads / dim of the build)"}
+                          f"{E1_MAX_PAGES} live pages past kv0, indexer heads / dim of the build)",
+                      11: "A0: the launch's hidden size is not the build's (GLM5_MRTP_H)"}
 _FIELDS = ("kind", "queue", "pos", "opcode", "event", "threshold", "target", "observed", "epoch", "tile",
            "operand_row", "role", "smid", "detail", "cycles", "claim")
 
@@ -194,7 +195,8 @@ class KernelDims:
 @functools.lru_cache(maxsize=None)
 def _spec(dims: KernelDims, trace: bool) -> KernelSpec:
     return KernelSpec(FUNCTION, source=SOURCE, defines=(
-        ("GLM5_MRTP_H", str(dims.hidden)), ("GLM5_MRTP_Q", str(dims.q_lora)), ("GLM5_MRTP_KV", str(dims.kv_lora)), ("GLM5_MRTP_R", str(dims.rope)),
+        ("GLM5_MRTP_H", str(dims.hidden)), ("GLM5_MRTP_Q", str(dims.q_lora)), ("GLM5_MRTP_KV", str(dims.kv_lora)),
+        ("GLM5_MRTP_R", str(dims.rope)),
         ("GLM5_MRTP_NOPE", str(dims.nope)), ("GLM5_MRTP_IH", str(dims.idx_heads)), ("GLM5_MRTP_ID", str(dims.idx_dim)),
         ("GLM5_MRTP_TRACE", "1" if trace else "0")))
 
