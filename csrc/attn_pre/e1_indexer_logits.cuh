@@ -264,23 +264,15 @@ struct E1IndexerLogitsTile {
     }
 
     // This warp's kTokPerWarp tokens of one page in shared memory -> out[token] (page-relative).
-    // A-fragment pair p (0..kWords) of q row r: unpacked, or converted from the packed word p / 2
-    // (pairs 2k, 2k + 1 are the low / high half of word k, the byte order unpack16 keeps).
-    static GLM5_DEVICE uint32_t q_pair(const uint32_t (&qf)[kRows][kQWords], int r, int p) {
+    // MMA fragment pair p (0..kWords) of a row held in `words`: the pair itself, or (kPackedQ) converted
+    // from packed word p / 2 (pairs 2k, 2k + 1 are the low / high half of word k, the byte order unpack16
+    // keeps). Used for q rows and cache rows alike.
+    static GLM5_DEVICE uint32_t pair(const uint32_t* words, int p) {
         if constexpr (kPackedQ) {
-            const uint32_t word = qf[r][p >> 1];
+            const uint32_t word = words[p >> 1];
             return ptx::e4m3x2_to_f16x2(static_cast<uint16_t>((p & 1) ? (word >> 16) : (word & 0xffffu)));
         } else {
-            return qf[r][p];
-        }
-    }
-
-    template <int kN>
-    static GLM5_DEVICE uint32_t k_pair(const uint32_t (&kf)[kN], int p) {
-        if constexpr (kPackedQ) {
-            return ptx::e4m3x2_to_f16x2(static_cast<uint16_t>((p & 1) ? (kf[p >> 1] >> 16) : (kf[p >> 1] & 0xffffu)));
-        } else {
-            return kf[p];
+            return words[p];
         }
     }
 
@@ -312,9 +304,9 @@ struct E1IndexerLogitsTile {
             for (int s = 0; s < kSteps; ++s) {
 #pragma unroll
                 for (int mt = 0; mt < kMTiles; ++mt)
-                    ptx::mma_m16n8k16_f16_f32(acc[mt], q_pair(qf, 2 * mt, 2 * s), q_pair(qf, 2 * mt + 1, 2 * s),
-                                              q_pair(qf, 2 * mt, 2 * s + 1), q_pair(qf, 2 * mt + 1, 2 * s + 1),
-                                              k_pair(kf, 2 * s), k_pair(kf, 2 * s + 1));
+                    ptx::mma_m16n8k16_f16_f32(acc[mt], pair(qf[2 * mt], 2 * s), pair(qf[2 * mt + 1], 2 * s),
+                                              pair(qf[2 * mt], 2 * s + 1), pair(qf[2 * mt + 1], 2 * s + 1),
+                                              pair(kf, 2 * s), pair(kf, 2 * s + 1));
             }
 
             // acc[mt][0..1]: head g + 16mt (= row 2mt), tokens 2t4, 2t4+1; acc[mt][2..3]: head g + 8 + 16mt.

@@ -105,6 +105,15 @@ def page_bytes(dim: int) -> int:
     return PAGE * (dim + 4)
 
 
+def tile_smem_bytes(dim: int, stages: int = STAGES, max_pages: int = MAX_PAGES_PER_SPLIT) -> int:
+    """E1IndexerLogitsTile<., dim, stages, max_pages>::kSmemBytes: the page ring, the logits window, the page ids
+    and the mbarriers (the MegaRTP megakernel's E1 family uses its own stages / pages)."""
+    logits_off = stages * page_bytes(dim)
+    ids_off = logits_off + max_pages * PAGE * 4
+    bars_off = (ids_off + max_pages * 4 + 7) // 8 * 8
+    return bars_off + stages * 8
+
+
 @dataclass(frozen=True)
 class E1Config:
     heads: int
@@ -114,10 +123,7 @@ class E1Config:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory; mirrors E1IndexerLogitsTile::kSmemBytes (the kernel traps if it gets less)."""
-        logits_off = STAGES * page_bytes(self.dim)
-        ids_off = logits_off + MAX_PAGES_PER_SPLIT * PAGE * 4
-        bars_off = (ids_off + MAX_PAGES_PER_SPLIT * 4 + 7) // 8 * 8
-        return bars_off + STAGES * 8
+        return tile_smem_bytes(self.dim)
 
     @functools.cached_property
     def spec(self) -> KernelSpec:

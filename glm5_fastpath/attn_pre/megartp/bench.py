@@ -6,8 +6,8 @@
   and of the timed plan's queue length: kernel launch, CTA setup, instruction fetch / publish / release
   and exit, per launch (issue #5 target: <= 3 us);
 - plan time: the megakernel v1 runs only some families (device.SUPPORTED_FAMILIES), so the plan timed is
-  the prefix graph's supported subgraph (device.supported_subgraph: today B0, B1, D1, D2, E1 with x_fp8,
-  x_scale, w_raw, q_nope as inputs computed by the reference), M independent sequences of kv_len.
+  the prefix graph's supported subgraph (device.supported_subgraph: today A0, B0, B1, D1, D2, E1 with w_raw
+  and q_nope as inputs computed by the reference), M independent sequences of kv_len.
 Timing: bench.timing.time_launches: `launches` megakernel launches captured in one CUDA graph (epoch taken
 from device memory, so replays stay correct), replayed `replays` times; median per launch. The weights are
 NOT rotated past L2 (one set; the subgraph's ~38 MB of GLM-5 weights mostly fit the H200's 50 MB L2), so
@@ -82,6 +82,24 @@ def bind_tensors(plan: Any, env: dict[str, torch.Tensor], device: Any) -> dict[s
     return out
 
 
+def prepared_runner(cfg: Glm5Config, graph: OpGraph, m: int, kv_len: int, dev: torch.device, *, seed: int = 0,
+                    trace: bool = False):
+    """(plan, runner) of `graph` for M independent sequences of kv_len: validated plan, reference inputs bound,
+    one warm-up step run and checked (first touch of weights and caches)."""
+    from .device import PlanRunner
+    from .plan import build_plan
+    from .validator import validate
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    ctx = ShapeContext.independent([kv_len] * int(m))
+    plan = validate(build_plan(graph, ctx, cfg, num_sms=sms))
+    env, _ = reference_env(cfg, graph, ctx, seed=seed, device=dev)
+    runner = PlanRunner(plan, cfg, dev, trace=trace)
+    runner.bind(bind_tensors(plan, env, dev))
+    runner.launch(1)
+    runner.check()
+    return plan, runner
+
+
 def framework_cost(device: Any = "cuda", lengths: Sequence[int] = (1,), *, launches: int = 50, replays: int = 20
                    ) -> dict[int, dict[str, Any]]:
     """Per queue length: the per-launch time of an all-NOOP plan with one queue per SM."""
@@ -104,9 +122,7 @@ def bench_megartp(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_
     """Framework cost and per-M plan time of the supported subgraph (see the module doc). -> a JSON-able dict."""
     from ...bench.timing import time_launches
     from ...graph import build_prefix_graph
-    from .device import PlanRunner, supported_subgraph
-    from .plan import build_plan
-    from .validator import validate
+    from .device import supported_subgraph
 
     cfg = cfg or Glm5Config.preset("glm5")
     dev = torch.device(device)
@@ -114,15 +130,9 @@ def bench_megartp(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_
     graph = supported_subgraph(build_prefix_graph(cfg), cfg)
     rows, lengths = [], {1}
     for m in ms:
-        ctx = ShapeContext.independent([kv_len] * int(m))
         _log(f"M={m}: plan of {graph.name}")
-        plan = validate(build_plan(graph, ctx, cfg, num_sms=sms))
+        plan, runner = prepared_runner(cfg, graph, m, kv_len, dev, seed=seed)
         lengths.add(int(plan.instructions.shape[1]))
-        env, _ = reference_env(cfg, graph, ctx, seed=seed, device=dev)
-        runner = PlanRunner(plan, cfg, dev)
-        runner.bind(bind_tensors(plan, env, dev))
-        runner.launch(1)
-        runner.check()
         t = time_launches(lambda i: runner.launch(None), launches, device=dev, replays=replays)
         runner.check()
         rows.append({"M": int(m), "tasks": plan.stats["tasks"], "queue_len": int(plan.instructions.shape[1]),
@@ -149,26 +159,17 @@ def trace_steps(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_MS
     trace JSON per M and the summary (critical path, which ops' work was hidden) as text + JSON."""
     from ...graph import build_prefix_graph
     from . import trace as T
-    from .device import PlanRunner, supported_subgraph
-    from .plan import build_plan
-    from .validator import validate
+    from .device import supported_subgraph
 
     cfg = cfg or Glm5Config.preset("glm5")
     dev = torch.device(device)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     graph = supported_subgraph(build_prefix_graph(cfg), cfg)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"graph": graph.name, "kv_len": kv_len, "steps": {}}
     for m in ms:
-        ctx = ShapeContext.independent([kv_len] * int(m))
-        plan = validate(build_plan(graph, ctx, cfg, num_sms=sms))
-        env, _ = reference_env(cfg, graph, ctx, seed=seed, device=dev)
-        runner = PlanRunner(plan, cfg, dev, trace=True)
-        runner.bind(bind_tensors(plan, env, dev))
-        runner.launch(1)  # warm-up (first touch of the weights and caches)
-        runner.check()
-        runner.launch(2)
+        _, runner = prepared_runner(cfg, graph, m, kv_len, dev, seed=seed, trace=True)
+        runner.launch(2)  # the traced step, after the warm-up
         runner.check()
         recs = runner.trace_records()
         s = T.summarize(recs)

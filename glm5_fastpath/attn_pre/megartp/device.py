@@ -252,12 +252,9 @@ def a0_smem_bytes(hidden: int) -> int:
 
 
 def e1_smem_bytes(idx_dim: int) -> int:
-    """E1IndexerLogitsTile<heads, idx_dim, E1_STAGES, E1_MAX_PAGES>::kSmemBytes (page ring, logits window,
-    page ids, mbarriers)."""
-    page = E1_PAGE * (idx_dim + 4)
-    ids_off = E1_STAGES * page + E1_MAX_PAGES * E1_PAGE * 4
-    bars_off = (ids_off + E1_MAX_PAGES * 4 + 7) // 8 * 8
-    return bars_off + E1_STAGES * 8
+    """The E1 family's tile (E1_STAGES pages in flight, E1_MAX_PAGES per window): the op's formula."""
+    from ...ops.e1_indexer_logits import tile_smem_bytes
+    return tile_smem_bytes(idx_dim, E1_STAGES, E1_MAX_PAGES)
 
 
 def dynamic_smem_bytes(cfg: Glm5Config, plan: Any = None) -> int:
