@@ -58,6 +58,42 @@ struct A0RowPtrs {
     int64_t scale_stride_group;    // 1 for row-major [M, H/128]; the padded M for column-major
 };
 
+// Step 4 of both A0 tiles for one 8-column vector at `col`: x = bf16((r * rstd) * gamma), the amax of the
+// vector's 128-column group over the half warp that holds it, the group scale and the e4m3 codes; stores x,
+// x_fp8 and (the group's first lane) the scale. All 16 lanes of the half warp must call it together.
+GLM5_DEVICE void a0_norm_quant_vector(const float (&r)[8], float rstd, const ptx::u32x4& gamma, const A0RowPtrs& p,
+                                      int col, int lane) {
+    constexpr int kGroup = 128, kLanesPerGroup = kGroup / 8;
+    const uint32_t gw4[4] = {gamma.x, gamma.y, gamma.z, gamma.w};
+    ptx::u32x4 xo;
+    uint32_t* xw = &xo.x;
+    float xf[8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const float ya = (r[2 * w] * rstd) * ptx::bf16lo_to_f32(gw4[w]);
+        const float yb = (r[2 * w + 1] * rstd) * ptx::bf16hi_to_f32(gw4[w]);
+        xw[w] = ptx::f32x2_to_bf16x2_rn(ya, yb);
+        xf[2 * w] = ptx::bf16lo_to_f32(xw[w]);
+        xf[2 * w + 1] = ptx::bf16hi_to_f32(xw[w]);
+        amax = fmaxf(amax, fmaxf(fabsf(xf[2 * w]), fabsf(xf[2 * w + 1])));
+    }
+    ptx::st_global_v4(p.x + col, xo);
+
+    amax = warp_group_max<kLanesPerGroup>(amax);
+    const float sc = fmaxf(amax, 1e-10f) / 448.0f;
+    uint32_t q[2];
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+        const uint32_t lo = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w] / sc, xf[4 * w + 1] / sc);
+        const uint32_t hi = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w + 2] / sc, xf[4 * w + 3] / sc);
+        q[w] = lo | (hi << 16);
+    }
+    ptx::st_global_v2(p.x_fp8 + col, q[0], q[1]);
+    if ((lane & (kLanesPerGroup - 1)) == 0)
+        ptx::st_global_f32(p.x_scale + static_cast<int64_t>(col / kGroup) * p.scale_stride_group, sc);
+}
+
 template <int kHidden, int kCluster>
 struct A0AddRmsNormQuantClusterTile {
     static constexpr int kVec = 8;                        // bf16 per 16-byte vector
@@ -145,34 +181,7 @@ struct A0AddRmsNormQuantClusterTile {
         const float rstd = 1.0f / sqrtf(total / static_cast<float>(kHidden) + eps);
 
         // 4. x = bf16((r * rstd) * gamma); group amax over the bf16 x; FP8 quant with the group scale.
-        ptx::u32x4 xo;
-        uint32_t* xw = &xo.x;
-        float xf[kVec];
-        float amax = 0.0f;
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const uint32_t gw = word(gamma, w);
-            const float ya = (r[2 * w] * rstd) * ptx::bf16lo_to_f32(gw);
-            const float yb = (r[2 * w + 1] * rstd) * ptx::bf16hi_to_f32(gw);
-            xw[w] = ptx::f32x2_to_bf16x2_rn(ya, yb);
-            xf[2 * w] = ptx::bf16lo_to_f32(xw[w]);
-            xf[2 * w + 1] = ptx::bf16hi_to_f32(xw[w]);
-            amax = fmaxf(amax, fmaxf(fabsf(xf[2 * w]), fabsf(xf[2 * w + 1])));
-        }
-        ptx::st_global_v4(p.x + col, xo);
-
-        amax = warp_group_max<kLanesPerGroup>(amax);
-        const float sc = fmaxf(amax, 1e-10f) / 448.0f;
-        uint32_t q[2];
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-            const uint32_t lo = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w] / sc, xf[4 * w + 1] / sc);
-            const uint32_t hi = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w + 2] / sc, xf[4 * w + 3] / sc);
-            q[w] = lo | (hi << 16);
-        }
-        ptx::st_global_v2(p.x_fp8 + col, q[0], q[1]);
-        if ((lane & (kLanesPerGroup - 1)) == 0)
-            ptx::st_global_f32(p.x_scale + static_cast<int64_t>(col / kGroup) * p.scale_stride_group, sc);
+        a0_norm_quant_vector(r, rstd, gamma, p, col, lane);
     }
 };
 
@@ -247,35 +256,14 @@ struct A0AddRmsNormQuantRowTile {
             const ptx::u32x4 h2 = ptx::ld_global_v4(p.hidden + col);
             const ptx::u32x4 res2 = ptx::ld_global_v4(p.residual + col);
             const ptx::u32x4 gam = ptx::ld_global_nc_v4(weight + col);
-            ptx::u32x4 xo;
-            uint32_t* xw = &xo.x;
-            float xf[kVec];
-            float amax = 0.0f;
+            float r[kVec];
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
-                const uint32_t gw = word(gam, w), hw = word(h2, w), qw = word(res2, w);
-                const float ra = ptx::bf16lo_to_f32(hw) + ptx::bf16lo_to_f32(qw);
-                const float rb = ptx::bf16hi_to_f32(hw) + ptx::bf16hi_to_f32(qw);
-                const float ya = (ra * rstd) * ptx::bf16lo_to_f32(gw);
-                const float yb = (rb * rstd) * ptx::bf16hi_to_f32(gw);
-                xw[w] = ptx::f32x2_to_bf16x2_rn(ya, yb);
-                xf[2 * w] = ptx::bf16lo_to_f32(xw[w]);
-                xf[2 * w + 1] = ptx::bf16hi_to_f32(xw[w]);
-                amax = fmaxf(amax, fmaxf(fabsf(xf[2 * w]), fabsf(xf[2 * w + 1])));
+                const uint32_t hw = word(h2, w), qw = word(res2, w);
+                r[2 * w] = ptx::bf16lo_to_f32(hw) + ptx::bf16lo_to_f32(qw);
+                r[2 * w + 1] = ptx::bf16hi_to_f32(hw) + ptx::bf16hi_to_f32(qw);
             }
-            ptx::st_global_v4(p.x + col, xo);
-            amax = warp_group_max<kLanesPerGroup>(amax);
-            const float sc = fmaxf(amax, 1e-10f) / 448.0f;
-            uint32_t q[2];
-#pragma unroll
-            for (int w = 0; w < 2; ++w) {
-                const uint32_t lo = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w] / sc, xf[4 * w + 1] / sc);
-                const uint32_t hi = ptx::f32x2_to_e4m3x2_satfinite(xf[4 * w + 2] / sc, xf[4 * w + 3] / sc);
-                q[w] = lo | (hi << 16);
-            }
-            ptx::st_global_v2(p.x_fp8 + col, q[0], q[1]);
-            if ((lane & (kLanesPerGroup - 1)) == 0)
-                ptx::st_global_f32(p.x_scale + static_cast<int64_t>(col / kGroup) * p.scale_stride_group, sc);
+            a0_norm_quant_vector(r, rstd, gam, p, col, lane);
         }
     }
 };
