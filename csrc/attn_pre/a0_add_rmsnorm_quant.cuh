@@ -209,18 +209,21 @@ struct A0AddRmsNormQuantRowTile {
     }
     static GLM5_DEVICE bool active(int j, int tid) { return j * kThreads + tid < kVecs; }
 
-    // All kThreads threads, one row; `weight` the norm weight [kHidden] bf16 (loaded with the row: the
-    // megakernel cannot hold it across an instruction without spilling); `partials` = kChunks floats of
+    // All kThreads threads, one row; `weight` the norm weight [kHidden] bf16 (loaded with the row, per
+    // instruction: the megakernel cannot hold it across instructions without spilling); `partials` = kChunks floats of
     // shared memory. Ends after the last read of `partials` by this thread only: barrier before reusing it.
     static GLM5_DEVICE void run(const uint16_t* weight, const A0RowPtrs& p, float eps, float* partials, int tid) {
         const int lane = tid & 31, warp = tid >> 5;
-        ptx::u32x4 h[kIters], res[kIters];
+        // Every global load of the row goes out in one round trip: the norm weight with the row (it is
+        // not needed before pass 2, but loaded there each vector would wait out its own round trip).
+        ptx::u32x4 h[kIters], res[kIters], gam[kIters];
 #pragma unroll
         for (int j = 0; j < kIters; ++j)
             if (active(j, tid)) {
                 const int col = (j * kThreads + tid) * kVec;
                 h[j] = ptx::ld_global_v4(p.hidden + col);
                 res[j] = ptx::ld_global_v4(p.residual + col);
+                gam[j] = ptx::ld_global_nc_v4(weight + col);
             }
         // Pass 1: r = hidden + residual (fp32), residual_out, the chunk partials. r is not kept: pass 2
         // recomputes it from a second (L1 / L2) read of the row, which keeps the tile within the
@@ -249,21 +252,26 @@ struct A0AddRmsNormQuantRowTile {
 #pragma unroll
         for (int i = 0; i < kChunks; ++i) total += partials[i];
         const float rstd = 1.0f / sqrtf(total / static_cast<float>(kHidden) + eps);
+        ptx::u32x4 h2[kIters], res2[kIters];  // the second read of the row (L1), all before the first use
+#pragma unroll
+        for (int j = 0; j < kIters; ++j)
+            if (active(j, tid)) {
+                const int col = (j * kThreads + tid) * kVec;
+                h2[j] = ptx::ld_global_v4(p.hidden + col);
+                res2[j] = ptx::ld_global_v4(p.residual + col);
+            }
 #pragma unroll
         for (int j = 0; j < kIters; ++j) {
             if (!active(j, tid)) continue;
             const int col = (j * kThreads + tid) * kVec;
-            const ptx::u32x4 h2 = ptx::ld_global_v4(p.hidden + col);
-            const ptx::u32x4 res2 = ptx::ld_global_v4(p.residual + col);
-            const ptx::u32x4 gam = ptx::ld_global_nc_v4(weight + col);
             float r[kVec];
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
-                const uint32_t hw = word(h2, w), qw = word(res2, w);
+                const uint32_t hw = word(h2[j], w), qw = word(res2[j], w);
                 r[2 * w] = ptx::bf16lo_to_f32(hw) + ptx::bf16lo_to_f32(qw);
                 r[2 * w + 1] = ptx::bf16hi_to_f32(hw) + ptx::bf16hi_to_f32(qw);
             }
-            a0_norm_quant_vector(r, rstd, gam, p, col, lane);
+            a0_norm_quant_vector(r, rstd, gam[j], p, col, lane);
         }
     }
 };

@@ -15,8 +15,9 @@
 //   D2  D2AbsorbTile (+ D2KvStoreWarp: the head-0 tile of the last 128 latent columns stores the
 //       whole KV rows of its tokens, c_kv and roped k_pe, exactly as the standalone KV warp does;
 //       the other head-0 tiles store nothing, so the cache bytes equal the standalone kernel's).
-//   B0  split-K partial on SkinnyGemmTile's mainloop; group epilogue: reduce the row block into
-//       bf16 rows (in place over workspace slice 0) + B0RowNormsTile per row (= B0 split mode).
+//   B0  split-K partial on SkinnyGemmTile's mainloop; group epilogue per row: the row threads sum the
+//       splits into B0RowNormsTile's registers (bf16 qkv row, as B0 split mode's GEMM would write it)
+//       and run its epilogue (= B0 split mode).
 //   B1  split-K partial; group epilogue SkinnyFinish<kEpiIdxK> (LayerNorm, RoPE, quant, cache store).
 //   D1  split-K partial; per-head group epilogue SkinnyFinish<kEpiIdxQ> (needs index_head_dim 128:
 //       one head = one 128-row tile).
@@ -239,23 +240,39 @@ GLM5_DEVICE void load_reduced(const Ctx<kTrace>& c, const GemmOperands& g, int s
     const int tid = c.tid, lane = tid & 31, warp = tid >> 5, gg = lane >> 2, t = lane & 3;
     const int f = tile_n * sk::kBlockN + warp * 16 + 2 * gg;
     const int64_t plane = static_cast<int64_t>(c.p.num_tokens) * g.N;
+    constexpr int kChunk = 4;  // splits whose loads are in flight together (a runtime loop would wait per load)
+    bool ok[G::kNT][2];
 #pragma unroll
     for (int j = 0; j < G::kNT; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            const int m = row0 + j * 8 + 2 * t + e;
-            float x = 0.0f, y = 0.0f;
-            if (m < m_end && f < g.N) {
-                const float* src = g.ws + static_cast<int64_t>(m) * g.N + f;
-                for (int s = 0; s < splits; ++s) {
-                    const float2 v = sync::ld_cg_f32x2(src + s * plane);
-                    x += v.x;
-                    y += v.y;
-                }
-            }
-            acc[j][e] = x;
-            acc[j][e + 2] = y;
+            ok[j][e] = row0 + j * 8 + 2 * t + e < m_end && f < g.N;
+            acc[j][e] = acc[j][e + 2] = 0.0f;
         }
+    for (int s0 = 0; s0 < splits; s0 += kChunk) {
+        float2 v[G::kNT][2][kChunk];
+#pragma unroll
+        for (int j = 0; j < G::kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float* src = g.ws + static_cast<int64_t>(row0 + j * 8 + 2 * t + e) * g.N + f;
+#pragma unroll
+                for (int u = 0; u < kChunk; ++u)
+                    v[j][e][u] = ok[j][e] && s0 + u < splits ? sync::ld_cg_f32x2(src + (s0 + u) * plane)
+                                                              : make_float2(0.0f, 0.0f);
+            }
+#pragma unroll
+        for (int u = 0; u < kChunk; ++u) {
+            if (s0 + u >= splits) break;
+#pragma unroll
+            for (int j = 0; j < G::kNT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    acc[j][e] += v[j][e][u].x;
+                    acc[j][e + 2] += v[j][e][u].y;
+                }
+        }
+    }
 }
 
 template <bool kTrace>
@@ -278,18 +295,19 @@ template <class D>
 struct B0Family {
     static constexpr int kRowThreads = b0_row_threads<D>();
     using Rows = attn_pre::B0RowNormsTile<D::kQ, D::kKV, D::kR, kRowThreads, kBarB0Rows>;
-    static constexpr int kPairs = D::kQkv / 2;
-    static constexpr int kPairIters = (kPairs + kWorkerThreads - 1) / kWorkerThreads;
-    static_assert(D::kQkv % 2 == 0, "qkv_a rows are written as bf16 pairs");
-    static_assert(Rows::kScratchFloats <= 2 * kWorkerWarps, "CtaShared::scratch holds the row sums");
+    static_assert(D::kQkv % Rows::kVec == 0 && D::kQ % Rows::kVec == 0, "rows are read as 8-column fp32 vectors");
+    static_assert(2 * Rows::kScratchFloats <= 4 * kWorkerWarps, "CtaShared::scratch holds two blocks of row sums");
 
     template <class G, bool kTrace>
     static GLM5_DEVICE bool body(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g, uint8_t* smem) {
         namespace sl = isa::B0::slot;
         if (!gemm_partial<G>(c, g, r, smem)) return false;
         if (!c.arrive_reduce()) return true;
-        // Last arriver: rows [m0, m1) of qkv = bf16(sum of the splits), then the row epilogue.
+        // Last arriver: per row m of [m0, m1), the row threads sum their columns of the splits straight
+        // into the row tile's registers (qkv = bf16(sum), never written back) and run its epilogue. The
+        // row sums alternate between two scratch blocks, so rows need no barrier between them.
         const int splits = r.splits(), tid = c.tid;
+        if (tid >= kRowThreads) return true;
         const int64_t plane = static_cast<int64_t>(c.p.num_tokens) * D::kQkv;
         uint16_t* q_lora = c.template operand<uint16_t>(sl::q_lora);
         uint8_t* q_fp8 = c.template operand<uint8_t>(sl::q_lora_fp8);
@@ -297,40 +315,86 @@ struct B0Family {
         uint16_t* c_kv = c.template operand<uint16_t>(sl::c_kv);
         uint16_t* k_pe = c.template operand<uint16_t>(sl::k_pe);
         typename Rows::Gamma gamma;
-        if (tid < kRowThreads)
-            Rows::load_gamma(gamma, c.template operand<const uint16_t>(sl::w_q_a_norm),
-                             c.template operand<const uint16_t>(sl::w_kv_a_norm), tid);
+        Rows::load_gamma(gamma, c.template operand<const uint16_t>(sl::w_q_a_norm),
+                         c.template operand<const uint16_t>(sl::w_kv_a_norm), tid);
         for (int m = r.m0; m < r.m1; ++m) {
-            float2 v[kPairIters];
-#pragma unroll
-            for (int j = 0; j < kPairIters; ++j) {
-                const int pc = tid + j * kWorkerThreads;
-                v[j] = make_float2(0.0f, 0.0f);
-                if (pc < kPairs) {
-                    const float* src = g.ws + static_cast<int64_t>(m) * D::kQkv + 2 * pc;
-                    for (int s = 0; s < splits; ++s) {
-                        const float2 x = sync::ld_cg_f32x2(src + s * plane);
-                        v[j].x += x.x;
-                        v[j].y += x.y;
-                    }
-                }
-            }
-            worker_sync<kBarWorkers>();  // every read of row m's slices is done: overwrite slice 0 in place
-            uint32_t* qkv2 = reinterpret_cast<uint32_t*>(g.ws + static_cast<int64_t>(m) * D::kQkv);
-#pragma unroll
-            for (int j = 0; j < kPairIters; ++j) {
-                const int pc = tid + j * kWorkerThreads;
-                if (pc < kPairs) qkv2[pc] = ptx::f32x2_to_bf16x2_rn(v[j].x, v[j].y);
-            }
-            worker_sync<kBarWorkers>();
-            if (tid < kRowThreads) {
-                const attn_pre::B0RowPtrs rp{reinterpret_cast<const uint16_t*>(qkv2), q_lora + m * D::kQ,
-                                             q_fp8 + static_cast<int64_t>(m) * D::kQ, q_scale + m * (D::kQ / 128),
-                                             c_kv + m * D::kKV, k_pe + m * D::kR};
-                Rows::run(gamma, rp, c.p.rms_eps, c.sh.scratch, tid);
-            }
+            typename Rows::RowRegs row;
+            reduce_row(row, g.ws + static_cast<int64_t>(m) * D::kQkv, plane, splits, tid);
+            const attn_pre::B0RowPtrs rp{nullptr, q_lora + m * D::kQ, q_fp8 + static_cast<int64_t>(m) * D::kQ,
+                                         q_scale + m * (D::kQ / 128), c_kv + m * D::kKV, k_pe + m * D::kR};
+            Rows::finish(gamma, row, rp, c.p.rms_eps, c.sh.scratch + ((m - r.m0) & 1) * Rows::kScratchFloats, tid);
         }
         return true;
+    }
+
+    // This row thread's vectors of one qkv row (Rows' layout: q vector v = i*kRowThreads + tid, tail
+    // vector u likewise) = bf16(sum of the fp32 split slices), added in k-split order from 0 as
+    // SkinnyFinish::reduce_splits does. The loads of kSplitChunk splits x every vector are issued
+    // before the first add (a runtime split loop would wait out one L2 round trip per load).
+    static constexpr int kSplitChunk = 2;
+    static GLM5_DEVICE void reduce_row(typename Rows::RowRegs& out, const float* row, int64_t plane, int splits,
+                                       int tid) {
+        constexpr int kV = Rows::kQIters + Rows::kTailIters;
+        constexpr int kVec = Rows::kVec;
+        int col[kV];
+        bool ok[kV];
+#pragma unroll
+        for (int i = 0; i < Rows::kQIters; ++i) {
+            const int v = i * kRowThreads + tid;
+            ok[i] = Rows::q_valid(v);
+            col[i] = v * kVec;
+        }
+#pragma unroll
+        for (int i = 0; i < Rows::kTailIters; ++i) {
+            const int u = i * kRowThreads + tid;
+            ok[Rows::kQIters + i] = Rows::tail_valid(u);
+            col[Rows::kQIters + i] = D::kQ + u * kVec;
+        }
+        float acc[kV][kVec];
+#pragma unroll
+        for (int a = 0; a < kV; ++a)
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) acc[a][e] = 0.0f;
+        for (int s0 = 0; s0 < splits; s0 += kSplitChunk) {
+            float4 x[kV][kSplitChunk][2];
+#pragma unroll
+            for (int a = 0; a < kV; ++a)
+#pragma unroll
+                for (int u = 0; u < kSplitChunk; ++u) {
+                    if (ok[a] && s0 + u < splits) {
+                        const float* src = row + (s0 + u) * plane + col[a];
+                        x[a][u][0] = sync::ld_cg_f32x4(src);
+                        x[a][u][1] = sync::ld_cg_f32x4(src + 4);
+                    } else {
+                        x[a][u][0] = x[a][u][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    }
+                }
+#pragma unroll
+            for (int u = 0; u < kSplitChunk; ++u) {
+                if (s0 + u >= splits) break;
+#pragma unroll
+                for (int a = 0; a < kV; ++a) {
+                    acc[a][0] += x[a][u][0].x;
+                    acc[a][1] += x[a][u][0].y;
+                    acc[a][2] += x[a][u][0].z;
+                    acc[a][3] += x[a][u][0].w;
+                    acc[a][4] += x[a][u][1].x;
+                    acc[a][5] += x[a][u][1].y;
+                    acc[a][6] += x[a][u][1].z;
+                    acc[a][7] += x[a][u][1].w;
+                }
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < kV; ++a) {
+            ptx::u32x4 w;
+            w.x = ok[a] ? ptx::f32x2_to_bf16x2_rn(acc[a][0], acc[a][1]) : 0u;
+            w.y = ok[a] ? ptx::f32x2_to_bf16x2_rn(acc[a][2], acc[a][3]) : 0u;
+            w.z = ok[a] ? ptx::f32x2_to_bf16x2_rn(acc[a][4], acc[a][5]) : 0u;
+            w.w = ok[a] ? ptx::f32x2_to_bf16x2_rn(acc[a][6], acc[a][7]) : 0u;
+            if (a < Rows::kQIters) out.q[a] = w;
+            else out.t[a - Rows::kQIters] = w;
+        }
     }
 
     template <bool kTrace>

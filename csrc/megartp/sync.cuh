@@ -91,6 +91,12 @@ GLM5_DEVICE float2 ld_cg_f32x2(const float* p) {
     return v;
 }
 
+GLM5_DEVICE float4 ld_cg_f32x4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
 // ---- special registers ----------------------------------------------------------------------------
 
 GLM5_DEVICE uint32_t smid() {

@@ -17,6 +17,7 @@ The lead wires this into `glm5-fastpath bench prefix --executors ...`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -116,18 +117,34 @@ def framework_cost(device: Any = "cuda", lengths: Sequence[int] = (1,), *, launc
     return out
 
 
+def parse_tiling(spec: str | None) -> Any:
+    """`b0_split_k=6,d1_split_k=2` -> PrefixTiling with those fields changed (None / "" -> the default)."""
+    from ...graph.prefix_graph import PrefixTiling
+    if not spec:
+        return PrefixTiling()
+    fields = {f: int(v) for f, v in (kv.split("=", 1) for kv in spec.split(",") if kv)}
+    unknown = sorted(set(fields) - set(PrefixTiling.__dataclass_fields__))
+    if unknown:
+        raise SystemExit(f"--tiling: unknown PrefixTiling fields {unknown} (known: {sorted(PrefixTiling.__dataclass_fields__)})")
+    return PrefixTiling(**fields)
+
+
+def _prefix_graph(cfg: Glm5Config, tiling: Any) -> OpGraph:
+    from ...graph import build_prefix_graph
+    return build_prefix_graph(cfg) if tiling is None else build_prefix_graph(cfg, tiling=tiling)
+
+
 def bench_megartp(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_MS, kv_len: int = 8192,
                   device: Any = "cuda", launches: int = 20, replays: int = 20, seed: int = 0,
-                  print_table: bool = True) -> dict[str, Any]:
+                  print_table: bool = True, tiling: Any = None) -> dict[str, Any]:
     """Framework cost and per-M plan time of the supported subgraph (see the module doc). -> a JSON-able dict."""
     from ...bench.timing import time_launches
-    from ...graph import build_prefix_graph
     from .device import supported_subgraph
 
     cfg = cfg or Glm5Config.preset("glm5")
     dev = torch.device(device)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    graph = supported_subgraph(build_prefix_graph(cfg), cfg)
+    graph = supported_subgraph(_prefix_graph(cfg, tiling), cfg)
     rows, lengths = [], {1}
     for m in ms:
         _log(f"M={m}: plan of {graph.name}")
@@ -139,13 +156,15 @@ def bench_megartp(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_
                      "median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us, "method": t.method})
     fw = framework_cost(dev, sorted(lengths), launches=max(launches, 50), replays=replays)
     result = {"graph": graph.name, "ops": list(graph.ops), "kv_len": kv_len, "num_sms": sms,
+              "tiling": dataclasses.asdict(tiling) if tiling is not None else None,
               "framework_cost_us": {L: v.get("median_us") for L, v in fw.items()}, "framework": fw, "plans": rows}
     if print_table:
         print(f"MegaRTP megakernel v1 on {torch.cuda.get_device_name(dev)} ({sms} SMs)")
         for L, v in fw.items():
             print(f"  framework cost, empty plan [{sms}, {L}]: median {v.get('median_us'):.2f} us per launch "
                   f"(target <= 3 us)")
-        print(f"  plan: {graph.name} (ops {', '.join(graph.ops)}), independent sequences of {kv_len}")
+        print(f"  plan: {graph.name} (ops {', '.join(graph.ops)}), independent sequences of {kv_len}"
+              + (f", tiling {tiling}" if tiling is not None else ""))
         print(f"  {'M':>5}{'tasks':>7}{'queue':>7}{'median us':>11}{'min us':>9}{'p90 us':>9}")
         for r in rows:
             print(f"  {r['M']:>5}{r['tasks']:>7}{r['queue_len']:>7}{r['median_us']:>11.2f}{r['min_us']:>9.2f}"
@@ -154,16 +173,15 @@ def bench_megartp(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_
 
 
 def trace_steps(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_MS, kv_len: int = 8192,
-                out: Any = "megartp_trace", device: Any = "cuda", seed: int = 0) -> dict[str, Any]:
+                out: Any = "megartp_trace", device: Any = "cuda", seed: int = 0, tiling: Any = None) -> dict[str, Any]:
     """One traced step of the supported subgraph per M (trace build of the megakernel): a Chrome / Perfetto
     trace JSON per M and the summary (critical path, which ops' work was hidden) as text + JSON."""
-    from ...graph import build_prefix_graph
     from . import trace as T
     from .device import supported_subgraph
 
     cfg = cfg or Glm5Config.preset("glm5")
     dev = torch.device(device)
-    graph = supported_subgraph(build_prefix_graph(cfg), cfg)
+    graph = supported_subgraph(_prefix_graph(cfg, tiling), cfg)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"graph": graph.name, "kv_len": kv_len, "steps": {}}
@@ -193,14 +211,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trace", default=None, metavar="DIR",
                     help="also run one traced step per M (trace build): Chrome trace JSON + critical-path summary "
                          "in DIR")
+    ap.add_argument("--tiling", default=None, metavar="F=N,...",
+                    help="PrefixTiling fields to change for the plan, e.g. b0_split_k=6,d1_split_k=2")
     a = ap.parse_args(argv)
+    tiling = parse_tiling(a.tiling) if a.tiling else None
     res = bench_megartp(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x],
-                        kv_len=a.kv_len, launches=a.launches, replays=a.replays)
+                        kv_len=a.kv_len, launches=a.launches, replays=a.replays, tiling=tiling)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
     if a.trace:
         trace_steps(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x], kv_len=a.kv_len,
-                    out=a.trace)
+                    out=a.trace, tiling=tiling)
     return 0
 
 

@@ -28,6 +28,7 @@ from glm5_fastpath.attn_pre.megartp.plan import build_plan
 from glm5_fastpath.attn_pre.megartp.validator import validate
 from glm5_fastpath.config import Glm5Config, small_config
 from glm5_fastpath.graph import ShapeContext, build_prefix_graph
+from glm5_fastpath.graph.prefix_graph import PrefixTiling
 from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_no_poison
 from glm5_fastpath.weights import Fp8Linear
 
@@ -159,8 +160,8 @@ def test_full_prefix_plan_is_refused_with_the_missing_families():
 
 # ---- 4. families --------------------------------------------------------------------------------------------------
 
-def _family_run(cfg, ops, seq_lens, *, num_sms=None, seed=0, epochs=1, ctx=None):
-    g = D.keep_only(build_prefix_graph(cfg), ops)
+def _family_run(cfg, ops, seq_lens, *, num_sms=None, seed=0, epochs=1, ctx=None, tiling=None):
+    g = D.keep_only(build_prefix_graph(cfg, **({"tiling": tiling} if tiling else {})), ops)
     ctx = ctx or ShapeContext.independent(seq_lens)
     plan = validate(build_plan(g, ctx, cfg, num_sms=num_sms or sms()))
     env, ref = reference_env(cfg, g, ctx, seed=seed, device=DEV)
@@ -209,11 +210,17 @@ def _forced(plan, op):
     return forced_config(tm=16, splits=_splits(plan, op), stages=6, impl="mma")
 
 
-@pytest.mark.parametrize("cfg", [SMALL, GLM5], ids=["small", "glm5"])
-@pytest.mark.parametrize("m", [1, 16, 40])
-def test_b0_family(cfg, m):
+# Split counts other than the graph's default (4): 3 leaves a partial chunk in the last arriver's split loads
+# (families.cuh loads two splits at a time), 6 three whole chunks.
+B0_TILINGS = {"k4": None, "k3": PrefixTiling(b0_split_k=3), "k6": PrefixTiling(b0_split_k=6)}
+
+
+@pytest.mark.parametrize("cfg,m,tiling", [(c, m, "k4") for c in (SMALL, GLM5) for m in (1, 16, 40)]
+                         + [(GLM5, 16, "k3"), (GLM5, 5, "k6")],
+                         ids=lambda v: v if isinstance(v, (int, str)) else ("glm5" if v is GLM5 else "small"))
+def test_b0_family(cfg, m, tiling):
     from glm5_fastpath.ops import b0_qkv_a
-    x = _family_run(cfg, ["B0"], LENS[m], num_sms=min(sms(), 40))
+    x = _family_run(cfg, ["B0"], LENS[m], num_sms=min(sms(), 40), tiling=B0_TILINGS[tiling])
     t, ref, e = x.t, x.ref, x.env
     names = ["q_lora", "q_lora_fp8", "q_lora_scale", "c_kv", "k_pe"]
     assert_no_poison("megartp B0", *[t[n] for n in names], names=names)
@@ -257,10 +264,12 @@ def test_b1_family(cfg, m):
     assert_equal("megartp B1", t["index_k_cache"], cache, context=f"{m=} whole index-K cache vs the standalone kernel")
 
 
-@pytest.mark.parametrize("m", [1, 16, 40])
-def test_d1_family_glm5(m):
+@pytest.mark.parametrize("m,tiling", [(1, None), (16, None), (40, None), (16, 1), (5, 8)],
+                         ids=["1", "16", "40", "16-k1", "5-k8"])
+def test_d1_family_glm5(m, tiling):
     from glm5_fastpath.ops import d1_indexer_q
-    x = _family_run(GLM5, ["D1"], LENS[m], num_sms=min(sms(), 64))
+    x = _family_run(GLM5, ["D1"], LENS[m], num_sms=min(sms(), 64),
+                    tiling=PrefixTiling(d1_split_k=tiling) if tiling else None)
     t, ref, e = x.t, x.ref, x.env
     names = ["index_q_fp8", "index_q_scale", "head_w"]
     assert_no_poison("megartp D1", *[t[n] for n in names], names=names)

@@ -365,3 +365,14 @@ def test_the_controllers_barrier_joins_match_the_tile_code():
     loop = max(i for i in range(hits[0]) if re.search(r"\bfor \(", lines[i]))
     assert re.search(r"for \(int it = 0; it < c\.nk; \+\+it\)", lines[loop]), lines[loop]
     assert "return (rows + tm - 1) / tm * nk;" in _cpp("families.cuh")
+
+
+def test_bench_tiling_option_changes_only_the_named_splits():
+    from glm5_fastpath.attn_pre.megartp.bench import parse_tiling
+    from glm5_fastpath.graph.prefix_graph import PrefixTiling
+    t = parse_tiling("b0_split_k=6,d1_split_k=2")
+    assert (t.b0_split_k, t.d1_split_k) == (6, 2)
+    assert t.b1_split_k == PrefixTiling().b1_split_k
+    assert parse_tiling("") == PrefixTiling()
+    with pytest.raises(SystemExit, match="unknown PrefixTiling fields"):
+        parse_tiling("b0_splits=6")
