@@ -317,13 +317,16 @@ struct B0Family {
         typename Rows::Gamma gamma;
         Rows::load_gamma(gamma, c.template operand<const uint16_t>(sl::w_q_a_norm),
                          c.template operand<const uint16_t>(sl::w_kv_a_norm), tid);
+        c.mark(1);
         for (int m = r.m0; m < r.m1; ++m) {
             typename Rows::RowRegs row;
             reduce_row(row, g.ws + static_cast<int64_t>(m) * D::kQkv, plane, splits, tid);
+            if (m == r.m0) c.mark(2);
             const attn_pre::B0RowPtrs rp{nullptr, q_lora + m * D::kQ, q_fp8 + static_cast<int64_t>(m) * D::kQ,
                                          q_scale + m * (D::kQ / 128), c_kv + m * D::kKV, k_pe + m * D::kR};
             Rows::finish(gamma, row, rp, c.p.rms_eps, c.sh.scratch + ((m - r.m0) & 1) * Rows::kScratchFloats, tid);
         }
+        c.mark(3);
         return true;
     }
 
@@ -442,11 +445,14 @@ GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const
         Finish::stage_pre(sp, co, sc, c.tid);
         sk::consumer_sync();
         Finish::stage_tables(sp, co, sc, c.tid);
+        if (row0 == r.m0) c.mark(1);
         float acc[G::kNT][4];
         load_reduced<G>(c, g, splits, co.tile_n, row0, r.m1, acc);
+        if (row0 == r.m0) c.mark(2);
         Finish::epilogue(sp, co, sc, c.tid, acc);
         worker_sync<kBarWorkers>();  // the epilogue's scratch is reused by the next token block
     }
+    c.mark(3);
 }
 
 template <class D>

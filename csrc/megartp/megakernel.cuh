@@ -64,6 +64,10 @@ GLM5_DEVICE void worker_role(const MegaParams& p, CtaShared& sh, uint8_t* smem, 
         while (sync::ld_acquire_cta(&sh.full[s]) < seq) {
         }
         const Ctx<kTrace> c{p, sh, sh.slot[s], epoch, tid, i, s, seq};
+        if constexpr (kTrace) {
+            if (tid == 0)
+                for (int k = 0; k < kTraceMarks; ++k) c.trace(kTraceMark0 + k, 0ull);  // a previous step's marks
+        }
         if (!dispatch<D>(c, smem)) return;
         worker_sync<kBarWorkers>();  // outputs written by every worker; the slot and smem are no longer read
         if (tid == 0) {

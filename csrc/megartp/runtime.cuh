@@ -108,8 +108,14 @@ enum ErrorField : int {
 
 // ---- trace ------------------------------------------------------------------------------------------
 // Per instruction: [0] fetched (slot published, controller), [1] inputs ready (waits satisfied),
-// [2] done (signals issued), [3] smid << 32 | opcode << 8 | 1 (valid). %globaltimer nanoseconds.
-constexpr int kTraceWords = 4;
+// [2] done (signals issued), [3] smid << 32 | opcode << 8 | 1 (valid), [4..7] the family's phase marks
+// (Ctx::mark; 0 = not reached: cleared when the instruction starts). %globaltimer nanoseconds.
+// Split-K families (B0 / B1 / D1): mark 0 = partial stored and counted; in the reduce group's last
+// arriver, mark 1 = epilogue inputs staged, mark 2 = splits summed (first row / token block), mark 3 =
+// epilogue done.
+constexpr int kTraceWords = 8;
+constexpr int kTraceMark0 = 4;
+constexpr int kTraceMarks = 4;
 
 constexpr int kFamilyParamBytes = 256;
 
@@ -197,6 +203,13 @@ struct Ctx {
         }
     }
 
+    // Phase mark k of this instruction (trace builds; worker thread 0 stamps it).
+    GLM5_DEVICE void mark(int k) const {
+        if constexpr (kTrace) {
+            if (tid == 0) trace(kTraceMark0 + k, sync::globaltimer_ns());
+        }
+    }
+
     // Spin (one lane per wait) until counter[event] >= epoch * threshold, bounded by the budget.
     GLM5_DEVICE bool spin_one(int k) const {
         const int32_t ev = ins.wait_event(k);
@@ -261,6 +274,7 @@ struct Ctx {
             const uint32_t old = sync::atom_add_acq_rel_gpu(p.counters + c, 1u);
             sh.last = (old + 1u == target) ? 1 : 0;
         }
+        mark(0);
         worker_sync<kBarWorkers>();
         const bool last = sh.last != 0;
         if (last) sync::fence_acq_rel_gpu();

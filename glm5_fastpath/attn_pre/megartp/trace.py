@@ -2,8 +2,11 @@
 Chrome / Perfetto trace (chrome://tracing, ui.perfetto.dev) and a summary of the critical path.
 
 The kernel (GLM5_MRTP_TRACE=1, PlanRunner(trace=True)) writes per instruction (queue q, position i)
-four uint64 words of %globaltimer (ns): fetched (the controller published it into a slot), ready (its
-event waits were satisfied), done (its signals were issued), and smid << 32 | opcode << 8 | 1.
+eight uint64 words: %globaltimer (ns) when it was fetched (the controller published it into a slot),
+ready (its event waits were satisfied) and done (its signals were issued); smid << 32 | opcode << 8 | 1;
+then four phase marks of the family (0 = not reached). Split-K families (B0 / B1 / D1, PHASES below):
+the partial stored and counted; in the reduce group's last arriver, the epilogue inputs staged, the
+splits summed (first row / token block) and the epilogue done.
 
 Derived per record: start = max(fetched, done of the previous instruction of the queue) (the workers
 take an instruction once the previous one is done), clipped to ready; wait = ready - start (blocked on
@@ -28,7 +31,10 @@ import torch
 
 from .isa import FAMILY_BY_OPCODE, Opcode, decode
 
-TRACE_WORDS = 4
+TRACE_WORDS = 8
+TRACE_MARKS = 4  # words 4..7 (runtime.cuh kTraceMark0 / kTraceMarks)
+SPLIT_K_PHASES = ("partial", "staged", "summed", "epilogue")  # what each mark ends (runtime.cuh comment)
+PHASES = {"B0": SPLIT_K_PHASES, "B1": SPLIT_K_PHASES, "D1": SPLIT_K_PHASES}
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class TraceRecord:
     done: float
     waits: tuple[tuple[int, int], ...]  # (event, threshold)
     signals: tuple[int, ...]  # events
+    marks: tuple[float | None, ...] = ()  # the family's phase marks (ns from the earliest fetch; None: not reached)
 
     @property
     def wait(self) -> float:
@@ -86,14 +93,16 @@ def decode_trace(plan: Any, raw: torch.Tensor) -> list[TraceRecord]:
         for i in range(l_n):
             if not bool(valid[q, i]):
                 continue
-            f, r, d, meta = (int(x) for x in raw[q, i])
+            f, r, d, meta, *mk = (int(x) for x in raw[q, i])
             ins = decode(plan.instructions[q, i])
+            marks = tuple(float(x - t0) if x else None for x in mk)
             fetched, ready, done = float(f - t0), float(r - t0), float(d - t0)
             # the controller stamps `fetched` just after publishing, so a fast instruction may be ready a
             # few ns earlier: start is clipped to ready (ready and done are one thread's, in order)
             start = min(fetched if prev_done is None else max(fetched, prev_done), ready)
             out.append(TraceRecord(q, i, (meta >> 32) & 0xFFFFFFFF, ins.opcode, _op_name(ins, ops), ins.tile_index,
-                                   fetched, start, ready, done, tuple(ins.waits), tuple(e for e, _, _ in ins.signals)))
+                                   fetched, start, ready, done, tuple(ins.waits), tuple(e for e, _, _ in ins.signals),
+                                   marks))
             prev_done = done
     return out
 
@@ -120,6 +129,9 @@ def chrome_trace(records: Sequence[TraceRecord], *, name: str = "megartp") -> di
                        "ts": r.start / 1e3, "dur": r.wait / 1e3, "args": args})
         ev.append({"ph": "X", "pid": 0, "tid": r.queue, "name": r.label, "cat": r.op, "ts": r.ready / 1e3,
                    "dur": max(r.run, 0.0) / 1e3, "args": args})
+        for name, a, b in phase_spans(r):  # nested in the op slice
+            ev.append({"ph": "X", "pid": 0, "tid": r.queue, "name": f"{r.op} {name}", "cat": "phase", "ts": a / 1e3,
+                       "dur": max(b - a, 0.0) / 1e3, "args": {"instruction": r.label}})
     return {"traceEvents": ev, "displayTimeUnit": "ns"}
 
 
@@ -127,6 +139,35 @@ def write_chrome_trace(path: str | Path, records: Sequence[TraceRecord], **kw: A
     p = Path(path)
     p.write_text(json.dumps(chrome_trace(records, **kw)))
     return p
+
+
+def phase_spans(r: TraceRecord) -> list[tuple[str, float, float]]:
+    """(phase, begin ns, end ns) of the marks the instruction reached: each phase runs from the previous mark
+    (the first from `ready`) to its own."""
+    names = PHASES.get(r.op, ())
+    out, prev = [], r.ready
+    for name, m in zip(names, r.marks):
+        if m is None:
+            continue
+        out.append((name, prev, m))
+        prev = m
+    return out
+
+
+def phase_table(records: Sequence[TraceRecord]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per op with phases: per phase, how many instructions reached it and the median / max duration (us)."""
+    acc: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        for name, a, b in phase_spans(r):
+            acc.setdefault(r.op, {}).setdefault(name, []).append((b - a) / 1e3)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for op, ph in acc.items():
+        out[op] = {}
+        for name in PHASES[op]:
+            v = sorted(ph.get(name, []))
+            if v:
+                out[op][name] = {"count": len(v), "median_us": round(v[len(v) // 2], 3), "max_us": round(v[-1], 3)}
+    return out
 
 
 # ---- critical path and summary ----------------------------------------------------------------------------
@@ -206,6 +247,7 @@ def summarize(records: Sequence[TraceRecord]) -> dict[str, Any]:
         "critical_path": [{**c, **{k: us(c[k]) for k in ("start", "ready", "done", "wait", "run")}} for c in chain],
         "critical_path_ops": [c["op"] for c in chain],
         "hidden_ops": sorted(op for op in table if op not in on_path and op != "NOOP"),
+        "phases": phase_table(records),
     }
 
 
@@ -223,6 +265,11 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"done {c['done']:.3f} (waited {c['wait']:.3f}, ran {c['run']:.3f}) <- {c['released_by']}")
     if s["hidden_ops"]:
         lines.append("ops entirely overlapped off the critical path: " + ", ".join(s["hidden_ops"]))
+    if s.get("phases"):
+        lines.append("phases (median / max us; the reduce-group phases only in the last arriver):")
+        for op, ph in s["phases"].items():
+            lines.append(f"  {op}: " + ", ".join(f"{n} {v['median_us']:.3f} / {v['max_us']:.3f} (x{v['count']})"
+                                                 for n, v in ph.items()))
     return "\n".join(lines)
 
 

@@ -248,7 +248,7 @@ def _fake_trace(plan: D.RawPlan, run_ns: int = 100) -> torch.Tensor:
     q_n, l_n, _ = plan.instructions.shape
     progs = [[decode(plan.instructions[q, i]) for i in range(l_n)] for q in range(q_n)]
     done_of_event: dict[int, int] = {}
-    raw = torch.zeros(q_n, l_n, 4, dtype=torch.int64)
+    raw = torch.zeros(q_n, l_n, T.TRACE_WORDS, dtype=torch.int64)
     pos, free, prev_ready = [0] * q_n, [1000] * q_n, [1000] * q_n
     left = q_n * l_n
     while left:
@@ -258,7 +258,12 @@ def _fake_trace(plan: D.RawPlan, run_ns: int = 100) -> torch.Tensor:
                 continue
             ready = max([free[q]] + [done_of_event[e] for e, _ in progs[q][i].waits]) + 10
             done = ready + run_ns + 7 * q
-            raw[q, i] = torch.tensor([prev_ready[q], ready, done, (q + 100) << 32 | 1])
+            row = [prev_ready[q], ready, done, (q + 100) << 32 | 1, 0, 0, 0, 0]
+            if progs[q][i].reduce_counter >= 0:  # split-K: the partial's mark; every 2nd one plays the last arriver
+                row[4] = ready + 20
+                if i % 2 == 0:
+                    row[5:8] = [ready + 30, ready + 45, ready + 70]
+            raw[q, i] = torch.tensor(row)
             for e, _, _ in progs[q][i].signals:
                 done_of_event[e] = done
             free[q], prev_ready[q], pos[q] = done, ready, i + 1
@@ -308,7 +313,26 @@ def test_trace_of_a_kernel_plan_names_ops_and_hidden_ops():
     assert s["critical_path_ops"][0] == "A0"  # a chain starts at the source op
     with pytest.raises(ValueError, match="trace buffer has shape"):
         T.decode_trace(plan, torch.zeros(1, 1, 4, dtype=torch.int64))
-    assert T.decode_trace(plan, torch.zeros(*plan.instructions.shape[:2], 4, dtype=torch.int64)) == []
+    assert T.decode_trace(plan, torch.zeros(*plan.instructions.shape[:2], T.TRACE_WORDS, dtype=torch.int64)) == []
+
+
+def test_trace_phase_marks_of_split_k_families():
+    g = D.supported_subgraph(build_prefix_graph(SMALL), SMALL)
+    plan = validate(build_plan(g, ShapeContext.independent([40, 41]), SMALL, num_sms=4))
+    recs = T.decode_trace(plan, _fake_trace(plan))
+    b0 = [r for r in recs if r.op == "B0"]
+    assert b0 and all(r.marks[0] == r.ready + 20 for r in b0)
+    last = [r for r in b0 if r.marks[3] is not None]
+    assert last and [n for n, _, _ in T.phase_spans(last[0])] == list(T.SPLIT_K_PHASES)
+    assert [b - a for _, a, b in T.phase_spans(last[0])] == [20, 10, 15, 25]
+    assert all(r.marks == (None,) * 4 for r in recs if r.op in ("A0", "E1", "D2", "NOOP"))
+    s = T.summarize(recs)
+    assert s["phases"]["B0"]["partial"]["count"] == len(b0)
+    assert s["phases"]["B0"]["epilogue"]["count"] == len(last)
+    assert s["phases"]["B0"]["summed"]["median_us"] == pytest.approx(0.015)
+    assert "phases (median / max us" in T.format_summary(s)
+    ev = T.chrome_trace(recs)["traceEvents"]
+    assert any(e.get("cat") == "phase" and e["name"] == "B0 epilogue" for e in ev)
 
 
 # ---- operand binding (what PlanRunner.bind checks) and the GPU tests' data helpers --------------------------
