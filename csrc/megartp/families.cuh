@@ -15,9 +15,8 @@
 //   D2  D2AbsorbTile (+ D2KvStoreWarp: the head-0 tile of the last 128 latent columns stores the
 //       whole KV rows of its tokens, c_kv and roped k_pe, exactly as the standalone KV warp does;
 //       the other head-0 tiles store nothing, so the cache bytes equal the standalone kernel's).
-//   B0  split-K partial on SkinnyGemmTile's mainloop; group epilogue per row: the row threads sum the
-//       splits into B0RowNormsTile's registers (bf16 qkv row, as B0 split mode's GEMM would write it)
-//       and run its epilogue (= B0 split mode).
+//   B0  split-K partial on SkinnyGemmTile's mainloop; a two-level reduce (per weight tile, then the M
+//       block: B0Family) whose last arriver runs B0 fused mode's row epilogue, one warp per row.
 //   B1  split-K partial; group epilogue SkinnyFinish<kEpiIdxK> (LayerNorm, RoPE, quant, cache store).
 //   D1  split-K partial; per-head group epilogue SkinnyFinish<kEpiIdxQ> (needs index_head_dim 128:
 //       one head = one 128-row tile).
@@ -41,7 +40,6 @@
 
 #include "../attn_pre/fp8_gemm_skinny.cuh"
 #include "../attn_pre/d2_absorb_kv_store.cuh"
-#include "../attn_pre/b0_row_norms.cuh"
 #include "../attn_pre/e1_indexer_logits.cuh"
 #include "../attn_pre/a0_add_rmsnorm_quant.cuh"
 
@@ -282,122 +280,123 @@ GLM5_DEVICE bool check_smem(const Ctx<kTrace>& c, int need) {
 
 // ---- B0: QKV-A partial + row epilogue ----------------------------------------------------------------
 
-// Threads of the B0 row tile: glm5_fastpath/ops/fp8_gemm.py _row_threads (so the row sums add in
-// the standalone kernel's order and the results are bitwise equal to B0 split mode).
-template <class D>
-constexpr int b0_row_threads() {
-    constexpr int vecs = (D::kQ / 8) > ((D::kKV + D::kR) / 8) ? (D::kQ / 8) : ((D::kKV + D::kR) / 8);
-    constexpr int t = (vecs + 31) / 32 * 32;
-    return t < 32 ? 32 : (t > 256 ? 256 : t);
-}
-
+// B0's reduce runs in two levels, so that no single CTA reads the whole M block's partials:
+//   level 1, per 128-row weight tile: the tile's splits count on the tile's sub-counter (reduce counter
+//            + 1 + tile); the last sums the tile's columns (k-split order from 0, as SkinnyFinish::
+//            reduce_splits) into the raw bf16 q_a / kv_a / k_pe columns (q_lora / c_kv in place, k_pe final)
+//            and adds the tile's `splits` to the group counter;
+//   level 2, the M block: the last level-1 reducer (group counter at epoch x partials) runs the row
+//            epilogue, one warp per token row (SkinnyFinish<.., kEpiQkvA>::qkv_a_row: RMSNorms in place +
+//            q_lora quant), exactly B0 fused mode's last tile.
+// The host reserves 1 + tiles counters per B0 reduce group (families.OpFamily.tile_counters).
 template <class D>
 struct B0Family {
-    static constexpr int kRowThreads = b0_row_threads<D>();
-    using Rows = attn_pre::B0RowNormsTile<D::kQ, D::kKV, D::kR, kRowThreads, kBarB0Rows>;
-    static_assert(D::kQkv % Rows::kVec == 0 && D::kQ % Rows::kVec == 0, "rows are read as 8-column fp32 vectors");
-    static_assert(2 * Rows::kScratchFloats <= 4 * kWorkerWarps, "CtaShared::scratch holds two blocks of row sums");
+    using RowEpi = sk::SkinnyFinish<Gemm::kTM, sk::kEpiQkvA>;
+    static_assert(D::kQ % 8 == 0 && D::kKV % 8 == 0 && D::kR % 8 == 0, "4-column groups never straddle q | kv | rope");
+    static_assert(D::kQ / 8 <= RowEpi::kMaxQVecsPerLane * 32 && D::kKV / 8 <= RowEpi::kMaxKvVecsPerLane * 32,
+                  "qkv_a_row holds a row in one warp's registers");
+    static constexpr int kTiles = (D::kQkv + sk::kBlockN - 1) / sk::kBlockN;
+    static constexpr int kItemUnroll = 2;  // 4-column items per thread whose split loads are in flight together
+    static constexpr int kSplitChunk = 4;
+    static constexpr int kGammaBytes = (D::kQ + D::kKV) * 2;  // the norm weights staged for the row epilogue
+
+    // Level 1: rows [m0, m1) x columns [n0, n1) = bf16(sum of the splits) -> the raw q_a | kv_a | k_pe columns.
+    template <bool kTrace>
+    static GLM5_DEVICE void tile_sum(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g, int splits,
+                                     uint16_t* q_raw, uint16_t* kv_raw, uint16_t* k_pe) {
+        const int q4 = (r.n1 - r.n0) / 4, items = r.rows() * q4;
+        const int64_t plane = static_cast<int64_t>(c.p.num_tokens) * D::kQkv;
+        for (int it0 = c.tid; it0 < items; it0 += kWorkerThreads * kItemUnroll) {
+            const float* src[kItemUnroll];
+            bool ok[kItemUnroll];
+            float4 acc[kItemUnroll];
+#pragma unroll
+            for (int u = 0; u < kItemUnroll; ++u) {
+                const int it = it0 + u * kWorkerThreads;
+                ok[u] = it < items;
+                const int m = r.m0 + (ok[u] ? it / q4 : 0), col = r.n0 + 4 * (ok[u] ? it % q4 : 0);
+                src[u] = g.ws + static_cast<int64_t>(m) * D::kQkv + col;
+                acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            for (int s0 = 0; s0 < splits; s0 += kSplitChunk) {
+                float4 v[kItemUnroll][kSplitChunk];
+#pragma unroll
+                for (int u = 0; u < kItemUnroll; ++u)
+#pragma unroll
+                    for (int k = 0; k < kSplitChunk; ++k)
+                        v[u][k] = ok[u] && s0 + k < splits ? sync::ld_cg_f32x4(src[u] + (s0 + k) * plane)
+                                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int k = 0; k < kSplitChunk; ++k) {
+                    if (s0 + k >= splits) break;
+#pragma unroll
+                    for (int u = 0; u < kItemUnroll; ++u) {
+                        acc[u].x += v[u][k].x;
+                        acc[u].y += v[u][k].y;
+                        acc[u].z += v[u][k].z;
+                        acc[u].w += v[u][k].w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kItemUnroll; ++u) {
+                if (!ok[u]) continue;
+                const int it = it0 + u * kWorkerThreads;
+                const int64_t m = r.m0 + it / q4;
+                const int col = r.n0 + 4 * (it % q4);
+                uint16_t* dst = col < D::kQ ? q_raw + m * D::kQ + col
+                              : col < D::kQ + D::kKV ? kv_raw + m * D::kKV + (col - D::kQ)
+                                                     : k_pe + m * D::kR + (col - D::kQ - D::kKV);
+                ptx::st_global_v2(dst, ptx::f32x2_to_bf16x2_rn(acc[u].x, acc[u].y),
+                                  ptx::f32x2_to_bf16x2_rn(acc[u].z, acc[u].w));
+            }
+        }
+    }
 
     template <class G, bool kTrace>
     static GLM5_DEVICE bool body(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g, uint8_t* smem) {
         namespace sl = isa::B0::slot;
         if (!gemm_partial<G>(c, g, r, smem)) return false;
-        if (!c.arrive_reduce()) return true;
-        // Last arriver: per row m of [m0, m1), the row threads sum their columns of the splits straight
-        // into the row tile's registers (qkv = bf16(sum), never written back) and run its epilogue. The
-        // row sums alternate between two scratch blocks, so rows need no barrier between them.
-        const int splits = r.splits(), tid = c.tid;
-        if (tid >= kRowThreads) return true;
-        const int64_t plane = static_cast<int64_t>(c.p.num_tokens) * D::kQkv;
+        const int splits = r.splits();
+        const int rc = c.ins.w[isa::kReduceCounter];
+        const bool tile_last = c.arrive_counter(rc + 1 + r.n0 / sk::kBlockN, 1u, static_cast<uint32_t>(splits));
+        c.mark(0);
+        if (!tile_last) return true;
         uint16_t* q_lora = c.template operand<uint16_t>(sl::q_lora);
-        uint8_t* q_fp8 = c.template operand<uint8_t>(sl::q_lora_fp8);
-        float* q_scale = c.template operand<float>(sl::q_lora_scale);
         uint16_t* c_kv = c.template operand<uint16_t>(sl::c_kv);
-        uint16_t* k_pe = c.template operand<uint16_t>(sl::k_pe);
-        typename Rows::Gamma gamma;
-        Rows::load_gamma(gamma, c.template operand<const uint16_t>(sl::w_q_a_norm),
-                         c.template operand<const uint16_t>(sl::w_kv_a_norm), tid);
+        tile_sum(c, r, g, splits, q_lora, c_kv, c.template operand<uint16_t>(sl::k_pe));
         c.mark(1);
-        for (int m = r.m0; m < r.m1; ++m) {
-            typename Rows::RowRegs row;
-            reduce_row(row, g.ws + static_cast<int64_t>(m) * D::kQkv, plane, splits, tid);
-            if (m == r.m0) c.mark(2);
-            const attn_pre::B0RowPtrs rp{nullptr, q_lora + m * D::kQ, q_fp8 + static_cast<int64_t>(m) * D::kQ,
-                                         q_scale + m * (D::kQ / 128), c_kv + m * D::kKV, k_pe + m * D::kR};
-            Rows::finish(gamma, row, rp, c.p.rms_eps, c.sh.scratch + ((m - r.m0) & 1) * Rows::kScratchFloats, tid);
+        if (!c.arrive_counter(rc, static_cast<uint32_t>(splits), static_cast<uint32_t>(r.target))) return true;
+        c.mark(2);
+        // Level 2: every tile of the M block is summed; the row epilogue, one warp per row, with the norm
+        // weights staged in shared memory (the GEMM stages are free now).
+        uint16_t* gamma = reinterpret_cast<uint16_t*>(smem);
+        {
+            const uint16_t* qn = c.template operand<const uint16_t>(sl::w_q_a_norm);
+            const uint16_t* kn = c.template operand<const uint16_t>(sl::w_kv_a_norm);
+            for (int v = c.tid; v < (D::kQ + D::kKV) / 8; v += kWorkerThreads)
+                *reinterpret_cast<ptx::u32x4*>(gamma + v * 8) =
+                    v < D::kQ / 8 ? ptx::ld_global_nc_v4(qn + v * 8) : ptx::ld_global_nc_v4(kn + (v * 8 - D::kQ));
         }
+        if (c.tid == 0) {
+            sk::SkinnyParams& sp = gemm_params(c);
+            sp = sk::SkinnyParams{};
+            sp.out_a = q_lora;
+            sp.out_b = c_kv;
+            sp.norm_a = gamma;
+            sp.norm_b = gamma + D::kQ;
+            sp.out_fp8 = c.template operand<uint8_t>(sl::q_lora_fp8);
+            sp.out_scale = c.template operand<float>(sl::q_lora_scale);
+            sp.dim_a = D::kQ;
+            sp.dim_b = D::kKV;
+            sp.rope_dim = D::kR;
+            sp.eps = c.p.rms_eps;
+        }
+        worker_sync<kBarWorkers>();
+        const sk::SkinnyParams& sp = gemm_params(c);
+        for (int m = r.m0 + (c.tid >> 5); m < r.m1; m += kWorkerWarps) RowEpi::template qkv_a_row<true>(sp, m, c.tid & 31);
         c.mark(3);
         return true;
-    }
-
-    // This row thread's vectors of one qkv row (Rows' layout: q vector v = i*kRowThreads + tid, tail
-    // vector u likewise) = bf16(sum of the fp32 split slices), added in k-split order from 0 as
-    // SkinnyFinish::reduce_splits does. The loads of kSplitChunk splits x every vector are issued
-    // before the first add (a runtime split loop would wait out one L2 round trip per load).
-    static constexpr int kSplitChunk = 2;
-    static GLM5_DEVICE void reduce_row(typename Rows::RowRegs& out, const float* row, int64_t plane, int splits,
-                                       int tid) {
-        constexpr int kV = Rows::kQIters + Rows::kTailIters;
-        constexpr int kVec = Rows::kVec;
-        int col[kV];
-        bool ok[kV];
-#pragma unroll
-        for (int i = 0; i < Rows::kQIters; ++i) {
-            const int v = i * kRowThreads + tid;
-            ok[i] = Rows::q_valid(v);
-            col[i] = v * kVec;
-        }
-#pragma unroll
-        for (int i = 0; i < Rows::kTailIters; ++i) {
-            const int u = i * kRowThreads + tid;
-            ok[Rows::kQIters + i] = Rows::tail_valid(u);
-            col[Rows::kQIters + i] = D::kQ + u * kVec;
-        }
-        float acc[kV][kVec];
-#pragma unroll
-        for (int a = 0; a < kV; ++a)
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) acc[a][e] = 0.0f;
-        for (int s0 = 0; s0 < splits; s0 += kSplitChunk) {
-            float4 x[kV][kSplitChunk][2];
-#pragma unroll
-            for (int a = 0; a < kV; ++a)
-#pragma unroll
-                for (int u = 0; u < kSplitChunk; ++u) {
-                    if (ok[a] && s0 + u < splits) {
-                        const float* src = row + (s0 + u) * plane + col[a];
-                        x[a][u][0] = sync::ld_cg_f32x4(src);
-                        x[a][u][1] = sync::ld_cg_f32x4(src + 4);
-                    } else {
-                        x[a][u][0] = x[a][u][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    }
-                }
-#pragma unroll
-            for (int u = 0; u < kSplitChunk; ++u) {
-                if (s0 + u >= splits) break;
-#pragma unroll
-                for (int a = 0; a < kV; ++a) {
-                    acc[a][0] += x[a][u][0].x;
-                    acc[a][1] += x[a][u][0].y;
-                    acc[a][2] += x[a][u][0].z;
-                    acc[a][3] += x[a][u][0].w;
-                    acc[a][4] += x[a][u][1].x;
-                    acc[a][5] += x[a][u][1].y;
-                    acc[a][6] += x[a][u][1].z;
-                    acc[a][7] += x[a][u][1].w;
-                }
-            }
-        }
-#pragma unroll
-        for (int a = 0; a < kV; ++a) {
-            ptx::u32x4 w;
-            w.x = ok[a] ? ptx::f32x2_to_bf16x2_rn(acc[a][0], acc[a][1]) : 0u;
-            w.y = ok[a] ? ptx::f32x2_to_bf16x2_rn(acc[a][2], acc[a][3]) : 0u;
-            w.z = ok[a] ? ptx::f32x2_to_bf16x2_rn(acc[a][4], acc[a][5]) : 0u;
-            w.w = ok[a] ? ptx::f32x2_to_bf16x2_rn(acc[a][6], acc[a][7]) : 0u;
-            if (a < Rows::kQIters) out.q[a] = w;
-            else out.t[a - Rows::kQIters] = w;
-        }
     }
 
     template <bool kTrace>
@@ -414,8 +413,11 @@ struct B0Family {
         g.K = c.p.hidden;
         int32_t chk = check_split_k(c, r, g);
         if (!chk && (r.g0 != 0 || r.g1 != D::kQkv)) chk = kChkGroup;  // the row epilogue needs whole rows
+        if (!chk && (c.ins.w[isa::kReduceCounter] + 1 + kTiles > c.p.num_counters ||
+                     r.target != kTiles * r.splits()))
+            chk = kChkReduce;  // the tile sub-counters follow the group counter (plan.py counter layout)
         if (chk) return c.fail(kErrUnsupportedTile, chk);
-        const int need = Gemm::smem_bytes<sk::kEpiPlain>(r.nk());
+        const int need = max(Gemm::smem_bytes<sk::kEpiPlain>(r.nk()), kGammaBytes);
         if (!check_smem(c, need)) return c.fail(kErrSmemTooSmall, need);
         return body<Gemm>(c, r, g, smem);
     }

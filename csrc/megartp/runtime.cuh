@@ -48,7 +48,7 @@ enum : int {
     kBarSkinnyConsumer = 1,  // attn_pre::skinny::consumer_sync (fixed id 1, 256 threads)
     kBarWorkers = 2,         // this runtime: the 256 workers
     kBarD2 = 3,              // D2AbsorbTile's K-block barrier
-    kBarB0Rows = 4,          // B0RowNormsTile's row-sum barrier
+    // 4: free (B0RowNormsTile's row-sum barrier until session 19)
     kBarE1 = 5,              // E1IndexerLogitsTile's page barrier
     kBarA0 = 6,              // A0AddRmsNormQuantRowTile's partial-sum barrier
 };
@@ -110,9 +110,10 @@ enum ErrorField : int {
 // Per instruction: [0] fetched (slot published, controller), [1] inputs ready (waits satisfied),
 // [2] done (signals issued), [3] smid << 32 | opcode << 8 | 1 (valid), [4..7] the family's phase marks
 // (Ctx::mark; 0 = not reached: cleared when the instruction starts). %globaltimer nanoseconds.
-// Split-K families (B0 / B1 / D1): mark 0 = partial stored and counted; in the reduce group's last
-// arriver, mark 1 = epilogue inputs staged, mark 2 = splits summed (first row / token block), mark 3 =
-// epilogue done.
+// B1 / D1: mark 0 = partial stored and counted; in the reduce group's last arriver, mark 1 = epilogue
+// inputs staged, mark 2 = splits summed (first token block), mark 3 = epilogue done. B0 (two-level
+// reduce): 0 = counted on its weight tile, 1 = the tile summed, 2 = counted on the M block, 3 = rows done
+// (trace.py PHASES).
 constexpr int kTraceWords = 8;
 constexpr int kTraceMark0 = 4;
 constexpr int kTraceMarks = 4;
@@ -126,7 +127,6 @@ struct alignas(16) CtaShared {
     uint32_t done[2];
     uint32_t abort;     // set once by a worker (thread 0) at a point every worker passes together
     int32_t last;       // split-K: this CTA is the last arriver of the reduce group
-    float scratch[4 * kWorkerWarps];  // B0RowNormsTile row-sum partials, two blocks (alternate rows)
     // A family's parameter block (e.g. the GEMM tile's SkinnyParams), written by worker 0 before a
     // worker barrier: read from shared memory on demand, it costs no registers across the tile.
     alignas(16) unsigned char family_params[kFamilyParamBytes];
@@ -266,15 +266,20 @@ struct Ctx {
     // Split-K: count this partial in the reduce counter; true (uniformly) in the last arriver.
     // Called by all workers after their partial stores.
     GLM5_DEVICE bool arrive_reduce() const {
+        const bool last = arrive_counter(ins.w[isa::kReduceCounter], 1u, static_cast<uint32_t>(ins.w[isa::kReduceTarget]));
+        mark(0);
+        return last;
+    }
+
+    // Add `add` to counter[c] once this CTA's stores are fenced; true (uniformly) in the CTA whose add
+    // completes epoch x target. Called by all workers.
+    GLM5_DEVICE bool arrive_counter(int32_t c, uint32_t add, uint32_t target) const {
         __threadfence();
         worker_sync<kBarWorkers>();
         if (tid == 0) {
-            const int32_t c = ins.w[isa::kReduceCounter];
-            const uint32_t target = epoch * static_cast<uint32_t>(ins.w[isa::kReduceTarget]);
-            const uint32_t old = sync::atom_add_acq_rel_gpu(p.counters + c, 1u);
-            sh.last = (old + 1u == target) ? 1 : 0;
+            const uint32_t old = sync::atom_add_acq_rel_gpu(p.counters + c, add);
+            sh.last = (old + add == epoch * target) ? 1 : 0;
         }
-        mark(0);
         worker_sync<kBarWorkers>();
         const bool last = sh.last != 0;
         if (last) sync::fence_acq_rel_gpu();

@@ -14,6 +14,9 @@ A family is what one opcode of the persistent kernel executes. Each row declares
   `reduce_scope`: "m_block" = the group is every tile of the M block (the epilogue needs whole
   rows: B0's RMSNorms, B1's LayerNorm); "region" = the tiles writing the same region (D1: per head).
 - `spec_widths`: payload (lo, hi) pairs whose widths select the compiled specialisation (spec id).
+- `tile_counters`: the reduce runs in two levels (B0): the group's counter is followed by one
+  sub-counter per 128-row weight tile of its region (plan.py counter layout); a tile's splits count
+  there and the tile's last arriver sums the tile, then adds the tile's splits to the group counter.
 
 Op names of the graph select the family (OpDef.name == family name).
 """
@@ -40,6 +43,7 @@ class OpFamily:
     weight: str | None = None  # split-K: the [N, K] weight whose rows are the workspace columns
     reduce_scope: str = "m_block"
     spec_widths: tuple[tuple[str, str], ...] = ()
+    tile_counters: bool = False
     doc: str = ""
 
     def spec_key(self, payload: tuple[int, ...]) -> tuple:
@@ -93,8 +97,8 @@ FAMILIES: tuple[OpFamily, ...] = (
     OpFamily("B0", ("x_fp8", "x_scale", "w.qkv_a.weight", "w.qkv_a.scale_inv", "w.q_a_norm", "w.kv_a_norm",
                     "q_lora", "q_lora_fp8", "q_lora_scale", "c_kv", "k_pe", WORKSPACE),
              SPLIT_K_PAYLOAD, _split_k_payload("w.qkv_a.weight", "m_block"),
-             split_k=True, weight="w.qkv_a.weight", spec_widths=_GEMM_WIDTHS,
-             doc="QKV-A FP8 GEMM partial; reduce role: q_a/kv_a RMSNorm + q_lora quant on whole rows"),
+             split_k=True, weight="w.qkv_a.weight", spec_widths=_GEMM_WIDTHS, tile_counters=True,
+             doc="QKV-A FP8 GEMM partial; reduce per weight tile, then the rows' q_a/kv_a RMSNorm + q_lora quant"),
     OpFamily("C0", ("x_bf16", "w.indexer.weights_proj", "w_raw", WORKSPACE),
              SPLIT_K_PAYLOAD, _split_k_payload("w.indexer.weights_proj", "m_block"),
              split_k=True, weight="w.indexer.weights_proj", spec_widths=_GEMM_WIDTHS,

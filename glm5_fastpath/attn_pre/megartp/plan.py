@@ -2,7 +2,9 @@
 the counter layout, the spec table, workspace shapes and the OperandPtrTable.
 
 Counter layout (one uint32 array the kernel zeroes once, never per step): events [0, num_events),
-then reduce counters [num_events, num_counters). Waits target epoch x threshold (isa.py).
+then the reduce groups' blocks [num_events, num_counters): a group's counter, followed, for a family
+with `tile_counters` (B0), by one sub-counter per 128-row weight tile of the group's region (the
+device finds tile t's at the group counter + 1 + t). Waits target epoch x threshold (isa.py).
 """
 from __future__ import annotations
 
@@ -43,10 +45,10 @@ class KernelPlan:
 
     @property
     def num_counters(self) -> int:
-        return self.num_events + len(self.taskgraph.reduce_groups)
+        return self.num_events + sum(n for _, n in counter_blocks(self.taskgraph))
 
     def reduce_counter(self, group: int) -> int:
-        return self.num_events + group
+        return self.num_events + counter_blocks(self.taskgraph)[group][0]
 
     def decoded(self, sm: int, pos: int) -> Instruction:
         return decode(self.instructions[sm, pos])
@@ -60,13 +62,28 @@ class KernelPlan:
         return self.operands.rebind(tensors)
 
 
-def _instruction(tg: TaskGraph, task_id: int, row: int, spec: int, n_events: int) -> Instruction:
+TILE_ROWS = 128  # weight rows per sub-counter tile (csrc/megartp/families.cuh: sk::kBlockN)
+
+
+def counter_blocks(tg: TaskGraph) -> list[tuple[int, int]]:
+    """Per reduce group: (its counter's offset after the events, counters its block takes)."""
+    out, at = [], 0
+    for g in tg.reduce_groups:
+        fam = family_of(g.op)
+        n = 1 + (-(-(g.key[3] - g.key[2]) // TILE_ROWS) if fam.tile_counters else 0)
+        out.append((at, n))
+        at += n
+    return out
+
+
+def _instruction(tg: TaskGraph, task_id: int, row: int, spec: int, n_events: int,
+                 blocks: list[tuple[int, int]]) -> Instruction:
     t = tg.tasks[task_id]
     waits = tuple((e, tg.events[e].threshold) for e in tg.waits[task_id])
     signals = tuple((e, 1, tg.events[e].publication) for e in tg.signals[task_id])
     red, target = -1, 0
     if t.reduce_group is not None:
-        red, target = n_events + t.reduce_group, len(tg.reduce_groups[t.reduce_group].tasks)
+        red, target = n_events + blocks[t.reduce_group][0], len(tg.reduce_groups[t.reduce_group].tasks)
     return Instruction(int(Opcode[family_of(t.op).name]), spec, row, t.tile.index, red, target, waits, signals,
                        t.payload)
 
@@ -94,17 +111,18 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
     for t in tg.tasks:
         spec_ids.setdefault(family_of(t.op).spec_key(t.payload), len(spec_ids))
     max_len = max(1, max(len(q) for q in chosen))
+    blocks = counter_blocks(tg)
     words = torch.tensor(encode(NOOP), dtype=torch.int32).repeat(num_sms, max_len, 1)
     for sm, queue in enumerate(chosen):
         for pos, tid in enumerate(queue):
             t = tg.tasks[tid]
             spec = spec_ids[family_of(t.op).spec_key(t.payload)]
-            words[sm, pos] = torch.tensor(encode(_instruction(tg, tid, rows[t.op], spec, len(tg.events))),
+            words[sm, pos] = torch.tensor(encode(_instruction(tg, tid, rows[t.op], spec, len(tg.events), blocks)),
                                           dtype=torch.int32)
     assert words.shape[-1] == INSTR_WORDS
     makespans = {name: estimate_makespan(tg, fn(), costs) for name, fn in queues.items()}
     stats = {"tasks": len(tg.tasks), "tiles": tg.tile_counts(), "events": len(tg.events),
-             "reduce_counters": len(tg.reduce_groups), "num_sms": num_sms, "max_queue_len": max_len,
+             "reduce_counters": sum(n for _, n in blocks), "num_sms": num_sms, "max_queue_len": max_len,
              "scheduler": scheduler, "est_makespan_us": makespans, "critical_path_us": _critical_path(tg, costs),
              "max_epoch": (2**32 - 1) // max([e.threshold for e in tg.events] +
                                              [len(g.tasks) for g in tg.reduce_groups] + [1])}

@@ -4,9 +4,10 @@ Chrome / Perfetto trace (chrome://tracing, ui.perfetto.dev) and a summary of the
 The kernel (GLM5_MRTP_TRACE=1, PlanRunner(trace=True)) writes per instruction (queue q, position i)
 eight uint64 words: %globaltimer (ns) when it was fetched (the controller published it into a slot),
 ready (its event waits were satisfied) and done (its signals were issued); smid << 32 | opcode << 8 | 1;
-then four phase marks of the family (0 = not reached). Split-K families (B0 / B1 / D1, PHASES below):
-the partial stored and counted; in the reduce group's last arriver, the epilogue inputs staged, the
-splits summed (first row / token block) and the epilogue done.
+then four phase marks of the family (0 = not reached; PHASES below). B1 / D1: the partial stored and
+counted; in the reduce group's last arriver, the epilogue inputs staged, the splits summed (first token
+block) and the epilogue done. B0: the partial counted on its weight tile; in the tile's last split, the
+tile summed; the tile counted on the M block; in the block's last tile reducer, the rows done.
 
 Derived per record: start = max(fetched, done of the previous instruction of the queue) (the workers
 take an instruction once the previous one is done), clipped to ready; wait = ready - start (blocked on
@@ -34,7 +35,8 @@ from .isa import FAMILY_BY_OPCODE, Opcode, decode
 TRACE_WORDS = 8
 TRACE_MARKS = 4  # words 4..7 (runtime.cuh kTraceMark0 / kTraceMarks)
 SPLIT_K_PHASES = ("partial", "staged", "summed", "epilogue")  # what each mark ends (runtime.cuh comment)
-PHASES = {"B0": SPLIT_K_PHASES, "B1": SPLIT_K_PHASES, "D1": SPLIT_K_PHASES}
+B0_PHASES = ("partial", "tile_sum", "group", "rows")  # B0's two-level reduce (families.cuh B0Family)
+PHASES = {"B0": B0_PHASES, "B1": SPLIT_K_PHASES, "D1": SPLIT_K_PHASES}
 
 
 @dataclass(frozen=True)

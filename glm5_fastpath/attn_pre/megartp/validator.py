@@ -5,7 +5,8 @@ Checks (PlanError names the SM, queue slot, op and tile):
 1. every op tile appears exactly once; opcodes / operand rows / tile indices are consistent;
 2. satisfiable, epoch-exact waits: every waited event's producers increment it by exactly the
    threshold it is waited at (more would break the next epoch's target, less never arrives);
-   every reduce counter is referenced by exactly `target` partials;
+   every reduce counter is referenced by exactly `target` partials; a two-level group's sub-counters
+   (families with tile_counters) exist and belong to it alone;
 3. no deadlock under any interleaving: counters only grow and waits are ">=", so the set of
    instructions that can ever complete is the fixed point of "complete any queue head whose waits
    hold", independent of order. A queue stuck there deadlocks in every interleaving;
@@ -20,7 +21,7 @@ from collections import defaultdict
 from ...graph.op_graph import GraphError
 from .isa import FAMILY_BY_OPCODE, Instruction, Opcode, decode
 from .pairing import ProducerTask, needed_producers
-from .plan import KernelPlan
+from .plan import TILE_ROWS, KernelPlan
 
 
 class PlanError(GraphError):
@@ -83,6 +84,23 @@ def _check_counters(plan: KernelPlan, prog: dict[Slot, Instruction]) -> None:
         targets = {i.reduce_target for i in group}
         if targets != {len(group)}:
             raise PlanError(f"reduce counter {c}: {len(group)} partials but targets {sorted(targets)}")
+    # Two-level reduce groups (families with tile_counters) own the sub-counters after their counter: no
+    # event or other group may use them, and they must exist.
+    used = {ev for ins in prog.values() for ev, _ in ins.waits} | {ev for ins in prog.values() for ev, _, _ in ins.signals}
+    owner: dict[int, int] = {}
+    for c, group in refs.items():
+        fam = FAMILY_BY_OPCODE.get(group[0].opcode)
+        span = 1
+        if fam is not None and fam.tile_counters:
+            g = dict(zip(fam.payload, group[0].payload))
+            span += -(-(g["g1"] - g["g0"]) // TILE_ROWS)
+        for k in range(c, c + span):
+            if k >= plan.num_counters:
+                raise PlanError(f"reduce counter {c} ({fam.name if fam else '?'}): sub-counter {k} is past the "
+                                f"plan's {plan.num_counters} counters")
+            if k in owner or k in used or (k != c and k in refs):
+                raise PlanError(f"reduce counter {c}: counter {k} of its block is also used elsewhere")
+            owner[k] = c
 
 
 def _check_deadlock(plan: KernelPlan, prog: dict[Slot, Instruction]) -> None:

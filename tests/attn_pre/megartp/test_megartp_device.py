@@ -210,8 +210,8 @@ def _forced(plan, op):
     return forced_config(tm=16, splits=_splits(plan, op), stages=6, impl="mma")
 
 
-# Split counts other than the graph's default (4): 3 leaves a partial chunk in the last arriver's split loads
-# (families.cuh loads two splits at a time), 6 three whole chunks.
+# Split counts other than the graph's default (4): 3 and 6 leave a partial chunk in the tile reducer's split
+# loads (families.cuh B0Family::tile_sum loads four splits at a time).
 B0_TILINGS = {"k4": None, "k3": PrefixTiling(b0_split_k=3), "k6": PrefixTiling(b0_split_k=6)}
 
 
@@ -231,11 +231,11 @@ def test_b0_family(cfg, m, tiling):
                  context=f"{m=} q_lora fp8 vs reference")
     w = SimpleNamespace(qkv_a=Fp8Linear(e["w.qkv_a.weight"], e["w.qkv_a.scale_inv"]), q_a_norm=e["w.q_a_norm"],
                         kv_a_norm=e["w.kv_a_norm"])
-    with _forced(x.plan, "B0"):
-        want = b0_qkv_a(e["x_fp8"], e["x_scale"], w, cfg, mode="split")
+    with _forced(x.plan, "B0"):  # the megakernel's row epilogue is fused mode's (one warp per row)
+        want = b0_qkv_a(e["x_fp8"], e["x_scale"], w, cfg, mode="fused")
     torch.cuda.synchronize()
     for n in names:
-        assert_equal("megartp B0", t[n], want[n], context=f"{m=} {n} vs the standalone split-mode kernels "
+        assert_equal("megartp B0", t[n], want[n], context=f"{m=} {n} vs the standalone fused-mode kernel "
                                                            f"(splits={_splits(x.plan, 'B0')})")
 
 

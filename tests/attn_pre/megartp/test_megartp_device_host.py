@@ -323,16 +323,16 @@ def test_trace_phase_marks_of_split_k_families():
     b0 = [r for r in recs if r.op == "B0"]
     assert b0 and all(r.marks[0] == r.ready + 20 for r in b0)
     last = [r for r in b0 if r.marks[3] is not None]
-    assert last and [n for n, _, _ in T.phase_spans(last[0])] == list(T.SPLIT_K_PHASES)
+    assert last and [n for n, _, _ in T.phase_spans(last[0])] == list(T.B0_PHASES)
     assert [b - a for _, a, b in T.phase_spans(last[0])] == [20, 10, 15, 25]
     assert all(r.marks == (None,) * 4 for r in recs if r.op in ("A0", "E1", "D2", "NOOP"))
     s = T.summarize(recs)
     assert s["phases"]["B0"]["partial"]["count"] == len(b0)
-    assert s["phases"]["B0"]["epilogue"]["count"] == len(last)
-    assert s["phases"]["B0"]["summed"]["median_us"] == pytest.approx(0.015)
+    assert s["phases"]["B0"]["rows"]["count"] == len(last)
+    assert s["phases"]["B0"]["group"]["median_us"] == pytest.approx(0.015)
     assert "phases (median / max us" in T.format_summary(s)
     ev = T.chrome_trace(recs)["traceEvents"]
-    assert any(e.get("cat") == "phase" and e["name"] == "B0 epilogue" for e in ev)
+    assert any(e.get("cat") == "phase" and e["name"] == "B0 rows" for e in ev)
 
 
 # ---- operand binding (what PlanRunner.bind checks) and the GPU tests' data helpers --------------------------

@@ -7,7 +7,7 @@ import torch
 
 from glm5_fastpath.attn_pre.megartp.isa import Instruction, decode, encode
 from glm5_fastpath.attn_pre.megartp.pairing import PairingError
-from glm5_fastpath.attn_pre.megartp.plan import build_plan
+from glm5_fastpath.attn_pre.megartp.plan import build_plan, counter_blocks
 from glm5_fastpath.attn_pre.megartp.taskgraph import PREFIX_POLICIES, build_taskgraph
 from glm5_fastpath.attn_pre.megartp.validator import PlanError, dump, validate
 from glm5_fastpath.config import Glm5Config, small_config
@@ -42,8 +42,9 @@ def test_glm5_m16_tasks_and_events_match_the_article():
     """Article: 732 tasks, 70 events: e0 A0>=16 (B0, B1), e1 A0>=16 (C0), e2 B0>=16 (D0, D1), e3 C0>=48 (D1),
     64 D0 per-head events >= 2 (D2), e68 D1>=32 (E1), e69 B1>=1 (E1).
     Ours: 71. Differences (thresholds count every producer instruction, each increments by 1):
-    - B0 -> D0/D1 waits 84: our B0 has no separate finalizer tiles; the last of the M block's 84 K-split
-      partials runs the row epilogue (q_a/kv_a RMSNorm need whole rows), so all 84 signal;
+    - B0 -> D0/D1 waits 84: our B0 has no separate finalizer tiles; the K-split partials reduce in two
+      levels (the last split of each weight tile sums the tile, the last tile's reducer runs the row
+      epilogue: q_a/kv_a RMSNorm need whole rows), so all 84 signal;
     - D1 -> E1 waits 128 = 32 heads x 4 K-split partials (the last partial of a head finishes it);
     - B1 -> E1 waits 8 partials (the article's one "cache written" increment by the last partial);
     - +1 event B0 -> D2 (c_kv, k_pe for the head-0 KV-store tiles), which the article leaves implicit."""
@@ -219,3 +220,31 @@ def test_list_scheduler_beats_round_robin_on_glm5():
     assert est["list"] <= est["round_robin"], est
     assert p.stats["critical_path_us"] <= est["list"]
     assert glm5_plan("round_robin").instructions.shape == (132, 6, 32)  # 732 / 132 -> 6 per queue
+
+
+def test_b0_reduce_group_owns_one_sub_counter_per_weight_tile():
+    p = glm5_plan()
+    tg = p.taskgraph
+    (b0,) = [g for g in tg.reduce_groups if g.op == "B0"]
+    start, n = counter_blocks(tg)[b0.id]
+    assert n == 1 + 21  # 2624 qkv_a rows in 128-row tiles: the device's tile t counts at rc + 1 + t
+    assert p.num_counters == p.num_events + len(tg.reduce_groups) + 21
+    rc = p.reduce_counter(b0.id)
+    assert rc == p.num_events + start and _find(p, "B0")[2].reduce_counter == rc
+    others = {decode(p.instructions[sm, i]).reduce_counter for sm in range(p.instructions.shape[0])
+              for i in range(p.instructions.shape[1])} - {-1, rc}
+    assert others and not others & set(range(rc + 1, rc + n))
+    assert max(others) < p.num_counters
+
+
+def test_validator_catches_a_reduce_group_inside_the_b0_block():
+    p = _small_plan()
+    rc = _find(p, "B0")[2].reduce_counter
+    d1 = _find(p, "D1")[2].reduce_counter
+    for sm in range(p.instructions.shape[0]):
+        for i in range(p.instructions.shape[1]):
+            ins = decode(p.instructions[sm, i])
+            if ins.reduce_counter == d1:  # the whole D1 group moved onto B0's first tile sub-counter
+                _put(p, sm, i, Instruction(**{**ins.__dict__, "reduce_counter": rc + 1}))
+    with pytest.raises(PlanError, match=f"reduce counter {rc}: counter {rc + 1} of its block is also used"):
+        validate(p)
