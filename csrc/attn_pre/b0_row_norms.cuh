@@ -108,26 +108,46 @@ struct B0RowNormsTile {
         return acc;
     }
 
-    // All kThreads threads of the tile call this with the same row; tid in [0, kThreads).
-    static GLM5_DEVICE void run(const Gamma& gamma, const B0RowPtrs& p, float eps, float* scratch, int tid) {
-        const int lane = tid & 31;
-        const int warp = tid >> 5;
+    // The row as this thread holds it: q vectors v = i*kThreads + tid, tail vectors u = i*kThreads + tid
+    // (zero where invalid). A caller that computes the row itself (the megakernel's split-K reduce)
+    // fills it and calls finish(); run() loads it from p.qkv.
+    struct RowRegs {
+        ptx::u32x4 q[kQIters];
+        ptx::u32x4 t[kTailIters];
+    };
 
-        // 1. Issue every load of the row before the first use (coherent loads: the previous
-        //    kernel wrote the row).
-        ptx::u32x4 q[kQIters], t[kTailIters];
+    // 1. Issue every load of the row before the first use (coherent loads: the previous kernel
+    //    wrote the row).
+    static GLM5_DEVICE void load_row(RowRegs& r, const uint16_t* qkv, int tid) {
 #pragma unroll
         for (int i = 0; i < kQIters; ++i) {
             const int v = i * kThreads + tid;
-            if (q_valid(v)) q[i] = ptx::ld_global_v4(p.qkv + v * kVec);
-            else q[i] = ptx::u32x4{0u, 0u, 0u, 0u};
+            if (q_valid(v)) r.q[i] = ptx::ld_global_v4(qkv + v * kVec);
+            else r.q[i] = ptx::u32x4{0u, 0u, 0u, 0u};
         }
 #pragma unroll
         for (int i = 0; i < kTailIters; ++i) {
             const int u = i * kThreads + tid;
-            if (tail_valid(u)) t[i] = ptx::ld_global_v4(p.qkv + kQ + u * kVec);
-            else t[i] = ptx::u32x4{0u, 0u, 0u, 0u};
+            if (tail_valid(u)) r.t[i] = ptx::ld_global_v4(qkv + kQ + u * kVec);
+            else r.t[i] = ptx::u32x4{0u, 0u, 0u, 0u};
         }
+    }
+
+    // All kThreads threads of the tile call this with the same row; tid in [0, kThreads).
+    static GLM5_DEVICE void run(const Gamma& gamma, const B0RowPtrs& p, float eps, float* scratch, int tid) {
+        RowRegs r;
+        load_row(r, p.qkv, tid);
+        finish(gamma, r, p, eps, scratch, tid);
+    }
+
+    // Steps 2-5 on a row already in registers (p.qkv is not read). scratch: kScratchFloats floats,
+    // free (a caller running several rows alternates two scratch blocks or puts a barrier between rows).
+    static GLM5_DEVICE void finish(const Gamma& gamma, const RowRegs& r, const B0RowPtrs& p, float eps, float* scratch,
+                                   int tid) {
+        const int lane = tid & 31;
+        const int warp = tid >> 5;
+        const ptx::u32x4* q = r.q;
+        const ptx::u32x4* t = r.t;
 
         // 2. Partial sums of squares (zero vectors add nothing); k_pe copied as soon as it is here.
         float ssq = 0.0f, ssk = 0.0f;

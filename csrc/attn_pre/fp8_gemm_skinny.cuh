@@ -559,10 +559,6 @@ struct SkinnyFinish {
     static constexpr int kMaxQVecsPerLane = 8;   // q_lora_rank <= 2048
     static constexpr int kMaxKvVecsPerLane = 2;  // kv_lora_rank <= 512
 
-    // kSmemGamma: norm_a / norm_b point to a copy of the norm weights in shared memory, read per vector
-    // where it is used (the MegaRTP megakernel: preloading all of them would not fit its 168 registers);
-    // otherwise they are global and preloaded with the row. Same values, same arithmetic either way.
-    template <bool kSmemGamma = false>
     static GLM5_DEVICE void qkv_a_row(const SkinnyParams& p, int64_t m, int lane) {
         const int Q = p.dim_a, KV = p.dim_b;
         const int nq = Q / 8, nkv = KV / 8;
@@ -572,14 +568,12 @@ struct SkinnyFinish {
         // Norm weights loaded with the row (one round trip): ld.global.nc below a st.global (asm
         // volatile, "memory") cannot be hoisted, so loading them inside the store loop serialised them.
         ptx::u32x4 gq[kMaxQVecsPerLane], gk[kMaxKvVecsPerLane];
-        if constexpr (!kSmemGamma) {
 #pragma unroll
-            for (int i = 0; i < kMaxQVecsPerLane; ++i)
-                if (i * 32 + lane < nq) gq[i] = ptx::ld_global_nc_v4(p.norm_a + (i * 32 + lane) * 8);
+        for (int i = 0; i < kMaxQVecsPerLane; ++i)
+            if (i * 32 + lane < nq) gq[i] = ptx::ld_global_nc_v4(p.norm_a + (i * 32 + lane) * 8);
 #pragma unroll
-            for (int i = 0; i < kMaxKvVecsPerLane; ++i)
-                if (i * 32 + lane < nkv) gk[i] = ptx::ld_global_nc_v4(p.norm_b + (i * 32 + lane) * 8);
-        }
+        for (int i = 0; i < kMaxKvVecsPerLane; ++i)
+            if (i * 32 + lane < nkv) gk[i] = ptx::ld_global_nc_v4(p.norm_b + (i * 32 + lane) * 8);
         float ssq = 0.0f, ssk = 0.0f;
 #pragma unroll
         for (int i = 0; i < kMaxQVecsPerLane; ++i) {
@@ -629,7 +623,6 @@ struct SkinnyFinish {
             ptx::u32x4 out;
             uint32_t* ow = &out.x;
             if (ok) {
-                if constexpr (kSmemGamma) gq[i] = *reinterpret_cast<const ptx::u32x4*>(p.norm_a + v * 8);
                 const uint32_t* gw = &gq[i].x;
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
@@ -664,7 +657,6 @@ struct SkinnyFinish {
         for (int i = 0; i < kMaxKvVecsPerLane; ++i) {
             const int v = i * 32 + lane;
             if (v >= nkv) continue;
-            if constexpr (kSmemGamma) gk[i] = *reinterpret_cast<const ptx::u32x4*>(p.norm_b + v * 8);
             const uint32_t* gw = &gk[i].x;
             ptx::u32x4 out;
             uint32_t* ow = &out.x;

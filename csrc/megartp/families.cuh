@@ -16,7 +16,7 @@
 //       whole KV rows of its tokens, c_kv and roped k_pe, exactly as the standalone KV warp does;
 //       the other head-0 tiles store nothing, so the cache bytes equal the standalone kernel's).
 //   B0  split-K partial on SkinnyGemmTile's mainloop; a two-level reduce (per weight tile, then the M
-//       block: B0Family) whose last arriver runs B0 fused mode's row epilogue, one warp per row.
+//       block: B0Family) whose last arriver runs B0 split mode's row tile on each row.
 //   B1  split-K partial; group epilogue SkinnyFinish<kEpiIdxK> (LayerNorm, RoPE, quant, cache store).
 //   D1  split-K partial; per-head group epilogue SkinnyFinish<kEpiIdxQ> (needs index_head_dim 128:
 //       one head = one 128-row tile).
@@ -40,6 +40,7 @@
 
 #include "../attn_pre/fp8_gemm_skinny.cuh"
 #include "../attn_pre/d2_absorb_kv_store.cuh"
+#include "../attn_pre/b0_row_norms.cuh"
 #include "../attn_pre/e1_indexer_logits.cuh"
 #include "../attn_pre/a0_add_rmsnorm_quant.cuh"
 
@@ -285,20 +286,48 @@ GLM5_DEVICE bool check_smem(const Ctx<kTrace>& c, int need) {
 //            + 1 + tile); the last sums the tile's columns (k-split order from 0, as SkinnyFinish::
 //            reduce_splits) into the raw bf16 q_a / kv_a / k_pe columns (q_lora / c_kv in place, k_pe final)
 //            and adds the tile's `splits` to the group counter;
-//   level 2, the M block: the last level-1 reducer (group counter at epoch x partials) runs the row
-//            epilogue, one warp per token row (SkinnyFinish<.., kEpiQkvA>::qkv_a_row: RMSNorms in place +
-//            q_lora quant), exactly B0 fused mode's last tile.
-// The host reserves 1 + tiles counters per B0 reduce group (families.OpFamily.tile_counters).
+//   level 2, the M block: the last level-1 reducer (group counter at epoch x partials) runs B0 split mode's
+//            row tile (B0RowNormsTile, kRowThreads threads) on each row, the next row's loads in flight
+//            while the current one is normalised (the row sums alternate between two scratch blocks).
+// (A warp per row, as B0 fused mode, measured 7 us per row pass in the megakernel: a warp's IEEE divides
+// and serial vectors; session 19 call 3.) The host reserves 1 + tiles counters per B0 reduce group
+// (families.OpFamily.tile_counters).
+template <class D>
+constexpr int b0_row_threads() {  // glm5_fastpath/ops/fp8_gemm.py _row_threads (bitwise = B0 split mode)
+    constexpr int vecs = (D::kQ / 8) > ((D::kKV + D::kR) / 8) ? (D::kQ / 8) : ((D::kKV + D::kR) / 8);
+    constexpr int t = (vecs + 31) / 32 * 32;
+    return t < 32 ? 32 : (t > 256 ? 256 : t);
+}
+
 template <class D>
 struct B0Family {
-    using RowEpi = sk::SkinnyFinish<Gemm::kTM, sk::kEpiQkvA>;
+    static constexpr int kRowThreads = b0_row_threads<D>();
+    using Rows = attn_pre::B0RowNormsTile<D::kQ, D::kKV, D::kR, kRowThreads, kBarB0Rows>;
     static_assert(D::kQ % 8 == 0 && D::kKV % 8 == 0 && D::kR % 8 == 0, "4-column groups never straddle q | kv | rope");
-    static_assert(D::kQ / 8 <= RowEpi::kMaxQVecsPerLane * 32 && D::kKV / 8 <= RowEpi::kMaxKvVecsPerLane * 32,
-                  "qkv_a_row holds a row in one warp's registers");
+    static_assert(2 * Rows::kScratchFloats <= 4 * kWorkerWarps, "CtaShared::scratch holds two blocks of row sums");
     static constexpr int kTiles = (D::kQkv + sk::kBlockN - 1) / sk::kBlockN;
     static constexpr int kItemUnroll = 2;  // 4-column items per thread whose split loads are in flight together
     static constexpr int kSplitChunk = 4;
-    static constexpr int kGammaBytes = (D::kQ + D::kKV) * 2;  // the norm weights staged for the row epilogue
+
+    // Level 2's loads of row m in Rows' register layout (q vectors from the raw q_lora, the tail from the raw
+    // c_kv then k_pe); L2 loads: other CTAs wrote them this step.
+    static GLM5_DEVICE void load_raw(typename Rows::RowRegs& row, const uint16_t* q, const uint16_t* kv,
+                                     const uint16_t* pe, int64_t m, int tid) {
+#pragma unroll
+        for (int i = 0; i < Rows::kQIters; ++i) {
+            const int v = i * kRowThreads + tid;
+            row.q[i] = ptx::u32x4{0u, 0u, 0u, 0u};
+            if (Rows::q_valid(v)) ptx::ld_cg_v4(q + m * D::kQ + v * 8, row.q[i].x, row.q[i].y, row.q[i].z, row.q[i].w);
+        }
+#pragma unroll
+        for (int i = 0; i < Rows::kTailIters; ++i) {
+            const int u = i * kRowThreads + tid;
+            row.t[i] = ptx::u32x4{0u, 0u, 0u, 0u};
+            if (!Rows::tail_valid(u)) continue;
+            const uint16_t* src = u < D::kKV / 8 ? kv + m * D::kKV + u * 8 : pe + m * D::kR + (u * 8 - D::kKV);
+            ptx::ld_cg_v4(src, row.t[i].x, row.t[i].y, row.t[i].z, row.t[i].w);
+        }
+    }
 
     // Level 1: rows [m0, m1) x columns [n0, n1) = bf16(sum of the splits) -> the raw q_a | kv_a | k_pe columns.
     template <bool kTrace>
@@ -368,33 +397,23 @@ struct B0Family {
         c.mark(1);
         if (!c.arrive_counter(rc, static_cast<uint32_t>(splits), static_cast<uint32_t>(r.target))) return true;
         c.mark(2);
-        // Level 2: every tile of the M block is summed; the row epilogue, one warp per row, with the norm
-        // weights staged in shared memory (the GEMM stages are free now).
-        uint16_t* gamma = reinterpret_cast<uint16_t*>(smem);
-        {
-            const uint16_t* qn = c.template operand<const uint16_t>(sl::w_q_a_norm);
-            const uint16_t* kn = c.template operand<const uint16_t>(sl::w_kv_a_norm);
-            for (int v = c.tid; v < (D::kQ + D::kKV) / 8; v += kWorkerThreads)
-                *reinterpret_cast<ptx::u32x4*>(gamma + v * 8) =
-                    v < D::kQ / 8 ? ptx::ld_global_nc_v4(qn + v * 8) : ptx::ld_global_nc_v4(kn + (v * 8 - D::kQ));
+        // Level 2: every tile of the M block is summed; B0RowNormsTile per row.
+        if (c.tid >= kRowThreads) return true;
+        typename Rows::Gamma gamma;
+        Rows::load_gamma(gamma, c.template operand<const uint16_t>(sl::w_q_a_norm),
+                         c.template operand<const uint16_t>(sl::w_kv_a_norm), c.tid);
+        uint16_t* k_pe = c.template operand<uint16_t>(sl::k_pe);
+        uint8_t* q_fp8 = c.template operand<uint8_t>(sl::q_lora_fp8);
+        float* q_scale = c.template operand<float>(sl::q_lora_scale);
+        typename Rows::RowRegs cur, next;
+        load_raw(cur, q_lora, c_kv, k_pe, r.m0, c.tid);
+        for (int m = r.m0; m < r.m1; ++m) {
+            if (m + 1 < r.m1) load_raw(next, q_lora, c_kv, k_pe, m + 1, c.tid);
+            const attn_pre::B0RowPtrs rp{nullptr, q_lora + m * D::kQ, q_fp8 + static_cast<int64_t>(m) * D::kQ,
+                                         q_scale + m * (D::kQ / 128), c_kv + m * D::kKV, k_pe + m * D::kR};
+            Rows::finish(gamma, cur, rp, c.p.rms_eps, c.sh.scratch + ((m - r.m0) & 1) * Rows::kScratchFloats, c.tid);
+            cur = next;
         }
-        if (c.tid == 0) {
-            sk::SkinnyParams& sp = gemm_params(c);
-            sp = sk::SkinnyParams{};
-            sp.out_a = q_lora;
-            sp.out_b = c_kv;
-            sp.norm_a = gamma;
-            sp.norm_b = gamma + D::kQ;
-            sp.out_fp8 = c.template operand<uint8_t>(sl::q_lora_fp8);
-            sp.out_scale = c.template operand<float>(sl::q_lora_scale);
-            sp.dim_a = D::kQ;
-            sp.dim_b = D::kKV;
-            sp.rope_dim = D::kR;
-            sp.eps = c.p.rms_eps;
-        }
-        worker_sync<kBarWorkers>();
-        const sk::SkinnyParams& sp = gemm_params(c);
-        for (int m = r.m0 + (c.tid >> 5); m < r.m1; m += kWorkerWarps) RowEpi::template qkv_a_row<true>(sp, m, c.tid & 31);
         c.mark(3);
         return true;
     }
@@ -417,7 +436,7 @@ struct B0Family {
                      r.target != kTiles * r.splits()))
             chk = kChkReduce;  // the tile sub-counters follow the group counter (plan.py counter layout)
         if (chk) return c.fail(kErrUnsupportedTile, chk);
-        const int need = max(Gemm::smem_bytes<sk::kEpiPlain>(r.nk()), kGammaBytes);
+        const int need = Gemm::smem_bytes<sk::kEpiPlain>(r.nk());
         if (!check_smem(c, need)) return c.fail(kErrSmemTooSmall, need);
         return body<Gemm>(c, r, g, smem);
     }

@@ -48,7 +48,7 @@ enum : int {
     kBarSkinnyConsumer = 1,  // attn_pre::skinny::consumer_sync (fixed id 1, 256 threads)
     kBarWorkers = 2,         // this runtime: the 256 workers
     kBarD2 = 3,              // D2AbsorbTile's K-block barrier
-    // 4: free (B0RowNormsTile's row-sum barrier until session 19)
+    kBarB0Rows = 4,          // B0RowNormsTile's row-sum barrier
     kBarE1 = 5,              // E1IndexerLogitsTile's page barrier
     kBarA0 = 6,              // A0AddRmsNormQuantRowTile's partial-sum barrier
 };
@@ -127,6 +127,7 @@ struct alignas(16) CtaShared {
     uint32_t done[2];
     uint32_t abort;     // set once by a worker (thread 0) at a point every worker passes together
     int32_t last;       // split-K: this CTA is the last arriver of the reduce group
+    float scratch[4 * kWorkerWarps];  // B0RowNormsTile row-sum partials, two blocks (alternate rows)
     // A family's parameter block (e.g. the GEMM tile's SkinnyParams), written by worker 0 before a
     // worker barrier: read from shared memory on demand, it costs no registers across the tile.
     alignas(16) unsigned char family_params[kFamilyParamBytes];

@@ -231,11 +231,11 @@ def test_b0_family(cfg, m, tiling):
                  context=f"{m=} q_lora fp8 vs reference")
     w = SimpleNamespace(qkv_a=Fp8Linear(e["w.qkv_a.weight"], e["w.qkv_a.scale_inv"]), q_a_norm=e["w.q_a_norm"],
                         kv_a_norm=e["w.kv_a_norm"])
-    with _forced(x.plan, "B0"):  # the megakernel's row epilogue is fused mode's (one warp per row)
-        want = b0_qkv_a(e["x_fp8"], e["x_scale"], w, cfg, mode="fused")
+    with _forced(x.plan, "B0"):
+        want = b0_qkv_a(e["x_fp8"], e["x_scale"], w, cfg, mode="split")
     torch.cuda.synchronize()
     for n in names:
-        assert_equal("megartp B0", t[n], want[n], context=f"{m=} {n} vs the standalone fused-mode kernel "
+        assert_equal("megartp B0", t[n], want[n], context=f"{m=} {n} vs the standalone split-mode kernels "
                                                            f"(splits={_splits(x.plan, 'B0')})")
 
 
