@@ -20,8 +20,8 @@
 //   B1  split-K partial; group epilogue SkinnyFinish<kEpiIdxK> (LayerNorm, RoPE, quant, cache store).
 //   D1  split-K partial; per-head group epilogue SkinnyFinish<kEpiIdxQ> (needs index_head_dim 128:
 //       one head = one 128-row tile).
-//   (B1 / D1 call SkinnyFinish's epilogue-input staging, stage_pre / stage_tables / stage_wait, as the
-//   standalone mainloops do; that API was being reworked while this was written: finish_group().)
+//   (B1 / D1 stage the first token block's epilogue inputs in every partial, under its K loop, as the
+//   standalone mainloops do: gemm_partial's Stage; later blocks in finish_group().)
 // The partials run SkinnyGemmTile::mainloop, which calls __syncthreads() once per K group: the
 // controller warp joins those barriers (gemm_joins(); a CPU test trips when the tile code changes).
 //   E1  E1IndexerLogitsTile with the 256 workers (8 warps, one 8-token n-tile per warp per page), q held
@@ -181,9 +181,41 @@ GLM5_DEVICE sk::SkinnyParams& gemm_params(const Ctx<kTrace>& c) {
     return *reinterpret_cast<sk::SkinnyParams*>(c.sh.family_params);
 }
 
+// The finish's inputs of token block tile_m (SkinnyFinish stage_pre, barrier, stage_tables: the RoPE rows by
+// cp.async, waited for at the end of the partial). Not inlined: inside the partial's token loop its
+// addressing pushed the megakernel past its 168 registers (spills); as a call it costs a few instructions.
+template <class G, int kEpi>
+__device__ __noinline__ void stage_epilogue_inputs(const sk::SkinnyParams& sp, int tile_m, int tile_n, uint8_t* smem,
+                                                   int tid) {
+    using Finish = sk::SkinnyFinish<G::kTM, kEpi>;
+    static_assert(sk::SkinnySmem<G::kTM, G::kStages, kEpi>::kOffRed == G::Smem::kOffRed, "scratch offset");
+    const sk::Scratch sc = Finish::scratch(smem + G::Smem::kOffRed);
+    sk::Coord ce;
+    ce.tile_m = tile_m;
+    ce.tile_n = tile_n;
+    ce.split = 0;
+    ce.g_begin = 0;
+    ce.nk = 0;
+    ce.gmax = 0;
+    Finish::stage_pre(sp, ce, sc, tid);
+    sk::consumer_sync();
+    Finish::stage_tables(sp, ce, sc, tid);
+}
+
+// No epilogue inputs to stage (B0: its reduce reads only the workspace).
+struct NoEpilogueStaging {
+    static constexpr int kEpi = sk::kEpiPlain;
+    template <bool kTrace>
+    static GLM5_DEVICE void params(const Ctx<kTrace>&, sk::SkinnyParams&) {}
+};
+
 // Partial of rows [m0, m1) x weight rows [n0, n1) over K [k0, k1) -> ws[k_split, m, n] (fp32).
-// The weight prologue of the first token block is issued before the event wait.
-template <class G, bool kTrace>
+// The weight prologue of the first token block is issued before the event wait. Stage (B1 / D1): the
+// finish's parameters go into the same SkinnyParams (Stage::params, worker 0), and right after the event
+// wait every partial stages the first token block's epilogue inputs (SkinnyFinish<kTM, Stage::kEpi>::
+// stage_pre / stage_tables: positions, slots, w_raw, RoPE rows) into the finish scratch, under its K loop,
+// as the standalone kernel does; so whichever partial arrives last finds them ready (finish_group).
+template <class G, class Stage = NoEpilogueStaging, bool kTrace>
 GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const SplitK& r, uint8_t* smem) {
     sk::SkinnyParams& sp = gemm_params(c);
     if (c.tid == 0) {
@@ -196,6 +228,7 @@ GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const
         sp.N = g.N;
         sp.K = g.K;
         sp.splits = 1;  // the mainloop returns its own partial; the runtime reduces across instructions
+        Stage::params(c, sp);
     }
     worker_sync<kBarWorkers>();
     sk::Coord co;
@@ -207,12 +240,18 @@ GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const
     const int tid = c.tid, lane = tid & 31, warp = tid >> 5, gg = lane >> 2, t = lane & 3;
     const int f = co.tile_n * sk::kBlockN + warp * 16 + 2 * gg;
     const int64_t slice = static_cast<int64_t>(r.k_split) * c.p.num_tokens;
+    co.tile_m = r.m0 / G::kTM;
+    G::Tile::prologue(sp, co, smem, tid);  // the first token block's weights stream in during the wait
+    if (!c.wait_inputs()) {
+        ptx::cp_async_wait<0>();
+        return false;
+    }
+    if constexpr (Stage::kEpi != sk::kEpiPlain)
+        stage_epilogue_inputs<G, Stage::kEpi>(sp, co.tile_m, r.g0 / sk::kBlockN, smem, tid);
     for (int row0 = r.m0; row0 < r.m1; row0 += G::kTM) {
-        co.tile_m = row0 / G::kTM;
-        G::Tile::prologue(sp, co, smem, tid);
-        if (row0 == r.m0 && !c.wait_inputs()) {
-            ptx::cp_async_wait<0>();
-            return false;
+        if (row0 != r.m0) {
+            co.tile_m = row0 / G::kTM;
+            G::Tile::prologue(sp, co, smem, tid);
         }
         float acc[G::kNT][4];
         G::Tile::mainloop(sp, co, smem, tid, acc);
@@ -227,6 +266,7 @@ GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const
         }
         worker_sync<kBarWorkers>();  // the stages are free before the next token block's prologue
     }
+    if constexpr (Stage::kEpi != sk::kEpiPlain) ptx::cp_async_wait<0>();  // no staged copy outlives the partial
     return true;
 }
 
@@ -446,8 +486,9 @@ struct B0Family {
 
 // The last arriver's epilogue of a B1 / D1 reduce group: per token block, SkinnyFinish's staging of the
 // epilogue inputs (positions, slots, w_raw, RoPE (cos, sin): stage_pre, consumer barrier, stage_tables,
-// waited for at the epilogue's entry), the reduced tile in fragment layout, then SkinnyFinish's epilogue
-// (its parameters: gemm_params(c), filled by the caller).
+// waited for at the epilogue's entry; the first block's were staged by the partial itself, gemm_partial),
+// the reduced tile in fragment layout, then SkinnyFinish's epilogue (its parameters: gemm_params(c), set
+// with the partial's by the family's Stage::params).
 template <class G, int kEpi, bool kTrace>
 GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const SplitK& r, uint8_t* smem) {
     using Finish = sk::SkinnyFinish<G::kTM, kEpi>;
@@ -463,9 +504,11 @@ GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const
     co.gmax = 0;
     for (int row0 = r.m0; row0 < r.m1; row0 += G::kTM) {
         co.tile_m = row0 / G::kTM;
-        Finish::stage_pre(sp, co, sc, c.tid);
-        sk::consumer_sync();
-        Finish::stage_tables(sp, co, sc, c.tid);
+        if (row0 != r.m0) {  // the first block's inputs were staged by the partial (gemm_partial)
+            Finish::stage_pre(sp, co, sc, c.tid);
+            sk::consumer_sync();
+            Finish::stage_tables(sp, co, sc, c.tid);
+        }
         if (row0 == r.m0) c.mark(1);
         float acc[G::kNT][4];
         load_reduced<G>(c, g, splits, co.tile_n, row0, r.m1, acc);
@@ -478,35 +521,35 @@ GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const
 
 template <class D>
 struct B1Family {
+    // The finish's parameters (with the partial's in one SkinnyParams) and the epilogue whose inputs the
+    // partials stage.
+    struct Stage {
+        static constexpr int kEpi = sk::kEpiIdxK;
+        template <bool kTrace>
+        static GLM5_DEVICE void params(const Ctx<kTrace>& c, sk::SkinnyParams& sp) {
+            namespace sl = isa::B1::slot;
+            sp.dim_a = c.p.idx_dim;
+            sp.rope_dim = D::kR;
+            sp.ln_w = c.template operand<const float>(sl::w_indexer_k_norm_weight);
+            sp.ln_b = c.template operand<const float>(sl::w_indexer_k_norm_bias);
+            sp.positions = c.template operand<const void>(sl::positions);
+            sp.slots = c.template operand<const void>(sl::out_cache_loc);
+            sp.cache = c.template operand<uint8_t>(sl::index_k_cache_written);
+            sp.out_fp8 = c.template operand<uint8_t>(sl::index_k_fp8);
+            sp.out_scale = c.template operand<float>(sl::index_k_scale);
+            sp.flags = 3;  // positions and out_cache_loc are int64 (graph TensorDefs)
+            sp.eps = c.p.k_norm_eps;
+            sp.rope_table = c.p.rope_table;
+            sp.rope_table_len = c.p.rope_table_len;
+            sp.rope_theta = c.p.rope_theta;
+        }
+    };
+
     template <class G, bool kTrace>
     static GLM5_DEVICE bool body(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g, uint8_t* smem) {
-        namespace sl = isa::B1::slot;
-        if (!gemm_partial<G>(c, g, r, smem)) return false;
+        if (!gemm_partial<G, Stage>(c, g, r, smem)) return false;
         if (!c.arrive_reduce()) return true;
-        if (c.tid == 0) {
-        sk::SkinnyParams& sp = gemm_params(c);
-        sp = sk::SkinnyParams{};
-        sp.M = r.m1;
-        sp.N = g.N;
-        sp.K = g.K;
-        sp.splits = 1;
-        sp.dim_a = c.p.idx_dim;
-        sp.rope_dim = D::kR;
-        sp.ln_w = c.template operand<const float>(sl::w_indexer_k_norm_weight);
-        sp.ln_b = c.template operand<const float>(sl::w_indexer_k_norm_bias);
-        sp.positions = c.template operand<const void>(sl::positions);
-        sp.slots = c.template operand<const void>(sl::out_cache_loc);
-        sp.cache = c.template operand<uint8_t>(sl::index_k_cache_written);
-        sp.out_fp8 = c.template operand<uint8_t>(sl::index_k_fp8);
-        sp.out_scale = c.template operand<float>(sl::index_k_scale);
-        sp.flags = 3;  // positions and out_cache_loc are int64 (graph TensorDefs)
-        sp.eps = c.p.k_norm_eps;
-        sp.rope_table = c.p.rope_table;
-        sp.rope_table_len = c.p.rope_table_len;
-        sp.rope_theta = c.p.rope_theta;
-        }
-        worker_sync<kBarWorkers>();
-        finish_group<G, sk::kEpiIdxK>(c, g, r, smem);
+        finish_group<G, Stage::kEpi>(c, g, r, smem);
         return true;
     }
 
@@ -533,34 +576,32 @@ struct B1Family {
 
 template <class D>
 struct D1Family {
+    struct Stage {  // as B1Family::Stage
+        static constexpr int kEpi = sk::kEpiIdxQ;
+        template <bool kTrace>
+        static GLM5_DEVICE void params(const Ctx<kTrace>& c, sk::SkinnyParams& sp) {
+            namespace sl = isa::D1::slot;
+            sp.dim_a = c.p.idx_dim;
+            sp.dim_b = c.p.idx_heads;
+            sp.rope_dim = D::kR;
+            sp.w_raw = c.template operand<const uint16_t>(sl::w_raw);
+            sp.positions = c.template operand<const void>(sl::positions);
+            sp.out_fp8 = c.template operand<uint8_t>(sl::index_q_fp8);
+            sp.out_scale = c.template operand<float>(sl::index_q_scale);
+            sp.out_head_w = c.template operand<float>(sl::head_w);
+            sp.flags = 1;  // positions int64
+            sp.head_w_scale = c.p.head_w_scale;
+            sp.rope_table = c.p.rope_table;
+            sp.rope_table_len = c.p.rope_table_len;
+            sp.rope_theta = c.p.rope_theta;
+        }
+    };
+
     template <class G, bool kTrace>
     static GLM5_DEVICE bool body(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g, uint8_t* smem) {
-        namespace sl = isa::D1::slot;
-        if (!gemm_partial<G>(c, g, r, smem)) return false;
+        if (!gemm_partial<G, Stage>(c, g, r, smem)) return false;
         if (!c.arrive_reduce()) return true;
-        if (c.tid == 0) {
-        sk::SkinnyParams& sp = gemm_params(c);
-        sp = sk::SkinnyParams{};
-        sp.M = r.m1;
-        sp.N = g.N;
-        sp.K = g.K;
-        sp.splits = 1;
-        sp.dim_a = c.p.idx_dim;
-        sp.dim_b = c.p.idx_heads;
-        sp.rope_dim = D::kR;
-        sp.w_raw = c.template operand<const uint16_t>(sl::w_raw);
-        sp.positions = c.template operand<const void>(sl::positions);
-        sp.out_fp8 = c.template operand<uint8_t>(sl::index_q_fp8);
-        sp.out_scale = c.template operand<float>(sl::index_q_scale);
-        sp.out_head_w = c.template operand<float>(sl::head_w);
-        sp.flags = 1;  // positions int64
-        sp.head_w_scale = c.p.head_w_scale;
-        sp.rope_table = c.p.rope_table;
-        sp.rope_table_len = c.p.rope_table_len;
-        sp.rope_theta = c.p.rope_theta;
-        }
-        worker_sync<kBarWorkers>();
-        finish_group<G, sk::kEpiIdxQ>(c, g, r, smem);
+        finish_group<G, Stage::kEpi>(c, g, r, smem);
         return true;
     }
 
