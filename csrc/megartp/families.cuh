@@ -117,16 +117,26 @@ struct SplitK {
 // 32- and 64-token blocks exceed the 168 registers a thread can have with 9 warps per CTA (three
 // warps share one SM sub-partition's 16K registers) and spill; they need setmaxnreg (a controller
 // warpgroup giving registers to the workers) first.
+// Every split-K partial (B0, B1, D1) runs one mainloop instantiation on the carve-up of the epilogue with the
+// largest finish scratch (D1's), so the finish inputs B1 / D1 stage at kOffRed before the K loop survive it
+// (the scale arrays come after the scratch) and the megakernel holds one copy of the mainloop.
+constexpr int kEpiGemmLayout =
+    sk::finish_scratch_bytes(16, sk::kEpiIdxQ) >= sk::finish_scratch_bytes(16, sk::kEpiIdxK) ? sk::kEpiIdxQ : sk::kEpiIdxK;
+
 template <int kTM_, int kStages_>
 struct GemmCfg {
     static constexpr int kTM = kTM_;
     static constexpr int kStages = kStages_;
     static constexpr int kNT = kTM / 8;
-    using Tile = sk::SkinnyGemmTile<kTM_, kStages_, sk::kEpiPlain>;
-    using Smem = sk::SkinnySmem<kTM_, kStages_>;
-    // The partial's carve-up with epilogue kEpi's scratch at kOffRed (the same offset for every kEpi).
+    using Tile = sk::SkinnyGemmTile<kTM_, kStages_, kEpiGemmLayout>;
+    using Smem = sk::SkinnySmem<kTM_, kStages_, kEpiGemmLayout>;
     template <int kEpi>
-    static GLM5_DEVICE int smem_bytes(int nk) { return sk::SkinnySmem<kTM_, kStages_, kEpi>::bytes(nk); }
+    static constexpr bool fits() {  // kEpi's finish scratch inside the layout's
+        return sk::finish_scratch_bytes(kTM_, kEpi) <= sk::finish_scratch_bytes(kTM_, kEpiGemmLayout) &&
+               sk::SkinnySmem<kTM_, kStages_, kEpi>::kOffRed == Smem::kOffRed;
+    }
+    static_assert(fits<sk::kEpiPlain>() && fits<sk::kEpiIdxK>() && fits<sk::kEpiIdxQ>(), "finish scratch layout");
+    static GLM5_DEVICE int smem_bytes(int nk) { return Smem::bytes(nk); }
 };
 using Gemm = GemmCfg<16, 6>;  // the stage count of ops/fp8_gemm.py STAGES[16]
 
@@ -240,8 +250,9 @@ GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const
     const int tid = c.tid, lane = tid & 31, warp = tid >> 5, gg = lane >> 2, t = lane & 3;
     const int f = co.tile_n * sk::kBlockN + warp * 16 + 2 * gg;
     const int64_t slice = static_cast<int64_t>(r.k_split) * c.p.num_tokens;
+    using Tile = typename G::Tile;
     co.tile_m = r.m0 / G::kTM;
-    G::Tile::prologue(sp, co, smem, tid);  // the first token block's weights stream in during the wait
+    Tile::prologue(sp, co, smem, tid);  // the first token block's weights stream in during the wait
     if (!c.wait_inputs()) {
         ptx::cp_async_wait<0>();
         return false;
@@ -251,10 +262,10 @@ GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const
     for (int row0 = r.m0; row0 < r.m1; row0 += G::kTM) {
         if (row0 != r.m0) {
             co.tile_m = row0 / G::kTM;
-            G::Tile::prologue(sp, co, smem, tid);
+            Tile::prologue(sp, co, smem, tid);
         }
         float acc[G::kNT][4];
-        G::Tile::mainloop(sp, co, smem, tid, acc);
+        Tile::mainloop(sp, co, smem, tid, acc);
         if (f < g.N) {
 #pragma unroll
             for (int j = 0; j < G::kNT; ++j)
@@ -476,7 +487,7 @@ struct B0Family {
                      r.target != kTiles * r.splits()))
             chk = kChkReduce;  // the tile sub-counters follow the group counter (plan.py counter layout)
         if (chk) return c.fail(kErrUnsupportedTile, chk);
-        const int need = Gemm::smem_bytes<sk::kEpiPlain>(r.nk());
+        const int need = Gemm::smem_bytes(r.nk());
         if (!check_smem(c, need)) return c.fail(kErrSmemTooSmall, need);
         return body<Gemm>(c, r, g, smem);
     }
@@ -568,7 +579,7 @@ struct B1Family {
         int32_t chk = check_split_k(c, r, g);
         if (!chk && (r.g0 != 0 || r.g1 != g.N || g.N > sk::kBlockN || g.x == nullptr)) chk = kChkGroup;
         if (chk) return c.fail(kErrUnsupportedTile, chk);
-        const int need = Gemm::smem_bytes<sk::kEpiIdxK>(r.nk());
+        const int need = Gemm::smem_bytes(r.nk());
         if (!check_smem(c, need)) return c.fail(kErrSmemTooSmall, need);
         return body<Gemm>(c, r, g, smem);
     }
@@ -620,7 +631,7 @@ struct D1Family {
         int32_t chk = c.p.idx_dim == sk::kBlockN ? check_split_k(c, r, g) : kChkHeadDim;
         if (!chk && (r.g0 != r.n0 || r.g1 != r.n1 || r.n1 - r.n0 != sk::kBlockN)) chk = kChkGroup;
         if (chk) return c.fail(kErrUnsupportedTile, chk);
-        const int need = Gemm::smem_bytes<sk::kEpiIdxQ>(r.nk());
+        const int need = Gemm::smem_bytes(r.nk());
         if (!check_smem(c, need)) return c.fail(kErrSmemTooSmall, need);
         return body<Gemm>(c, r, g, smem);
     }

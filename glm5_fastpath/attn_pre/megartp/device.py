@@ -211,7 +211,10 @@ def compile_check_specs() -> list[KernelSpec]:
 
 
 EPI_PLAIN, EPI_IDX_Q, EPI_IDX_K = 0, 3, 4  # attn_pre::skinny::kEpi* of the families' epilogues
-FAMILY_EPI = {"B0": EPI_PLAIN, "B1": EPI_IDX_K, "D1": EPI_IDX_Q}  # B0's row epilogue is B0RowNormsTile
+GEMM_FAMILIES = ("B0", "B1", "D1")
+# families.cuh kEpiGemmLayout: every partial's mainloop runs on the carve-up of the epilogue with the largest
+# finish scratch (D1's), where B1 / D1 partials stage their finish inputs before the K loop
+EPI_GEMM_LAYOUT = EPI_IDX_Q
 
 
 def precompile(specs: Sequence[KernelSpec] | None = None, arch: str = "sm_90a", jobs: int = 4) -> list[str]:
@@ -269,8 +272,8 @@ def dynamic_smem_bytes(cfg: Glm5Config, plan: Any = None) -> int:
     if "A0" in fams:
         need = max(need, a0_smem_bytes(cfg.hidden_size))
     gmax = max(_max_k_groups(plan) if plan is not None else cfg.hidden_size // 128, 1)
-    for f in sorted(fams & set(FAMILY_EPI)):
-        need = max(need, skinny_smem_bytes(GEMM_TOKEN_BLOCK, GEMM_STAGES, gmax, FAMILY_EPI[f]))
+    if fams & set(GEMM_FAMILIES):
+        need = max(need, skinny_smem_bytes(GEMM_TOKEN_BLOCK, GEMM_STAGES, gmax, EPI_GEMM_LAYOUT))
     return need
 
 
