@@ -870,14 +870,18 @@ struct SkinnyFinish {
     }
 };
 
-template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff>
+// kLayoutEpi: the shared-memory carve-up (SkinnySmem) is that of epilogue kLayoutEpi (default kEpi). The
+// MegaRTP megakernel runs the plain tile on the carve-up with the largest finish scratch, where its
+// families stage their finish inputs themselves.
+template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff, int kLayoutEpi = kEpi>
 struct SkinnyGemmTile {
     static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64, "token block: 8, 16, 32 or 64");
     static_assert(kStages >= 2 && kStages <= 8, "2..8 stages (cp.async.wait_group immediates)");
     static_assert(kDiag == kDiagOff || kEpi == kEpiPlain, "diagnostic variants use the plain epilogue");
     static_assert(kDiag >= kDiagOff && kDiag <= kDiagNoLoads, "diagnostic mode 0..3");
     static constexpr int kNT = kTM / 8;  // n8 MMA tiles per warp
-    using Smem = SkinnySmem<kTM, kStages, kEpi>;
+    using Smem = SkinnySmem<kTM, kStages, kLayoutEpi>;
+    static_assert(finish_scratch_bytes(kTM, kEpi) <= finish_scratch_bytes(kTM, kLayoutEpi), "kEpi's scratch must fit");
 
     using Finish = SkinnyFinish<kTM, kEpi>;
 

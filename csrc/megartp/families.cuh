@@ -128,7 +128,7 @@ struct GemmCfg {
     static constexpr int kTM = kTM_;
     static constexpr int kStages = kStages_;
     static constexpr int kNT = kTM / 8;
-    using Tile = sk::SkinnyGemmTile<kTM_, kStages_, kEpiGemmLayout>;
+    using Tile = sk::SkinnyGemmTile<kTM_, kStages_, sk::kEpiPlain, sk::kDiagOff, kEpiGemmLayout>;
     using Smem = sk::SkinnySmem<kTM_, kStages_, kEpiGemmLayout>;
     template <int kEpi>
     static constexpr bool fits() {  // kEpi's finish scratch inside the layout's
