@@ -20,8 +20,8 @@
 //   B1  split-K partial; group epilogue SkinnyFinish<kEpiIdxK> (LayerNorm, RoPE, quant, cache store).
 //   D1  split-K partial; per-head group epilogue SkinnyFinish<kEpiIdxQ> (needs index_head_dim 128:
 //       one head = one 128-row tile).
-//   (B1 / D1 stage the first token block's epilogue inputs in every partial, under its K loop, as the
-//   standalone mainloops do: gemm_partial's Stage; later blocks in finish_group().)
+//   (B1 stages the first token block's epilogue inputs in every partial, during its event wait: gemm_partial's
+//   Stage; D1 and later blocks in finish_group().)
 // The partials run SkinnyGemmTile::mainloop, which calls __syncthreads() once per K group: the
 // controller warp joins those barriers (gemm_joins(); a CPU test trips when the tile code changes).
 //   E1  E1IndexerLogitsTile with the 256 workers (8 warps, one 8-token n-tile per warp per page), q held
@@ -215,16 +215,18 @@ __device__ __noinline__ void stage_epilogue_inputs(const sk::SkinnyParams& sp, i
 // No epilogue inputs to stage (B0: its reduce reads only the workspace).
 struct NoEpilogueStaging {
     static constexpr int kEpi = sk::kEpiPlain;
+    static constexpr bool kStageEarly = false;
     template <bool kTrace>
     static GLM5_DEVICE void params(const Ctx<kTrace>&, sk::SkinnyParams&) {}
 };
 
 // Partial of rows [m0, m1) x weight rows [n0, n1) over K [k0, k1) -> ws[k_split, m, n] (fp32).
 // The weight prologue of the first token block is issued before the event wait. Stage (B1 / D1): the
-// finish's parameters go into the same SkinnyParams (Stage::params, worker 0), and right after the event
-// wait every partial stages the first token block's epilogue inputs (SkinnyFinish<kTM, Stage::kEpi>::
-// stage_pre / stage_tables: positions, slots, w_raw, RoPE rows) into the finish scratch, under its K loop,
-// as the standalone kernel does; so whichever partial arrives last finds them ready (finish_group).
+// finish's parameters go into the same SkinnyParams (Stage::params, worker 0). With Stage::kStageEarly
+// (B1: its epilogue inputs, positions / slots / their RoPE rows, are step inputs no op writes) every
+// partial stages the first token block's inputs (SkinnyFinish stage_pre / stage_tables) into the finish
+// scratch before the event wait, so the last arriver finds them ready (finish_group). D1 stages in its
+// finish: its w_raw comes from C0, and staging after the wait cost the partial a round trip (call 7).
 template <class G, class Stage = NoEpilogueStaging, bool kTrace>
 GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const SplitK& r, uint8_t* smem) {
     sk::SkinnyParams& sp = gemm_params(c);
@@ -253,12 +255,12 @@ GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const
     using Tile = typename G::Tile;
     co.tile_m = r.m0 / G::kTM;
     Tile::prologue(sp, co, smem, tid);  // the first token block's weights stream in during the wait
+    if constexpr (Stage::kStageEarly)  // step inputs only: staged while the wait lasts
+        stage_epilogue_inputs<G, Stage::kEpi>(sp, co.tile_m, r.g0 / sk::kBlockN, smem, tid);
     if (!c.wait_inputs()) {
         ptx::cp_async_wait<0>();
         return false;
     }
-    if constexpr (Stage::kEpi != sk::kEpiPlain)
-        stage_epilogue_inputs<G, Stage::kEpi>(sp, co.tile_m, r.g0 / sk::kBlockN, smem, tid);
     for (int row0 = r.m0; row0 < r.m1; row0 += G::kTM) {
         if (row0 != r.m0) {
             co.tile_m = row0 / G::kTM;
@@ -277,7 +279,7 @@ GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const
         }
         worker_sync<kBarWorkers>();  // the stages are free before the next token block's prologue
     }
-    if constexpr (Stage::kEpi != sk::kEpiPlain) ptx::cp_async_wait<0>();  // no staged copy outlives the partial
+    if constexpr (Stage::kStageEarly) ptx::cp_async_wait<0>();  // no staged copy outlives the partial
     return true;
 }
 
@@ -497,10 +499,10 @@ struct B0Family {
 
 // The last arriver's epilogue of a B1 / D1 reduce group: per token block, SkinnyFinish's staging of the
 // epilogue inputs (positions, slots, w_raw, RoPE (cos, sin): stage_pre, consumer barrier, stage_tables,
-// waited for at the epilogue's entry; the first block's were staged by the partial itself, gemm_partial),
+// waited for at the epilogue's entry; with kStagedEarly the first block's were staged by the partial),
 // the reduced tile in fragment layout, then SkinnyFinish's epilogue (its parameters: gemm_params(c), set
 // with the partial's by the family's Stage::params).
-template <class G, int kEpi, bool kTrace>
+template <class G, int kEpi, bool kStagedEarly, bool kTrace>
 GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const SplitK& r, uint8_t* smem) {
     using Finish = sk::SkinnyFinish<G::kTM, kEpi>;
     static_assert(sk::SkinnySmem<G::kTM, G::kStages, kEpi>::kOffRed == G::Smem::kOffRed, "scratch offset");
@@ -515,7 +517,7 @@ GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const
     co.gmax = 0;
     for (int row0 = r.m0; row0 < r.m1; row0 += G::kTM) {
         co.tile_m = row0 / G::kTM;
-        if (row0 != r.m0) {  // the first block's inputs were staged by the partial (gemm_partial)
+        if (!kStagedEarly || row0 != r.m0) {  // kStagedEarly: the partial staged the first block's (gemm_partial)
             Finish::stage_pre(sp, co, sc, c.tid);
             sk::consumer_sync();
             Finish::stage_tables(sp, co, sc, c.tid);
@@ -536,6 +538,7 @@ struct B1Family {
     // partials stage.
     struct Stage {
         static constexpr int kEpi = sk::kEpiIdxK;
+        static constexpr bool kStageEarly = true;
         template <bool kTrace>
         static GLM5_DEVICE void params(const Ctx<kTrace>& c, sk::SkinnyParams& sp) {
             namespace sl = isa::B1::slot;
@@ -560,7 +563,7 @@ struct B1Family {
     static GLM5_DEVICE bool body(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g, uint8_t* smem) {
         if (!gemm_partial<G, Stage>(c, g, r, smem)) return false;
         if (!c.arrive_reduce()) return true;
-        finish_group<G, Stage::kEpi>(c, g, r, smem);
+        finish_group<G, Stage::kEpi, Stage::kStageEarly>(c, g, r, smem);
         return true;
     }
 
@@ -587,8 +590,9 @@ struct B1Family {
 
 template <class D>
 struct D1Family {
-    struct Stage {  // as B1Family::Stage
+    struct Stage {  // as B1Family::Stage, staged in the finish
         static constexpr int kEpi = sk::kEpiIdxQ;
+        static constexpr bool kStageEarly = false;
         template <bool kTrace>
         static GLM5_DEVICE void params(const Ctx<kTrace>& c, sk::SkinnyParams& sp) {
             namespace sl = isa::D1::slot;
@@ -612,7 +616,7 @@ struct D1Family {
     static GLM5_DEVICE bool body(const Ctx<kTrace>& c, const SplitK& r, const GemmOperands& g, uint8_t* smem) {
         if (!gemm_partial<G, Stage>(c, g, r, smem)) return false;
         if (!c.arrive_reduce()) return true;
-        finish_group<G, Stage::kEpi>(c, g, r, smem);
+        finish_group<G, Stage::kEpi, Stage::kStageEarly>(c, g, r, smem);
         return true;
     }
 
