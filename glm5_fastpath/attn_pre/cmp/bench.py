@@ -381,7 +381,9 @@ def render_markdown(rep: dict[str, Any]) -> str:
 
 
 # `--executors` of `glm5-fastpath bench prefix`: which rows to run. "cmp" is the whole decomposition
-# (every mode after serial); MegaRTP is issue #5's executor and has no device kernel yet.
+# (every mode after serial); MegaRTP (issue #5) runs only part of the prefix so far (megartp.device
+# SUPPORTED_FAMILIES), so it has no whole-prefix row here: `python -m glm5_fastpath.attn_pre.megartp.bench`
+# times the part it runs.
 EXECUTOR_MODES = {"serial": ("serial",), "cmp": tuple(m for m in DEFAULT_MODES if m != "serial")}
 EXECUTORS = ("stock",) + tuple(EXECUTOR_MODES) + ("megartp",)
 
@@ -393,8 +395,14 @@ def modes_for_executors(executors: Sequence[str]) -> tuple[list[str], bool]:
         if e not in EXECUTORS:
             raise ValueError(f"bench prefix: unknown executor {e!r}; choose from {', '.join(EXECUTORS)}")
         if e == "megartp":
-            raise ValueError("bench prefix: the MegaRTP executor has no device kernel yet (issue #5); "
-                             "its host-side plan is `glm5-fastpath plan`")
+            from ...config import Glm5Config
+            from ...graph import build_prefix_graph
+            from ..megartp.device import SUPPORTED_FAMILIES
+            missing = [op for op in build_prefix_graph(Glm5Config.preset("glm5")).ops if op not in SUPPORTED_FAMILIES]
+            raise ValueError(f"bench prefix: the MegaRTP megakernel cannot run the whole prefix yet (issue #5: no "
+                             f"{', '.join(missing)} family); `python -m glm5_fastpath.attn_pre.megartp.bench` times "
+                             f"the subgraph it runs ({', '.join(SUPPORTED_FAMILIES)}); its host-side plan of the "
+                             "whole prefix is `glm5-fastpath plan`")
         modes += [m for m in EXECUTOR_MODES.get(e, ()) if m not in modes]
     return modes, "stock" in executors
 
