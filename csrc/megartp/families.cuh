@@ -117,9 +117,10 @@ struct SplitK {
 // 32- and 64-token blocks exceed the 168 registers a thread can have with 9 warps per CTA (three
 // warps share one SM sub-partition's 16K registers) and spill; they need setmaxnreg (a controller
 // warpgroup giving registers to the workers) first.
-// Every split-K partial (B0, B1, D1) runs one mainloop instantiation on the carve-up of the epilogue with the
-// largest finish scratch (D1's), so the finish inputs B1 / D1 stage at kOffRed before the K loop survive it
-// (the scale arrays come after the scratch) and the megakernel holds one copy of the mainloop.
+// Every split-K partial (B0, B1, D1) runs one mainloop instantiation (the plain tile) on the carve-up of the
+// epilogue with the largest finish scratch (D1's): the finish inputs B1 stages at kOffRed before its K loop
+// survive it (the scale arrays come after the scratch), and the megakernel holds one copy of the mainloop
+// (one instantiation per family's epilogue spilled).
 constexpr int kEpiGemmLayout =
     sk::finish_scratch_bytes(16, sk::kEpiIdxQ) >= sk::finish_scratch_bytes(16, sk::kEpiIdxK) ? sk::kEpiIdxQ : sk::kEpiIdxK;
 
@@ -192,8 +193,8 @@ GLM5_DEVICE sk::SkinnyParams& gemm_params(const Ctx<kTrace>& c) {
 }
 
 // The finish's inputs of token block tile_m (SkinnyFinish stage_pre, barrier, stage_tables: the RoPE rows by
-// cp.async, waited for at the end of the partial). Not inlined: inside the partial's token loop its
-// addressing pushed the megakernel past its 168 registers (spills); as a call it costs a few instructions.
+// cp.async, waited for at the end of the partial). Not inlined: inlined, it pushed the megakernel past its
+// 168 registers (spills); as a call it costs a few instructions.
 template <class G, int kEpi>
 __device__ __noinline__ void stage_epilogue_inputs(const sk::SkinnyParams& sp, int tile_m, int tile_n, uint8_t* smem,
                                                    int tid) {
