@@ -466,7 +466,7 @@ struct B0Family {
             const attn_pre::B0RowPtrs rp{nullptr, q_lora + m * D::kQ, q_fp8 + static_cast<int64_t>(m) * D::kQ,
                                          q_scale + m * (D::kQ / 128), c_kv + m * D::kKV, k_pe + m * D::kR};
             Rows::finish(gamma, cur, rp, c.p.rms_eps, c.sh.scratch + ((m - r.m0) & 1) * Rows::kScratchFloats, c.tid);
-            cur = next;
+            if (m + 1 < r.m1) cur = next;
         }
         c.mark(3);
         return true;
@@ -486,8 +486,7 @@ struct B0Family {
         g.K = c.p.hidden;
         int32_t chk = check_split_k(c, r, g);
         if (!chk && (r.g0 != 0 || r.g1 != D::kQkv)) chk = kChkGroup;  // the row epilogue needs whole rows
-        if (!chk && (c.ins.w[isa::kReduceCounter] + 1 + kTiles > c.p.num_counters ||
-                     r.target != kTiles * r.splits()))
+        if (!chk && c.ins.w[isa::kReduceCounter] + 1 + kTiles > c.p.num_counters)
             chk = kChkReduce;  // the tile sub-counters follow the group counter (plan.py counter layout)
         if (chk) return c.fail(kErrUnsupportedTile, chk);
         const int need = Gemm::smem_bytes(r.nk());

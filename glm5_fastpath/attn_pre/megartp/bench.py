@@ -122,10 +122,14 @@ def parse_tiling(spec: str | None) -> Any:
     from ...graph.prefix_graph import PrefixTiling
     if not spec:
         return PrefixTiling()
-    fields = {f: int(v) for f, v in (kv.split("=", 1) for kv in spec.split(",") if kv)}
+    try:
+        fields = {f.strip(): int(v) for f, v in (kv.split("=", 1) for kv in spec.split(",") if kv)}
+    except ValueError:
+        raise ValueError(f"--tiling {spec!r}: expected FIELD=INT[,FIELD=INT...]") from None
     unknown = sorted(set(fields) - set(PrefixTiling.__dataclass_fields__))
     if unknown:
-        raise SystemExit(f"--tiling: unknown PrefixTiling fields {unknown} (known: {sorted(PrefixTiling.__dataclass_fields__)})")
+        raise ValueError(f"--tiling: unknown PrefixTiling fields {unknown} "
+                         f"(known: {sorted(PrefixTiling.__dataclass_fields__)})")
     return PrefixTiling(**fields)
 
 
@@ -214,7 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tiling", default=None, metavar="F=N,...",
                     help="PrefixTiling fields to change for the plan, e.g. b0_split_k=6,d1_split_k=2")
     a = ap.parse_args(argv)
-    tiling = parse_tiling(a.tiling) if a.tiling else None
+    try:
+        tiling = parse_tiling(a.tiling) if a.tiling else None
+    except ValueError as e:  # GraphError (a non-positive split) is a ValueError too
+        ap.error(str(e))
     res = bench_megartp(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x],
                         kv_len=a.kv_len, launches=a.launches, replays=a.replays, tiling=tiling)
     if a.json:

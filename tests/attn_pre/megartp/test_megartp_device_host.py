@@ -400,5 +400,9 @@ def test_bench_tiling_option_changes_only_the_named_splits():
     assert (t.b0_split_k, t.d1_split_k) == (6, 2)
     assert t.b1_split_k == PrefixTiling().b1_split_k
     assert parse_tiling("") == PrefixTiling()
-    with pytest.raises(SystemExit, match="unknown PrefixTiling fields"):
+    with pytest.raises(ValueError, match="unknown PrefixTiling fields"):
         parse_tiling("b0_splits=6")
+    with pytest.raises(ValueError, match="expected FIELD=INT"):
+        parse_tiling("b0_split_k")
+    with pytest.raises(ValueError, match="positive int"):
+        parse_tiling("b0_split_k=0")
