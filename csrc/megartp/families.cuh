@@ -15,8 +15,8 @@
 //   D2  D2AbsorbTile (+ D2KvStoreWarp: the head-0 tile of the last 128 latent columns stores the
 //       whole KV rows of its tokens, c_kv and roped k_pe, exactly as the standalone KV warp does;
 //       the other head-0 tiles store nothing, so the cache bytes equal the standalone kernel's).
-//   B0  split-K partial on SkinnyGemmTile's mainloop; a two-level reduce (per weight tile, then the M
-//       block: B0Family) whose last arriver runs B0 split mode's row tile on each row.
+//   B0  split-K partial on SkinnyGemmTile's mainloop (each weight tile summed by its last split) and row
+//       finalisers running B0 split mode's row tile (B0Family).
 //   B1  split-K partial; group epilogue SkinnyFinish<kEpiIdxK> (LayerNorm, RoPE, quant, cache store).
 //   D1  split-K partial; per-head group epilogue SkinnyFinish<kEpiIdxQ> (needs index_head_dim 128:
 //       one head = one 128-row tile).
@@ -61,6 +61,8 @@ struct Dims {
     static constexpr int kIdxDim = kIdxDim_;      // index_head_dim (E1's page rows)
     static constexpr int kQkv = kQ + kKV + kR;
 };
+
+constexpr int kFinalKSplit = -1;  // families.FINAL_K_SPLIT: the instruction is a row finaliser
 
 // Why a tile was refused (error record detail; decoded by device.py UNSUPPORTED_DETAIL).
 enum TileCheck : int32_t {
@@ -335,17 +337,16 @@ GLM5_DEVICE bool check_smem(const Ctx<kTrace>& c, int need) {
 
 // ---- B0: QKV-A partial + row epilogue ----------------------------------------------------------------
 
-// B0's reduce runs in two levels, so that no single CTA reads the whole M block's partials:
-//   level 1, per 128-row weight tile: the tile's splits count on the tile's sub-counter (reduce counter
-//            + 1 + tile); the last sums the tile's columns (k-split order from 0, as SkinnyFinish::
-//            reduce_splits) into the raw bf16 q_a / kv_a / k_pe columns (q_lora / c_kv in place, k_pe final)
-//            and adds the tile's `splits` to the group counter;
-//   level 2, the M block: the last level-1 reducer (group counter at epoch x partials) runs B0 split mode's
-//            row tile (B0RowNormsTile, kRowThreads threads) on each row, the next row's loads in flight
-//            while the current one is normalised (the row sums alternate between two scratch blocks).
-// (A warp per row, as B0 fused mode, measured 7 us per row pass in the megakernel: a warp's IEEE divides
-// and serial vectors; session 19 call 3.) The host reserves 1 + tiles counters per B0 reduce group
-// (families.OpFamily.tile_counters).
+// B0: the split-K partials and, per token row, a finaliser (the plan's B0 finalizer tiles, families.py
+// `finalizer`), so that no single CTA reads the whole M block's partials or normalises all its rows:
+//   partial:   the K slice of a 128-row weight tile; the tile's splits count on the tile's sub-counter
+//              (reduce counter + 1 + tile: plan.py counter layout, `tile_counters`), and the last sums the
+//              tile's columns (k-split order from 0, as SkinnyFinish::reduce_splits) into the raw bf16
+//              q_a / kv_a / k_pe columns (q_lora / c_kv in place, k_pe final);
+//   finaliser: k_split = kFinalKSplit; waits (an intra-op event) for every partial of its M block, then runs
+//              split mode's row tile (B0RowNormsTile, kRowThreads threads) on its rows.
+// (A warp per row, as B0 fused mode, measured 7 us per row pass in the megakernel: a warp's IEEE divides and
+// serial vectors; session 19 call 3.)
 template <class D>
 constexpr int b0_row_threads() {  // glm5_fastpath/ops/fp8_gemm.py _row_threads (bitwise = B0 split mode)
     constexpr int vecs = (D::kQ / 8) > ((D::kKV + D::kR) / 8) ? (D::kQ / 8) : ((D::kKV + D::kR) / 8);
@@ -441,21 +442,31 @@ struct B0Family {
         namespace sl = isa::B0::slot;
         if (!gemm_partial<G>(c, g, r, smem)) return false;
         const int splits = r.splits();
-        const int rc = c.ins.w[isa::kReduceCounter];
-        const bool tile_last = c.arrive_counter(rc + 1 + r.n0 / sk::kBlockN, 1u, static_cast<uint32_t>(splits));
+        const bool tile_last = c.arrive_counter(c.ins.w[isa::kReduceCounter] + 1 + r.n0 / sk::kBlockN, 1u,
+                                                static_cast<uint32_t>(splits));
         c.mark(0);
         if (!tile_last) return true;
+        tile_sum(c, r, g, splits, c.template operand<uint16_t>(sl::q_lora), c.template operand<uint16_t>(sl::c_kv),
+                 c.template operand<uint16_t>(sl::k_pe));
+        c.mark(1);
+        return true;
+    }
+
+    // A row finaliser (plan: one per token row, after every partial of its M block): split mode's row tile on
+    // the raw rows [m0, m1), the next row's loads in flight while the current one is normalised.
+    template <bool kTrace>
+    static GLM5_DEVICE bool finalize(const Ctx<kTrace>& c, const SplitK& r) {
+        namespace sl = isa::B0::slot;
+        if (!(0 <= r.m0 && r.m0 < r.m1 && r.m1 <= c.p.num_tokens)) return c.fail(kErrUnsupportedTile, kChkRows);
+        if (r.g0 != 0 || r.g1 != D::kQkv) return c.fail(kErrUnsupportedTile, kChkGroup);
+        typename Rows::Gamma gamma;
+        if (c.tid < kRowThreads)
+            Rows::load_gamma(gamma, c.template operand<const uint16_t>(sl::w_q_a_norm),
+                             c.template operand<const uint16_t>(sl::w_kv_a_norm), c.tid);
+        if (!c.wait_inputs()) return false;
+        if (c.tid >= kRowThreads) return true;
         uint16_t* q_lora = c.template operand<uint16_t>(sl::q_lora);
         uint16_t* c_kv = c.template operand<uint16_t>(sl::c_kv);
-        tile_sum(c, r, g, splits, q_lora, c_kv, c.template operand<uint16_t>(sl::k_pe));
-        c.mark(1);
-        if (!c.arrive_counter(rc, static_cast<uint32_t>(splits), static_cast<uint32_t>(r.target))) return true;
-        c.mark(2);
-        // Level 2: every tile of the M block is summed; B0RowNormsTile per row.
-        if (c.tid >= kRowThreads) return true;
-        typename Rows::Gamma gamma;
-        Rows::load_gamma(gamma, c.template operand<const uint16_t>(sl::w_q_a_norm),
-                         c.template operand<const uint16_t>(sl::w_kv_a_norm), c.tid);
         uint16_t* k_pe = c.template operand<uint16_t>(sl::k_pe);
         uint8_t* q_fp8 = c.template operand<uint8_t>(sl::q_lora_fp8);
         float* q_scale = c.template operand<float>(sl::q_lora_scale);
@@ -468,7 +479,6 @@ struct B0Family {
             Rows::finish(gamma, cur, rp, c.p.rms_eps, c.sh.scratch + ((m - r.m0) & 1) * Rows::kScratchFloats, c.tid);
             if (m + 1 < r.m1) cur = next;
         }
-        c.mark(3);
         return true;
     }
 
@@ -476,6 +486,7 @@ struct B0Family {
     static GLM5_DEVICE bool run(const Ctx<kTrace>& c, uint8_t* smem) {
         namespace sl = isa::B0::slot;
         const SplitK r = SplitK::of(c.ins);
+        if (r.k_split == kFinalKSplit) return finalize(c, r);
         GemmOperands g;
         g.w = c.template operand<const uint8_t>(sl::w_qkv_a_weight);
         g.w_scale = c.template operand<const float>(sl::w_qkv_a_scale_inv);
@@ -485,7 +496,7 @@ struct B0Family {
         g.N = D::kQkv;
         g.K = c.p.hidden;
         int32_t chk = check_split_k(c, r, g);
-        if (!chk && (r.g0 != 0 || r.g1 != D::kQkv)) chk = kChkGroup;  // the row epilogue needs whole rows
+        if (!chk && (r.g0 != 0 || r.g1 != D::kQkv)) chk = kChkGroup;  // the finalisers normalise whole rows
         if (!chk && c.ins.w[isa::kReduceCounter] + 1 + kTiles > c.p.num_counters)
             chk = kChkReduce;  // the tile sub-counters follow the group counter (plan.py counter layout)
         if (chk) return c.fail(kErrUnsupportedTile, chk);

@@ -78,7 +78,7 @@ constexpr int m1 = kPayload + 1;
 static_assert(7 <= kOperandSlots && 2 <= kPayloadWords, "A0 fits");
 }  // namespace A0
 
-// B0: QKV-A FP8 GEMM partial; reduce per weight tile, then the rows' q_a/kv_a RMSNorm + q_lora quant (split-K, reduce scope m_block)
+// B0: QKV-A FP8 GEMM partial (its weight tile summed by the tile's last split); finaliser per token row: q_a/kv_a RMSNorm + q_lora quant (split-K, reduce scope m_block)
 namespace B0 {
 constexpr Opcode kOpcode = Opcode::B0;
 constexpr bool kSplitK = true;

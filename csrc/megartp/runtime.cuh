@@ -111,9 +111,8 @@ enum ErrorField : int {
 // [2] done (signals issued), [3] smid << 32 | opcode << 8 | 1 (valid), [4..7] the family's phase marks
 // (Ctx::mark; 0 = not reached: cleared when the instruction starts). %globaltimer nanoseconds.
 // B1 / D1: mark 0 = partial stored and counted; in the reduce group's last arriver, mark 1 = epilogue
-// inputs staged, mark 2 = splits summed (first token block), mark 3 = epilogue done. B0 (two-level
-// reduce): 0 = counted on its weight tile, 1 = the tile summed, 2 = counted on the M block, 3 = rows done
-// (trace.py PHASES).
+// inputs staged, mark 2 = splits summed (first token block), mark 3 = epilogue done. B0 partials: 0 =
+// counted on its weight tile, 1 = the tile summed (trace.py PHASES).
 constexpr int kTraceWords = 8;
 constexpr int kTraceMark0 = 4;
 constexpr int kTraceMarks = 4;

@@ -40,7 +40,7 @@ import torch
 from ...config import INDEXER_K_NORM_EPS, Glm5Config
 from ...graph.op_graph import OpGraph, ShapeContext
 from ...jit import KernelSpec
-from .families import SPLIT_K_PAYLOAD
+from .families import FINAL_K_SPLIT, SPLIT_K_PAYLOAD
 from .isa import (FAMILY_BY_OPCODE, INSTR_WORDS, MAX_WAITS, NOOP, OPCODE, OPERAND_SLOTS, PAYLOAD, REDUCE_TARGET, WAITS,
                   Instruction, Opcode, decode, encode)
 
@@ -409,7 +409,10 @@ def family_support_errors(plan: Any, cfg: Glm5Config | None) -> list[str]:
             continue
         p = ins.named_payload()
         why = None
-        if f.split_k:
+        if f.split_k and p["k_split"] == FINAL_K_SPLIT:  # a row finaliser (B0)
+            if not (f.finalizer and p["m1"] == p["m0"] + 1 and (p["g0"], p["g1"]) == (0, cfg.qkv_a_out)):
+                why = f"finaliser of rows [{p['m0']},{p['m1']}) x [{p['g0']},{p['g1']}) is not one whole row"
+        elif f.split_k:
             if p["m0"] % GEMM_TOKEN_BLOCK:
                 why = f"m0={p['m0']} not a multiple of {GEMM_TOKEN_BLOCK}"
             elif p["n0"] % 128 or not 0 < p["n1"] - p["n0"] <= 128:

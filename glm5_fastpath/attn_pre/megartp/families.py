@@ -14,9 +14,14 @@ A family is what one opcode of the persistent kernel executes. Each row declares
   `reduce_scope`: "m_block" = the group is every tile of the M block (the epilogue needs whole
   rows: B0's RMSNorms, B1's LayerNorm); "region" = the tiles writing the same region (D1: per head).
 - `spec_widths`: payload (lo, hi) pairs whose widths select the compiled specialisation (spec id).
-- `tile_counters`: the reduce runs in two levels (B0): the group's counter is followed by one
-  sub-counter per 128-row weight tile of its region (plan.py counter layout); a tile's splits count
-  there and the tile's last arriver sums the tile, then adds the tile's splits to the group counter.
+- `tile_counters`: the group's counter is followed by one sub-counter per 128-row weight tile of its
+  region (plan.py counter layout); a tile's splits count there and the tile's last arriver sums the
+  tile (B0: into the raw bf16 q_a / kv_a / k_pe columns).
+- `finalizer`: the group's epilogue is not run by its last arriver but by finaliser tasks, one per
+  token row of the group (the design article's B0 finalizer tiles; taskgraph.py makes them): each waits
+  for the group's partials (an intra-op event) and writes the op's outputs for its row, so the
+  consumers wait for the rows they read and the rows are finished on as many SMs as there are rows.
+  A finaliser's payload is the split-K payload of its row with k_split = FINAL_K_SPLIT.
 
 Op names of the graph select the family (OpDef.name == family name).
 """
@@ -29,6 +34,18 @@ from ...graph.op_graph import GraphError, OpGraph, Tile
 
 WORKSPACE = "workspace"
 SPLIT_K_PAYLOAD = ("m0", "m1", "n0", "n1", "k0", "k1", "k_split", "g0", "g1")
+FINAL_K_SPLIT = -1  # k_split of a finaliser task (families with `finalizer`)
+
+
+def raw_tensor(op: str) -> str:
+    """The pseudo tensor a finalizer family's partials write and its finalisers read (not a graph tensor:
+    the partials' summed, not yet finished, columns)."""
+    return f"{op}.raw"
+
+
+def final_payload(g0: int, g1: int, m: int) -> tuple[int, ...]:
+    """Split-K payload of the finaliser of token row m of a group over weight rows [g0, g1)."""
+    return (m, m + 1, g0, g1, 0, 0, FINAL_K_SPLIT, g0, g1)
 
 PayloadFn = Callable[[Tile, OpGraph, int], tuple[int, ...]]
 
@@ -44,6 +61,7 @@ class OpFamily:
     reduce_scope: str = "m_block"
     spec_widths: tuple[tuple[str, str], ...] = ()
     tile_counters: bool = False
+    finalizer: bool = False
     doc: str = ""
 
     def spec_key(self, payload: tuple[int, ...]) -> tuple:
@@ -97,8 +115,9 @@ FAMILIES: tuple[OpFamily, ...] = (
     OpFamily("B0", ("x_fp8", "x_scale", "w.qkv_a.weight", "w.qkv_a.scale_inv", "w.q_a_norm", "w.kv_a_norm",
                     "q_lora", "q_lora_fp8", "q_lora_scale", "c_kv", "k_pe", WORKSPACE),
              SPLIT_K_PAYLOAD, _split_k_payload("w.qkv_a.weight", "m_block"),
-             split_k=True, weight="w.qkv_a.weight", spec_widths=_GEMM_WIDTHS, tile_counters=True,
-             doc="QKV-A FP8 GEMM partial; reduce per weight tile, then the rows' q_a/kv_a RMSNorm + q_lora quant"),
+             split_k=True, weight="w.qkv_a.weight", spec_widths=_GEMM_WIDTHS, tile_counters=True, finalizer=True,
+             doc="QKV-A FP8 GEMM partial (its weight tile summed by the tile's last split); finaliser per token "
+                 "row: q_a/kv_a RMSNorm + q_lora quant"),
     OpFamily("C0", ("x_bf16", "w.indexer.weights_proj", "w_raw", WORKSPACE),
              SPLIT_K_PAYLOAD, _split_k_payload("w.indexer.weights_proj", "m_block"),
              split_k=True, weight="w.indexer.weights_proj", spec_widths=_GEMM_WIDTHS,

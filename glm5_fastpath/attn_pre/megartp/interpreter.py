@@ -5,7 +5,8 @@ Per instruction (decoded from plan.instructions[sm, pos]):
   2. run: the opcode's solver on the payload (solvers.py) with operands from the OperandPtrTable row;
      split-K: the partial goes to workspace[k_split, m0:m1, n0:n1], then the reduce counter is
      incremented; the last arriver (counter == epoch x target) sums workspace[:, m0:m1, g0:g1] in
-     k-split order and runs the epilogue;
+     k-split order and runs the epilogue; for a family with finalisers (B0) a finaliser instruction
+     (k_split = FINAL_K_SPLIT) does that for its row instead (its event: the group's partials);
   3. signal: counter[event] += increment for each signal.
 Queues advance in a seeded random interleaving; steps 2 and 3 of one instruction are separate
 scheduling points, so other queues run between an instruction's writes and its signals.
@@ -21,6 +22,7 @@ import torch
 from ...config import Glm5Config
 from ...graph.op_graph import GraphError
 from ...testing.numerics import poison_
+from .families import FINAL_K_SPLIT
 from .isa import FAMILY_BY_OPCODE, Instruction, Opcode, decode
 from .plan import KernelPlan
 from .solvers import SOLVERS, SPLIT_K_SOLVERS
@@ -82,13 +84,21 @@ class Interpreter:
             return
         partial, epilogue = SPLIT_K_SOLVERS[fam.name]
         ws = o("workspace")
+        if p["k_split"] == FINAL_K_SPLIT:  # a finaliser (families.OpFamily.finalizer): its row, all partials in
+            epilogue(p, self._reduced(ws, p), o, self.cfg)
+            return
         ws[p["k_split"], p["m0"]:p["m1"], p["n0"]:p["n1"]] = partial(p, o, self.cfg)
         self.counters[ins.reduce_counter] += 1
-        if self.counters[ins.reduce_counter] == epoch * ins.reduce_target:  # last arriver of the group
-            acc = ws[0, p["m0"]:p["m1"], p["g0"]:p["g1"]].clone()
-            for s in range(1, ws.shape[0]):
-                acc += ws[s, p["m0"]:p["m1"], p["g0"]:p["g1"]]
-            epilogue(p, acc, o, self.cfg)
+        if self.counters[ins.reduce_counter] == epoch * ins.reduce_target and not fam.finalizer:  # last arriver
+            epilogue(p, self._reduced(ws, p), o, self.cfg)
+
+    @staticmethod
+    def _reduced(ws: torch.Tensor, p) -> torch.Tensor:
+        """The k-split sum (in split order) of workspace rows [m0, m1) x weight rows [g0, g1)."""
+        acc = ws[0, p["m0"]:p["m1"], p["g0"]:p["g1"]].clone()
+        for s in range(1, ws.shape[0]):
+            acc += ws[s, p["m0"]:p["m1"], p["g0"]:p["g1"]]
+        return acc
 
     def run(self, epoch: int = 1, seed: int = 0) -> None:
         rng = random.Random(seed)

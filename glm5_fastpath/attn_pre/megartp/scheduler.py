@@ -27,10 +27,13 @@ def task_costs_us(tg: TaskGraph, cfg: Glm5Config, num_sms: int, *, bw: float = H
     shared = len(ctx.requests()) == 1 and ctx.M > 1
     indexer = "E1" in tg.graph.ops
     ops = {c.name: c for c in fused_prefix_costs(cfg, ctx.M, list(ctx.seq_lens), shared_kv=shared, indexer=indexer)}
-    counts = tg.tile_counts()
+    counts: dict[str, int] = {}
+    for t in tg.tasks:
+        if t.final_of is None:  # a finaliser streams no weights: one row of activations
+            counts[t.op] = counts.get(t.op, 0) + 1
     per_sm = bw / num_sms
     per_op = {op: overhead_us + (ops[op].bytes / n / per_sm * 1e6 if op in ops else 0.0) for op, n in counts.items()}
-    return [per_op[t.op] for t in tg.tasks]
+    return [per_op[t.op] if t.final_of is None else overhead_us for t in tg.tasks]
 
 
 def _preds(tg: TaskGraph) -> list[list[int]]:

@@ -10,6 +10,10 @@ number of producers. Counters are monotone across steps (target = epoch x thresh
 
 Split-K ops: tasks form reduce groups (families.OpFamily.reduce_scope); each group has a reduce
 counter whose last arriver runs the epilogue. A consumer of a split-K op waits for whole groups.
+Families with a `finalizer` (B0) add one finaliser task per token row of each group after the op's
+tiles: the partials then write only the op's raw pseudo tensor (families.raw_tensor), each finaliser
+waits for its group's partials through an intra-op event and writes the op's outputs for its row, so
+consumers pair with finalisers (final values, tile_cover) instead of partials.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ...graph.op_graph import GraphError, OpGraph, ShapeContext, Tile
-from .families import OpFamily
+from .families import OpFamily, final_payload, raw_tensor
 from .isa import FAMILY_BY_NAME
 from .pairing import POLICIES, PairingError, ProducerTask, check_policy, needed_producers
 
@@ -28,9 +32,9 @@ PREFIX_POLICIES: dict[Pair, str] = {
     ("A0", "B0"): "tile_cover",   # A0 row tiles cover B0's M block of x_fp8/x_scale (event0 >= 16 at M=16)
     ("A0", "B1"): "tile_cover",   # same rows, same event as B0
     ("A0", "C0"): "tile_cover",   # x_bf16 rows (event1 >= 16)
-    ("B0", "D0"): "tile_reduce",  # q_lora_fp8/scale: B0's K-split partials of the M block
-    ("B0", "D1"): "tile_reduce",  # same data, same event as D0
-    ("B0", "D2"): "tile_reduce",  # c_kv / k_pe for the head-0 KV store tiles
+    ("B0", "D0"): "tile_cover",   # q_lora_fp8/scale: B0's row finalisers of the M block (event2 >= 16)
+    ("B0", "D1"): "tile_cover",   # same data, same event as D0
+    ("B0", "D2"): "tile_cover",   # c_kv / k_pe for the head-0 KV store tiles
     ("C0", "D1"): "tile_reduce",  # w_raw: the 48 K-split gate partials (event3 >= 48)
     ("D0", "D2"): "tile_cover",   # per head: the head's 2 N tiles of q_nope (threshold 2)
     ("D1", "E1"): "tile_reduce",  # index_q/head_w of the Q block: all heads' partials
@@ -46,6 +50,7 @@ class Task:
     tile: Tile
     payload: tuple[int, ...]
     reduce_group: int | None = None
+    final_of: int | None = None  # a finaliser task: the reduce group whose rows it finishes
 
 
 @dataclass
@@ -125,7 +130,32 @@ def _make_tasks(graph: OpGraph, ctx: ShapeContext) -> tuple[list[Task], list[Red
                     tasks[i] = Task(i, op, tasks[i].tile, tasks[i].payload, gid)
         if len(tasks) - first != len(tiles):
             raise GraphError(f"{op}: {len(tiles)} tiles but {len(tasks) - first} tasks")
+        if fam.finalizer:
+            _add_finalizers(graph, ctx, op, tasks, groups[len(groups) - len(by_key):], len(tiles))
     return tasks, groups
+
+
+def _add_finalizers(graph: OpGraph, ctx: ShapeContext, op: str, tasks: list[Task], groups: list[ReduceGroup],
+                    n_tiles: int) -> None:
+    """families.OpFamily.finalizer: the partials of `groups` write only the raw pseudo tensor (their weight-row
+    columns of their rows); one finaliser per token row of each group reads the group's raw rows and writes
+    every output of the op for that row (the row of each output tensor, whole)."""
+    raw = raw_tensor(op)
+    dims = ctx.dims()
+    outputs = graph.ops[op].outputs
+    for g in groups:
+        m0, m1, g0, g1 = g.key
+        for i in g.tasks:
+            t = tasks[i]
+            n0, n1 = t.tile.reads[family_of(op).weight][0]
+            tasks[i] = Task(i, op, Tile(op, t.tile.index, t.tile.coords, {raw: ((m0, m1), (n0, n1))}, t.tile.reads,
+                                        t.tile.k_range), t.payload, t.reduce_group)
+        for m in range(m0, m1):
+            writes = {name: ((m, m + 1),) + tuple((0, n) for n in graph.tensors[name].resolve(dims, region=True)[1:])
+                      for name in outputs}
+            tile = Tile(op, n_tiles, ("final", m), writes, {raw: ((m, m + 1), (g0, g1))}, None)
+            n_tiles += 1
+            tasks.append(Task(len(tasks), op, tile, final_payload(g0, g1, m), None, g.id))
 
 
 def build_taskgraph(graph: OpGraph, ctx: ShapeContext, policies: Mapping[Pair, str] | None = None) -> TaskGraph:
@@ -148,7 +178,7 @@ def build_taskgraph(graph: OpGraph, ctx: ShapeContext, policies: Mapping[Pair, s
         producers = by_op[edge.src]
         outputs = graph.ops[edge.src].outputs
         pub = sum(1 << outputs.index(t) for t in edge.tensors)
-        for c in (t for t in tasks if t.op == edge.dst):
+        for c in (t for t in tasks if t.op == edge.dst and t.final_of is None):  # finalisers read only their op
             if policy == "whole":
                 need = [p.task for p in producers]
             else:
@@ -168,4 +198,16 @@ def build_taskgraph(graph: OpGraph, ctx: ShapeContext, policies: Mapping[Pair, s
             if index[key] not in waits[c.id]:
                 waits[c.id].append(index[key])
                 ev.consumers.append(c.id)
+    # Intra-op: a finaliser waits for its group's partials (one event per group; publication 0: the raw
+    # pseudo tensor is none of the op's outputs).
+    for c in (t for t in tasks if t.final_of is not None):
+        need = groups[c.final_of].tasks
+        key = (c.op, tuple(need), (raw_tensor(c.op),))
+        if key not in index:
+            index[key] = len(events)
+            events.append(Event(len(events), c.op, tuple(need), (raw_tensor(c.op),), 0, "tile_reduce"))
+            for p in need:
+                signals[p].append(index[key])
+        waits[c.id].append(index[key])
+        events[index[key]].consumers.append(c.id)
     return TaskGraph(graph, ctx, tasks, events, groups, waits, signals, policies)

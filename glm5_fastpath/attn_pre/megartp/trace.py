@@ -7,7 +7,7 @@ ready (its event waits were satisfied) and done (its signals were issued); smid 
 then four phase marks of the family (0 = not reached; PHASES below). B1 / D1: the partial stored and
 counted; in the reduce group's last arriver, the epilogue inputs staged, the splits summed (first token
 block) and the epilogue done. B0: the partial counted on its weight tile; in the tile's last split, the
-tile summed; the tile counted on the M block; in the block's last tile reducer, the rows done.
+tile summed. B0's row finalisers are recorded as op "B0.final".
 
 Derived per record: start = max(fetched, done of the previous instruction of the queue) (the workers
 take an instruction once the previous one is done), clipped to ready; wait = ready - start (blocked on
@@ -30,13 +30,15 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from .families import FINAL_K_SPLIT
 from .isa import FAMILY_BY_OPCODE, Opcode, decode
 
 TRACE_WORDS = 8
 TRACE_MARKS = 4  # words 4..7 (runtime.cuh kTraceMark0 / kTraceMarks)
 SPLIT_K_PHASES = ("partial", "staged", "summed", "epilogue")  # what each mark ends (runtime.cuh comment)
-B0_PHASES = ("partial", "tile_sum", "group", "rows")  # B0's two-level reduce (families.cuh B0Family)
+B0_PHASES = ("partial", "tile_sum")  # B0's partials (families.cuh B0Family); its row finalisers are "B0.final"
 PHASES = {"B0": B0_PHASES, "B1": SPLIT_K_PHASES, "D1": SPLIT_K_PHASES}
+FINAL_SUFFIX = ".final"  # record op name of a row finaliser (families.FINAL_K_SPLIT), e.g. "B0.final"
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,9 @@ def _op_name(ins, ops: Sequence[str]) -> str:
     if ins.opcode == Opcode.NOOP:
         return "NOOP"
     if 0 <= ins.operand_row < len(ops):
-        return ops[ins.operand_row]
+        fam = FAMILY_BY_OPCODE.get(ins.opcode)
+        final = fam is not None and fam.finalizer and ins.named_payload().get("k_split") == FINAL_K_SPLIT
+        return ops[ins.operand_row] + (FINAL_SUFFIX if final else "")
     f = FAMILY_BY_OPCODE.get(ins.opcode)
     return f.name if f is not None else f"opcode{ins.opcode}"
 

@@ -12,7 +12,8 @@ Checks (PlanError names the SM, queue slot, op and tile):
    hold", independent of order. A queue stuck there deadlocks in every interleaving;
 4. exact dependencies: each consumer waits (through its events) for exactly the producer tiles
    whose writes intersect its reads (widened to whole reduce groups); a superset is accepted only
-   on pairs registered `whole` (conservative by declaration).
+   on pairs registered `whole` (conservative by declaration); a finaliser waits for exactly the
+   partials of its reduce group.
 """
 from __future__ import annotations
 
@@ -147,9 +148,18 @@ def _check_dependencies(plan: KernelPlan, prog: dict[Slot, Instruction], where) 
     for t in tg.tasks:
         group = tg.reduce_groups[t.reduce_group].tasks if t.reduce_group is not None else (t.id,)
         by_op[t.op].append(ProducerTask(t.id, t.tile.index, t.tile.writes, t.tile.k_range, group))
+    for c in (t for t in tg.tasks if t.final_of is not None):  # finalisers: exactly their group's partials
+        slot = where[(c.op, c.tile.index)]
+        ins = prog[slot]
+        waited = {p for ev, _ in ins.waits for p in producers_of_event[ev]}
+        need = set(tg.reduce_groups[c.final_of].tasks)
+        if waited != need:
+            raise PlanError(f"{_name(plan, slot, ins)} (a finaliser) waits for {len(waited)} tasks, not exactly the "
+                            f"{len(need)} partials of its reduce group (missing {len(need - waited)}, extra "
+                            f"{len(waited - need)})")
     for edge in tg.graph.edges():
         whole = tg.policies.get((edge.src, edge.dst), "whole") == "whole"
-        for c in tg.tasks_of(edge.dst):
+        for c in (t for t in tg.tasks_of(edge.dst) if t.final_of is None):
             slot = where[(c.op, c.tile.index)]
             ins = prog[slot]
             waited = {p for ev, _ in ins.waits for p in producers_of_event[ev] if tg.tasks[p].op == edge.src}

@@ -371,7 +371,7 @@ def test_subgraph_graph_replays_and_trace(tmp_path):
     tensors = bind_tensors(plan, env, DEV)
     r = D.run_plan(plan, tensors, 1, trace=True, cfg=GLM5)
     recs = r.trace_records()
-    assert {rec.op for rec in recs} - {"NOOP"} == {"A0", "B0", "B1", "D1", "D2", "E1"}  # queues are padded with NoOps
+    assert {rec.op for rec in recs} - {"NOOP"} == {"A0", "B0", "B0.final", "B1", "D1", "D2", "E1"}  # NoOps pad queues
     s = T.summarize(recs)
     T.write_chrome_trace(tmp_path / "subgraph.json", recs)
     print("\n" + T.format_summary(s))

@@ -41,27 +41,28 @@ def event_structure(tg):
 def test_glm5_m16_tasks_and_events_match_the_article():
     """Article: 732 tasks, 70 events: e0 A0>=16 (B0, B1), e1 A0>=16 (C0), e2 B0>=16 (D0, D1), e3 C0>=48 (D1),
     64 D0 per-head events >= 2 (D2), e68 D1>=32 (E1), e69 B1>=1 (E1).
-    Ours: 71. Differences (thresholds count every producer instruction, each increments by 1):
-    - B0 -> D0/D1 waits 84: our B0 has no separate finalizer tiles; the K-split partials reduce in two
-      levels (the last split of each weight tile sums the tile, the last tile's reducer runs the row
-      epilogue: q_a/kv_a RMSNorm need whole rows), so all 84 signal;
+    Ours: 748 tasks, 72 events. Differences (thresholds count every producer instruction, each increments by 1):
+    - +16 B0 row finalisers (the article's B0 finalizer tiles, which its 732 leaves out), each waiting for the M
+      block's 84 K-split partials through one intra-op event (B0 -> B0 >= 84); B0 -> D0/D1 then waits 16, as e2;
     - D1 -> E1 waits 128 = 32 heads x 4 K-split partials (the last partial of a head finishes it);
     - B1 -> E1 waits 8 partials (the article's one "cache written" increment by the last partial);
-    - +1 event B0 -> D2 (c_kv, k_pe for the head-0 KV-store tiles), which the article leaves implicit."""
+    - +1 event B0 -> D2 (c_kv, k_pe rows for the head-0 KV-store tiles), which the article leaves implicit."""
     p = glm5_plan()
     tg = p.taskgraph
-    assert tg.tile_counts() == ARTICLE_TILES and len(tg.tasks) == 732 and p.stats["tasks"] == 732
+    assert tg.tile_counts() == {**ARTICLE_TILES, "B0": 84 + 16} and len(tg.tasks) == 748 and p.stats["tasks"] == 748
+    assert len([t for t in tg.tasks_of("B0") if t.final_of is not None]) == 16
     assert event_structure(tg) == Counter({
         ("A0", ("B0", "B1"), 16, "tile_cover"): 1,
         ("A0", ("C0",), 16, "tile_cover"): 1,
-        ("B0", ("D0", "D1"), 84, "tile_reduce"): 1,
+        ("B0", ("B0",), 84, "tile_reduce"): 1,
+        ("B0", ("D0", "D1"), 16, "tile_cover"): 1,
         ("C0", ("D1",), 48, "tile_reduce"): 1,
         ("D0", ("D2",), 2, "tile_cover"): 64,
-        ("B0", ("D2",), 84, "tile_reduce"): 1,
+        ("B0", ("D2",), 16, "tile_cover"): 1,
         ("D1", ("E1",), 128, "tile_reduce"): 1,
         ("B1", ("E1",), 8, "whole"): 1,
     })
-    assert p.num_events == 71 and len(tg.reduce_groups) == 35  # B0, C0, B1: 1 each; D1: one per head
+    assert p.num_events == 72 and len(tg.reduce_groups) == 35  # B0, C0, B1: 1 each; D1: one per head
     # the D0 -> D2 events are per head: D2 tiles of head h wait for exactly head h's two D0 tiles
     for c in tg.tasks_of("D2"):
         d0_ev = [tg.events[e] for e in tg.waits[c.id] if tg.events[e].producer_op == "D0"]
@@ -76,7 +77,7 @@ def test_glm5_m16_tasks_and_events_match_the_article():
 @pytest.mark.slow  # ~8 s: three GLM-5 task graphs, one with 70 independent sequences
 def test_full_graph_adds_e2_and_independent_sequences():
     tg = build_taskgraph(build_prefix_graph(GLM5), SHARED16)
-    assert len(tg.tasks) == 748 and len(tg.events) == 75  # + 16 E2 rows, 4 Q-block events (E1 -> E2) >= 16
+    assert len(tg.tasks) == 764 and len(tg.events) == 76  # + 16 E2 rows, 4 Q-block events (E1 -> E2) >= 16
     assert {e.threshold for e in tg.events if e.producer_op == "E1"} == {16}
     ind = build_taskgraph(build_prefix_graph(GLM5), ShapeContext.independent([8192] * 16))
     assert ind.tile_counts()["E1"] == 256  # one Q block per token x 16 KV splits
