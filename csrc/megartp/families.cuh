@@ -343,8 +343,8 @@ GLM5_DEVICE bool check_smem(const Ctx<kTrace>& c, int need) {
 //              (reduce counter + 1 + tile: plan.py counter layout, `tile_counters`), and the last sums the
 //              tile's columns (k-split order from 0, as SkinnyFinish::reduce_splits) into the raw bf16
 //              q_a / kv_a / k_pe columns (q_lora / c_kv in place, k_pe final);
-//   finaliser: k_split = kFinalKSplit; waits (an intra-op event) for every partial of its M block, then runs
-//              split mode's row tile (B0RowNormsTile, kRowThreads threads) on its rows.
+//   finaliser: k_split = kFinalKSplit, one token row; waits (an intra-op event) for every partial of its M
+//              block, then runs split mode's row tile (B0RowNormsTile, kRowThreads threads) on its row.
 // (A warp per row, as B0 fused mode, measured 7 us per row pass in the megakernel: a warp's IEEE divides and
 // serial vectors; session 19 call 3.)
 template <class D>
@@ -359,13 +359,13 @@ struct B0Family {
     static constexpr int kRowThreads = b0_row_threads<D>();
     using Rows = attn_pre::B0RowNormsTile<D::kQ, D::kKV, D::kR, kRowThreads, kBarB0Rows>;
     static_assert(D::kQ % 8 == 0 && D::kKV % 8 == 0 && D::kR % 8 == 0, "4-column groups never straddle q | kv | rope");
-    static_assert(2 * Rows::kScratchFloats <= 4 * kWorkerWarps, "CtaShared::scratch holds two blocks of row sums");
+    static_assert(Rows::kScratchFloats <= 2 * kWorkerWarps, "CtaShared::scratch holds the row sums");
     static constexpr int kTiles = (D::kQkv + sk::kBlockN - 1) / sk::kBlockN;
     static constexpr int kItemUnroll = 2;  // 4-column items per thread whose split loads are in flight together
     static constexpr int kSplitChunk = 4;
 
-    // Level 2's loads of row m in Rows' register layout (q vectors from the raw q_lora, the tail from the raw
-    // c_kv then k_pe); L2 loads: other CTAs wrote them this step.
+    // The finaliser's loads of row m in Rows' register layout (q vectors from the raw q_lora, the tail from the
+    // raw c_kv then k_pe); L2 loads: other CTAs wrote them this step.
     static GLM5_DEVICE void load_raw(typename Rows::RowRegs& row, const uint16_t* q, const uint16_t* kv,
                                      const uint16_t* pe, int64_t m, int tid) {
 #pragma unroll
@@ -453,11 +453,11 @@ struct B0Family {
     }
 
     // A row finaliser (plan: one per token row, after every partial of its M block): split mode's row tile on
-    // the raw rows [m0, m1), the next row's loads in flight while the current one is normalised.
+    // the raw row m0 (the host gives each finaliser one row: taskgraph._add_finalizers).
     template <bool kTrace>
     static GLM5_DEVICE bool finalize(const Ctx<kTrace>& c, const SplitK& r) {
         namespace sl = isa::B0::slot;
-        if (!(0 <= r.m0 && r.m0 < r.m1 && r.m1 <= c.p.num_tokens)) return c.fail(kErrUnsupportedTile, kChkRows);
+        if (!(0 <= r.m0 && r.m1 == r.m0 + 1 && r.m1 <= c.p.num_tokens)) return c.fail(kErrUnsupportedTile, kChkRows);
         if (r.g0 != 0 || r.g1 != D::kQkv) return c.fail(kErrUnsupportedTile, kChkGroup);
         typename Rows::Gamma gamma;
         if (c.tid < kRowThreads)
@@ -465,20 +465,17 @@ struct B0Family {
                              c.template operand<const uint16_t>(sl::w_kv_a_norm), c.tid);
         if (!c.wait_inputs()) return false;
         if (c.tid >= kRowThreads) return true;
+        const int m = r.m0;
         uint16_t* q_lora = c.template operand<uint16_t>(sl::q_lora);
         uint16_t* c_kv = c.template operand<uint16_t>(sl::c_kv);
         uint16_t* k_pe = c.template operand<uint16_t>(sl::k_pe);
-        uint8_t* q_fp8 = c.template operand<uint8_t>(sl::q_lora_fp8);
-        float* q_scale = c.template operand<float>(sl::q_lora_scale);
-        typename Rows::RowRegs cur, next;
-        load_raw(cur, q_lora, c_kv, k_pe, r.m0, c.tid);
-        for (int m = r.m0; m < r.m1; ++m) {
-            if (m + 1 < r.m1) load_raw(next, q_lora, c_kv, k_pe, m + 1, c.tid);
-            const attn_pre::B0RowPtrs rp{nullptr, q_lora + m * D::kQ, q_fp8 + static_cast<int64_t>(m) * D::kQ,
-                                         q_scale + m * (D::kQ / 128), c_kv + m * D::kKV, k_pe + m * D::kR};
-            Rows::finish(gamma, cur, rp, c.p.rms_eps, c.sh.scratch + ((m - r.m0) & 1) * Rows::kScratchFloats, c.tid);
-            if (m + 1 < r.m1) cur = next;
-        }
+        typename Rows::RowRegs row;
+        load_raw(row, q_lora, c_kv, k_pe, m, c.tid);
+        const attn_pre::B0RowPtrs rp{nullptr, q_lora + m * D::kQ,
+                                     c.template operand<uint8_t>(sl::q_lora_fp8) + static_cast<int64_t>(m) * D::kQ,
+                                     c.template operand<float>(sl::q_lora_scale) + m * (D::kQ / 128),
+                                     c_kv + m * D::kKV, k_pe + m * D::kR};
+        Rows::finish(gamma, row, rp, c.p.rms_eps, c.sh.scratch, c.tid);  // the runtime's end barrier frees scratch
         return true;
     }
 

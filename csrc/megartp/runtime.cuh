@@ -126,7 +126,7 @@ struct alignas(16) CtaShared {
     uint32_t done[2];
     uint32_t abort;     // set once by a worker (thread 0) at a point every worker passes together
     int32_t last;       // split-K: this CTA is the last arriver of the reduce group
-    float scratch[4 * kWorkerWarps];  // B0RowNormsTile row-sum partials, two blocks (alternate rows)
+    float scratch[2 * kWorkerWarps];  // B0RowNormsTile row-sum partials (B0 finalisers)
     // A family's parameter block (e.g. the GEMM tile's SkinnyParams), written by worker 0 before a
     // worker barrier: read from shared memory on demand, it costs no registers across the tile.
     alignas(16) unsigned char family_params[kFamilyParamBytes];
