@@ -227,6 +227,16 @@ GLM5_DEVICE void consumer_sync() { ptx::named_barrier_sync<1, kThreads>(); }
 // fp8_gemm_wgmma.cuh). Input: the CTA's fp32 tile in the mma.sync fragment order, held by the
 // 256 consumer threads (8 warps): thread tid, warp = tid / 32, g = lane / 4, t = lane % 4 holds
 // acc[j][e] = y[feature tile_n*128 + 16*warp + 2g + (e >> 1)][token tile_m*kTM + 8j + 2t + (e & 1)].
+// Phase-mark hook of the B1 / D1 epilogues (mark(k), k = kMarkEntry..kMarkRows): the MegaRTP megakernel's
+// trace build stamps its instruction's phase marks there; every other caller passes NoMarks (no code).
+struct NoMarks {
+    GLM5_DEVICE void operator()(int) const {}
+};
+constexpr int kMarkEntry = 0;   // staged inputs visible (stage_wait done)
+constexpr int kMarkStats = 1;   // B1: LayerNorm mean / variance reduced; D1: = kMarkAffine
+constexpr int kMarkAffine = 2;  // normalised / RoPE'd tile in registers (before the rotation / quant)
+constexpr int kMarkRows = 3;    // rotation builds: the rows quantised and stored
+
 template <int kTM, int kEpi>
 struct SkinnyFinish {
     static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64 || kTM == 128, "token block: 8..128");
@@ -483,9 +493,11 @@ struct SkinnyFinish {
     }
 
     // ---- epilogues ------------------------------------------------------------------------
+    template <class Marks = NoMarks>
     static GLM5_DEVICE void epilogue(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
-                                     float (&acc)[kNT][4]) {
+                                     float (&acc)[kNT][4], const Marks& mark = Marks{}) {
         stage_wait();  // staged positions / (cos, sin) / slots / w_raw visible to every consumer thread
+        mark(kMarkEntry);
         if constexpr (kBase == kEpiPlain) {
             epi_plain(p, c, tid, acc);
         } else if constexpr (kBase == kEpiQkvA) {
@@ -493,9 +505,9 @@ struct SkinnyFinish {
         } else if constexpr (kBase == kEpiQb) {
             epi_q_b(p, c, sc, tid, acc);
         } else if constexpr (kBase == kEpiIdxQ) {
-            epi_idx_q(p, c, sc, tid, acc);
+            epi_idx_q(p, c, sc, tid, acc, mark);
         } else {
-            epi_idx_k(p, c, sc, tid, acc);
+            epi_idx_k(p, c, sc, tid, acc, mark);
         }
     }
 
@@ -703,8 +715,9 @@ struct SkinnyFinish {
     // D1: q = bf16(acc) viewed [M, H, D]; RoPE on dims < R in fp32 (no rounding after); [kRot: fp32
     // Walsh-Hadamard of each (token, head) row;] per (token, head) s = max(amax, 1e-4)/448,
     // q8 = e4m3(q / s); head_w = (fp32(w_raw) * c) * s.
+    template <class Marks>
     static GLM5_DEVICE void epi_idx_q(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
-                                      float (&acc)[kNT][4]) {
+                                      float (&acc)[kNT][4], const Marks& mark) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         const int D = p.dim_a, H = p.dim_b, R = p.rope_dim;
         const int f = c.tile_n * kBlockN + warp * 16 + 2 * g;  // N = H*D is a multiple of 128 (checked on the host)
@@ -724,6 +737,8 @@ struct SkinnyFinish {
                 x[j][e + 2] = x1;
                 if constexpr (kRot == 0) am[j][e] = fmaxf(fabsf(x0), fabsf(x1));
             }
+        mark(kMarkStats);
+        mark(kMarkAffine);
         if constexpr (kRot != 0) {  // the fp32 q of each (token, head), no rounding (ref.prefix.d1_head_epilogue)
             // Row layout (rotated_rows): lane holds features 4*lane.. of the tile; head rows of kRot = D.
             const int fr = c.tile_n * kBlockN + 4 * (tid & 31);
@@ -739,6 +754,7 @@ struct SkinnyFinish {
                     p.out_head_w[m * H + hr] = __fmul_rn(__fmul_rn(wr, p.head_w_scale), s);
                 }
             });
+            mark(kMarkRows);
             return;
         }
         const int wph = D / 16;  // warps per head
@@ -767,8 +783,9 @@ struct SkinnyFinish {
     // B1: key = bf16(acc) [M, D] (N = D <= 128: one tile); LayerNorm (fp32 affine); RoPE on dims < R;
     // bf16; [kRot: Walsh-Hadamard of the bf16 k in fp32, bf16 again;] s = max(amax, 1e-4)/448;
     // k8 = e4m3(k / s); store k8, s and the index-K cache entry.
+    template <class Marks>
     static GLM5_DEVICE void epi_idx_k(const SkinnyParams& p, const Coord& c, const Scratch& sc, int tid,
-                                      float (&acc)[kNT][4]) {
+                                      float (&acc)[kNT][4], const Marks& mark) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         const int D = p.dim_a, R = p.rope_dim;
         const int nw = D / 16;  // warps holding real features
@@ -797,6 +814,7 @@ struct SkinnyFinish {
                 r[j][e] = __fadd_rn(__fmul_rn(d0, d0), __fmul_rn(d1, d1));
             }
         cta_reduce<false>(r, red + kRedFloats, 0, nw, tid);
+        mark(kMarkStats);
         const bool live = warp < nw;
         float lw0 = 0.f, lw1 = 0.f, lb0 = 0.f, lb1 = 0.f;
         if (live) {
@@ -820,6 +838,7 @@ struct SkinnyFinish {
                 x[j][e + 2] = k1;
                 if constexpr (kRot == 0) r[j][e] = fmaxf(fabsf(k0), fabsf(k1));
             }
+        mark(kMarkAffine);
         if constexpr (kRot != 0) {  // bf16 k -> fp32 rotation -> bf16 (ref.prefix.b1_key_epilogue)
             // Row layout (rotated_rows): lane holds features 4*lane.. of the key (D = kRot <= 128; lanes past D
             // hold the zeros of the warps past D and form their own rows, never stored).
@@ -843,6 +862,7 @@ struct SkinnyFinish {
                     *reinterpret_cast<float*>(page + static_cast<int64_t>(kIndexKPage) * D + off * 4) = s;
                 }
             });
+            mark(kMarkRows);
             return;
         }
         cta_reduce<true>(r, red + 2 * kRedFloats, 0, nw, tid);

@@ -510,6 +510,21 @@ struct B0Family {
 // waited for at the epilogue's entry; with kStagedEarly the first block's were staged by the partial),
 // the reduced tile in fragment layout, then SkinnyFinish's epilogue (its parameters: gemm_params(c), set
 // with the partial's by the family's Stage::params).
+// Marks 3..6 inside the first token block's epilogue (SkinnyFinish's hook: kMarkEntry..kMarkRows), 7 at the end.
+constexpr int kMarkEpilogue0 = 3;
+constexpr int kMarkFinishDone = kMarkEpilogue0 + sk::kMarkRows + 1;
+static_assert(kMarkFinishDone < kTraceMarks, "trace marks");
+template <bool kTrace>
+struct EpilogueMarks {
+    const Ctx<kTrace>& c;
+    bool first_block;  // one call site for every block (a second inlined epilogue would cost registers)
+    GLM5_DEVICE void operator()(int k) const {
+        if constexpr (kTrace) {
+            if (first_block) c.mark(kMarkEpilogue0 + k);
+        }
+    }
+};
+
 template <class G, int kEpi, bool kStagedEarly, bool kTrace>
 GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const SplitK& r, uint8_t* smem) {
     using Finish = sk::SkinnyFinish<G::kTM, kEpi>;
@@ -534,10 +549,10 @@ GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const
         float acc[G::kNT][4];
         load_reduced<G>(c, g, splits, co.tile_n, row0, r.m1, acc);
         if (row0 == r.m0) c.mark(2);
-        Finish::epilogue(sp, co, sc, c.tid, acc);
+        Finish::epilogue(sp, co, sc, c.tid, acc, EpilogueMarks<kTrace>{c, row0 == r.m0});
         worker_sync<kBarWorkers>();  // the epilogue's scratch is reused by the next token block
     }
-    c.mark(3);
+    c.mark(kMarkFinishDone);
 }
 
 template <class D>

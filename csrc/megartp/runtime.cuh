@@ -108,14 +108,15 @@ enum ErrorField : int {
 
 // ---- trace ------------------------------------------------------------------------------------------
 // Per instruction: [0] fetched (slot published, controller), [1] inputs ready (waits satisfied),
-// [2] done (signals issued), [3] smid << 32 | opcode << 8 | 1 (valid), [4..7] the family's phase marks
+// [2] done (signals issued), [3] smid << 32 | opcode << 8 | 1 (valid), [4..11] the family's phase marks
 // (Ctx::mark; 0 = not reached: cleared when the instruction starts). %globaltimer nanoseconds.
 // B1 / D1: mark 0 = partial stored and counted; in the reduce group's last arriver, mark 1 = epilogue
-// inputs staged, mark 2 = splits summed (first token block), mark 3 = epilogue done. B0 partials: 0 =
+// inputs staged, mark 2 = splits summed (first token block), marks 3-6 inside the first block's
+// epilogue (families.cuh EpilogueMarks), mark 7 = every block's epilogue done. B0 partials: 0 =
 // counted on its weight tile, 1 = the tile summed (trace.py PHASES).
-constexpr int kTraceWords = 8;
+constexpr int kTraceWords = 12;
 constexpr int kTraceMark0 = 4;
-constexpr int kTraceMarks = 4;
+constexpr int kTraceMarks = 8;
 
 constexpr int kFamilyParamBytes = 256;
 

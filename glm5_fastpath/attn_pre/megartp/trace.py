@@ -2,12 +2,13 @@
 Chrome / Perfetto trace (chrome://tracing, ui.perfetto.dev) and a summary of the critical path.
 
 The kernel (GLM5_MRTP_TRACE=1, PlanRunner(trace=True)) writes per instruction (queue q, position i)
-eight uint64 words: %globaltimer (ns) when it was fetched (the controller published it into a slot),
+twelve uint64 words: %globaltimer (ns) when it was fetched (the controller published it into a slot),
 ready (its event waits were satisfied) and done (its signals were issued); smid << 32 | opcode << 8 | 1;
-then four phase marks of the family (0 = not reached; PHASES below). B1 / D1: the partial stored and
+then eight phase marks of the family (0 = not reached; PHASES below). B1 / D1: the partial stored and
 counted; in the reduce group's last arriver, the epilogue inputs staged, the splits summed (first token
-block) and the epilogue done. B0: the partial counted on its weight tile; in the tile's last split, the
-tile summed. B0's row finalisers are recorded as op "B0.final".
+block), four points inside the first block's epilogue, and every block's epilogue done. B0: the partial
+counted on its weight tile; in the tile's last split, the tile summed. B0's row finalisers are recorded as
+op "B0.final".
 
 Derived per record: start = max(fetched, done of the previous instruction of the queue) (the workers
 take an instruction once the previous one is done), clipped to ready; wait = ready - start (blocked on
@@ -33,9 +34,12 @@ import torch
 from .families import FINAL_K_SPLIT
 from .isa import FAMILY_BY_OPCODE, Opcode, decode
 
-TRACE_WORDS = 8
-TRACE_MARKS = 4  # words 4..7 (runtime.cuh kTraceMark0 / kTraceMarks)
-SPLIT_K_PHASES = ("partial", "staged", "summed", "epilogue")  # what each mark ends (runtime.cuh comment)
+TRACE_WORDS = 12
+TRACE_MARKS = 8  # words 4..11 (runtime.cuh kTraceMark0 / kTraceMarks)
+# What each mark ends (runtime.cuh comment). "epi.*": inside the first token block's epilogue (SkinnyFinish's
+# mark hook): the staged inputs visible, the LayerNorm statistics (B1; D1 has none), the normalised / RoPE'd tile,
+# the rotated rows stored; "epilogue": every block done.
+SPLIT_K_PHASES = ("partial", "staged", "summed", "epi.entry", "epi.stats", "epi.affine", "epi.rows", "epilogue")
 B0_PHASES = ("partial", "tile_sum")  # B0's partials (families.cuh B0Family); its row finalisers are "B0.final"
 PHASES = {"B0": B0_PHASES, "B1": SPLIT_K_PHASES, "D1": SPLIT_K_PHASES}
 FINAL_SUFFIX = ".final"  # record op name of a row finaliser (families.FINAL_K_SPLIT), e.g. "B0.final"

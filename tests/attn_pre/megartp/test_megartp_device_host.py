@@ -260,11 +260,11 @@ def _fake_trace(plan: D.RawPlan, run_ns: int = 100) -> torch.Tensor:
                 continue
             ready = max([free[q]] + [done_of_event[e] for e, _ in progs[q][i].waits]) + 10
             done = ready + run_ns + 7 * q
-            row = [prev_ready[q], ready, done, (q + 100) << 32 | 1, 0, 0, 0, 0]
+            row = [prev_ready[q], ready, done, (q + 100) << 32 | 1] + [0] * T.TRACE_MARKS
             if progs[q][i].reduce_counter >= 0:  # split-K: the partial's mark; every 2nd one plays the last arriver
                 row[4] = ready + 20
                 if i % 2 == 0:
-                    row[5:8] = [ready + 30, ready + 45, ready + 70]
+                    row[5:12] = [ready + 30, ready + 45, ready + 50, ready + 55, ready + 60, ready + 64, ready + 70]
             raw[q, i] = torch.tensor(row)
             for e, _, _ in progs[q][i].signals:
                 done_of_event[e] = done
@@ -328,7 +328,10 @@ def test_trace_phase_marks_of_split_k_families():
     assert last and [n for n, _, _ in T.phase_spans(last[0])] == list(T.B0_PHASES)
     assert [b - a for _, a, b in T.phase_spans(last[0])] == [20, 10]
     assert {r.op for r in recs} >= {"B0", "B0.final"}  # the row finalisers: their own record name, no marks
-    assert all(r.marks == (None,) * 4 for r in recs if r.op in ("A0", "E1", "D2", "NOOP", "B0.final"))
+    assert all(r.marks == (None,) * T.TRACE_MARKS for r in recs if r.op in ("A0", "E1", "D2", "NOOP", "B0.final"))
+    b1 = [r for r in recs if r.op == "B1" and r.marks[7] is not None]  # a B1 last arriver: every split-K phase
+    assert b1 and [n for n, _, _ in T.phase_spans(b1[0])] == list(T.SPLIT_K_PHASES)
+    assert [b - a for _, a, b in T.phase_spans(b1[0])] == [20, 10, 15, 5, 5, 5, 4, 6]
     s = T.summarize(recs)
     assert s["phases"]["B0"]["partial"]["count"] == len(b0)
     assert s["phases"]["B0"]["tile_sum"]["count"] == len(last)
