@@ -219,9 +219,58 @@ __device__ __noinline__ void stage_epilogue_inputs(const sk::SkinnyParams& sp, i
 struct NoEpilogueStaging {
     static constexpr int kEpi = sk::kEpiPlain;
     static constexpr bool kStageEarly = false;
+    static constexpr bool kWarmEpilogue = false;
     template <bool kTrace>
     static GLM5_DEVICE void params(const Ctx<kTrace>&, sk::SkinnyParams&) {}
 };
+
+// Marks 3..6 inside the first token block's epilogue (SkinnyFinish's hook: kMarkEntry..kMarkRows), 7 at the end.
+constexpr int kMarkEpilogue0 = 3;
+constexpr int kMarkFinishDone = kMarkEpilogue0 + sk::kMarkRows + 1;
+static_assert(kMarkFinishDone < kTraceMarks, "trace marks");
+// (The mark words' address, not the Ctx: the epilogue runs out of line, finish_epilogue.)
+template <bool kTrace>
+struct EpilogueMarks {
+    unsigned long long* words;  // Ctx::mark_words() in the first token block's epilogue, else nullptr
+    GLM5_DEVICE void operator()(int k) const {
+        if constexpr (kTrace) {
+            if (words != nullptr) words[kMarkEpilogue0 + k] = sync::globaltimer_ns();
+        }
+    }
+};
+template <bool kTrace>
+GLM5_DEVICE EpilogueMarks<kTrace> epilogue_marks(const Ctx<kTrace>& c, bool first_block) {
+    return EpilogueMarks<kTrace>{first_block ? c.mark_words() : nullptr};
+}
+
+// SkinnyFinish's epilogue out of line: one copy of its instructions, which a dry run (warm_epilogue) can
+// pull into the SM's instruction caches before the last arriver needs them.
+template <class G, int kEpi, bool kTrace>
+__device__ __noinline__ void finish_epilogue(const sk::SkinnyParams& sp, const sk::Coord& co, uint8_t* smem, int tid,
+                                             float (&acc)[G::kNT][4], EpilogueMarks<kTrace> mark) {
+    using Finish = sk::SkinnyFinish<G::kTM, kEpi>;
+    Finish::epilogue(sp, co, Finish::scratch(smem + G::Smem::kOffRed), tid, acc, mark);
+}
+
+// A dry run of finish_epilogue: a token block past sp.M (m_end <= 0), so it stores nothing, but its
+// instructions run. Cold, B1's epilogue took ~14 us at 1-16 tokens, 7 of them in two shared-memory-only
+// reductions (session 20 call 1); B1's partials make this dry run while their event wait lasts.
+template <class G, int kEpi, bool kTrace>
+GLM5_DEVICE void warm_epilogue(const Ctx<kTrace>& c, const sk::SkinnyParams& sp, int tile_n, uint8_t* smem) {
+    sk::Coord co;
+    co.tile_m = (sp.M + G::kTM - 1) / G::kTM;
+    co.tile_n = tile_n;
+    co.split = 0;
+    co.g_begin = 0;
+    co.nk = 0;
+    co.gmax = 0;
+    float acc[G::kNT][4];
+#pragma unroll
+    for (int j = 0; j < G::kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    finish_epilogue<G, kEpi, kTrace>(sp, co, smem, c.tid, acc, EpilogueMarks<kTrace>{nullptr});
+}
 
 // Partial of rows [m0, m1) x weight rows [n0, n1) over K [k0, k1) -> ws[k_split, m, n] (fp32).
 // The weight prologue of the first token block is issued before the event wait. Stage (B1 / D1): the
@@ -260,6 +309,8 @@ GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const
     Tile::prologue(sp, co, smem, tid);  // the first token block's weights stream in during the wait
     if constexpr (Stage::kStageEarly)  // step inputs only: staged while the wait lasts
         stage_epilogue_inputs<G, Stage::kEpi>(sp, co.tile_m, r.g0 / sk::kBlockN, smem, tid);
+    if constexpr (Stage::kWarmEpilogue)  // the finish epilogue's instructions, while the wait lasts
+        warm_epilogue<G, Stage::kEpi>(c, sp, r.g0 / sk::kBlockN, smem);
     if (!c.wait_inputs()) {
         ptx::cp_async_wait<0>();
         return false;
@@ -510,21 +561,6 @@ struct B0Family {
 // waited for at the epilogue's entry; with kStagedEarly the first block's were staged by the partial),
 // the reduced tile in fragment layout, then SkinnyFinish's epilogue (its parameters: gemm_params(c), set
 // with the partial's by the family's Stage::params).
-// Marks 3..6 inside the first token block's epilogue (SkinnyFinish's hook: kMarkEntry..kMarkRows), 7 at the end.
-constexpr int kMarkEpilogue0 = 3;
-constexpr int kMarkFinishDone = kMarkEpilogue0 + sk::kMarkRows + 1;
-static_assert(kMarkFinishDone < kTraceMarks, "trace marks");
-template <bool kTrace>
-struct EpilogueMarks {
-    const Ctx<kTrace>& c;
-    bool first_block;  // one call site for every block (a second inlined epilogue would cost registers)
-    GLM5_DEVICE void operator()(int k) const {
-        if constexpr (kTrace) {
-            if (first_block) c.mark(kMarkEpilogue0 + k);
-        }
-    }
-};
-
 template <class G, int kEpi, bool kStagedEarly, bool kTrace>
 GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const SplitK& r, uint8_t* smem) {
     using Finish = sk::SkinnyFinish<G::kTM, kEpi>;
@@ -549,7 +585,7 @@ GLM5_DEVICE void finish_group(const Ctx<kTrace>& c, const GemmOperands& g, const
         float acc[G::kNT][4];
         load_reduced<G>(c, g, splits, co.tile_n, row0, r.m1, acc);
         if (row0 == r.m0) c.mark(2);
-        Finish::epilogue(sp, co, sc, c.tid, acc, EpilogueMarks<kTrace>{c, row0 == r.m0});
+        finish_epilogue<G, kEpi, kTrace>(sp, co, smem, c.tid, acc, epilogue_marks(c, row0 == r.m0));
         worker_sync<kBarWorkers>();  // the epilogue's scratch is reused by the next token block
     }
     c.mark(kMarkFinishDone);
@@ -562,6 +598,7 @@ struct B1Family {
     struct Stage {
         static constexpr int kEpi = sk::kEpiIdxK;
         static constexpr bool kStageEarly = true;
+        static constexpr bool kWarmEpilogue = true;  // B1's finish is on the critical path (warm_epilogue)
         template <bool kTrace>
         static GLM5_DEVICE void params(const Ctx<kTrace>& c, sk::SkinnyParams& sp) {
             namespace sl = isa::B1::slot;
@@ -616,6 +653,7 @@ struct D1Family {
     struct Stage {  // as B1Family::Stage, staged in the finish
         static constexpr int kEpi = sk::kEpiIdxQ;
         static constexpr bool kStageEarly = false;
+        static constexpr bool kWarmEpilogue = false;
         template <bool kTrace>
         static GLM5_DEVICE void params(const Ctx<kTrace>& c, sk::SkinnyParams& sp) {
             namespace sl = isa::D1::slot;

@@ -204,6 +204,14 @@ struct Ctx {
         }
     }
 
+    // Where mark(k) stores (trace builds, worker thread 0; nullptr otherwise): for out-of-line code.
+    GLM5_DEVICE unsigned long long* mark_words() const {
+        if constexpr (kTrace) {
+            if (tid == 0) return p.trace + (static_cast<int64_t>(blockIdx.x) * p.max_queue_len + pos) * kTraceWords + kTraceMark0;
+        }
+        return nullptr;
+    }
+
     // Phase mark k of this instruction (trace builds; worker thread 0 stamps it).
     GLM5_DEVICE void mark(int k) const {
         if constexpr (kTrace) {
