@@ -219,7 +219,6 @@ __device__ __noinline__ void stage_epilogue_inputs(const sk::SkinnyParams& sp, i
 struct NoEpilogueStaging {
     static constexpr int kEpi = sk::kEpiPlain;
     static constexpr bool kStageEarly = false;
-    static constexpr bool kWarmEpilogue = false;
     template <bool kTrace>
     static GLM5_DEVICE void params(const Ctx<kTrace>&, sk::SkinnyParams&) {}
 };
@@ -243,33 +242,15 @@ GLM5_DEVICE EpilogueMarks<kTrace> epilogue_marks(const Ctx<kTrace>& c, bool firs
     return EpilogueMarks<kTrace>{first_block ? c.mark_words() : nullptr};
 }
 
-// SkinnyFinish's epilogue out of line: one copy of its instructions, which a dry run (warm_epilogue) can
-// pull into the SM's instruction caches before the last arriver needs them.
+// SkinnyFinish's epilogue out of line: ptxas allocates its registers apart from the rest of the kernel (inlined,
+// the build spilled 4-20 bytes elsewhere). The epilogue runs cold, from L2, at ~50 ns per 128-byte line of
+// code (session 20 calls 1-3), so its size matters: see SkinnyFinish::cta_reduce. (A dry run by B1's partials
+// during their event wait, to warm it, took longer than the wait and gained nothing: call 3.)
 template <class G, int kEpi, bool kTrace>
 __device__ __noinline__ void finish_epilogue(const sk::SkinnyParams& sp, const sk::Coord& co, uint8_t* smem, int tid,
                                              float (&acc)[G::kNT][4], EpilogueMarks<kTrace> mark) {
     using Finish = sk::SkinnyFinish<G::kTM, kEpi>;
     Finish::epilogue(sp, co, Finish::scratch(smem + G::Smem::kOffRed), tid, acc, mark);
-}
-
-// A dry run of finish_epilogue: a token block past sp.M (m_end <= 0), so it stores nothing, but its
-// instructions run. Cold, B1's epilogue took ~14 us at 1-16 tokens, 7 of them in two shared-memory-only
-// reductions (session 20 call 1); B1's partials make this dry run while their event wait lasts.
-template <class G, int kEpi, bool kTrace>
-GLM5_DEVICE void warm_epilogue(const Ctx<kTrace>& c, const sk::SkinnyParams& sp, int tile_n, uint8_t* smem) {
-    sk::Coord co;
-    co.tile_m = (sp.M + G::kTM - 1) / G::kTM;
-    co.tile_n = tile_n;
-    co.split = 0;
-    co.g_begin = 0;
-    co.nk = 0;
-    co.gmax = 0;
-    float acc[G::kNT][4];
-#pragma unroll
-    for (int j = 0; j < G::kNT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    finish_epilogue<G, kEpi, kTrace>(sp, co, smem, c.tid, acc, EpilogueMarks<kTrace>{nullptr});
 }
 
 // Partial of rows [m0, m1) x weight rows [n0, n1) over K [k0, k1) -> ws[k_split, m, n] (fp32).
@@ -309,8 +290,6 @@ GLM5_DEVICE bool gemm_partial(const Ctx<kTrace>& c, const GemmOperands& g, const
     Tile::prologue(sp, co, smem, tid);  // the first token block's weights stream in during the wait
     if constexpr (Stage::kStageEarly)  // step inputs only: staged while the wait lasts
         stage_epilogue_inputs<G, Stage::kEpi>(sp, co.tile_m, r.g0 / sk::kBlockN, smem, tid);
-    if constexpr (Stage::kWarmEpilogue)  // the finish epilogue's instructions, while the wait lasts
-        warm_epilogue<G, Stage::kEpi>(c, sp, r.g0 / sk::kBlockN, smem);
     if (!c.wait_inputs()) {
         ptx::cp_async_wait<0>();
         return false;
@@ -598,8 +577,7 @@ struct B1Family {
     struct Stage {
         static constexpr int kEpi = sk::kEpiIdxK;
         static constexpr bool kStageEarly = true;
-        static constexpr bool kWarmEpilogue = true;  // B1's finish is on the critical path (warm_epilogue)
-        template <bool kTrace>
+            template <bool kTrace>
         static GLM5_DEVICE void params(const Ctx<kTrace>& c, sk::SkinnyParams& sp) {
             namespace sl = isa::B1::slot;
             sp.dim_a = c.p.idx_dim;
@@ -653,8 +631,7 @@ struct D1Family {
     struct Stage {  // as B1Family::Stage, staged in the finish
         static constexpr int kEpi = sk::kEpiIdxQ;
         static constexpr bool kStageEarly = false;
-        static constexpr bool kWarmEpilogue = false;
-        template <bool kTrace>
+            template <bool kTrace>
         static GLM5_DEVICE void params(const Ctx<kTrace>& c, sk::SkinnyParams& sp) {
             namespace sl = isa::D1::slot;
             sp.dim_a = c.p.idx_dim;

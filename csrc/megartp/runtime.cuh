@@ -204,7 +204,7 @@ struct Ctx {
         }
     }
 
-    // Where mark(k) stores (trace builds, worker thread 0; nullptr otherwise): for out-of-line code.
+    // Where mark(k) stores (trace builds, worker thread 0; nullptr otherwise): for hooks in shared tile code.
     GLM5_DEVICE unsigned long long* mark_words() const {
         if constexpr (kTrace) {
             if (tid == 0) return p.trace + (static_cast<int64_t>(blockIdx.x) * p.max_queue_len + pos) * kTraceWords + kTraceMark0;
