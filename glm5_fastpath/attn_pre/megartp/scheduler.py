@@ -1,10 +1,15 @@
 """Assign tasks to per-SM queues: a critical-path list scheduler and the round-robin baseline.
 
-Cost model (one for both, so their estimates compare): a task of op X costs
-    overhead_us + (HBM bytes of fused op X / X's tile count) / (bandwidth / num_sms)
-with the fused-op bytes of glm5_fastpath.cost (a tile streams its share of the op's bytes at an
-SM's share of the bandwidth). `estimate_makespan` replays queues the way the device runs them:
-each queue in order, a task starting when its queue is free and its producers are done.
+Cost model (one for both, so their estimates compare), calibrated on the H200 megakernel's trace
+(benchmarks/results/2026-11-30_h200_session20, call 3): a task of op X costs
+    FIXED_US[X] x token blocks + (HBM bytes of fused op X / X's tile count) / (bandwidth / num_sms)
+with the fused-op bytes of glm5_fastpath.cost. The fixed term is what the trace shows beyond the bytes:
+4-7 us per instruction (cold code at ~50 ns per 128-byte line, serial memory round trips); split-K
+partials pay it per 16-token block (each block re-runs the tile). A split-K reduce group without
+finaliser tasks (B1, D1) is finished by its last arriving partial: FINISH_US per token block more on
+that partial's queue, and the group's consumers wait for it. `estimate_makespan` replays queues the
+way the device runs them (event-driven: a task starts when its queue is free and its producers are
+done; a group's finish goes to the queue of the member that finishes last).
 
 Both schedulers append tasks in a topological order, so no queue ever waits on a task placed
 later in the same queue (deadlock-free by construction; validator.py checks it anyway).
@@ -12,13 +17,32 @@ later in the same queue (deadlock-free by construction; validator.py checks it a
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ...config import Glm5Config
 from ...cost import H200_COPY_BW, fused_prefix_costs
 from .taskgraph import TaskGraph
 
-DEFAULT_OVERHEAD_US = 0.3  # per instruction: fetch, page hand-off, event publish (a guess until measured)
+DEFAULT_OVERHEAD_US = 0.3  # an empty instruction (NOOP): fetch, hand-off, event publish
+# Per instruction (split-K partials: per 16-token block), beyond the bytes term: medians of session 20 call 3's
+# trace at 1-64 tokens minus the bytes term. Ops without an entry (not run by the megakernel yet): DEFAULT_FIXED_US.
+FIXED_US = {"A0": 7.0, "B0": 4.5, "B1": 5.5, "D1": 5.0, "D2": 3.5, "E1": 5.0}
+FINALISER_US = 4.0  # a B0 row finaliser: one row of activations, cold code
+DEFAULT_FIXED_US = 4.0
+FINISH_US = 9.0  # a reduce group's last-arriver finish per token block (B1 / D1: stage, sum, epilogue)
+GEMM_TOKEN_BLOCK = 16  # families.cuh `Gemm` (GemmCfg<16, 6>)
+
+
+def _blocks(rows: int) -> int:
+    return max(1, -(-rows // GEMM_TOKEN_BLOCK))
+
+
+def _task_rows(tg: TaskGraph, t) -> int | None:
+    """Token rows of a split-K task (None for other tasks)."""
+    if t.reduce_group is None and t.final_of is None:
+        return None
+    m0, m1 = tg.reduce_groups[t.reduce_group if t.reduce_group is not None else t.final_of].key[:2]
+    return m1 - m0
 
 
 def task_costs_us(tg: TaskGraph, cfg: Glm5Config, num_sms: int, *, bw: float = H200_COPY_BW,
@@ -32,37 +56,61 @@ def task_costs_us(tg: TaskGraph, cfg: Glm5Config, num_sms: int, *, bw: float = H
         if t.final_of is None:  # a finaliser streams no weights: one row of activations
             counts[t.op] = counts.get(t.op, 0) + 1
     per_sm = bw / num_sms
-    per_op = {op: overhead_us + (ops[op].bytes / n / per_sm * 1e6 if op in ops else 0.0) for op, n in counts.items()}
-    return [per_op[t.op] if t.final_of is None else overhead_us for t in tg.tasks]
+    stream = {op: (ops[op].bytes / n / per_sm * 1e6 if op in ops else 0.0) for op, n in counts.items()}
+    out = []
+    for t in tg.tasks:
+        if t.op == "NOOP":
+            out.append(overhead_us)
+        elif t.final_of is not None:
+            out.append(FINALISER_US)
+        else:
+            rows = _task_rows(tg, t)
+            blocks = _blocks(rows) if rows is not None and t.reduce_group is not None else 1
+            out.append(FIXED_US.get(t.op, DEFAULT_FIXED_US) * blocks + stream[t.op])
+    return out
+
+
+def group_finish_us(tg: TaskGraph) -> dict[int, float]:
+    """Reduce group -> the finish its last arriver runs (groups whose rows have finaliser tasks have none)."""
+    finalised = {t.final_of for t in tg.tasks if t.final_of is not None}
+    return {g.id: FINISH_US * _blocks(g.key[1] - g.key[0]) for g in tg.reduce_groups if g.id not in finalised}
 
 
 def _preds(tg: TaskGraph) -> list[list[int]]:
     return [sorted(tg.preds(t.id)) for t in tg.tasks]
 
 
-def critical_path_priority(tg: TaskGraph, costs: Sequence[float]) -> list[float]:
-    """Longest path (sum of costs) from each task to a sink, the task included."""
-    succ: list[list[int]] = [[] for _ in tg.tasks]
-    for t, ps in enumerate(_preds(tg)):
-        for p in ps:
-            succ[p].append(t)
-    prio = [0.0] * len(tg.tasks)
-    for t in reversed(range(len(tg.tasks))):  # task ids are topological
-        prio[t] = costs[t] + max((prio[s] for s in succ[t]), default=0.0)
-    return prio
-
-
-def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int) -> list[list[int]]:
-    """Highest critical-path priority first among ready tasks, placed on the earliest-free queue."""
-    preds = _preds(tg)
+def _succs(tg: TaskGraph, preds: Sequence[Sequence[int]]) -> list[list[int]]:
     succ: list[list[int]] = [[] for _ in tg.tasks]
     for t, ps in enumerate(preds):
         for p in ps:
             succ[p].append(t)
-    prio = critical_path_priority(tg, costs)
+    return succ
+
+
+def critical_path_priority(tg: TaskGraph, costs: Sequence[float],
+                           finish: Mapping[int, float] | None = None) -> list[float]:
+    """Longest path (sum of costs) from each task to a sink, the task (and its group's finish) included."""
+    finish = finish or {}
+    succ = _succs(tg, _preds(tg))
+    prio = [0.0] * len(tg.tasks)
+    for t in reversed(range(len(tg.tasks))):  # task ids are topological
+        own = costs[t] + finish.get(tg.tasks[t].reduce_group, 0.0)
+        prio[t] = own + max((prio[s] for s in succ[t]), default=0.0)
+    return prio
+
+
+def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
+                  finish: Mapping[int, float] | None = None) -> list[list[int]]:
+    """Highest critical-path priority first among ready tasks, placed on the earliest-free queue. A member of a
+    reduce group with a finish (`finish`, group_finish_us) holds its queue for the finish too: on the device any
+    member may arrive last (so a consumer's partial placed behind a B1 partial used to wait out B1's finish)."""
+    finish = finish or {}
+    preds = _preds(tg)
+    succ = _succs(tg, preds)
+    prio = critical_path_priority(tg, costs, finish)
     missing = [len(ps) for ps in preds]
     ready_at = [0.0] * len(tg.tasks)
-    finish = [0.0] * len(tg.tasks)
     heap = [(-prio[t], t) for t in range(len(tg.tasks)) if missing[t] == 0]
     heapq.heapify(heap)
     free = [(0.0, q) for q in range(num_sms)]
@@ -70,12 +118,12 @@ def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int) -> list[l
     while heap:
         _, t = heapq.heappop(heap)
         at, q = heapq.heappop(free)
-        finish[t] = max(at, ready_at[t]) + costs[t]
+        done = max(at, ready_at[t]) + costs[t] + finish.get(tg.tasks[t].reduce_group, 0.0)
         queues[q].append(t)
-        heapq.heappush(free, (finish[t], q))
+        heapq.heappush(free, (done, q))
         for s in succ[t]:
             missing[s] -= 1
-            ready_at[s] = max(ready_at[s], finish[t])
+            ready_at[s] = max(ready_at[s], done)
             if missing[s] == 0:
                 heapq.heappush(heap, (-prio[s], s))
     return queues
@@ -89,26 +137,71 @@ def round_robin(tg: TaskGraph, num_sms: int) -> list[list[int]]:
     return queues
 
 
-def estimate_makespan(tg: TaskGraph, queues: Sequence[Sequence[int]], costs: Sequence[float]) -> float:
-    """Device-order replay of the queues under the cost model (raises on a deadlocked placement)."""
+def estimate_makespan(tg: TaskGraph, queues: Sequence[Sequence[int]], costs: Sequence[float],
+                      finish: Mapping[int, float] | None = None) -> float:
+    """Device-order replay of the queues under the cost model (raises on a deadlocked placement): event-driven,
+    the queue whose head can start earliest goes next; a reduce group's finish runs on the queue of the member
+    that finishes last, and the group's outputs are available after it."""
+    finish = finish or {}
     preds = _preds(tg)
-    finish: dict[int, float] = {}
+    group_of = {t.id: t.reduce_group for t in tg.tasks if t.reduce_group in finish}
+    done: dict[int, float] = {}
+    group_end: dict[int, float] = {}
+    members: dict[int, list[tuple[float, int]]] = {}
     pos = [0] * len(queues)
     free = [0.0] * len(queues)
+    version = [0] * len(queues)
+    waiters: dict[tuple[str, int], list[int]] = {}
+    heap: list[tuple[float, int, int]] = []
+
+    def available(p: int) -> tuple[float | None, tuple[str, int]]:
+        g = group_of.get(p)
+        return (group_end.get(g), ("g", g)) if g is not None else (done.get(p), ("t", p))
+
+    def consider(q: int) -> None:
+        if pos[q] >= len(queues[q]):
+            return
+        start = free[q]
+        for p in preds[queues[q][pos[q]]]:
+            at, key = available(p)
+            if at is None:
+                waiters.setdefault(key, []).append(q)
+                return
+            start = max(start, at)
+        version[q] += 1
+        heapq.heappush(heap, (start, q, version[q]))
+
+    def wake(key: tuple[str, int]) -> None:
+        for q in waiters.pop(key, []):
+            consider(q)
+
+    for q in range(len(queues)):
+        consider(q)
     left = sum(len(q) for q in queues)
-    while left:
-        progressed = False
-        for q, queue in enumerate(queues):
-            while pos[q] < len(queue):
-                t = queue[pos[q]]
-                if any(p not in finish for p in preds[t]):
-                    break
-                start = max([free[q]] + [finish[p] for p in preds[t]])
-                finish[t] = free[q] = start + costs[t]
-                pos[q] += 1
-                left -= 1
-                progressed = True
-        if not progressed:
-            stuck = [(q, queue[pos[q]]) for q, queue in enumerate(queues) if pos[q] < len(queue)]
-            raise RuntimeError(f"estimate_makespan: placement deadlocks; stuck (queue, task): {stuck[:6]}")
-    return max(finish.values(), default=0.0)
+    while heap:
+        start, q, v = heapq.heappop(heap)
+        if v != version[q]:
+            continue
+        t = queues[q][pos[q]]
+        done[t] = free[q] = start + costs[t]
+        pos[q] += 1
+        left -= 1
+        g = group_of.get(t)
+        if g is not None:
+            members.setdefault(g, []).append((done[t], q))
+            if len(members[g]) == len(tg.reduce_groups[g].tasks):
+                f, fq = max(members[g])
+                group_end[g] = f + finish[g]
+                if fq != q:  # that queue's next task has not started: it can only start after f
+                    free[fq] = max(free[fq], f) + finish[g]
+                    consider(fq)
+                else:
+                    free[q] = group_end[g]
+                wake(("g", g))
+        else:
+            wake(("t", t))
+        consider(q)
+    if left:
+        stuck = [(q, queue[pos[q]]) for q, queue in enumerate(queues) if pos[q] < len(queue)]
+        raise RuntimeError(f"estimate_makespan: placement deadlocks; stuck (queue, task): {stuck[:6]}")
+    return max(list(done.values()) + list(group_end.values()), default=0.0)

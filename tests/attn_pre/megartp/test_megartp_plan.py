@@ -249,3 +249,43 @@ def test_validator_catches_a_reduce_group_inside_the_b0_block():
                 _put(p, sm, i, Instruction(**{**ins.__dict__, "reduce_counter": rc + 1}))
     with pytest.raises(PlanError, match=f"reduce counter {rc}: counter {rc + 1} of its block is also used"):
         validate(p)
+
+
+def test_cost_model_charges_reduce_group_finishes():
+    from glm5_fastpath.attn_pre.megartp import scheduler as S
+    p = glm5_plan()
+    tg = p.taskgraph
+    costs = S.task_costs_us(tg, GLM5, 132)
+    finish = S.group_finish_us(tg)
+    by_op = {tg.reduce_groups[g].op for g in finish}
+    assert by_op == {"B1", "C0", "D1"}  # B0's rows are finished by finaliser tasks, not by a last arriver
+    assert all(v == S.FINISH_US for v in finish.values())  # one 16-token block per group at M = 16
+    assert all(c >= S.DEFAULT_OVERHEAD_US for c in costs)
+    # Every member of a finishing group holds its queue for the finish (any member may arrive last) ...
+    queues = S.list_schedule(tg, costs, 132, finish)
+    est = S.estimate_makespan(tg, queues, costs, finish)
+    assert est > S.estimate_makespan(tg, queues, costs)  # ... and the replay charges the finish once per group
+    assert p.stats["est_makespan_us"]["list"] == pytest.approx(est)
+    prio = S.critical_path_priority(tg, costs, finish)
+    plain = S.critical_path_priority(tg, costs)
+    b1 = [t.id for t in tg.tasks if t.op == "B1"]
+    assert all(prio[t] >= plain[t] + S.FINISH_US - 1e-9 for t in b1)
+
+
+def test_estimate_makespan_puts_a_finish_on_the_last_members_queue():
+    from glm5_fastpath.attn_pre.megartp import scheduler as S
+    tg = glm5_plan().taskgraph
+    costs = S.task_costs_us(tg, GLM5, 132)
+    (b1,) = [g for g in tg.reduce_groups if g.op == "B1"]
+    members = list(b1.tasks)
+    order = [t.id for t in tg.tasks]  # everything on one queue, topological: the finish runs once, in series
+    one = S.estimate_makespan(tg, [order], costs, {b1.id: 100.0})
+    assert one == pytest.approx(sum(costs) + 100.0)
+    # Members alone on their own queues, the rest after them on queue 0: the group ends after the slowest member
+    # plus the finish, so the consumers on queue 0 cannot start earlier.
+    rest = [t for t in order if t not in members]
+    split = [rest] + [[m] for m in members]
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        S.estimate_makespan(tg, [list(reversed(order))], costs)
+    est = S.estimate_makespan(tg, split, costs, {b1.id: 100.0})
+    assert est >= 100.0 + max(costs[m] for m in members)
