@@ -88,7 +88,7 @@ struct MegaParams {
 };
 static_assert(sizeof(MegaParams) == 168, "MegaParams ABI (device.py _Params) changed");
 
-constexpr int kStateWords = 4;  // [0] last completed epoch, [1] CTAs exited (monotone), [2..3] unused
+constexpr int kStateWords = 4;  // [0] last completed epoch (every CTA stores it at exit), [1] CTAs exited (monotone), [2..3] unused
 
 // ---- error record -------------------------------------------------------------------------------
 constexpr int kErrorWords = 16;

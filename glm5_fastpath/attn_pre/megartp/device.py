@@ -491,8 +491,8 @@ def _sm_clock_hz(index: int) -> float:
 
 
 def max_epoch(plan: Any) -> int:
-    """The last epoch whose targets (epoch x threshold, epoch x reduce target, epoch x queues for the exit
-    counter) fit uint32. Read from the words (every wait slot, used or not: only the maximum matters)."""
+    """The last epoch whose targets (epoch x threshold, epoch x reduce target) and exit count (epoch x queues,
+    state[1]) fit uint32. Read from the words (every wait slot, used or not: only the maximum matters)."""
     w = plan.instructions.reshape(-1, INSTR_WORDS).to(torch.int64)
     cols = [WAITS + 2 * i + 1 for i in range(MAX_WAITS)] + [REDUCE_TARGET]
     biggest = max(int(w[:, cols].max()) if w.numel() else 1, 1, int(plan.instructions.shape[0]))
