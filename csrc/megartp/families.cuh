@@ -577,7 +577,7 @@ struct B1Family {
     struct Stage {
         static constexpr int kEpi = sk::kEpiIdxK;
         static constexpr bool kStageEarly = true;
-            template <bool kTrace>
+        template <bool kTrace>
         static GLM5_DEVICE void params(const Ctx<kTrace>& c, sk::SkinnyParams& sp) {
             namespace sl = isa::B1::slot;
             sp.dim_a = c.p.idx_dim;
@@ -631,7 +631,7 @@ struct D1Family {
     struct Stage {  // as B1Family::Stage, staged in the finish
         static constexpr int kEpi = sk::kEpiIdxQ;
         static constexpr bool kStageEarly = false;
-            template <bool kTrace>
+        template <bool kTrace>
         static GLM5_DEVICE void params(const Ctx<kTrace>& c, sk::SkinnyParams& sp) {
             namespace sl = isa::D1::slot;
             sp.dim_a = c.p.idx_dim;
