@@ -32,7 +32,13 @@
 //       bitwise equal.
 //   A0  A0AddRmsNormQuantRowTile: one token row per pass of the 256 workers (3 vectors per thread at
 //       hidden 6144); bitwise the standalone cluster kernel's row (same partial sums in the same order).
-// Not in v1 (their tile code is being rewritten): C0, E2; D0 (its per-head N tiles start at
+//   C0  split-K partial of the head gate in C0HeadGateTile's fragment layout (bf16 mma.sync, weights on M,
+//       tokens on N; weight fragments loaded after the wait: before it they spill) over the instruction's K chunk (128 or 256
+//       columns: 4 or 8 warps along K, the others take the other half of the 32-token pass); warp partials
+//       summed in warp order in shared memory -> fp32 workspace; the last arriver sums the splits in k-split
+//       order and rounds to bf16. Not bitwise the cluster kernel (that one accumulates a CTA's 3 chunks inside
+//       the MMA); within fp32 rounding of it.
+// Not in v1 (their tile code is being rewritten): E2; D0 (its per-head N tiles start at
 // multiples of 192 rows, but the GEMM tile covers 128-row weight-scale blocks).
 #pragma once
 
@@ -43,6 +49,7 @@
 #include "../attn_pre/b0_row_norms.cuh"
 #include "../attn_pre/e1_indexer_logits.cuh"
 #include "../attn_pre/a0_add_rmsnorm_quant.cuh"
+#include "../attn_pre/c0_head_gate.cuh"
 
 namespace glm5 {
 namespace megartp {
@@ -489,12 +496,13 @@ struct B0Family {
         namespace sl = isa::B0::slot;
         if (!(0 <= r.m0 && r.m1 == r.m0 + 1 && r.m1 <= c.p.num_tokens)) return c.fail(kErrUnsupportedTile, kChkRows);
         if (r.g0 != 0 || r.g1 != D::kQkv) return c.fail(kErrUnsupportedTile, kChkGroup);
-        typename Rows::Gamma gamma;
-        if (c.tid < kRowThreads)
-            Rows::load_gamma(gamma, c.template operand<const uint16_t>(sl::w_q_a_norm),
-                             c.template operand<const uint16_t>(sl::w_kv_a_norm), c.tid);
         if (!c.wait_inputs()) return false;
         if (c.tid >= kRowThreads) return true;
+        // The norm weights with the raw row, in one round trip (held across the wait, they spilled elsewhere in the
+        // kernel once the C0 family joined).
+        typename Rows::Gamma gamma;
+        Rows::load_gamma(gamma, c.template operand<const uint16_t>(sl::w_q_a_norm),
+                         c.template operand<const uint16_t>(sl::w_kv_a_norm), c.tid);
         const int m = r.m0;
         uint16_t* q_lora = c.template operand<uint16_t>(sl::q_lora);
         uint16_t* c_kv = c.template operand<uint16_t>(sl::c_kv);
@@ -724,6 +732,144 @@ struct D2Family {
                                   c.template operand<uint16_t>(sl::q_lat) + tok_off * D::kKV, rows, heads};
         if (rows <= kSmallRows) Tile1::run(smem, dp, head, ntile, c.tid);
         else Tile2::run(smem, dp, head, ntile, c.tid);
+        return true;
+    }
+};
+
+// ---- C0: head gate, split-K partials + last-arriver bf16 round ----------------------------------------------
+
+template <class D>
+struct C0Family {
+    static constexpr int kHeads = D::kIdxHeads;
+    static constexpr int kHeadTiles = (kHeads + 15) / 16;
+    static constexpr int kTok = 32;    // tokens per pass: 4 n8 tiles
+    static constexpr int kPitch = 36;  // floats per token row of a warp's partial (C0HeadGateTile::kRedPitch)
+    static constexpr int kQuads = kHeads / 4;
+    static constexpr int kSmemBytes = kWorkerWarps * kTok * kPitch * 4;
+    static_assert(kHeads % 4 == 0 && kHeads >= 4 && kHeads <= 32, "heads: a multiple of 4, at most two m16 tiles");
+    static_assert(kTok * kQuads <= kWorkerThreads, "one (token, head quad) per worker in the partial sum");
+
+    static GLM5_DEVICE uint32_t word(const ptx::u32x4& v, int w) {
+        return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+    }
+
+    template <bool kTrace>
+    static GLM5_DEVICE bool run(const Ctx<kTrace>& c, uint8_t* smem) {
+        namespace sl = isa::C0::slot;
+        const SplitK r = SplitK::of(c.ins);
+        const int H = c.p.hidden;
+        const int width = r.k1 - r.k0;
+        int32_t chk = 0;
+        if (!(0 <= r.m0 && r.m0 < r.m1 && r.m1 <= c.p.num_tokens)) chk = kChkRows;
+        else if (r.n0 != 0 || r.n1 != kHeads || r.g0 != 0 || r.g1 != kHeads) chk = kChkGroup;
+        else if (r.k0 < 0 || r.k0 % 128 || (width != 128 && width != 256) || r.k1 > H) chk = kChkK;
+        else if (r.splits() < 1 || r.k_split < 0 || r.k_split >= r.splits()) chk = kChkSplit;
+        else if (c.ins.w[isa::kReduceCounter] < 0 || c.ins.w[isa::kReduceCounter] >= c.p.num_counters) chk = kChkReduce;
+        if (chk) return c.fail(kErrUnsupportedTile, chk);
+        if (!check_smem(c, kSmemBytes)) return c.fail(kErrSmemTooSmall, kSmemBytes);
+
+        const int tid = c.tid, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        const int slots = width / 32;             // warps along K: 4 or 8
+        const int nt_per = 4 * slots / kWorkerWarps;  // n8 tiles of a warp: 2 or 4
+        const int grp = warp / slots;             // which n8 tiles: [grp * nt_per, (grp + 1) * nt_per)
+        const int col = r.k0 + (warp % slots) * 32 + 8 * t;
+        // This lane's weight fragments (rows g, g + 8 of each head tile), loaded after the wait: held across
+        // the wait loop they spill (the wait of a C0 instruction is A0's x rows, short in a prefix plan).
+        if (!c.wait_inputs()) return false;
+        const uint16_t* wp = c.template operand<const uint16_t>(sl::w_indexer_weights_proj);
+        ptx::u32x4 wv[kHeadTiles][2];
+#pragma unroll
+        for (int mt = 0; mt < kHeadTiles; ++mt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int row = mt * 16 + hh * 8 + g;
+                wv[mt][hh] = row < kHeads ? ptx::ld_global_nc_v4(wp + static_cast<int64_t>(row) * H + col)
+                                          : ptx::u32x4{0u, 0u, 0u, 0u};
+            }
+
+        const uint16_t* x = c.template operand<const uint16_t>(sl::x_bf16);
+        float* ws = c.template operand<float>(sl::workspace);
+        float* red = reinterpret_cast<float*>(smem);
+        const int64_t slice = static_cast<int64_t>(r.k_split) * c.p.num_tokens;
+        for (int tok0 = r.m0; tok0 < r.m1; tok0 += kTok) {
+            ptx::u32x4 xv[4];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const int tok = tok0 + nt * 8 + g;
+                const bool mine = nt / nt_per == grp;
+                xv[nt] = mine && tok < r.m1 ? ptx::ld_global_v4(x + static_cast<int64_t>(tok) * H + col)
+                                            : ptx::u32x4{0u, 0u, 0u, 0u};
+            }
+            float acc[kHeadTiles][4][4];
+#pragma unroll
+            for (int mt = 0; mt < kHeadTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+#pragma unroll
+            for (int st = 0; st < 2; ++st)
+#pragma unroll
+                for (int mt = 0; mt < kHeadTiles; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < 4; ++nt) {
+                        if (nt / nt_per != grp || tok0 + nt * 8 >= r.m1) continue;  // warp-uniform
+                        ptx::mma_m16n8k16_bf16(acc[mt][nt], word(wv[mt][0], 2 * st), word(wv[mt][1], 2 * st),
+                                               word(wv[mt][0], 2 * st + 1), word(wv[mt][1], 2 * st + 1),
+                                               word(xv[nt], 2 * st), word(xv[nt], 2 * st + 1));
+                    }
+            // warp partials -> [warp][token][head] (the cluster tile's layout and pitch)
+            float* mine_red = red + warp * kTok * kPitch;
+#pragma unroll
+            for (int mt = 0; mt < kHeadTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    if (nt / nt_per != grp) continue;
+                    const int h = mt * 16 + g, tk = nt * 8 + 2 * t;
+                    mine_red[tk * kPitch + h] = acc[mt][nt][0];
+                    mine_red[(tk + 1) * kPitch + h] = acc[mt][nt][1];
+                    mine_red[tk * kPitch + h + 8] = acc[mt][nt][2];
+                    mine_red[(tk + 1) * kPitch + h + 8] = acc[mt][nt][3];
+                }
+            worker_sync<kBarWorkers>();
+            if (tid < kTok * kQuads) {  // (token, head quad): the warps of its n8 tile, in warp order
+                const int tk = tid / kQuads, q = tid % kQuads, m = tok0 + tk;
+                if (m < r.m1) {
+                    const int tgrp = (tk / 8) / nt_per;
+                    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    for (int w = tgrp * slots; w < (tgrp + 1) * slots; ++w) {
+                        const float4 v = *reinterpret_cast<const float4*>(red + (w * kTok + tk) * kPitch + 4 * q);
+                        sum.x += v.x;
+                        sum.y += v.y;
+                        sum.z += v.z;
+                        sum.w += v.w;
+                    }
+                    float* dst = ws + (slice + m) * kHeads + 4 * q;
+                    sync::st_cg_f32x2(dst, sum.x, sum.y);
+                    sync::st_cg_f32x2(dst + 2, sum.z, sum.w);
+                }
+            }
+            worker_sync<kBarWorkers>();  // the partial scratch is reused by the next pass
+        }
+        if (!c.arrive_reduce()) return true;
+        // Last arriver: w_raw[m0:m1] = bf16(sum of the splits in k-split order).
+        const int splits = r.splits();
+        const int64_t plane = static_cast<int64_t>(c.p.num_tokens) * kHeads;
+        uint16_t* w_raw = c.template operand<uint16_t>(sl::w_raw);
+        for (int i = tid; i < (r.m1 - r.m0) * kQuads; i += kWorkerThreads) {
+            const int m = r.m0 + i / kQuads, q = i % kQuads;
+            const float* src = ws + static_cast<int64_t>(m) * kHeads + 4 * q;
+            float a = 0.0f, b = 0.0f, cc = 0.0f, d = 0.0f;
+            for (int sp = 0; sp < splits; ++sp) {
+                const float2 lo = sync::ld_cg_f32x2(src + sp * plane), hi = sync::ld_cg_f32x2(src + sp * plane + 2);
+                a += lo.x;
+                b += lo.y;
+                cc += hi.x;
+                d += hi.y;
+            }
+            ptx::st_global_v2(w_raw + static_cast<int64_t>(m) * kHeads + 4 * q, ptx::f32x2_to_bf16x2_rn(a, b),
+                              ptx::f32x2_to_bf16x2_rn(cc, d));
+        }
         return true;
     }
 };

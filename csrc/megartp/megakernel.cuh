@@ -46,6 +46,7 @@ GLM5_DEVICE bool dispatch(const Ctx<kTrace>& c, uint8_t* smem) {
         case isa::Opcode::NOOP: return c.wait_inputs();
         case isa::Opcode::A0: return A0Family<D>::run(c, smem);
         case isa::Opcode::B0: return B0Family<D>::run(c, smem);
+        case isa::Opcode::C0: return C0Family<D>::run(c, smem);
         case isa::Opcode::B1: return B1Family<D>::run(c, smem);
         case isa::Opcode::D1: return D1Family<D>::run(c, smem);
         case isa::Opcode::D2: return D2Family<D>::run(c, smem);

@@ -48,9 +48,8 @@ SOURCE = "megartp/megakernel.cu"
 FUNCTION = "glm5_megartp"
 THREADS = 288  # 8 worker warps + the controller warp
 WORKER_THREADS = 256
-SUPPORTED_FAMILIES = ("A0", "B0", "B1", "D1", "D2", "E1")  # csrc/megartp/megakernel.cuh dispatch()
+SUPPORTED_FAMILIES = ("A0", "B0", "C0", "B1", "D1", "D2", "E1")  # csrc/megartp/megakernel.cuh dispatch()
 UNSUPPORTED_WHY = {
-    "C0": "no megakernel adapter yet for csrc/attn_pre/c0_head_gate.cuh (cluster / own launch shape); not in megakernel v1",
     "E2": "no megakernel adapter yet for csrc/attn_pre/e2_topk.cuh (cluster / own launch shape); not in megakernel v1",
     "D0": "the plan's per-head N tiles start at multiples of qk_head_dim (192) rows, the GEMM tile covers "
           "128-row weight-scale blocks (needs 128-aligned D0 tiles in graph/prefix_graph.py)",
@@ -249,6 +248,14 @@ def d2_smem_bytes(nope: int, mt: int, nt: int = 4) -> int:
     return nope * 128 * 2 + 8 * (nt * 8) * (mt * 32 + 16)
 
 
+C0_TOKENS, C0_PITCH = 32, 36  # families.cuh C0Family: tokens per pass, floats per token row of a warp partial
+
+
+def c0_smem_bytes() -> int:
+    """C0Family::kSmemBytes: the 8 warps' [token][head] partials of one 32-token pass."""
+    return 8 * C0_TOKENS * C0_PITCH * 4
+
+
 def a0_smem_bytes(hidden: int) -> int:
     """A0AddRmsNormQuantRowTile<hidden, 256>::kSmemBytes: one fp32 partial per 256-column chunk."""
     return hidden // 256 * 4
@@ -271,6 +278,8 @@ def dynamic_smem_bytes(cfg: Glm5Config, plan: Any = None) -> int:
         need = max(need, e1_smem_bytes(cfg.index_head_dim))
     if "A0" in fams:
         need = max(need, a0_smem_bytes(cfg.hidden_size))
+    if "C0" in fams:
+        need = max(need, c0_smem_bytes())
     gmax = max(_max_k_groups(plan) if plan is not None else cfg.hidden_size // 128, 1)
     if fams & set(GEMM_FAMILIES):
         need = max(need, skinny_smem_bytes(GEMM_TOKEN_BLOCK, GEMM_STAGES, gmax, EPI_GEMM_LAYOUT))
@@ -394,6 +403,8 @@ def family_support_errors(plan: Any, cfg: Glm5Config | None) -> list[str]:
                          or cfg.qk_rope_head_dim % 2 or cfg.qk_rope_head_dim > 64):
         errs.append(f"D2: dims nope={cfg.qk_nope_head_dim}, kv_lora={cfg.kv_lora_rank}, rope={cfg.qk_rope_head_dim} "
                     "outside the D2 tile's limits (nope % 32, <= 256; kv_lora % 128; rope even <= 64)")
+    if "C0" in fams and (cfg.index_n_heads % 4 or not 4 <= cfg.index_n_heads <= 32):
+        errs.append(f"C0: {cfg.index_n_heads} indexer heads; the family needs a multiple of 4, at most 32")
     if "A0" in fams and cfg.hidden_size % 256:
         errs.append(f"A0: hidden_size {cfg.hidden_size} is not a multiple of 256 (the row tile's 256-column chunks)")
     if "E1" in fams and (cfg.index_n_heads > 32 or cfg.index_head_dim % 64):
@@ -423,6 +434,8 @@ def family_support_errors(plan: Any, cfg: Glm5Config | None) -> list[str]:
                 why = f"B0 group [{p['g0']},{p['g1']}) is not whole rows"
             elif f.name == "D1" and (p["g0"], p["g1"]) != (p["n0"], p["n1"]):
                 why = f"D1 group [{p['g0']},{p['g1']}) is not the tile's head"
+            elif f.name == "C0" and p["k1"] - p["k0"] not in (128, 256):
+                why = f"K chunk [{p['k0']},{p['k1']}) is not 128 or 256 columns (the fragment layout's warps)"
         elif f.name == "D2" and (p["n0"] % 128 or p["n1"] - p["n0"] != 128):
             why = f"latent columns [{p['n0']},{p['n1']}) are not one 128-column tile"
         elif f.name == "E1":

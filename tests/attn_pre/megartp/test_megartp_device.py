@@ -8,10 +8,11 @@ failure says where the problem is:
    context survives and the next plan runs); a malformed instruction is refused on the device;
 4. families, each alone (its inputs computed by the reference): D2, B0, B1, D1, E1, A0 against the reference
    (FP8 tolerances; E1's logits fp32) and BITWISE against the standalone kernels with the same split-K /
-   the same MMA order;
-5. the supported subgraph A0 + B0 + B1 + D1 + D2 + E1 with cross-SM events, several epochs (bitwise stable),
-   the executor (step inputs through the staging buffers), a trace build (Chrome JSON + summary).
-The full prefix is not run: C0, D0, E2 have no family in the megakernel v1 (their refusal is checked).
+   the same MMA order; C0 within bf16 rounding of the reference and of the standalone kernel (its fp32 sums
+   run in another order);
+5. the supported subgraph A0 + B0 + C0 + B1 + D1 + D2 + E1 with cross-SM events, several epochs (bitwise
+   stable), the executor (step inputs through the staging buffers), a trace build (Chrome JSON + summary).
+The full prefix is not run: D0, E2 have no family in the megakernel v1 (their refusal is checked).
 
     python -m pytest -q -s tests/attn_pre/megartp/test_megartp_device.py      (-s prints the framework cost)
 """
@@ -154,7 +155,7 @@ def test_malformed_instruction_is_refused_on_the_device():
 
 def test_full_prefix_plan_is_refused_with_the_missing_families():
     plan = build_plan(build_prefix_graph(SMALL), ShapeContext.shared_kv(4, 300), SMALL, num_sms=8)
-    with pytest.raises(D.MegaRtpUnsupported, match=r"C0 \(.*D0 \(.*E2 \("):
+    with pytest.raises(D.MegaRtpUnsupported, match=r"D0 \(.*E2 \("):
         D.PlanRunner(plan, SMALL, DEV)
 
 
@@ -303,6 +304,20 @@ def test_a0_family(cfg, m):
         assert_equal("megartp A0", t[n], w, context=f"{m=} {n} vs the standalone cluster kernel (same sum order)")
 
 
+@pytest.mark.parametrize("cfg", [SMALL, GLM5], ids=["small", "glm5"])
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+def test_c0_family(cfg, m):
+    from glm5_fastpath.ops import c0_head_gate
+    x = _family_run(cfg, ["C0"], LENS[m], num_sms=min(sms(), 64), epochs=2)  # two epochs: the reduce counter
+    t, ref, e = x.t, x.ref, x.env
+    assert_no_poison("megartp C0", t["w_raw"], names=["w_raw"])
+    assert_close("megartp C0", t["w_raw"], ref["w_raw"], kind="bf16", context=f"{m=} w_raw vs reference")
+    want = c0_head_gate(e["x_bf16"], e["w.indexer.weights_proj"])
+    torch.cuda.synchronize()
+    assert_close("megartp C0", t["w_raw"], want, kind="bf16",
+                 context=f"{m=} w_raw vs the standalone kernel (fp32 sums in another order)")
+
+
 def _check_logits(op, out, ref, lens, context):
     """Live columns (< seq_len) close to the reference (fp32: exact products, tensor-core sums), the rest -inf."""
     width = out.shape[1]
@@ -341,13 +356,13 @@ def test_e1_family_shared_kv_q_blocks(m):
 # ---- 5. the supported subgraph ---------------------------------------------------------------------------------
 
 SUB_OUTPUTS = ["q_lora", "q_lora_fp8", "q_lora_scale", "c_kv", "k_pe", "index_k_fp8", "index_k_scale", "index_q_fp8",
-               "index_q_scale", "head_w", "q_lat", "logits", "x_bf16", "residual_out", "x_fp8", "x_scale"]
+               "index_q_scale", "head_w", "q_lat", "logits", "x_bf16", "residual_out", "x_fp8", "x_scale", "w_raw"]
 
 
 @pytest.mark.parametrize("num_sms", [None, 8], ids=["all-sms", "8-queues"])
 def test_subgraph_b0_b1_d1_d2_epochs(num_sms):
     g = D.supported_subgraph(build_prefix_graph(GLM5), GLM5)
-    assert list(g.ops) == ["A0", "B0", "B1", "D1", "D2", "E1"]
+    assert list(g.ops) == ["A0", "B0", "C0", "B1", "D1", "D2", "E1"]
     m = 16
     x = _family_run(GLM5, list(g.ops), LENS[m], num_sms=num_sms, seed=5)
     t, ref = x.t, x.ref
@@ -371,7 +386,7 @@ def test_subgraph_graph_replays_and_trace(tmp_path):
     tensors = bind_tensors(plan, env, DEV)
     r = D.run_plan(plan, tensors, 1, trace=True, cfg=GLM5)
     recs = r.trace_records()
-    assert {rec.op for rec in recs} - {"NOOP"} == {"A0", "B0", "B0.final", "B1", "D1", "D2", "E1"}  # NoOps pad queues
+    assert {rec.op for rec in recs} - {"NOOP"} == {"A0", "B0", "B0.final", "C0", "B1", "D1", "D2", "E1"}  # NoOps pad queues
     s = T.summarize(recs)
     T.write_chrome_trace(tmp_path / "subgraph.json", recs)
     print("\n" + T.format_summary(s))
@@ -400,7 +415,7 @@ def test_executor_runs_the_subgraph_and_refuses_the_full_prefix():
     w = random_layer(GLM5, GLM5.first_k_dense_replace, seed=7, device=DEV).attn
     ex = D.MegaRtpExecutor(GLM5, w, DEV, kv_cache=env["kv_cache"], index_k_cache=env["index_k_cache"], graph=g,
                            max_m=16, max_pages=32)
-    inputs = {k: env[k] for k in ("hidden", "residual", "w_raw", "q_nope", "positions", "out_cache_loc", "seq_lens",
+    inputs = {k: env[k] for k in ("hidden", "residual", "q_nope", "positions", "out_cache_loc", "seq_lens",
                                   "block_table")}
     out = ex.run(ctx, **inputs)
     assert_close("megartp executor", out["q_lat"], ref["q_lat"], kind="bf16", context="q_lat")
@@ -413,5 +428,5 @@ def test_executor_runs_the_subgraph_and_refuses_the_full_prefix():
         assert_equal("megartp executor", out2[k], first[k], context=f"step 2 {k}")
     full = D.MegaRtpExecutor(GLM5, w, DEV, kv_cache=env["kv_cache"], index_k_cache=env["index_k_cache"], max_m=16,
                              max_pages=32)
-    with pytest.raises(D.MegaRtpUnsupported, match="C0"):
+    with pytest.raises(D.MegaRtpUnsupported, match="D0"):
         full.plan_for(ctx)
