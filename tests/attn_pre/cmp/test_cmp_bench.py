@@ -27,7 +27,7 @@ def test_executors_map_to_modes_and_stock():
     modes, stock = modes_for_executors(["stock", "serial", "cmp"])
     assert stock and modes == list(DEFAULT_MODES)
     assert modes_for_executors(["serial"]) == (["serial"], False)
-    with pytest.raises(ValueError, match=r"MegaRTP megakernel cannot run the whole prefix yet \(issue #5: no C0, D0, E2"):
+    with pytest.raises(ValueError, match=r"MegaRTP megakernel cannot run the whole prefix yet \(issue #5: no D0, E2 family"):
         modes_for_executors(["megartp"])
     with pytest.raises(ValueError, match="unknown executor"):
         modes_for_executors(["fast"])
