@@ -37,9 +37,9 @@
 //       columns: 4 or 8 warps along K, the others take the other half of the 32-token pass); warp partials
 //       summed in warp order in shared memory -> fp32 workspace; the last arriver sums the splits in k-split
 //       order and rounds to bf16. Not bitwise the cluster kernel (that one accumulates a CTA's 3 chunks inside
-//       the MMA); within fp32 rounding of it.
-// Not in v1 (their tile code is being rewritten): E2; D0 (its per-head N tiles start at
-// multiples of 192 rows, but the GEMM tile covers 128-row weight-scale blocks).
+//       the MMA); the same bf16 result up to the last-bit rounding of a different fp32 sum order.
+// Not in v1: E2 (e2_topk.cuh's row tile, kCluster = false) and D0 (the q_b GEMM tile + RoPE epilogue; GLM-5's
+// 256-row heads fit 128-row weight tiles): no adapter yet.
 #pragma once
 
 #include "runtime.cuh"
@@ -759,12 +759,12 @@ struct C0Family {
         const SplitK r = SplitK::of(c.ins);
         const int H = c.p.hidden;
         const int width = r.k1 - r.k0;
-        int32_t chk = 0;
-        if (!(0 <= r.m0 && r.m0 < r.m1 && r.m1 <= c.p.num_tokens)) chk = kChkRows;
-        else if (r.n0 != 0 || r.n1 != kHeads || r.g0 != 0 || r.g1 != kHeads) chk = kChkGroup;
-        else if (r.k0 < 0 || r.k0 % 128 || (width != 128 && width != 256) || r.k1 > H) chk = kChkK;
-        else if (r.splits() < 1 || r.k_split < 0 || r.k_split >= r.splits()) chk = kChkSplit;
-        else if (c.ins.w[isa::kReduceCounter] < 0 || c.ins.w[isa::kReduceCounter] >= c.p.num_counters) chk = kChkReduce;
+        GemmOperands shape{};  // the split-K payload checks of the FP8 families, on the gate's [heads, hidden]
+        shape.N = kHeads;
+        shape.K = H;
+        int32_t chk = check_split_k(c, r, shape);
+        if (!chk && (r.n0 != 0 || r.n1 != kHeads || r.g0 != 0 || r.g1 != kHeads)) chk = kChkGroup;
+        else if (!chk && width != 128 && width != 256) chk = kChkK;  // the fragment layout's 4 or 8 warps along K
         if (chk) return c.fail(kErrUnsupportedTile, chk);
         if (!check_smem(c, kSmemBytes)) return c.fail(kErrSmemTooSmall, kSmemBytes);
 

@@ -50,9 +50,9 @@ THREADS = 288  # 8 worker warps + the controller warp
 WORKER_THREADS = 256
 SUPPORTED_FAMILIES = ("A0", "B0", "C0", "B1", "D1", "D2", "E1")  # csrc/megartp/megakernel.cuh dispatch()
 UNSUPPORTED_WHY = {
-    "E2": "no megakernel adapter yet for csrc/attn_pre/e2_topk.cuh (cluster / own launch shape); not in megakernel v1",
-    "D0": "the plan's per-head N tiles start at multiples of qk_head_dim (192) rows, the GEMM tile covers "
-          "128-row weight-scale blocks (needs 128-aligned D0 tiles in graph/prefix_graph.py)",
+    "E2": "no megakernel adapter yet for csrc/attn_pre/e2_topk.cuh's row tile (kCluster = false); not in megakernel v1",
+    "D0": "no megakernel adapter yet for the q_b GEMM tile + its RoPE epilogue (GLM-5's 256-row heads fit 128-row "
+          "weight tiles; the small preset's 96-row heads would not); not in megakernel v1",
 }
 GEMM_TOKEN_BLOCK = 16  # families.cuh Gemm = GemmCfg<16, 6>
 GEMM_STAGES = 6
