@@ -37,12 +37,12 @@ def _blocks(rows: int) -> int:
     return max(1, -(-rows // GEMM_TOKEN_BLOCK))
 
 
-def _task_rows(tg: TaskGraph, t) -> int | None:
-    """Token rows of a split-K task (None for other tasks)."""
-    if t.reduce_group is None and t.final_of is None:
-        return None
-    m0, m1 = tg.reduce_groups[t.reduce_group if t.reduce_group is not None else t.final_of].key[:2]
-    return m1 - m0
+def _partial_blocks(tg: TaskGraph, t) -> int:
+    """16-token blocks a split-K partial runs its tile for (its reduce group's rows); 1 for other tasks."""
+    if t.reduce_group is None:
+        return 1
+    m0, m1 = tg.reduce_groups[t.reduce_group].key[:2]
+    return _blocks(m1 - m0)
 
 
 def task_costs_us(tg: TaskGraph, cfg: Glm5Config, num_sms: int, *, bw: float = H200_COPY_BW,
@@ -64,9 +64,7 @@ def task_costs_us(tg: TaskGraph, cfg: Glm5Config, num_sms: int, *, bw: float = H
         elif t.final_of is not None:
             out.append(FINALISER_US)
         else:
-            rows = _task_rows(tg, t)
-            blocks = _blocks(rows) if rows is not None and t.reduce_group is not None else 1
-            out.append(FIXED_US.get(t.op, DEFAULT_FIXED_US) * blocks + stream[t.op])
+            out.append(FIXED_US.get(t.op, DEFAULT_FIXED_US) * _partial_blocks(tg, t) + stream[t.op])
     return out
 
 
