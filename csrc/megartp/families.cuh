@@ -38,8 +38,10 @@
 //       summed in warp order in shared memory -> fp32 workspace; the last arriver sums the splits in k-split
 //       order and rounds to bf16. Not bitwise the cluster kernel (that one accumulates a CTA's 3 chunks inside
 //       the MMA); the same bf16 result up to the last-bit rounding of a different fp32 sum order.
-// Not in v1: E2 (e2_topk.cuh's row tile, kCluster = false) and D0 (the q_b GEMM tile + RoPE epilogue; GLM-5's
-// 256-row heads fit 128-row weight tiles): no adapter yet.
+//   D0  one 128-row q_b tile (a head's nope / rope rows) over all of K: the skinny tile + SkinnyFinish's q_b
+//       epilogue, bitwise the standalone kernel with one K split. Plans whose D0 tiles are not 128-row aligned
+//       (heads of 96 rows: the small preset) are refused on the host.
+//   E2  E2TopkTile (kCluster = false) with the 256 workers, one row at a time.
 #pragma once
 
 #include "runtime.cuh"
@@ -50,6 +52,7 @@
 #include "../attn_pre/e1_indexer_logits.cuh"
 #include "../attn_pre/a0_add_rmsnorm_quant.cuh"
 #include "../attn_pre/c0_head_gate.cuh"
+#include "../attn_pre/e2_topk.cuh"
 
 namespace glm5 {
 namespace megartp {
@@ -57,7 +60,7 @@ namespace megartp {
 namespace sk = ::glm5::attn_pre::skinny;
 
 // Compile-time model dims (the kernel is compiled per config: megakernel.cu defines).
-template <int kHidden_, int kQ_, int kKV_, int kR_, int kNope_, int kIdxHeads_, int kIdxDim_>
+template <int kHidden_, int kQ_, int kKV_, int kR_, int kNope_, int kIdxHeads_, int kIdxDim_, int kTopk_>
 struct Dims {
     static constexpr int kHidden = kHidden_;  // hidden_size (A0's row)
     static constexpr int kQ = kQ_;        // q_lora_rank
@@ -66,6 +69,7 @@ struct Dims {
     static constexpr int kNope = kNope_;  // qk_nope_head_dim
     static constexpr int kIdxHeads = kIdxHeads_;  // index_n_heads (E1's q tile)
     static constexpr int kIdxDim = kIdxDim_;      // index_head_dim (E1's page rows)
+    static constexpr int kTopk = kTopk_;          // index_topk (E2's output row)
     static constexpr int kQkv = kQ + kKV + kR;
 };
 
@@ -84,6 +88,7 @@ enum TileCheck : int32_t {
     kChkD2Tile = 9,       // D2: head / latent tile out of range
     kChkE1Tile = 10,      // E1: rows / KV window (kv0 on a page, live tokens <= the window, heads / dim)
     kChkA0Hidden = 11,    // A0: the launch's hidden size is not the build's (GLM5_MRTP_H)
+    kChkE2Row = 12,       // E2: rows, or a logits row past what one CTA's chunks hold (max_ctx)
 };
 
 // ---- split-K GEMM partial (B0, B1, D1) ------------------------------------------------------------
@@ -161,11 +166,16 @@ GLM5_DEVICE int gemm_joins(const SplitK& r) {
     return (rows + tm - 1) / tm * nk;
 }
 
-GLM5_DEVICE int cta_barrier_joins(const isa::Instruction& ins) {
+GLM5_DEVICE int cta_barrier_joins(const isa::Instruction& ins, const MegaParams& p) {
     const int op = ins.w[isa::kOpcode];
     if (op == static_cast<int>(isa::Opcode::B0) || op == static_cast<int>(isa::Opcode::B1) ||
         op == static_cast<int>(isa::Opcode::D1))
         return gemm_joins(SplitK::of(ins));
+    if (op == static_cast<int>(isa::Opcode::D0)) {  // all of K (q_lora_rank) per 16-token block
+        const int rows = ins.w[isa::D0::payload::m1] - ins.w[isa::D0::payload::m0], nk = p.q_lora / sk::kBlockK;
+        if (rows <= 0 || nk <= 0) return 0;
+        return (rows + gemm_tm(rows) - 1) / gemm_tm(rows) * nk;
+    }
     return 0;
 }
 
@@ -687,6 +697,86 @@ struct D1Family {
     }
 };
 
+// ---- D0: q_b GEMM N tile (all of K) + RoPE on the head's rope rows ------------------------------------------
+
+// One 128-row tile of w.q_b (rows [n0, n1) = a head's nope / rope rows, 128-aligned: GLM-5's 256-row heads) over all of
+// K for rows [m0, m1): the skinny tile's prologue (weights before the wait), the K loop, then SkinnyFinish's q_b
+// epilogue (bf16 q_nope; RoPE'd q_pe) out of line. Positions / RoPE rows are step inputs: staged before the wait.
+// Bitwise the standalone kernel with one K split (the same K loop and epilogue).
+template <class D>
+struct D0Family {
+    static constexpr int kEpi = sk::kEpiQb;
+
+    template <bool kTrace>
+    static GLM5_DEVICE bool run(const Ctx<kTrace>& c, uint8_t* smem) {
+        namespace sl = isa::D0::slot;
+        namespace pl = isa::D0::payload;
+        using G = Gemm;
+        const MegaParams& p = c.p;
+        const int m0 = c.ins.w[pl::m0], m1 = c.ins.w[pl::m1], n0 = c.ins.w[pl::n0], n1 = c.ins.w[pl::n1];
+        constexpr int kHead = D::kNope + D::kR;
+        const int N = p.num_heads * kHead, K = D::kQ;
+        int32_t chk = 0;
+        if (p.q_lora != K) chk = kChkK;  // the controller joins p.q_lora / 128 barriers per block (cta_barrier_joins)
+        else if (!(0 <= m0 && m0 < m1 && m1 <= p.num_tokens)) chk = kChkRows;
+        else if (m0 % G::kTM) chk = kChkRowAlign;
+        else if (n0 < 0 || n0 % sk::kBlockN || n1 <= n0 || n1 - n0 > sk::kBlockN || n1 > N) chk = kChkN;
+        if (chk) return c.fail(kErrUnsupportedTile, chk);
+        const int need = G::smem_bytes(K / sk::kBlockK);
+        if (!check_smem(c, need)) return c.fail(kErrSmemTooSmall, need);
+        sk::SkinnyParams& sp = gemm_params(c);
+        if (c.tid == 0) {
+            sp = sk::SkinnyParams{};
+            sp.w = c.template operand<const uint8_t>(sl::w_q_b_weight);
+            sp.w_scale = c.template operand<const float>(sl::w_q_b_scale_inv);
+            sp.x = c.template operand<const uint8_t>(sl::q_lora_fp8);
+            sp.x_scale = c.template operand<const float>(sl::q_lora_scale);
+            sp.M = m1;  // rows >= m1 are zero-filled by the loads
+            sp.N = N;
+            sp.K = K;
+            sp.splits = 1;
+            sp.out_a = c.template operand<uint16_t>(sl::q_nope);
+            sp.out_b = c.template operand<uint16_t>(sl::q_pe);
+            sp.positions = c.template operand<const void>(sl::positions);
+            sp.dim_a = kHead;
+            sp.dim_b = D::kNope;
+            sp.rope_dim = D::kR;
+            sp.flags = 1;  // positions int64 (graph TensorDefs)
+            sp.rope_table = p.rope_table;
+            sp.rope_table_len = p.rope_table_len;
+            sp.rope_theta = p.rope_theta;
+        }
+        worker_sync<kBarWorkers>();
+        sk::Coord co;
+        co.tile_n = n0 / sk::kBlockN;
+        co.split = 0;
+        co.g_begin = 0;
+        co.nk = K / sk::kBlockK;
+        co.gmax = co.nk;
+        co.tile_m = m0 / G::kTM;
+        using Tile = typename G::Tile;
+        Tile::prologue(sp, co, smem, c.tid);  // the first token block's weights stream in during the wait
+        stage_epilogue_inputs<G, kEpi>(sp, co.tile_m, co.tile_n, smem, c.tid);  // step inputs: before the wait
+        if (!c.wait_inputs()) {
+            ptx::cp_async_wait<0>();
+            return false;
+        }
+        for (int row0 = m0; row0 < m1; row0 += G::kTM) {
+            if (row0 != m0) {
+                co.tile_m = row0 / G::kTM;
+                Tile::prologue(sp, co, smem, c.tid);
+                stage_epilogue_inputs<G, kEpi>(sp, co.tile_m, co.tile_n, smem, c.tid);
+            }
+            float acc[G::kNT][4];
+            Tile::mainloop(sp, co, smem, c.tid, acc);
+            finish_epilogue<G, kEpi, kTrace>(sp, co, smem, c.tid, acc, EpilogueMarks<kTrace>{nullptr});
+            worker_sync<kBarWorkers>();  // the stages and the epilogue scratch are free before the next block
+        }
+        ptx::cp_async_wait<0>();
+        return true;
+    }
+};
+
 // ---- D2: W_UK absorption (+ the MLA KV row store on head 0) ------------------------------------------
 
 template <class D>
@@ -902,6 +992,64 @@ struct A0Family {
             Tile::run(c.template operand<const uint16_t>(sl::w_input_norm), rp, c.p.rms_eps,
                       reinterpret_cast<float*>(smem), c.tid);
             worker_sync<kBarWorkers>();  // every read of the row's partials is done before the next row writes them
+        }
+        return true;
+    }
+};
+
+// ---- E2: top-k of a token row's logits -> physical KV slots ---------------------------------------------------
+
+// E2TopkTile with the 256 workers (kCluster = false: one CTA per row, rows [m0, m1) in turn), out of line. kItems =
+// 16: a chunk of 4096 positions (kItems = 32 would keep an 8192-logit row in one chunk, the single-chunk path, but
+// spills 12-20 B even out of line). Rows past one chunk take the general path with chunks 1.. in the dynamic shared
+// memory after the tile's Smem (device.py e2_smem_bytes) as far as it goes and the rest re-read from global memory.
+// The output equals the standalone kernel's (the selected set and its order are a function of the row alone:
+// e2_topk.cuh contract).
+constexpr int kE2Items = 16;
+
+template <class D>
+struct E2Family {
+    using Tile = attn_pre::E2TopkTile<kWorkerThreads, kE2Items, /*kCluster=*/false, kBarE2>;
+    static constexpr int kChunk = Tile::kChunk;
+    static constexpr int kChunkOff = (static_cast<int>(sizeof(typename Tile::Smem)) + 15) / 16 * 16;
+    static_assert(kWorkerThreads != 256 || kE2Items != 16 || kChunkOff == 19248, "device.py E2_SMEM_BYTES");
+
+    // Out of line: ptxas allocates the tile's row registers apart from the rest of the kernel.
+    template <bool kTrace>
+    static __device__ __noinline__ bool run(const Ctx<kTrace>& c, uint8_t* smem) {
+        namespace sl = isa::E2::slot;
+        namespace pl = isa::E2::payload;
+        const MegaParams& p = c.p;
+        const int m0 = c.ins.w[pl::m0], m1 = c.ins.w[pl::m1];
+        if (!(0 <= m0 && m0 < m1 && m1 <= p.num_tokens) || p.max_ctx < 1 || p.bt_width < 1)
+            return c.fail(kErrUnsupportedTile, kChkE2Row);
+        if (!check_smem(c, kChunkOff)) return c.fail(kErrSmemTooSmall, kChunkOff);
+        const int chunks = (p.max_ctx + kChunk - 1) / kChunk;
+        const int room = (static_cast<int>(sync::dynamic_smem_bytes()) - kChunkOff) / (kChunk * 4);
+        auto& s = *reinterpret_cast<typename Tile::Smem*>(smem);
+        for (int m = m0; m < m1; ++m) {
+            attn_pre::E2RowArgs a;
+            a.logits = c.template operand<const float>(sl::logits) + static_cast<int64_t>(m) * p.max_ctx;
+            a.width = p.max_ctx;
+            a.seq_len = c.template operand<const int32_t>(sl::seq_lens) + m;
+            a.bt = c.template operand<const int32_t>(sl::block_table) + static_cast<int64_t>(m) * p.bt_width;
+            a.bt_cols = p.bt_width;
+            a.out = c.template operand<int32_t>(sl::topk_slots) + static_cast<int64_t>(m) * D::kTopk;
+            a.topk = D::kTopk;
+            a.seq_len_64 = false;  // graph TensorDefs: seq_lens, block_table int32
+            a.bt_64 = false;
+            a.chunks = chunks;
+            a.smem_chunks = min(chunks - 1, room);
+            a.chunk_smem = reinterpret_cast<uint32_t*>(smem + kChunkOff);
+            a.n_cta = 1;
+            a.rank = 0;
+            Tile::prologue(s, c.tid);
+            // seq_lens / block_table are step inputs (no producer): read before the wait; the logits (E1) after it.
+            const attn_pre::E2Meta meta = Tile::load_meta(a, s, c.tid);
+            if (m == m0 && !c.wait_inputs()) return false;
+            worker_sync<kBarWorkers>();  // the zeroed histograms and the page entries are visible
+            Tile::run(a, meta, s, c.tid);
+            worker_sync<kBarWorkers>();  // the tile's shared memory is reused by the next row
         }
         return true;
     }

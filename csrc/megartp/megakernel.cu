@@ -7,6 +7,7 @@
 //   GLM5_MRTP_NOPE   qk_nope_head_dim  (192, 64)
 //   GLM5_MRTP_IH     index_n_heads     (32, 4)
 //   GLM5_MRTP_ID     index_head_dim    (128, 64)
+//   GLM5_MRTP_TOPK   index_topk        (2048)
 //   GLM5_MRTP_TRACE  1: record fetched / inputs-ready / done per instruction (%globaltimer)
 // Launch: grid (num_queues) <= SMs (one resident CTA per SM: every queue must make progress),
 // block (288) = 8 worker warps + 1 controller warp, dynamic shared memory = the largest family
@@ -34,11 +35,15 @@
 #ifndef GLM5_MRTP_ID
 #define GLM5_MRTP_ID 128
 #endif
+#ifndef GLM5_MRTP_TOPK
+#define GLM5_MRTP_TOPK 2048
+#endif
 #ifndef GLM5_MRTP_TRACE
 #define GLM5_MRTP_TRACE 0
 #endif
 
-using MegaDims = glm5::megartp::Dims<GLM5_MRTP_H, GLM5_MRTP_Q, GLM5_MRTP_KV, GLM5_MRTP_R, GLM5_MRTP_NOPE, GLM5_MRTP_IH, GLM5_MRTP_ID>;
+using MegaDims = glm5::megartp::Dims<GLM5_MRTP_H, GLM5_MRTP_Q, GLM5_MRTP_KV, GLM5_MRTP_R, GLM5_MRTP_NOPE, GLM5_MRTP_IH, GLM5_MRTP_ID,
+                                           GLM5_MRTP_TOPK>;
 
 extern "C" __global__ void __launch_bounds__(glm5::megartp::kThreads, 1)
 glm5_megartp(const __grid_constant__ glm5::megartp::MegaParams p) {

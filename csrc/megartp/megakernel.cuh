@@ -49,8 +49,10 @@ GLM5_DEVICE bool dispatch(const Ctx<kTrace>& c, uint8_t* smem) {
         case isa::Opcode::C0: return C0Family<D>::run(c, smem);
         case isa::Opcode::B1: return B1Family<D>::run(c, smem);
         case isa::Opcode::D1: return D1Family<D>::run(c, smem);
+        case isa::Opcode::D0: return D0Family<D>::run(c, smem);
         case isa::Opcode::D2: return D2Family<D>::run(c, smem);
         case isa::Opcode::E1: return E1Family<D>::run(c, smem);
+        case isa::Opcode::E2: return E2Family<D>::run(c, smem);
         default: return c.fail(kErrUnsupportedOpcode, c.ins.w[isa::kOpcode]);
     }
 }
@@ -131,7 +133,7 @@ struct Controller {
     GLM5_DEVICE bool join(int i) const {
         if (i >= p.max_queue_len) return true;
         const int s = i & 1;
-        const int n = cta_barrier_joins(sh.slot[s]);
+        const int n = cta_barrier_joins(sh.slot[s], p);
         if (n <= 0) return true;
         const uint32_t seq = static_cast<uint32_t>(i >> 1) + 1u;
         while (sync::ld_acquire_cta(&sh.go[s]) < seq) {

@@ -51,6 +51,7 @@ enum : int {
     kBarB0Rows = 4,          // B0RowNormsTile's row-sum barrier
     kBarE1 = 5,              // E1IndexerLogitsTile's page barrier
     kBarA0 = 6,              // A0AddRmsNormQuantRowTile's partial-sum barrier
+    kBarE2 = 7,              // E2TopkTile's row barrier
 };
 
 // Kernel parameters. ABI of glm5_fastpath/attn_pre/megartp/device.py (_Params): 8-byte fields
@@ -84,7 +85,7 @@ struct MegaParams {
     int32_t max_ctx;               // E1: logits row stride (columns per token row)
     int64_t idx_cache_pages;       // E1: pages of the index-K cache (ids outside [0, pages) are never read)
     int32_t bt_width;              // E1: block-table row width (pages per row; rows are contiguous)
-    int32_t pad_;
+    int32_t q_lora;                // q_lora_rank (K of D0; the controller's barrier count of a D0 tile)
 };
 static_assert(sizeof(MegaParams) == 168, "MegaParams ABI (device.py _Params) changed");
 
@@ -167,7 +168,7 @@ GLM5_DEVICE void worker_sync() {
 
 // How many CTA-wide barriers (bar.sync 0) the workers execute for this instruction after its
 // global waits: defined by the families (families.cuh) so the controller joins exactly as many.
-GLM5_DEVICE int cta_barrier_joins(const isa::Instruction& ins);
+GLM5_DEVICE int cta_barrier_joins(const isa::Instruction& ins, const MegaParams& p);
 
 // One instruction as the workers see it.
 template <bool kTrace>
@@ -267,7 +268,7 @@ struct Ctx {
         }
         if (tid == 0) {
             trace(1, sync::globaltimer_ns());
-            if (cta_barrier_joins(ins) > 0) sync::st_release_cta(&sh.go[slot], seq);
+            if (cta_barrier_joins(ins, p) > 0) sync::st_release_cta(&sh.go[slot], seq);
         }
         return true;
     }

@@ -189,6 +189,25 @@ def _executors(cfg, mode: str, sets: list[_Set], m: int, kv_len: int, device: st
     return out
 
 
+MEGARTP = "megartp"  # the MegaRTP megakernel's row (--executors megartp): the whole prefix, one launch per step
+
+
+def _megartp_runners(cfg, sets: list[_Set], m: int, kv_len: int, device: str):
+    """Per set: a MegaRtpExecutor on the whole prefix, planned, bound and run once (checked); -> its PlanRunners,
+    whose launch(None) takes the epoch from device memory (CUDA-graph capture and replay)."""
+    from ...graph import ShapeContext
+    from ..megartp.device import MegaRtpExecutor
+
+    ctx = ShapeContext.independent([kv_len] * m)
+    out = []
+    for st in sets:
+        ex = MegaRtpExecutor(cfg, st.w, device, kv_cache=st.step.kv_cache, index_k_cache=st.step.index_k_cache,
+                             max_m=m, max_pages=-(-kv_len // PAGE), pad_slot=st.pad_page * PAGE)
+        ex.run(ctx, **st.inputs)
+        out.append(ex.runner(ctx))
+    return out
+
+
 def _file_safe(mode: str) -> str:
     """A composite mode name (full+after:D1>D0) as a file-name part."""
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in mode)
@@ -252,7 +271,8 @@ def bench_prefix(cfg: Glm5Config, modes: Sequence[str] = DEFAULT_MODES, ms: Sequ
     from ...bench.timing import l2_cache_bytes, measure_copy_bandwidth, plan_rotation
 
     for m in modes:
-        get_mode(m)  # a named mode or a composite one (modes.py); raises naming the bad part
+        if m != MEGARTP:
+            get_mode(m)  # a named mode or a composite one (modes.py); raises naming the bad part
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bw = measure_copy_bandwidth(device)
@@ -270,6 +290,13 @@ def bench_prefix(cfg: Glm5Config, modes: Sequence[str] = DEFAULT_MODES, ms: Sequ
         row: dict[str, Any] = {"M": m, **fl, "sets": plan.sets, "covers_l2": plan.covers_l2, "modes": {}}
         for mode in modes:
             try:
+                if mode == MEGARTP:
+                    runs = _megartp_runners(cfg, sets, m, kv_len, device)
+                    row["modes"][mode] = _time(lambda i: runs[i % len(runs)].launch(None), len(runs), device, replays)
+                    runs = None
+                    _log(f"M={m} {mode}: {row['modes'][mode].get('median_us')}")
+                    torch.cuda.empty_cache()
+                    continue
                 exs = _executors(cfg, mode, sets, m, kv_len, device)
                 row["modes"][mode] = _time(lambda i: exs[i % len(exs)].enqueue(m), len(exs), device, replays)
                 if m == ms[0] and mode in timeline_modes:
@@ -381,11 +408,10 @@ def render_markdown(rep: dict[str, Any]) -> str:
 
 
 # `--executors` of `glm5-fastpath bench prefix`: which rows to run. "cmp" is the whole decomposition
-# (every mode after serial); MegaRTP (issue #5) runs only part of the prefix so far (megartp.device
-# SUPPORTED_FAMILIES), so it has no whole-prefix row here: `python -m glm5_fastpath.attn_pre.megartp.bench`
-# times the part it runs.
-EXECUTOR_MODES = {"serial": ("serial",), "cmp": tuple(m for m in DEFAULT_MODES if m != "serial")}
-EXECUTORS = ("stock",) + tuple(EXECUTOR_MODES) + ("megartp",)
+# (every mode after serial); "megartp" the MegaRTP megakernel on the whole prefix (issue #5: the same run and
+# the same rotated weight / cache sets as CMP), when the build runs every family the config's prefix needs.
+EXECUTOR_MODES = {"serial": ("serial",), "cmp": tuple(m for m in DEFAULT_MODES if m != "serial"), "megartp": (MEGARTP,)}
+EXECUTORS = ("stock",) + tuple(EXECUTOR_MODES)
 
 
 def modes_for_executors(executors: Sequence[str]) -> tuple[list[str], bool]:
@@ -399,10 +425,11 @@ def modes_for_executors(executors: Sequence[str]) -> tuple[list[str], bool]:
             from ...graph import build_prefix_graph
             from ..megartp.device import SUPPORTED_FAMILIES
             missing = [op for op in build_prefix_graph(Glm5Config.preset("glm5")).ops if op not in SUPPORTED_FAMILIES]
-            raise ValueError(f"bench prefix: the MegaRTP megakernel cannot run the whole prefix yet (issue #5: no "
-                             f"{', '.join(missing)} family); `python -m glm5_fastpath.attn_pre.megartp.bench` times "
-                             f"the subgraph it runs ({', '.join(SUPPORTED_FAMILIES)}); its host-side plan of the "
-                             "whole prefix is `glm5-fastpath plan`")
+            if missing:
+                raise ValueError(f"bench prefix: the MegaRTP megakernel cannot run the whole prefix yet (issue #5: no "
+                                 f"{', '.join(missing)} family); `python -m glm5_fastpath.attn_pre.megartp.bench` times "
+                                 f"the subgraph it runs ({', '.join(SUPPORTED_FAMILIES)}); its host-side plan of the "
+                                 "whole prefix is `glm5-fastpath plan`")
         modes += [m for m in EXECUTOR_MODES.get(e, ()) if m not in modes]
     return modes, "stock" in executors
 
@@ -430,6 +457,8 @@ def run(a: argparse.Namespace) -> int:
     if a.executors:
         modes, stock = modes_for_executors([e for e in a.executors.split(",") if e])
     for m in modes:
+        if m == MEGARTP:
+            continue
         try:
             get_mode(m)
         except ValueError as e:

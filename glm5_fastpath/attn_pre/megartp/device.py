@@ -48,12 +48,8 @@ SOURCE = "megartp/megakernel.cu"
 FUNCTION = "glm5_megartp"
 THREADS = 288  # 8 worker warps + the controller warp
 WORKER_THREADS = 256
-SUPPORTED_FAMILIES = ("A0", "B0", "C0", "B1", "D1", "D2", "E1")  # csrc/megartp/megakernel.cuh dispatch()
-UNSUPPORTED_WHY = {
-    "E2": "no megakernel adapter yet for csrc/attn_pre/e2_topk.cuh's row tile (kCluster = false); not in megakernel v1",
-    "D0": "no megakernel adapter yet for the q_b GEMM tile + its RoPE epilogue (GLM-5's 256-row heads fit 128-row "
-          "weight tiles; the small preset's 96-row heads would not); not in megakernel v1",
-}
+SUPPORTED_FAMILIES = ("A0", "B0", "C0", "B1", "D1", "D0", "D2", "E1", "E2")  # csrc/megartp/megakernel.cuh dispatch()
+UNSUPPORTED_WHY: dict[str, str] = {}  # op family -> why the megakernel lacks it (every prefix family is in v1)
 GEMM_TOKEN_BLOCK = 16  # families.cuh Gemm = GemmCfg<16, 6>
 GEMM_STAGES = 6
 E1_STAGES = 4     # families.cuh kE1Stages: index-K pages in flight per worker group
@@ -99,7 +95,8 @@ UNSUPPORTED_DETAIL = {1: "rows: need 0 <= m0 < m1 <= M", 2: f"m0 not a multiple 
                       8: "D1 needs index_head_dim == 128", 9: "D2 head / latent tile out of range",
                       10: f"E1: rows / KV window (kv0 on a {E1_PAGE}-token page, kv1 <= max_ctx, at most "
                           f"{E1_MAX_PAGES} live pages past kv0, indexer heads / dim of the build)",
-                      11: "A0: the launch's hidden size is not the build's (GLM5_MRTP_H)"}
+                      11: "A0: the launch's hidden size is not the build's (GLM5_MRTP_H)",
+                      12: "E2: rows (0 <= m0 < m1 <= M), or no logits row / block table (max_ctx, bt_width)"}
 _FIELDS = ("kind", "queue", "pos", "opcode", "event", "threshold", "target", "observed", "epoch", "tile",
            "operand_row", "role", "smid", "detail", "cycles", "claim")
 
@@ -184,11 +181,12 @@ class KernelDims:
     nope: int
     idx_heads: int
     idx_dim: int
+    topk: int
 
     @classmethod
     def of(cls, cfg: Glm5Config) -> "KernelDims":
         return cls(cfg.hidden_size, cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim,
-                   cfg.index_n_heads, cfg.index_head_dim)
+                   cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk)
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,6 +195,7 @@ def _spec(dims: KernelDims, trace: bool) -> KernelSpec:
         ("GLM5_MRTP_H", str(dims.hidden)), ("GLM5_MRTP_Q", str(dims.q_lora)), ("GLM5_MRTP_KV", str(dims.kv_lora)),
         ("GLM5_MRTP_R", str(dims.rope)),
         ("GLM5_MRTP_NOPE", str(dims.nope)), ("GLM5_MRTP_IH", str(dims.idx_heads)), ("GLM5_MRTP_ID", str(dims.idx_dim)),
+        ("GLM5_MRTP_TOPK", str(dims.topk)),
         ("GLM5_MRTP_TRACE", "1" if trace else "0")))
 
 
@@ -256,6 +255,15 @@ def c0_smem_bytes() -> int:
     return 8 * C0_TOKENS * C0_PITCH * 4
 
 
+E2_SMEM_BYTES = 19248  # families.cuh E2Family::kChunkOff: sizeof(E2TopkTile<256, 16>::Smem), 16-byte aligned
+
+
+def e2_smem_bytes() -> int:
+    """E2Family's shared memory: the tile's Smem. Rows longer than one 4096-position chunk keep further chunks in
+    whatever dynamic shared memory the launch has beyond it, and re-read the rest from global memory."""
+    return E2_SMEM_BYTES
+
+
 def a0_smem_bytes(hidden: int) -> int:
     """A0AddRmsNormQuantRowTile<hidden, 256>::kSmemBytes: one fp32 partial per 256-column chunk."""
     return hidden // 256 * 4
@@ -280,8 +288,12 @@ def dynamic_smem_bytes(cfg: Glm5Config, plan: Any = None) -> int:
         need = max(need, a0_smem_bytes(cfg.hidden_size))
     if "C0" in fams:
         need = max(need, c0_smem_bytes())
+    if "E2" in fams:
+        need = max(need, e2_smem_bytes())
     gmax = max(_max_k_groups(plan) if plan is not None else cfg.hidden_size // 128, 1)
-    if fams & set(GEMM_FAMILIES):
+    if "D0" in fams:  # all of K (q_lora_rank) in one instruction
+        gmax = max(gmax, cfg.q_lora_rank // 128)
+    if fams & (set(GEMM_FAMILIES) | {"D0"}):
         need = max(need, skinny_smem_bytes(GEMM_TOKEN_BLOCK, GEMM_STAGES, gmax, EPI_GEMM_LAYOUT))
     return need
 
@@ -436,6 +448,9 @@ def family_support_errors(plan: Any, cfg: Glm5Config | None) -> list[str]:
                 why = f"D1 group [{p['g0']},{p['g1']}) is not the tile's head"
             elif f.name == "C0" and p["k1"] - p["k0"] not in (128, 256):
                 why = f"K chunk [{p['k0']},{p['k1']}) is not 128 or 256 columns (the fragment layout's warps)"
+        elif f.name == "D0" and (p["m0"] % GEMM_TOKEN_BLOCK or p["n0"] % 128 or not 0 < p["n1"] - p["n0"] <= 128):
+            why = (f"rows [{p['m0']},{p['m1']}) x weight rows [{p['n0']},{p['n1']}): m0 not on a {GEMM_TOKEN_BLOCK}-token "
+                   "block, or the weight rows do not start a 128-row block or leave it (q_b heads of a multiple of 128)")
         elif f.name == "D2" and (p["n0"] % 128 or p["n1"] - p["n0"] != 128):
             why = f"latent columns [{p['n0']},{p['n1']}) are not one 128-column tile"
         elif f.name == "E1":
@@ -479,7 +494,7 @@ class _Params(ctypes.Structure):
         ("hidden", ctypes.c_int32), ("num_heads", ctypes.c_int32), ("idx_heads", ctypes.c_int32),
         ("idx_dim", ctypes.c_int32), ("rms_eps", ctypes.c_float), ("k_norm_eps", ctypes.c_float),
         ("head_w_scale", ctypes.c_float), ("max_ctx", ctypes.c_int32), ("idx_cache_pages", ctypes.c_int64),
-        ("bt_width", ctypes.c_int32), ("pad_", ctypes.c_int32),
+        ("bt_width", ctypes.c_int32), ("q_lora", ctypes.c_int32),
     ]
 
 
@@ -591,7 +606,7 @@ class PlanRunner:
         p.epoch, p.num_queues, p.max_queue_len = epoch, self.num_queues, self.max_queue_len
         p.num_ops, p.num_counters = len(self.ops), int(self.plan.num_counters)
         p.num_tokens = self.plan.taskgraph.ctx.M if self.kernel_plan else 0
-        p.hidden, p.num_heads = c.hidden_size, c.num_attention_heads
+        p.hidden, p.num_heads, p.q_lora = c.hidden_size, c.num_attention_heads, c.q_lora_rank
         p.idx_heads, p.idx_dim = c.index_n_heads, c.index_head_dim
         p.rms_eps, p.k_norm_eps = _fp32(c.rms_norm_eps), _fp32(INDEXER_K_NORM_EPS)
         p.head_w_scale = _fp32(c.index_weight_scale)
@@ -746,9 +761,10 @@ def keep_only(graph: OpGraph, ops: Sequence[str], name: str | None = None) -> Op
 
 def supported_subgraph(graph: OpGraph, cfg: Glm5Config | None = None, name: str | None = None) -> OpGraph:
     """`graph` without the ops the megakernel lacks (for `cfg`'s dims when given: D1 needs index_head_dim
-    128); the dropped ops' outputs the rest reads become caller inputs."""
-    keep = [o for o in graph.ops if o in SUPPORTED_FAMILIES and not (o == "D1" and cfg is not None
-                                                                    and cfg.index_head_dim != 128)]
+    128, D0 q_b heads of a multiple of 128 rows); the dropped ops' outputs the rest reads become caller inputs."""
+    keep = [o for o in graph.ops if o in SUPPORTED_FAMILIES
+            and not (o == "D1" and cfg is not None and cfg.index_head_dim != 128)
+            and not (o == "D0" and cfg is not None and (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) % 128)]
     if not keep:
         raise MegaRtpUnsupported(f"no op of {graph.name} has a megakernel family ({SUPPORTED_FAMILIES})")
     return keep_only(graph, keep, name or f"{graph.name}[megartp v1: {'+'.join(keep)}]")

@@ -27,8 +27,8 @@ def test_executors_map_to_modes_and_stock():
     modes, stock = modes_for_executors(["stock", "serial", "cmp"])
     assert stock and modes == list(DEFAULT_MODES)
     assert modes_for_executors(["serial"]) == (["serial"], False)
-    with pytest.raises(ValueError, match=r"MegaRTP megakernel cannot run the whole prefix yet \(issue #5: no D0, E2 family"):
-        modes_for_executors(["megartp"])
+    assert modes_for_executors(["megartp"]) == (["megartp"], False)  # every GLM-5 prefix family is in the megakernel
+    assert modes_for_executors(["stock", "cmp", "megartp"]) == (list(DEFAULT_MODES[1:]) + ["megartp"], True)
     with pytest.raises(ValueError, match="unknown executor"):
         modes_for_executors(["fast"])
 

@@ -9,10 +9,11 @@ failure says where the problem is:
 4. families, each alone (its inputs computed by the reference): D2, B0, B1, D1, E1, A0 against the reference
    (FP8 tolerances; E1's logits fp32) and BITWISE against the standalone kernels with the same split-K /
    the same MMA order; C0 within bf16 rounding of the reference and of the standalone kernel (its fp32 sums
-   run in another order);
-5. the supported subgraph A0 + B0 + C0 + B1 + D1 + D2 + E1 with cross-SM events, several epochs (bitwise
-   stable), the executor (step inputs through the staging buffers), a trace build (Chrome JSON + summary).
-The full prefix is not run: D0, E2 have no family in the megakernel v1 (their refusal is checked).
+   run in another order); E2 equal to the standalone kernel (its output is a function of the row alone); D0
+   bitwise against the standalone kernel with one K split;
+5. the whole GLM-5 prefix (A0 + B0 + C0 + B1 + D1 + D0 + D2 + E1 + E2) with cross-SM events, several epochs
+   (bitwise stable), the executor (step inputs through the staging buffers), a trace build (Chrome JSON + summary).
+The small preset's whole prefix is refused (its 64-wide indexer heads and 96-row q_b heads; checked).
 
     python -m pytest -q -s tests/attn_pre/megartp/test_megartp_device.py      (-s prints the framework cost)
 """
@@ -155,7 +156,7 @@ def test_malformed_instruction_is_refused_on_the_device():
 
 def test_full_prefix_plan_is_refused_with_the_missing_families():
     plan = build_plan(build_prefix_graph(SMALL), ShapeContext.shared_kv(4, 300), SMALL, num_sms=8)
-    with pytest.raises(D.MegaRtpUnsupported, match=r"D0 \(.*E2 \("):
+    with pytest.raises(D.MegaRtpUnsupported, match=r"D0: "):
         D.PlanRunner(plan, SMALL, DEV)
 
 
@@ -318,6 +319,41 @@ def test_c0_family(cfg, m):
                  context=f"{m=} w_raw vs the standalone kernel (fp32 sums in another order)")
 
 
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+def test_d0_family_glm5(m):
+    from glm5_fastpath.ops import d0_q_b
+    from glm5_fastpath.ops.fp8_gemm import forced_config
+    x = _family_run(GLM5, ["D0"], LENS[m], num_sms=min(sms(), 64), epochs=2)
+    t, ref, e = x.t, x.ref, x.env
+    assert_no_poison("megartp D0", t["q_nope"], t["q_pe"], names=["q_nope", "q_pe"])
+    for n in ("q_nope", "q_pe"):
+        assert_close("megartp D0", t[n], ref[n], kind="bf16", context=f"{m=} {n} vs reference")
+    w = SimpleNamespace(q_b=Fp8Linear(e["w.q_b.weight"], e["w.q_b.scale_inv"]))
+    with forced_config(tm=16, splits=1, stages=6, impl="mma"):
+        q_nope, q_pe = d0_q_b(e["q_lora_fp8"], e["q_lora_scale"], w, e["positions"], GLM5)
+    torch.cuda.synchronize()
+    assert_equal("megartp D0", t["q_nope"], q_nope, context=f"{m=} q_nope vs the standalone kernel (one K split)")
+    assert_equal("megartp D0", t["q_pe"], q_pe, context=f"{m=} q_pe vs the standalone kernel (one K split)")
+
+
+E2_LENS = {1: [300], 5: [40, 2047, 2048, 2049, 8000], 16: [1500 + 431 * i for i in range(16)], 40: [64 + 200 * i for i in range(40)]}
+
+
+@pytest.mark.parametrize("cfg", [SMALL, GLM5], ids=["small", "glm5"])
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+def test_e2_family(cfg, m):
+    from glm5_fastpath.ops import e2_topk
+    x = _family_run(cfg, ["E2"], E2_LENS[m], num_sms=min(sms(), 48), epochs=2)
+    t, ref, e = x.t, x.ref, x.env
+    assert_no_poison("megartp E2", t["topk_slots"], names=["topk_slots"])
+    for r, n in enumerate(E2_LENS[m]):  # the selected slots as sets (ties at the k-th value: the same rule)
+        got, want = t["topk_slots"][r], ref["topk_slots"][r]
+        assert set(got.tolist()) == set(want.tolist()), f"megartp E2 {m=} row {r} (seq_len {n}): slots vs reference"
+    want = e2_topk(e["logits"], e["seq_lens"], e["block_table"], cfg.index_topk)
+    torch.cuda.synchronize()
+    assert_equal("megartp E2", t["topk_slots"], want, context=f"{m=} slots vs the standalone kernel")
+
+
 def _check_logits(op, out, ref, lens, context):
     """Live columns (< seq_len) close to the reference (fp32: exact products, tensor-core sums), the rest -inf."""
     width = out.shape[1]
@@ -356,13 +392,14 @@ def test_e1_family_shared_kv_q_blocks(m):
 # ---- 5. the supported subgraph ---------------------------------------------------------------------------------
 
 SUB_OUTPUTS = ["q_lora", "q_lora_fp8", "q_lora_scale", "c_kv", "k_pe", "index_k_fp8", "index_k_scale", "index_q_fp8",
-               "index_q_scale", "head_w", "q_lat", "logits", "x_bf16", "residual_out", "x_fp8", "x_scale", "w_raw"]
+               "index_q_scale", "head_w", "q_lat", "logits", "x_bf16", "residual_out", "x_fp8", "x_scale", "w_raw",
+               "topk_slots", "q_nope", "q_pe"]
 
 
 @pytest.mark.parametrize("num_sms", [None, 8], ids=["all-sms", "8-queues"])
 def test_subgraph_b0_b1_d1_d2_epochs(num_sms):
     g = D.supported_subgraph(build_prefix_graph(GLM5), GLM5)
-    assert list(g.ops) == ["A0", "B0", "C0", "B1", "D1", "D2", "E1"]
+    assert list(g.ops) == ["A0", "B0", "C0", "B1", "D1", "D0", "D2", "E1", "E2"]
     m = 16
     x = _family_run(GLM5, list(g.ops), LENS[m], num_sms=num_sms, seed=5)
     t, ref = x.t, x.ref
@@ -386,7 +423,7 @@ def test_subgraph_graph_replays_and_trace(tmp_path):
     tensors = bind_tensors(plan, env, DEV)
     r = D.run_plan(plan, tensors, 1, trace=True, cfg=GLM5)
     recs = r.trace_records()
-    assert {rec.op for rec in recs} - {"NOOP"} == {"A0", "B0", "B0.final", "C0", "B1", "D1", "D2", "E1"}  # NoOps pad queues
+    assert {rec.op for rec in recs} - {"NOOP"} == {"A0", "B0", "B0.final", "C0", "B1", "D1", "D0", "D2", "E1", "E2"}  # NoOps pad
     s = T.summarize(recs)
     T.write_chrome_trace(tmp_path / "subgraph.json", recs)
     print("\n" + T.format_summary(s))
@@ -407,7 +444,7 @@ def test_subgraph_graph_replays_and_trace(tmp_path):
     assert_equal("megartp subgraph", tensors["q_lat"], first, context="after 100 graph-replayed steps")
 
 
-def test_executor_runs_the_subgraph_and_refuses_the_full_prefix():
+def test_executor_runs_the_whole_prefix():
     from glm5_fastpath.weights import random_layer
     g = D.supported_subgraph(build_prefix_graph(GLM5), GLM5)
     ctx = ShapeContext.independent(LENS[5])
@@ -415,8 +452,7 @@ def test_executor_runs_the_subgraph_and_refuses_the_full_prefix():
     w = random_layer(GLM5, GLM5.first_k_dense_replace, seed=7, device=DEV).attn
     ex = D.MegaRtpExecutor(GLM5, w, DEV, kv_cache=env["kv_cache"], index_k_cache=env["index_k_cache"], graph=g,
                            max_m=16, max_pages=32)
-    inputs = {k: env[k] for k in ("hidden", "residual", "q_nope", "positions", "out_cache_loc", "seq_lens",
-                                  "block_table")}
+    inputs = {k: env[k] for k in ("hidden", "residual", "positions", "out_cache_loc", "seq_lens", "block_table")}
     out = ex.run(ctx, **inputs)
     assert_close("megartp executor", out["q_lat"], ref["q_lat"], kind="bf16", context="q_lat")
     _check_logits("megartp executor", out["logits"], ref["logits"], LENS[5], "logits (E1 after B1 / D1 in the plan)")
@@ -428,5 +464,4 @@ def test_executor_runs_the_subgraph_and_refuses_the_full_prefix():
         assert_equal("megartp executor", out2[k], first[k], context=f"step 2 {k}")
     full = D.MegaRtpExecutor(GLM5, w, DEV, kv_cache=env["kv_cache"], index_k_cache=env["index_k_cache"], max_m=16,
                              max_pages=32)
-    with pytest.raises(D.MegaRtpUnsupported, match="D0"):
-        full.plan_for(ctx)
+    assert list(full.plan_for(ctx).graph.ops) == list(g.ops)  # GLM-5's whole prefix is the supported subgraph

@@ -33,7 +33,8 @@ def _cpp(name: str) -> str:
 def test_kernel_spec_defines_follow_the_config():
     s = dict(D.kernel_spec(GLM5).defines)
     assert s == {"GLM5_MRTP_Q": "2048", "GLM5_MRTP_KV": "512", "GLM5_MRTP_R": "64", "GLM5_MRTP_NOPE": "192",
-                 "GLM5_MRTP_IH": "32", "GLM5_MRTP_ID": "128", "GLM5_MRTP_H": "6144", "GLM5_MRTP_TRACE": "0"}
+                 "GLM5_MRTP_IH": "32", "GLM5_MRTP_ID": "128", "GLM5_MRTP_H": "6144", "GLM5_MRTP_TOPK": "2048",
+                 "GLM5_MRTP_TRACE": "0"}
     t = dict(D.kernel_spec(SMALL, trace=True).defines)
     assert t["GLM5_MRTP_Q"] == "256" and t["GLM5_MRTP_NOPE"] == "64" and t["GLM5_MRTP_TRACE"] == "1"
     assert (t["GLM5_MRTP_IH"], t["GLM5_MRTP_ID"]) == (str(SMALL.index_n_heads), str(SMALL.index_head_dim))
@@ -105,23 +106,24 @@ def test_full_prefix_plan_is_refused_naming_the_missing_families():
     with pytest.raises(D.MegaRtpUnsupported) as e:
         D.check_plan_supported(plan, SMALL)
     msg = str(e.value)
-    for fam in ("D0", "E2"):
-        assert f"{fam} (" in msg
-    assert all(f"{fam} (" not in msg for fam in ("A0", "B0", "C0", "D2", "E1"))
+    assert "op families not in the megakernel" not in msg  # every prefix family has a device adapter
     assert "index_head_dim == 128" in msg  # the small preset's D1 (64-wide heads)
+    assert "D0: " in msg and "q_b heads of a multiple of 128" in msg  # the small preset's 96-row q_b heads
+    full = validate(build_plan(build_prefix_graph(GLM5), ShapeContext.shared_kv(16, 8192), GLM5, num_sms=132))
+    assert D.family_support_errors(full, GLM5) == []  # GLM-5's whole prefix runs
 
 
 def test_supported_subgraph_plans_pass():
     g = D.supported_subgraph(build_prefix_graph(GLM5), GLM5)
-    assert list(g.ops) == ["A0", "B0", "C0", "B1", "D1", "D2", "E1"]
-    assert {"hidden", "residual", "q_nope"} <= set(g.external_tensors())
-    assert "w_raw" not in g.external_tensors()  # C0 writes it; D1's finish reads it
+    assert list(g.ops) == ["A0", "B0", "C0", "B1", "D1", "D0", "D2", "E1", "E2"]  # GLM-5: the whole prefix
+    assert {"hidden", "residual"} <= set(g.external_tensors())
+    assert not {"w_raw", "q_nope"} & set(g.external_tensors())  # C0 / D0 write them
     assert "x_fp8" not in g.external_tensors()
     plan = validate(build_plan(g, ShapeContext.independent([300, 301, 302]), GLM5, num_sms=132))
     assert D.family_support_errors(plan, GLM5) == []
     assert D.dynamic_smem_bytes(GLM5, plan) <= D.dynamic_smem_bytes(GLM5)
     small = D.supported_subgraph(build_prefix_graph(SMALL), SMALL)
-    assert list(small.ops) == ["A0", "B0", "C0", "B1", "D2", "E1"]  # D1 needs 128-wide indexer heads
+    assert list(small.ops) == ["A0", "B0", "C0", "B1", "D2", "E1", "E2"]  # D1: 128-wide indexer heads; D0: 128-row q_b heads
     p = validate(build_plan(small, ShapeContext.independent([33] * 17), SMALL, num_sms=5))
     assert D.family_support_errors(p, SMALL) == []
     assert D.family_support_errors(p, None) == ["cfg (Glm5Config) is required for a plan with op families "
