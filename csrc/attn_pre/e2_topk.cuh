@@ -680,14 +680,18 @@ struct E2TopkTile {
                 int go = gb + (off & 0xffff);
                 int co = cb + (off >> 16);
                 const int32_t s0 = slot(page, base);  // the thread's items are one page: slot(base + j) = s0 + j
-#pragma unroll
-                for (int j = 0; j < kItems; ++j) {
+                // The G / C positions in ascending order (G and C are disjoint), one iteration each: a rolled
+                // loop over set bits keeps this cold path short (the megakernel fetches it per SM per launch).
+                uint32_t sel = g | cm;
+#pragma unroll 1
+                while (sel != 0u) {
+                    const int j = __ffs(sel) - 1;
+                    sel &= sel - 1u;
                     if ((g >> j) & 1u) {
                         const int sel_before = rule.rank ? s.selpre[co] : min(co, need);
                         a.out[go + sel_before] = s0 + j;
                         ++go;
-                    }
-                    if ((cm >> j) & 1u) {
+                    } else {
                         const bool take = rule.rank ? ((s.selm[co >> 5] >> (co & 31)) & 1u) != 0u : co < need;
                         if (take) a.out[go + (rule.rank ? s.selpre[co] : co)] = s0 + j;
                         ++co;

@@ -1000,19 +1000,23 @@ struct A0Family {
 // ---- E2: top-k of a token row's logits -> physical KV slots ---------------------------------------------------
 
 // E2TopkTile with the 256 workers (kCluster = false: one CTA per row, rows [m0, m1) in turn), out of line. kItems =
-// 16: a chunk of 4096 positions (kItems = 32 would keep an 8192-logit row in one chunk, the single-chunk path, but
-// spills 12-20 B even out of line). Rows past one chunk take the general path with chunks 1.. in the dynamic shared
-// memory after the tile's Smem (device.py e2_smem_bytes) as far as it goes and the rest re-read from global memory.
+// 8: chunks of 2048 positions, chunk 0 in registers, chunks 1.. in the dynamic shared memory after the tile's Smem
+// (device.py e2_smem_bytes) as far as it goes and the rest re-read from global memory. The tile's code runs cold
+// (fetched per SM per launch), so its unrolled size is latency: kItems = 16 (4096-position chunks) was 15.7 K SASS
+// instructions against 9.1 K at 8 (session 21). kItems = 32 (an 8192-logit row in one chunk) spills 12-20 B.
 // The output equals the standalone kernel's (the selected set and its order are a function of the row alone:
 // e2_topk.cuh contract).
-constexpr int kE2Items = 16;
+#ifndef GLM5_MRTP_E2_ITEMS
+#define GLM5_MRTP_E2_ITEMS 8
+#endif
+constexpr int kE2Items = GLM5_MRTP_E2_ITEMS;
 
 template <class D>
 struct E2Family {
     using Tile = attn_pre::E2TopkTile<kWorkerThreads, kE2Items, /*kCluster=*/false, kBarE2>;
     static constexpr int kChunk = Tile::kChunk;
     static constexpr int kChunkOff = (static_cast<int>(sizeof(typename Tile::Smem)) + 15) / 16 * 16;
-    static_assert(kWorkerThreads != 256 || kE2Items != 16 || kChunkOff == 19248, "device.py E2_SMEM_BYTES");
+    static_assert(kWorkerThreads != 256 || kChunkOff == 19248, "device.py E2_SMEM_BYTES");  // Smem: not kItems
 
     // Out of line: ptxas allocates the tile's row registers apart from the rest of the kernel.
     template <bool kTrace>

@@ -255,11 +255,11 @@ def c0_smem_bytes() -> int:
     return 8 * C0_TOKENS * C0_PITCH * 4
 
 
-E2_SMEM_BYTES = 19248  # families.cuh E2Family::kChunkOff: sizeof(E2TopkTile<256, 16>::Smem), 16-byte aligned
+E2_SMEM_BYTES = 19248  # families.cuh E2Family::kChunkOff: sizeof(E2TopkTile<256, kItems>::Smem), 16-byte aligned
 
 
 def e2_smem_bytes() -> int:
-    """E2Family's shared memory: the tile's Smem. Rows longer than one 4096-position chunk keep further chunks in
+    """E2Family's shared memory: the tile's Smem. Rows longer than one 2048-position chunk keep further chunks in
     whatever dynamic shared memory the launch has beyond it, and re-read the rest from global memory."""
     return E2_SMEM_BYTES
 

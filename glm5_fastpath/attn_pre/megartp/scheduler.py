@@ -1,14 +1,16 @@
 """Assign tasks to per-SM queues: a critical-path list scheduler and the round-robin baseline.
 
-Cost model (one for both, so their estimates compare), calibrated on the H200 megakernel's trace
-(benchmarks/results/2026-11-30_h200_session20, call 3): a task of op X costs
+Cost model (one for both, so their estimates compare), calibrated on the H200 megakernel's trace of the whole
+prefix (benchmarks/results/2026-12-01_h200_session21, call 1, 1 / 16 / 64 tokens): a task of op X costs
     FIXED_US[X] x token blocks + (HBM bytes of fused op X / X's tile count) / (bandwidth / num_sms)
-with the fused-op bytes of glm5_fastpath.cost. The fixed term is what the trace shows beyond the bytes:
-4-7 us per instruction (cold code at ~50 ns per 128-byte line, serial memory round trips); split-K
-partials pay it per 16-token block (each block re-runs the tile). A split-K reduce group without
-finaliser tasks (B1, D1) is finished by its last arriving partial: FINISH_US per token block more on
-that partial's queue, and the group's consumers wait for it. `estimate_makespan` replays queues the
-way the device runs them (event-driven: a task starts when its queue is free and its producers are
+    + COLD_US[X] when its queue's previous task was another op
+with the fused-op bytes of glm5_fastpath.cost. The fixed term is what the trace shows beyond the bytes (cold code
+at ~50 ns per 128-byte line, serial memory round trips); the GEMM tiles of PER_BLOCK_OPS re-run per 16-token block.
+COLD_US is the part a queue saves when it runs the same op again (the code is still in the SM's instruction
+caches): measured only for the ops that repeat on a queue (E1, D2, E2); for the others it is inside FIXED_US. A
+split-K reduce group without finaliser tasks (B1, C0, D1) is finished by its last arriving partial: FINISH_US per
+token block more on that partial's queue, and the group's consumers wait for it. `estimate_makespan` replays
+queues the way the device runs them (event-driven: a task starts when its queue is free and its producers are
 done; a group's finish goes to the queue of the member that finishes last).
 
 Both schedulers append tasks in a topological order, so no queue ever waits on a task placed
@@ -24,12 +26,15 @@ from ...cost import H200_COPY_BW, fused_prefix_costs
 from .taskgraph import TaskGraph
 
 DEFAULT_OVERHEAD_US = 0.3  # an empty instruction (NOOP): fetch, hand-off, event publish
-# Per instruction (split-K partials: per 16-token block), beyond the bytes term: medians of session 20 call 3's
-# trace at 1-64 tokens minus the bytes term. Ops without an entry (not run by the megakernel yet): DEFAULT_FIXED_US.
-FIXED_US = {"A0": 7.0, "B0": 4.5, "B1": 5.5, "D1": 5.0, "D2": 3.5, "E1": 5.0}
+# Per instruction (PER_BLOCK_OPS: per 16-token block), beyond the bytes term; medians of session 21 call 1's trace
+# at 1-64 tokens minus the bytes term. Ops without an entry: DEFAULT_FIXED_US.
+FIXED_US = {"A0": 3.5, "B0": 9.0, "C0": 6.2, "B1": 5.0, "D1": 6.5, "D0": 8.0, "D2": 1.6, "E1": 5.7, "E2": 8.2}
+PER_BLOCK_OPS = frozenset({"B0", "B1", "D1", "D0"})  # C0's partial takes its 64 rows at once (6.4 -> 8.3 us, 16 -> 64)
+COLD_US = {"E2": 21.0, "D2": 3.6, "E1": 2.2}  # first of a run of the op on a queue: 30.8 vs 9.7 us for E2 at M = 16
 FINALISER_US = 4.0  # a B0 row finaliser: one row of activations, cold code
 DEFAULT_FIXED_US = 4.0
 FINISH_US = 9.0  # a reduce group's last-arriver finish per token block (B1 / D1: stage, sum, epilogue)
+GROUP_FINISH_US = {"C0": 1.0}  # C0's finish is a bf16 round of the group's 32 columns
 GEMM_TOKEN_BLOCK = 16  # families.cuh `Gemm` (GemmCfg<16, 6>)
 
 
@@ -38,11 +43,23 @@ def _blocks(rows: int) -> int:
 
 
 def _partial_blocks(tg: TaskGraph, t) -> int:
-    """16-token blocks a split-K partial runs its tile for (its reduce group's rows); 1 for other tasks."""
-    if t.reduce_group is None:
+    """16-token blocks a GEMM task of PER_BLOCK_OPS runs its tile for (a split-K partial: its reduce group's rows;
+    D0: the step's tokens); 1 for other tasks."""
+    if t.op not in PER_BLOCK_OPS or t.final_of is not None:
         return 1
+    if t.reduce_group is None:
+        return _blocks(tg.ctx.M)
     m0, m1 = tg.reduce_groups[t.reduce_group].key[:2]
     return _blocks(m1 - m0)
+
+
+def task_cold_us(tg: TaskGraph) -> list[float]:
+    """Per task: what it costs more when its queue's previous task ran another op (COLD_US)."""
+    return [0.0 if t.final_of is not None else COLD_US.get(t.op, 0.0) for t in tg.tasks]
+
+
+def _kind(t) -> str:
+    return t.op if t.final_of is None else t.op + ".final"
 
 
 def task_costs_us(tg: TaskGraph, cfg: Glm5Config, num_sms: int, *, bw: float = H200_COPY_BW,
@@ -71,7 +88,8 @@ def task_costs_us(tg: TaskGraph, cfg: Glm5Config, num_sms: int, *, bw: float = H
 def group_finish_us(tg: TaskGraph) -> dict[int, float]:
     """Reduce group -> the finish its last arriver runs (groups whose rows have finaliser tasks have none)."""
     finalised = {t.final_of for t in tg.tasks if t.final_of is not None}
-    return {g.id: FINISH_US * _blocks(g.key[1] - g.key[0]) for g in tg.reduce_groups if g.id not in finalised}
+    return {g.id: GROUP_FINISH_US.get(g.op, FINISH_US) * _blocks(g.key[1] - g.key[0])
+            for g in tg.reduce_groups if g.id not in finalised}
 
 
 def _preds(tg: TaskGraph) -> list[list[int]]:
@@ -99,26 +117,51 @@ def critical_path_priority(tg: TaskGraph, costs: Sequence[float],
 
 
 def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
-                  finish: Mapping[int, float] | None = None) -> list[list[int]]:
-    """Highest critical-path priority first among ready tasks, placed on the earliest-free queue. A member of a
-    reduce group with a finish (`finish`, group_finish_us) holds its queue for the finish too: on the device any
-    member may arrive last (so a consumer's partial placed behind a B1 partial used to wait out B1's finish)."""
+                  finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None) -> list[list[int]]:
+    """Highest critical-path priority first among ready tasks. A task goes to the earliest-free queue, or to the
+    earliest-free queue whose last task ran the same op when that finishes it sooner (it skips the cold cost,
+    `cold` = task_cold_us). A member of a reduce group with a finish (`finish`, group_finish_us) holds its queue for
+    the finish too: on the device any member may arrive last (so a consumer's partial placed behind a B1 partial
+    used to wait out B1's finish). Priorities charge every task its cold cost (a pessimistic critical path)."""
     finish = finish or {}
+    cold = list(cold) if cold is not None else [0.0] * len(tg.tasks)
     preds = _preds(tg)
     succ = _succs(tg, preds)
-    prio = critical_path_priority(tg, costs, finish)
+    prio = critical_path_priority(tg, [c + k for c, k in zip(costs, cold)], finish)
     missing = [len(ps) for ps in preds]
     ready_at = [0.0] * len(tg.tasks)
     heap = [(-prio[t], t) for t in range(len(tg.tasks)) if missing[t] == 0]
     heapq.heapify(heap)
-    free = [(0.0, q) for q in range(num_sms)]
+    last: list[str | None] = [None] * num_sms
+    version = [0] * num_sms
+    any_free = [(0.0, q, 0) for q in range(num_sms)]  # (free at, queue, version): stale entries skipped lazily
+    same_op: dict[str, list[tuple[float, int, int]]] = {}  # per op: the queues whose last task ran it
+
+    def top(h: list[tuple[float, int, int]]) -> tuple[float, int, int] | None:
+        while h and h[0][2] != version[h[0][1]]:
+            heapq.heappop(h)
+        return h[0] if h else None
+
     queues: list[list[int]] = [[] for _ in range(num_sms)]
     while heap:
         _, t = heapq.heappop(heap)
-        at, q = heapq.heappop(free)
-        done = max(at, ready_at[t]) + costs[t] + finish.get(tg.tasks[t].reduce_group, 0.0)
+        kind = _kind(tg.tasks[t])
+        hold = finish.get(tg.tasks[t].reduce_group, 0.0)
+        best: tuple[float, int] | None = None
+        for cand in (top(any_free), top(same_op.get(kind, []))):
+            if cand is None:
+                continue
+            at, q, _ = cand
+            done = max(at, ready_at[t]) + costs[t] + (0.0 if last[q] == kind else cold[t]) + hold
+            if best is None or done < best[0] - 1e-9:
+                best = (done, q)
+        assert best is not None
+        done, q = best
         queues[q].append(t)
-        heapq.heappush(free, (done, q))
+        last[q] = kind
+        version[q] += 1
+        heapq.heappush(any_free, (done, q, version[q]))
+        heapq.heappush(same_op.setdefault(kind, []), (done, q, version[q]))
         for s in succ[t]:
             missing[s] -= 1
             ready_at[s] = max(ready_at[s], done)
@@ -136,11 +179,14 @@ def round_robin(tg: TaskGraph, num_sms: int) -> list[list[int]]:
 
 
 def estimate_makespan(tg: TaskGraph, queues: Sequence[Sequence[int]], costs: Sequence[float],
-                      finish: Mapping[int, float] | None = None) -> float:
+                      finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None) -> float:
     """Device-order replay of the queues under the cost model (raises on a deadlocked placement): event-driven,
-    the queue whose head can start earliest goes next; a reduce group's finish runs on the queue of the member
-    that finishes last, and the group's outputs are available after it."""
+    the queue whose head can start earliest goes next; a task pays `cold` unless its queue's previous task ran
+    the same op; a reduce group's finish runs on the queue of the member that finishes last, and the group's
+    outputs are available after it."""
     finish = finish or {}
+    cold = list(cold) if cold is not None else [0.0] * len(tg.tasks)
+    kinds = [_kind(t) for t in tg.tasks]
     preds = _preds(tg)
     group_of = {t.id: t.reduce_group for t in tg.tasks if t.reduce_group in finish}
     done: dict[int, float] = {}
@@ -181,7 +227,8 @@ def estimate_makespan(tg: TaskGraph, queues: Sequence[Sequence[int]], costs: Seq
         if v != version[q]:
             continue
         t = queues[q][pos[q]]
-        done[t] = free[q] = start + costs[t]
+        warm = pos[q] > 0 and kinds[queues[q][pos[q] - 1]] == kinds[t]
+        done[t] = free[q] = start + costs[t] + (0.0 if warm else cold[t])
         pos[q] += 1
         left -= 1
         g = group_of.get(t)

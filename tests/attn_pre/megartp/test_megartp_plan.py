@@ -137,6 +137,10 @@ def _find(plan, op, pred=lambda ins: True):
     raise AssertionError(f"no {op} instruction")
 
 
+def _partial(ins) -> bool:
+    return ins.reduce_counter >= 0  # a split-K partial, not one of B0's row finalisers
+
+
 def _put(plan, sm, i, ins: Instruction):
     plan.instructions[sm, i] = torch.tensor(encode(ins), dtype=torch.int32)
 
@@ -231,7 +235,7 @@ def test_b0_reduce_group_owns_one_sub_counter_per_weight_tile():
     assert n == 1 + 21  # 2624 qkv_a rows in 128-row tiles: the device's tile t counts at rc + 1 + t
     assert p.num_counters == p.num_events + len(tg.reduce_groups) + 21
     rc = p.reduce_counter(b0.id)
-    assert rc == p.num_events + start and _find(p, "B0")[2].reduce_counter == rc
+    assert rc == p.num_events + start and _find(p, "B0", _partial)[2].reduce_counter == rc
     others = {decode(p.instructions[sm, i]).reduce_counter for sm in range(p.instructions.shape[0])
               for i in range(p.instructions.shape[1])} - {-1, rc}
     assert others and not others & set(range(rc + 1, rc + n))
@@ -240,7 +244,7 @@ def test_b0_reduce_group_owns_one_sub_counter_per_weight_tile():
 
 def test_validator_catches_a_reduce_group_inside_the_b0_block():
     p = _small_plan()
-    rc = _find(p, "B0")[2].reduce_counter
+    rc = _find(p, "B0", _partial)[2].reduce_counter
     d1 = _find(p, "D1")[2].reduce_counter
     for sm in range(p.instructions.shape[0]):
         for i in range(p.instructions.shape[1]):
@@ -259,12 +263,14 @@ def test_cost_model_charges_reduce_group_finishes():
     finish = S.group_finish_us(tg)
     by_op = {tg.reduce_groups[g].op for g in finish}
     assert by_op == {"B1", "C0", "D1"}  # B0's rows are finished by finaliser tasks, not by a last arriver
-    assert all(v == S.FINISH_US for v in finish.values())  # one 16-token block per group at M = 16
+    # one 16-token block per group at M = 16; C0's finish is a bf16 round, the others stage, sum and run an epilogue
+    assert all(v == S.GROUP_FINISH_US.get(tg.reduce_groups[g].op, S.FINISH_US) for g, v in finish.items())
     assert all(c >= S.DEFAULT_OVERHEAD_US for c in costs)
+    cold = S.task_cold_us(tg)
     # Every member of a finishing group holds its queue for the finish (any member may arrive last) ...
-    queues = S.list_schedule(tg, costs, 132, finish)
-    est = S.estimate_makespan(tg, queues, costs, finish)
-    assert est > S.estimate_makespan(tg, queues, costs)  # ... and the replay charges the finish once per group
+    queues = S.list_schedule(tg, costs, 132, finish, cold)
+    est = S.estimate_makespan(tg, queues, costs, finish, cold)
+    assert est > S.estimate_makespan(tg, queues, costs, None, cold)  # ... the replay charges the finish once per group
     assert p.stats["est_makespan_us"]["list"] == pytest.approx(est)
     prio = S.critical_path_priority(tg, costs, finish)
     plain = S.critical_path_priority(tg, costs)
@@ -289,3 +295,30 @@ def test_estimate_makespan_puts_a_finish_on_the_last_members_queue():
         S.estimate_makespan(tg, [list(reversed(order))], costs)
     est = S.estimate_makespan(tg, split, costs, {b1.id: 100.0})
     assert est >= 100.0 + max(costs[m] for m in members)
+
+
+def test_cold_cost_charged_once_per_run_of_an_op_on_a_queue():
+    from glm5_fastpath.attn_pre.megartp import scheduler as S
+    from glm5_fastpath.attn_pre.megartp.taskgraph import build_taskgraph
+    tg = build_taskgraph(build_prefix_graph(GLM5), ShapeContext.independent([8192] * 4))
+    costs = S.task_costs_us(tg, GLM5, 132)
+    cold = S.task_cold_us(tg)
+    e2, d2 = ([t.id for t in tg.tasks if t.op == op] for op in ("E2", "D2"))
+    assert e2 and all(cold[t] == S.COLD_US["E2"] for t in e2)
+    order = [t.id for t in tg.tasks]  # topological, all on one queue
+    first_of_run = [t for i, t in enumerate(order) if i == 0 or S._kind(tg.tasks[order[i - 1]]) != S._kind(tg.tasks[t])]
+    assert e2[0] in first_of_run and d2[0] in first_of_run and d2[1] not in first_of_run
+    one = S.estimate_makespan(tg, [order], costs, None, cold)
+    assert one == pytest.approx(sum(costs) + sum(cold[t] for t in first_of_run))
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_list_scheduler_with_cold_costs_is_no_worse_than_without(m):
+    """Same-op queue reuse (skipping the cold cost) must not lengthen the estimated step."""
+    from glm5_fastpath.attn_pre.megartp import scheduler as S
+    from glm5_fastpath.attn_pre.megartp.taskgraph import build_taskgraph
+    tg = build_taskgraph(build_prefix_graph(GLM5), ShapeContext.independent([8192] * m))
+    costs, cold, finish = S.task_costs_us(tg, GLM5, 132), S.task_cold_us(tg), S.group_finish_us(tg)
+    aware = S.estimate_makespan(tg, S.list_schedule(tg, costs, 132, finish, cold), costs, finish, cold)
+    blind = S.estimate_makespan(tg, S.list_schedule(tg, costs, 132, finish), costs, finish, cold)
+    assert aware <= blind + 1e-6, (aware, blind)
