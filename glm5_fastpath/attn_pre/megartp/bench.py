@@ -27,6 +27,7 @@ import torch
 
 from ...config import Glm5Config
 from ...graph.op_graph import OpGraph, ShapeContext
+from .plan import SCHEDULERS
 
 DEFAULT_MS = (1, 16, 64)
 
@@ -84,7 +85,7 @@ def bind_tensors(plan: Any, env: dict[str, torch.Tensor], device: Any) -> dict[s
 
 
 def prepared_runner(cfg: Glm5Config, graph: OpGraph, m: int, kv_len: int, dev: torch.device, *, seed: int = 0,
-                    trace: bool = False):
+                    trace: bool = False, scheduler: str = "list"):
     """(plan, runner) of `graph` for M independent sequences of kv_len: validated plan, reference inputs bound,
     one warm-up step run and checked (first touch of weights and caches)."""
     from .device import PlanRunner
@@ -92,7 +93,7 @@ def prepared_runner(cfg: Glm5Config, graph: OpGraph, m: int, kv_len: int, dev: t
     from .validator import validate
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     ctx = ShapeContext.independent([kv_len] * int(m))
-    plan = validate(build_plan(graph, ctx, cfg, num_sms=sms))
+    plan = validate(build_plan(graph, ctx, cfg, num_sms=sms, scheduler=scheduler))
     env, _ = reference_env(cfg, graph, ctx, seed=seed, device=dev)
     runner = PlanRunner(plan, cfg, dev, trace=trace)
     runner.bind(bind_tensors(plan, env, dev))
@@ -140,7 +141,7 @@ def _prefix_graph(cfg: Glm5Config, tiling: Any) -> OpGraph:
 
 def bench_megartp(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_MS, kv_len: int = 8192,
                   device: Any = "cuda", launches: int = 20, replays: int = 20, seed: int = 0,
-                  print_table: bool = True, tiling: Any = None) -> dict[str, Any]:
+                  print_table: bool = True, tiling: Any = None, scheduler: str = "list") -> dict[str, Any]:
     """Framework cost and per-M plan time of the supported subgraph (see the module doc). -> a JSON-able dict."""
     from ...bench.timing import time_launches
     from .device import supported_subgraph
@@ -152,32 +153,34 @@ def bench_megartp(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_
     rows, lengths = [], {1}
     for m in ms:
         _log(f"M={m}: plan of {graph.name}")
-        plan, runner = prepared_runner(cfg, graph, m, kv_len, dev, seed=seed)
+        plan, runner = prepared_runner(cfg, graph, m, kv_len, dev, seed=seed, scheduler=scheduler)
         lengths.add(int(plan.instructions.shape[1]))
         t = time_launches(lambda i: runner.launch(None), launches, device=dev, replays=replays)
         runner.check()
         rows.append({"M": int(m), "tasks": plan.stats["tasks"], "queue_len": int(plan.instructions.shape[1]),
+                     "scheduler": scheduler, "est_us": plan.stats["est_makespan_us"][scheduler],
                      "median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us, "method": t.method})
     fw = framework_cost(dev, sorted(lengths), launches=max(launches, 50), replays=replays)
     result = {"graph": graph.name, "ops": list(graph.ops), "kv_len": kv_len, "num_sms": sms,
-              "tiling": dataclasses.asdict(tiling) if tiling is not None else None,
+              "tiling": dataclasses.asdict(tiling) if tiling is not None else None, "scheduler": scheduler,
               "framework_cost_us": {L: v.get("median_us") for L, v in fw.items()}, "framework": fw, "plans": rows}
     if print_table:
         print(f"MegaRTP megakernel v1 on {torch.cuda.get_device_name(dev)} ({sms} SMs)")
         for L, v in fw.items():
             print(f"  framework cost, empty plan [{sms}, {L}]: median {v.get('median_us'):.2f} us per launch "
                   f"(target <= 3 us)")
-        print(f"  plan: {graph.name} (ops {', '.join(graph.ops)}), independent sequences of {kv_len}"
-              + (f", tiling {tiling}" if tiling is not None else ""))
-        print(f"  {'M':>5}{'tasks':>7}{'queue':>7}{'median us':>11}{'min us':>9}{'p90 us':>9}")
+        print(f"  plan: {graph.name} (ops {', '.join(graph.ops)}), independent sequences of {kv_len}, "
+              f"{scheduler} scheduler" + (f", tiling {tiling}" if tiling is not None else ""))
+        print(f"  {'M':>5}{'tasks':>7}{'queue':>7}{'median us':>11}{'min us':>9}{'p90 us':>9}{'model us':>10}")
         for r in rows:
             print(f"  {r['M']:>5}{r['tasks']:>7}{r['queue_len']:>7}{r['median_us']:>11.2f}{r['min_us']:>9.2f}"
-                  f"{r['p90_us']:>9.2f}")
+                  f"{r['p90_us']:>9.2f}{r['est_us']:>10.1f}")
     return result
 
 
 def trace_steps(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_MS, kv_len: int = 8192,
-                out: Any = "megartp_trace", device: Any = "cuda", seed: int = 0, tiling: Any = None) -> dict[str, Any]:
+                out: Any = "megartp_trace", device: Any = "cuda", seed: int = 0, tiling: Any = None,
+                scheduler: str = "list") -> dict[str, Any]:
     """One traced step of the supported subgraph per M (trace build of the megakernel): a Chrome / Perfetto
     trace JSON per M and the summary (critical path, which ops' work was hidden) as text + JSON."""
     from . import trace as T
@@ -190,7 +193,7 @@ def trace_steps(cfg: Glm5Config | None = None, *, ms: Sequence[int] = DEFAULT_MS
     out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"graph": graph.name, "kv_len": kv_len, "steps": {}}
     for m in ms:
-        _, runner = prepared_runner(cfg, graph, m, kv_len, dev, seed=seed, trace=True)
+        _, runner = prepared_runner(cfg, graph, m, kv_len, dev, seed=seed, trace=True, scheduler=scheduler)
         runner.launch(2)  # the traced step, after the warm-up
         runner.check()
         recs = runner.trace_records()
@@ -217,18 +220,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "in DIR")
     ap.add_argument("--tiling", default=None, metavar="F=N,...",
                     help="PrefixTiling fields to change for the plan, e.g. b0_split_k=6,d1_split_k=2")
+    ap.add_argument("--scheduler", default="list", choices=SCHEDULERS,
+                    help="queue placement: the critical-path list scheduler, or the round-robin baseline")
     a = ap.parse_args(argv)
     try:
         tiling = parse_tiling(a.tiling) if a.tiling else None
     except ValueError as e:  # GraphError (a non-positive split) is a ValueError too
         ap.error(str(e))
     res = bench_megartp(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x],
-                        kv_len=a.kv_len, launches=a.launches, replays=a.replays, tiling=tiling)
+                        kv_len=a.kv_len, launches=a.launches, replays=a.replays, tiling=tiling,
+                        scheduler=a.scheduler)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
     if a.trace:
         trace_steps(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x], kv_len=a.kv_len,
-                    out=a.trace, tiling=tiling)
+                    out=a.trace, tiling=tiling, scheduler=a.scheduler)
     return 0
 
 

@@ -413,3 +413,10 @@ def test_bench_tiling_option_changes_only_the_named_splits():
         parse_tiling("b0_split_k")
     with pytest.raises(ValueError, match="positive int"):
         parse_tiling("b0_split_k=0")
+
+
+def test_bench_scheduler_option_is_checked_before_any_gpu_work(capsys):
+    from glm5_fastpath.attn_pre.megartp.bench import main
+    with pytest.raises(SystemExit) as e:
+        main(["--scheduler", "greedy"])
+    assert e.value.code == 2 and "invalid choice: 'greedy'" in capsys.readouterr().err
