@@ -60,7 +60,7 @@ class PrefixTiling:
     b0_split_k: int = 4  # B0: K = 6144 in 4 splits of 1536
     c0_k_chunk: int = 128  # C0: one 128-wide K chunk per tile ...
     c0_k_inner: int = 4  # ... arranged (chunks / 4) x 4 = 12 x 4
-    b1_split_k: int = 8  # B1: 8 K splits of 768
+    b1_split_k: int = 4  # B1: 4 K splits of 1536 (the article: 8; 4 is faster in the megakernel, session 21 call 3)
     d1_split_k: int = 4  # D1: per head, 4 K splits of 512
     e1_q_rows: int = 128  # E1: (token, head) rows per Q block = 4 tokens x 32 heads
     e1_kv_split: int = 512  # E1: KV tokens per split (8 pages of 64)

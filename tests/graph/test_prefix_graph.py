@@ -134,7 +134,8 @@ def test_validate_inplace_writer_reads_old_version():
 # ---- tiles ---------------------------------------------------------------------------------------------------
 
 def test_article_tile_counts_m16_shared_kv():
-    g = build_prefix_graph(GLM5)
+    g = build_prefix_graph(GLM5, tiling=PrefixTiling(b1_split_k=8))  # the article's B1 split (our default: 4)
+    assert build_prefix_graph(GLM5).tile_counts(ShapeContext.shared_kv(16, 8192))["B1"] == 4
     counts = g.tile_counts(ShapeContext.shared_kv(16, 8192))
     assert {k: v for k, v in counts.items() if k != "E2"} == ARTICLE_M16
     assert sum(ARTICLE_M16.values()) == 732  # "合计732条tile task"

@@ -20,8 +20,10 @@ ARTICLE_TILES = {"A0": 16, "B0": 84, "C0": 48, "B1": 8, "D1": 128, "D0": 128, "D
 
 
 def article_graph():
-    """The article's 732-task subgraph: the prefix without E2 (logits become the output)."""
-    return build_prefix_graph(GLM5).without(["E2"], retype={"logits": "output"})
+    """The article's 732-task subgraph: the prefix without E2 (logits become the output), with its 8 B1 K splits
+    (our default is 4: faster in the megakernel)."""
+    from glm5_fastpath.graph.prefix_graph import PrefixTiling
+    return build_prefix_graph(GLM5, tiling=PrefixTiling(b1_split_k=8)).without(["E2"], retype={"logits": "output"})
 
 
 _PLANS = {}
@@ -77,7 +79,8 @@ def test_glm5_m16_tasks_and_events_match_the_article():
 @pytest.mark.slow  # ~8 s: three GLM-5 task graphs, one with 70 independent sequences
 def test_full_graph_adds_e2_and_independent_sequences():
     tg = build_taskgraph(build_prefix_graph(GLM5), SHARED16)
-    assert len(tg.tasks) == 764 and len(tg.events) == 76  # + 16 E2 rows, 4 Q-block events (E1 -> E2) >= 16
+    # the article's 732 + 16 B0 finalisers - 4 B1 partials (4 K splits, not 8) + 16 E2 rows; + 4 Q-block events
+    assert len(tg.tasks) == 760 and len(tg.events) == 76
     assert {e.threshold for e in tg.events if e.producer_op == "E1"} == {16}
     ind = build_taskgraph(build_prefix_graph(GLM5), ShapeContext.independent([8192] * 16))
     assert ind.tile_counts()["E1"] == 256  # one Q block per token x 16 KV splits
