@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-len", type=int, default=8192)
     s.add_argument("--shared-kv", action="store_true", help="all tokens share one KV sequence (the design article's case)")
     s.add_argument("--num-sms", type=int, default=132)
-    s.add_argument("--scheduler", choices=("list", "round_robin"), default="list")
+    s.add_argument("--scheduler", choices=("list", "insertion", "round_robin"), default="list")
     s.add_argument("--dump", action="store_true", help="print every SM's instruction queue")
     s.set_defaults(fn=_cmd_plan)
 

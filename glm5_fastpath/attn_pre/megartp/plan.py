@@ -17,11 +17,12 @@ from ...config import Glm5Config
 from ...graph.op_graph import GraphError, OpGraph, ShapeContext
 from .isa import INSTR_WORDS, NOOP, Instruction, Opcode, decode, encode
 from .operands import OperandTable, workspace_name
-from .scheduler import estimate_makespan, group_finish_us, list_schedule, round_robin, task_cold_us, task_costs_us
+from .scheduler import (estimate_makespan, group_finish_us, insertion_schedule, list_schedule, round_robin,
+                        task_cold_us, task_costs_us, task_setup_us)
 from .taskgraph import Pair, TaskGraph, build_taskgraph, family_of
 
 H200_SMS = 132
-SCHEDULERS = ("list", "round_robin")
+SCHEDULERS = ("list", "insertion", "round_robin")
 
 
 @dataclass
@@ -104,8 +105,10 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
         raise GraphError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
     costs = task_costs_us(tg, cfg, num_sms)
     cold = task_cold_us(tg)
+    setup = task_setup_us(tg)
     finish = group_finish_us(tg)
-    queues = {"list": lambda: list_schedule(tg, costs, num_sms, finish, cold),
+    queues = {"list": lambda: list_schedule(tg, costs, num_sms, finish, cold, setup),
+              "insertion": lambda: insertion_schedule(tg, costs, num_sms, finish, cold, setup),
               "round_robin": lambda: round_robin(tg, num_sms)}
     chosen = queues[scheduler]()
     ops = [op for op in tg.graph.topo_order()]
@@ -123,10 +126,11 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
             words[sm, pos] = torch.tensor(encode(_instruction(tg, tid, rows[t.op], spec, len(tg.events), blocks)),
                                           dtype=torch.int32)
     assert words.shape[-1] == INSTR_WORDS
-    makespans = {name: estimate_makespan(tg, fn(), costs, finish, cold) for name, fn in queues.items()}
+    makespans = {name: estimate_makespan(tg, fn(), costs, finish, cold, setup) for name, fn in queues.items()}
     stats = {"tasks": len(tg.tasks), "tiles": tg.tile_counts(), "events": len(tg.events),
              "reduce_counters": sum(n for _, n in blocks), "num_sms": num_sms, "max_queue_len": max_len,
-             "scheduler": scheduler, "est_makespan_us": makespans, "critical_path_us": _critical_path(tg, [c + k for c, k in zip(costs, cold)], finish),
+             "scheduler": scheduler, "est_makespan_us": makespans,
+             "critical_path_us": _critical_path(tg, [c + k for c, k in zip(costs, cold)], finish),
              "max_epoch": (2**32 - 1) // max([e.threshold for e in tg.events] +
                                              [len(g.tasks) for g in tg.reduce_groups] + [1])}
     return KernelPlan(tg, ops, chosen, words, sorted(spec_ids, key=spec_ids.get), _workspaces(tg),

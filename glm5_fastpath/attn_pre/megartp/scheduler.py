@@ -1,7 +1,9 @@
-"""Assign tasks to per-SM queues: a critical-path list scheduler and the round-robin baseline.
+"""Assign tasks to per-SM queues: a critical-path list scheduler (plain, or with insertion into idle gaps) and the
+round-robin baseline.
 
-Cost model (one for both, so their estimates compare), calibrated on the H200 megakernel's trace of the whole
-prefix (benchmarks/results/2026-12-01_h200_session21, call 1, 1 / 16 / 64 tokens): a task of op X costs
+Cost model (one for all, so their estimates compare), calibrated on the H200 megakernel's traces of the whole
+prefix (benchmarks/results/2026-12-01_h200_session21, calls 1, 2 and 4, 1 / 16 / 64 tokens): a task of op X costs
+    SETUP_US[X], overlapping any wait for its producers, then
     FIXED_US[X] x token blocks + (HBM bytes of fused op X / X's tile count) / (bandwidth / num_sms)
     + COLD_US[X] when its queue's previous task was another op
 with the fused-op bytes of glm5_fastpath.cost. The fixed term is what the trace shows beyond the bytes (cold code
@@ -11,7 +13,9 @@ caches): measured only for the ops that repeat on a queue (E1, D2, E2); for the 
 split-K reduce group without finaliser tasks (B1, C0, D1) is finished by its last arriving partial: FINISH_US per
 token block more on that partial's queue, and the group's consumers wait for it. `estimate_makespan` replays
 queues the way the device runs them (event-driven: a task starts when its queue is free and its producers are
-done; a group's finish goes to the queue of the member that finishes last).
+done; a group's finish goes to the queue of the member that finishes last). The model still runs ~5-10 % short of
+the device at 16-64 tokens, and it ranks placements imperfectly (round-robin measured faster than its estimate
+says): `python -m glm5_fastpath.attn_pre.megartp.bench --scheduler ...` measures them.
 
 Both schedulers append tasks in a topological order, so no queue ever waits on a task placed
 later in the same queue (deadlock-free by construction; validator.py checks it anyway).
@@ -26,12 +30,19 @@ from ...cost import H200_COPY_BW, fused_prefix_costs
 from .taskgraph import TaskGraph
 
 DEFAULT_OVERHEAD_US = 0.3  # an empty instruction (NOOP): fetch, hand-off, event publish
-# Per instruction (PER_BLOCK_OPS: per 16-token block), beyond the bytes term; medians of session 21 call 1's trace
-# at 1-64 tokens minus the bytes term. Ops without an entry: DEFAULT_FIXED_US.
-FIXED_US = {"A0": 3.5, "B0": 9.0, "C0": 6.2, "B1": 5.0, "D1": 6.5, "D0": 8.0, "D2": 1.6, "E1": 5.7, "E2": 8.2}
-PER_BLOCK_OPS = frozenset({"B0", "B1", "D1", "D0"})  # C0's partial takes its 64 rows at once (6.4 -> 8.3 us, 16 -> 64)
-COLD_US = {"E2": 21.0, "D2": 3.6, "E1": 2.2}  # first of a run of the op on a queue: 30.8 vs 9.7 us for E2 at M = 16
-FINALISER_US = 4.0  # a B0 row finaliser: one row of activations, cold code
+# Per instruction (PER_BLOCK_OPS: per 16-token block), beyond the bytes term: medians of the "ran" time (inputs
+# ready -> done) in session 21 call 4's trace at 1-64 tokens, minus the bytes term. Ops without an entry:
+# DEFAULT_FIXED_US. The GEMM tiles take ~1 us per 128-column K group per block (B1's 4 K splits of 1536: 10.5).
+FIXED_US = {"A0": 3.3, "B0": 8.8, "C0": 6.0, "B1": 10.5, "D1": 6.2, "D0": 9.5, "D2": 1.6, "E1": 5.5, "E2": 7.5}
+PER_BLOCK_OPS = frozenset({"B0", "B1", "D1", "D0"})  # C0's partial takes its 64 rows at once (6.3 -> 8.5 us, 16 -> 64)
+COLD_US = {"E2": 9.0, "D2": 3.6, "E1": 2.2}  # first of a run of the op on a queue (E2: 18 vs ~9 us, call 2)
+# Before its inputs are ready an instruction runs a prologue (controller hand-off, weight / step-input prefetch):
+# the trace's wait when the producers were long done (10th percentile). It overlaps a real wait, so it only costs
+# when the inputs are ready first.
+SETUP_US = {"A0": 0.6, "B0": 3.3, "C0": 1.6, "B1": 5.0, "D1": 3.3, "D0": 4.6, "D2": 1.9, "E1": 2.0, "E2": 2.1,
+            "NOOP": 0.5}
+FINALISER_US = 4.4  # a B0 row finaliser: one row of activations, cold code
+FINALISER_SETUP_US = 1.4
 DEFAULT_FIXED_US = 4.0
 FINISH_US = 9.0  # a reduce group's last-arriver finish per token block (B1 / D1: stage, sum, epilogue)
 GROUP_FINISH_US = {"C0": 1.0}  # C0's finish is a bf16 round of the group's 32 columns
@@ -51,6 +62,11 @@ def _partial_blocks(tg: TaskGraph, t) -> int:
         return _blocks(tg.ctx.M)
     m0, m1 = tg.reduce_groups[t.reduce_group].key[:2]
     return _blocks(m1 - m0)
+
+
+def task_setup_us(tg: TaskGraph) -> list[float]:
+    """Per task: its prologue before the inputs are needed (SETUP_US), hidden by any wait for producers."""
+    return [FINALISER_SETUP_US if t.final_of is not None else SETUP_US.get(t.op, 0.0) for t in tg.tasks]
 
 
 def task_cold_us(tg: TaskGraph) -> list[float]:
@@ -117,14 +133,17 @@ def critical_path_priority(tg: TaskGraph, costs: Sequence[float],
 
 
 def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
-                  finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None) -> list[list[int]]:
+                  finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None,
+                  setup: Sequence[float] | None = None) -> list[list[int]]:
     """Highest critical-path priority first among ready tasks. A task goes to the earliest-free queue, or to the
     earliest-free queue whose last task ran the same op when that finishes it sooner (it skips the cold cost,
     `cold` = task_cold_us). A member of a reduce group with a finish (`finish`, group_finish_us) holds its queue for
     the finish too: on the device any member may arrive last (so a consumer's partial placed behind a B1 partial
-    used to wait out B1's finish). Priorities charge every task its cold cost (a pessimistic critical path)."""
+    used to wait out B1's finish). Priorities charge every task its cold cost (a pessimistic critical path); a task
+    starts at max(queue free + its `setup`, inputs ready)."""
     finish = finish or {}
     cold = list(cold) if cold is not None else [0.0] * len(tg.tasks)
+    setup = list(setup) if setup is not None else [0.0] * len(tg.tasks)
     preds = _preds(tg)
     succ = _succs(tg, preds)
     prio = critical_path_priority(tg, [c + k for c, k in zip(costs, cold)], finish)
@@ -152,7 +171,7 @@ def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
             if cand is None:
                 continue
             at, q, _ = cand
-            done = max(at, ready_at[t]) + costs[t] + (0.0 if last[q] == kind else cold[t]) + hold
+            done = max(at + setup[t], ready_at[t]) + costs[t] + (0.0 if last[q] == kind else cold[t]) + hold
             if best is None or done < best[0] - 1e-9:
                 best = (done, q)
         assert best is not None
@@ -170,6 +189,62 @@ def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
     return queues
 
 
+GAP_MARGIN_US = 0.5  # an inserted task must end this much before the next task's planned start (model error)
+
+
+def insertion_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
+                       finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None,
+                       setup: Sequence[float] | None = None) -> list[list[int]]:
+    """List scheduling with insertion (HEFT-style): the same priorities as list_schedule, but a task goes to the
+    place where it ends earliest, an idle gap included. A gap is time a queue spends waiting for the producers of
+    its next task (a consumer placed early, its inputs late); a task fits one when it is ready before the gap ends
+    and its cost (cold cost by its new neighbour, group finish hold) ends GAP_MARGIN_US before the next task's
+    planned start, so no placed task moves. It never goes between two tasks of one op unless it is that op (the
+    second would turn cold). Deadlock-free like list_schedule: a task's producers end before it is ready, so none
+    of them sits after it on its queue."""
+    finish = finish or {}
+    cold = list(cold) if cold is not None else [0.0] * len(tg.tasks)
+    setup = list(setup) if setup is not None else [0.0] * len(tg.tasks)
+    preds = _preds(tg)
+    succ = _succs(tg, preds)
+    prio = critical_path_priority(tg, [c + k for c, k in zip(costs, cold)], finish)
+    kinds = [_kind(t) for t in tg.tasks]
+    missing = [len(ps) for ps in preds]
+    ready_at = [0.0] * len(tg.tasks)
+    heap = [(-prio[t], t) for t in range(len(tg.tasks)) if missing[t] == 0]
+    heapq.heapify(heap)
+    slots: list[list[tuple[float, float, int]]] = [[] for _ in range(num_sms)]  # per queue: (start, end, task)
+    while heap:
+        _, t = heapq.heappop(heap)
+        r, kind = ready_at[t], kinds[t]
+        base = costs[t] + finish.get(tg.tasks[t].reduce_group, 0.0)
+        best: tuple[float, int, int] | None = None  # (end, queue, index)
+        for q, sl in enumerate(slots):
+            prev_end, prev_kind = 0.0, None
+            for i in range(len(sl) + 1):
+                tail = i == len(sl)
+                nxt_start = float("inf") if tail else sl[i][0]
+                nxt_kind = None if tail else kinds[sl[i][2]]
+                if nxt_start > r and (tail or prev_kind != nxt_kind or kind == nxt_kind):
+                    start = max(prev_end + setup[t], r)
+                    end = start + base + (0.0 if prev_kind == kind else cold[t])
+                    if tail or end <= nxt_start - GAP_MARGIN_US:
+                        if best is None or end < best[0] - 1e-9:
+                            best = (end, q, i)
+                        break  # later places on this queue end later
+                if not tail:
+                    prev_end, prev_kind = sl[i][1], nxt_kind
+        assert best is not None
+        end, q, i = best
+        slots[q].insert(i, (end - base, end, t))  # (its start only orders gaps: the work part is enough)
+        for s_ in succ[t]:
+            missing[s_] -= 1
+            ready_at[s_] = max(ready_at[s_], end)
+            if missing[s_] == 0:
+                heapq.heappush(heap, (-prio[s_], s_))
+    return [[t for _, _, t in sl] for sl in slots]
+
+
 def round_robin(tg: TaskGraph, num_sms: int) -> list[list[int]]:
     """Task i (topological order) to queue i % num_sms: the article's first MegaRTP plan."""
     queues: list[list[int]] = [[] for _ in range(num_sms)]
@@ -179,13 +254,15 @@ def round_robin(tg: TaskGraph, num_sms: int) -> list[list[int]]:
 
 
 def estimate_makespan(tg: TaskGraph, queues: Sequence[Sequence[int]], costs: Sequence[float],
-                      finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None) -> float:
+                      finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None,
+                      setup: Sequence[float] | None = None) -> float:
     """Device-order replay of the queues under the cost model (raises on a deadlocked placement): event-driven,
     the queue whose head can start earliest goes next; a task pays `cold` unless its queue's previous task ran
     the same op; a reduce group's finish runs on the queue of the member that finishes last, and the group's
-    outputs are available after it."""
+    outputs are available after it; a task's `setup` runs from when its queue is free, overlapping the wait."""
     finish = finish or {}
     cold = list(cold) if cold is not None else [0.0] * len(tg.tasks)
+    setup = list(setup) if setup is not None else [0.0] * len(tg.tasks)
     kinds = [_kind(t) for t in tg.tasks]
     preds = _preds(tg)
     group_of = {t.id: t.reduce_group for t in tg.tasks if t.reduce_group in finish}
@@ -205,7 +282,7 @@ def estimate_makespan(tg: TaskGraph, queues: Sequence[Sequence[int]], costs: Seq
     def consider(q: int) -> None:
         if pos[q] >= len(queues[q]):
             return
-        start = free[q]
+        start = free[q] + setup[queues[q][pos[q]]]
         for p in preds[queues[q][pos[q]]]:
             at, key = available(p)
             if at is None:

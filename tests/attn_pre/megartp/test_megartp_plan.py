@@ -269,11 +269,11 @@ def test_cost_model_charges_reduce_group_finishes():
     # one 16-token block per group at M = 16; C0's finish is a bf16 round, the others stage, sum and run an epilogue
     assert all(v == S.GROUP_FINISH_US.get(tg.reduce_groups[g].op, S.FINISH_US) for g, v in finish.items())
     assert all(c >= S.DEFAULT_OVERHEAD_US for c in costs)
-    cold = S.task_cold_us(tg)
+    cold, setup = S.task_cold_us(tg), S.task_setup_us(tg)
     # Every member of a finishing group holds its queue for the finish (any member may arrive last) ...
-    queues = S.list_schedule(tg, costs, 132, finish, cold)
-    est = S.estimate_makespan(tg, queues, costs, finish, cold)
-    assert est > S.estimate_makespan(tg, queues, costs, None, cold)  # ... the replay charges the finish once per group
+    queues = S.list_schedule(tg, costs, 132, finish, cold, setup)
+    est = S.estimate_makespan(tg, queues, costs, finish, cold, setup)
+    assert est > S.estimate_makespan(tg, queues, costs, None, cold, setup)  # ... the replay charges it once per group
     assert p.stats["est_makespan_us"]["list"] == pytest.approx(est)
     prio = S.critical_path_priority(tg, costs, finish)
     plain = S.critical_path_priority(tg, costs)
@@ -325,3 +325,32 @@ def test_list_scheduler_with_cold_costs_is_no_worse_than_without(m):
     aware = S.estimate_makespan(tg, S.list_schedule(tg, costs, 132, finish, cold), costs, finish, cold)
     blind = S.estimate_makespan(tg, S.list_schedule(tg, costs, 132, finish), costs, finish, cold)
     assert aware <= blind + 1e-6, (aware, blind)
+
+
+def test_setup_overlaps_the_wait_for_producers():
+    """A task's prologue (SETUP_US) runs from when its queue is free: hidden behind a wait, paid when inputs are
+    ready first."""
+    from glm5_fastpath.attn_pre.megartp import scheduler as S
+    from glm5_fastpath.attn_pre.megartp.taskgraph import build_taskgraph
+    tg = build_taskgraph(build_prefix_graph(GLM5), ShapeContext.independent([8192]))
+    costs = S.task_costs_us(tg, GLM5, 132)
+    setup = [0.0] * len(tg.tasks)
+    a0 = next(t.id for t in tg.tasks if t.op == "A0")
+    b0 = next(t.id for t in tg.tasks if t.op == "B0")
+    rest = [t.id for t in tg.tasks if t.id not in (a0, b0)]
+    queues = [[a0], [b0]] + [[t] for t in rest]  # one task per queue: B0 waits for A0 on another queue
+    plain = S.estimate_makespan(tg, queues, costs)
+    setup[b0] = costs[a0] - 0.5  # ends before A0 does: hidden
+    assert S.estimate_makespan(tg, queues, costs, setup=setup) == pytest.approx(plain)
+    setup[a0] = 2.0  # A0 has no producer: its prologue delays everything after it
+    assert S.estimate_makespan(tg, queues, costs, setup=setup) == pytest.approx(plain + 2.0)
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_insertion_scheduler_plans_validate_and_place_every_task_once(m):
+    ctx = ShapeContext.independent([8192] * m)
+    for cfg in (GLM5, small_config()):
+        p = validate(build_plan(build_prefix_graph(cfg), ctx, cfg, scheduler="insertion"))
+        placed = sorted(t for q in p.queues for t in q)
+        assert placed == list(range(len(p.taskgraph.tasks)))
+        assert p.stats["est_makespan_us"]["insertion"] >= p.stats["critical_path_us"] - 1e-6
