@@ -17,8 +17,9 @@ done; a group's finish goes to the queue of the member that finishes last). The 
 the device at 16-64 tokens, and it ranks placements imperfectly (round-robin measured faster than its estimate
 says): `python -m glm5_fastpath.attn_pre.megartp.bench --scheduler ...` measures them.
 
-Both schedulers append tasks in a topological order, so no queue ever waits on a task placed
-later in the same queue (deadlock-free by construction; validator.py checks it anyway).
+list_schedule and round_robin append tasks in a topological order, and insertion_schedule puts a task only after
+every producer on its queue, so no queue ever waits on a task placed later in the same queue (deadlock-free by
+construction; validator.py checks it anyway).
 """
 from __future__ import annotations
 
@@ -218,7 +219,7 @@ def insertion_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
         _, t = heapq.heappop(heap)
         r, kind = ready_at[t], kinds[t]
         base = costs[t] + finish.get(tg.tasks[t].reduce_group, 0.0)
-        best: tuple[float, int, int] | None = None  # (end, queue, index)
+        best: tuple[float, int, int, float] | None = None  # (end, queue, index, start of the work)
         for q, sl in enumerate(slots):
             prev_end, prev_kind = 0.0, None
             for i in range(len(sl) + 1):
@@ -230,13 +231,13 @@ def insertion_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
                     end = start + base + (0.0 if prev_kind == kind else cold[t])
                     if tail or end <= nxt_start - GAP_MARGIN_US:
                         if best is None or end < best[0] - 1e-9:
-                            best = (end, q, i)
+                            best = (end, q, i, start)
                         break  # later places on this queue end later
                 if not tail:
                     prev_end, prev_kind = sl[i][1], nxt_kind
         assert best is not None
-        end, q, i = best
-        slots[q].insert(i, (end - base, end, t))  # (its start only orders gaps: the work part is enough)
+        end, q, i, start = best
+        slots[q].insert(i, (start, end, t))
         for s_ in succ[t]:
             missing[s_] -= 1
             ready_at[s_] = max(ready_at[s_], end)
