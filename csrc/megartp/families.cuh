@@ -153,7 +153,13 @@ struct GemmCfg {
     static_assert(fits<sk::kEpiPlain>() && fits<sk::kEpiIdxK>() && fits<sk::kEpiIdxQ>(), "finish scratch layout");
     static GLM5_DEVICE int smem_bytes(int nk) { return Smem::bytes(nk); }
 };
-using Gemm = GemmCfg<16, 6>;  // the stage count of ops/fp8_gemm.py STAGES[16]
+// Weight stages in flight per SM (device.py gemm_stages(): 6, the stage count of ops/fp8_gemm.py STAGES[16]; the
+// GLM5_FASTPATH_MRTP_GEMM_STAGES override is for measuring more). One megakernel CTA per SM runs one GEMM tile at a
+// time, where the standalone kernels co-schedule CTAs, so its bytes in flight per SM are the stages alone.
+#ifndef GLM5_MRTP_GEMM_STAGES
+#define GLM5_MRTP_GEMM_STAGES 6
+#endif
+using Gemm = GemmCfg<16, GLM5_MRTP_GEMM_STAGES>;
 
 GLM5_DEVICE int gemm_tm(int /*rows*/) { return Gemm::kTM; }
 

@@ -51,7 +51,8 @@ WORKER_THREADS = 256
 SUPPORTED_FAMILIES = ("A0", "B0", "C0", "B1", "D1", "D0", "D2", "E1", "E2")  # csrc/megartp/megakernel.cuh dispatch()
 UNSUPPORTED_WHY: dict[str, str] = {}  # op family -> why the megakernel lacks it (every prefix family is in v1)
 GEMM_TOKEN_BLOCK = 16  # families.cuh Gemm = GemmCfg<16, 6>
-GEMM_STAGES = 6
+GEMM_STAGES = 6  # families.cuh GLM5_MRTP_GEMM_STAGES default (weight stages in flight per SM)
+GEMM_STAGES_RANGE = range(4, 9)  # the override's range: the skinny tile takes 2..8 (cp.async.wait_group immediates)
 E1_STAGES = 4     # families.cuh kE1Stages: index-K pages in flight per worker group
 E1_MAX_PAGES = 8  # families.cuh kE1MaxPages: live pages per KV window (the graph's e1_kv_split / 64)
 E1_PAGE = 64      # tokens per index-K cache page
@@ -189,18 +190,35 @@ class KernelDims:
                    cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk)
 
 
+def gemm_stages() -> int:
+    """The GEMM families' weight stages: GLM5_FASTPATH_MRTP_GEMM_STAGES when set (checked), else GEMM_STAGES."""
+    from ...jit import env
+    raw = env.text("GLM5_FASTPATH_MRTP_GEMM_STAGES")
+    if raw is None:
+        return GEMM_STAGES
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n not in GEMM_STAGES_RANGE:
+        raise MegaRtpError(f"GLM5_FASTPATH_MRTP_GEMM_STAGES must be an integer in "
+                           f"{GEMM_STAGES_RANGE.start}..{GEMM_STAGES_RANGE.stop - 1}, got {raw!r}")
+    return n
+
+
 @functools.lru_cache(maxsize=None)
-def _spec(dims: KernelDims, trace: bool) -> KernelSpec:
+def _spec(dims: KernelDims, trace: bool, stages: int = GEMM_STAGES) -> KernelSpec:
     return KernelSpec(FUNCTION, source=SOURCE, defines=(
         ("GLM5_MRTP_H", str(dims.hidden)), ("GLM5_MRTP_Q", str(dims.q_lora)), ("GLM5_MRTP_KV", str(dims.kv_lora)),
         ("GLM5_MRTP_R", str(dims.rope)),
         ("GLM5_MRTP_NOPE", str(dims.nope)), ("GLM5_MRTP_IH", str(dims.idx_heads)), ("GLM5_MRTP_ID", str(dims.idx_dim)),
         ("GLM5_MRTP_TOPK", str(dims.topk)),
-        ("GLM5_MRTP_TRACE", "1" if trace else "0")))
+        ("GLM5_MRTP_TRACE", "1" if trace else "0"))
+        + ((("GLM5_MRTP_GEMM_STAGES", str(stages)),) if stages != GEMM_STAGES else ()))
 
 
 def kernel_spec(cfg: Glm5Config, trace: bool = False) -> KernelSpec:
-    return _spec(KernelDims.of(cfg), bool(trace))
+    return _spec(KernelDims.of(cfg), bool(trace), gemm_stages())
 
 
 def compile_check_specs() -> list[KernelSpec]:
@@ -294,7 +312,7 @@ def dynamic_smem_bytes(cfg: Glm5Config, plan: Any = None) -> int:
     if "D0" in fams:  # all of K (q_lora_rank) in one instruction
         gmax = max(gmax, cfg.q_lora_rank // 128)
     if fams & (set(GEMM_FAMILIES) | {"D0"}):
-        need = max(need, skinny_smem_bytes(GEMM_TOKEN_BLOCK, GEMM_STAGES, gmax, EPI_GEMM_LAYOUT))
+        need = max(need, skinny_smem_bytes(GEMM_TOKEN_BLOCK, gemm_stages(), gmax, EPI_GEMM_LAYOUT))
     return need
 
 

@@ -71,7 +71,9 @@ def test_supported_families_are_the_dispatched_ones():
     mk = _cpp("megakernel.cuh")
     dispatched = set(re.findall(r"case isa::Opcode::(\w+): return \w+Family", mk))
     assert dispatched == set(D.SUPPORTED_FAMILIES)
-    assert "Gemm = GemmCfg<16, 6>" in _cpp("families.cuh") and (D.GEMM_TOKEN_BLOCK, D.GEMM_STAGES) == (16, 6)
+    fam = _cpp("families.cuh")
+    assert "Gemm = GemmCfg<16, GLM5_MRTP_GEMM_STAGES>" in fam and "#define GLM5_MRTP_GEMM_STAGES 6" in fam
+    assert (D.GEMM_TOKEN_BLOCK, D.GEMM_STAGES) == (16, 6)
 
 
 def test_smem_formulas_match_the_ops():
@@ -420,3 +422,17 @@ def test_bench_scheduler_option_is_checked_before_any_gpu_work(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--scheduler", "greedy"])
     assert e.value.code == 2 and "invalid choice: 'greedy'" in capsys.readouterr().err
+
+
+def test_gemm_stages_override_changes_the_build_and_its_shared_memory(monkeypatch):
+    base = D.kernel_spec(GLM5)
+    assert "GLM5_MRTP_GEMM_STAGES" not in dict(base.defines)  # the default build keeps its cache key
+    smem6 = D.dynamic_smem_bytes(GLM5)
+    monkeypatch.setenv("GLM5_FASTPATH_MRTP_GEMM_STAGES", "8")
+    assert D.gemm_stages() == 8
+    assert dict(D.kernel_spec(GLM5).defines)["GLM5_MRTP_GEMM_STAGES"] == "8"
+    assert D.dynamic_smem_bytes(GLM5) == smem6 + 2 * (128 * 128 + 16 * 128)  # two more weight + x stages
+    for bad in ("3", "9", "six"):
+        monkeypatch.setenv("GLM5_FASTPATH_MRTP_GEMM_STAGES", bad)
+        with pytest.raises(D.MegaRtpError, match="GLM5_FASTPATH_MRTP_GEMM_STAGES must be an integer in 4..8"):
+            D.gemm_stages()
