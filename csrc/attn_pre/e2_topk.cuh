@@ -114,7 +114,11 @@ struct E2Meta {
     int32_t take[2];    // L <= topk: slots of output entries j0, j0 + n_cta*kThreads (or -1)
 };
 
-template <int kThreads, int kItems, bool kCluster = false, int kBarrierId = 0>
+// kRolledStores: the general path's store loop iterates over set bits instead of unrolling over kItems (the
+// same stores in the same order). The megakernel takes it: its code runs cold, so size is time (9.1 K vs 10.2 K
+// SASS instructions at kItems 8). The standalone kernels keep the unrolled loop: rolled, their 64-register builds
+// (two CTAs per SM) spill 6-8 bytes.
+template <int kThreads, int kItems, bool kCluster = false, int kBarrierId = 0, bool kRolledStores = false>
 struct E2TopkTile {
     static constexpr int kWarps = kThreads / 32;
     static constexpr int kChunk = kThreads * kItems;
@@ -680,21 +684,36 @@ struct E2TopkTile {
                 int go = gb + (off & 0xffff);
                 int co = cb + (off >> 16);
                 const int32_t s0 = slot(page, base);  // the thread's items are one page: slot(base + j) = s0 + j
-                // The G / C positions in ascending order (G and C are disjoint), one iteration each: a rolled
-                // loop over set bits keeps this cold path short (the megakernel fetches it per SM per launch).
-                uint32_t sel = g | cm;
+                if constexpr (kRolledStores) {
+                    // The G / C positions in ascending order (G and C are disjoint), one iteration each.
+                    uint32_t sel = g | cm;
 #pragma unroll 1
-                while (sel != 0u) {
-                    const int j = __ffs(sel) - 1;
-                    sel &= sel - 1u;
-                    if ((g >> j) & 1u) {
-                        const int sel_before = rule.rank ? s.selpre[co] : min(co, need);
-                        a.out[go + sel_before] = s0 + j;
-                        ++go;
-                    } else {
-                        const bool take = rule.rank ? ((s.selm[co >> 5] >> (co & 31)) & 1u) != 0u : co < need;
-                        if (take) a.out[go + (rule.rank ? s.selpre[co] : co)] = s0 + j;
-                        ++co;
+                    while (sel != 0u) {
+                        const int j = __ffs(sel) - 1;
+                        sel &= sel - 1u;
+                        if ((g >> j) & 1u) {
+                            const int sel_before = rule.rank ? s.selpre[co] : min(co, need);
+                            a.out[go + sel_before] = s0 + j;
+                            ++go;
+                        } else {
+                            const bool take = rule.rank ? ((s.selm[co >> 5] >> (co & 31)) & 1u) != 0u : co < need;
+                            if (take) a.out[go + (rule.rank ? s.selpre[co] : co)] = s0 + j;
+                            ++co;
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < kItems; ++j) {
+                        if ((g >> j) & 1u) {
+                            const int sel_before = rule.rank ? s.selpre[co] : min(co, need);
+                            a.out[go + sel_before] = s0 + j;
+                            ++go;
+                        }
+                        if ((cm >> j) & 1u) {
+                            const bool take = rule.rank ? ((s.selm[co >> 5] >> (co & 31)) & 1u) != 0u : co < need;
+                            if (take) a.out[go + (rule.rank ? s.selpre[co] : co)] = s0 + j;
+                            ++co;
+                        }
                     }
                 }
             }

@@ -1019,7 +1019,7 @@ constexpr int kE2Items = GLM5_MRTP_E2_ITEMS;
 
 template <class D>
 struct E2Family {
-    using Tile = attn_pre::E2TopkTile<kWorkerThreads, kE2Items, /*kCluster=*/false, kBarE2>;
+    using Tile = attn_pre::E2TopkTile<kWorkerThreads, kE2Items, /*kCluster=*/false, kBarE2, /*kRolledStores=*/true>;
     static constexpr int kChunk = Tile::kChunk;
     static constexpr int kChunkOff = (static_cast<int>(sizeof(typename Tile::Smem)) + 15) / 16 * 16;
     static_assert(kWorkerThreads != 256 || kChunkOff == 19248, "device.py E2_SMEM_BYTES");  // Smem: not kItems
