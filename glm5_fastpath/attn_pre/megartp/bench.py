@@ -221,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tiling", default=None, metavar="F=N,...",
                     help="PrefixTiling fields to change for the plan, e.g. b0_split_k=6,d1_split_k=2")
     ap.add_argument("--scheduler", default="list", choices=SCHEDULERS,
-                    help="queue placement: the critical-path list scheduler, or the round-robin baseline")
+                    help="queue placement: the critical-path list scheduler (default), the same with insertion "
+                         "into idle gaps, or the round-robin baseline")
     a = ap.parse_args(argv)
     try:
         tiling = parse_tiling(a.tiling) if a.tiling else None
