@@ -1,13 +1,14 @@
 #!/bin/bash
 # Prepared in session 21 for the next session (issue #5), not run: the megakernel's GEMM families with 8 weight
-# stages in flight against the default 6, alternating, same run; then the whole prefix with the better one.
-# Refresh the JIT cache first (python scripts/refresh_jit_cache.py .carry/jit_s21c.tar.xz --out .carry/jit_s22.tar.xz)
-# and add the 8-stage builds: GLM5_FASTPATH_MRTP_GEMM_STAGES=8 compile of device.kernel_spec(cfg, trace) into a cache
-# dir passed with --add.
-# run: C=<commit> bash this   (carry .carry/stocksite.tar.xz .carry/jit_s22.tar.xz)
+# stages in flight against the default 6: GPU tests with 8, two alternating rounds, a traced step with 8.
+# .carry/jit_s21d.tar.xz (built at the end of session 21 for 7250444's csrc, with the 8-stage GLM-5 builds, production
+# and trace) needs no refresh unless csrc changed since; otherwise refresh it (scripts/refresh_jit_cache.py) and add
+# the 8-stage builds (compile device.kernel_spec(cfg, trace) with GLM5_FASTPATH_MRTP_GEMM_STAGES=8 into a cache dir
+# passed with --add).
+# run: C=<commit> bash this   (carry .carry/stocksite.tar.xz .carry/jit_s21d.tar.xz)
 source scripts/h200_lib.sh
 DEADLINE=420
-h200_setup "$OUT/r" .carry/stocksite.tar.xz .carry/jit_s22.tar.xz; export GLM5_FASTPATH_COMMIT=$C
+h200_setup "$OUT/r" .carry/stocksite.tar.xz .carry/jit_s21d.tar.xz; export GLM5_FASTPATH_COMMIT=$C
 B="python3 -m glm5_fastpath.attn_pre.megartp.bench --ms 1,16,64"
 step gpu-tests-s8 160 env GLM5_FASTPATH_MRTP_GEMM_STAGES=8 python3 -m pytest -m gpu -v -rfEs -p no:cacheprovider \
   tests/attn_pre/megartp/test_megartp_device.py
