@@ -1012,10 +1012,7 @@ struct A0Family {
 // instructions against 9.1 K at 8 (session 21). kItems = 32 (an 8192-logit row in one chunk) spills 12-20 B.
 // The output equals the standalone kernel's (the selected set and its order are a function of the row alone:
 // e2_topk.cuh contract).
-#ifndef GLM5_MRTP_E2_ITEMS
-#define GLM5_MRTP_E2_ITEMS 8
-#endif
-constexpr int kE2Items = GLM5_MRTP_E2_ITEMS;
+constexpr int kE2Items = 8;
 
 template <class D>
 struct E2Family {

@@ -40,6 +40,7 @@ import torch
 from ...config import INDEXER_K_NORM_EPS, Glm5Config
 from ...graph.op_graph import OpGraph, ShapeContext
 from ...jit import KernelSpec
+from ...jit import env as jit_env
 from .families import FINAL_K_SPLIT, SPLIT_K_PAYLOAD
 from .isa import (FAMILY_BY_OPCODE, INSTR_WORDS, MAX_WAITS, NOOP, OPCODE, OPERAND_SLOTS, PAYLOAD, REDUCE_TARGET, WAITS,
                   Instruction, Opcode, decode, encode)
@@ -192,8 +193,7 @@ class KernelDims:
 
 def gemm_stages() -> int:
     """The GEMM families' weight stages: GLM5_FASTPATH_MRTP_GEMM_STAGES when set (checked), else GEMM_STAGES."""
-    from ...jit import env
-    raw = env.text("GLM5_FASTPATH_MRTP_GEMM_STAGES")
+    raw = jit_env.text("GLM5_FASTPATH_MRTP_GEMM_STAGES")
     if raw is None:
         return GEMM_STAGES
     try:

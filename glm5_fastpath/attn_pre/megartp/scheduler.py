@@ -24,7 +24,7 @@ construction; validator.py checks it anyway).
 from __future__ import annotations
 
 import heapq
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ...config import Glm5Config
 from ...cost import H200_COPY_BW, fused_prefix_costs
@@ -133,18 +133,15 @@ def critical_path_priority(tg: TaskGraph, costs: Sequence[float],
     return prio
 
 
-def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
-                  finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None,
-                  setup: Sequence[float] | None = None) -> list[list[int]]:
-    """Highest critical-path priority first among ready tasks. A task goes to the earliest-free queue, or to the
-    earliest-free queue whose last task ran the same op when that finishes it sooner (it skips the cold cost,
-    `cold` = task_cold_us). A member of a reduce group with a finish (`finish`, group_finish_us) holds its queue for
-    the finish too: on the device any member may arrive last (so a consumer's partial placed behind a B1 partial
-    used to wait out B1's finish). Priorities charge every task its cold cost (a pessimistic critical path); a task
-    starts at max(queue free + its `setup`, inputs ready)."""
-    finish = finish or {}
-    cold = list(cold) if cold is not None else [0.0] * len(tg.tasks)
-    setup = list(setup) if setup is not None else [0.0] * len(tg.tasks)
+def _per_task(tg: TaskGraph, xs: Sequence[float] | None) -> list[float]:
+    return list(xs) if xs is not None else [0.0] * len(tg.tasks)
+
+
+def _in_priority_order(tg: TaskGraph, costs: Sequence[float], finish: Mapping[int, float], cold: Sequence[float],
+                       place: Callable[[int, float], float]) -> None:
+    """The list-scheduling loop both list schedulers share: the ready task with the highest critical-path priority
+    (every task charged its cold cost: a pessimistic critical path) goes to `place(task, inputs ready at)`, which
+    returns when it ends; its consumers become ready when all their producers are placed."""
     preds = _preds(tg)
     succ = _succs(tg, preds)
     prio = critical_path_priority(tg, [c + k for c, k in zip(costs, cold)], finish)
@@ -152,19 +149,38 @@ def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
     ready_at = [0.0] * len(tg.tasks)
     heap = [(-prio[t], t) for t in range(len(tg.tasks)) if missing[t] == 0]
     heapq.heapify(heap)
+    while heap:
+        _, t = heapq.heappop(heap)
+        end = place(t, ready_at[t])
+        for s in succ[t]:
+            missing[s] -= 1
+            ready_at[s] = max(ready_at[s], end)
+            if missing[s] == 0:
+                heapq.heappush(heap, (-prio[s], s))
+
+
+def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
+                  finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None,
+                  setup: Sequence[float] | None = None) -> list[list[int]]:
+    """Highest critical-path priority first among ready tasks. A task goes to the earliest-free queue, or to the
+    earliest-free queue whose last task ran the same op when that finishes it sooner (it skips the cold cost,
+    `cold` = task_cold_us). A member of a reduce group with a finish (`finish`, group_finish_us) holds its queue for
+    the finish too: on the device any member may arrive last (so a consumer's partial placed behind a B1 partial
+    used to wait out B1's finish). A task starts at max(queue free + its `setup`, inputs ready)."""
+    finish = finish or {}
+    cold, setup = _per_task(tg, cold), _per_task(tg, setup)
     last: list[str | None] = [None] * num_sms
     version = [0] * num_sms
     any_free = [(0.0, q, 0) for q in range(num_sms)]  # (free at, queue, version): stale entries skipped lazily
     same_op: dict[str, list[tuple[float, int, int]]] = {}  # per op: the queues whose last task ran it
+    queues: list[list[int]] = [[] for _ in range(num_sms)]
 
     def top(h: list[tuple[float, int, int]]) -> tuple[float, int, int] | None:
         while h and h[0][2] != version[h[0][1]]:
             heapq.heappop(h)
         return h[0] if h else None
 
-    queues: list[list[int]] = [[] for _ in range(num_sms)]
-    while heap:
-        _, t = heapq.heappop(heap)
+    def place(t: int, ready: float) -> float:
         kind = _kind(tg.tasks[t])
         hold = finish.get(tg.tasks[t].reduce_group, 0.0)
         best: tuple[float, int] | None = None
@@ -172,7 +188,7 @@ def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
             if cand is None:
                 continue
             at, q, _ = cand
-            done = max(at + setup[t], ready_at[t]) + costs[t] + (0.0 if last[q] == kind else cold[t]) + hold
+            done = max(at + setup[t], ready) + costs[t] + (0.0 if last[q] == kind else cold[t]) + hold
             if best is None or done < best[0] - 1e-9:
                 best = (done, q)
         assert best is not None
@@ -182,11 +198,9 @@ def list_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
         version[q] += 1
         heapq.heappush(any_free, (done, q, version[q]))
         heapq.heappush(same_op.setdefault(kind, []), (done, q, version[q]))
-        for s in succ[t]:
-            missing[s] -= 1
-            ready_at[s] = max(ready_at[s], done)
-            if missing[s] == 0:
-                heapq.heappush(heap, (-prio[s], s))
+        return done
+
+    _in_priority_order(tg, costs, finish, cold, place)
     return queues
 
 
@@ -204,20 +218,12 @@ def insertion_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
     second would turn cold). Deadlock-free like list_schedule: a task's producers end before it is ready, so none
     of them sits after it on its queue."""
     finish = finish or {}
-    cold = list(cold) if cold is not None else [0.0] * len(tg.tasks)
-    setup = list(setup) if setup is not None else [0.0] * len(tg.tasks)
-    preds = _preds(tg)
-    succ = _succs(tg, preds)
-    prio = critical_path_priority(tg, [c + k for c, k in zip(costs, cold)], finish)
+    cold, setup = _per_task(tg, cold), _per_task(tg, setup)
     kinds = [_kind(t) for t in tg.tasks]
-    missing = [len(ps) for ps in preds]
-    ready_at = [0.0] * len(tg.tasks)
-    heap = [(-prio[t], t) for t in range(len(tg.tasks)) if missing[t] == 0]
-    heapq.heapify(heap)
     slots: list[list[tuple[float, float, int]]] = [[] for _ in range(num_sms)]  # per queue: (start, end, task)
-    while heap:
-        _, t = heapq.heappop(heap)
-        r, kind = ready_at[t], kinds[t]
+
+    def place(t: int, r: float) -> float:
+        kind = kinds[t]
         base = costs[t] + finish.get(tg.tasks[t].reduce_group, 0.0)
         best: tuple[float, int, int, float] | None = None  # (end, queue, index, start of the work)
         for q, sl in enumerate(slots):
@@ -238,11 +244,9 @@ def insertion_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
         assert best is not None
         end, q, i, start = best
         slots[q].insert(i, (start, end, t))
-        for s_ in succ[t]:
-            missing[s_] -= 1
-            ready_at[s_] = max(ready_at[s_], end)
-            if missing[s_] == 0:
-                heapq.heappush(heap, (-prio[s_], s_))
+        return end
+
+    _in_priority_order(tg, costs, finish, cold, place)
     return [[t for _, _, t in sl] for sl in slots]
 
 
@@ -262,8 +266,7 @@ def estimate_makespan(tg: TaskGraph, queues: Sequence[Sequence[int]], costs: Seq
     the same op; a reduce group's finish runs on the queue of the member that finishes last, and the group's
     outputs are available after it; a task's `setup` runs from when its queue is free, overlapping the wait."""
     finish = finish or {}
-    cold = list(cold) if cold is not None else [0.0] * len(tg.tasks)
-    setup = list(setup) if setup is not None else [0.0] * len(tg.tasks)
+    cold, setup = _per_task(tg, cold), _per_task(tg, setup)
     kinds = [_kind(t) for t in tg.tasks]
     preds = _preds(tg)
     group_of = {t.id: t.reduce_group for t in tg.tasks if t.reduce_group in finish}
