@@ -420,16 +420,6 @@ def modes_for_executors(executors: Sequence[str]) -> tuple[list[str], bool]:
     for e in executors:
         if e not in EXECUTORS:
             raise ValueError(f"bench prefix: unknown executor {e!r}; choose from {', '.join(EXECUTORS)}")
-        if e == "megartp":
-            from ...config import Glm5Config
-            from ...graph import build_prefix_graph
-            from ..megartp.device import SUPPORTED_FAMILIES
-            missing = [op for op in build_prefix_graph(Glm5Config.preset("glm5")).ops if op not in SUPPORTED_FAMILIES]
-            if missing:
-                raise ValueError(f"bench prefix: the MegaRTP megakernel cannot run the whole prefix yet (issue #5: no "
-                                 f"{', '.join(missing)} family); `python -m glm5_fastpath.attn_pre.megartp.bench` times "
-                                 f"the subgraph it runs ({', '.join(SUPPORTED_FAMILIES)}); its host-side plan of the "
-                                 "whole prefix is `glm5-fastpath plan`")
         modes += [m for m in EXECUTOR_MODES.get(e, ()) if m not in modes]
     return modes, "stock" in executors
 
