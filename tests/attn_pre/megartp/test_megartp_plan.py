@@ -302,7 +302,6 @@ def test_estimate_makespan_puts_a_finish_on_the_last_members_queue():
 
 def test_cold_cost_charged_once_per_run_of_an_op_on_a_queue():
     from glm5_fastpath.attn_pre.megartp import scheduler as S
-    from glm5_fastpath.attn_pre.megartp.taskgraph import build_taskgraph
     tg = build_taskgraph(build_prefix_graph(GLM5), ShapeContext.independent([8192] * 4))
     costs = S.task_costs_us(tg, GLM5, 132)
     cold = S.task_cold_us(tg)
@@ -319,7 +318,6 @@ def test_cold_cost_charged_once_per_run_of_an_op_on_a_queue():
 def test_list_scheduler_with_cold_costs_is_no_worse_than_without(m):
     """Same-op queue reuse (skipping the cold cost) must not lengthen the estimated step."""
     from glm5_fastpath.attn_pre.megartp import scheduler as S
-    from glm5_fastpath.attn_pre.megartp.taskgraph import build_taskgraph
     tg = build_taskgraph(build_prefix_graph(GLM5), ShapeContext.independent([8192] * m))
     costs, cold, finish = S.task_costs_us(tg, GLM5, 132), S.task_cold_us(tg), S.group_finish_us(tg)
     aware = S.estimate_makespan(tg, S.list_schedule(tg, costs, 132, finish, cold), costs, finish, cold)
@@ -331,7 +329,6 @@ def test_setup_overlaps_the_wait_for_producers():
     """A task's prologue (SETUP_US) runs from when its queue is free: hidden behind a wait, paid when inputs are
     ready first."""
     from glm5_fastpath.attn_pre.megartp import scheduler as S
-    from glm5_fastpath.attn_pre.megartp.taskgraph import build_taskgraph
     tg = build_taskgraph(build_prefix_graph(GLM5), ShapeContext.independent([8192]))
     costs = S.task_costs_us(tg, GLM5, 132)
     setup = [0.0] * len(tg.tasks)
