@@ -93,8 +93,8 @@ struct D2AbsorbTile {
             for (int i = 0; i < kCopiesPerThread; ++i) {
                 const int c = tid + i * kThreads;
                 const int row = kb * 32 + (c >> 4), ch = c & 15;
-                ptx::cp_async_16(base + row * kRowBytes + ((ch ^ swz(row)) << 4),
-                                 src0 + static_cast<int64_t>(row) * kKvLora + ch * 8);
+                ptx::cp_async_16_weights(base + row * kRowBytes + ((ch ^ swz(row)) << 4),
+                                         src0 + static_cast<int64_t>(row) * kKvLora + ch * 8);
             }
             ptx::cp_async_commit();
         }

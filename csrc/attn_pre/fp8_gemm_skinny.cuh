@@ -928,7 +928,7 @@ struct SkinnyGemmTile {
             const int row = n0 + r;
             const bool ok = row < p.N;
             const uint8_t* src = p.w + (static_cast<int64_t>(ok ? row : 0) * p.K + kbyte + cc * 16);
-            ptx::cp_async_16(base + swz_w(r, cc), src, ok ? 16u : 0u);
+            ptx::cp_async_16_weights(base + swz_w(r, cc), src, ok ? 16u : 0u);
         }
     }
 

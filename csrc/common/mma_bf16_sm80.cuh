@@ -47,6 +47,15 @@ GLM5_DEVICE void cp_async_16(uint32_t smem_dst, const void* gmem_src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_dst), "l"(gmem_src) : "memory");
 }
 
+// cp_async_16 for weights (ptx_cp_async.cuh cp_async_16_weights: evict-first under GLM5_WEIGHTS_EVICT_FIRST).
+GLM5_DEVICE void cp_async_16_weights(uint32_t smem_dst, const void* gmem_src) {
+#if defined(GLM5_WEIGHTS_EVICT_FIRST) && GLM5_WEIGHTS_EVICT_FIRST
+    cp_async_16_hint(smem_dst, gmem_src, 16u, l2_policy_evict_first());
+#else
+    cp_async_16(smem_dst, gmem_src);
+#endif
+}
+
 // Device-scope acq_rel fetch-and-add on an arrival counter (orders this CTA's earlier partial
 // stores, made visible by the preceding fence + barrier, before the increment).
 GLM5_DEVICE uint32_t atomic_add_acq_rel_gpu(uint32_t* p, uint32_t v) {

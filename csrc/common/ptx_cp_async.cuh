@@ -16,6 +16,31 @@ GLM5_DEVICE void cp_async_16(uint32_t dst_smem, const void* src, uint32_t src_by
                  : "memory");
 }
 
+// L2 eviction-priority policy for .L2::cache_hint accesses: data read once per step (weights), so that it does not
+// push out what is read again (the megakernel's code, activations). createpolicy is one instruction; hoisted.
+GLM5_DEVICE uint64_t l2_policy_evict_first() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+// cp_async_16 with an L2 cache policy (l2_policy_evict_first).
+GLM5_DEVICE void cp_async_16_hint(uint32_t dst_smem, const void* src, uint32_t src_bytes, uint64_t policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst_smem), "l"(src),
+                 "r"(src_bytes), "l"(policy)
+                 : "memory");
+}
+
+// Weight loads of the tile functions: evict-first when the build defines GLM5_WEIGHTS_EVICT_FIRST=1 (the
+// megakernel's opt-in, GLM5_FASTPATH_MRTP_W_EVICT_FIRST), else plain cp_async_16 (the same SASS as before).
+GLM5_DEVICE void cp_async_16_weights(uint32_t dst_smem, const void* src, uint32_t src_bytes) {
+#if defined(GLM5_WEIGHTS_EVICT_FIRST) && GLM5_WEIGHTS_EVICT_FIRST
+    cp_async_16_hint(dst_smem, src, src_bytes, l2_policy_evict_first());
+#else
+    cp_async_16(dst_smem, src, src_bytes);
+#endif
+}
+
 // 4-byte async copy through L1 (.ca); for rows whose 16-byte alignment is not guaranteed.
 GLM5_DEVICE void cp_async_ca_4(uint32_t dst_smem, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst_smem), "l"(src) : "memory");

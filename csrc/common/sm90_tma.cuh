@@ -25,16 +25,13 @@
 #include <cuda.h>  // CUtensorMap (the type only; no driver calls in device code)
 
 #include "arch.cuh"
+#include "ptx_cp_async.cuh"
 
 namespace glm5 {
 namespace sm90 {
 
 // L2 cache policies for the .L2::cache_hint loads (a 64-bit policy made by createpolicy).
-GLM5_DEVICE uint64_t l2_policy_evict_first() {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
+GLM5_DEVICE uint64_t l2_policy_evict_first() { return ptx::l2_policy_evict_first(); }
 
 GLM5_DEVICE uint64_t l2_policy_evict_last() {
     uint64_t p;

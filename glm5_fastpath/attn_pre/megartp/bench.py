@@ -134,6 +134,30 @@ def parse_tiling(spec: str | None) -> Any:
     return PrefixTiling(**fields)
 
 
+COST_TABLES = {"fixed": "FIXED_US", "cold": "COLD_US", "setup": "SETUP_US"}
+
+
+def apply_cost_overrides(spec: str | None) -> dict[str, float]:
+    """`E2.fixed=9.5,E2.cold=1` -> the scheduler's cost tables (scheduler.FIXED_US / COLD_US / SETUP_US) changed in
+    this process, for calibration runs that compare cost models in one call. -> the overrides applied."""
+    from . import scheduler as S
+    out: dict[str, float] = {}
+    for item in (spec or "").split(","):
+        if not item:
+            continue
+        try:
+            key, val = item.split("=", 1)
+            op, field = key.strip().split(".", 1)
+            value = float(val)
+        except ValueError:
+            raise ValueError(f"--cost {item!r}: expected OP.FIELD=US (FIELD: {', '.join(COST_TABLES)})") from None
+        if field not in COST_TABLES or value < 0:
+            raise ValueError(f"--cost {item!r}: FIELD must be one of {sorted(COST_TABLES)} and US >= 0")
+        getattr(S, COST_TABLES[field])[op] = value
+        out[key.strip()] = value
+    return out
+
+
 def _prefix_graph(cfg: Glm5Config, tiling: Any) -> OpGraph:
     from ...graph import build_prefix_graph
     return build_prefix_graph(cfg) if tiling is None else build_prefix_graph(cfg, tiling=tiling)
@@ -223,11 +247,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--scheduler", default="list", choices=SCHEDULERS,
                     help="queue placement: the critical-path list scheduler (default), the same with insertion "
                          "into idle gaps, or the round-robin baseline")
+    ap.add_argument("--cost", default=None, metavar="OP.FIELD=US,...",
+                    help="planner cost-model overrides for this run (FIELD: fixed, cold, setup), e.g. "
+                         "E2.fixed=9.5,E2.cold=1: compares cost models in one call")
     a = ap.parse_args(argv)
     try:
         tiling = parse_tiling(a.tiling) if a.tiling else None
+        costs = apply_cost_overrides(a.cost)
     except ValueError as e:  # GraphError (a non-positive split) is a ValueError too
         ap.error(str(e))
+    if costs:
+        print(f"planner cost overrides: {costs}")
     res = bench_megartp(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x],
                         kv_len=a.kv_len, launches=a.launches, replays=a.replays, tiling=tiling,
                         scheduler=a.scheduler)

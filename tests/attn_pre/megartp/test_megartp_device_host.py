@@ -436,3 +436,40 @@ def test_gemm_stages_override_changes_the_build_and_its_shared_memory(monkeypatc
         monkeypatch.setenv("GLM5_FASTPATH_MRTP_GEMM_STAGES", bad)
         with pytest.raises(D.MegaRtpError, match="GLM5_FASTPATH_MRTP_GEMM_STAGES must be an integer in 4..8"):
             D.gemm_stages()
+
+
+def test_weights_evict_first_switch_changes_only_its_define(monkeypatch):
+    base = dict(D.kernel_spec(GLM5).defines)
+    assert "GLM5_WEIGHTS_EVICT_FIRST" not in base  # the default build keeps its cache key
+    monkeypatch.setenv("GLM5_FASTPATH_MRTP_W_EVICT_FIRST", "1")
+    on = dict(D.kernel_spec(GLM5).defines)
+    assert on.pop("GLM5_WEIGHTS_EVICT_FIRST") == "1" and on == base
+    monkeypatch.setenv("GLM5_FASTPATH_MRTP_W_EVICT_FIRST", "maybe")
+    with pytest.raises(D.MegaRtpError, match="GLM5_FASTPATH_MRTP_W_EVICT_FIRST"):
+        D.kernel_spec(GLM5)
+
+
+def test_weight_loads_route_through_the_evict_first_switch():
+    """Both weight loaders (skinny GEMM tile, D2's W_UK) use cp_async_16_weights, which is the plain copy unless
+    GLM5_WEIGHTS_EVICT_FIRST is defined (the standalone kernels' SASS stays the same)."""
+    root = Path(D.__file__).resolve().parents[3] / "csrc"
+    skinny = (root / "attn_pre" / "fp8_gemm_skinny.cuh").read_text()
+    d2 = (root / "attn_pre" / "d2_absorb_kv_store.cuh").read_text()
+    assert "cp_async_16_weights(base + swz_w(r, cc)" in skinny and "cp_async_16_weights(base + row * kRowBytes" in d2
+    cp = (root / "common" / "ptx_cp_async.cuh").read_text()
+    assert "#if defined(GLM5_WEIGHTS_EVICT_FIRST) && GLM5_WEIGHTS_EVICT_FIRST" in cp
+    assert "cp.async.cg.shared.global.L2::cache_hint" in cp
+
+
+def test_bench_cost_overrides_change_the_scheduler_tables(monkeypatch):
+    from glm5_fastpath.attn_pre.megartp import scheduler as S
+    from glm5_fastpath.attn_pre.megartp.bench import apply_cost_overrides
+    for name in ("FIXED_US", "COLD_US", "SETUP_US"):
+        monkeypatch.setattr(S, name, dict(getattr(S, name)))  # restored after the test
+    assert apply_cost_overrides("E2.fixed=9.5,E2.cold=1,E1.setup=0") == {"E2.fixed": 9.5, "E2.cold": 1.0,
+                                                                          "E1.setup": 0.0}
+    assert (S.FIXED_US["E2"], S.COLD_US["E2"], S.SETUP_US["E1"]) == (9.5, 1.0, 0.0)
+    assert apply_cost_overrides("") == {} and apply_cost_overrides(None) == {}
+    for bad in ("E2.fixed", "E2=3", "E2.warm=1", "E2.fixed=-1", "E2.fixed=x"):
+        with pytest.raises(ValueError, match="--cost"):
+            apply_cost_overrides(bad)
