@@ -16,27 +16,36 @@ GLM5_DEVICE void cp_async_16(uint32_t dst_smem, const void* src, uint32_t src_by
                  : "memory");
 }
 
-// L2 eviction-priority policy for .L2::cache_hint accesses: data read once per step (weights), so that it does not
-// push out what is read again (the megakernel's code, activations). createpolicy is one instruction; hoisted.
+// L2 eviction-priority policies for .L2::cache_hint accesses (createpolicy: one instruction, hoisted).
+// evict_first: data read once per step (weights), so that it does not push out what is read again (the
+// megakernel's code, activations); evict_normal: the default priority, as a policy operand.
 GLM5_DEVICE uint64_t l2_policy_evict_first() {
     uint64_t p;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
 
-// cp_async_16 with an L2 cache policy (l2_policy_evict_first).
+GLM5_DEVICE uint64_t l2_policy_evict_normal() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+// cp_async_16 with an L2 cache policy.
 GLM5_DEVICE void cp_async_16_hint(uint32_t dst_smem, const void* src, uint32_t src_bytes, uint64_t policy) {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst_smem), "l"(src),
                  "r"(src_bytes), "l"(policy)
                  : "memory");
 }
 
-// Weight loads of the tile functions: evict-first when the build defines GLM5_WEIGHTS_EVICT_FIRST=1 (the
-// megakernel's opt-in, GLM5_FASTPATH_MRTP_W_EVICT_FIRST), else plain cp_async_16 (the same SASS as before).
-GLM5_DEVICE void cp_async_16_weights(uint32_t dst_smem, const void* src, uint32_t src_bytes) {
+// Weight loads of the tile functions. Builds that define GLM5_WEIGHTS_EVICT_FIRST=1 (the MegaRTP megakernel,
+// GLM5_FASTPATH_MRTP_W_EVICT_FIRST) load weights evict-first, or evict-normal where the caller reads the same
+// weights again soon (`reread`: a GEMM tile's earlier token blocks); other builds use the plain copy (same SASS).
+GLM5_DEVICE void cp_async_16_weights(uint32_t dst_smem, const void* src, uint32_t src_bytes, bool reread = false) {
 #if defined(GLM5_WEIGHTS_EVICT_FIRST) && GLM5_WEIGHTS_EVICT_FIRST
-    cp_async_16_hint(dst_smem, src, src_bytes, l2_policy_evict_first());
+    cp_async_16_hint(dst_smem, src, src_bytes, reread ? l2_policy_evict_normal() : l2_policy_evict_first());
 #else
+    (void)reread;
     cp_async_16(dst_smem, src, src_bytes);
 #endif
 }

@@ -80,6 +80,14 @@ def check_wait_at(op: str, wait_at: object) -> int:
     return wait_at
 
 
+def weights_hint_defines() -> tuple[tuple[str, str], ...]:
+    """GLM5_FASTPATH_W_EVICT_FIRST=1: the standalone prefix GEMMs (fp8_gemm, both mainloops) and D2 load their weights
+    with an L2 evict-first hint (-DGLM5_WEIGHTS_EVICT_FIRST=1, part of the JIT cache key). Off: no define, the
+    default cache keys and SASS unchanged. Read when a kernel's spec is built (set it before the first call)."""
+    from ..jit import env
+    return (("GLM5_WEIGHTS_EVICT_FIRST", "1"),) if env.flag("GLM5_FASTPATH_W_EVICT_FIRST") else ()
+
+
 def wait_defines(wait_at: int) -> tuple[tuple[str, str], ...]:
     """The KernelSpec define of a wait point: none for the native one (default specs and cache keys unchanged)."""
     return () if wait_at == PDL_WAIT_NATIVE else (("GLM5_PDL_WAIT_AT", str(wait_at)),)

@@ -71,7 +71,7 @@ from typing import Any
 import torch
 
 from ..config import FP8_BLOCK, INDEX_K_PAGE_TOKENS, INDEXER_K_NORM_EPS, Glm5Config
-from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines
+from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines, weights_hint_defines
 from ._device import device_index as _dev_index, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
@@ -260,7 +260,7 @@ class SkinnyConfig:
     def spec(self, wait_at: int = PDL_WAIT_NATIVE) -> KernelSpec:
         return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag, self.impl, self.pipe,
                            self.reduce if self.splits > 1 else "global", wait_at, self.rot, bool(self.persist),
-                           bool(self.phases), bool(self.wkb))
+                           bool(self.phases), bool(self.wkb), weights_hint_defines())
 
     def describe(self) -> dict[str, Any]:
         d = {"impl": self.impl, "tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb,
@@ -284,7 +284,8 @@ DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* 
 @functools.lru_cache(maxsize=None)
 def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, impl: str = "mma", pipe: int = 0,
                 reduce: str = "global", wait_at: int = PDL_WAIT_NATIVE, rot: int = 0, persist: bool = False,
-                phases: bool = False, wkb: bool = False) -> KernelSpec:
+                phases: bool = False, wkb: bool = False, hints: tuple[tuple[str, str], ...] = ()) -> KernelSpec:
+    """`hints`: _device.weights_hint_defines() (GLM5_FASTPATH_W_EVICT_FIRST), appended as they are."""
     if impl not in IMPLS:
         raise ValueError(f"glm5_fastpath.fp8_gemm: impl={impl!r}: expected one of {', '.join(IMPLS)}")
     if reduce not in REDUCES or pipe not in PIPES:
@@ -321,6 +322,7 @@ def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, im
             raise ValueError("glm5_fastpath.fp8_gemm: k-block-major weights (wkb) exist for the wgmma mainloop only")
         defines.append(("GLM5_SKINNY_WKB", "1"))
     defines += wait_defines(check_wait_at("glm5_fastpath.fp8_gemm", wait_at))
+    defines += hints
     if impl == "wgmma":
         return KernelSpec(WGMMA_FUNCTION, source=WGMMA_SOURCE, defines=tuple(defines))
     return KernelSpec(FUNCTION, source=SOURCE, defines=tuple(defines))

@@ -1188,3 +1188,20 @@ def test_kblock_major_weights_bitwise_equal(m, layer, no_pdl_override):
     torch.cuda.synchronize()
     assert_equal("d0_q_b", qn, rn, context=f"k-block-major q_nope {m=}")
     assert_equal("d0_q_b", qp, rp, context=f"k-block-major q_pe {m=}")
+
+
+def test_weights_evict_first_switch_adds_only_its_define(monkeypatch):
+    """GLM5_FASTPATH_W_EVICT_FIRST: the standalone GEMM (both mainloops) and D2 specs gain
+    -DGLM5_WEIGHTS_EVICT_FIRST=1; off (the default), the specs and cache keys are the ones of before."""
+    import dataclasses
+    from glm5_fastpath.ops import d2_absorb
+    from glm5_fastpath.ops.fp8_gemm import SkinnyConfig
+    monkeypatch.delenv("GLM5_FASTPATH_W_EVICT_FIRST", raising=False)
+    gemms = [SkinnyConfig(epi=0, m=16, n=4096, k=2048, tm=16, splits=1, stages=6, impl=i) for i in ("mma", "wgmma")]
+    d2 = d2_absorb.config_for(192, 512, 64, 16)
+    base = [dict(c.spec().defines) for c in gemms] + [dict(dataclasses.replace(d2).spec.defines)]
+    assert all("GLM5_WEIGHTS_EVICT_FIRST" not in b for b in base)
+    monkeypatch.setenv("GLM5_FASTPATH_W_EVICT_FIRST", "1")
+    on = [dict(c.spec().defines) for c in gemms] + [dict(dataclasses.replace(d2).spec.defines)]
+    for b, o in zip(base, on):
+        assert o.pop("GLM5_WEIGHTS_EVICT_FIRST") == "1" and o == b

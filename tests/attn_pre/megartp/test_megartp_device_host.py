@@ -34,7 +34,7 @@ def test_kernel_spec_defines_follow_the_config():
     s = dict(D.kernel_spec(GLM5).defines)
     assert s == {"GLM5_MRTP_Q": "2048", "GLM5_MRTP_KV": "512", "GLM5_MRTP_R": "64", "GLM5_MRTP_NOPE": "192",
                  "GLM5_MRTP_IH": "32", "GLM5_MRTP_ID": "128", "GLM5_MRTP_H": "6144", "GLM5_MRTP_TOPK": "2048",
-                 "GLM5_MRTP_TRACE": "0"}
+                 "GLM5_MRTP_TRACE": "0", "GLM5_WEIGHTS_EVICT_FIRST": "1"}
     t = dict(D.kernel_spec(SMALL, trace=True).defines)
     assert t["GLM5_MRTP_Q"] == "256" and t["GLM5_MRTP_NOPE"] == "64" and t["GLM5_MRTP_TRACE"] == "1"
     assert (t["GLM5_MRTP_IH"], t["GLM5_MRTP_ID"]) == (str(SMALL.index_n_heads), str(SMALL.index_head_dim))
@@ -438,12 +438,12 @@ def test_gemm_stages_override_changes_the_build_and_its_shared_memory(monkeypatc
             D.gemm_stages()
 
 
-def test_weights_evict_first_switch_changes_only_its_define(monkeypatch):
-    base = dict(D.kernel_spec(GLM5).defines)
-    assert "GLM5_WEIGHTS_EVICT_FIRST" not in base  # the default build keeps its cache key
-    monkeypatch.setenv("GLM5_FASTPATH_MRTP_W_EVICT_FIRST", "1")
+def test_weights_evict_first_is_the_default_and_the_switch_changes_only_its_define(monkeypatch):
+    monkeypatch.delenv("GLM5_FASTPATH_MRTP_W_EVICT_FIRST", raising=False)
     on = dict(D.kernel_spec(GLM5).defines)
-    assert on.pop("GLM5_WEIGHTS_EVICT_FIRST") == "1" and on == base
+    assert on.pop("GLM5_WEIGHTS_EVICT_FIRST") == "1"
+    monkeypatch.setenv("GLM5_FASTPATH_MRTP_W_EVICT_FIRST", "0")
+    assert dict(D.kernel_spec(GLM5).defines) == on
     monkeypatch.setenv("GLM5_FASTPATH_MRTP_W_EVICT_FIRST", "maybe")
     with pytest.raises(D.MegaRtpError, match="GLM5_FASTPATH_MRTP_W_EVICT_FIRST"):
         D.kernel_spec(GLM5)
@@ -455,7 +455,9 @@ def test_weight_loads_route_through_the_evict_first_switch():
     root = Path(D.__file__).resolve().parents[3] / "csrc"
     skinny = (root / "attn_pre" / "fp8_gemm_skinny.cuh").read_text()
     d2 = (root / "attn_pre" / "d2_absorb_kv_store.cuh").read_text()
-    assert "cp_async_16_weights(base + swz_w(r, cc)" in skinny and "cp_async_16_weights(base + row * kRowBytes" in d2
+    assert "cp_async_16_weights(base + swz_w(r, cc), src, ok ? 16u : 0u, reread)" in skinny
+    assert "const bool reread = (c.tile_m + 1) * kTM < p.M;" in skinny  # earlier token blocks keep the tile in L2
+    assert "cp_async_16_weights(base + row * kRowBytes" in d2
     cp = (root / "common" / "ptx_cp_async.cuh").read_text()
     assert "#if defined(GLM5_WEIGHTS_EVICT_FIRST) && GLM5_WEIGHTS_EVICT_FIRST" in cp
     assert "cp.async.cg.shared.global.L2::cache_hint" in cp
