@@ -159,7 +159,7 @@ glm5_fp8_gemm_chain(const __grid_constant__ SkinnyParams pa, const __grid_consta
             const int slot = static_cast<int>(qq % GLM5_SKINNY_STAGES);
             sm90::mbar_arrive_expect_tx(Tile::full_bar(base, slot), Tile::kStageTx);
             Tile::load_w(wm, base + Tile::Smem::kOffW + slot * kWStageBytes, Tile::full_bar(base, slot), c.g_begin + it,
-                         c.tile_n * kBlockN, /*reread=*/false);  // (no GLM5_WEIGHTS_EVICT_FIRST build of the chain)
+                         c.tile_n * kBlockN);
         };
         for (int u = blockIdx.x; u < units; u += gridDim.x) {
             const bool second = u >= ua;

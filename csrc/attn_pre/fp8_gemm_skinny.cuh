@@ -921,7 +921,6 @@ struct SkinnyGemmTile {
         const int n0 = c.tile_n * kBlockN;
         const int64_t kbyte = static_cast<int64_t>(c.g_begin + stage) * kBlockK;
         const uint32_t base = s_w + slot * kWStageBytes;
-        const bool reread = (c.tile_m + 1) * kTM < p.M;  // a later token block of this tile reads these weights again
 #pragma unroll
         for (int i = 0; i < kWStageBytes / 16 / kThreads; ++i) {
             const int ch = tid + i * kThreads;
@@ -929,7 +928,7 @@ struct SkinnyGemmTile {
             const int row = n0 + r;
             const bool ok = row < p.N;
             const uint8_t* src = p.w + (static_cast<int64_t>(ok ? row : 0) * p.K + kbyte + cc * 16);
-            ptx::cp_async_16_weights(base + swz_w(r, cc), src, ok ? 16u : 0u, reread);
+            ptx::cp_async_16_weights(base + swz_w(r, cc), src, ok ? 16u : 0u);
         }
     }
 

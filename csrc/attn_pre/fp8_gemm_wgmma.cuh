@@ -139,22 +139,19 @@ struct WgmmaGemmTile {
     // One stage's weight box: k group g (128 K-bytes) of the 128 rows from n0. Row-major W8 [N, K]: 128
     // rows of 128 bytes each K bytes apart; k-block-major W8 [K / 128][N][128] (kWKb): 16 KB in one piece.
     // The box lands in shared memory identically either way (same swizzle, same bytes).
-    // Builds with GLM5_WEIGHTS_EVICT_FIRST=1 (GLM5_FASTPATH_W_EVICT_FIRST) load the row-major box evict-first,
-    // or evict-normal when a later token block of the tile reads it again (`reread`, w_reread).
-    static GLM5_DEVICE void load_w(const CUtensorMap* w_map, uint32_t dst, uint32_t bar, int g, int n0, bool reread) {
+    // Builds with GLM5_WEIGHTS_EVICT_FIRST=1 (ops/_device.py weights_hint_defines) load the row-major box
+    // evict-first (ptx_cp_async.cuh cp_async_16_weights says why).
+    static GLM5_DEVICE void load_w(const CUtensorMap* w_map, uint32_t dst, uint32_t bar, int g, int n0) {
         if constexpr (kWKb) {
             sm90::tma_load_3d(w_map, dst, bar, 0, n0, g);
         } else {
 #if defined(GLM5_WEIGHTS_EVICT_FIRST) && GLM5_WEIGHTS_EVICT_FIRST
-            sm90::tma_load_2d_hint(w_map, dst, bar, g * kBlockK, n0,
-                                   reread ? ptx::l2_policy_evict_normal() : ptx::l2_policy_evict_first());
+            sm90::tma_load_2d_hint(w_map, dst, bar, g * kBlockK, n0, ptx::l2_policy_evict_first());
 #else
             sm90::tma_load_2d(w_map, dst, bar, g * kBlockK, n0);
 #endif
         }
-        (void)reread;
     }
-    static GLM5_DEVICE bool w_reread(const SkinnyParams& p, const Coord& c) { return (c.tile_m + 1) * kTM < p.M; }
 
     // One thread, before a CTA barrier that every thread passes before touching a barrier.
     static GLM5_DEVICE void init_barriers(uint8_t* smem) {
@@ -182,8 +179,7 @@ struct WgmmaGemmTile {
         const int n = prefill(c);
         for (int s = 0; s < n; ++s) {
             sm90::mbar_arrive_expect_tx(full_bar(base, s), kStageTx);
-            load_w(w_map, base + Smem::kOffW + s * kWStageBytes, full_bar(base, s), c.g_begin + s, c.tile_n * kBlockN,
-                   w_reread(p, c));
+            load_w(w_map, base + Smem::kOffW + s * kWStageBytes, full_bar(base, s), c.g_begin + s, c.tile_n * kBlockN);
         }
     }
 
@@ -203,7 +199,7 @@ struct WgmmaGemmTile {
             sm90::mbar_wait(empty_bar(base, slot), (round - 1) & 1u);    // the math warps released round-1
             const uint32_t full = full_bar(base, slot);
             sm90::mbar_arrive_expect_tx(full, kStageTx);
-            load_w(w_map, base + Smem::kOffW + slot * kWStageBytes, full, c.g_begin + it, c.tile_n * kBlockN, w_reread(p, c));
+            load_w(w_map, base + Smem::kOffW + slot * kWStageBytes, full, c.g_begin + it, c.tile_n * kBlockN);
             sm90::tma_load_2d(x_map, base + Smem::kOffX + slot * Smem::kXStageBytes, full, (c.g_begin + it) * kBlockK,
                               row_x);
         }
@@ -234,7 +230,7 @@ struct WgmmaGemmTile {
                     sm90::mbar_wait(empty_bar(base, slot), ((q / kStages) - 1) & 1u);  // round q/kStages - 1 released
                 const uint32_t full = full_bar(base, slot);
                 sm90::mbar_arrive_expect_tx(full, kStageTx);
-                load_w(w_map, base + Smem::kOffW + slot * kWStageBytes, full, c.g_begin + it, c.tile_n * kBlockN, w_reread(p, c));
+                load_w(w_map, base + Smem::kOffW + slot * kWStageBytes, full, c.g_begin + it, c.tile_n * kBlockN);
                 sm90::tma_load_2d(x_map, base + Smem::kOffX + slot * Smem::kXStageBytes, full, (c.g_begin + it) * kBlockK,
                                   row_x);
             }

@@ -16,18 +16,11 @@ GLM5_DEVICE void cp_async_16(uint32_t dst_smem, const void* src, uint32_t src_by
                  : "memory");
 }
 
-// L2 eviction-priority policies for .L2::cache_hint accesses (createpolicy: one instruction, hoisted).
-// evict_first: data read once per step (weights), so that it does not push out what is read again (the
-// megakernel's code, activations); evict_normal: the default priority, as a policy operand.
+// L2 evict-first policy for .L2::cache_hint accesses (createpolicy: one instruction, hoisted): data read once per
+// step (weights), so that it does not push out what is read again (kernel code, activations, caches).
 GLM5_DEVICE uint64_t l2_policy_evict_first() {
     uint64_t p;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-GLM5_DEVICE uint64_t l2_policy_evict_normal() {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
 
@@ -38,14 +31,14 @@ GLM5_DEVICE void cp_async_16_hint(uint32_t dst_smem, const void* src, uint32_t s
                  : "memory");
 }
 
-// Weight loads of the tile functions. Builds that define GLM5_WEIGHTS_EVICT_FIRST=1 (the MegaRTP megakernel,
-// GLM5_FASTPATH_MRTP_W_EVICT_FIRST) load weights evict-first, or evict-normal where the caller reads the same
-// weights again soon (`reread`: a GEMM tile's earlier token blocks); other builds use the plain copy (same SASS).
-GLM5_DEVICE void cp_async_16_weights(uint32_t dst_smem, const void* src, uint32_t src_bytes, bool reread = false) {
+// Weight loads of the tile functions: evict-first in builds that define GLM5_WEIGHTS_EVICT_FIRST=1 (the MegaRTP
+// megakernel by default; the standalone GEMMs / D2 at small M, ops/_device.py weights_hint_defines), else the
+// plain copy (the same SASS as without the switch). Evict-first on every token block's pass, also where a tile
+// re-reads its weights for the next block: evict-normal there (session 22 call 3) was 7 % slower at 64 tokens.
+GLM5_DEVICE void cp_async_16_weights(uint32_t dst_smem, const void* src, uint32_t src_bytes) {
 #if defined(GLM5_WEIGHTS_EVICT_FIRST) && GLM5_WEIGHTS_EVICT_FIRST
-    cp_async_16_hint(dst_smem, src, src_bytes, reread ? l2_policy_evict_normal() : l2_policy_evict_first());
+    cp_async_16_hint(dst_smem, src, src_bytes, l2_policy_evict_first());
 #else
-    (void)reread;
     cp_async_16(dst_smem, src, src_bytes);
 #endif
 }

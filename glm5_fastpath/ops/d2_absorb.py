@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines, weights_hint_defines
+from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines, weights_evict_first
 from ._device import overlaps as _overlaps, device_index as _device_index, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
@@ -83,6 +83,7 @@ class D2Config:
     mt: int  # m16 latent tiles per warp
     nt: int = 4  # n8 token tiles per warp pass
     wait_at: int = PDL_WAIT_NATIVE  # GLM5_PDL_WAIT_AT (csrc/common/pdl.cuh); native: no define
+    evict_first: bool = False  # W_UK loads with an L2 evict-first hint (_device.weights_evict_first at config_for's m)
 
     @property
     def n_tiles(self) -> int:
@@ -98,7 +99,7 @@ class D2Config:
         return KernelSpec(FUNCTION, source=SOURCE, defines=(
             ("GLM5_D2_NOPE", str(self.nope)), ("GLM5_D2_KV_LORA", str(self.kv_lora)), ("GLM5_D2_ROPE", str(self.rope)),
             ("GLM5_D2_MT", str(self.mt)), ("GLM5_D2_NT", str(self.nt))) + wait_defines(self.wait_at)
-            + weights_hint_defines())
+            + ((("GLM5_WEIGHTS_EVICT_FIRST", "1"),) if self.evict_first else ()))
 
 
 def _fail(msg: str) -> ValueError:
@@ -112,7 +113,8 @@ def config_for(nope: int, kv_lora: int, rope: int, m: int) -> D2Config:
         raise _fail(f"kv_lora_rank={kv_lora} is not supported: a multiple of {N_TILE} (GLM-5: 512)")
     if rope <= 0 or rope % 2 or rope > 64:
         raise _fail(f"qk_rope_head_dim={rope} is not supported: even, at most 64 (GLM-5: 64)")
-    return D2Config(int(nope), int(kv_lora), int(rope), 1 if m <= SMALL_M_MAX else 2)
+    return D2Config(int(nope), int(kv_lora), int(rope), 1 if m <= SMALL_M_MAX else 2,
+                    evict_first=weights_evict_first(int(m)))
 
 
 # ---- validation (shared by the real and the fake implementation) ---------------------------------

@@ -260,7 +260,7 @@ class SkinnyConfig:
     def spec(self, wait_at: int = PDL_WAIT_NATIVE) -> KernelSpec:
         return kernel_spec(self.tm, self.stages, self.epi, self.minb, self.diag, self.impl, self.pipe,
                            self.reduce if self.splits > 1 else "global", wait_at, self.rot, bool(self.persist),
-                           bool(self.phases), bool(self.wkb), weights_hint_defines())
+                           bool(self.phases), bool(self.wkb), weights_hint_defines(self.m))
 
     def describe(self) -> dict[str, Any]:
         d = {"impl": self.impl, "tm": self.tm, "splits": self.splits, "stages": self.stages, "minb": self.minb,
@@ -285,7 +285,7 @@ DIAG_OFF, DIAG_LOADS_ONLY, DIAG_NO_REDUCE, DIAG_NO_LOADS = 0, 1, 2, 3  # kDiag* 
 def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, impl: str = "mma", pipe: int = 0,
                 reduce: str = "global", wait_at: int = PDL_WAIT_NATIVE, rot: int = 0, persist: bool = False,
                 phases: bool = False, wkb: bool = False, hints: tuple[tuple[str, str], ...] = ()) -> KernelSpec:
-    """`hints`: _device.weights_hint_defines() (GLM5_FASTPATH_W_EVICT_FIRST), appended as they are."""
+    """`hints`: _device.weights_hint_defines(m) (evict-first weights at small M), appended as they are."""
     if impl not in IMPLS:
         raise ValueError(f"glm5_fastpath.fp8_gemm: impl={impl!r}: expected one of {', '.join(IMPLS)}")
     if reduce not in REDUCES or pipe not in PIPES:

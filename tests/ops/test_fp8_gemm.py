@@ -1190,18 +1190,28 @@ def test_kblock_major_weights_bitwise_equal(m, layer, no_pdl_override):
     assert_equal("d0_q_b", qp, rp, context=f"k-block-major q_pe {m=}")
 
 
-def test_weights_evict_first_switch_adds_only_its_define(monkeypatch):
-    """GLM5_FASTPATH_W_EVICT_FIRST: the standalone GEMM (both mainloops) and D2 specs gain
-    -DGLM5_WEIGHTS_EVICT_FIRST=1; off (the default), the specs and cache keys are the ones of before."""
-    import dataclasses
+@pytest.mark.parametrize("m", [1, 16, 17, 64])
+def test_weights_evict_first_switch_adds_only_its_define(monkeypatch, m):
+    """GLM5_FASTPATH_W_EVICT_FIRST (auto: M <= 16; 1 always; 0 never): the standalone GEMM (both mainloops) and D2
+    specs gain -DGLM5_WEIGHTS_EVICT_FIRST=1 and nothing else; without it the specs (cache keys) are those of before."""
     from glm5_fastpath.ops import d2_absorb
+    from glm5_fastpath.ops._device import W_EVICT_FIRST_MAX_M
     from glm5_fastpath.ops.fp8_gemm import SkinnyConfig
-    monkeypatch.delenv("GLM5_FASTPATH_W_EVICT_FIRST", raising=False)
-    gemms = [SkinnyConfig(epi=0, m=16, n=4096, k=2048, tm=16, splits=1, stages=6, impl=i) for i in ("mma", "wgmma")]
-    d2 = d2_absorb.config_for(192, 512, 64, 16)
-    base = [dict(c.spec().defines) for c in gemms] + [dict(dataclasses.replace(d2).spec.defines)]
-    assert all("GLM5_WEIGHTS_EVICT_FIRST" not in b for b in base)
+
+    def specs():
+        gemms = [SkinnyConfig(epi=0, m=m, n=4096, k=2048, tm=16, splits=1, stages=6, impl=i) for i in ("mma", "wgmma")]
+        return [dict(c.spec().defines) for c in gemms] + [dict(d2_absorb.config_for(192, 512, 64, m).spec.defines)]
+
+    monkeypatch.setenv("GLM5_FASTPATH_W_EVICT_FIRST", "0")
+    off = specs()
+    assert all("GLM5_WEIGHTS_EVICT_FIRST" not in d for d in off)
     monkeypatch.setenv("GLM5_FASTPATH_W_EVICT_FIRST", "1")
-    on = [dict(c.spec().defines) for c in gemms] + [dict(dataclasses.replace(d2).spec.defines)]
-    for b, o in zip(base, on):
+    on = specs()
+    for b, o in zip(off, on):
         assert o.pop("GLM5_WEIGHTS_EVICT_FIRST") == "1" and o == b
+    monkeypatch.delenv("GLM5_FASTPATH_W_EVICT_FIRST")
+    auto = specs()
+    assert all(("GLM5_WEIGHTS_EVICT_FIRST" in d) == (m <= W_EVICT_FIRST_MAX_M) for d in auto)
+    monkeypatch.setenv("GLM5_FASTPATH_W_EVICT_FIRST", "yes")
+    with pytest.raises(ValueError, match="GLM5_FASTPATH_W_EVICT_FIRST"):
+        specs()

@@ -450,17 +450,17 @@ def test_weights_evict_first_is_the_default_and_the_switch_changes_only_its_defi
 
 
 def test_weight_loads_route_through_the_evict_first_switch():
-    """Both weight loaders (skinny GEMM tile, D2's W_UK) use cp_async_16_weights, which is the plain copy unless
-    GLM5_WEIGHTS_EVICT_FIRST is defined (the standalone kernels' SASS stays the same)."""
+    """The weight loaders (skinny GEMM tile, wgmma tile, D2's W_UK) go through the GLM5_WEIGHTS_EVICT_FIRST switch,
+    which is the plain copy unless the build defines it (the standalone kernels' default SASS stays the same)."""
     root = Path(D.__file__).resolve().parents[3] / "csrc"
     skinny = (root / "attn_pre" / "fp8_gemm_skinny.cuh").read_text()
+    wgmma = (root / "attn_pre" / "fp8_gemm_wgmma.cuh").read_text()
     d2 = (root / "attn_pre" / "d2_absorb_kv_store.cuh").read_text()
-    assert "cp_async_16_weights(base + swz_w(r, cc), src, ok ? 16u : 0u, reread)" in skinny
-    assert "const bool reread = (c.tile_m + 1) * kTM < p.M;" in skinny  # earlier token blocks keep the tile in L2
+    assert "cp_async_16_weights(base + swz_w(r, cc), src, ok ? 16u : 0u)" in skinny
     assert "cp_async_16_weights(base + row * kRowBytes" in d2
-    cp = (root / "common" / "ptx_cp_async.cuh").read_text()
-    assert "#if defined(GLM5_WEIGHTS_EVICT_FIRST) && GLM5_WEIGHTS_EVICT_FIRST" in cp
-    assert "cp.async.cg.shared.global.L2::cache_hint" in cp
+    assert "tma_load_2d_hint(w_map, dst, bar, g * kBlockK, n0, ptx::l2_policy_evict_first())" in wgmma
+    for text in ((root / "common" / "ptx_cp_async.cuh").read_text(), wgmma):
+        assert "#if defined(GLM5_WEIGHTS_EVICT_FIRST) && GLM5_WEIGHTS_EVICT_FIRST" in text
 
 
 def test_bench_cost_overrides_change_the_scheduler_tables(monkeypatch):
