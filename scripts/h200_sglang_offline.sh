@@ -61,6 +61,10 @@ export GLM5_FASTPATH_CACHE_DIR=${GLM5_FASTPATH_CACHE_DIR:-$CACHE/glm5}
 JIT_CACHE=${JIT_CACHE:-.carry/jit.tar.xz}
 if [ -f "$JIT_CACHE" ] && [ ! -d "$GLM5_FASTPATH_CACHE_DIR/sm_90a" ]; then
   mkdir -p "$GLM5_FASTPATH_CACHE_DIR" && tar -xJf "$JIT_CACHE" -C "$GLM5_FASTPATH_CACHE_DIR"
+  # the standalone GEMMs / D2 load weights evict-first at M <= 16 (ops/_device.py weights_evict_first): their
+  # -DGLM5_WEIGHTS_EVICT_FIRST builds, compiled here in parallel instead of inside the engine's start-up
+  python3 scripts/jit_variants.py --define GLM5_WEIGHTS_EVICT_FIRST=1 \
+    --sources attn_pre/fp8_gemm_skinny.cu,attn_pre/fp8_gemm_wgmma.cu,attn_pre/d2_absorb_kv_store.cu || true
 fi
 # JIT caches of an earlier machine (ENGINE_CACHE=.carry/engine-cache.tar.xz, made by SAVE_CACHE=1 below): a
 # fresh machine then skips the sgl-deep-gemm / Triton compiles of engine start-up
