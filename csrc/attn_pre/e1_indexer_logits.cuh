@@ -53,6 +53,7 @@
 #include "../common/bulk_copy.cuh"
 #include "../common/mma_f16.cuh"
 #include "../common/pdl.cuh"
+#include "../common/ptx_cp_async.cuh"
 #include "../common/vec_io.cuh"
 
 namespace glm5 {
@@ -187,8 +188,17 @@ struct E1IndexerLogitsTile {
         uint64_t* bar = &bars(smem)[s];
         if (pid >= 0) {
             ptx::mbarrier_arrive_expect_tx(bar, kPageBytes);
+#if defined(GLM5_E1_CACHE_EVICT_FIRST) && GLM5_E1_CACHE_EVICT_FIRST
+            // Each page is read once per step: evict-first, so the index-K stream (17.9 MB at 16 sequences of 8192
+            // tokens, 72 MB at 64) does not push code and activations out of L2 (the megakernel's opt-in,
+            // GLM5_FASTPATH_MRTP_E1_EVICT_FIRST).
+            ptx::bulk_copy_g2s_hint(smem + kStagesOff + s * kPageBytes,
+                                    a.cache + static_cast<int64_t>(pid) * kPageBytes, kPageBytes, bar,
+                                    ptx::l2_policy_evict_first());
+#else
             ptx::bulk_copy_g2s(smem + kStagesOff + s * kPageBytes, a.cache + static_cast<int64_t>(pid) * kPageBytes,
                                kPageBytes, bar);
+#endif
         } else {
             ptx::mbarrier_arrive(bar);
         }

@@ -64,6 +64,16 @@ GLM5_DEVICE void bulk_copy_g2s(void* dst_smem, const void* src_global, uint32_t 
                  : "memory");
 }
 
+// The same with an L2 cache policy operand (a createpolicy policy, e.g. ptx_cp_async.cuh l2_policy_evict_first).
+GLM5_DEVICE void bulk_copy_g2s_hint(void* dst_smem, const void* src_global, uint32_t bytes, uint64_t* bar,
+                                    uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            cvta_shared(dst_smem)),
+        "l"(src_global), "r"(bytes), "r"(cvta_shared(bar)), "l"(policy)
+        : "memory");
+}
+
 // Hint: bring `bytes` (multiple of 16, 16-byte aligned) of global memory into L2. No value is
 // returned and no copy is made outside L2, the device-wide point of coherence, so a prefetch of
 // data another kernel is still writing cannot make a later read see stale bytes.

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from glm5_fastpath.config import Glm5Config
+from glm5_fastpath.ops._device import weights_hint_defines
 from glm5_fastpath.ref import fp8 as rfp8
 from glm5_fastpath.ref import prefix as ref
 from glm5_fastpath.testing.numerics import assert_close, assert_equal, assert_no_poison, poison_
@@ -205,11 +206,12 @@ def test_tuning_knobs_default_to_the_production_kernel():
     assert (c.minb, c.diag, c.impl) == (1, 0, "mma")
     w = F.SkinnyConfig(F.EPI_QKV_A, 16, 2624, 6144, 128, 6, 5, impl="wgmma").spec()
     assert (w.name, w.source) == (F.WGMMA_FUNCTION, F.WGMMA_SOURCE)
-    assert dict(w.defines) == {"GLM5_SKINNY_TM": "128", "GLM5_SKINNY_STAGES": "5", "GLM5_SKINNY_EPI": "1"}
+    hint = weights_hint_defines(16)  # evict-first weights at M <= 16 (GLM5_FASTPATH_W_EVICT_FIRST=auto)
+    assert dict(w.defines) == {"GLM5_SKINNY_TM": "128", "GLM5_SKINNY_STAGES": "5", "GLM5_SKINNY_EPI": "1", **dict(hint)}
     with pytest.raises(ValueError, match="impl="):
         F.kernel_spec(16, 4, 0, impl="tma")
-    assert c.spec() == F.kernel_spec(16, 6, F.EPI_PLAIN)  # no MINB / DIAG defines: cache keys unchanged
-    assert {k for k, _ in c.spec().defines} == {"GLM5_SKINNY_TM", "GLM5_SKINNY_STAGES", "GLM5_SKINNY_EPI"}
+    assert c.spec() == F.kernel_spec(16, 6, F.EPI_PLAIN, hints=hint)  # no MINB / DIAG defines: cache keys unchanged
+    assert {k for k, _ in c.spec().defines} == {"GLM5_SKINNY_TM", "GLM5_SKINNY_STAGES", "GLM5_SKINNY_EPI"} | set(dict(hint))
     d = dict(F.kernel_spec(8, 4, F.EPI_PLAIN, 2, F.DIAG_LOADS_ONLY).defines)
     assert d["GLM5_SKINNY_MINB"] == "2" and d["GLM5_SKINNY_DIAG"] == "1"
 

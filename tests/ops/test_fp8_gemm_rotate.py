@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from glm5_fastpath.config import Glm5Config
+from glm5_fastpath.ops._device import weights_hint_defines
 from glm5_fastpath.ref import fp8 as rfp8
 from glm5_fastpath.ref import prefix as ref
 from glm5_fastpath.ref.hadamard import fwht
@@ -44,7 +45,7 @@ def test_rotation_spec_and_cache_key():
             F.kernel_spec(16, 6, bad["epi"], rot=bad["rot"])
     c = F.SkinnyConfig(F.EPI_IDX_Q, 16, 4096, 2048, 16, 2, 6)
     r = F.rotated(c, 128)
-    assert r.rot == 128 and r.spec() == F.kernel_spec(16, 6, F.EPI_IDX_Q, rot=128)
+    assert r.rot == 128 and r.spec() == F.kernel_spec(16, 6, F.EPI_IDX_Q, rot=128, hints=weights_hint_defines(16))
     assert (r.tm, r.splits, r.grid, r.partial_floats, r.counter_ints) == (c.tm, c.splits, c.grid, c.partial_floats,
                                                                           c.counter_ints)
     assert r.smem_bytes == c.smem_bytes + F.ROT_SCRATCH_BYTES == c.smem_bytes + 8448

@@ -14,7 +14,7 @@ from glm5_fastpath.attn_pre.cmp import MODES
 from glm5_fastpath.attn_pre.cmp.modes import OP_FUNCTIONS, WAIT_POINTS, resolve_wait_points, wait_support
 from glm5_fastpath.config import Glm5Config, small_config
 from glm5_fastpath.graph import build_prefix_graph
-from glm5_fastpath.ops._device import PDL_WAIT_POINTS
+from glm5_fastpath.ops._device import PDL_WAIT_POINTS, weights_hint_defines
 
 A0 = importlib.import_module("glm5_fastpath.ops.add_rmsnorm_quant")
 C0 = importlib.import_module("glm5_fastpath.ops.c0_head_gate")
@@ -92,7 +92,9 @@ def test_specs_carry_the_define_and_defaults_are_unchanged():
     assert set(dict(c0.spec.defines)) == {"GLM5_C0_HIDDEN", "GLM5_C0_HEADS", "GLM5_C0_NT", "GLM5_C0_CLUSTER"}
     d2 = D2.config_for(192, 512, 64, 16)
     assert _native_and_waits(lambda w: dataclasses.replace(d2, wait_at=w).spec) == d2.spec
-    assert set(dict(d2.spec.defines)) == {"GLM5_D2_NOPE", "GLM5_D2_KV_LORA", "GLM5_D2_ROPE", "GLM5_D2_MT", "GLM5_D2_NT"}
+    hint = set(dict(weights_hint_defines(16)))  # evict-first weights at M <= 16 (GLM5_FASTPATH_W_EVICT_FIRST=auto)
+    assert set(dict(d2.spec.defines)) == {"GLM5_D2_NOPE", "GLM5_D2_KV_LORA", "GLM5_D2_ROPE", "GLM5_D2_MT",
+                                          "GLM5_D2_NT"} | hint
     e1 = E1.config_for(32, 128)
     assert _native_and_waits(lambda w: dataclasses.replace(e1, wait_at=w).spec) == e1.spec
     assert set(dict(e1.spec.defines)) == {"GLM5_E1_HEADS", "GLM5_E1_DIM", "GLM5_E1_STAGES", "GLM5_E1_MAX_PAGES",
@@ -105,7 +107,8 @@ def test_specs_carry_the_define_and_defaults_are_unchanged():
             c = F.config_for(16, *{0: (2624, 6144), 1: (2624, 6144), 2: (16384, 2048), 3: (4096, 2048),
                                    4: (128, 6144)}[epi], epi, impl=impl)
             assert _native_and_waits(c.spec) == c.spec() == F.kernel_spec(
-                c.tm, c.stages, epi, c.minb, c.diag, c.impl, c.pipe, c.reduce if c.splits > 1 else "global")
+                c.tm, c.stages, epi, c.minb, c.diag, c.impl, c.pipe, c.reduce if c.splits > 1 else "global",
+                hints=weights_hint_defines(16))
     assert F.kernel_spec(16, 6, F.EPI_PLAIN).defines == (("GLM5_SKINNY_EPI", "0"), ("GLM5_SKINNY_STAGES", "6"),
                                                           ("GLM5_SKINNY_TM", "16"))
     assert _native_and_waits(lambda w: F.row_norms_spec(2048, 512, 64, w)) == F.row_norms_spec(2048, 512, 64)

@@ -214,8 +214,17 @@ def weights_evict_first() -> bool:
         raise MegaRtpError(str(e)) from None
 
 
+def e1_cache_evict_first() -> bool:
+    """GLM5_FASTPATH_MRTP_E1_EVICT_FIRST: E1's index-K cache pages load evict-first (-DGLM5_E1_CACHE_EVICT_FIRST)."""
+    try:
+        return jit_env.flag("GLM5_FASTPATH_MRTP_E1_EVICT_FIRST")
+    except ValueError as e:
+        raise MegaRtpError(str(e)) from None
+
+
 @functools.lru_cache(maxsize=None)
-def _spec(dims: KernelDims, trace: bool, stages: int = GEMM_STAGES, evict_first: bool = False) -> KernelSpec:
+def _spec(dims: KernelDims, trace: bool, stages: int = GEMM_STAGES, evict_first: bool = False,
+          e1_evict_first: bool = False) -> KernelSpec:
     return KernelSpec(FUNCTION, source=SOURCE, defines=(
         ("GLM5_MRTP_H", str(dims.hidden)), ("GLM5_MRTP_Q", str(dims.q_lora)), ("GLM5_MRTP_KV", str(dims.kv_lora)),
         ("GLM5_MRTP_R", str(dims.rope)),
@@ -223,11 +232,12 @@ def _spec(dims: KernelDims, trace: bool, stages: int = GEMM_STAGES, evict_first:
         ("GLM5_MRTP_TOPK", str(dims.topk)),
         ("GLM5_MRTP_TRACE", "1" if trace else "0"))
         + ((("GLM5_MRTP_GEMM_STAGES", str(stages)),) if stages != GEMM_STAGES else ())
-        + ((("GLM5_WEIGHTS_EVICT_FIRST", "1"),) if evict_first else ()))
+        + ((("GLM5_WEIGHTS_EVICT_FIRST", "1"),) if evict_first else ())
+        + ((("GLM5_E1_CACHE_EVICT_FIRST", "1"),) if e1_evict_first else ()))
 
 
 def kernel_spec(cfg: Glm5Config, trace: bool = False) -> KernelSpec:
-    return _spec(KernelDims.of(cfg), bool(trace), gemm_stages(), weights_evict_first())
+    return _spec(KernelDims.of(cfg), bool(trace), gemm_stages(), weights_evict_first(), e1_cache_evict_first())
 
 
 def compile_check_specs() -> list[KernelSpec]:

@@ -475,3 +475,16 @@ def test_bench_cost_overrides_change_the_scheduler_tables(monkeypatch):
     for bad in ("E2.fixed", "E2=3", "E2.warm=1", "E2.fixed=-1", "E2.fixed=x"):
         with pytest.raises(ValueError, match="--cost"):
             apply_cost_overrides(bad)
+
+
+def test_e1_cache_evict_first_is_opt_in_and_changes_only_its_define(monkeypatch):
+    monkeypatch.delenv("GLM5_FASTPATH_MRTP_E1_EVICT_FIRST", raising=False)
+    base = dict(D.kernel_spec(GLM5).defines)
+    assert "GLM5_E1_CACHE_EVICT_FIRST" not in base
+    monkeypatch.setenv("GLM5_FASTPATH_MRTP_E1_EVICT_FIRST", "1")
+    on = dict(D.kernel_spec(GLM5).defines)
+    assert on.pop("GLM5_E1_CACHE_EVICT_FIRST") == "1" and on == base
+    e1 = (Path(D.__file__).resolve().parents[3] / "csrc" / "attn_pre" / "e1_indexer_logits.cuh").read_text()
+    assert "#if defined(GLM5_E1_CACHE_EVICT_FIRST) && GLM5_E1_CACHE_EVICT_FIRST" in e1
+    assert "bulk_copy_g2s_hint(" in e1
+
