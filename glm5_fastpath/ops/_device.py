@@ -97,10 +97,15 @@ def weights_evict_first(m: int) -> bool:
     raise ValueError(f"GLM5_FASTPATH_W_EVICT_FIRST={raw!r}: expected auto, 0 or 1")
 
 
+# The define of the weight loads' evict-first hint (csrc/common/ptx_cp_async.cuh cp_async_16_weights; the wgmma
+# tile's load_w); every build that takes the hint (standalone ops, the MegaRTP megakernel) adds exactly this.
+WEIGHTS_HINT_DEFINES: tuple[tuple[str, str], ...] = (("GLM5_WEIGHTS_EVICT_FIRST", "1"),)
+
+
 def weights_hint_defines(m: int) -> tuple[tuple[str, str], ...]:
-    """-DGLM5_WEIGHTS_EVICT_FIRST=1 (part of the JIT cache key) when weights_evict_first(m); else nothing: the
-    cache keys and SASS of before. Read when a kernel's spec is built."""
-    return (("GLM5_WEIGHTS_EVICT_FIRST", "1"),) if weights_evict_first(m) else ()
+    """WEIGHTS_HINT_DEFINES (part of the JIT cache key) when weights_evict_first(m); else nothing: the cache keys
+    and SASS of before. Read when a kernel's spec is built."""
+    return WEIGHTS_HINT_DEFINES if weights_evict_first(m) else ()
 
 
 def wait_defines(wait_at: int) -> tuple[tuple[str, str], ...]:

@@ -60,7 +60,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ._device import PDL_WAIT_NATIVE, check_wait_at, pdl_wait_code, wait_defines, weights_evict_first
+from ._device import (PDL_WAIT_NATIVE, WEIGHTS_HINT_DEFINES, check_wait_at, pdl_wait_code, wait_defines,
+                      weights_evict_first)
 from ._device import overlaps as _overlaps, device_index as _device_index, require_aligned, require_hopper
 from ..jit import KernelSpec, env
 
@@ -99,7 +100,7 @@ class D2Config:
         return KernelSpec(FUNCTION, source=SOURCE, defines=(
             ("GLM5_D2_NOPE", str(self.nope)), ("GLM5_D2_KV_LORA", str(self.kv_lora)), ("GLM5_D2_ROPE", str(self.rope)),
             ("GLM5_D2_MT", str(self.mt)), ("GLM5_D2_NT", str(self.nt))) + wait_defines(self.wait_at)
-            + ((("GLM5_WEIGHTS_EVICT_FIRST", "1"),) if self.evict_first else ()))
+            + (WEIGHTS_HINT_DEFINES if self.evict_first else ()))
 
 
 def _fail(msg: str) -> ValueError:

@@ -208,6 +208,17 @@ def _megartp_runners(cfg, sets: list[_Set], m: int, kv_len: int, device: str):
     return out
 
 
+def check_modes(modes: Sequence[str]) -> None:
+    """Each mode is MEGARTP, a named CMP mode or a composite one (modes.py); else ValueError naming the bad part."""
+    for m in modes:
+        if m == MEGARTP:
+            continue
+        try:
+            get_mode(m)
+        except ValueError as e:
+            raise ValueError(f"bench prefix: unknown mode {m!r}: {e}") from None
+
+
 def _file_safe(mode: str) -> str:
     """A composite mode name (full+after:D1>D0) as a file-name part."""
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in mode)
@@ -270,9 +281,7 @@ def bench_prefix(cfg: Glm5Config, modes: Sequence[str] = DEFAULT_MODES, ms: Sequ
     from ...bench.prefix_ops import indexer_layer
     from ...bench.timing import l2_cache_bytes, measure_copy_bandwidth, plan_rotation
 
-    for m in modes:
-        if m != MEGARTP:
-            get_mode(m)  # a named mode or a composite one (modes.py); raises naming the bad part
+    check_modes(modes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bw = measure_copy_bandwidth(device)
@@ -446,13 +455,7 @@ def run(a: argparse.Namespace) -> int:
     modes, stock = [m for m in a.modes.split(",") if m], not a.no_stock
     if a.executors:
         modes, stock = modes_for_executors([e for e in a.executors.split(",") if e])
-    for m in modes:
-        if m == MEGARTP:
-            continue
-        try:
-            get_mode(m)
-        except ValueError as e:
-            raise ValueError(f"bench prefix: unknown mode {m!r}: {e}") from None
+    check_modes(modes)
     tl = [] if a.timeline_modes.strip().lower() in ("", "none") else [m for m in a.timeline_modes.split(",") if m]
     bench_prefix(cfg, modes, [int(x) for x in a.ms.split(",") if x], a.kv_len, a.out,
                  replays=a.replays, max_sets=a.max_sets, stock=stock, timeline_modes=tl)

@@ -41,6 +41,7 @@ from ...config import INDEXER_K_NORM_EPS, Glm5Config
 from ...graph.op_graph import OpGraph, ShapeContext
 from ...jit import KernelSpec
 from ...jit import env as jit_env
+from ...ops._device import WEIGHTS_HINT_DEFINES
 from .families import FINAL_K_SPLIT, SPLIT_K_PAYLOAD
 from .isa import (FAMILY_BY_OPCODE, INSTR_WORDS, MAX_WAITS, NOOP, OPCODE, OPERAND_SLOTS, PAYLOAD, REDUCE_TARGET, WAITS,
                   Instruction, Opcode, decode, encode)
@@ -206,20 +207,22 @@ def gemm_stages() -> int:
     return n
 
 
-def weights_evict_first() -> bool:
-    """GLM5_FASTPATH_MRTP_W_EVICT_FIRST: the weight loads carry an L2 evict-first hint (-DGLM5_WEIGHTS_EVICT_FIRST)."""
+def _build_flag(name: str) -> bool:
+    """A documented flag variable of the megakernel build; a bad value raises MegaRtpError naming it."""
     try:
-        return jit_env.flag("GLM5_FASTPATH_MRTP_W_EVICT_FIRST")
+        return jit_env.flag(name)
     except ValueError as e:
         raise MegaRtpError(str(e)) from None
+
+
+def weights_evict_first() -> bool:
+    """GLM5_FASTPATH_MRTP_W_EVICT_FIRST: the weight loads carry an L2 evict-first hint (WEIGHTS_HINT_DEFINES)."""
+    return _build_flag("GLM5_FASTPATH_MRTP_W_EVICT_FIRST")
 
 
 def e1_cache_evict_first() -> bool:
     """GLM5_FASTPATH_MRTP_E1_EVICT_FIRST: E1's index-K cache pages load evict-first (-DGLM5_E1_CACHE_EVICT_FIRST)."""
-    try:
-        return jit_env.flag("GLM5_FASTPATH_MRTP_E1_EVICT_FIRST")
-    except ValueError as e:
-        raise MegaRtpError(str(e)) from None
+    return _build_flag("GLM5_FASTPATH_MRTP_E1_EVICT_FIRST")
 
 
 @functools.lru_cache(maxsize=None)
@@ -232,7 +235,7 @@ def _spec(dims: KernelDims, trace: bool, stages: int = GEMM_STAGES, evict_first:
         ("GLM5_MRTP_TOPK", str(dims.topk)),
         ("GLM5_MRTP_TRACE", "1" if trace else "0"))
         + ((("GLM5_MRTP_GEMM_STAGES", str(stages)),) if stages != GEMM_STAGES else ())
-        + ((("GLM5_WEIGHTS_EVICT_FIRST", "1"),) if evict_first else ())
+        + (WEIGHTS_HINT_DEFINES if evict_first else ())
         + ((("GLM5_E1_CACHE_EVICT_FIRST", "1"),) if e1_evict_first else ()))
 
 
