@@ -38,7 +38,9 @@ FIXED_US = {"A0": 3.3, "B0": 8.8, "C0": 6.0, "B1": 10.5, "D1": 6.2, "D0": 9.5, "
 PER_BLOCK_OPS = frozenset({"B0", "B1", "D1", "D0"})  # C0's partial takes its 64 rows at once (6.3 -> 8.5 us, 16 -> 64)
 COLD_US = {"E2": 9.0, "D2": 3.6, "E1": 2.2}  # first of a run of the op on a queue (E2: 18 vs ~9 us, call 2)
 # (Session 22 call 1 refitted E2 on session 21 call 5's trace, fixed 9.5 / cold 1: the E path then lost its
-# priority over D0, three E1 windows queued behind D0 on one SM, and 1 token took 102 against 87 us. Reverted.)
+# priority over D0, three E1 windows queued behind D0 on one SM, and 1 token took 101 against 87 us in the same
+# run, call 2. Reverted. The model is fitted on plain-load traces; the evict-first default build runs its GEMM
+# tasks ~20 % under it at 1-16 tokens: next/c1_cost_refit.sh in the session-22 results.)
 # Before its inputs are ready an instruction runs a prologue (controller hand-off, weight / step-input prefetch):
 # the trace's wait when the producers were long done (10th percentile). It overlaps a real wait, so it only costs
 # when the inputs are ready first.
