@@ -2,7 +2,7 @@
 // [num_queues, max_queue_len, 32] (glm5_fastpath/attn_pre/megartp/plan.py), interpreting it.
 // Roles, slots, handshakes and failure handling: runtime.cuh. Families: families.cuh.
 //
-// Per instruction i of queue q (the CTA's blockIdx.x):
+// Per instruction i of queue q (the CTA's blockIdx.x; dynamic dispatch: the CTA's i-th claim from the one list):
 //   controller  publishes i into slot i & 1 once instruction i - 2 released it (fetch: a 4-deep
 //               register prefetch of the queue row, so the global load latency overlaps execution);
 //               then, if instruction i - 1 has CTA-wide barriers, joins them.
@@ -59,14 +59,16 @@ GLM5_DEVICE bool dispatch(const Ctx<kTrace>& c, uint8_t* smem) {
 
 template <class D, bool kTrace>
 GLM5_DEVICE void worker_role(const MegaParams& p, CtaShared& sh, uint8_t* smem, uint32_t epoch, int tid) {
-    for (int i = 0; i < p.max_queue_len; ++i) {
+    const bool dynamic = dynamic_dispatch(p);  // (a kernel parameter: no register across the loop)
+    for (int i = 0; dynamic || i < p.max_queue_len; ++i) {
         const int s = i & 1;
         const uint32_t seq = static_cast<uint32_t>(i >> 1) + 1u;
         // The controller publishes every slot promptly (it never waits on a global event), so this
         // wait is short; it needs no budget of its own.
         while (sync::ld_acquire_cta(&sh.full[s]) < seq) {
         }
-        const Ctx<kTrace> c{p, sh, sh.slot[s], epoch, tid, i, s, seq};
+        if (dynamic && *reinterpret_cast<volatile const int32_t*>(&sh.index[s]) < 0) break;  // the list is used up
+        const Ctx<kTrace> c{p, sh, sh.slot[s], epoch, tid, s, seq};
         if constexpr (kTrace) {
             if (tid == 0)
                 for (int k = 0; k < kTraceMarks; ++k) c.trace(kTraceMark0 + k, 0ull);  // a previous step's marks
@@ -108,6 +110,61 @@ struct Controller {
 
     GLM5_DEVICE bool aborted() const { return *reinterpret_cast<volatile const uint32_t*>(&sh.abort) != 0; }
 
+    // ---- dynamic dispatch: one topologically ordered list; each CTA claims its next instruction ----------
+    // The claim counter only grows: every step takes exactly max_queue_len + gridDim.x claims (one per
+    // instruction, then one "used up" per CTA), so claim value mod that period is the list index in every
+    // epoch, with no reset and no epoch needed here (host: max_epoch keeps the counter below 2^32).
+    // Deadlock-free: a CTA runs its claims in list order, so an instruction waits only for instructions
+    // earlier in the list, each already claimed by a running CTA that waits only for earlier ones in turn.
+    GLM5_DEVICE int claim() const {
+        uint32_t v = 0u;
+        if (lane == 0) v = sync::atom_add_relaxed_gpu(p.counters + p.claim_counter, 1u);
+        v = __shfl_sync(0xffffffffu, v, 0);
+        const uint32_t idx = v % (static_cast<uint32_t>(p.max_queue_len) + gridDim.x);
+        return idx < static_cast<uint32_t>(p.max_queue_len) ? static_cast<int>(idx) : -1;
+    }
+
+    // Once instruction i - 1 has its inputs (or is done), claim, fetch and publish this CTA's instruction i.
+    // A CTA blocked on a producer claims nothing more, so the list goes to the CTAs that can run it (the
+    // head-of-line blocking of static queues); the claim and fetch latency (~1-2 us) overlaps i - 1's tile.
+    // Slot i & 1 is free by then (instruction i - 2 is done: the workers run in order).
+    // -> the list index, -1 when the list is used up (published as a stop), -2 when the CTA aborts.
+    GLM5_DEVICE int publish_claimed(int i) const {
+        const int s = i & 1;
+        const uint32_t use = static_cast<uint32_t>(i >> 1);
+        if (i > 0) {
+            const int sp = (i - 1) & 1;
+            const uint32_t prev_use = static_cast<uint32_t>((i - 1) >> 1) + 1u;
+            while (sync::ld_acquire_cta(&sh.ready) < static_cast<uint32_t>(i) && sync::ld_acquire_cta(&sh.done[sp]) < prev_use) {
+                if (aborted()) return -2;
+            }
+        }
+        while (sync::ld_acquire_cta(&sh.done[s]) < use) {
+            if (aborted()) return -2;
+        }
+        const int idx = claim();
+        const int32_t word = idx >= 0 ? sync::ld_nc_s32(p.instructions + static_cast<int64_t>(idx) * isa::kInstrWords + lane) : 0;
+        sh.slot[s].w[lane] = word;
+        __syncwarp();
+        if (lane == 0) {
+            sh.index[s] = idx;
+            sync::st_release_cta(&sh.full[s], use + 1u);
+            if constexpr (kTrace) {
+                if (idx >= 0) p.trace[static_cast<int64_t>(idx) * kTraceWords] = sync::globaltimer_ns();
+            }
+        }
+        return idx;
+    }
+
+    GLM5_DEVICE void run_dynamic() const {
+        int idx = publish_claimed(0);
+        for (int i = 0; idx >= 0; ++i) {
+            idx = publish_claimed(i + 1);
+            if (idx == -2) return;
+            if (!join(i)) return;
+        }
+    }
+
     GLM5_DEVICE int32_t fetch(int i) const { return i < p.max_queue_len ? sync::ld_nc_s32(row + i * isa::kInstrWords + lane) : 0; }
 
     // Instruction i into slot i & 1 once instruction i - 2 has released it.
@@ -131,7 +188,7 @@ struct Controller {
 
     // Take part in instruction i's CTA-wide barriers once its inputs are ready.
     GLM5_DEVICE bool join(int i) const {
-        if (i >= p.max_queue_len) return true;
+        if (i >= p.max_queue_len) return true;  // (dynamic: i counts this CTA's claims, < the list length)
         const int s = i & 1;
         const int n = cta_barrier_joins(sh.slot[s], p);
         if (n <= 0) return true;
@@ -176,16 +233,26 @@ GLM5_DEVICE void megakernel_body(const MegaParams& p) {
         sh.full[tid] = 0u;
         sh.go[tid] = 0u;
         sh.done[tid] = 0u;
+        sh.index[tid] = 0;
     }
     if (tid == 0) {
+        sh.ready = 0u;
         sh.abort = 0u;
         sh.last = 0;
     }
+    // A claim counter outside the counters: every CTA leaves before its first instruction (uniform).
+    if (dynamic_dispatch(p) && p.claim_counter >= p.num_counters) {
+        if (tid == 0) record_error(p, kErrBadInstruction, -1, nullptr, p.epoch, p.claim_counter, 0, 0, 0, 0, /*detail*/ 5, 0);
+        return;
+    }
     __syncthreads();  // the only CTA-wide barrier outside the tiles
     if (tid >= kWorkerThreads) {
-        const Controller<kTrace> ctl{p, sh, p.instructions + static_cast<int64_t>(blockIdx.x) * p.max_queue_len * isa::kInstrWords,
-                                     tid & 31};
-        ctl.run();
+        const Controller<kTrace> ctl{p, sh, p.instructions + instr_index(p, 0) * isa::kInstrWords, tid & 31};
+        if (dynamic_dispatch(p)) {
+            ctl.run_dynamic();
+        } else {
+            ctl.run();
+        }
         return;
     }
     const uint32_t epoch = p.epoch != 0u ? p.epoch : sync::ld_relaxed_gpu(p.state) + 1u;

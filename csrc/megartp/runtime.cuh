@@ -86,8 +86,21 @@ struct MegaParams {
     int64_t idx_cache_pages;       // E1: pages of the index-K cache (ids outside [0, pages) are never read)
     int32_t bt_width;              // E1: block-table row width (pages per row; rows are contiguous)
     int32_t q_lora;                // q_lora_rank (K of D0; the controller's barrier count of a D0 tile)
+    // Dynamic dispatch (plan scheduler "dynamic"): >= 0 names the claim counter, and the instruction tensor is
+    // one topologically ordered list [1, max_queue_len, 32] that the CTAs take from in order (megakernel.cuh
+    // Controller::run_dynamic). -1: static queues, one per CTA.
+    int32_t claim_counter;
+    int32_t reserved;
 };
-static_assert(sizeof(MegaParams) == 168, "MegaParams ABI (device.py _Params) changed");
+static_assert(sizeof(MegaParams) == 176, "MegaParams ABI (device.py _Params) changed");
+
+GLM5_DEVICE bool dynamic_dispatch(const MegaParams& p) { return p.claim_counter >= 0; }
+
+// Where instruction `pos` of this CTA lives in [num_queues, max_queue_len, ...] tensors (instructions, trace):
+// its queue row (static), or the one list (dynamic: pos is the list index the CTA claimed).
+GLM5_DEVICE int64_t instr_index(const MegaParams& p, int pos) {
+    return dynamic_dispatch(p) ? static_cast<int64_t>(pos) : static_cast<int64_t>(blockIdx.x) * p.max_queue_len + pos;
+}
 
 constexpr int kStateWords = 4;  // [0] last completed epoch (every CTA stores it at exit), [1] CTAs exited (monotone), [2..3] unused
 
@@ -126,6 +139,8 @@ struct alignas(16) CtaShared {
     uint32_t full[2];
     uint32_t go[2];
     uint32_t done[2];
+    int32_t index[2];   // dynamic dispatch: the list index of the slot's instruction, -1 = no more (stop)
+    uint32_t ready;     // dynamic dispatch: i + 1 once the CTA's instruction i has its inputs (the next claim's cue)
     uint32_t abort;     // set once by a worker (thread 0) at a point every worker passes together
     int32_t last;       // split-K: this CTA is the last arriver of the reduce group
     float scratch[2 * kWorkerWarps];  // B0RowNormsTile row-sum partials (B0 finalisers)
@@ -141,7 +156,7 @@ GLM5_DEVICE void record_error(const MegaParams& p, int32_t kind, int pos, const 
                               int32_t detail, int64_t cycles) {
     if (atomicCAS(p.error + kErrClaim, 0, 1) != 0) return;
     int32_t* e = p.error;
-    e[kErrQueue] = static_cast<int32_t>(blockIdx.x);
+    e[kErrQueue] = dynamic_dispatch(p) ? 0 : static_cast<int32_t>(blockIdx.x);  // (queue, pos) index the instruction tensor
     e[kErrPos] = pos;
     e[kErrOpcode] = ins ? ins->w[isa::kOpcode] : -1;
     e[kErrEvent] = event;
@@ -178,9 +193,16 @@ struct Ctx {
     const isa::Instruction& ins;
     uint32_t epoch;
     int tid;   // worker thread 0..255
-    int pos;   // index in the queue
     int slot;
     uint32_t seq;
+
+    // Index of the instruction in its queue (dynamic dispatch: in the list). Derived, not stored: the slot's
+    // use count gives the CTA's instruction count i = 2 (seq - 1) + slot; the list index is in shared memory
+    // (no register held across the tile for the error and trace paths).
+    GLM5_DEVICE int pos() const {
+        return dynamic_dispatch(p) ? *reinterpret_cast<volatile const int32_t*>(&sh.index[slot])
+                                   : 2 * static_cast<int>(seq - 1u) + slot;
+    }
 
     // Operand slot of the op's OperandPtrTable row (validated before the family runs).
     template <class T>
@@ -193,7 +215,7 @@ struct Ctx {
     // same arguments and returns false; thread 0 records and raises the CTA abort flag.
     GLM5_DEVICE bool fail(int32_t kind, int32_t detail = 0, int32_t event = -1) const {
         if (tid == 0) {
-            record_error(p, kind, pos, &ins, epoch, event, 0, 0, 0, /*role*/ 0, detail, 0);
+            record_error(p, kind, pos(), &ins, epoch, event, 0, 0, 0, /*role*/ 0, detail, 0);
             sync::st_release_cta(&sh.abort, 1u);
         }
         return false;
@@ -201,14 +223,14 @@ struct Ctx {
 
     GLM5_DEVICE void trace(int field, unsigned long long v) const {
         if constexpr (kTrace) {
-            p.trace[(static_cast<int64_t>(blockIdx.x) * p.max_queue_len + pos) * kTraceWords + field] = v;
+            p.trace[instr_index(p, pos()) * kTraceWords + field] = v;
         }
     }
 
     // Where mark(k) stores (trace builds, worker thread 0; nullptr otherwise): for hooks in shared tile code.
     GLM5_DEVICE unsigned long long* mark_words() const {
         if constexpr (kTrace) {
-            if (tid == 0) return p.trace + (static_cast<int64_t>(blockIdx.x) * p.max_queue_len + pos) * kTraceWords + kTraceMark0;
+            if (tid == 0) return p.trace + instr_index(p, pos()) * kTraceWords + kTraceMark0;
         }
         return nullptr;
     }
@@ -225,7 +247,7 @@ struct Ctx {
         const int32_t ev = ins.wait_event(k);
         const int32_t thr = ins.wait_threshold(k);
         if (ev < 0 || ev >= p.num_counters || thr < 1) {
-            record_error(p, kErrBadInstruction, pos, &ins, epoch, ev, thr, 0, 0, 0, /*detail: wait k*/ k, 0);
+            record_error(p, kErrBadInstruction, pos(), &ins, epoch, ev, thr, 0, 0, 0, /*detail: wait k*/ k, 0);
             return false;
         }
         const uint32_t target = epoch * static_cast<uint32_t>(thr);
@@ -241,7 +263,7 @@ struct Ctx {
                 if (grid_aborted(p)) return false;
                 const long long dt = clock64() - t0;
                 if (dt > p.wait_budget_cycles) {
-                    record_error(p, kErrWaitTimeout, pos, &ins, epoch, ev, thr, target, v, /*role*/ 0, k, dt);
+                    record_error(p, kErrWaitTimeout, pos(), &ins, epoch, ev, thr, target, v, /*role*/ 0, k, dt);
                     return false;
                 }
             }
@@ -269,6 +291,7 @@ struct Ctx {
         if (tid == 0) {
             trace(1, sync::globaltimer_ns());
             if (cta_barrier_joins(ins, p) > 0) sync::st_release_cta(&sh.go[slot], seq);
+            if (dynamic_dispatch(p)) sync::st_release_cta(&sh.ready, 2u * (seq - 1u) + static_cast<uint32_t>(slot) + 1u);
         }
         return true;
     }

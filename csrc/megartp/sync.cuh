@@ -50,6 +50,13 @@ GLM5_DEVICE uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
     return old;
 }
 
+// Dynamic dispatch's claim: only the returned index matters (the instruction tensor is read-only).
+GLM5_DEVICE uint32_t atom_add_relaxed_gpu(uint32_t* p, uint32_t v) {
+    uint32_t old;
+    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 GLM5_DEVICE void st_release_gpu(int32_t* p, int32_t v) {
     asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }

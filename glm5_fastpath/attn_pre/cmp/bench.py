@@ -190,9 +190,11 @@ def _executors(cfg, mode: str, sets: list[_Set], m: int, kv_len: int, device: st
 
 
 MEGARTP = "megartp"  # the MegaRTP megakernel's row (--executors megartp): the whole prefix, one launch per step
+MEGARTP_DYNAMIC = "megartp_dynamic"  # the same, dynamic dispatch (one list the CTAs claim from at run time)
+MEGARTP_SCHEDULERS = {MEGARTP: "list", MEGARTP_DYNAMIC: "dynamic"}
 
 
-def _megartp_runners(cfg, sets: list[_Set], m: int, kv_len: int, device: str):
+def _megartp_runners(cfg, sets: list[_Set], m: int, kv_len: int, device: str, scheduler: str = "list"):
     """Per set: a MegaRtpExecutor on the whole prefix, planned, bound and run once (checked); -> its PlanRunners,
     whose launch(None) takes the epoch from device memory (CUDA-graph capture and replay)."""
     from ...graph import ShapeContext
@@ -202,7 +204,7 @@ def _megartp_runners(cfg, sets: list[_Set], m: int, kv_len: int, device: str):
     out = []
     for st in sets:
         ex = MegaRtpExecutor(cfg, st.w, device, kv_cache=st.step.kv_cache, index_k_cache=st.step.index_k_cache,
-                             max_m=m, max_pages=-(-kv_len // PAGE), pad_slot=st.pad_page * PAGE)
+                             max_m=m, max_pages=-(-kv_len // PAGE), pad_slot=st.pad_page * PAGE, scheduler=scheduler)
         ex.run(ctx, **st.inputs)
         out.append(ex.runner(ctx))
     return out
@@ -211,7 +213,7 @@ def _megartp_runners(cfg, sets: list[_Set], m: int, kv_len: int, device: str):
 def check_modes(modes: Sequence[str]) -> None:
     """Each mode is MEGARTP, a named CMP mode or a composite one (modes.py); else ValueError naming the bad part."""
     for m in modes:
-        if m == MEGARTP:
+        if m in MEGARTP_SCHEDULERS:
             continue
         try:
             get_mode(m)
@@ -299,8 +301,8 @@ def bench_prefix(cfg: Glm5Config, modes: Sequence[str] = DEFAULT_MODES, ms: Sequ
         row: dict[str, Any] = {"M": m, **fl, "sets": plan.sets, "covers_l2": plan.covers_l2, "modes": {}}
         for mode in modes:
             try:
-                if mode == MEGARTP:
-                    runs = _megartp_runners(cfg, sets, m, kv_len, device)
+                if mode in MEGARTP_SCHEDULERS:
+                    runs = _megartp_runners(cfg, sets, m, kv_len, device, MEGARTP_SCHEDULERS[mode])
                     row["modes"][mode] = _time(lambda i: runs[i % len(runs)].launch(None), len(runs), device, replays)
                     runs = None
                     _log(f"M={m} {mode}: {row['modes'][mode].get('median_us')}")
@@ -419,7 +421,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
 # `--executors` of `glm5-fastpath bench prefix`: which rows to run. "cmp" is the whole decomposition
 # (every mode after serial); "megartp" the MegaRTP megakernel on the whole prefix (issue #5: the same run and
 # the same rotated weight / cache sets as CMP), when the build runs every family the config's prefix needs.
-EXECUTOR_MODES = {"serial": ("serial",), "cmp": tuple(m for m in DEFAULT_MODES if m != "serial"), "megartp": (MEGARTP,)}
+EXECUTOR_MODES = {"serial": ("serial",), "cmp": tuple(m for m in DEFAULT_MODES if m != "serial"), "megartp": (MEGARTP,),
+                  "megartp_dynamic": (MEGARTP_DYNAMIC,)}
 EXECUTORS = ("stock",) + tuple(EXECUTOR_MODES)
 
 

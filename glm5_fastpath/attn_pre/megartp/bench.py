@@ -246,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="PrefixTiling fields to change for the plan, e.g. b0_split_k=6,d1_split_k=2")
     ap.add_argument("--scheduler", default="list", choices=SCHEDULERS,
                     help="queue placement: the critical-path list scheduler (default), the same with insertion "
-                         "into idle gaps, or the round-robin baseline")
+                         "into idle gaps, the round-robin baseline, or dynamic (no placement: the CTAs claim from "
+                         "one list in the list scheduler's priority order at run time)")
     ap.add_argument("--cost", default=None, metavar="OP.FIELD=US,...",
                     help="planner cost-model overrides for this run (FIELD: fixed, cold, setup), e.g. "
                          "E2.fixed=9.5,E2.cold=1: compares cost models in one call")

@@ -8,7 +8,8 @@ KernelPlan, its launcher, and the executor that plans, binds and runs one step.
     MegaRtpExecutor(cfg, weights, "cuda", kv_cache=..., graph=...).run(ctx, hidden=..., ...)
 
 Kernel (version 1; design in csrc/megartp/runtime.cuh): grid = the plan's queues (one resident CTA
-per SM), 288 threads = 8 worker warps + 1 controller warp, dynamic shared memory = the largest
+per SM; a dynamic-dispatch plan: plan.num_ctas CTAs claiming from its one list), 288 threads = 8
+worker warps + 1 controller warp, dynamic shared memory = the largest
 family (dynamic_smem_bytes; no page map yet). The controller publishes instruction i+1 into the
 second of two shared-memory slots while the workers run instruction i; the workers wait for the
 instruction's events (counter >= epoch x threshold, bounded by a clock64 budget), run the family's
@@ -90,7 +91,8 @@ class MegaRtpWaitTimeout(MegaRtpDeviceError):
 ERROR_KINDS = {0: "none", 1: "wait timeout", 2: "unsupported opcode", 3: "bad instruction",
                4: "unsupported tile", 5: "shared memory too small"}
 BAD_INSTRUCTION_DETAIL = {1: "wait_count out of range", 2: "signal_count out of range",
-                          3: "signal event out of range or increment < 1", 4: "operand_row out of range"}
+                          3: "signal event out of range or increment < 1", 4: "operand_row out of range",
+                          5: "the dynamic-dispatch claim counter (event field) is outside the counters"}
 UNSUPPORTED_DETAIL = {1: "rows: need 0 <= m0 < m1 <= M", 2: f"m0 not a multiple of the {GEMM_TOKEN_BLOCK}-token block",
                       3: "n range: n0 on a 128-row block, n1 - n0 <= 128, n1 <= N, N even",
                       4: "k range: k0, k1 on 128-column groups inside [0, K]", 5: "k_split outside the group's splits",
@@ -348,6 +350,8 @@ class RawPlan:
     instructions: torch.Tensor
     num_counters: int
     ops: list[str] = field(default_factory=list)
+    dispatch: str = "static"  # "dynamic": instructions is [1, n, 32], claimed by num_ctas CTAs; the last counter claims
+    num_ctas: int = 0
 
     def __post_init__(self) -> None:
         t = self.instructions
@@ -356,10 +360,24 @@ class RawPlan:
                                f"got {t.dtype} {list(t.shape)}")
         if self.num_counters < 0:
             raise MegaRtpError(f"RawPlan: num_counters must be >= 0, got {self.num_counters}")
+        if self.dispatch not in ("static", "dynamic"):
+            raise MegaRtpError(f"RawPlan: dispatch must be 'static' or 'dynamic', got {self.dispatch!r}")
+        if self.dispatch == "dynamic" and (t.shape[0] != 1 or self.num_ctas < 1 or self.num_counters < 1):
+            raise MegaRtpError("RawPlan: a dynamic plan is one list [1, n, 32] with num_ctas >= 1 and its claim "
+                               f"counter last (num_counters >= 1); got {list(t.shape)}, num_ctas {self.num_ctas}, "
+                               f"num_counters {self.num_counters}")
 
     @property
     def num_tokens(self) -> int:
         return 0
+
+    @property
+    def grid_ctas(self) -> int:
+        return self.num_ctas or int(self.instructions.shape[0])
+
+    @property
+    def claim_counter(self) -> int:
+        return self.num_counters - 1 if self.dispatch == "dynamic" else -1
 
 
 def noop_plan(num_queues: int, length: int = 1) -> RawPlan:
@@ -389,6 +407,15 @@ def chain_plan(num_queues: int, length: int, *, seed: int = 0) -> RawPlan:
             ins = Instruction(int(Opcode.NOOP), waits=tuple(waits[:MAX_WAITS]), signals=((ev(q, i), 1, 0),))
             words[q, i] = torch.tensor(encode(ins), dtype=torch.int32)
     return RawPlan(words, num_queues * length)
+
+
+def as_dynamic(plan: RawPlan, num_ctas: int) -> RawPlan:
+    """The same instructions as one list for dynamic dispatch, position-major ((0, q) for every q, then (1, q), ...),
+    plus a claim counter. Topological for noop_plan / chain_plan, whose instruction (q, i) waits only for
+    instructions (q', i) with q' < q or (q', i - 1)."""
+    q, n, _ = plan.instructions.shape
+    order = plan.instructions.transpose(0, 1).reshape(1, q * n, INSTR_WORDS).contiguous()
+    return RawPlan(order, plan.num_counters + 1, list(plan.ops), "dynamic", int(num_ctas))
 
 
 def _is_kernel_plan(plan: Any) -> bool:
@@ -535,10 +562,11 @@ class _Params(ctypes.Structure):
         ("idx_dim", ctypes.c_int32), ("rms_eps", ctypes.c_float), ("k_norm_eps", ctypes.c_float),
         ("head_w_scale", ctypes.c_float), ("max_ctx", ctypes.c_int32), ("idx_cache_pages", ctypes.c_int64),
         ("bt_width", ctypes.c_int32), ("q_lora", ctypes.c_int32),
+        ("claim_counter", ctypes.c_int32), ("reserved", ctypes.c_int32),
     ]
 
 
-PARAMS_BYTES = 168  # static_assert(sizeof(MegaParams) == 168) in runtime.cuh
+PARAMS_BYTES = 176  # static_assert(sizeof(MegaParams) == 176) in runtime.cuh
 assert ctypes.sizeof(_Params) == PARAMS_BYTES, ctypes.sizeof(_Params)
 
 
@@ -563,7 +591,10 @@ def max_epoch(plan: Any) -> int:
     state[1]) fit uint32. Read from the words (every wait slot, used or not: only the maximum matters)."""
     w = plan.instructions.reshape(-1, INSTR_WORDS).to(torch.int64)
     cols = [WAITS + 2 * i + 1 for i in range(MAX_WAITS)] + [REDUCE_TARGET]
-    biggest = max(int(w[:, cols].max()) if w.numel() else 1, 1, int(plan.instructions.shape[0]))
+    grid = int(getattr(plan, "grid_ctas", plan.instructions.shape[0]))
+    biggest = max(int(w[:, cols].max()) if w.numel() else 1, 1, grid)
+    if getattr(plan, "dispatch", "static") == "dynamic":  # claims per step: every instruction + one stop per CTA
+        biggest = max(biggest, int(plan.instructions.shape[1]) + grid)
     return (2**32 - 1) // biggest
 
 
@@ -585,9 +616,13 @@ class PlanRunner:
         self.cfg = cfg if cfg is not None else Glm5Config.preset("glm5")
         q, l, _ = plan.instructions.shape
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        if q > sms:
-            raise MegaRtpError(f"the plan has {q} queues but {dev} has {sms} SMs: every queue needs a resident CTA "
+        self.dynamic = getattr(plan, "dispatch", "static") == "dynamic"
+        self.grid = int(getattr(plan, "grid_ctas", q))
+        if self.grid > sms:
+            what = f"{self.grid} CTAs (dynamic dispatch)" if self.dynamic else f"{q} queues"
+            raise MegaRtpError(f"the plan has {what} but {dev} has {sms} SMs: every CTA must be resident "
                                f"(re-plan with num_sms <= {sms})")
+        self.claim_counter = int(plan.claim_counter) if self.dynamic else -1
         self.num_queues, self.max_queue_len = int(q), int(l)
         self.ops = list(getattr(plan, "ops", []))
         self.kernel_plan = _is_kernel_plan(plan)
@@ -651,6 +686,7 @@ class PlanRunner:
         p.rms_eps, p.k_norm_eps = _fp32(c.rms_norm_eps), _fp32(INDEXER_K_NORM_EPS)
         p.head_w_scale = _fp32(c.index_weight_scale)
         p.max_ctx, p.bt_width, p.idx_cache_pages = self._e1_dims
+        p.claim_counter, p.reserved = self.claim_counter, 0
         return p
 
     def kernel(self):
@@ -674,7 +710,7 @@ class PlanRunner:
             raise MegaRtpError(f"epoch {nxt} exceeds {self.max_epoch} (uint32 targets); reset() zeroes the counters")
         if self.trace_buf is not None:
             self.trace_buf.zero_()
-        self.kernel().launch((self.num_queues, 1, 1), (THREADS, 1, 1), [self._params(0 if epoch is None else nxt)],
+        self.kernel().launch((self.grid, 1, 1), (THREADS, 1, 1), [self._params(0 if epoch is None else nxt)],
                              smem=self.smem, stream=stream)
         self.epoch = nxt
         return nxt

@@ -11,6 +11,10 @@ Per instruction (decoded from plan.instructions[sm, pos]):
 Queues advance in a seeded random interleaving; steps 2 and 3 of one instruction are separate
 scheduling points, so other queues run between an instruction's writes and its signals.
 Counters persist across `run` calls (pass the next epoch): the monotone-target scheme is exercised.
+
+A dynamic-dispatch plan (one list) runs on DYNAMIC_CTAS virtual CTAs that claim from the list as the kernel's do:
+a CTA takes its next instruction when it holds none, or when the one it holds has its inputs; the action to take
+(claim, run, signal) is picked at random among the possible ones.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ from .families import FINAL_K_SPLIT
 from .isa import FAMILY_BY_OPCODE, Instruction, Opcode, decode
 from .plan import KernelPlan
 from .solvers import SOLVERS, SPLIT_K_SOLVERS
+
+
+DYNAMIC_CTAS = 5  # virtual CTAs claiming from a dynamic plan's list (few: more interleavings per CTA)
 
 
 class InterpreterDeadlock(GraphError):
@@ -101,6 +108,9 @@ class Interpreter:
         return acc
 
     def run(self, epoch: int = 1, seed: int = 0) -> None:
+        if getattr(self.plan, "dispatch", "static") == "dynamic":
+            self._run_dynamic(epoch, random.Random(seed))
+            return
         rng = random.Random(seed)
         pos = [0] * len(self.queues)
         pending_signal: list[Instruction | None] = [None] * len(self.queues)
@@ -125,6 +135,44 @@ class Interpreter:
             self.trace.append((q, self.plan.ops[ins.operand_row], ins.tile_index))
             pending_signal[q] = ins
             pos[q] += 1
+
+
+    def _run_dynamic(self, epoch: int, rng: random.Random, ctas: int = DYNAMIC_CTAS) -> None:
+        todo = self.queues[0]  # the list (NOOPs dropped)
+        nxt = 0
+        held: list[list[Instruction]] = [[] for _ in range(ctas)]  # claimed, in claim order (at most two)
+        pending: list[Instruction | None] = [None] * ctas
+        while True:
+            actions = []
+            for c in range(ctas):
+                if pending[c] is not None:
+                    actions.append(("signal", c))
+                    continue
+                head_ready = bool(held[c]) and self._ready(held[c][0], epoch)
+                if head_ready:
+                    actions.append(("run", c))
+                if nxt < len(todo) and (not held[c] or (head_ready and len(held[c]) < 2)):
+                    actions.append(("claim", c))
+            if not actions:
+                if nxt == len(todo) and not any(held):
+                    return
+                heads = [(c, self.plan.ops[h[0].operand_row], h[0].tile_index,
+                          [(e, t, self.counters[e]) for e, t in h[0].waits]) for c, h in enumerate(held) if h][:4]
+                raise InterpreterDeadlock(f"epoch {epoch}: no CTA can proceed (dynamic list at {nxt}/{len(todo)}); "
+                                          f"held heads (cta, op, tile, [(event, threshold, counter)]): {heads}")
+            kind, c = rng.choice(actions)
+            if kind == "signal":
+                for ev, inc, _ in pending[c].signals:
+                    self.counters[ev] += inc
+                pending[c] = None
+            elif kind == "claim":
+                held[c].append(todo[nxt])
+                nxt += 1
+            else:
+                ins = held[c].pop(0)
+                self._execute(ins, epoch)
+                self.trace.append((c, self.plan.ops[ins.operand_row], ins.tile_index))
+                pending[c] = ins
 
 
 def run_plan(plan: KernelPlan, env: Mapping[str, torch.Tensor], cfg: Glm5Config, *, seed: int = 0,

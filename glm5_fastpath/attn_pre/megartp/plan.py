@@ -1,6 +1,10 @@
 """TaskGraph -> KernelPlan: the instruction tensor [num_sms, max_queue_len, 32] int32 (NOOP padded),
 the counter layout, the spec table, workspace shapes and the OperandPtrTable.
 
+Scheduler "dynamic": the tensor is one topologically ordered list [1, num_tasks, 32] (the list schedulers' priority
+order) that the kernel's num_ctas CTAs claim from at run time through a claim counter (the last counter); see
+csrc/megartp/megakernel.cuh Controller::run_dynamic.
+
 Counter layout (one uint32 array the kernel zeroes once, never per step): events [0, num_events),
 then the reduce groups' blocks [num_events, num_counters): a group's counter, followed, for a family
 with `tile_counters` (B0), by one sub-counter per 128-row weight tile of the group's region (the
@@ -17,28 +21,39 @@ from ...config import Glm5Config
 from ...graph.op_graph import GraphError, OpGraph, ShapeContext
 from .isa import INSTR_WORDS, NOOP, Instruction, Opcode, decode, encode
 from .operands import OperandTable, workspace_name
-from .scheduler import (estimate_makespan, group_finish_us, insertion_schedule, list_schedule, round_robin,
-                        task_cold_us, task_costs_us, task_setup_us)
+from .scheduler import (dynamic_assignment, estimate_makespan, group_finish_us, insertion_schedule, list_schedule,
+                        priority_order, round_robin, task_cold_us, task_costs_us, task_setup_us)
 from .taskgraph import Pair, TaskGraph, build_taskgraph, family_of
 
 H200_SMS = 132
-SCHEDULERS = ("list", "insertion", "round_robin")
+SCHEDULERS = ("list", "insertion", "round_robin", "dynamic")
 
 
 @dataclass
 class KernelPlan:
     taskgraph: TaskGraph
     ops: list[str]  # operand row -> op
-    queues: list[list[int]]  # per SM: task ids in execution order
-    instructions: torch.Tensor  # [num_sms, max_queue_len, 32] int32
+    queues: list[list[int]]  # per SM: task ids in execution order (dynamic: [the one list])
+    instructions: torch.Tensor  # [num_sms, max_queue_len, 32] int32 (dynamic: [1, num_tasks, 32])
     specs: list[tuple]  # spec id -> (family, widths...)
     workspaces: dict[str, tuple[int, ...]]  # name -> fp32 shape
     operands: OperandTable
     stats: dict = field(default_factory=dict)
+    dispatch: str = "static"  # "static": queue q runs on CTA q; "dynamic": CTAs claim from the one list
+    num_ctas: int = 0  # the launch grid (0: one CTA per queue)
 
     @property
     def graph(self) -> OpGraph:
         return self.taskgraph.graph
+
+    @property
+    def grid_ctas(self) -> int:
+        return self.num_ctas or int(self.instructions.shape[0])
+
+    @property
+    def claim_counter(self) -> int:
+        """The dynamic list's claim counter (the last counter), -1 for static queues."""
+        return self.num_counters - 1 if self.dispatch == "dynamic" else -1
 
     @property
     def num_events(self) -> int:
@@ -46,7 +61,7 @@ class KernelPlan:
 
     @property
     def num_counters(self) -> int:
-        return self.num_events + sum(n for _, n in counter_blocks(self.taskgraph))
+        return self.num_events + sum(n for _, n in counter_blocks(self.taskgraph)) + (self.dispatch == "dynamic")
 
     def reduce_counter(self, group: int) -> int:
         return self.num_events + counter_blocks(self.taskgraph)[group][0]
@@ -110,7 +125,13 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
     queues = {"list": lambda: list_schedule(tg, costs, num_sms, finish, cold, setup),
               "insertion": lambda: insertion_schedule(tg, costs, num_sms, finish, cold, setup),
               "round_robin": lambda: round_robin(tg, num_sms)}
-    chosen = queues[scheduler]()
+    dynamic = scheduler == "dynamic"
+    if dynamic:  # one list; the per-CTA queues below are only the model's guess (for the estimate)
+        order = priority_order(tg, costs, finish, cold)
+        _, dyn_makespan = dynamic_assignment(tg, order, costs, num_sms, finish, cold, setup)
+        chosen = [order]
+    else:
+        chosen = queues[scheduler]()
     ops = [op for op in tg.graph.topo_order()]
     rows = {op: i for i, op in enumerate(ops)}
     spec_ids: dict[tuple, int] = {}
@@ -118,7 +139,7 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
         spec_ids.setdefault(family_of(t.op).spec_key(t.payload), len(spec_ids))
     max_len = max(1, max(len(q) for q in chosen))
     blocks = counter_blocks(tg)
-    words = torch.tensor(encode(NOOP), dtype=torch.int32).repeat(num_sms, max_len, 1)
+    words = torch.tensor(encode(NOOP), dtype=torch.int32).repeat(len(chosen), max_len, 1)
     for sm, queue in enumerate(chosen):
         for pos, tid in enumerate(queue):
             t = tg.tasks[tid]
@@ -131,14 +152,19 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
     compared = {scheduler, "list", "round_robin"}
     makespans = {name: estimate_makespan(tg, chosen if name == scheduler else fn(), costs, finish, cold, setup)
                  for name, fn in queues.items() if name in compared}
+    if dynamic:
+        makespans["dynamic"] = dyn_makespan
     stats = {"tasks": len(tg.tasks), "tiles": tg.tile_counts(), "events": len(tg.events),
              "reduce_counters": sum(n for _, n in blocks), "num_sms": num_sms, "max_queue_len": max_len,
-             "scheduler": scheduler, "est_makespan_us": makespans,
+             "scheduler": scheduler, "dispatch": "dynamic" if dynamic else "static", "est_makespan_us": makespans,
              "critical_path_us": _critical_path(tg, [c + k for c, k in zip(costs, cold)], finish),
              "max_epoch": (2**32 - 1) // max([e.threshold for e in tg.events] +
                                              [len(g.tasks) for g in tg.reduce_groups] + [1])}
+    if dynamic:  # every step takes num_tasks + num_ctas claims of the uint32 claim counter
+        stats["max_epoch"] = min(stats["max_epoch"], (2**32 - 1) // (max_len + num_sms))
     return KernelPlan(tg, ops, chosen, words, sorted(spec_ids, key=spec_ids.get), _workspaces(tg),
-                      OperandTable(tg.graph, ops), stats)
+                      OperandTable(tg.graph, ops), stats, "dynamic" if dynamic else "static",
+                      num_sms if dynamic else 0)
 
 
 def _critical_path(tg: TaskGraph, costs, finish=None) -> float:

@@ -20,6 +20,10 @@ says): `python -m glm5_fastpath.attn_pre.megartp.bench --scheduler ...` measures
 list_schedule and round_robin append tasks in a topological order, and insertion_schedule puts a task only after
 every producer on its queue, so no queue ever waits on a task placed later in the same queue (deadlock-free by
 construction; validator.py checks it anyway).
+
+Dynamic dispatch (scheduler "dynamic") places nothing on the host: the list schedulers' priority order is one list,
+and each CTA claims its next task at run time once its current task has its inputs (priority_order;
+dynamic_assignment models it for the estimate).
 """
 from __future__ import annotations
 
@@ -252,6 +256,71 @@ def insertion_schedule(tg: TaskGraph, costs: Sequence[float], num_sms: int,
 
     _in_priority_order(tg, costs, finish, cold, place)
     return [[t for _, _, t in sl] for sl in slots]
+
+
+def priority_order(tg: TaskGraph, costs: Sequence[float], finish: Mapping[int, float] | None = None,
+                   cold: Sequence[float] | None = None) -> list[int]:
+    """The list schedulers' order: ready tasks (every producer listed before) by critical-path priority. Dynamic
+    dispatch's one list (topological by construction)."""
+    order: list[int] = []
+
+    def place(t: int, ready: float) -> float:
+        order.append(t)
+        return 0.0
+
+    _in_priority_order(tg, costs, finish or {}, _per_task(tg, cold), place)
+    return order
+
+
+CLAIM_US = 1.5  # dynamic dispatch: a claim (global atomic) and the instruction fetch, overlapping the running task
+
+
+def dynamic_assignment(tg: TaskGraph, order: Sequence[int], costs: Sequence[float], num_sms: int,
+                       finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None,
+                       setup: Sequence[float] | None = None) -> tuple[list[list[int]], float]:
+    """Which CTA takes which task of the dynamic list, and the makespan, under the cost model: a CTA claims its
+    next task once its current one has its inputs (megakernel.cuh Controller::publish_claimed); the earliest
+    claimer takes the next task of `order`. The task starts its setup when the CTA is free (and the claim has
+    landed, CLAIM_US), runs once its producers are done, and the CTA claims again at that point. A reduce group's
+    finish delays its consumers; it is charged to the CTA of the member that ends last only while that CTA has
+    taken nothing since (approximate). -> (per-CTA task lists in run order, makespan)."""
+    finish = finish or {}
+    cold, setup = _per_task(tg, cold), _per_task(tg, setup)
+    kinds = [_kind(t) for t in tg.tasks]
+    preds = _preds(tg)
+    members_left = {g.id: len(g.tasks) for g in tg.reduce_groups}
+    member_end: dict[int, tuple[float, int]] = {}
+    group_end: dict[int, float] = {}
+    end = [0.0] * len(tg.tasks)
+    free = [0.0] * num_sms
+    last: list[str | None] = [None] * num_sms
+    queues: list[list[int]] = [[] for _ in range(num_sms)]
+    claims = [(0.0, q) for q in range(num_sms)]
+    heapq.heapify(claims)
+
+    def available(p: int) -> float:
+        g = tg.tasks[p].reduce_group
+        return group_end.get(g, end[p]) if g in finish else end[p]
+
+    for t in order:
+        at, q = heapq.heappop(claims)
+        begin = max(free[q], at + CLAIM_US if queues[q] else at)
+        ready = max([begin + setup[t]] + [available(p) for p in preds[t]])
+        end[t] = free[q] = ready + costs[t] + (0.0 if last[q] == kinds[t] else cold[t])
+        last[q] = kinds[t]
+        queues[q].append(t)
+        heapq.heappush(claims, (ready, q))
+        g = tg.tasks[t].reduce_group
+        if g is not None and g in finish:
+            if g not in member_end or end[t] > member_end[g][0]:
+                member_end[g] = (end[t], q)
+            members_left[g] -= 1
+            if members_left[g] == 0:
+                f, fq = member_end[g]
+                group_end[g] = f + finish[g]
+                if free[fq] == f:  # that CTA has taken nothing since
+                    free[fq] = max(free[fq], group_end[g])
+    return queues, max(list(end) + list(group_end.values()), default=0.0)
 
 
 def round_robin(tg: TaskGraph, num_sms: int) -> list[list[int]]:

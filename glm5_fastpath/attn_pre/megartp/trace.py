@@ -10,6 +10,9 @@ block), four points inside the first block's epilogue, and every block's epilogu
 counted on its weight tile; in the tile's last split, the tile summed. B0's row finalisers are recorded as
 op "B0.final".
 
+A dynamic-dispatch plan (one list, claimed at run time) is decoded per SM instead: a record's queue is the SM
+that ran it and its pos the list index.
+
 Derived per record: start = max(fetched, done of the previous instruction of the queue) (the workers
 take an instruction once the previous one is done), clipped to ready; wait = ready - start (blocked on
 events), run = done - ready (the tile and its signals). Times are relative to the earliest fetch.
@@ -98,6 +101,8 @@ def decode_trace(plan: Any, raw: torch.Tensor) -> list[TraceRecord]:
     t0 = int(raw[..., 0][valid].min())
     ops = list(getattr(plan, "ops", []))
     out: list[TraceRecord] = []
+    if getattr(plan, "dispatch", "static") == "dynamic":
+        return _decode_dynamic(plan, raw, valid, t0, ops)
     for q in range(q_n):
         prev_done = None
         for i in range(l_n):
@@ -113,6 +118,28 @@ def decode_trace(plan: Any, raw: torch.Tensor) -> list[TraceRecord]:
             out.append(TraceRecord(q, i, (meta >> 32) & 0xFFFFFFFF, ins.opcode, _op_name(ins, ops), ins.tile_index,
                                    fetched, start, ready, done, tuple(ins.waits), tuple(e for e, _, _ in ins.signals),
                                    marks))
+            prev_done = done
+    return out
+
+
+def _decode_dynamic(plan: Any, raw: torch.Tensor, valid: torch.Tensor, t0: int, ops: Sequence[str]) -> list[TraceRecord]:
+    """A dynamic-dispatch plan's trace ([1, n]): each record's queue is the SM that ran it (a CTA's claims run in
+    list order, so pos, the list index, orders each SM's records)."""
+    by_sm: dict[int, list[int]] = {}
+    for i in range(raw.shape[1]):
+        if bool(valid[0, i]):
+            by_sm.setdefault(int((int(raw[0, i, 3]) >> 32) & 0xFFFFFFFF), []).append(i)
+    out: list[TraceRecord] = []
+    for sm in sorted(by_sm):
+        prev_done = None
+        for i in by_sm[sm]:
+            f, r, d, meta, *mk = (int(x) for x in raw[0, i])
+            ins = decode(plan.instructions[0, i])
+            fetched, ready, done = float(f - t0), float(r - t0), float(d - t0)
+            start = min(fetched if prev_done is None else max(fetched, prev_done), ready)
+            out.append(TraceRecord(sm, i, sm, ins.opcode, _op_name(ins, ops), ins.tile_index, fetched, start, ready,
+                                   done, tuple(ins.waits), tuple(e for e, _, _ in ins.signals),
+                                   tuple(float(x - t0) if x else None for x in mk)))
             prev_done = done
     return out
 

@@ -9,7 +9,9 @@ Checks (PlanError names the SM, queue slot, op and tile):
    (families with tile_counters) exist and belong to it alone;
 3. no deadlock under any interleaving: counters only grow and waits are ">=", so the set of
    instructions that can ever complete is the fixed point of "complete any queue head whose waits
-   hold", independent of order. A queue stuck there deadlocks in every interleaving;
+   hold", independent of order. A queue stuck there deadlocks in every interleaving. A dynamic-dispatch
+   plan's one list passes exactly when it is topological, which is what makes the kernel's run-time
+   claiming deadlock-free (each CTA runs its claims in list order);
 4. exact dependencies: each consumer waits (through its events) for exactly the producer tiles
    whose writes intersect its reads (widened to whole reduce groups); a superset is accepted only
    on pairs registered `whole` (conservative by declaration); a finaliser waits for exactly the
@@ -185,7 +187,7 @@ def validate(plan: KernelPlan) -> KernelPlan:
 
 
 def dump(plan: KernelPlan, max_sms: int | None = None) -> str:
-    """Per-SM queues: opcode, tile coords (payload), waits, signals, reduce counter."""
+    """Per-SM queues (a dynamic plan: its one list): opcode, tile coords (payload), waits, signals, reduce counter."""
     s = plan.stats
     lines = [f"KernelPlan {plan.graph.name}: M={plan.taskgraph.ctx.M} max_ctx={plan.taskgraph.ctx.max_ctx} "
              f"tasks={s['tasks']} events={s['events']} reduce_counters={s['reduce_counters']} "
@@ -195,8 +197,10 @@ def dump(plan: KernelPlan, max_sms: int | None = None) -> str:
                                     f" >= {e.threshold} ({e.policy})" for e in plan.taskgraph.events[:12])
              + (f"; ... {plan.num_events - 12} more" if plan.num_events > 12 else "")]
     sms, n, _ = plan.instructions.shape
+    dynamic = getattr(plan, "dispatch", "static") == "dynamic"
     for sm in range(sms if max_sms is None else min(sms, max_sms)):
-        lines.append(f"SM {sm}:")
+        lines.append(f"list (claimed at run time by {plan.grid_ctas} CTAs, claim counter c{plan.claim_counter}):"
+                     if dynamic else f"SM {sm}:")
         for p in range(n):
             ins = decode(plan.instructions[sm, p])
             if ins.opcode == Opcode.NOOP:
