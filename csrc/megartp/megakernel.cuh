@@ -124,18 +124,33 @@ struct Controller {
         return idx < static_cast<uint32_t>(p.max_queue_len) ? static_cast<int>(idx) : -1;
     }
 
-    // Once instruction i - 1 has its inputs (or is done), claim, fetch and publish this CTA's instruction i.
-    // A CTA blocked on a producer claims nothing more, so the list goes to the CTAs that can run it (the
-    // head-of-line blocking of static queues); the claim and fetch latency (~1-2 us) overlaps i - 1's tile.
+    // Claim, fetch and publish this CTA's instruction i once instruction i - 1 is nearly done: `delay_ns`
+    // (the host's estimate of i - 1's run time minus the claim latency, params.claim_delay_ns) after its inputs
+    // were ready, or when it is done, whichever comes first. A CTA blocked on a producer, or busy with a long
+    // tile, claims nothing: the list goes to the CTAs that can run it next (static queues' head-of-line
+    // blocking), while the claim and fetch latency (~1-2 us) still overlaps the end of i - 1.
     // Slot i & 1 is free by then (instruction i - 2 is done: the workers run in order).
-    // -> the list index, -1 when the list is used up (published as a stop), -2 when the CTA aborts.
-    GLM5_DEVICE int publish_claimed(int i) const {
+    // -> the list index, -1 when the list is used up (published as a stop), -2 when the CTA aborts;
+    // delay_ns becomes the new instruction's.
+    GLM5_DEVICE int publish_claimed(int i, int32_t& delay_ns) const {
         const int s = i & 1;
         const uint32_t use = static_cast<uint32_t>(i >> 1);
         if (i > 0) {
             const int sp = (i - 1) & 1;
             const uint32_t prev_use = static_cast<uint32_t>((i - 1) >> 1) + 1u;
-            while (sync::ld_acquire_cta(&sh.ready) < static_cast<uint32_t>(i) && sync::ld_acquire_cta(&sh.done[sp]) < prev_use) {
+            const uint64_t delay = static_cast<uint64_t>(max(delay_ns, 0));
+            uint64_t t_ready = 0;
+            bool ready = false;
+            while (sync::ld_acquire_cta(&sh.done[sp]) < prev_use) {
+                if (!ready && sync::ld_acquire_cta(&sh.ready) >= static_cast<uint32_t>(i)) {
+                    ready = true;
+                    t_ready = sync::globaltimer_ns();
+                }
+                if (ready) {
+                    const uint64_t waited = sync::globaltimer_ns() - t_ready;
+                    if (waited >= delay) break;
+                    if (delay - waited > 1000u) __nanosleep(256);  // leave the issue slots to the workers
+                }
                 if (aborted()) return -2;
             }
         }
@@ -144,6 +159,9 @@ struct Controller {
         }
         const int idx = claim();
         const int32_t word = idx >= 0 ? sync::ld_nc_s32(p.instructions + static_cast<int64_t>(idx) * isa::kInstrWords + lane) : 0;
+        int32_t d = 0;
+        if (lane == 0 && idx >= 0 && p.claim_delay_ns != nullptr) d = sync::ld_nc_s32(p.claim_delay_ns + idx);
+        delay_ns = __shfl_sync(0xffffffffu, d, 0);
         sh.slot[s].w[lane] = word;
         __syncwarp();
         if (lane == 0) {
@@ -157,9 +175,10 @@ struct Controller {
     }
 
     GLM5_DEVICE void run_dynamic() const {
-        int idx = publish_claimed(0);
+        int32_t delay_ns = 0;
+        int idx = publish_claimed(0, delay_ns);
         for (int i = 0; idx >= 0; ++i) {
-            idx = publish_claimed(i + 1);
+            idx = publish_claimed(i + 1, delay_ns);
             if (idx == -2) return;
             if (!join(i)) return;
         }

@@ -65,6 +65,9 @@ struct MegaParams {
     uint32_t* state;               // [kStateWords]: last completed epoch, CTA exit counter
     const double* rope_inv_freq;   // [rope / 2] float64 (D2's k_pe RoPE, as ops.d2_absorb)
     const float* rope_table;       // [rope_table_len, rope / 2, 2] fp32 (cos, sin) (GEMM epilogues)
+    const int32_t* claim_delay_ns; // dynamic dispatch: per list entry, how long after its inputs are ready its CTA
+                                   // claims the next entry (the host's run-time estimate minus the claim latency);
+                                   // nullptr: at once
     int64_t rope_table_len;
     int64_t kv_num_slots;          // rows of the MLA KV cache (D2 store skips slots outside)
     int64_t wait_budget_cycles;    // bounded-wait guard (clock64 cycles per wait)
@@ -92,7 +95,7 @@ struct MegaParams {
     int32_t claim_counter;
     int32_t reserved;
 };
-static_assert(sizeof(MegaParams) == 176, "MegaParams ABI (device.py _Params) changed");
+static_assert(sizeof(MegaParams) == 184, "MegaParams ABI (device.py _Params) changed");
 
 GLM5_DEVICE bool dynamic_dispatch(const MegaParams& p) { return p.claim_counter >= 0; }
 

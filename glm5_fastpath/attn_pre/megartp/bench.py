@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -248,6 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="queue placement: the critical-path list scheduler (default), the same with insertion "
                          "into idle gaps, the round-robin baseline, or dynamic (no placement: the CTAs claim from "
                          "one list in the list scheduler's priority order at run time)")
+    ap.add_argument("--claim-lead", default=None, metavar="US|ready|done",
+                    help="dynamic scheduler: claim the next task this many us before the current one's estimated "
+                         "end (default 1.5), as soon as it has its inputs (ready) or when it is done (done); sets "
+                         "GLM5_FASTPATH_MRTP_CLAIM_LEAD_US for this run")
     ap.add_argument("--cost", default=None, metavar="OP.FIELD=US,...",
                     help="planner cost-model overrides for this run (FIELD: fixed, cold, setup), e.g. "
                          "E2.fixed=9.5,E2.cold=1: compares cost models in one call")
@@ -257,6 +262,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         costs = apply_cost_overrides(a.cost)
     except ValueError as e:  # GraphError (a non-positive split) is a ValueError too
         ap.error(str(e))
+    if a.claim_lead is not None:
+        from .plan import CLAIM_LEAD_ENV, claim_lead_us
+        try:
+            claim_lead_us(a.claim_lead)
+        except ValueError as e:
+            ap.error(str(e))
+        os.environ[CLAIM_LEAD_ENV] = a.claim_lead
+        print(f"claim lead: {a.claim_lead}")
     if costs:
         print(f"planner cost overrides: {costs}")
     res = bench_megartp(Glm5Config.preset(a.preset), ms=[int(x) for x in a.ms.split(",") if x],

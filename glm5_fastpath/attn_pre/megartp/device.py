@@ -553,7 +553,7 @@ class _Params(ctypes.Structure):
     _fields_ = [
         ("instructions", ctypes.c_void_p), ("counters", ctypes.c_void_p), ("operands", ctypes.c_void_p),
         ("error", ctypes.c_void_p), ("trace", ctypes.c_void_p), ("state", ctypes.c_void_p),
-        ("rope_inv_freq", ctypes.c_void_p), ("rope_table", ctypes.c_void_p),
+        ("rope_inv_freq", ctypes.c_void_p), ("rope_table", ctypes.c_void_p), ("claim_delay_ns", ctypes.c_void_p),
         ("rope_table_len", ctypes.c_int64), ("kv_num_slots", ctypes.c_int64), ("wait_budget_cycles", ctypes.c_int64),
         ("rope_theta", ctypes.c_double),
         ("epoch", ctypes.c_uint32), ("num_queues", ctypes.c_int32), ("max_queue_len", ctypes.c_int32),
@@ -566,7 +566,7 @@ class _Params(ctypes.Structure):
     ]
 
 
-PARAMS_BYTES = 176  # static_assert(sizeof(MegaParams) == 176) in runtime.cuh
+PARAMS_BYTES = 184  # static_assert(sizeof(MegaParams) == 184) in runtime.cuh
 assert ctypes.sizeof(_Params) == PARAMS_BYTES, ctypes.sizeof(_Params)
 
 
@@ -623,6 +623,10 @@ class PlanRunner:
             raise MegaRtpError(f"the plan has {what} but {dev} has {sms} SMs: every CTA must be resident "
                                f"(re-plan with num_sms <= {sms})")
         self.claim_counter = int(plan.claim_counter) if self.dynamic else -1
+        delays = getattr(plan, "claim_delay_ns", None) if self.dynamic else None
+        if delays is not None and tuple(delays.shape) != (int(l),):
+            raise MegaRtpError(f"claim_delay_ns has shape {list(delays.shape)}, the plan's list needs [{int(l)}]")
+        self.claim_delays = delays.to(dev, torch.int32).contiguous() if delays is not None else None
         self.num_queues, self.max_queue_len = int(q), int(l)
         self.ops = list(getattr(plan, "ops", []))
         self.kernel_plan = _is_kernel_plan(plan)
@@ -687,6 +691,7 @@ class PlanRunner:
         p.head_w_scale = _fp32(c.index_weight_scale)
         p.max_ctx, p.bt_width, p.idx_cache_pages = self._e1_dims
         p.claim_counter, p.reserved = self.claim_counter, 0
+        p.claim_delay_ns = self.claim_delays.data_ptr() if self.claim_delays is not None else None
         return p
 
     def kernel(self):

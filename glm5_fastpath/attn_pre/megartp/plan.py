@@ -21,8 +21,9 @@ from ...config import Glm5Config
 from ...graph.op_graph import GraphError, OpGraph, ShapeContext
 from .isa import INSTR_WORDS, NOOP, Instruction, Opcode, decode, encode
 from .operands import OperandTable, workspace_name
-from .scheduler import (dynamic_assignment, estimate_makespan, group_finish_us, insertion_schedule, list_schedule,
-                        priority_order, round_robin, task_cold_us, task_costs_us, task_setup_us)
+from .scheduler import (CLAIM_LEAD_US, claim_delays_ns, dynamic_assignment, estimate_makespan, group_finish_us,
+                        insertion_schedule, list_schedule, priority_order, round_robin, task_cold_us, task_costs_us,
+                        task_setup_us)
 from .taskgraph import Pair, TaskGraph, build_taskgraph, family_of
 
 H200_SMS = 132
@@ -41,6 +42,7 @@ class KernelPlan:
     stats: dict = field(default_factory=dict)
     dispatch: str = "static"  # "static": queue q runs on CTA q; "dynamic": CTAs claim from the one list
     num_ctas: int = 0  # the launch grid (0: one CTA per queue)
+    claim_delay_ns: torch.Tensor | None = None  # dynamic: [num_tasks] int32 (scheduler.claim_delays_ns)
 
     @property
     def graph(self) -> OpGraph:
@@ -114,8 +116,31 @@ def _workspaces(tg: TaskGraph) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_SMS, scheduler: str = "list"
-                        ) -> KernelPlan:
+CLAIM_LEAD_ENV = "GLM5_FASTPATH_MRTP_CLAIM_LEAD_US"
+
+
+def claim_lead_us(value: str | float | None = None) -> float | None:
+    """Dynamic dispatch's claim lead (scheduler.claim_delays_ns): a number of microseconds, "ready" (0 delay:
+    claim as soon as the current task has its inputs) or "done" (None: claim when it is done). None / "" -> the
+    environment's GLM5_FASTPATH_MRTP_CLAIM_LEAD_US, else CLAIM_LEAD_US."""
+    import os
+    if value is None or value == "":
+        value = os.environ.get(CLAIM_LEAD_ENV, "")
+        if value == "":
+            return CLAIM_LEAD_US
+    if value == "done":
+        return None
+    if value == "ready":
+        return float("inf")
+    try:
+        return float(value)
+    except ValueError:
+        raise GraphError(f"claim lead must be microseconds, 'ready' or 'done'; got {value!r} "
+                         f"(from {CLAIM_LEAD_ENV} or claim_lead)") from None
+
+
+def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_SMS, scheduler: str = "list",
+                        claim_lead: str | float | None = None) -> KernelPlan:
     if scheduler not in SCHEDULERS:
         raise GraphError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
     costs = task_costs_us(tg, cfg, num_sms)
@@ -126,9 +151,12 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
               "insertion": lambda: insertion_schedule(tg, costs, num_sms, finish, cold, setup),
               "round_robin": lambda: round_robin(tg, num_sms)}
     dynamic = scheduler == "dynamic"
-    if dynamic:  # one list; the per-CTA queues below are only the model's guess (for the estimate)
+    delays, lead = None, None
+    if dynamic:  # one list; the model's per-CTA assignment only gives the estimate
         order = priority_order(tg, costs, finish, cold)
-        _, dyn_makespan = dynamic_assignment(tg, order, costs, num_sms, finish, cold, setup)
+        lead = claim_lead_us(claim_lead)
+        _, dyn_makespan = dynamic_assignment(tg, order, costs, num_sms, finish, cold, setup, lead)
+        delays = torch.tensor(claim_delays_ns(order, costs, lead), dtype=torch.int32)
         chosen = [order]
     else:
         chosen = queues[scheduler]()
@@ -157,6 +185,8 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
     stats = {"tasks": len(tg.tasks), "tiles": tg.tile_counts(), "events": len(tg.events),
              "reduce_counters": sum(n for _, n in blocks), "num_sms": num_sms, "max_queue_len": max_len,
              "scheduler": scheduler, "dispatch": "dynamic" if dynamic else "static", "est_makespan_us": makespans,
+             "claim_lead_us": (None if not dynamic else "done" if lead is None else "ready" if lead == float("inf")
+                               else lead),
              "critical_path_us": _critical_path(tg, [c + k for c, k in zip(costs, cold)], finish),
              "max_epoch": (2**32 - 1) // max([e.threshold for e in tg.events] +
                                              [len(g.tasks) for g in tg.reduce_groups] + [1])}
@@ -164,7 +194,7 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
         stats["max_epoch"] = min(stats["max_epoch"], (2**32 - 1) // (max_len + num_sms))
     return KernelPlan(tg, ops, chosen, words, sorted(spec_ids, key=spec_ids.get), _workspaces(tg),
                       OperandTable(tg.graph, ops), stats, "dynamic" if dynamic else "static",
-                      num_sms if dynamic else 0)
+                      num_sms if dynamic else 0, delays)
 
 
 def _critical_path(tg: TaskGraph, costs, finish=None) -> float:
@@ -173,6 +203,9 @@ def _critical_path(tg: TaskGraph, costs, finish=None) -> float:
 
 
 def build_plan(graph: OpGraph, ctx: ShapeContext, cfg: Glm5Config, *, num_sms: int = H200_SMS,
-               scheduler: str = "list", policies: Mapping[Pair, str] | None = None) -> KernelPlan:
-    """OpGraph -> TaskGraph -> KernelPlan for one step shape (re-plan when M / KV lengths change)."""
-    return plan_from_taskgraph(build_taskgraph(graph, ctx, policies), cfg, num_sms=num_sms, scheduler=scheduler)
+               scheduler: str = "list", policies: Mapping[Pair, str] | None = None,
+               claim_lead: str | float | None = None) -> KernelPlan:
+    """OpGraph -> TaskGraph -> KernelPlan for one step shape (re-plan when M / KV lengths change). claim_lead:
+    dynamic dispatch only (claim_lead_us)."""
+    return plan_from_taskgraph(build_taskgraph(graph, ctx, policies), cfg, num_sms=num_sms, scheduler=scheduler,
+                               claim_lead=claim_lead)

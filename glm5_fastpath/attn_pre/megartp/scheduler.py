@@ -272,18 +272,30 @@ def priority_order(tg: TaskGraph, costs: Sequence[float], finish: Mapping[int, f
     return order
 
 
-CLAIM_US = 1.5  # dynamic dispatch: a claim (global atomic) and the instruction fetch, overlapping the running task
+CLAIM_US = 1.5  # dynamic dispatch: a claim (global atomic) and the instruction fetch
+CLAIM_LEAD_US = 1.5  # dynamic dispatch: claim the next task this long before the current one's estimated end
+CLAIM_AT_DONE = 2**31 - 1  # a claim delay (ns) that never expires: the CTA claims when its task is done
+
+
+def claim_delays_ns(order: Sequence[int], costs: Sequence[float], lead_us: float | None) -> list[int]:
+    """Per list entry: how long after its inputs are ready its CTA claims the next entry (the device's
+    params.claim_delay_ns): its estimated run time minus `lead_us` (>= 0); lead None: when it is done."""
+    if lead_us is None:
+        return [CLAIM_AT_DONE] * len(order)
+    return [int(round(max(0.0, costs[t] - lead_us) * 1e3)) for t in order]
 
 
 def dynamic_assignment(tg: TaskGraph, order: Sequence[int], costs: Sequence[float], num_sms: int,
                        finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None,
-                       setup: Sequence[float] | None = None) -> tuple[list[list[int]], float]:
+                       setup: Sequence[float] | None = None, lead_us: float | None = CLAIM_LEAD_US
+                       ) -> tuple[list[list[int]], float]:
     """Which CTA takes which task of the dynamic list, and the makespan, under the cost model: a CTA claims its
-    next task once its current one has its inputs (megakernel.cuh Controller::publish_claimed); the earliest
-    claimer takes the next task of `order`. The task starts its setup when the CTA is free (and the claim has
-    landed, CLAIM_US), runs once its producers are done, and the CTA claims again at that point. A reduce group's
-    finish delays its consumers; it is charged to the CTA of the member that ends last only while that CTA has
-    taken nothing since (approximate). -> (per-CTA task lists in run order, makespan)."""
+    next task `lead_us` before its current one's estimated end, not before the current one has its inputs, and
+    at its end at the latest (lead None: at its end; megakernel.cuh Controller::publish_claimed); the earliest
+    claimer takes the next task of `order`. The task starts its setup when the CTA is free and the claim has
+    landed (CLAIM_US), and runs once its producers are done. A reduce group's finish delays its consumers; it is
+    charged to the CTA of the member that ends last only while that CTA has taken nothing since (approximate).
+    -> (per-CTA task lists in run order, makespan)."""
     finish = finish or {}
     cold, setup = _per_task(tg, cold), _per_task(tg, setup)
     kinds = [_kind(t) for t in tg.tasks]
@@ -309,7 +321,8 @@ def dynamic_assignment(tg: TaskGraph, order: Sequence[int], costs: Sequence[floa
         end[t] = free[q] = ready + costs[t] + (0.0 if last[q] == kinds[t] else cold[t])
         last[q] = kinds[t]
         queues[q].append(t)
-        heapq.heappush(claims, (ready, q))
+        claim_at = end[t] if lead_us is None else min(end[t], max(ready, ready + costs[t] - lead_us))
+        heapq.heappush(claims, (claim_at, q))
         g = tg.tasks[t].reduce_group
         if g is not None and g in finish:
             if g not in member_end or end[t] > member_end[g][0]:

@@ -7,7 +7,8 @@ CTAs claiming as the kernel does reproduce the eager reference, deterministicall
 the ABI / C++ parts the host relies on.
 GPU (marked): NOOP chains claimed dynamically (eager steps, CUDA-graph replays, claim counter exact), and the
 whole GLM-5 prefix BITWISE equal to the static plan's outputs (every tile's math and every split-K reduce order is
-independent of which SM runs it), over epochs and graph replays, with fewer CTAs than SMs, and traced.
+independent of which SM runs it), over epochs and graph replays, with fewer CTAs than SMs, with each claim policy
+(the default lead before the estimated end, at input readiness, at the end), and traced.
 """
 import re
 from pathlib import Path
@@ -72,6 +73,38 @@ def test_dynamic_plan_is_one_topological_list_with_a_claim_counter(m):
     assert "claimed at run time by 132 CTAs" in text and f"claim counter c{p.claim_counter}" in text
 
 
+def test_claim_delays_follow_the_lead():
+    ctx = ShapeContext.independent([8192] * 16)
+    g = build_prefix_graph(GLM5)
+    plans = {lead: build_plan(g, ctx, GLM5, scheduler="dynamic", claim_lead=lead) for lead in ("ready", "done", 1.5, 4)}
+    n = plans[1.5].instructions.shape[1]
+    for lead, p in plans.items():
+        d = p.claim_delay_ns
+        assert d.dtype == torch.int32 and tuple(d.shape) == (n,)
+        assert torch.equal(p.instructions, plans[1.5].instructions)  # the lead changes only the delays
+        assert p.stats["claim_lead_us"] == lead
+    assert int(plans["ready"].claim_delay_ns.abs().max()) == 0
+    assert bool((plans["done"].claim_delay_ns == S.CLAIM_AT_DONE).all())
+    costs = S.task_costs_us(plans[1.5].taskgraph, GLM5, 132)
+    expect = [round(max(0.0, costs[t] - 1.5) * 1e3) for t in plans[1.5].queues[0]]
+    assert plans[1.5].claim_delay_ns.tolist() == expect and min(expect) >= 0
+    assert bool((plans[4].claim_delay_ns <= plans[1.5].claim_delay_ns).all())
+    assert build_plan(g, ctx, GLM5).claim_delay_ns is None  # static plans have none
+
+
+def test_claim_lead_comes_from_the_argument_or_the_environment(monkeypatch):
+    from glm5_fastpath.attn_pre.megartp.plan import CLAIM_LEAD_ENV, claim_lead_us
+    from glm5_fastpath.graph.op_graph import GraphError
+    monkeypatch.delenv(CLAIM_LEAD_ENV, raising=False)
+    assert claim_lead_us() == S.CLAIM_LEAD_US
+    assert claim_lead_us("done") is None and claim_lead_us("ready") == float("inf") and claim_lead_us(2) == 2.0
+    monkeypatch.setenv(CLAIM_LEAD_ENV, "done")
+    assert claim_lead_us() is None and claim_lead_us(3) == 3.0
+    monkeypatch.setenv(CLAIM_LEAD_ENV, "soon")
+    with pytest.raises(GraphError, match="microseconds, 'ready' or 'done'"):
+        claim_lead_us()
+
+
 def test_priority_order_is_the_list_schedulers_pop_order():
     tg = build_plan(build_prefix_graph(SMALL), ShapeContext.independent([300, 70]), SMALL, num_sms=5).taskgraph
     costs = S.task_costs_us(tg, SMALL, 5)
@@ -91,7 +124,7 @@ def test_dynamic_assignment_models_claims_at_input_readiness():
     costs, cold, setup = S.task_costs_us(tg, GLM5, 132), S.task_cold_us(tg), S.task_setup_us(tg)
     finish = S.group_finish_us(tg)
     order = S.priority_order(tg, costs, finish, cold)
-    queues, makespan = S.dynamic_assignment(tg, order, costs, 132, finish, cold, setup)
+    queues, makespan = S.dynamic_assignment(tg, order, costs, 132, finish, cold, setup, lead_us=float("inf"))
     assert sorted(t for q in queues for t in q) == list(range(len(tg.tasks)))
     rank = {t: i for i, t in enumerate(order)}
     assert all([rank[t] for t in q] == sorted(rank[t] for t in q) for q in queues)  # claims in list order
@@ -101,6 +134,11 @@ def test_dynamic_assignment_models_claims_at_input_readiness():
     one, span1 = S.dynamic_assignment(tg, order, costs, 1, finish, cold, setup)
     assert one == [order] and span1 >= sum(costs) - 1e-6
     assert makespan < span1
+    # claiming at the end instead of at input readiness: never sooner than the lead-less claim
+    for lead in (1.5, None):
+        q2, span2 = S.dynamic_assignment(tg, order, costs, 132, finish, cold, setup, lead_us=lead)
+        assert sorted(t for q in q2 for t in q) == list(range(len(tg.tasks)))
+        assert span2 >= S.critical_path_priority(tg, costs, finish)[order[0]] - max(cold) - 1e-6
 
 
 def test_validator_rejects_a_dynamic_list_that_is_not_topological():
@@ -223,11 +261,11 @@ def test_gpu_dynamic_noop_chain_with_few_ctas_and_trace():
     assert all(rec.ready >= ready_of[e] for rec in recs for e, _ in rec.waits), "ready before a producer"
 
 
-def _prefix(m: int, scheduler: str, num_sms: int | None = None, seed: int = 3):
+def _prefix(m: int, scheduler: str, num_sms: int | None = None, seed: int = 3, claim_lead=None):
     from glm5_fastpath.attn_pre.megartp.bench import bind_tensors, reference_env
     g = D.supported_subgraph(build_prefix_graph(GLM5), GLM5)
     ctx = ShapeContext.independent([500 + 37 * i for i in range(m)])
-    plan = validate(build_plan(g, ctx, GLM5, num_sms=num_sms or _sms(), scheduler=scheduler))
+    plan = validate(build_plan(g, ctx, GLM5, num_sms=num_sms or _sms(), scheduler=scheduler, claim_lead=claim_lead))
     env, ref = reference_env(GLM5, g, ctx, seed=seed, device="cuda")
     tensors = bind_tensors(plan, env, "cuda")
     return g, plan, tensors, ref
@@ -235,21 +273,22 @@ def _prefix(m: int, scheduler: str, num_sms: int | None = None, seed: int = 3):
 
 OUTPUTS = ["q_lora_fp8", "q_lora_scale", "c_kv", "k_pe", "index_k_fp8", "index_k_scale", "index_q_fp8",
            "index_q_scale", "head_w", "q_lat", "logits", "x_bf16", "residual_out", "x_fp8", "x_scale", "topk_slots",
-           "q_nope", "q_pe", "kv_cache_written", "index_k_cache_written"]
+           "q_nope", "q_pe", "w_raw", "q_lora", "kv_cache", "index_k_cache"]  # the caches: updated in place
 POISONED = ["c_kv", "k_pe", "index_k_scale", "index_q_scale", "head_w", "q_lat", "logits", "x_bf16", "residual_out",
             "x_scale", "topk_slots", "q_nope", "q_pe"]  # not the caches (E1 / the next step read their old rows)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,num_sms", [(1, None), (16, None), (40, None), (16, 8)],
-                         ids=["m1", "m16", "m40", "m16-8ctas"])
-def test_gpu_dynamic_whole_prefix_is_bitwise_the_static_plan(m, num_sms):
+@pytest.mark.parametrize("m,num_sms,lead", [(1, None, None), (16, None, None), (40, None, None), (16, 8, None),
+                                            (16, None, "ready"), (16, None, "done")],
+                         ids=["m1", "m16", "m40", "m16-8ctas", "m16-claim-at-ready", "m16-claim-at-done"])
+def test_gpu_dynamic_whole_prefix_is_bitwise_the_static_plan(m, num_sms, lead):
     from glm5_fastpath.testing.numerics import assert_close, assert_equal
     _, sp, st, ref = _prefix(m, "list", num_sms)
     rs = D.PlanRunner(sp, GLM5, "cuda").bind(st)
     rs.launch(1)
     rs.check()
-    _, dp, dt, _ = _prefix(m, "dynamic", num_sms)
+    _, dp, dt, _ = _prefix(m, "dynamic", num_sms, claim_lead=lead)
     rd = D.PlanRunner(dp, GLM5, "cuda").bind(dt)
     assert rd.grid == (num_sms or _sms())
     for e in range(1, 4):
