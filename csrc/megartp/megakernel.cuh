@@ -116,71 +116,91 @@ struct Controller {
     // epoch, with no reset and no epoch needed here (host: max_epoch keeps the counter below 2^32).
     // Deadlock-free: a CTA runs its claims in list order, so an instruction waits only for instructions
     // earlier in the list, each already claimed by a running CTA that waits only for earlier ones in turn.
-    GLM5_DEVICE int claim() const {
-        uint32_t v = 0u;
-        if (lane == 0) v = sync::atom_add_relaxed_gpu(p.counters + p.claim_counter, 1u);
-        v = __shfl_sync(0xffffffffu, v, 0);
-        const uint32_t idx = v % (static_cast<uint32_t>(p.max_queue_len) + gridDim.x);
-        return idx < static_cast<uint32_t>(p.max_queue_len) ? static_cast<int>(idx) : -1;
+    //
+    // When: the CTA claims instruction i + 1 `delay` (the host's estimate of i's run time minus the claim
+    // latency, params.claim_delay_ns) after i has its inputs, or once i is done, whichever comes first. A CTA
+    // blocked on a producer, or busy with a long tile, claims nothing: the list goes to the CTAs that can run
+    // it next (static queues' head-of-line blocking), while the claim and fetch latency (~1-2 us) overlaps the
+    // end of i. During the CTA-wide barriers of a GEMM instruction the controller is inside bar.sync, so there
+    // the claim advances one split phase per barrier (atomic issued, index and loads issued, published): no
+    // phase waits on memory while the workers wait for the controller at a barrier.
+    struct Claim {
+        int phase = 0;     // 0 not started, 1 atomic issued, 2 loads issued, 3 published
+        uint32_t v = 0u;   // the atomic's old value (lane 0)
+        int idx = -1;      // list index, -1: used up
+        int32_t word = 0;  // this lane's instruction word
+        int32_t delay = 0; // the claimed instruction's claim delay (lane 0)
+    };
+
+    // One phase of claiming instruction i (this CTA's i-th): see Claim.
+    GLM5_DEVICE void advance(Claim& c, int i) const {
+        if (c.phase == 0) {
+            if (lane == 0) c.v = sync::atom_add_relaxed_gpu(p.counters + p.claim_counter, 1u);
+        } else if (c.phase == 1) {
+            const uint32_t v = __shfl_sync(0xffffffffu, c.v, 0);
+            const uint32_t at = v % (static_cast<uint32_t>(p.max_queue_len) + gridDim.x);
+            c.idx = at < static_cast<uint32_t>(p.max_queue_len) ? static_cast<int>(at) : -1;
+            if (c.idx >= 0) {
+                c.word = sync::ld_nc_s32(p.instructions + static_cast<int64_t>(c.idx) * isa::kInstrWords + lane);
+                if (lane == 0 && p.claim_delay_ns != nullptr) c.delay = sync::ld_nc_s32(p.claim_delay_ns + c.idx);
+            }
+        } else if (c.phase == 2) {
+            // Slot i & 1 is free: instruction i - 2 is done (instruction i - 1 has its inputs or is done).
+            const int s = i & 1;
+            sh.slot[s].w[lane] = c.word;
+            __syncwarp();
+            if (lane == 0) {
+                sh.index[s] = c.idx;
+                sync::st_release_cta(&sh.full[s], static_cast<uint32_t>(i >> 1) + 1u);
+                if constexpr (kTrace) {
+                    if (c.idx >= 0) p.trace[static_cast<int64_t>(c.idx) * kTraceWords] = sync::globaltimer_ns();
+                }
+            }
+        }
+        ++c.phase;
     }
 
-    // Claim, fetch and publish this CTA's instruction i once instruction i - 1 is nearly done: `delay_ns`
-    // (the host's estimate of i - 1's run time minus the claim latency, params.claim_delay_ns) after its inputs
-    // were ready, or when it is done, whichever comes first. A CTA blocked on a producer, or busy with a long
-    // tile, claims nothing: the list goes to the CTAs that can run it next (static queues' head-of-line
-    // blocking), while the claim and fetch latency (~1-2 us) still overlaps the end of i - 1.
-    // Slot i & 1 is free by then (instruction i - 2 is done: the workers run in order).
-    // -> the list index, -1 when the list is used up (published as a stop), -2 when the CTA aborts;
-    // delay_ns becomes the new instruction's.
-    GLM5_DEVICE int publish_claimed(int i, int32_t& delay_ns) const {
+    GLM5_DEVICE uint64_t now() const { return __shfl_sync(0xffffffffu, sync::globaltimer_ns(), 0); }  // warp-uniform
+
+    // Instruction i is published; run its controller part (barrier joins) and claim + publish instruction i + 1.
+    // delay_ns: i's claim delay in, i + 1's out. -> the claimed index (-1: used up, the stop is published),
+    // -2: the CTA aborts.
+    GLM5_DEVICE int step_dynamic(int i, int32_t& delay_ns) const {
         const int s = i & 1;
-        const uint32_t use = static_cast<uint32_t>(i >> 1);
-        if (i > 0) {
-            const int sp = (i - 1) & 1;
-            const uint32_t prev_use = static_cast<uint32_t>((i - 1) >> 1) + 1u;
-            const uint64_t delay = static_cast<uint64_t>(max(delay_ns, 0));
-            uint64_t t_ready = 0;
-            bool ready = false;
-            while (sync::ld_acquire_cta(&sh.done[sp]) < prev_use) {
-                if (!ready && sync::ld_acquire_cta(&sh.ready) >= static_cast<uint32_t>(i)) {
-                    ready = true;
-                    t_ready = sync::globaltimer_ns();
-                }
-                if (ready) {
-                    const uint64_t waited = sync::globaltimer_ns() - t_ready;
-                    if (waited >= delay) break;
-                    if (delay - waited > 1000u) __nanosleep(256);  // leave the issue slots to the workers
-                }
+        const uint32_t seq = static_cast<uint32_t>(i >> 1) + 1u;
+        // i has its inputs (the workers publish ready after its global waits), or is done
+        while (sync::ld_acquire_cta(&sh.ready) < static_cast<uint32_t>(i + 1) && sync::ld_acquire_cta(&sh.done[s]) < seq) {
+            if (aborted()) return -2;
+        }
+        const uint64_t claim_at = now() + static_cast<uint64_t>(max(delay_ns, 0));
+        Claim c;
+        const int n = cta_barrier_joins(sh.slot[s], p);  // ready was published after go (same thread, release)
+        for (int k = 0; k < n; ++k) {
+            sync::bar_sync_cta();
+            if (c.phase > 0 || now() >= claim_at) {
+                if (c.phase < 3) advance(c, i + 1);
+            }
+        }
+        if (c.phase == 0) {  // no barriers (or the delay outlasted them): wait for the delay or the end of i
+            while (sync::ld_acquire_cta(&sh.done[s]) < seq) {
+                const uint64_t t = now();
+                if (t >= claim_at) break;
+                if (claim_at - t > 1000u) __nanosleep(256);  // leave the issue slots to the workers
                 if (aborted()) return -2;
             }
         }
-        while (sync::ld_acquire_cta(&sh.done[s]) < use) {
-            if (aborted()) return -2;
-        }
-        const int idx = claim();
-        const int32_t word = idx >= 0 ? sync::ld_nc_s32(p.instructions + static_cast<int64_t>(idx) * isa::kInstrWords + lane) : 0;
-        int32_t d = 0;
-        if (lane == 0 && idx >= 0 && p.claim_delay_ns != nullptr) d = sync::ld_nc_s32(p.claim_delay_ns + idx);
-        delay_ns = __shfl_sync(0xffffffffu, d, 0);
-        sh.slot[s].w[lane] = word;
-        __syncwarp();
-        if (lane == 0) {
-            sh.index[s] = idx;
-            sync::st_release_cta(&sh.full[s], use + 1u);
-            if constexpr (kTrace) {
-                if (idx >= 0) p.trace[static_cast<int64_t>(idx) * kTraceWords] = sync::globaltimer_ns();
-            }
-        }
-        return idx;
+        while (c.phase < 3) advance(c, i + 1);
+        delay_ns = __shfl_sync(0xffffffffu, c.delay, 0);
+        return c.idx;
     }
 
     GLM5_DEVICE void run_dynamic() const {
-        int32_t delay_ns = 0;
-        int idx = publish_claimed(0, delay_ns);
-        for (int i = 0; idx >= 0; ++i) {
-            idx = publish_claimed(i + 1, delay_ns);
+        Claim c0;
+        while (c0.phase < 3) advance(c0, 0);
+        int32_t delay_ns = __shfl_sync(0xffffffffu, c0.delay, 0);
+        for (int i = 0, idx = c0.idx; idx >= 0; ++i) {
+            idx = step_dynamic(i, delay_ns);
             if (idx == -2) return;
-            if (!join(i)) return;
         }
     }
 

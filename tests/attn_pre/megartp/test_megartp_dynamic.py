@@ -178,7 +178,7 @@ def test_claim_counter_is_in_the_params_and_the_controller_claims_modulo_the_ste
     src = (CSRC / "megakernel.cuh").read_text()
     # every step takes max_queue_len + gridDim.x claims: the host's max_epoch bound relies on this period
     assert re.search(r"v % \(static_cast<uint32_t>\(p\.max_queue_len\) \+ gridDim\.x\)", src)
-    assert "run_dynamic" in src and "publish_claimed" in src
+    assert "run_dynamic" in src and "step_dynamic" in src
 
 
 def test_raw_dynamic_plans_are_checked():
