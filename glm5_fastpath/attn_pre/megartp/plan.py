@@ -12,6 +12,7 @@ device finds tile t's at the group counter + 1 + t). Waits target epoch x thresh
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -117,13 +118,13 @@ def _workspaces(tg: TaskGraph) -> dict[str, tuple[int, ...]]:
 
 
 CLAIM_LEAD_ENV = "GLM5_FASTPATH_MRTP_CLAIM_LEAD_US"
+CLAIM_TERMS_ENV = "GLM5_FASTPATH_MRTP_CLAIM_TERMS"  # run | cold (default) | finish: scheduler.claim_delays_ns
 
 
 def claim_lead_us(value: str | float | None = None) -> float | None:
     """Dynamic dispatch's claim lead (scheduler.claim_delays_ns): a number of microseconds, "ready" (0 delay:
     claim as soon as the current task has its inputs) or "done" (None: claim when it is done). None / "" -> the
     environment's GLM5_FASTPATH_MRTP_CLAIM_LEAD_US, else CLAIM_LEAD_US."""
-    import os
     if value is None or value == "":
         value = os.environ.get(CLAIM_LEAD_ENV, "")
         if value == "":
@@ -155,8 +156,15 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
     if dynamic:  # one list; the model's per-CTA assignment only gives the estimate
         order = priority_order(tg, costs, finish, cold)
         lead = claim_lead_us(claim_lead)
-        _, dyn_makespan = dynamic_assignment(tg, order, costs, num_sms, finish, cold, setup, lead)
-        delays = torch.tensor(claim_delays_ns(order, costs, lead), dtype=torch.int32)
+        finish_of = [finish.get(t.reduce_group, 0.0) for t in tg.tasks]
+        terms = os.environ.get(CLAIM_TERMS_ENV, "") or "cold"
+        try:
+            delay_list = claim_delays_ns(order, costs, lead, cold=cold, finish_of=finish_of, terms=terms)
+        except ValueError as e:
+            raise GraphError(f"{CLAIM_TERMS_ENV}: {e}") from None
+        _, dyn_makespan = dynamic_assignment(tg, order, costs, num_sms, finish, cold, setup, lead,
+                                             delays_ns=delay_list)
+        delays = torch.tensor(delay_list, dtype=torch.int32)
         chosen = [order]
     else:
         chosen = queues[scheduler]()
@@ -187,6 +195,7 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
              "scheduler": scheduler, "dispatch": "dynamic" if dynamic else "static", "est_makespan_us": makespans,
              "claim_lead_us": (None if not dynamic else "done" if lead is None else "ready" if lead == float("inf")
                                else lead),
+             "claim_terms": (os.environ.get(CLAIM_TERMS_ENV, "") or "cold") if dynamic else None,
              "critical_path_us": _critical_path(tg, [c + k for c, k in zip(costs, cold)], finish),
              "max_epoch": (2**32 - 1) // max([e.threshold for e in tg.events] +
                                              [len(g.tasks) for g in tg.reduce_groups] + [1])}

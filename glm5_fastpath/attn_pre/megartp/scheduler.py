@@ -277,25 +277,40 @@ CLAIM_LEAD_US = 1.5  # dynamic dispatch: claim the next task this long before th
 CLAIM_AT_DONE = 2**31 - 1  # a claim delay (ns) that never expires: the CTA claims when its task is done
 
 
-def claim_delays_ns(order: Sequence[int], costs: Sequence[float], lead_us: float | None) -> list[int]:
+CLAIM_DELAY_TERMS = ("run", "cold", "finish")  # what a claim delay's run-time estimate includes (cumulative)
+
+
+def claim_delays_ns(order: Sequence[int], costs: Sequence[float], lead_us: float | None, *,
+                    cold: Sequence[float] | None = None, finish_of: Sequence[float] | None = None,
+                    terms: str = "cold") -> list[int]:
     """Per list entry: how long after its inputs are ready its CTA claims the next entry (the device's
-    params.claim_delay_ns): its estimated run time minus `lead_us` (>= 0); lead None: when it is done."""
+    params.claim_delay_ns): its estimated run time minus `lead_us` (>= 0); lead None: when it is done. The
+    estimate is `terms`: "run" its cost, "cold" + its cold cost (session 23 call 3: E2 runs ~16 us as the first
+    of its run on an SM against a 7.5 us cost, and a CTA that claimed at the cost's end queued a second E2 behind
+    it), "finish" + its reduce group's finish (only the last arriver runs it: the others then claim at their end).
+    """
+    if terms not in CLAIM_DELAY_TERMS:
+        raise ValueError(f"claim delay terms must be one of {CLAIM_DELAY_TERMS}, got {terms!r}")
     if lead_us is None:
         return [CLAIM_AT_DONE] * len(order)
-    return [int(round(max(0.0, costs[t] - lead_us) * 1e3)) for t in order]
+    k = CLAIM_DELAY_TERMS.index(terms)
+    cold = cold if cold is not None and k >= 1 else [0.0] * len(costs)
+    fin = finish_of if finish_of is not None and k >= 2 else [0.0] * len(costs)
+    return [int(round(max(0.0, costs[t] + cold[t] + fin[t] - lead_us) * 1e3)) for t in order]
 
 
 def dynamic_assignment(tg: TaskGraph, order: Sequence[int], costs: Sequence[float], num_sms: int,
                        finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None,
-                       setup: Sequence[float] | None = None, lead_us: float | None = CLAIM_LEAD_US
-                       ) -> tuple[list[list[int]], float]:
+                       setup: Sequence[float] | None = None, lead_us: float | None = CLAIM_LEAD_US,
+                       delays_ns: Sequence[int] | None = None) -> tuple[list[list[int]], float]:
     """Which CTA takes which task of the dynamic list, and the makespan, under the cost model: a CTA claims its
     next task `lead_us` before its current one's estimated end, not before the current one has its inputs, and
     at its end at the latest (lead None: at its end; megakernel.cuh Controller::publish_claimed); the earliest
     claimer takes the next task of `order`. The task starts its setup when the CTA is free and the claim has
     landed (CLAIM_US), and runs once its producers are done. A reduce group's finish delays its consumers; it is
     charged to the CTA of the member that ends last only while that CTA has taken nothing since (approximate).
-    -> (per-CTA task lists in run order, makespan)."""
+    delays_ns (per list entry, claim_delays_ns), when given, replaces the lead: the CTA claims that long after
+    the task's inputs are ready, or at its end. -> (per-CTA task lists in run order, makespan)."""
     finish = finish or {}
     cold, setup = _per_task(tg, cold), _per_task(tg, setup)
     kinds = [_kind(t) for t in tg.tasks]
@@ -314,14 +329,17 @@ def dynamic_assignment(tg: TaskGraph, order: Sequence[int], costs: Sequence[floa
         g = tg.tasks[p].reduce_group
         return group_end.get(g, end[p]) if g in finish else end[p]
 
-    for t in order:
+    for j, t in enumerate(order):
         at, q = heapq.heappop(claims)
         begin = max(free[q], at + CLAIM_US if queues[q] else at)
         ready = max([begin + setup[t]] + [available(p) for p in preds[t]])
         end[t] = free[q] = ready + costs[t] + (0.0 if last[q] == kinds[t] else cold[t])
         last[q] = kinds[t]
         queues[q].append(t)
-        claim_at = end[t] if lead_us is None else min(end[t], max(ready, ready + costs[t] - lead_us))
+        if delays_ns is not None:
+            claim_at = min(end[t], ready + delays_ns[j] / 1e3)
+        else:
+            claim_at = end[t] if lead_us is None else min(end[t], max(ready, ready + costs[t] - lead_us))
         heapq.heappush(claims, (claim_at, q))
         g = tg.tasks[t].reduce_group
         if g is not None and g in finish:

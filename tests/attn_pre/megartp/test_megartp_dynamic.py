@@ -85,11 +85,39 @@ def test_claim_delays_follow_the_lead():
         assert p.stats["claim_lead_us"] == lead
     assert int(plans["ready"].claim_delay_ns.abs().max()) == 0
     assert bool((plans["done"].claim_delay_ns == S.CLAIM_AT_DONE).all())
-    costs = S.task_costs_us(plans[1.5].taskgraph, GLM5, 132)
-    expect = [round(max(0.0, costs[t] - 1.5) * 1e3) for t in plans[1.5].queues[0]]
+    tg = plans[1.5].taskgraph
+    costs, cold = S.task_costs_us(tg, GLM5, 132), S.task_cold_us(tg)
+    fin = S.group_finish_us(tg)
+    finish_of = [fin.get(t.reduce_group, 0.0) for t in tg.tasks]
+    order = plans[1.5].queues[0]
+    expect = [round(max(0.0, costs[t] + cold[t] - 1.5) * 1e3) for t in order]  # default terms: run + cold
     assert plans[1.5].claim_delay_ns.tolist() == expect and min(expect) >= 0
+    assert plans[1.5].stats["claim_terms"] == "cold"
     assert bool((plans[4].claim_delay_ns <= plans[1.5].claim_delay_ns).all())
     assert build_plan(g, ctx, GLM5).claim_delay_ns is None  # static plans have none
+    run = S.claim_delays_ns(order, costs, 1.5, cold=cold, finish_of=finish_of, terms="run")
+    full = S.claim_delays_ns(order, costs, 1.5, cold=cold, finish_of=finish_of, terms="finish")
+    assert run == [round(max(0.0, costs[t] - 1.5) * 1e3) for t in order]
+    assert all(a <= b <= c for a, b, c in zip(run, expect, full)) and full != expect  # D1 / B1 groups finish
+    with pytest.raises(ValueError, match="terms"):
+        S.claim_delays_ns(order, costs, 1.5, terms="all")
+
+
+def test_claim_terms_come_from_the_environment(monkeypatch):
+    from glm5_fastpath.attn_pre.megartp.plan import CLAIM_TERMS_ENV
+    from glm5_fastpath.graph.op_graph import GraphError
+    ctx = ShapeContext.independent([8192] * 4)
+    g = build_prefix_graph(GLM5)
+    monkeypatch.setenv(CLAIM_TERMS_ENV, "run")
+    run = build_plan(g, ctx, GLM5, scheduler="dynamic", claim_lead=1.5)
+    monkeypatch.setenv(CLAIM_TERMS_ENV, "finish")
+    full = build_plan(g, ctx, GLM5, scheduler="dynamic", claim_lead=1.5)
+    assert run.stats["claim_terms"] == "run" and full.stats["claim_terms"] == "finish"
+    assert bool((run.claim_delay_ns <= full.claim_delay_ns).all()) and not torch.equal(run.claim_delay_ns,
+                                                                                       full.claim_delay_ns)
+    monkeypatch.setenv(CLAIM_TERMS_ENV, "everything")
+    with pytest.raises(GraphError, match=CLAIM_TERMS_ENV):
+        build_plan(g, ctx, GLM5, scheduler="dynamic")
 
 
 def test_claim_lead_comes_from_the_argument_or_the_environment(monkeypatch):
