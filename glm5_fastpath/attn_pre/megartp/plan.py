@@ -118,7 +118,7 @@ def _workspaces(tg: TaskGraph) -> dict[str, tuple[int, ...]]:
 
 
 CLAIM_LEAD_ENV = "GLM5_FASTPATH_MRTP_CLAIM_LEAD_US"
-CLAIM_TERMS_ENV = "GLM5_FASTPATH_MRTP_CLAIM_TERMS"  # run | cold (default) | finish: scheduler.claim_delays_ns
+CLAIM_TERMS_ENV = "GLM5_FASTPATH_MRTP_CLAIM_TERMS"  # run (default) | cold | finish: scheduler.claim_delays_ns
 
 
 def claim_lead_us(value: str | float | None = None) -> float | None:
@@ -157,7 +157,7 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
         order = priority_order(tg, costs, finish, cold)
         lead = claim_lead_us(claim_lead)
         finish_of = [finish.get(t.reduce_group, 0.0) for t in tg.tasks]
-        terms = os.environ.get(CLAIM_TERMS_ENV, "") or "cold"
+        terms = os.environ.get(CLAIM_TERMS_ENV, "") or "run"
         try:
             delay_list = claim_delays_ns(order, costs, lead, cold=cold, finish_of=finish_of, terms=terms)
         except ValueError as e:
@@ -195,7 +195,7 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
              "scheduler": scheduler, "dispatch": "dynamic" if dynamic else "static", "est_makespan_us": makespans,
              "claim_lead_us": (None if not dynamic else "done" if lead is None else "ready" if lead == float("inf")
                                else lead),
-             "claim_terms": (os.environ.get(CLAIM_TERMS_ENV, "") or "cold") if dynamic else None,
+             "claim_terms": (os.environ.get(CLAIM_TERMS_ENV, "") or "run") if dynamic else None,
              "critical_path_us": _critical_path(tg, [c + k for c, k in zip(costs, cold)], finish),
              "max_epoch": (2**32 - 1) // max([e.threshold for e in tg.events] +
                                              [len(g.tasks) for g in tg.reduce_groups] + [1])}

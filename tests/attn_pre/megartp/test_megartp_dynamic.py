@@ -90,15 +90,16 @@ def test_claim_delays_follow_the_lead():
     fin = S.group_finish_us(tg)
     finish_of = [fin.get(t.reduce_group, 0.0) for t in tg.tasks]
     order = plans[1.5].queues[0]
-    expect = [round(max(0.0, costs[t] + cold[t] - 1.5) * 1e3) for t in order]  # default terms: run + cold
+    expect = [round(max(0.0, costs[t] - 1.5) * 1e3) for t in order]  # default terms: the run-time cost
     assert plans[1.5].claim_delay_ns.tolist() == expect and min(expect) >= 0
-    assert plans[1.5].stats["claim_terms"] == "cold"
+    assert plans[1.5].stats["claim_terms"] == "run"
     assert bool((plans[4].claim_delay_ns <= plans[1.5].claim_delay_ns).all())
     assert build_plan(g, ctx, GLM5).claim_delay_ns is None  # static plans have none
-    run = S.claim_delays_ns(order, costs, 1.5, cold=cold, finish_of=finish_of, terms="run")
+    with_cold = S.claim_delays_ns(order, costs, 1.5, cold=cold, finish_of=finish_of, terms="cold")
     full = S.claim_delays_ns(order, costs, 1.5, cold=cold, finish_of=finish_of, terms="finish")
-    assert run == [round(max(0.0, costs[t] - 1.5) * 1e3) for t in order]
-    assert all(a <= b <= c for a, b, c in zip(run, expect, full)) and full != expect  # D1 / B1 groups finish
+    assert with_cold == [round(max(0.0, costs[t] + cold[t] - 1.5) * 1e3) for t in order]
+    assert all(a <= b <= c for a, b, c in zip(expect, with_cold, full))
+    assert with_cold != expect and full != with_cold  # E1 / E2 / D2 cold costs; D1 / B1 group finishes
     with pytest.raises(ValueError, match="terms"):
         S.claim_delays_ns(order, costs, 1.5, terms="all")
 
