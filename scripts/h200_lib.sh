@@ -8,7 +8,8 @@
 #   step NAME LIMIT CMD...     CMD under `timeout LIMIT` (capped by the deadline, skipped under 30 s), output in
 #                              OUTDIR/NAME.log, rc and the log's last line in steps.log
 #   run_tests NAME LIMIT ARGS  step "gpu-tests-NAME" running `pytest -m gpu -v -rfEs ARGS`: one file / -k per call
-#                              (a -k on a combined run deselects the other files' tests)
+#                              (a -k on a combined run deselects the other files' tests); a test past TEST_HANG_S
+#                              (60) dumps the Python stacks into the log
 #   h200_pack [MAX_MB]         tar OUTDIR's logs / json / md / txt / pt / png files under MAX_MB each (default 4) into
 #                              $OUT/r.tgz and remove OUTDIR: the device returns files under a size limit only, and
 #                              a tarball with bulk data in it (bitwise dumps) comes back as nothing at all
@@ -39,7 +40,10 @@ step() {
 }
 run_tests() {
   local name=$1 limit=$2; shift 2
-  step "gpu-tests-$name" "$limit" python3 -m pytest -m gpu -v -rfEs -p no:cacheprovider --durations=10 "$@"
+  # faulthandler_timeout: a test running past TEST_HANG_S (default 60 s; the slowest GPU test takes ~15 s) dumps every
+  # thread's Python stack into the log, so a hang shows where the host waits (session 23 c5: one silent hang)
+  step "gpu-tests-$name" "$limit" python3 -m pytest -m gpu -v -rfEs -p no:cacheprovider --durations=10 \
+    -o faulthandler_timeout="${TEST_HANG_S:-60}" "$@"
 }
 h200_pack() {
   local max=${1:-4} parent base
