@@ -23,6 +23,8 @@ Flags accept 1/true/yes/on and 0/false/no/off/empty (case-insensitive); anything
 | `GLM5_FASTPATH_MRTP_GEMM_STAGES` | unset | Weight stages in flight of the MegaRTP megakernel's GEMM families (B0, B1, D1, D0), 4..8; unset = 6. Changes the kernel build and its shared memory (for measuring; set it before the first plan runs). |
 | `GLM5_FASTPATH_MRTP_E1_EVICT_FIRST` | 0 | 1: the MegaRTP megakernel's E1 family loads the index-K cache pages with an L2 evict-first hint (each page is read once per step: 18 MB at 16 sequences of 8192 tokens, 72 MB at 64). Changes the kernel build (for measuring; not yet run on a GPU). |
 | `GLM5_FASTPATH_W_EVICT_FIRST` | auto | Standalone FP8 GEMMs (`fp8_gemm`, both mainloops: the prefix's B0 / B1 / D1 / D0 under CMP, the FP8-linear route) and D2: weight loads with an L2 evict-first hint. `auto`: at M <= 16 tokens (session 22: CMP's whole prefix 45.5 -> 40.8 us at 1 token, 51.7 -> 47.9 at 16; 3 % slower at 64); `1` always; `0` never. Changes the kernel builds (set it before the first call). |
+| `GLM5_FASTPATH_MRTP_CLAIM_LEAD_US` | 1.5 | MegaRTP plans with the `dynamic` scheduler (the CTAs claim instructions from one list at run time): claim the next instruction this many us before the current one's estimated end; `ready`: as soon as it has its inputs; `done`: when it is done. Read when a plan is built (`bench --claim-lead`). |
+| `GLM5_FASTPATH_MRTP_CLAIM_TERMS` | run | What that estimated end includes: `run` the cost model's run time, `cold` + its first-of-a-run cost, `finish` + its split-K group's finish (session 23: `run` fastest). |
 | `GLM5_FASTPATH_MRTP_W_EVICT_FIRST` | 1 | The MegaRTP megakernel's weight loads (GEMM families B0 / B1 / D1 / D0, D2's W_UK) carry an L2 evict-first hint, so the ~70 MB of weights streamed per step do not push the kernel's code and the step's activations out of L2 (session 22: 87 -> 66 us at 1 token, 113 -> 92 at 16). 0: plain loads. Changes the kernel build (set it before the first plan runs). |
 """
 from __future__ import annotations
@@ -62,6 +64,10 @@ _VARS: tuple[EnvVar, ...] = (
            "MegaRTP megakernel: E1's index-K cache pages with an L2 evict-first hint."),
     EnvVar("GLM5_FASTPATH_W_EVICT_FIRST", "text", "auto",
            "Standalone FP8 GEMMs and D2: evict-first weight loads (auto: M <= 16; 1 always; 0 never)."),
+    EnvVar("GLM5_FASTPATH_MRTP_CLAIM_LEAD_US", "text", "1.5",
+           "MegaRTP dynamic dispatch: claim lead in us before the estimated end, or ready / done."),
+    EnvVar("GLM5_FASTPATH_MRTP_CLAIM_TERMS", "text", "run",
+           "MegaRTP dynamic dispatch: the claim delay's estimate: run / cold / finish."),
     EnvVar("GLM5_FASTPATH_MRTP_W_EVICT_FIRST", "flag", "1",
            "MegaRTP megakernel: weight loads (GEMM families, D2) with an L2 evict-first hint (0: plain loads)."),
 )

@@ -12,7 +12,6 @@ device finds tile t's at the group counter + 1 + t). Waits target epoch x thresh
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -20,6 +19,7 @@ import torch
 
 from ...config import Glm5Config
 from ...graph.op_graph import GraphError, OpGraph, ShapeContext
+from ...jit import env as jit_env
 from .isa import INSTR_WORDS, NOOP, Instruction, Opcode, decode, encode
 from .operands import OperandTable, workspace_name
 from .scheduler import (CLAIM_LEAD_US, claim_delays_ns, dynamic_assignment, estimate_makespan, group_finish_us,
@@ -126,7 +126,7 @@ def claim_lead_us(value: str | float | None = None) -> float | None:
     claim as soon as the current task has its inputs) or "done" (None: claim when it is done). None / "" -> the
     environment's GLM5_FASTPATH_MRTP_CLAIM_LEAD_US, else CLAIM_LEAD_US."""
     if value is None or value == "":
-        value = os.environ.get(CLAIM_LEAD_ENV, "")
+        value = jit_env.text(CLAIM_LEAD_ENV) or ""
         if value == "":
             return CLAIM_LEAD_US
     if value == "done":
@@ -138,6 +138,12 @@ def claim_lead_us(value: str | float | None = None) -> float | None:
     except ValueError:
         raise GraphError(f"claim lead must be microseconds, 'ready' or 'done'; got {value!r} "
                          f"(from {CLAIM_LEAD_ENV} or claim_lead)") from None
+
+
+def claim_terms() -> str:
+    """What a dynamic claim delay's estimate includes (scheduler.CLAIM_DELAY_TERMS): GLM5_FASTPATH_MRTP_CLAIM_TERMS,
+    else "run"."""
+    return jit_env.text(CLAIM_TERMS_ENV) or "run"
 
 
 def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_SMS, scheduler: str = "list",
@@ -157,7 +163,7 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
         order = priority_order(tg, costs, finish, cold)
         lead = claim_lead_us(claim_lead)
         finish_of = [finish.get(t.reduce_group, 0.0) for t in tg.tasks]
-        terms = os.environ.get(CLAIM_TERMS_ENV, "") or "run"
+        terms = claim_terms()
         try:
             delay_list = claim_delays_ns(order, costs, lead, cold=cold, finish_of=finish_of, terms=terms)
         except ValueError as e:
@@ -195,7 +201,7 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
              "scheduler": scheduler, "dispatch": "dynamic" if dynamic else "static", "est_makespan_us": makespans,
              "claim_lead_us": (None if not dynamic else "done" if lead is None else "ready" if lead == float("inf")
                                else lead),
-             "claim_terms": (os.environ.get(CLAIM_TERMS_ENV, "") or "run") if dynamic else None,
+             "claim_terms": claim_terms() if dynamic else None,
              "critical_path_us": _critical_path(tg, [c + k for c, k in zip(costs, cold)], finish),
              "max_epoch": (2**32 - 1) // max([e.threshold for e in tg.events] +
                                              [len(g.tasks) for g in tg.reduce_groups] + [1])}
