@@ -90,7 +90,8 @@ def _op_name(ins, ops: Sequence[str]) -> str:
 
 def decode_trace(plan: Any, raw: torch.Tensor) -> list[TraceRecord]:
     """raw: [queues, max_queue_len, 4] int64 (the runner's trace buffer) -> records of the instructions that
-    ran, sorted by (queue, position)."""
+    ran, sorted by (queue, position). A dynamic-dispatch plan's trace ([1, n]) is read per SM: a record's queue is
+    the SM that ran it (a CTA runs its claims in list order, so pos, the list index, orders each SM's records)."""
     raw = raw.to(torch.int64).cpu()
     q_n, l_n = plan.instructions.shape[:2]
     if tuple(raw.shape) != (q_n, l_n, TRACE_WORDS):
@@ -100,14 +101,19 @@ def decode_trace(plan: Any, raw: torch.Tensor) -> list[TraceRecord]:
         return []
     t0 = int(raw[..., 0][valid].min())
     ops = list(getattr(plan, "ops", []))
-    out: list[TraceRecord] = []
+    # runs: (queue of the records, [(row, position) in the instruction tensor, in run order])
     if getattr(plan, "dispatch", "static") == "dynamic":
-        return _decode_dynamic(plan, raw, valid, t0, ops)
-    for q in range(q_n):
-        prev_done = None
+        by_sm: dict[int, list[tuple[int, int]]] = {}
         for i in range(l_n):
-            if not bool(valid[q, i]):
-                continue
+            if bool(valid[0, i]):
+                by_sm.setdefault(int((int(raw[0, i, 3]) >> 32) & 0xFFFFFFFF), []).append((0, i))
+        runs = sorted(by_sm.items())
+    else:
+        runs = [(q, [(q, i) for i in range(l_n) if bool(valid[q, i])]) for q in range(q_n)]
+    out: list[TraceRecord] = []
+    for queue, slots in runs:
+        prev_done = None
+        for q, i in slots:
             f, r, d, meta, *mk = (int(x) for x in raw[q, i])
             ins = decode(plan.instructions[q, i])
             marks = tuple(float(x - t0) if x else None for x in mk)
@@ -115,31 +121,9 @@ def decode_trace(plan: Any, raw: torch.Tensor) -> list[TraceRecord]:
             # the controller stamps `fetched` just after publishing, so a fast instruction may be ready a
             # few ns earlier: start is clipped to ready (ready and done are one thread's, in order)
             start = min(fetched if prev_done is None else max(fetched, prev_done), ready)
-            out.append(TraceRecord(q, i, (meta >> 32) & 0xFFFFFFFF, ins.opcode, _op_name(ins, ops), ins.tile_index,
-                                   fetched, start, ready, done, tuple(ins.waits), tuple(e for e, _, _ in ins.signals),
-                                   marks))
-            prev_done = done
-    return out
-
-
-def _decode_dynamic(plan: Any, raw: torch.Tensor, valid: torch.Tensor, t0: int, ops: Sequence[str]) -> list[TraceRecord]:
-    """A dynamic-dispatch plan's trace ([1, n]): each record's queue is the SM that ran it (a CTA's claims run in
-    list order, so pos, the list index, orders each SM's records)."""
-    by_sm: dict[int, list[int]] = {}
-    for i in range(raw.shape[1]):
-        if bool(valid[0, i]):
-            by_sm.setdefault(int((int(raw[0, i, 3]) >> 32) & 0xFFFFFFFF), []).append(i)
-    out: list[TraceRecord] = []
-    for sm in sorted(by_sm):
-        prev_done = None
-        for i in by_sm[sm]:
-            f, r, d, meta, *mk = (int(x) for x in raw[0, i])
-            ins = decode(plan.instructions[0, i])
-            fetched, ready, done = float(f - t0), float(r - t0), float(d - t0)
-            start = min(fetched if prev_done is None else max(fetched, prev_done), ready)
-            out.append(TraceRecord(sm, i, sm, ins.opcode, _op_name(ins, ops), ins.tile_index, fetched, start, ready,
-                                   done, tuple(ins.waits), tuple(e for e, _, _ in ins.signals),
-                                   tuple(float(x - t0) if x else None for x in mk)))
+            out.append(TraceRecord(queue, i, (meta >> 32) & 0xFFFFFFFF, ins.opcode, _op_name(ins, ops),
+                                   ins.tile_index, fetched, start, ready, done, tuple(ins.waits),
+                                   tuple(e for e, _, _ in ins.signals), marks))
             prev_done = done
     return out
 
