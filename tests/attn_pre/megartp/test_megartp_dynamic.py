@@ -362,3 +362,29 @@ def test_gpu_dynamic_whole_prefix_graph_replays_and_trace(tmp_path):
     assert r.epoch == 101
     for k, v in first.items():
         assert_equal("megartp dynamic", t[k], v, context=f"after 100 graph-replayed steps: {k}")
+
+
+# ---- the compute-sanitizer driver (scripts/megartp_sanitize.py): its plans, checked on CPU ----------------------------
+
+def _sanitize_module():
+    import importlib.util
+    path = Path(__file__).resolve().parents[3] / "scripts" / "megartp_sanitize.py"
+    spec = importlib.util.spec_from_file_location("megartp_sanitize", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sanitize_driver_cases_parse_and_their_plans_validate():
+    mod = _sanitize_module()
+    assert mod.parse_cases("noop1, prefix5_dynamic") == ["noop1", "prefix5_dynamic"]
+    with pytest.raises(ValueError, match="choose from"):
+        mod.parse_cases("noop1,everything")
+    with pytest.raises(ValueError, match="choose from"):
+        mod.parse_cases(" , ")
+    g = D.supported_subgraph(build_prefix_graph(GLM5), GLM5)
+    for name, (lens, sms, sched) in mod.PREFIX_CASES.items():
+        p = validate(build_plan(g, ShapeContext.independent(lens), GLM5, num_sms=sms, scheduler=sched))
+        assert p.grid_ctas == sms and p.dispatch == ("dynamic" if sched == "dynamic" else "static"), name
+    one = build_plan(g, ShapeContext.independent(mod.PREFIX_CASES["prefix1"][0]), GLM5, num_sms=1)
+    assert one.instructions.shape[0] == 1  # one queue: no cross-CTA wait, safe if a tool serialises CTAs
