@@ -134,6 +134,15 @@ def test_claim_lead_comes_from_the_argument_or_the_environment(monkeypatch):
         claim_lead_us()
 
 
+def test_bench_claim_lead_is_checked_before_any_gpu_work(capsys, monkeypatch):
+    from glm5_fastpath.attn_pre.megartp.bench import main
+    from glm5_fastpath.attn_pre.megartp.plan import CLAIM_LEAD_ENV
+    monkeypatch.delenv(CLAIM_LEAD_ENV, raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["--scheduler", "dynamic", "--claim-lead", "soon"])
+    assert e.value.code == 2 and "claim lead must be microseconds, 'ready' or 'done'" in capsys.readouterr().err
+
+
 def test_priority_order_is_the_list_schedulers_pop_order():
     tg = build_plan(build_prefix_graph(SMALL), ShapeContext.independent([300, 70]), SMALL, num_sms=5).taskgraph
     costs = S.task_costs_us(tg, SMALL, 5)
