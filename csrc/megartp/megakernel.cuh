@@ -57,16 +57,38 @@ GLM5_DEVICE bool dispatch(const Ctx<kTrace>& c, uint8_t* smem) {
     }
 }
 
+// The workers' bounded wait for slot s to carry use count seq (instruction i of this CTA). false: the CTA
+// leaves (the budget ran out, recorded by worker 0, or another thread of the CTA / grid failed).
+GLM5_DEVICE bool wait_slot(const MegaParams& p, CtaShared& sh, int s, uint32_t seq, int i, uint32_t epoch, int tid) {
+    const long long t0 = clock64();
+    for (uint32_t n = 1; sync::ld_acquire_cta(&sh.full[s]) < seq; ++n) {
+        if ((n & 255) != 0) continue;
+        if (*reinterpret_cast<volatile const uint32_t*>(&sh.abort)) return false;
+        if (tid == 0) {
+            const long long dt = clock64() - t0;
+            if (dt > p.wait_budget_cycles || grid_aborted(p)) {
+                if (dt > p.wait_budget_cycles)
+                    record_error(p, kErrSlotTimeout, i, nullptr, epoch, -1, 0, seq, sync::ld_acquire_cta(&sh.full[s]),
+                                 /*role: slot wait*/ 2, s, dt);
+                sync::st_release_cta(&sh.abort, 1u);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 template <class D, bool kTrace>
 GLM5_DEVICE void worker_role(const MegaParams& p, CtaShared& sh, uint8_t* smem, uint32_t epoch, int tid) {
     const bool dynamic = dynamic_dispatch(p);  // (a kernel parameter: no register across the loop)
     for (int i = 0; dynamic || i < p.max_queue_len; ++i) {
         const int s = i & 1;
         const uint32_t seq = static_cast<uint32_t>(i >> 1) + 1u;
-        // The controller publishes every slot promptly (it never waits on a global event), so this
-        // wait is short; it needs no budget of its own.
-        while (sync::ld_acquire_cta(&sh.full[s]) < seq) {
-        }
+        // The controller publishes every slot promptly (it never waits on a global event), so this wait is
+        // short. It is bounded anyway: a controller stuck elsewhere (a protocol bug) becomes an error record
+        // (kErrSlotTimeout; worker 0 checks the clock, every worker leaves on the CTA's abort flag) instead of
+        // a kernel that never ends (session 23 c5: one unexplained hang without a record).
+        if (sync::ld_acquire_cta(&sh.full[s]) < seq && !wait_slot(p, sh, s, seq, i, epoch, tid)) return;
         if (dynamic && *reinterpret_cast<volatile const int32_t*>(&sh.index[s]) < 0) break;  // the list is used up
         const Ctx<kTrace> c{p, sh, sh.slot[s], epoch, tid, s, seq};
         if constexpr (kTrace) {

@@ -17,7 +17,8 @@
 // says its global waits are satisfied (workers; only for instructions with CTA-wide barriers),
 // done[s] = u + 1 releases it (workers, after the signals). All handshake words only grow.
 //
-// Failure: a wait that exceeds the budget, or an instruction the kernel cannot execute, writes one
+// Failure: a wait that exceeds the budget (an event wait, or the workers' wait for the controller to
+// publish the next slot), or an instruction the kernel cannot execute, writes one
 // error record (the first failing thread in the grid claims it) and the CTA leaves early: every
 // worker returns at the same point (after a worker barrier, reading the shared abort flag), and the
 // controller returns from whatever handshake it is in. Other CTAs notice the record (its kind word
@@ -116,6 +117,7 @@ enum ErrorKind : int32_t {
     kErrBadInstruction = 3,   // a field out of range (counts, operand row, event id, epoch)
     kErrUnsupportedTile = 4,  // the family cannot run this payload (detail names the check)
     kErrSmemTooSmall = 5,     // the launch gave less dynamic shared memory than the family needs
+    kErrSlotTimeout = 6,      // the workers waited past the budget for the controller to publish the next slot
 };
 enum ErrorField : int {
     kErrKind = 0, kErrQueue = 1, kErrPos = 2, kErrOpcode = 3, kErrEvent = 4, kErrThreshold = 5,

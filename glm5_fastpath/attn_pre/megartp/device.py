@@ -89,7 +89,7 @@ class MegaRtpWaitTimeout(MegaRtpDeviceError):
 # ---- error record (runtime.cuh ErrorKind / ErrorField) ------------------------------------------------
 
 ERROR_KINDS = {0: "none", 1: "wait timeout", 2: "unsupported opcode", 3: "bad instruction",
-               4: "unsupported tile", 5: "shared memory too small"}
+               4: "unsupported tile", 5: "shared memory too small", 6: "slot wait timeout"}
 BAD_INSTRUCTION_DETAIL = {1: "wait_count out of range", 2: "signal_count out of range",
                           3: "signal event out of range or increment < 1", 4: "operand_row out of range",
                           5: "the dynamic-dispatch claim counter (event field) is outside the counters"}
@@ -168,6 +168,10 @@ def decode_error(words: Sequence[int], ops: Sequence[str] = ()) -> MegaRtpDevice
         msg = f"megakernel family cannot run this tile at {where}: {UNSUPPORTED_DETAIL.get(r.detail, r.detail)}"
     elif r.kind == 5:
         msg = f"megakernel launched with too little dynamic shared memory at {where}: the family needs {r.detail} B"
+    elif r.kind == 6:
+        msg = (f"megakernel workers waited {r.cycles} cycles for the controller to publish slot {r.detail} (use "
+               f"{r.target}, observed {r.observed}) before queue {r.queue} (SM {r.smid}) instruction {r.pos}, epoch "
+               f"{r.epoch}: the controller is stuck (a runtime protocol bug; please report with the plan)")
     else:
         msg = f"megakernel error kind {r.kind} at {where} (detail {r.detail})"
     return MegaRtpDeviceError(msg, r)

@@ -241,6 +241,8 @@ def test_other_records_and_uint32_fields():
     assert "opcode 77" in str(D.decode_error(_record(kind=2, opcode=77, detail=77)))
     assert "operand_row out of range" in str(D.decode_error(_record(kind=3, detail=4)))
     assert "needs 120000 B" in str(D.decode_error(_record(kind=5, detail=120000)))
+    slot = str(D.decode_error(_record(kind=6, queue=3, pos=7, detail=1, target=4, observed=3, cycles=999)))
+    assert "publish slot 1 (use 4, observed 3)" in slot and "instruction 7" in slot and "controller is stuck" in slot
     r = D.ErrorRecord.from_words(_record(kind=1, target=-2, observed=-1, epoch=-1))  # int32 words of uint32 values
     assert (r.target, r.observed, r.epoch) == (2**32 - 2, 2**32 - 1, 2**32 - 1)
     with pytest.raises(ValueError):
