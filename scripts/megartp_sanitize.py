@@ -11,6 +11,7 @@ the megakernel with --kernel-name regex:glm5_megartp). Cases, smallest first:
                      if a tool runs the CTAs one after another)
     prefix5          5 tokens, odd KV lengths, 4 queues (static list plan)
     prefix5_dynamic  the same, dynamic dispatch on 4 CTAs
+    prefix16_q8      16 tokens on 8 queues: the shape of the megakernel GPU test that hung once in session 23 (c5)
 
 Waits get a long budget (--wait-budget-ms, default 120 s): the tools slow the kernel by orders of magnitude, and
 a tool that serialises CTAs turns a cross-CTA wait into a MegaRtpWaitTimeout (reported, not a hang).
@@ -28,9 +29,10 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CASES = ("noop1", "chain4", "prefix1", "prefix5", "prefix5_dynamic")
+CASES = ("noop1", "chain4", "prefix1", "prefix5", "prefix5_dynamic", "prefix16_q8")
 PREFIX_CASES = {"prefix1": ([300], 1, "list"), "prefix5": ([40, 41, 300, 77, 1000], 4, "list"),
-                "prefix5_dynamic": ([40, 41, 300, 77, 1000], 4, "dynamic")}
+                "prefix5_dynamic": ([40, 41, 300, 77, 1000], 4, "dynamic"),
+                "prefix16_q8": ([500 + 3 * i for i in range(16)], 8, "list")}
 
 
 def _noop_case(plan_fn: Callable, budget_ms: float) -> str:

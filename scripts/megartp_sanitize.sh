@@ -14,7 +14,7 @@ for tool in ${TOOLS:-memcheck synccheck racecheck}; do
   extra=()
   [ "$tool" = racecheck ] && extra=(--racecheck-report all)
   timeout "${LIMIT:-150}" "$san" --tool "$tool" --kernel-name regex:glm5_megartp --error-exitcode 9 --print-limit 50 \
-    "${extra[@]}" python3 "$here/scripts/megartp_sanitize.py" --cases "${CASES:-noop1,chain4,prefix1,prefix5,prefix5_dynamic}" \
+    "${extra[@]}" python3 "$here/scripts/megartp_sanitize.py" --cases "${CASES:-noop1,chain4,prefix1,prefix5,prefix5_dynamic,prefix16_q8}" \
     > "$out/$tool.log" 2>&1
   echo "$tool rc=$? ($(grep -c 'ok (' "$out/$tool.log") cases ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | tail -1))"
 done
