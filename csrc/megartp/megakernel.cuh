@@ -247,9 +247,10 @@ struct Controller {
         return true;
     }
 
-    // Take part in instruction i's CTA-wide barriers once its inputs are ready.
+    // Take part in instruction i's CTA-wide barriers once its inputs are ready (static queues; step_dynamic has
+    // its own barrier loop, which advances the next claim between barriers).
     GLM5_DEVICE bool join(int i) const {
-        if (i >= p.max_queue_len) return true;  // (dynamic: i counts this CTA's claims, < the list length)
+        if (i >= p.max_queue_len) return true;
         const int s = i & 1;
         const int n = cta_barrier_joins(sh.slot[s], p);
         if (n <= 0) return true;

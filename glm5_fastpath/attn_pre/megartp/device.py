@@ -356,6 +356,7 @@ class RawPlan:
     ops: list[str] = field(default_factory=list)
     dispatch: str = "static"  # "dynamic": instructions is [1, n, 32], claimed by num_ctas CTAs; the last counter claims
     num_ctas: int = 0
+    claim_delay_ns: torch.Tensor | None = None  # dynamic: per entry (None: claim once the current one has its inputs)
 
     def __post_init__(self) -> None:
         t = self.instructions
@@ -595,9 +596,9 @@ def max_epoch(plan: Any) -> int:
     state[1]) fit uint32. Read from the words (every wait slot, used or not: only the maximum matters)."""
     w = plan.instructions.reshape(-1, INSTR_WORDS).to(torch.int64)
     cols = [WAITS + 2 * i + 1 for i in range(MAX_WAITS)] + [REDUCE_TARGET]
-    grid = int(getattr(plan, "grid_ctas", plan.instructions.shape[0]))
+    grid = int(plan.grid_ctas)
     biggest = max(int(w[:, cols].max()) if w.numel() else 1, 1, grid)
-    if getattr(plan, "dispatch", "static") == "dynamic":  # claims per step: every instruction + one stop per CTA
+    if plan.dispatch == "dynamic":  # claims per step: every instruction + one stop per CTA
         biggest = max(biggest, int(plan.instructions.shape[1]) + grid)
     return (2**32 - 1) // biggest
 
@@ -620,14 +621,14 @@ class PlanRunner:
         self.cfg = cfg if cfg is not None else Glm5Config.preset("glm5")
         q, l, _ = plan.instructions.shape
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        self.dynamic = getattr(plan, "dispatch", "static") == "dynamic"
-        self.grid = int(getattr(plan, "grid_ctas", q))
+        self.dynamic = plan.dispatch == "dynamic"
+        self.grid = int(plan.grid_ctas)
         if self.grid > sms:
             what = f"{self.grid} CTAs (dynamic dispatch)" if self.dynamic else f"{q} queues"
             raise MegaRtpError(f"the plan has {what} but {dev} has {sms} SMs: every CTA must be resident "
                                f"(re-plan with num_sms <= {sms})")
-        self.claim_counter = int(plan.claim_counter) if self.dynamic else -1
-        delays = getattr(plan, "claim_delay_ns", None) if self.dynamic else None
+        self.claim_counter = int(plan.claim_counter)  # -1 for static queues
+        delays = plan.claim_delay_ns if self.dynamic else None
         if delays is not None and tuple(delays.shape) != (int(l),):
             raise MegaRtpError(f"claim_delay_ns has shape {list(delays.shape)}, the plan's list needs [{int(l)}]")
         self.claim_delays = delays.to(dev, torch.int32).contiguous() if delays is not None else None

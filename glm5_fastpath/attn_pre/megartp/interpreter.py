@@ -108,7 +108,7 @@ class Interpreter:
         return acc
 
     def run(self, epoch: int = 1, seed: int = 0) -> None:
-        if getattr(self.plan, "dispatch", "static") == "dynamic":
+        if self.plan.dispatch == "dynamic":
             self._run_dynamic(epoch, random.Random(seed))
             return
         rng = random.Random(seed)

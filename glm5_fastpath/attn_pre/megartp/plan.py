@@ -158,7 +158,7 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
               "insertion": lambda: insertion_schedule(tg, costs, num_sms, finish, cold, setup),
               "round_robin": lambda: round_robin(tg, num_sms)}
     dynamic = scheduler == "dynamic"
-    delays, lead = None, None
+    delays, lead, terms = None, None, None
     if dynamic:  # one list; the model's per-CTA assignment only gives the estimate
         order = priority_order(tg, costs, finish, cold)
         lead = claim_lead_us(claim_lead)
@@ -168,8 +168,7 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
             delay_list = claim_delays_ns(order, costs, lead, cold=cold, finish_of=finish_of, terms=terms)
         except ValueError as e:
             raise GraphError(f"{CLAIM_TERMS_ENV}: {e}") from None
-        _, dyn_makespan = dynamic_assignment(tg, order, costs, num_sms, finish, cold, setup, lead,
-                                             delays_ns=delay_list)
+        _, dyn_makespan = dynamic_assignment(tg, order, costs, num_sms, finish, cold, setup, delay_list)
         delays = torch.tensor(delay_list, dtype=torch.int32)
         chosen = [order]
     else:
@@ -201,7 +200,7 @@ def plan_from_taskgraph(tg: TaskGraph, cfg: Glm5Config, *, num_sms: int = H200_S
              "scheduler": scheduler, "dispatch": "dynamic" if dynamic else "static", "est_makespan_us": makespans,
              "claim_lead_us": (None if not dynamic else "done" if lead is None else "ready" if lead == float("inf")
                                else lead),
-             "claim_terms": claim_terms() if dynamic else None,
+             "claim_terms": terms,
              "critical_path_us": _critical_path(tg, [c + k for c, k in zip(costs, cold)], finish),
              "max_epoch": (2**32 - 1) // max([e.threshold for e in tg.events] +
                                              [len(g.tasks) for g in tg.reduce_groups] + [1])}

@@ -302,16 +302,15 @@ def claim_delays_ns(order: Sequence[int], costs: Sequence[float], lead_us: float
 
 def dynamic_assignment(tg: TaskGraph, order: Sequence[int], costs: Sequence[float], num_sms: int,
                        finish: Mapping[int, float] | None = None, cold: Sequence[float] | None = None,
-                       setup: Sequence[float] | None = None, lead_us: float | None = CLAIM_LEAD_US,
-                       delays_ns: Sequence[int] | None = None) -> tuple[list[list[int]], float]:
+                       setup: Sequence[float] | None = None, delays_ns: Sequence[int] | None = None
+                       ) -> tuple[list[list[int]], float]:
     """Which CTA takes which task of the dynamic list, and the makespan, under the cost model: a CTA claims its
-    next task `lead_us` before its current one's estimated end, not before the current one has its inputs, and
-    at its end at the latest (lead None: at its end; megakernel.cuh Controller::publish_claimed); the earliest
-    claimer takes the next task of `order`. The task starts its setup when the CTA is free and the claim has
-    landed (CLAIM_US), and runs once its producers are done. A reduce group's finish delays its consumers; it is
-    charged to the CTA of the member that ends last only while that CTA has taken nothing since (approximate).
-    delays_ns (per list entry, claim_delays_ns), when given, replaces the lead: the CTA claims that long after
-    the task's inputs are ready, or at its end. -> (per-CTA task lists in run order, makespan)."""
+    next task delays_ns[j] (claim_delays_ns; None: 0) after list entry j has its inputs, or at its end, whichever
+    comes first (megakernel.cuh Controller::step_dynamic); the earliest claimer takes the next task of `order`.
+    The task starts its setup when the CTA is free and the claim has landed (CLAIM_US), and runs once its
+    producers are done. A reduce group's finish delays its consumers; it is charged to the CTA of the member that
+    ends last only while that CTA has taken nothing since (approximate).
+    -> (per-CTA task lists in run order, makespan)."""
     finish = finish or {}
     cold, setup = _per_task(tg, cold), _per_task(tg, setup)
     kinds = [_kind(t) for t in tg.tasks]
@@ -337,11 +336,8 @@ def dynamic_assignment(tg: TaskGraph, order: Sequence[int], costs: Sequence[floa
         end[t] = free[q] = ready + costs[t] + (0.0 if last[q] == kinds[t] else cold[t])
         last[q] = kinds[t]
         queues[q].append(t)
-        if delays_ns is not None:
-            claim_at = min(end[t], ready + delays_ns[j] / 1e3)
-        else:
-            claim_at = end[t] if lead_us is None else min(end[t], max(ready, ready + costs[t] - lead_us))
-        heapq.heappush(claims, (claim_at, q))
+        delay_us = delays_ns[j] / 1e3 if delays_ns is not None else 0.0
+        heapq.heappush(claims, (min(end[t], ready + delay_us), q))
         g = tg.tasks[t].reduce_group
         if g is not None and g in finish:
             if g not in member_end or end[t] > member_end[g][0]:

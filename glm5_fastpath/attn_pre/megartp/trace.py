@@ -102,7 +102,7 @@ def decode_trace(plan: Any, raw: torch.Tensor) -> list[TraceRecord]:
     t0 = int(raw[..., 0][valid].min())
     ops = list(getattr(plan, "ops", []))
     # runs: (queue of the records, [(row, position) in the instruction tensor, in run order])
-    if getattr(plan, "dispatch", "static") == "dynamic":
+    if plan.dispatch == "dynamic":
         by_sm: dict[int, list[tuple[int, int]]] = {}
         for i in range(l_n):
             if bool(valid[0, i]):

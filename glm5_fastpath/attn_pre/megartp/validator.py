@@ -197,7 +197,7 @@ def dump(plan: KernelPlan, max_sms: int | None = None) -> str:
                                     f" >= {e.threshold} ({e.policy})" for e in plan.taskgraph.events[:12])
              + (f"; ... {plan.num_events - 12} more" if plan.num_events > 12 else "")]
     sms, n, _ = plan.instructions.shape
-    dynamic = getattr(plan, "dispatch", "static") == "dynamic"
+    dynamic = plan.dispatch == "dynamic"
     for sm in range(sms if max_sms is None else min(sms, max_sms)):
         lines.append(f"list (claimed at run time by {plan.grid_ctas} CTAs, claim counter c{plan.claim_counter}):"
                      if dynamic else f"SM {sm}:")

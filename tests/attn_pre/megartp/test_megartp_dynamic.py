@@ -162,7 +162,7 @@ def test_dynamic_assignment_models_claims_at_input_readiness():
     costs, cold, setup = S.task_costs_us(tg, GLM5, 132), S.task_cold_us(tg), S.task_setup_us(tg)
     finish = S.group_finish_us(tg)
     order = S.priority_order(tg, costs, finish, cold)
-    queues, makespan = S.dynamic_assignment(tg, order, costs, 132, finish, cold, setup, lead_us=float("inf"))
+    queues, makespan = S.dynamic_assignment(tg, order, costs, 132, finish, cold, setup)  # no delays: at readiness
     assert sorted(t for q in queues for t in q) == list(range(len(tg.tasks)))
     rank = {t: i for i, t in enumerate(order)}
     assert all([rank[t] for t in q] == sorted(rank[t] for t in q) for q in queues)  # claims in list order
@@ -174,7 +174,8 @@ def test_dynamic_assignment_models_claims_at_input_readiness():
     assert makespan < span1
     # claiming at the end instead of at input readiness: never sooner than the lead-less claim
     for lead in (1.5, None):
-        q2, span2 = S.dynamic_assignment(tg, order, costs, 132, finish, cold, setup, lead_us=lead)
+        delays = S.claim_delays_ns(order, costs, lead)
+        q2, span2 = S.dynamic_assignment(tg, order, costs, 132, finish, cold, setup, delays)
         assert sorted(t for q in q2 for t in q) == list(range(len(tg.tasks)))
         assert span2 >= S.critical_path_priority(tg, costs, finish)[order[0]] - max(cold) - 1e-6
 
