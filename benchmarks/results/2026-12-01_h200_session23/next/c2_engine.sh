@@ -14,7 +14,7 @@
 set -uo pipefail
 export GLM5_FASTPATH_COMMIT=${C:?C=<commit>}
 export FASTPATH_CONFIG=$PWD/benchmarks/tables/h200_engine_session16.json
-export REALISTIC_DUMMY=1 JIT_CACHE=${JIT_CACHE:-.carry/jit_s23d.tar.xz}
+export REALISTIC_DUMMY=1 JIT_CACHE=${JIT_CACHE:-.carry/jit_s23e.tar.xz}
 MODE=${MODE:?MODE=stock|fastpath}
 BASE=$PWD/build/h200-offline
 if [ -n "${LINEAR:-}" ]; then
