@@ -139,6 +139,11 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
+# = attn_pre.megartp.plan.SCHEDULERS (tests/test_cli.py checks it): not imported, so building the parser stays
+# free of torch
+PLAN_SCHEDULERS = ("list", "insertion", "round_robin", "dynamic")
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from .attn_pre.megartp import build_plan, dump, validate
     from .config import Glm5Config
@@ -267,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-len", type=int, default=8192)
     s.add_argument("--shared-kv", action="store_true", help="all tokens share one KV sequence (the design article's case)")
     s.add_argument("--num-sms", type=int, default=132)
-    s.add_argument("--scheduler", choices=("list", "insertion", "round_robin"), default="list")
+    s.add_argument("--scheduler", choices=PLAN_SCHEDULERS, default="list",
+                   help="queue placement, or dynamic (one list the CTAs claim from at run time)")
     s.add_argument("--dump", action="store_true", help="print every SM's instruction queue")
     s.set_defaults(fn=_cmd_plan)
 

@@ -56,6 +56,15 @@ def test_plan_command_builds_and_validates(capsys):
     assert "SM 0:" in capsys.readouterr().out
 
 
+def test_plan_command_schedulers_are_the_planners(capsys):
+    from glm5_fastpath.attn_pre.megartp.plan import SCHEDULERS
+    from glm5_fastpath.cli import PLAN_SCHEDULERS
+    assert PLAN_SCHEDULERS == SCHEDULERS
+    assert main(["plan", "--preset", "small", "--m", "3", "--kv-len", "300", "--num-sms", "4",
+                 "--scheduler", "dynamic"]) == 0
+    assert "scheduler=dynamic" in capsys.readouterr().out
+
+
 def test_bench_moe_rejects_unknown_setting(capsys):
     from glm5_fastpath.cli import main
 
