@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer's memcheck, synccheck and racecheck on small MegaRTP plans (scripts/megartp_sanitize.py),
-# checking only the megakernel (--kernel-name regex:glm5_megartp; torch's reference kernels run unchecked).
+# checking only the megakernel (--kernel-name kns=glm5_megartp; torch's reference kernels run unchecked).
 # One log per tool in OUTDIR; a tool's errors make its exit code 9 (the driver's own failures: 1).
 # usage: SAN=/tmp/san/nvidia/cu13/bin/compute-sanitizer [CASES=noop1,...] [LIMIT=150] scripts/megartp_sanitize.sh OUTDIR
 # compute-sanitizer on the H200 machine: scripts/build_sanitizer_carry.sh here, carry .carry/sanitizer_cu13.tar.xz,
@@ -13,7 +13,7 @@ mkdir -p "$out"
 for tool in ${TOOLS:-memcheck synccheck racecheck}; do
   extra=()
   [ "$tool" = racecheck ] && extra=(--racecheck-report all)
-  timeout "${LIMIT:-150}" "$san" --tool "$tool" --kernel-name regex:glm5_megartp --error-exitcode 9 --print-limit 50 \
+  timeout "${LIMIT:-150}" "$san" --tool "$tool" --kernel-name kns=glm5_megartp --error-exitcode 9 --print-limit 50 \
     "${extra[@]}" python3 "$here/scripts/megartp_sanitize.py" --cases "${CASES:-noop1,chain4,prefix1,prefix5,prefix5_dynamic,prefix16_q8}" \
     > "$out/$tool.log" 2>&1
   echo "$tool rc=$? ($(grep -c 'ok (' "$out/$tool.log") cases ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | tail -1))"
