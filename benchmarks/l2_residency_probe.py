@@ -10,8 +10,11 @@ decide whether L2-resident data reads faster. This probe decides that first, per
 - pf_line / pf_bulk: evicted, then glm5_fastpath::l2_prefetch (128-byte line prefetches / 16 KB bulk prefetches),
   an idle wait long enough for the prefetch to land, then read.
 
-The read is torch's int32 sum (a bandwidth-bound reduction) and D0's q_b GEMM (ops.d0_q_b at 16 tokens, the
-kernel the CMP prefix runs). Times: CUDA events around the read alone, median of --reps. Writes JSON + markdown.
+The read is torch's fp32 sum (a bandwidth-bound reduction) and D0's q_b GEMM (ops.d0_q_b at 16 tokens, the
+kernel the CMP prefix runs), each replayed from a CUDA graph so no host time falls between the events; the eviction
+and the idle wait before it keep the GPU busy long past the host's launch. Times: CUDA events around the read
+alone, median of --reps. Writes JSON + markdown. (c2 of session 24 timed eager calls and an int32 sum: host-bound
+and a ~0.5 TB/s read, so its numbers decided nothing.)
 
     python benchmarks/l2_residency_probe.py --out DIR [--sizes-mb 8,16,32,48] [--reps 30]
 """
@@ -36,6 +39,17 @@ def _commit() -> str:
                               cwd=Path(__file__).parent).stdout.strip() or "?"
     except OSError:
         return "?"
+
+
+def graphed(fn):
+    """fn captured once into a CUDA graph -> its replay (after one eager warm-up call)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g.replay
 
 
 def _time(prep, read, reps: int) -> float:
@@ -83,16 +97,16 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--sizes-mb", default="8,16,32,48")
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--sleep-us", type=float, default=30.0, help="idle wait after the prefetch (us)")
+    p.add_argument("--sleep-us", type=float, default=40.0, help="idle wait after the prefetch (us)")
     a = p.parse_args(argv)
     dev = torch.device("cuda")
     sleep_cycles = int(a.sleep_us * 1e-6 * SM_CLOCK_HZ)
     flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
     rows = []
     for mb in [int(s) for s in a.sizes_mb.split(",")]:
-        x = torch.randint(0, 7, ((mb << 20) // 4,), dtype=torch.int32, device=dev)
-        r = probe(lambda: x.sum(), [x], a.reps, flush, sleep_cycles)
-        r.update(what=f"int32 sum, {mb} MB", mb=float(mb))
+        x = torch.rand(((mb << 20) // 4,), device=dev)
+        r = probe(graphed(lambda: x.sum()), [x], a.reps, flush, sleep_cycles)
+        r.update(what=f"fp32 sum, {mb} MB", mb=float(mb))
         rows.append(r)
         print(json.dumps(r), flush=True)
     # D0 (q_b + RoPE) at 16 tokens: 16384 x 2048 e4m3 weight, 128 x 16 fp32 scales (33.6 MB)
@@ -107,12 +121,8 @@ def main(argv=None) -> int:
     xs = torch.rand(m, k // 128, device=dev) * 0.01 + 0.001
     pos = torch.arange(m, device=dev, dtype=torch.int64) + 100
     wt = SimpleNamespace(q_b=SimpleNamespace(weight=w, scale_inv=ws))
-    d0 = lambda: d0_q_b(x8, xs, wt, pos, cfg, pdl=False)  # noqa: E731
-    d0()
-    torch.cuda.synchronize()
+    read = graphed(lambda: d0_q_b(x8, xs, wt, pos, cfg, pdl=False))
     for frac in (1.0, 0.5):
-        def read():
-            d0()
         # 0.5: the first half of the weight's rows (all K slices of those row tiles)
         tensors = [w, ws] if frac == 1.0 else [w[: n // 2], ws]
         r = probe(read, tensors, a.reps, flush, sleep_cycles)

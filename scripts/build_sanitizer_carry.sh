@@ -6,6 +6,7 @@
 # usage: scripts/build_sanitizer_carry.sh [OUT.tar.xz]   (default .carry/sanitizer_cu13.tar.xz; needs network)
 # on the H200: mkdir -p /tmp/san && tar -xJf .carry/sanitizer_cu13.tar.xz -C /tmp/san;
 #              /tmp/san/nvidia/cu13/bin/compute-sanitizer --version
+# NOT ENOUGH to run a program (session 24): the wheel lacks bin/TreeLauncherSubreaper (scripts/megartp_sanitize.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$here/.carry/sanitizer_cu13.tar.xz}
