@@ -56,7 +56,8 @@ CMP_MODES = ("serial", "serial_pdl", "multistream", "multistream_pdl_entry", "mu
 # composites (modes.get_mode): a named mode + modifiers, e.g. "full+pin:D1=0"; the same grammar, checked here without
 # importing the executor (tests/attn_pre/cmp/test_cmp_modes.py keeps the two in step)
 _OP = r"[A-Z][A-Z0-9]*"
-_CMP_MOD = rf"(after:{_OP}>{_OP}|cap:{_OP}=\d+|stages:{_OP}=\d+|pin:{_OP}=\d+|prio:{_OP}(/{_OP})*)"
+_FRACTION = r"0*(1(\.0*)?|\.\d*[1-9]\d*)"  # a decimal in (0, 1]: what get_mode parses and Mode accepts
+_CMP_MOD = rf"(after:{_OP}>{_OP}|cap:{_OP}=\d+|stages:{_OP}=\d+|pin:{_OP}=\d+|prio:{_OP}(/{_OP})*|l2:{_OP}={_FRACTION})"
 CMP_MODE_RE = re.compile(rf"^({'|'.join(CMP_MODES)})(\+{_CMP_MOD})*$")
 
 
@@ -160,7 +161,8 @@ def parse(d: Any, source: str = "<dict>") -> SelectionTable:
         cmp_mode = e.get("cmp_mode", DEFAULT_CMP_MODE)
         if not valid_cmp_mode(cmp_mode):
             raise _err(source, f"{where}.cmp_mode", f"unknown CMP mode {cmp_mode!r} (choose {' | '.join(CMP_MODES)}, "
-                                                    "optionally + after:X>Y / cap:OP=N / stages:OP=N / pin:OP=S / prio:A/B)")
+                                                    "optionally + after:X>Y / cap:OP=N / stages:OP=N / pin:OP=S / "
+                                                    "prio:A/B / l2:OP=F)")
         out.append(BucketChoice(t, e["prefix"], moe, cmp_mode))
     return SelectionTable(tuple(out), tuple(gpu), source, comment)
 

@@ -25,12 +25,19 @@ RoPE tables) and one eager warm-up run of the schedule on padding rows only (wri
 `capture=False` (default on a CPU device) runs the same schedule eagerly on the static buffers
 instead of replaying a graph, with any implementation namespace (e.g. glm5_fastpath.ref.prefix):
 the CPU tests of staging / buckets / rebinding use it.
+
+A mode with `l2:OP=F` modifiers (modes.py) also issues, before the first launch, ops.prefetch.l2_prefetch of
+those ops' 2-D weights and scales on a prefetch stream of its own (forked from main, joined back at the end; not
+one of the schedule's streams): issue_l2_prefetch / join_l2_prefetch, shared with the SGLang seam. The form is
+read from the environment when an executor is built: GLM5_FASTPATH_CMP_L2_BULK=1 -> bulk (TMA) prefetches,
+unset / anything else -> line prefetches. On a CPU device nothing is issued.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -45,6 +52,7 @@ from .streams import MAIN, Schedule, build_schedule, check_exclusive
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 STEP_INPUTS = ("hidden", "residual", "positions", "out_cache_loc", "seq_lens", "block_table")
+ENV_L2_BULK = "GLM5_FASTPATH_CMP_L2_BULK"  # "1": the l2:OP=F modifiers use bulk prefetches (module doc)
 
 
 class CmpError(ValueError):
@@ -124,6 +132,12 @@ class CmpExecutor:
             raise CmpError(str(e)) from None
         self.schedule: Schedule = build_schedule(self.graph, self.mode, wait_plans=self.wait_plans, pins=pins)
         check_exclusive(self.graph, self.schedule, workspace_groups(self.graph))
+        try:
+            self.l2_names = l2_prefetch_names(self.mode, self.graph)  # raises for an op without 2-D weights
+        except ValueError as e:
+            raise CmpError(str(e)) from None
+        self.l2_bulk = l2_bulk_from_env()
+        self._l2_stream = None  # the prefetch stream (made on first use, like the side streams)
 
         self._weights = {k: v for k, v in weight_tensors(self.w).items() if k in self.graph.tensors}
         for k, v in self._weights.items():
@@ -206,6 +220,11 @@ class CmpExecutor:
         out = dict(self._external_env(bucket) if env is None else env)
         streams = self._streams()
         cuda = streams[MAIN] is not None
+        l2 = None
+        if cuda and self.l2_names:
+            if self._l2_stream is None:  # kept: the warm-up run makes it, the capture reuses it
+                self._l2_stream = torch.cuda.Stream(self.device)
+            l2 = issue_l2_prefetch(self.mode, self.graph, out, streams[MAIN], self._l2_stream, bulk=self.l2_bulk)
         events: dict[str, Any] = {}
         for l in self.schedule.launches:
             s = streams[l.stream]
@@ -226,6 +245,7 @@ class CmpExecutor:
         if cuda:
             for j in self.schedule.joins:
                 streams[MAIN].wait_event(events[j])
+            join_l2_prefetch(streams[MAIN], l2)
         return out
 
     def _priority(self, op: str, cuda: bool):
@@ -243,6 +263,10 @@ class CmpExecutor:
         pre = getattr(self.impl, "precompile", None)
         if pre is not None:
             pre(self.cfg, self.device)
+        if self.l2_names:  # ops.precompile leaves the prefetch kernel out (the engine does not use it)
+            from ...ops import prefetch
+
+            prefetch.precompile(self.device)
         self._precompiled = True
 
     def capture(self, bucket: int | None = None) -> None:
@@ -380,3 +404,64 @@ def op_launch_context(mode: Mode, op: str, cuda: bool, device: Any = None):
     st.enter_context(gemm_caps(mode, op))
     st.enter_context(mode_priority(mode, op, cuda, device))
     return st
+
+
+# ---- the l2:OP=F modifiers (modes.py) -------------------------------------------------------------------------
+
+def l2_bulk_from_env() -> bool:
+    """GLM5_FASTPATH_CMP_L2_BULK=1: bulk (TMA) prefetches for l2:OP=F; else line prefetches (module doc)."""
+    return os.environ.get(ENV_L2_BULK, "").strip() == "1"
+
+
+def l2_prefetch_names(mode: Mode, graph) -> list[tuple[str, float]]:
+    """(tensor name, fraction) the mode's l2:OP=F prefetch: each named op's 2-D `w.*` inputs (GEMM weight and
+    scales; 1-D norms / biases are not worth a range), once each. An op the graph lacks is skipped (modes.Mode.for_ops);
+    an op of the graph with no such input raises ValueError (the modifier would silently do nothing)."""
+    out: dict[str, float] = {}
+    for op, f in mode.l2_prefetch:
+        if op not in graph.ops:
+            continue
+        names = [t for t in graph.ops[op].inputs if t.startswith("w.") and len(graph.tensors[t].shape) == 2]
+        if not names:
+            raise ValueError(f"CMP mode {mode.name}: l2:{op} names an op with no 2-D weights to prefetch")
+        for t in names:
+            out.setdefault(t, float(f))
+    return list(out.items())
+
+
+def l2_prefetch_tensors(mode: Mode, graph, env: Mapping[str, torch.Tensor]) -> list[tuple[torch.Tensor, float]]:
+    """(tensor, fraction) for one l2_prefetch issue: l2_prefetch_names resolved in `env` (names missing there,
+    e.g. a weight the seam did not bind, are skipped)."""
+    return [(env[t], f) for t, f in l2_prefetch_names(mode, graph) if env.get(t) is not None]
+
+
+def issue_l2_prefetch(mode: Mode, graph, env: Mapping[str, torch.Tensor], main, side=None, *, bulk: bool = False):
+    """The mode's l2:OP=F prefetches on `side` (None: a new stream; pass one made before any capture), forked
+    from `main` (before the schedule's first launch, so they overlap its early, latency-bound kernels). -> the
+    stream to pass to join_l2_prefetch, or None when nothing was issued (no modifier, main None = no CUDA, no
+    tensor). Capture-safe: fork and join are stream waits."""
+    pairs = l2_prefetch_tensors(mode, graph, env) if main is not None and mode.l2_prefetch else []
+    pairs = [(t, f) for t, f in pairs if t.is_cuda]
+    if not pairs:
+        return None
+    from ...ops.prefetch import MAX_RANGES, l2_prefetch
+
+    if side is None:
+        side = torch.cuda.Stream(main.device)
+    side.wait_stream(main)
+    try:
+        with torch.cuda.stream(side):
+            for i in range(0, len(pairs), MAX_RANGES):  # the kernel takes MAX_RANGES tensors per launch
+                chunk = pairs[i: i + MAX_RANGES]
+                l2_prefetch([t for t, _ in chunk], [f for _, f in chunk], pdl=False, bulk=bulk)
+    except BaseException:
+        main.wait_stream(side)  # a forked stream left unjoined would invalidate a capture in progress
+        raise
+    return side
+
+
+def join_l2_prefetch(main, side) -> None:
+    """main waits for the prefetch stream (issue_l2_prefetch's result; None: nothing to join). Needed before a
+    capture ends; by the end of the prefix the prefetch is long done, so the wait costs nothing."""
+    if side is not None:
+        main.wait_stream(side)

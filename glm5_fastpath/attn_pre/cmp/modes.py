@@ -34,6 +34,12 @@ benchmarks/results/2026-11-30_h200_session16) `full+pin:D1=0` beat every named m
 - `pin:OP=S`: put OP on stream S (streams.assign_streams' pins). `pin:D1=0` continues the main stream
   after B0 with D1, so D1 is the PDL-launched consumer that prefetches its weights while B0 runs (in
   `full`, D0 is, and D1 waits for B0's completion event), and D0 opens a side stream.
+- `l2:OP=F` (F in (0, 1]): before the first launch, prefetch the first F of each of OP's 2-D weights and
+  scales (`w.*` inputs; a K-prefix of every row, ops.prefetch.l2_prefetch) into L2 on a side stream of its
+  own, joined at the end. Why: the prefix's early GEMMs are latency-bound and leave HBM idle; the prefetch
+  pulls later ops' weights (e.g. D0's q_b, D1's wq_b) into L2 during that window. An experiment (session 24;
+  the same op ahead of o_proj / the MoE did not pay, ops/prefetch.py). Line prefetches by default;
+  GLM5_FASTPATH_CMP_L2_BULK=1 (read when an executor is built) uses the bulk (TMA) form.
 
 Launch priority (the `_prio` modes; jit.runtime.launch_priority, CU_LAUNCH_ATTRIBUTE_PRIORITY at the context's
 greatest priority, kept by torch-captured graphs): the named ops' CTAs take SMs first when kernels of several
@@ -80,6 +86,7 @@ class Mode:
     grid_caps: tuple[tuple[str, int], ...] = ()  # (op, N): op's GEMM persistent on <= N CTAs (module doc)
     pins: tuple[tuple[str, int], ...] = ()  # (op, stream): stream assignment overrides (module doc)
     stage_caps: tuple[tuple[str, int], ...] = ()  # (op, N): op's GEMM ring <= N stages (module doc)
+    l2_prefetch: tuple[tuple[str, float], ...] = ()  # (op, f): op's weights' first f into L2 up front (module doc)
 
     def __post_init__(self) -> None:
         if self.pdl != (self.wait_point is not None):
@@ -95,15 +102,21 @@ class Mode:
         for op, n in self.stage_caps:
             if n < 2:
                 raise ValueError(f"CMP mode {self.name}: stages {op}={n} must be at least 2")
-
+        for op, f in self.l2_prefetch:
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0:
+                raise ValueError(f"CMP mode {self.name}: l2 {op}={f!r} must be a fraction in (0, 1]")
+        l2_ops = [op for op, _ in self.l2_prefetch]
+        twice = sorted({op for op in l2_ops if l2_ops.count(op) > 1})
+        if twice:  # one fraction per op: a second one would only prefetch the same lines again
+            raise ValueError(f"CMP mode {self.name}: l2 names {twice} more than once")
 
     def for_ops(self, ops) -> "Mode":
         """This mode for a graph holding `ops`: a mode is chosen per bucket for every layer kind, so ordering
-        edges, pins and GEMM caps naming a prefix op the graph lacks (D1 in a GLM-5.2 shared layer) do not apply
-        there; a name that is no prefix op at all raises ValueError."""
+        edges, pins, GEMM caps and L2 prefetches naming a prefix op the graph lacks (D1 in a GLM-5.2 shared layer)
+        do not apply there; a name that is no prefix op at all raises ValueError."""
         ops = set(ops)
         named = ({o for e in self.order_edges for o in e} | {o for o, _ in self.pins}
-                 | {o for o, _ in self.grid_caps + self.stage_caps})
+                 | {o for o, _ in self.grid_caps + self.stage_caps} | {o for o, _ in self.l2_prefetch})
         bad = sorted(named - ops - set(NATIVE_WAIT_POINTS))
         if bad:
             raise ValueError(f"CMP mode {self.name}: {bad} are not prefix ops ({', '.join(NATIVE_WAIT_POINTS)})")
@@ -111,7 +124,8 @@ class Mode:
             return self
         keep = lambda pairs: tuple(p for p in pairs if p[0] in ops)  # noqa: E731
         return replace(self, order_edges=tuple(e for e in self.order_edges if set(e) <= ops), pins=keep(self.pins),
-                       grid_caps=keep(self.grid_caps), stage_caps=keep(self.stage_caps))
+                       grid_caps=keep(self.grid_caps), stage_caps=keep(self.stage_caps),
+                       l2_prefetch=keep(self.l2_prefetch))
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (
@@ -151,6 +165,7 @@ OP_FUNCTIONS: dict[str, str] = {
 
 
 _OP_RE = re.compile(r"^[A-Z][A-Z0-9]*$")
+_FRACTION_RE = re.compile(r"^(\d+(\.\d*)?|\.\d+)$")  # a plain decimal; Mode checks it is in (0, 1]
 
 
 def get_mode(mode: str | Mode) -> Mode:
@@ -162,12 +177,12 @@ def get_mode(mode: str | Mode) -> Mode:
     base, *mods = mode.split("+")
     if base not in MODES:
         raise ValueError(f"unknown CMP mode {base!r}; choose one of {list(MODES)} (optionally + after:X>Y, "
-                         f"cap:OP=N, stages:OP=N, pin:OP=S, prio:A/B)")
+                         f"cap:OP=N, stages:OP=N, pin:OP=S, prio:A/B, l2:OP=F)")
     m = MODES[base]
     if not mods:
         return m
     order, caps, prio, pins = list(m.order_edges), list(m.grid_caps), list(m.priority_ops), list(m.pins)
-    stages = list(m.stage_caps)
+    stages, l2 = list(m.stage_caps), list(m.l2_prefetch)
     for mod in mods:
         kind, _, arg = mod.partition(":")
         ok = False
@@ -191,6 +206,11 @@ def get_mode(mode: str | Mode) -> Mode:
             ok = bool(_OP_RE.match(op) and n.isdigit())
             if ok:
                 pins.append((op, int(n)))
+        elif kind == "l2":
+            op, _, f = arg.partition("=")
+            ok = bool(_OP_RE.match(op) and _FRACTION_RE.match(f))
+            if ok:
+                l2.append((op, float(f)))
         elif kind == "prio":
             ops = arg.split("/")  # "/": --modes is a comma list
             ok = all(_OP_RE.match(o) for o in ops)
@@ -198,9 +218,9 @@ def get_mode(mode: str | Mode) -> Mode:
                 prio += [o for o in ops if o not in prio]
         if not ok:
             raise ValueError(f"CMP mode {mode!r}: bad modifier {mod!r} (after:X>Y, cap:OP=N, stages:OP=N, "
-                             "pin:OP=S or prio:A/B)")
+                             "pin:OP=S, prio:A/B or l2:OP=F)")
     return replace(m, name=mode, order_edges=tuple(order), grid_caps=tuple(caps), priority_ops=tuple(prio),
-                   pins=tuple(pins), stage_caps=tuple(stages))
+                   pins=tuple(pins), stage_caps=tuple(stages), l2_prefetch=tuple(l2))
 
 
 def _accepts(fn: Any, kw: str) -> bool:

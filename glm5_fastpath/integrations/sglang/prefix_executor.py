@@ -22,6 +22,8 @@ normed hidden state), and run by one of:
   batch size IS the bucket's CUDA graph: our launches are captured into it. CMP's own per-bucket graphs
   (CmpExecutor) cannot be nested: PyTorch allows one capture per process, and a capture cannot replay
   another graph, so the schedule, not the CmpExecutor object, is what runs here.
+A mode's `l2:OP=F` modifiers are honoured as CmpExecutor does (cmp/executor.py issue_l2_prefetch /
+join_l2_prefetch: a prefetch stream forked before the first launch, joined at the end), in both runners.
 
 Routes per layer (prefix_adapter.check_layer): "full" (our ops for everything: SGLang >= 0.5.23 with the
 fused indexer, or SGLang 0.5.14 with B1 / D1 rotating q and k like its indexer, LayerRoute.rotate),
@@ -158,20 +160,26 @@ def _record(t: Any, stream: Any) -> None:
         t.record_stream(stream)
 
 
-def enqueue(graph: OpGraph, schedule: Any, env: Mapping[str, torch.Tensor], streams: list) -> dict[str, torch.Tensor]:
+def enqueue(graph: OpGraph, schedule: Any, env: Mapping[str, torch.Tensor], streams: list, *, l2_stream: Any = None,
+            l2_bulk: bool = False) -> dict[str, torch.Tensor]:
     """Issue `schedule` (cmp/streams.py) on the current stream (main) and `streams[1:]`: eagerly, or into the
     CUDA-graph capture in progress (side streams join it through events recorded on captured streams). If an
-    op raises, every side stream used so far is joined back to main first, so SGLang's capture stays valid."""
-    from ...attn_pre.cmp.executor import op_launch_context
+    op raises, every side stream used so far is joined back to main first, so SGLang's capture stays valid.
+    l2_stream / l2_bulk: the prefetch stream and form of the mode's l2:OP=F modifiers (a new stream when None;
+    pass one made before any capture)."""
+    from ...attn_pre.cmp.executor import issue_l2_prefetch, join_l2_prefetch, op_launch_context
     from ...attn_pre.cmp.modes import get_mode
 
-    mode = get_mode(schedule.mode)  # its priorities and GEMM caps (composite names round-trip)
+    mode = get_mode(schedule.mode)  # its priorities, GEMM caps and L2 prefetches (composite names round-trip)
     out = dict(env)
     cuda = streams[0] is not None
     where: dict[str, int] = {}
     events: dict[str, Any] = {}
     used: set[int] = set()
+    l2 = None
     try:
+        if cuda and mode.l2_prefetch:
+            l2 = issue_l2_prefetch(mode, graph, out, streams[0], l2_stream, bulk=l2_bulk)
         for launch in schedule.launches:
             s = streams[launch.stream]
             if cuda:
@@ -198,10 +206,12 @@ def enqueue(graph: OpGraph, schedule: Any, env: Mapping[str, torch.Tensor], stre
         if cuda:
             for i in sorted(used - {0}):
                 streams[0].wait_stream(streams[i])
+            join_l2_prefetch(streams[0], l2)
         raise
     if cuda:
         for j in schedule.joins:
             streams[0].wait_event(events[j])
+        join_l2_prefetch(streams[0], l2)
         for t, st in where.items():  # consumed by SGLang on main
             if st != 0:
                 _record(out[t], streams[0])
@@ -265,6 +275,7 @@ class PrefixExecutor:
     def __init__(self, impl: Any = None, mode: str = DEFAULT_MODE, quant: Callable | None = None,
                  w_kc_policy: str = "relayout", cfg: Glm5Config | None = None, router: Any = None,
                  log: logging.Logger = logger) -> None:
+        from ...attn_pre.cmp.executor import l2_bulk_from_env
         from ...attn_pre.cmp.modes import get_mode
 
         self._impl = impl
@@ -277,6 +288,8 @@ class PrefixExecutor:
         self._once: set = set()
         self._plans: dict[str, _Plan] = {}
         self._streams: dict[Any, list] = {}
+        self._l2_streams: dict[Any, Any] = {}  # per device: the l2:OP=F prefetch stream (cmp/executor.py)
+        self.l2_bulk = l2_bulk_from_env()
         self._arange: dict[Any, torch.Tensor] = {}
         self._iota: dict[Any, torch.Tensor] = {}
 
@@ -314,7 +327,7 @@ class PrefixExecutor:
         p = self._plans.get((kind, mode.name, rotate))
         if p is not None:
             return p
-        from ...attn_pre.cmp.executor import BoundOps
+        from ...attn_pre.cmp.executor import BoundOps, l2_prefetch_names
         from ...attn_pre.cmp.modes import NATIVE_WAIT_POINTS, OP_FUNCTIONS, WaitPlan, resolve_wait_points, wait_support
         from ...attn_pre.cmp.streams import build_schedule
 
@@ -325,6 +338,7 @@ class PrefixExecutor:
         bound = BoundOps(self.impl, {OP_FUNCTIONS[o]: {"pdl": mode.pdl, **plans[o].kwargs} for o in known})
         graph = seam_graph(self.cfg, kind, bound, self.quant, rotate)
         sched = build_schedule(graph, mode, wait_plans=plans) if mode.multistream else None
+        l2_prefetch_names(mode, graph)  # an l2:OP=F naming an op without 2-D weights raises here, not mid-launch
         p = _Plan(graph, sched, sched.num_streams if sched is not None else 1)
         self._plans[(kind, mode.name, rotate)] = p
         return p
@@ -378,6 +392,20 @@ class PrefixExecutor:
         if dev.type == "cuda" and dev not in self._streams:
             with torch.cuda.device(dev):
                 self._streams[dev] = [torch.cuda.Stream(dev) for _ in range(3)]
+                self._l2_streams[dev] = torch.cuda.Stream(dev)
+            if self._uses_l2_prefetch():  # ops.precompile leaves this kernel out; never compile inside a capture
+                from ...ops import prefetch
+
+                prefetch.precompile(dev)
+
+    def _uses_l2_prefetch(self) -> bool:
+        """Whether this executor's mode or a CMP bucket of the router's table has l2:OP=F modifiers."""
+        from ...attn_pre.cmp.modes import get_mode
+
+        table = getattr(self.router, "table", None)
+        names = [b.cmp_mode or DEFAULT_MODE for b in (getattr(table, "buckets", ()) or ())
+                 if getattr(b, "prefix", None) == "cmp"]
+        return bool(self.mode.l2_prefetch) or any(get_mode(n).l2_prefetch for n in names)
 
     def prepare_model(self, model: Any, cfg: Glm5Config | None = None) -> PrepareSummary:
         from .patch import decoder_layers
@@ -544,12 +572,22 @@ class PrefixExecutor:
             table = v.block_table if v.topk_physical else self._iota[dev][: v.block_table.shape[1]].expand(m, -1)
             env.update(out_cache_loc=v.out_cache_loc, seq_lens=v.seq_lens, block_table=v.block_table,
                        index_k_cache=v.index_k_cache, topk_table=table)
-        plan = self.plan(route.kind, self.mode_for(m), route.rotate)
+        mode = self.mode_for(m)
+        plan = self.plan(route.kind, mode, route.rotate)
         env = {k: t for k, t in env.items() if k in plan.graph.tensors}
+        l2_stream = self._l2_streams.get(dev)
         if plan.schedule is None:
-            out = run_eager(plan.graph, env)
+            from ...attn_pre.cmp.executor import issue_l2_prefetch, join_l2_prefetch
+
+            main = self.streams_for(dev, 1)[0]
+            l2 = issue_l2_prefetch(mode, plan.graph, env, main, l2_stream, bulk=self.l2_bulk)  # None on CPU
+            try:
+                out = run_eager(plan.graph, env)
+            finally:
+                join_l2_prefetch(main, l2)
         else:
-            out = enqueue(plan.graph, plan.schedule, env, self.streams_for(dev, plan.num_streams))
+            out = enqueue(plan.graph, plan.schedule, env, self.streams_for(dev, plan.num_streams), l2_stream=l2_stream,
+                          l2_bulk=self.l2_bulk)
         q_lat, q_pe = out["q_lat"], out["q_pe"]
         k_nope, k_pe = scratch[:, :kvl].unsqueeze(1), scratch[:, kvl:].unsqueeze(1)
         if route.kind == "full":
