@@ -24,6 +24,8 @@
 //                        split-K reduce only. Built for multi-wave weight streams (o_proj, the dense MLP), but
 //                        measured 3-14 % slower than the waves there at M <= 32 on the H200 (2026-11-30), tied at
 //                        64: no default uses it)
+//   GLM5_SKINNY_INFLIGHT 0 (default): the whole ring fill issued at once; n: at most n fill stages in flight
+//                        (WgmmaGemmTile's kInflight; an experiment, one CTA per unit only)
 // Parameters: (SkinnyParams p, CUtensorMap w_map, CUtensorMap x_map):
 //   w_map: W8 [N, K] e4m3, box 128 K-bytes x 128 rows, SWIZZLE_128B (GLM5_SKINNY_WKB: [K/128, N, 128], box 128 x 128 x 1);
 //   x_map: x8 [M, K] e4m3, box 128 K-bytes x TM rows, SWIZZLE_128B.
@@ -82,14 +84,18 @@ __device__ __forceinline__ int skinny_phase_cta() {
 #ifndef GLM5_SKINNY_WKB
 #define GLM5_SKINNY_WKB 0
 #endif
+#ifndef GLM5_SKINNY_INFLIGHT
+#define GLM5_SKINNY_INFLIGHT 0
+#endif
 static_assert(!GLM5_SKINNY_PERSIST || (!GLM5_SKINNY_REDUCE && !GLM5_SKINNY_DIAG),
               "persistent launch: global split-K reduce, no diagnostic variants");
 static_assert(!(GLM5_SKINNY_PHASES && GLM5_SKINNY_PERSIST), "phase marks: one CTA per unit only");
+static_assert(!(GLM5_SKINNY_INFLIGHT && GLM5_SKINNY_PERSIST), "in-flight cap: one CTA per unit only");
 
 using WgmmaTile = glm5::attn_pre::skinny::WgmmaGemmTile<GLM5_SKINNY_TM, GLM5_SKINNY_STAGES,
                                                         glm5::attn_pre::skinny::epi_with_rot(GLM5_SKINNY_EPI, GLM5_SKINNY_ROT),
                                                         GLM5_SKINNY_DIAG, GLM5_SKINNY_PIPE, GLM5_SKINNY_REDUCE,
-                                                        GLM5_SKINNY_WKB>;
+                                                        GLM5_SKINNY_WKB, GLM5_SKINNY_INFLIGHT>;
 
 extern "C" __global__ void __launch_bounds__(glm5::attn_pre::skinny::kWgThreads, GLM5_SKINNY_MINB)
 glm5_fp8_gemm_wgmma(const glm5::attn_pre::skinny::SkinnyParams p, const __grid_constant__ CUtensorMap w_map,

@@ -106,7 +106,17 @@ struct WgmmaSmem {
 // sums ranks 0..S-1 in order through ld.shared::cluster (the same order and operations as the global
 // path: bitwise identical) and runs the epilogue; a second cluster barrier keeps the peers' smem
 // alive until rank 0 has read it. No workspace, no counters, no fences to L2.
-template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff, int kPipe = 0, int kReduce = 0, int kWKb = 0>
+//
+// In-flight cap (kInflight, GLM5_SKINNY_INFLIGHT; 0 = off, the default): the producer issues only the first
+// kInflight stages of the ring fill at once and each later fill stage once the stage kInflight before it has
+// landed. Why (session 24 experiment): a CTA that issues its whole ring at once gets its first box only when the
+// whole grid's burst has drained (the DRAM serves every CTA's boxes interleaved; bench gemm-phases, session 17:
+// first byte 2.3 us after the wait for QKV-A, 4.6 us for q_b), while the wgmma chain sits idle; ~kInflight
+// boxes per CTA in flight still cover the DRAM latency (Little's law: 128 CTAs x 2-3 x 16 KB = 4-6 MB). Same
+// loads, same order of math: bitwise identical results. One CTA per unit only (the persistent producer assumes
+// the whole prefill was issued by producer_prologue).
+template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff, int kPipe = 0, int kReduce = 0, int kWKb = 0,
+          int kInflight = 0>
 struct WgmmaGemmTile {
     static_assert(kWKb == 0 || kWKb == 1, "kWKb: 0 row-major weights, 1 k-block-major");
     static_assert(kPipe >= 0 && kPipe <= 2, "kPipe: 0, 1 or 2");
@@ -114,6 +124,7 @@ struct WgmmaGemmTile {
     static_assert(kReduce == 0 || kDiag == kDiagOff, "cluster reduce: no diagnostic variants");
     static_assert(kTM == 8 || kTM == 16 || kTM == 32 || kTM == 64 || kTM == 128, "token block: 8..128");
     static_assert(kStages >= 2 && kStages <= 16, "2..16 ring stages");
+    static_assert(kInflight >= 0 && kInflight <= kStages, "in-flight cap: 0 (off) .. kStages");
     static_assert(kDiag == kDiagOff || kEpi == kEpiPlain, "diagnostic variants use the plain epilogue");
     static_assert(kDiag >= kDiagOff && kDiag <= kDiagNoLoads, "diagnostic mode 0..3");
     using Finish = SkinnyFinish<kTM, kEpi>;
@@ -135,6 +146,11 @@ struct WgmmaGemmTile {
     static GLM5_DEVICE uint32_t full_bar(uint32_t base, int s) { return base + Smem::kOffBar + 8 * s; }
     static GLM5_DEVICE uint32_t empty_bar(uint32_t base, int s) { return base + Smem::kOffBar + 8 * (kStages + s); }
     static GLM5_DEVICE int prefill(const Coord& c) { return c.nk < kStages ? c.nk : kStages; }
+    // The prefill stages issued at once (before griddepcontrol.wait): all of them, or kInflight.
+    static GLM5_DEVICE int first_burst(const Coord& c) {
+        const int n = prefill(c);
+        return kInflight > 0 && kInflight < n ? kInflight : n;
+    }
 
     // One stage's weight box: k group g (128 K-bytes) of the 128 rows from n0. Row-major W8 [N, K]: 128
     // rows of 128 bytes each K bytes apart; k-block-major W8 [K / 128][N][128] (kWKb): 16 KB in one piece.
@@ -176,7 +192,7 @@ struct WgmmaGemmTile {
     static GLM5_DEVICE void producer_prologue(const SkinnyParams& p, const Coord& c, const CUtensorMap* w_map,
                                               const CUtensorMap* x_map, uint8_t* smem) {
         const uint32_t base = ptx::smem_addr(smem);
-        const int n = prefill(c);
+        const int n = first_burst(c);
         for (int s = 0; s < n; ++s) {
             sm90::mbar_arrive_expect_tx(full_bar(base, s), kStageTx);
             load_w(w_map, base + Smem::kOffW + s * kWStageBytes, full_bar(base, s), c.g_begin + s, c.tile_n * kBlockN);
@@ -187,11 +203,18 @@ struct WgmmaGemmTile {
     static GLM5_DEVICE void producer_mainloop(const SkinnyParams& p, const Coord& c, const CUtensorMap* w_map,
                                               const CUtensorMap* x_map, uint8_t* smem) {
         const uint32_t base = ptx::smem_addr(smem);
-        const int n = prefill(c);
+        const int n = prefill(c), n0 = first_burst(c);
         const int row_x = c.tile_m * kTM;
-        for (int s = 0; s < n; ++s)
+        for (int s = 0; s < n0; ++s)
             sm90::tma_load_2d(x_map, base + Smem::kOffX + s * Smem::kXStageBytes, full_bar(base, s),
                               (c.g_begin + s) * kBlockK, row_x);
+        for (int s = n0; s < n; ++s) {  // in-flight cap: stage s once stage s - kInflight has landed
+            sm90::mbar_wait(full_bar(base, s - kInflight), 0u);
+            const uint32_t full = full_bar(base, s);
+            sm90::mbar_arrive_expect_tx(full, kStageTx);
+            load_w(w_map, base + Smem::kOffW + s * kWStageBytes, full, c.g_begin + s, c.tile_n * kBlockN);
+            sm90::tma_load_2d(x_map, base + Smem::kOffX + s * Smem::kXStageBytes, full, (c.g_begin + s) * kBlockK, row_x);
+        }
         const int n_loop = kDiag == kDiagNoLoads ? 0 : c.nk;  // no-loads diagnostic: the prefill only
         for (int it = n; it < n_loop; ++it) {
             const int slot = it % kStages;

@@ -96,6 +96,7 @@ SMEM_LIMIT = 227 * 1024  # H100 / H200 max dynamic shared memory per CTA
 IMPLS = ("mma", "wgmma")
 IMPL_ENV = "GLM5_FASTPATH_FP8_GEMM_IMPL"
 PIPE_ENV = "GLM5_FASTPATH_FP8_GEMM_PIPE"
+INFLIGHT_ENV = "GLM5_FASTPATH_FP8_GEMM_INFLIGHT"  # env_inflight(): the wgmma ring fill's in-flight cap (experiment)
 WGMMA_THREADS = 288
 WGMMA_TOKEN_BLOCKS = (8, 16, 32, 64, 128)
 WGMMA_IDX_K_TOKEN_BLOCKS = (8, 16, 32, 64)  # B1's LayerNorm epilogue spills at 128 tokens (168-register cap)
@@ -323,6 +324,9 @@ def kernel_spec(tm: int, stages: int, epi: int, minb: int = 1, diag: int = 0, im
         defines.append(("GLM5_SKINNY_WKB", "1"))
     defines += wait_defines(check_wait_at("glm5_fastpath.fp8_gemm", wait_at))
     defines += hints
+    inflight = env_inflight(stages) if impl == "wgmma" and not persist else 0
+    if inflight:  # absent when off: the production cache keys do not change
+        defines.append(("GLM5_SKINNY_INFLIGHT", str(inflight)))
     if impl == "wgmma":
         return KernelSpec(WGMMA_FUNCTION, source=WGMMA_SOURCE, defines=tuple(defines))
     return KernelSpec(FUNCTION, source=SOURCE, defines=tuple(defines))
@@ -957,6 +961,20 @@ def _with_layout(epi: int, cfg: SkinnyConfig, w: torch.Tensor) -> SkinnyConfig:
         raise _fail(epi, f"a k-block-major weight needs the wgmma mainloop, but M={cfg.m} N={cfg.n} K={cfg.k} runs impl "
                          f"{cfg.impl!r}: pass the row-major [N, K] weight")
     return dataclasses.replace(cfg, wkb=1)
+
+
+def env_inflight(stages: int) -> int:
+    """GLM5_FASTPATH_FP8_GEMM_INFLIGHT (read when a kernel spec is built): n >= 1 caps the wgmma mainloop's ring
+    fill at n stages in flight per CTA (csrc/attn_pre/fp8_gemm_wgmma.cuh, kInflight: the first box lands before the
+    whole grid's burst has drained); unset / 0 = off. Capped at the config's stages (n >= stages = off). An
+    experiment (session 24, issue #3 / #4); bitwise identical results. Set it before precompile()."""
+    raw = env.text(INFLIGHT_ENV)
+    if raw is None or raw.strip() in ("", "0"):
+        return 0
+    if not raw.strip().isdigit():
+        raise _fail(EPI_PLAIN, f"{INFLIGHT_ENV}={raw!r}: expected a whole number of stages (0 = off)")
+    n = int(raw)
+    return n if n < stages else 0
 
 
 def env_pipe(epi: int = EPI_PLAIN) -> int | None:
