@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import torch
 
 from .config import FP8_BLOCK, Glm5Config
-from .ref.fp8 import dequant_weight_block, quant_weight_block
+from .ref.fp8 import dequant_weight_block, quant_weight_block, w_kc_fp8_from_kv_b
 
 BF16 = torch.bfloat16
 
@@ -67,6 +67,10 @@ class AttnWeights:
     w_vc: torch.Tensor  # [heads, kv_lora, v] bf16 (W_UV, attention core)
     o_proj: Fp8Linear  # [H, heads * v]
     indexer: IndexerWeights | None  # None on GLM-5.2 shared layers
+    # W_UK in the checkpoint's FP8 form (ref.fp8.w_kc_fp8_from_kv_b; dequant_w_kc of them is bitwise w_kc): the
+    # D2 W8 kernel reads half the bytes of w_kc. None when kv_b_proj is not FP8 (a bf16 checkpoint).
+    w_kc_fp8: torch.Tensor | None = None  # [heads, nope, kv_lora] e4m3
+    w_kc_scale: torch.Tensor | None = None  # [heads, nope, kv_lora / 128] fp32, one scale per row and column block
 
 
 class ExpertStore:
@@ -269,6 +273,10 @@ def assemble_layer(cfg: Glm5Config, layer: int, get: TensorSource, device=None) 
         qkv_a = Fp8Linear(torch.cat([qa.weight, kva.weight]), torch.cat([qa.scale_inv, kva.scale_inv]))
     nh, nope, v, r = c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank
     kv_b = _dense(G, p + "self_attn.kv_b_proj").view(nh, nope + v, r)
+    kv_b8 = G(p + "self_attn.kv_b_proj.weight")
+    w_kc8 = w_kc_s = None
+    if kv_b8.dtype == torch.float8_e4m3fn:
+        w_kc8, w_kc_s = w_kc_fp8_from_kv_b(kv_b8, G(p + "self_attn.kv_b_proj.weight_scale_inv"), nh, nope)
     indexer = None
     if c.is_full_indexer_layer(layer):
         ip = p + "self_attn.indexer."
@@ -281,7 +289,7 @@ def assemble_layer(cfg: Glm5Config, layer: int, get: TensorSource, device=None) 
         q_a_norm=T("self_attn.q_a_layernorm.weight").to(BF16), kv_a_norm=T("self_attn.kv_a_layernorm.weight").to(BF16),
         q_b=_as_fp8(G, p + "self_attn.q_b_proj"),
         w_kc=kv_b[:, :nope, :].contiguous().to(BF16), w_vc=kv_b[:, nope:, :].transpose(1, 2).contiguous().to(BF16),
-        o_proj=_as_fp8(G, p + "self_attn.o_proj"), indexer=indexer)
+        o_proj=_as_fp8(G, p + "self_attn.o_proj"), indexer=indexer, w_kc_fp8=w_kc8, w_kc_scale=w_kc_s)
     mlp: MoEWeights | DenseMLPWeights
     if c.is_moe_layer(layer):
         E = c.n_routed_experts

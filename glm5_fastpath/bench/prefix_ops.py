@@ -384,8 +384,14 @@ def build_ours(op: str, fn: Callable, d: PrefixData, module: str) -> Impl:
         results = lambda args, o: {"q_nope": _get(o, "q_nope", 0), "q_pe": _get(o, "q_pe", 1)}
         expected = ref([("q_nope", "q_nope", "bf16"), ("q_pe", "q_pe", "bf16")])
     elif op == "D2":
+        from ..attn_pre.cmp.executor import resolve_d2_weights
+
+        d2_fp8 = resolve_d2_weights(w) == "fp8"  # GLM5_FASTPATH_D2_WEIGHTS: our D2 on the FP8 form of W_UK
+
         def make_set(M, j):
-            wj = d.copy_of("ours.d2", j, lambda: replace(w, w_kc=w.w_kc.clone()))
+            wj = d.copy_of("ours.d2", j, lambda: replace(w, w_kc=None, w_kc_fp8=w.w_kc_fp8.clone(),
+                                                          w_kc_scale=w.w_kc_scale.clone()) if d2_fp8
+                           else replace(w, w_kc=w.w_kc.clone()))
             return (d.take("q_nope", M, j), d.take("c_kv", M, j), d.take("k_pe", M, j), wj, pos(M, j), loc(M, j),
                     d.step.kv_cache, c)
         run = fn

@@ -47,6 +47,7 @@ from .op_graph import GraphError, OpDef, OpGraph, Region, ShapeContext, TensorDe
 
 BF16, F32, I32, I64, U8 = torch.bfloat16, torch.float32, torch.int32, torch.int64, torch.uint8
 INDEXER_OPS = ("C0", "B1", "D1", "E1", "E2")
+D2_WEIGHTS = ("bf16", "fp8")  # build_prefix_graph(d2_weights=...): the form of W_UK D2 reads
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -99,6 +100,8 @@ def _lin_tensors(prefix: str, lin: Fp8Linear) -> dict[str, torch.Tensor]:
 def weight_tensors(w: AttnWeights) -> dict[str, torch.Tensor]:
     """The prefix's weights as graph tensors (names `w.<AttnWeights field path>`)."""
     t = {"w.input_norm": w.input_norm, "w.q_a_norm": w.q_a_norm, "w.kv_a_norm": w.kv_a_norm, "w.w_kc": w.w_kc}
+    if getattr(w, "w_kc_fp8", None) is not None:  # the FP8 form of W_UK, for graphs built with d2_weights="fp8"
+        t.update({"w.w_kc_fp8": w.w_kc_fp8, "w.w_kc_scale": w.w_kc_scale})
     t.update(_lin_tensors("w.qkv_a", w.qkv_a))
     t.update(_lin_tensors("w.q_b", w.q_b))
     if w.indexer is not None:
@@ -124,7 +127,8 @@ def _weights_view(ins: Mapping[str, torch.Tensor]) -> AttnWeights:
                          weights_proj=ins.get("w.indexer.weights_proj"))
     return AttnWeights(input_norm=ins.get("w.input_norm"), qkv_a=_lin_view(ins, "w.qkv_a"),
                        q_a_norm=ins.get("w.q_a_norm"), kv_a_norm=ins.get("w.kv_a_norm"), q_b=_lin_view(ins, "w.q_b"),
-                       w_kc=ins.get("w.w_kc"), w_vc=None, o_proj=None, indexer=idx)
+                       w_kc=ins.get("w.w_kc"), w_vc=None, o_proj=None, indexer=idx,
+                       w_kc_fp8=ins.get("w.w_kc_fp8"), w_kc_scale=ins.get("w.w_kc_scale"))
 
 
 def _wdef(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> TensorDef:
@@ -138,15 +142,22 @@ def _fp8_wdefs(prefix: str, n: int, k: int) -> list[TensorDef]:
 # ---- the graph --------------------------------------------------------------------------------------------
 
 def build_prefix_graph(cfg: Glm5Config, full_indexer: bool = True, tiling: PrefixTiling = PrefixTiling(),
-                       indexer_k_gemm: str = "fp8", impl=None, indexer_rotate: bool = False) -> OpGraph:
+                       indexer_k_gemm: str = "fp8", impl=None, indexer_rotate: bool = False,
+                       d2_weights: str = "bf16") -> OpGraph:
     """The prefix graph; full_indexer=False is a GLM-5.2 shared layer (no C0/B1/D1/E1/E2; topk_slots
     becomes a caller-supplied input: the previous full layer's top-k).
 
     impl: the namespace the ops call (default the reference, glm5_fastpath.ref.prefix); any namespace
     with the same function names and signatures works, e.g. glm5_fastpath.ops (the kernels).
     indexer_rotate: B1 / D1 with the Hadamard rotation (module doc); passed to the ops only when on, so a
-    namespace without the `rotate` argument still builds the default graph."""
+    namespace without the `rotate` argument still builds the default graph.
+    d2_weights: W_UK as D2 reads it: "bf16" (w.w_kc, SGLang's load-time dequant) or "fp8" (w.w_kc_fp8 +
+    w.w_kc_scale, the checkpoint's kv_b bytes: half the weight bytes, the same q_lat bit for bit; see
+    ref.fp8.w_kc_fp8_from_kv_b)."""
     impl = P if impl is None else impl
+    if d2_weights not in D2_WEIGHTS:
+        raise GraphError(f"d2_weights must be one of {D2_WEIGHTS}, got {d2_weights!r}")
+    d2_fp8 = d2_weights == "fp8"
     if indexer_k_gemm not in ("fp8", "bf16"):
         raise GraphError(f"indexer_k_gemm must be 'fp8' or 'bf16', got {indexer_k_gemm!r}")
     if not isinstance(indexer_rotate, bool):
@@ -178,7 +189,8 @@ def build_prefix_graph(cfg: Glm5Config, full_indexer: bool = True, tiling: Prefi
           region_shape=("M", DI + 4), doc="region: D_i fp8 bytes + 4 scale bytes of token m"),
         # weights
         _wdef("w.input_norm", (H,), BF16), *_fp8_wdefs("w.qkv_a", NQKV, H), _wdef("w.q_a_norm", (Q,), BF16),
-        _wdef("w.kv_a_norm", (KVL,), BF16), *_fp8_wdefs("w.q_b", NH * QKH, Q), _wdef("w.w_kc", (NH, NOPE, KVL), BF16),
+        _wdef("w.kv_a_norm", (KVL,), BF16), *_fp8_wdefs("w.q_b", NH * QKH, Q), *((_wdef("w.w_kc_fp8", (NH, NOPE, KVL), FP8), _wdef("w.w_kc_scale", (NH, NOPE, _cdiv(KVL, 128)), F32)) if d2_fp8
+          else (_wdef("w.w_kc", (NH, NOPE, KVL), BF16),)),
         _wdef("w.indexer.weights_proj", (HI, H), BF16), *_fp8_wdefs("w.indexer.wk", DI, H),
         _wdef("w.indexer.k_norm_weight", (DI,), F32), _wdef("w.indexer.k_norm_bias", (DI,), F32),
         *_fp8_wdefs("w.indexer.wq_b", HI * DI, Q),
@@ -332,7 +344,12 @@ def build_prefix_graph(cfg: Glm5Config, full_indexer: bool = True, tiling: Prefi
                 for nt, n0 in enumerate(n_tiles):
                     n1 = min(n0 + tp.block_n, KVL)
                     writes: dict[str, Region] = {"q_lat": (r, hh, (n0, n1))}
-                    reads: dict[str, Region] = {"q_nope": (r, hh, (0, NOPE)), "w.w_kc": (hh, (0, NOPE), (n0, n1))}
+                    reads: dict[str, Region] = {"q_nope": (r, hh, (0, NOPE))}
+                    if d2_fp8:
+                        reads.update({"w.w_kc_fp8": (hh, (0, NOPE), (n0, n1)),
+                                      "w.w_kc_scale": (hh, (0, NOPE), (n0 // 128, _cdiv(n1, 128)))})
+                    else:
+                        reads["w.w_kc"] = (hh, (0, NOPE), (n0, n1))
                     if h == 0:  # head-0 tiles also store the MLA KV row; the last one takes the roped k_pe too
                         last = nt == len(n_tiles) - 1
                         writes["kv_cache_written"] = (r, (n0, KVD if last else n1))
@@ -386,15 +403,17 @@ def build_prefix_graph(cfg: Glm5Config, full_indexer: bool = True, tiling: Prefi
                                    "+ head weights"),
         OpDef("D0", ("q_lora_fp8", "q_lora_scale", *fp8_w("w.q_b"), "positions"), ("q_nope", "q_pe"), ref_d0, tiles_d0,
               ("m_block", "head", "n_block"), doc="q_b_proj FP8 GEMM + MLA q RoPE"),
-        OpDef("D2", ("q_nope", "c_kv", "k_pe", "w.w_kc", "positions", "out_cache_loc", "kv_cache"),
+        OpDef("D2", ("q_nope", "c_kv", "k_pe", *(("w.w_kc_fp8", "w.w_kc_scale") if d2_fp8 else ("w.w_kc",)),
+                     "positions", "out_cache_loc", "kv_cache"),
               ("q_lat", "kv_cache_written"), ref_d2, tiles_d2, ("m_block", "head", "n_block"),
-              doc="W_UK absorption + k_pe RoPE + MLA KV store"),
+              doc=f"W_UK absorption ({d2_weights} W_UK) + k_pe RoPE + MLA KV store"),
         OpDef("E1", ("index_q_fp8", "head_w", "index_k_cache_written", "seq_lens", "block_table"), ("logits",),
               ref_e1, tiles_e1, ("request", "q_block", "kv_split"), doc="paged MQA indexer logits"),
         OpDef("E2", ("logits", "seq_lens", "block_table"), ("topk_slots",), ref_e2, tiles_e2, ("token",),
               doc="top-k + page-table transform"),
     ]
-    g = OpGraph(ops, tensors, name=f"glm5_prefix[{'full' if full_indexer else 'shared'}{',rotated' if indexer_rotate and full_indexer else ''}]")
+    g = OpGraph(ops, tensors, name=f"glm5_prefix[{'full' if full_indexer else 'shared'}{',rotated' if indexer_rotate and full_indexer else ''}"
+                                   f"{',d2fp8' if d2_fp8 else ''}]")
     if not full_indexer:
         g = g.without(INDEXER_OPS, retype={"topk_slots": "input"}, name=g.name)
     return g.validate()

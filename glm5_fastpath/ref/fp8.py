@@ -153,3 +153,38 @@ def index_k_cache_views(cache: torch.Tensor, head_dim: int, page: int = INDEX_K_
     k8 = cache[:, : page * head_dim].view(FP8).view(n, page, head_dim)
     s = cache[:, page * head_dim:].view(torch.float32)  # last dim contiguous: a dtype view, no copy
     return k8, s
+
+
+def w_kc_fp8_from_kv_b(kv_b8: torch.Tensor, kv_b_scale: torch.Tensor, heads: int, nope: int,
+                       block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checkpoint's FP8 kv_b_proj [heads * (nope + v), kv_lora] e4m3 (+ its [rows/128, kv_lora/128] scales) ->
+    W_UK in FP8 form: (w_kc8 [heads, nope, kv_lora] e4m3, w_kc_scale [heads, nope, kv_lora/128] fp32), the scale of
+    every weight row expanded per 128 columns. Lossless: dequant_w_kc(...) is bitwise the bf16 w_kc SGLang (and
+    weights.assemble_layer) dequantize at load, bf16_rn(fp32(e4m3) * s). Why per row: a head's 192 k_nope rows start
+    at row 448h of kv_b, so its scale block boundaries fall at different rows per head; one scale per row keeps the
+    D2 kernel's lookup the same for every head (0.2 MB next to 6.3 MB of weights at GLM-5 dims)."""
+    rows, kvl = kv_b8.shape
+    if rows % heads or kvl % block:
+        raise ValueError(f"w_kc_fp8_from_kv_b: kv_b {tuple(kv_b8.shape)} does not split into {heads} heads / "
+                         f"{block}-column blocks")
+    per_head = rows // heads
+    if not 0 < nope <= per_head:
+        raise ValueError(f"w_kc_fp8_from_kv_b: nope={nope} outside (0, {per_head}]")
+    if tuple(kv_b_scale.shape) != (_ceil_div(rows, block), kvl // block):
+        raise ValueError(f"w_kc_fp8_from_kv_b: scales {tuple(kv_b_scale.shape)} do not match kv_b {tuple(kv_b8.shape)}")
+    row = (torch.arange(heads, device=kv_b8.device)[:, None] * per_head
+           + torch.arange(nope, device=kv_b8.device)[None, :])  # [heads, nope] kv_b row of W_UK row (h, k)
+    w8 = kv_b8.view(heads, per_head, kvl)[:, :nope, :].contiguous()
+    scale = kv_b_scale.float()[row // block].contiguous()  # [heads, nope, kvl / block]
+    return w8, scale
+
+
+def dequant_w_kc(w_kc8: torch.Tensor, w_kc_scale: torch.Tensor, block: int = FP8_BLOCK) -> torch.Tensor:
+    """(w_kc8 [heads, nope, kv_lora] e4m3, w_kc_scale [heads, nope, kv_lora/128] fp32) -> bf16 w_kc,
+    bf16_rn(fp32(e4m3) * s) (the D2 W8 kernel rebuilds the same bits in registers)."""
+    h, k, n = w_kc8.shape
+    if tuple(w_kc_scale.shape) != (h, k, _ceil_div(n, block)):
+        raise ValueError(f"dequant_w_kc: scales {tuple(w_kc_scale.shape)} do not match w_kc8 {tuple(w_kc8.shape)}")
+    s = w_kc_scale.float().repeat_interleave(block, -1)[..., :n]
+    return (w_kc8.float() * s).to(torch.bfloat16)
+

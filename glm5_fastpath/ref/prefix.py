@@ -361,11 +361,16 @@ def d2_absorb_and_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch
     m = q_nope.shape[0]
     _check(op, "c_kv", c_kv, BF16, (m, kvl))
     _check(op, "k_pe", k_pe, BF16, (m, r))
-    _check(op, "w_kc", w.w_kc, BF16, (h, nope, kvl))
+    w_kc = w.w_kc
+    if w_kc is None and getattr(w, "w_kc_fp8", None) is not None:  # the FP8 form (ref.fp8.w_kc_fp8_from_kv_b)
+        _check(op, "w_kc_fp8", w.w_kc_fp8, torch.float8_e4m3fn, (h, nope, kvl))
+        _check(op, "w_kc_scale", w.w_kc_scale, torch.float32, (h, nope, -(-kvl // 128)))
+        w_kc = fp8.dequant_w_kc(w.w_kc_fp8, w.w_kc_scale)  # bitwise the bf16 w_kc of the same checkpoint
+    _check(op, "w_kc", w_kc, BF16, (h, nope, kvl))
     _check(op, "positions", positions, shape=(m,), dtypes=_INDEX_DTYPES)
     _check(op, "kv_cache", kv_cache, BF16, (None, c.kv_cache_dim))
     _check_slots(op, "out_cache_loc", out_cache_loc, m, kv_cache.shape[0])
-    q_lat = torch.einsum("mhn,hnl->mhl", q_nope.float(), w.w_kc.float()).to(BF16)
+    q_lat = torch.einsum("mhn,hnl->mhl", q_nope.float(), w_kc.float()).to(BF16)
     cos, sin = _rope_cs(positions, c)
     k_pe_roped = apply_rope_interleaved(k_pe, cos, sin).to(BF16)
     kv_cache[out_cache_loc.long()] = torch.cat([c_kv, k_pe_roped], dim=-1)

@@ -355,3 +355,57 @@ def test_eager_rejects_missing_inputs_and_undeclared_reads(seed):
     g2 = OpGraph([sneaky if o.name == "D0" else o for o in g.ops.values()], g.tensors.values()).validate()
     with pytest.raises((KeyError, AttributeError, TypeError)):
         run_eager(g2, prefix_env(g2, w=w, **decode_step(cfg, 2, 10, 100)))
+
+
+# ---- d2_weights="fp8": W_UK in the checkpoint's FP8 form (session 24) -------------------------------------------
+
+@pytest.mark.parametrize("name,m", [("small", 1), ("small", 37), pytest.param("glm5", 3, marks=pytest.mark.slow)])
+def test_fp8_w_kc_graph_equals_bf16_graph_bitwise(name, m, seed):
+    """The FP8 form of W_UK (weights.assemble_layer, from the FP8 kv_b) dequantizes to the bf16 w_kc bit for bit, so
+    the graph built with d2_weights="fp8" gives the same q_lat and caches as the default one."""
+    cfg, w, _ = weights(name)
+    assert w.w_kc_fp8 is not None and w.w_kc_fp8.dtype == fp8.FP8 and w.w_kc_scale.dtype == torch.float32
+    assert_equal("dequant_w_kc(w_kc_fp8, w_kc_scale) vs w_kc", fp8.dequant_w_kc(w.w_kc_fp8, w.w_kc_scale).view(torch.int16),
+                 w.w_kc.view(torch.int16))
+    step = decode_step(cfg, m, cfg.index_topk // 2, cfg.index_topk + 200)
+    other = _clone_caches(step)
+    g8, g16 = build_prefix_graph(cfg, d2_weights="fp8"), build_prefix_graph(cfg)
+    assert g8.name.endswith(",d2fp8]") and edge_map(g8) == edge_map(g16)
+    assert {"w.w_kc_fp8", "w.w_kc_scale"} <= set(g8.ops["D2"].inputs) and "w.w_kc" not in g8.tensors
+    e8, e16 = run_eager(g8, prefix_env(g8, w=w, **step)), run_eager(g16, prefix_env(g16, w=w, **other))
+    for t in g16.produced_tensors():
+        if g16.tensors[t].inplace_of is None:
+            assert_equal(f"d2 fp8 graph vs bf16 graph: {t}", e8[t], e16[t])
+    assert_equal("d2 fp8 graph kv_cache", step["kv_cache"], other["kv_cache"])
+
+
+def test_fp8_w_kc_tiles_read_both_tensors_in_bounds():
+    g = build_prefix_graph(GLM5, d2_weights="fp8")
+    ctx = CONTEXTS["mixed"]
+    dims = {**ctx.dims(), "max_pages": -(-ctx.max_ctx // PAGE)}
+    tiles = g.tiles(ctx)["D2"]
+    for tile in tiles:
+        assert {"w.w_kc_fp8", "w.w_kc_scale"} <= set(tile.reads) and "w.w_kc" not in tile.reads
+        for t in ("w.w_kc_fp8", "w.w_kc_scale"):
+            shape = g.tensors[t].resolve(dims)
+            assert all(0 <= a < b <= n for (a, b), n in zip(tile.reads[t], shape))
+    with pytest.raises(GraphError, match="d2_weights"):
+        build_prefix_graph(GLM5, d2_weights="int4")
+
+
+def test_w_kc_fp8_from_kv_b_scale_rows_follow_each_heads_offset():
+    """GLM-5's heads start at kv_b row 448h, i.e. half-way into a 128-row scale block for odd h: each W_UK row takes
+    the scale of ITS kv_b row."""
+    heads, nope, v, kvl = 3, 192, 256, 256
+    kv_b8 = torch.randn(heads * (nope + v), kvl).to(fp8.FP8)
+    nb = -(-heads * (nope + v) // 128)  # 1344 rows: 11 blocks, the last one partial
+    s = torch.arange(1, 1 + nb * (kvl // 128), dtype=torch.float32).view(nb, kvl // 128)
+    w8, ws = fp8.w_kc_fp8_from_kv_b(kv_b8, s, heads, nope)
+    assert w8.shape == (heads, nope, kvl) and ws.shape == (heads, nope, kvl // 128)
+    for h, k in [(0, 0), (0, 191), (1, 0), (1, 63), (1, 64), (2, 191)]:
+        row = h * (nope + v) + k
+        assert torch.equal(ws[h, k], s[row // 128]) and torch.equal(w8[h, k].view(torch.uint8), kv_b8[row].view(torch.uint8))
+    with pytest.raises(ValueError, match="scales"):
+        fp8.w_kc_fp8_from_kv_b(kv_b8, s[:-1], heads, nope)
+    with pytest.raises(ValueError, match="scales"):
+        fp8.dequant_w_kc(w8, ws[..., :0])

@@ -52,6 +52,7 @@ from .streams import MAIN, Schedule, build_schedule, check_exclusive
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 STEP_INPUTS = ("hidden", "residual", "positions", "out_cache_loc", "seq_lens", "block_table")
+ENV_D2_WEIGHTS = "GLM5_FASTPATH_D2_WEIGHTS"  # resolve_d2_weights(): bf16 / fp8 / auto
 ENV_L2_BULK = "GLM5_FASTPATH_CMP_L2_BULK"  # "1": the l2:OP=F modifiers use bulk prefetches (module doc)
 
 
@@ -96,7 +97,7 @@ class CmpExecutor:
     def __init__(self, cfg: Glm5Config, weights, device, buckets: Sequence[int] = DEFAULT_BUCKETS, mode: str | Mode = "full",
                  *, kv_cache: torch.Tensor | None = None, index_k_cache: torch.Tensor | None = None,
                  max_pages: int | None = None, pad_slot: int = 0, impl: Any = None, capture: bool | None = None,
-                 pins: Mapping[str, int] | None = None, precompile: bool = True):
+                 pins: Mapping[str, int] | None = None, precompile: bool = True, d2_weights: str | None = None):
         if not isinstance(cfg, Glm5Config):
             raise CmpError(f"cfg must be a Glm5Config, got {type(cfg).__name__}")
         self.cfg = cfg
@@ -115,7 +116,11 @@ class CmpExecutor:
         self.max_pages = int(max_pages) if max_pages is not None else -(-cfg.max_position_embeddings // PAGE)
         self.max_ctx = self.max_pages * PAGE
 
-        ref_graph = build_prefix_graph(cfg, full_indexer=not self.shared_layer)
+        try:
+            self.d2_weights = resolve_d2_weights(self.w, d2_weights)
+        except ValueError as e:
+            raise CmpError(str(e)) from None
+        ref_graph = build_prefix_graph(cfg, full_indexer=not self.shared_layer, d2_weights=self.d2_weights)
         ops = ref_graph.topo_order()
         # raises NotImplementedError for a wait point the kernels cannot realize
         self.wait_plans = resolve_wait_points(self.mode, ops, wait_support(impl, ops))
@@ -125,7 +130,8 @@ class CmpExecutor:
             kwargs[fn] = {"pdl": self.mode.pdl, **self.wait_plans[op].kwargs}
         kwargs.setdefault(OP_FUNCTIONS["E1"], {})["max_ctx"] = self.max_ctx
         self.bound = BoundOps(impl, kwargs)
-        self.graph = build_prefix_graph(cfg, full_indexer=not self.shared_layer, impl=self.bound)
+        self.graph = build_prefix_graph(cfg, full_indexer=not self.shared_layer, impl=self.bound,
+                                        d2_weights=self.d2_weights)
         try:
             self.mode = self.mode.for_ops(ops)  # caps / pins / edges naming an op this graph lacks do not apply
         except ValueError as e:
@@ -465,3 +471,24 @@ def join_l2_prefetch(main, side) -> None:
     capture ends; by the end of the prefix the prefetch is long done, so the wait costs nothing."""
     if side is not None:
         main.wait_stream(side)
+
+
+def resolve_d2_weights(w: Any, requested: str | None = None) -> str:
+    """The form of W_UK the prefix graph's D2 reads (graph.prefix_graph D2_WEIGHTS): `requested`, or
+    GLM5_FASTPATH_D2_WEIGHTS when None (default "bf16"). "fp8": the checkpoint's FP8 kv_b bytes (AttnWeights.w_kc_fp8 /
+    w_kc_scale; half of D2's weight bytes, q_lat bit for bit the same), which the weights must carry; "auto": fp8 when
+    they do, else bf16. Raises ValueError for another value or for fp8 without the FP8 form."""
+    from ...graph.prefix_graph import D2_WEIGHTS
+    from ...jit import env
+
+    want = requested if requested is not None else (env.text(ENV_D2_WEIGHTS) or "bf16").strip()
+    has_fp8 = getattr(w, "w_kc_fp8", None) is not None and getattr(w, "w_kc_scale", None) is not None
+    if want == "auto":
+        return "fp8" if has_fp8 else "bf16"
+    if want not in D2_WEIGHTS:
+        raise ValueError(f"d2_weights / {ENV_D2_WEIGHTS}={want!r}: expected one of {D2_WEIGHTS + ('auto',)}")
+    if want == "fp8" and not has_fp8:
+        raise ValueError(f"d2_weights='fp8' needs the FP8 form of W_UK (AttnWeights.w_kc_fp8 / w_kc_scale, from an FP8 "
+                         f"kv_b_proj: ref.fp8.w_kc_fp8_from_kv_b); these weights have none")
+    return want
+

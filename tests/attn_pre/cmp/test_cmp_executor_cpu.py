@@ -194,3 +194,34 @@ def test_op_launch_context_sets_the_modes_caps_and_priorities(monkeypatch):
     with op_launch_context(m, "E1", False):  # no CUDA streams: no priority
         assert runtime.current_launch_priority() is None
     assert getattr(fp8_gemm._cap, "ctas", None) is None and getattr(fp8_gemm._cap, "stages", None) is None
+
+
+def test_d2_fp8_weights_give_the_same_outputs_and_resolve_from_env(layer, monkeypatch):
+    """d2_weights="fp8" (W_UK as the checkpoint's FP8 bytes, session 24): same q_lat and caches as bf16, bit for bit;
+    GLM5_FASTPATH_D2_WEIGHTS picks the form when the argument is None; fp8 without the FP8 form is a CmpError."""
+    from glm5_fastpath.attn_pre.cmp.executor import ENV_D2_WEIGHTS, resolve_d2_weights
+
+    outs = {}
+    for form in ("bf16", "fp8"):
+        s, pad_page = _setup(seed=5)
+        ex = _executor(layer, s, pad_page, d2_weights=form)
+        assert ex.d2_weights == form and ("w.w_kc_fp8" in ex.graph.tensors) == (form == "fp8")
+        outs[form] = (ex.run(**_rows(s, torch.arange(5)), all_tensors=True), s.kv_cache)
+    for name in ("q_lat", "q_pe", "topk_slots", "residual_out"):
+        assert torch.equal(outs["fp8"][0][name], outs["bf16"][0][name]), name
+    assert torch.equal(outs["fp8"][1], outs["bf16"][1])
+
+    monkeypatch.setenv(ENV_D2_WEIGHTS, "auto")
+    assert resolve_d2_weights(layer.attn) == "fp8"
+    no_fp8 = type(layer.attn)(**{**layer.attn.__dict__, "w_kc_fp8": None, "w_kc_scale": None})
+    assert resolve_d2_weights(no_fp8) == "bf16"
+    monkeypatch.setenv(ENV_D2_WEIGHTS, "fp8")
+    with pytest.raises(ValueError, match="FP8 form"):
+        resolve_d2_weights(no_fp8)
+    monkeypatch.setenv(ENV_D2_WEIGHTS, "int8")
+    with pytest.raises(ValueError, match="expected one of"):
+        resolve_d2_weights(layer.attn)
+    s, pad_page = _setup()
+    with pytest.raises(CmpError, match="FP8 form"):
+        CmpExecutor(CFG, no_fp8, "cpu", buckets=BUCKETS, impl=P, kv_cache=s.kv_cache, index_k_cache=s.index_k_cache,
+                    max_pages=s.block_table.shape[1], pad_slot=pad_page * 64, d2_weights="fp8")
