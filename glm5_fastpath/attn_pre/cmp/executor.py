@@ -473,6 +473,17 @@ def join_l2_prefetch(main, side) -> None:
         main.wait_stream(side)
 
 
+def d2_request_from_env() -> str:
+    """GLM5_FASTPATH_D2_WEIGHTS as given (default "bf16"), validated: bf16 / fp8 / auto (resolve_d2_weights)."""
+    from ...graph.prefix_graph import D2_WEIGHTS
+    from ...jit import env
+
+    want = (env.text(ENV_D2_WEIGHTS) or "bf16").strip()
+    if want not in D2_WEIGHTS + ("auto",):
+        raise ValueError(f"{ENV_D2_WEIGHTS}={want!r}: expected one of {D2_WEIGHTS + ('auto',)}")
+    return want
+
+
 def resolve_d2_weights(w: Any, requested: str | None = None) -> str:
     """The form of W_UK the prefix graph's D2 reads (graph.prefix_graph D2_WEIGHTS): `requested`, or
     GLM5_FASTPATH_D2_WEIGHTS when None (default "bf16"). "fp8": the checkpoint's FP8 kv_b bytes (AttnWeights.w_kc_fp8 /

@@ -326,6 +326,7 @@ class WeightReport:
     views: list[str] = field(default_factory=list)
     repacked: dict[str, int] = field(default_factory=dict)  # name -> bytes added (held by us)
     relayout: dict[str, int] = field(default_factory=dict)  # name -> bytes replaced in place (net 0)
+    notes: dict[str, str] = field(default_factory=dict)  # e.g. why the FP8 form of W_UK was not built
 
     @property
     def added_bytes(self) -> int:
@@ -363,9 +364,13 @@ def _is_mat(t: Any, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype == dtype and tuple(t.shape) == shape and t.is_contiguous()
 
 
-def build_weights(attn: Any, cfg: Glm5Config, kind: str, w_kc_policy: str = "relayout"
+def build_weights(attn: Any, cfg: Glm5Config, kind: str, w_kc_policy: str = "relayout", w_kc_fp8: bool = False
                   ) -> tuple[AttnWeights | None, WeightReport, Refusal | None]:
-    """Our AttnWeights for this layer (indexer=None unless kind == "full"); see the module doc for costs."""
+    """Our AttnWeights for this layer (indexer=None unless kind == "full"); see the module doc for costs.
+    w_kc_fp8: also W_UK in the checkpoint's FP8 form (AttnWeights.w_kc_fp8 / w_kc_scale, for D2's W8 build) from
+    kv_b_proj's block-FP8 weight, when it is one ([heads * (nope + v), kv_lora] e4m3 with 128 x 128 scales; else
+    report.notes["w_kc_fp8"] says why not). SGLang keeps kv_b_proj for its prefill, so this is a copy of the k_nope
+    rows (~6.5 MB per layer at GLM-5 dims), bitwise the bf16 w_kc once dequantized."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if w_kc_policy not in W_KC_POLICIES:
@@ -430,9 +435,33 @@ def build_weights(attn: Any, cfg: Glm5Config, kind: str, w_kc_policy: str = "rel
         indexer = IndexerWeights(wq_b=wq_b, wk=wk, k_norm_weight=kn.weight.detach(), k_norm_bias=kn.bias.detach(),
                                  weights_proj=wp)
         rep.views += ["indexer.wq_b", "indexer.k_norm"]
+    w8 = w8s = None
+    if w_kc_fp8:
+        got = _w_kc_fp8(attn, c)
+        if isinstance(got, str):
+            rep.notes["w_kc_fp8"] = got
+        else:
+            w8, w8s = got
+            rep.repacked["w_kc_fp8 (k_nope rows of kv_b_proj, + scales)"] = w8.nbytes + w8s.nbytes
     w = AttnWeights(input_norm=None, qkv_a=qkv, q_a_norm=qn.detach(), kv_a_norm=kvn.detach(), q_b=q_b, w_kc=w_kc,
-                    w_vc=None, o_proj=None, indexer=indexer)
+                    w_vc=None, o_proj=None, indexer=indexer, w_kc_fp8=w8, w_kc_scale=w8s)
     return w, rep, None
+
+
+def _w_kc_fp8(attn: Any, cfg: Glm5Config) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """(w_kc8, w_kc_scale) from kv_b_proj's block-FP8 weight, or why not (a message)."""
+    from ...ref.fp8 import w_kc_fp8_from_kv_b
+
+    c = cfg
+    lin = getattr(attn, "kv_b_proj", None)
+    w = getattr(lin, "weight", None)
+    s = getattr(lin, "weight_scale_inv", None)
+    rows = c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim)
+    if not _is_mat(w, (rows, c.kv_lora_rank), torch.float8_e4m3fn):
+        return f"kv_b_proj.weight {getattr(w, 'dtype', None)} {tuple(getattr(w, 'shape', ()))}, need e4m3 {(rows, c.kv_lora_rank)}"
+    if not _is_mat(s, (-(-rows // 128), c.kv_lora_rank // 128), torch.float32):
+        return f"kv_b_proj.weight_scale_inv {getattr(s, 'dtype', None)} {tuple(getattr(s, 'shape', ()))}, need fp32 128x128 blocks"
+    return w_kc_fp8_from_kv_b(w.detach(), s.detach(), c.num_attention_heads, c.qk_nope_head_dim)
 
 
 # ---- per-call step views --------------------------------------------------------------------------------

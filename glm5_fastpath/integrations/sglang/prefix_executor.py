@@ -115,13 +115,15 @@ def _no_tiles(ctx) -> list:
     return []
 
 
-def seam_graph(cfg: Glm5Config, kind: str, impl: Any, quant: Callable, rotate: bool = False) -> OpGraph:
+def seam_graph(cfg: Glm5Config, kind: str, impl: Any, quant: Callable, rotate: bool = False,
+               d2_weights: str = "bf16") -> OpGraph:
     """The prefix graph as the forward_absorb_prepare seam sees it (module doc): Q0 instead of A0; D2
     stores into the caller's scratch at `kv_slots`; E1 is as wide as the block table; E2 maps through
     `topk_table` (the page table for physical slots, an identity table for logical positions).
     rotate: B1 / D1 Hadamard-rotate (the index-K format of SGLang 0.5.14's indexer; full route only)."""
     full = kind == "full"
-    base = build_prefix_graph(cfg, full_indexer=full, impl=impl, indexer_rotate=bool(rotate and full))
+    base = build_prefix_graph(cfg, full_indexer=full, impl=impl, indexer_rotate=bool(rotate and full),
+                              d2_weights=d2_weights)
 
     def ref_q0(i):
         x8, xs = quant(i["x_in"])
@@ -152,7 +154,8 @@ def seam_graph(cfg: Glm5Config, kind: str, impl: Any, quant: Callable, rotate: b
         extra.append(TensorDef("topk_table", ("M", "max_pages"), I32, "input"))
     used = {t for o in ops for t in o.inputs + o.outputs}
     tensors = [t for t in base.tensors.values() if t.name in used] + extra
-    return OpGraph(ops, tensors, name=f"glm5_prefix_seam[{kind}{',rotated' if rotate and full else ''}]").validate()
+    return OpGraph(ops, tensors, name=f"glm5_prefix_seam[{kind}{',rotated' if rotate and full else ''}"
+                                         f"{',d2fp8' if d2_weights == 'fp8' else ''}]").validate()
 
 
 def _record(t: Any, stream: Any) -> None:
@@ -237,6 +240,7 @@ class LayerRoute:
     signature: A.SeamSignature | None = None
     report: A.WeightReport | None = None
     rotate: bool = False  # full route: B1 / D1 Hadamard-rotate (SGLang 0.5.14's index-K format)
+    d2_weights: str = "bf16"  # the W_UK form D2 reads (GLM5_FASTPATH_D2_WEIGHTS; "fp8" when the layer has it)
 
 
 @dataclass
@@ -275,7 +279,7 @@ class PrefixExecutor:
     def __init__(self, impl: Any = None, mode: str = DEFAULT_MODE, quant: Callable | None = None,
                  w_kc_policy: str = "relayout", cfg: Glm5Config | None = None, router: Any = None,
                  log: logging.Logger = logger) -> None:
-        from ...attn_pre.cmp.executor import l2_bulk_from_env
+        from ...attn_pre.cmp.executor import d2_request_from_env, l2_bulk_from_env
         from ...attn_pre.cmp.modes import get_mode
 
         self._impl = impl
@@ -290,6 +294,7 @@ class PrefixExecutor:
         self._streams: dict[Any, list] = {}
         self._l2_streams: dict[Any, Any] = {}  # per device: the l2:OP=F prefetch stream (cmp/executor.py)
         self.l2_bulk = l2_bulk_from_env()
+        self.d2_request = d2_request_from_env()
         self._arange: dict[Any, torch.Tensor] = {}
         self._iota: dict[Any, torch.Tensor] = {}
 
@@ -321,26 +326,26 @@ class PrefixExecutor:
         choice = getattr(look, "choice", None)
         return get_mode(choice.cmp_mode) if choice is not None and choice.prefix == "cmp" else self.mode
 
-    def plan(self, kind: str, mode: Any = None, rotate: bool = False) -> _Plan:
+    def plan(self, kind: str, mode: Any = None, rotate: bool = False, d2_weights: str = "bf16") -> _Plan:
         mode = self.mode if mode is None else mode
         rotate = bool(rotate and kind == "full")
-        p = self._plans.get((kind, mode.name, rotate))
+        p = self._plans.get((kind, mode.name, rotate, d2_weights))
         if p is not None:
             return p
         from ...attn_pre.cmp.executor import BoundOps, l2_prefetch_names
         from ...attn_pre.cmp.modes import NATIVE_WAIT_POINTS, OP_FUNCTIONS, WaitPlan, resolve_wait_points, wait_support
         from ...attn_pre.cmp.streams import build_schedule
 
-        probe = seam_graph(self.cfg, kind, self.impl, self.quant, rotate)  # op names only
+        probe = seam_graph(self.cfg, kind, self.impl, self.quant, rotate, d2_weights)  # op names only
         known = [o for o in probe.topo_order() if o in NATIVE_WAIT_POINTS]
         plans = dict(resolve_wait_points(mode, known, wait_support(self.impl, known)))
         plans["Q0"] = WaitPlan("Q0", mode.wait_point, None, {})
         bound = BoundOps(self.impl, {OP_FUNCTIONS[o]: {"pdl": mode.pdl, **plans[o].kwargs} for o in known})
-        graph = seam_graph(self.cfg, kind, bound, self.quant, rotate)
+        graph = seam_graph(self.cfg, kind, bound, self.quant, rotate, d2_weights)
         sched = build_schedule(graph, mode, wait_plans=plans) if mode.multistream else None
         l2_prefetch_names(mode, graph)  # an l2:OP=F naming an op without 2-D weights raises here, not mid-launch
         p = _Plan(graph, sched, sched.num_streams if sched is not None else 1)
-        self._plans[(kind, mode.name, rotate)] = p
+        self._plans[(kind, mode.name, rotate, d2_weights)] = p
         return p
 
     # -- logging / metrics --------------------------------------------------------------------------------------
@@ -372,13 +377,19 @@ class PrefixExecutor:
         kind, refusal = A.check_layer(attn, self.cfg)
         route = LayerRoute(lid, kind, refusal)
         if refusal is None:
-            w, rep, refusal = A.build_weights(attn, self.cfg, kind, self.w_kc_policy)
+            w, rep, refusal = A.build_weights(attn, self.cfg, kind, self.w_kc_policy,
+                                              w_kc_fp8=self.d2_request != "bf16")
             route.report = rep
             if refusal is None:
                 route.weights = w
                 route.rotate = kind == "full" and A.layer_rotate(attn)
                 route.signature = A.seam_signature(attn)
                 route.weight_env = {k: v for k, v in weight_tensors(w).items() if v is not None}
+                route.d2_weights = "fp8" if w.w_kc_fp8 is not None else "bf16"
+                if self.d2_request == "fp8" and route.d2_weights != "fp8" and "d2_fp8_missing" not in self._once:
+                    self._once.add("d2_fp8_missing")  # logged once: every layer of a checkpoint is alike
+                    self.log.warning("GLM5_FASTPATH_D2_WEIGHTS=fp8, but layer %d has no FP8 W_UK (%s): D2 reads the "
+                                     "bf16 W_UK there", lid, rep.notes.get("w_kc_fp8", "kv_b_proj is not block-FP8"))
                 self._prepare_device(w.q_b.weight.device)
             else:
                 route.kind, route.refusal = "", refusal
@@ -573,7 +584,7 @@ class PrefixExecutor:
             env.update(out_cache_loc=v.out_cache_loc, seq_lens=v.seq_lens, block_table=v.block_table,
                        index_k_cache=v.index_k_cache, topk_table=table)
         mode = self.mode_for(m)
-        plan = self.plan(route.kind, mode, route.rotate)
+        plan = self.plan(route.kind, mode, route.rotate, route.d2_weights)
         env = {k: t for k, t in env.items() if k in plan.graph.tensors}
         l2_stream = self._l2_streams.get(dev)
         if plan.schedule is None:

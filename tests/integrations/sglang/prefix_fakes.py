@@ -22,7 +22,7 @@ from glm5_fastpath.ref import prefix as P
 from glm5_fastpath.ref.fp8 import index_k_page_bytes, quant_act_per_token
 from glm5_fastpath.ref.rope import apply_rope_interleaved, rope_cos_sin
 from glm5_fastpath.testing.decode_step import make_decode_step
-from glm5_fastpath.weights import random_layer
+from glm5_fastpath.weights import generated_source, random_layer
 
 BF16 = torch.bfloat16
 PAGE = INDEX_K_PAGE_TOKENS
@@ -104,6 +104,10 @@ class DeepseekV2AttentionMLA:
         # SGLang: w_kc.transpose(1, 2).contiguous().transpose(1, 2) (deepseek_weight_loader.py)
         self.w_kc = w.w_kc.transpose(1, 2).contiguous().transpose(1, 2)
         self.w_vc = w.w_vc
+        # SGLang keeps kv_b_proj (block FP8) for its prefill; the W8 D2 route copies W_UK's rows from it
+        src = generated_source(cfg, layer_id, seed)
+        kvb = f"model.layers.{layer_id}.self_attn.kv_b_proj."
+        self.kv_b_proj = ReplicatedLinear(src(kvb + "weight"), src(kvb + "weight_scale_inv").float())
         self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.max_position_embeddings)
         self.indexer = None if shared else Indexer(cfg, w.indexer if w.indexer is not None else
                                                    random_layer(cfg, 0, seed=seed).attn.indexer, fused=fused_indexer)

@@ -652,3 +652,32 @@ def test_composite_cmp_mode_from_the_selection_table():
         {"tokens": 4, "prefix": "cmp", "moe": "stock", "cmp_mode": "full+pin:D1=0"}]})
     m = PrefixExecutor(router=SimpleNamespace(table=table)).mode_for(3)
     assert m.name == "full+pin:D1=0" and m.pins == (("D1", 0),) and m.wait_point == "after_prefetch"
+
+
+def test_d2_fp8_weights_route_is_bitwise_the_bf16_one(monkeypatch, caplog):
+    """GLM5_FASTPATH_D2_WEIGHTS=fp8 (session 24): W_UK's rows copied from SGLang's block-FP8 kv_b_proj, D2 on them;
+    same outputs bit for bit as the bf16 route; a layer without an FP8 kv_b_proj keeps bf16 and says so once."""
+    outs = {}
+    for form in ("bf16", "fp8"):
+        monkeypatch.setenv("GLM5_FASTPATH_D2_WEIGHTS", form)
+        a = F.DeepseekV2AttentionMLA(CFG)
+        step, x, fb = F.make_batch(CFG, SEQ)
+        ex = executor("full")
+        outs[form] = ex(a.forward_absorb_prepare, step.positions, x, fb, object())
+        route = ex.layer_route(a)
+        assert route.d2_weights == form and (route.weights.w_kc_fp8 is not None) == (form == "fp8")
+        if form == "fp8":
+            assert any("w_kc_fp8" in k for k in route.report.repacked)
+            assert ex.plan(route.kind, ex.mode, route.rotate, "fp8").graph.name.endswith(",d2fp8]")
+    for i, (o8, o16) in enumerate(zip(outs["fp8"], outs["bf16"])):
+        if isinstance(o16, torch.Tensor):
+            assert torch.equal(o8, o16), f"output {i}"
+    monkeypatch.setenv("GLM5_FASTPATH_D2_WEIGHTS", "fp8")
+    a = F.DeepseekV2AttentionMLA(CFG)
+    del a.kv_b_proj
+    step, x, fb = F.make_batch(CFG, SEQ)
+    ex = executor("full")
+    with caplog.at_level("WARNING"):
+        ex(a.forward_absorb_prepare, step.positions, x, fb, object())
+    assert ex.layer_route(a).d2_weights == "bf16"
+    assert sum("no FP8 W_UK" in r.getMessage() for r in caplog.records) == 1
