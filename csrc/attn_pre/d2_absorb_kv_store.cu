@@ -7,8 +7,12 @@
 //   GLM5_D2_ROPE     qk_rope_head_dim (even, <= 64; 64 for GLM-5, 32 small preset)
 //   GLM5_D2_MT       m16 latent tiles per warp (1: M <= 32, 2: larger M)
 //   GLM5_D2_NT       n8 token tiles per warp pass
+//   GLM5_D2_W8       1: the W8A16 build, kernel glm5_d2_absorb_kv_store_w8, whose weight is W_UK in FP8 form
+//                    (w_kc8 e4m3 + w_kc_scale fp32 per row and 128-column block, rebuilt in smem to the bf16
+//                    bits bf16_rn(fp32(e4m3) * s): D2AbsorbTile<..., kW8 = true>); unset / 0: the bf16 build
+//                    (the define is only passed for W8, so the bf16 build's defines are those of before)
 // Launch: grid (heads * KV_LORA / 128, 1, 1), block (288, 1, 1), dynamic shared memory
-// D2Tile::kSmemBytes (needs the >48 KB opt-in); PDL-ready.
+// D2Tile::kSmemBytes (needs the >48 KB opt-in; W8: + NOPE * 160 B, the e4m3 tile and the scale slots); PDL-ready.
 #include "d2_absorb_kv_store.cuh"
 
 #ifndef GLM5_D2_NOPE
@@ -26,16 +30,27 @@
 #ifndef GLM5_D2_NT
 #define GLM5_D2_NT 4
 #endif
+#ifndef GLM5_D2_W8
+#define GLM5_D2_W8 0
+#endif
 
-using D2Tile = glm5::attn_pre::D2AbsorbTile<GLM5_D2_NOPE, GLM5_D2_KV_LORA, GLM5_D2_MT, GLM5_D2_NT, /*barrier*/ 1>;
+using D2Tile = glm5::attn_pre::D2AbsorbTile<GLM5_D2_NOPE, GLM5_D2_KV_LORA, GLM5_D2_MT, GLM5_D2_NT, /*barrier*/ 1,
+                                            /*kW8*/ GLM5_D2_W8 != 0>;
 using D2Kv = glm5::attn_pre::D2KvStoreWarp<GLM5_D2_KV_LORA, GLM5_D2_ROPE>;
 constexpr int kD2Threads = D2Tile::kThreads + 32;
 
 // Parameter order and types are the ABI the Python launcher packs (glm5_fastpath/ops/d2_absorb.py,
-// _kernel_args); the runtime checks sizes against the cubin at load.
+// _kernel_args; W8: the weight pointer is replaced by w_kc8, w_kc_scale); the runtime checks sizes against
+// the cubin at load.
 extern "C" __global__ void __launch_bounds__(kD2Threads, 2)
+#if GLM5_D2_W8
+glm5_d2_absorb_kv_store_w8(const uint16_t* __restrict__ q_nope,    // [M, heads, NOPE] bf16
+                           const uint8_t* __restrict__ w_kc8,       // [heads, NOPE, KV_LORA] e4m3
+                           const float* __restrict__ w_kc_scale,    // [heads, NOPE, KV_LORA / 128] fp32
+#else
 glm5_d2_absorb_kv_store(const uint16_t* __restrict__ q_nope,  // [M, heads, NOPE] bf16
                         const uint16_t* __restrict__ w_kc,    // [heads, NOPE, KV_LORA] bf16
+#endif
                         const uint16_t* __restrict__ c_kv,    // [M, KV_LORA] bf16
                         const uint16_t* __restrict__ k_pe,    // [M, ROPE] bf16
                         const void* positions,                // [M] int64 or int32 (idx64)
@@ -53,7 +68,11 @@ glm5_d2_absorb_kv_store(const uint16_t* __restrict__ q_nope,  // [M, heads, NOPE
     glm5::ptx::griddep_wait_at<1>();
 
     // Prologue that does not depend on the previous kernel: stream this CTA's weight tile into smem.
+#if GLM5_D2_W8
+    if (tid < D2Tile::kThreads) D2Tile::issue_weight_copies_w8(smem, w_kc8, w_kc_scale, head, ntile, tid);
+#else
     if (tid < D2Tile::kThreads) D2Tile::issue_weight_copies(smem, w_kc, head, ntile, tid);
+#endif
 
     glm5::ptx::griddep_launch_dependents();
     glm5::ptx::griddep_wait();  // q_nope, c_kv, k_pe (and the cache rows) only after this

@@ -31,6 +31,24 @@
 // Epilogue: fp32 -> bf16 (round to nearest even) into a per-warp smem staging tile [token][latent],
 // then 16-byte stores of whole token rows (kMT*32 contiguous bytes each).
 //
+// W8A16 (kW8 = true; the standalone launcher's GLM5_D2_W8=1 build, ops/d2_absorb.py d2_absorb_kv_store_w8).
+// The weight is W_UK in the checkpoint's FP8 form: w_kc8 [heads][kNope][kKvLora] e4m3 and w_kc_scale
+// [heads][kNope][kKvLora / 128] fp32 (one scale per weight row and 128-column block, so one per row within
+// a tile); the bf16 weight of the kW8 = false build is exactly bf16_rn(fp32(e4m3) * s) (ref/fp8.py
+// dequant_w_kc). The 192 x 128 e4m3 tile (24 KB, 128 B per row) is streamed with cp.async into a raw
+// staging area behind the per-warp epilogue tiles (kW8Offset), with the same per-K-block commit groups,
+// all issued before griddepcontrol.wait; thread tid copies the 16-byte chunk tid % 8 of row
+// kb * 32 + tid / 8 of every K block kb, and that row's scale into its own 4-byte smem slot (kb, tid)
+// (kW8ScaleOffset, 6 KB for GLM-5) in the same commit group. The scales live in smem, not registers:
+// the kMT = 2 build sits at ptxas's 96-register limit under __launch_bounds__(288, 2), and six scale
+// registers live through pass 0 spilled there. In pass 0, after the cp.async wait of K block kb, each
+// GEMM thread converts the chunk it copied itself (its own completed cp.async writes are visible to it:
+// no barrier needed before) with the scale it copied itself into the swizzled bf16 tile (two 16-byte
+// chunks): e4m3 -> f16 (cvt.rn.f16x2.e4m3x2, exact) -> fp32 (exact), __fmul_rn by the scale,
+// cvt.rn.bf16x2.f32 (round to nearest even); the existing named barrier of that K block then publishes
+// the block to every warp, and the ldmatrix / MMA code reads the same bf16 bits as the kW8 = false build
+// would have copied: q_lat is bitwise that build's.
+//
 // ---- D2KvStoreWarp: one token's KV row, by one warp --------------------------------------------------
 // kv_cache[slot] = [c_kv (kKvLora bf16) | rope(k_pe) (kRope bf16)], slot = out_cache_loc[m]. RoPE is
 // GPT-J interleaved: pair i = (k_pe[2i], k_pe[2i+1]), angle = double(pos) * inv_freq[i] (inv_freq is
@@ -43,6 +61,7 @@
 #include "../common/arch.cuh"
 #include "../common/convert.cuh"
 #include "../common/mma_bf16_sm80.cuh"
+#include "../common/mma_f16.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_io.cuh"
 
@@ -56,7 +75,7 @@ struct D2Ptrs {
     int32_t num_heads;       // heads (token stride of q_nope / q_lat)
 };
 
-template <int kNope, int kKvLora, int kMT, int kNT, int kBarrierId = 1>
+template <int kNope, int kKvLora, int kMT, int kNT, int kBarrierId = 1, bool kW8 = false>
 struct D2AbsorbTile {
     static constexpr int kThreads = 256;
     static constexpr int kWarps = kThreads / 32;
@@ -70,7 +89,12 @@ struct D2AbsorbTile {
     static constexpr int kChunkTok = kNT * 8;
     static constexpr int kStagePitch = kMT * 32 + 16;     // bytes per token row of the staging tile
     static constexpr int kStageBytes = kChunkTok * kStagePitch;
-    static constexpr int kSmemBytes = kWBytes + kWarps * kStageBytes;
+    static constexpr int kW8RowBytes = kNTile;            // W8: e4m3 staging row (128 B)
+    static constexpr int kW8Offset = kWBytes + kWarps * kStageBytes;  // W8: the e4m3 staging tile
+    static constexpr int kW8Bytes = kW8 ? kNope * kW8RowBytes : 0;    // 24 KB for GLM-5 (W8 only)
+    static constexpr int kW8ScaleOffset = kW8Offset + kW8Bytes;       // W8: per-thread scale slots [kb][tid]
+    static constexpr int kW8ScaleBytes = kW8 ? kKBlocks * kThreads * 4 : 0;  // 6 KB for GLM-5 (W8 only)
+    static constexpr int kSmemBytes = kWBytes + kWarps * kStageBytes + kW8Bytes + kW8ScaleBytes;
     static constexpr int kCopiesPerThread = 32 * (kRowBytes / 16) / kThreads;  // per K block
 
     static_assert(kNope % 32 == 0 && kKBlocks >= 1 && kKBlocks <= 8, "nope dim: a multiple of 32, at most 256");
@@ -78,6 +102,8 @@ struct D2AbsorbTile {
     static_assert(kMT == 1 || kMT == 2 || kMT == 4 || kMT == 8, "m16 tiles per warp must divide 8");
     static_assert(kNT >= 1 && kNT <= 8, "n8 tiles per chunk");
     static_assert(kCopiesPerThread * kThreads == 32 * (kRowBytes / 16), "K block copy must split evenly");
+    static_assert(32 * (kW8RowBytes / 16) == kThreads, "W8: one 16-byte e4m3 chunk per thread per K block");
+    static_assert(kW8Offset % 16 == 0, "W8: the staging tile must be 16-byte aligned");
 
     static GLM5_DEVICE int swz(int k) { return (((k >> 3) & 3) << 1) | (k & 1); }
 
@@ -98,6 +124,66 @@ struct D2AbsorbTile {
             }
             ptx::cp_async_commit();
         }
+    }
+
+    // W8: issue the cp.async copies of w_kc8[head][:, 128*ntile : +128] (e4m3) into the raw staging tile
+    // (row k at kW8Offset + k * 128, unswizzled) and of this thread's row scale of each K block into its
+    // own slot (kW8ScaleOffset + (kb * 256 + tid) * 4), one commit group per K block. All 256 threads call
+    // this before griddepcontrol.wait (static weights).
+    static GLM5_DEVICE void issue_weight_copies_w8(uint8_t* smem, const uint8_t* __restrict__ w_kc8,
+                                                   const float* __restrict__ w_kc_scale, int head, int ntile,
+                                                   int tid) {
+        const uint32_t base = ptx::smem_addr(smem + kW8Offset);
+        const uint32_t sbase = ptx::smem_addr(smem + kW8ScaleOffset) + tid * 4;
+        const int r = tid >> 3, ch = tid & 7;
+        const uint8_t* src0 = w_kc8 + static_cast<int64_t>(head) * kNope * kKvLora + ntile * kNTile + ch * 16;
+        const float* s0 = w_kc_scale + (static_cast<int64_t>(head) * kNope + r) * kNTiles + ntile;
+#pragma unroll
+        for (int kb = 0; kb < kKBlocks; ++kb) {
+            const int row = kb * 32 + r;
+            ptx::cp_async_16_weights(base + row * kW8RowBytes + ch * 16, src0 + static_cast<int64_t>(row) * kKvLora);
+            ptx::cp_async_ca_4(sbase + kb * kThreads * 4, s0 + kb * 32 * kNTiles);
+            ptx::cp_async_commit();
+        }
+    }
+
+    static GLM5_DEVICE float f16_to_f32(uint16_t h) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+        return f;
+    }
+
+    // Four e4m3 (one 32-bit word, lowest byte first) -> two packed bf16 pairs, bf16_rn(fp32(e4m3) * s).
+    static GLM5_DEVICE void dequant4(uint32_t w, float s, uint32_t& lo, uint32_t& hi) {
+        const uint32_t a = ptx::e4m3x2_to_f16x2(static_cast<uint16_t>(w & 0xffffu));  // exact
+        const uint32_t b = ptx::e4m3x2_to_f16x2(static_cast<uint16_t>(w >> 16));
+        lo = ptx::f32x2_to_bf16x2_rn(__fmul_rn(f16_to_f32(static_cast<uint16_t>(a & 0xffffu)), s),
+                                     __fmul_rn(f16_to_f32(static_cast<uint16_t>(a >> 16)), s));
+        hi = ptx::f32x2_to_bf16x2_rn(__fmul_rn(f16_to_f32(static_cast<uint16_t>(b & 0xffffu)), s),
+                                     __fmul_rn(f16_to_f32(static_cast<uint16_t>(b >> 16)), s));
+    }
+
+    // W8, K block kb: convert the e4m3 chunk this thread copied (row kb * 32 + tid / 8, columns
+    // 16 * (tid % 8) + [0, 16)) with the scale it copied into bf16 chunks 2c and 2c + 1 (c = tid % 8) of
+    // the swizzled weight tile. Call after this thread's cp.async wait for block kb (its own copies are then
+    // visible to it); a barrier must follow before any ldmatrix.
+    // Store order: threads with c >= 4 store chunk 2c + 1 first, so each 8-thread phase of a 16-byte
+    // store hits 8 distinct 16-byte bank groups ((2c + (c >> 2)) ^ swz(row) differ mod 8).
+    static GLM5_DEVICE void convert_block_w8(uint8_t* smem, int kb, int tid) {
+        const int row = kb * 32 + (tid >> 3), c = tid & 7;
+        const float s = *reinterpret_cast<const float*>(smem + kW8ScaleOffset + (kb * kThreads + tid) * 4);
+        const ptx::u32x4 v = *reinterpret_cast<const ptx::u32x4*>(smem + kW8Offset + row * kW8RowBytes + c * 16);
+        ptx::u32x4 c0, c1;  // bf16 columns 16c + [0, 8) and 16c + [8, 16)
+        dequant4(v.x, s, c0.x, c0.y);
+        dequant4(v.y, s, c0.z, c0.w);
+        dequant4(v.z, s, c1.x, c1.y);
+        dequant4(v.w, s, c1.z, c1.w);
+        const int up = c >> 2;  // 1: the upper chunk first
+        const ptx::u32x4 f = up ? c1 : c0, l = up ? c0 : c1;
+        uint8_t* dst = smem + row * kRowBytes;
+        const int sw = swz(row);
+        *reinterpret_cast<ptx::u32x4*>(dst + (((2 * c + up) ^ sw) << 4)) = f;
+        *reinterpret_cast<ptx::u32x4*>(dst + (((2 * c + 1 - up) ^ sw) << 4)) = l;
     }
 
     static GLM5_DEVICE uint32_t word(const ptx::u32x4& v, int w) {
@@ -125,7 +211,8 @@ struct D2AbsorbTile {
         }
     }
 
-    // The 256 GEMM threads (tid in [0, 256)) call this after issue_weight_copies and griddepcontrol.wait.
+    // The 256 GEMM threads (tid in [0, 256)) call this after issue_weight_copies (W8: issue_weight_copies_w8,
+    // by the same tid) and griddepcontrol.wait.
     static GLM5_DEVICE void run(uint8_t* smem, const D2Ptrs& p, int head, int ntile, int tid) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         const int mg = warp % kMGroups, tg = warp / kMGroups;
@@ -164,6 +251,7 @@ struct D2AbsorbTile {
             for (int kb = 0; kb < kKBlocks; ++kb) {
                 if (pass == 0) {  // CTA-uniform: every warp runs pass 0
                     ptx::cp_async_wait_dyn(kKBlocks - 1 - kb);  // a constant once unrolled
+                    if constexpr (kW8) convert_block_w8(smem, kb, tid);  // own chunk: no barrier before
                     ptx::named_barrier_sync<kBarrierId, kThreads>();
                 }
                 if (kb + 1 < kKBlocks) load_b(bnext, q_lane, tok_stride, tok0, ntv, m, g, kb + 1);

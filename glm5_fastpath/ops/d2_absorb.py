@@ -35,20 +35,42 @@ weights (14.0 -> 7.7 MB at M=16 with activations, ~1.5 us less at 4.27 TB/s). Tw
 - W8A8 (FP8 MMA): q_nope must be quantized to e4m3 as well (1x128 groups: ~2-3 % rms error per
   element, straight into every attention logit), and a naive per-head re-quantization of the bf16
   w_kc on a new 128x128 grid adds a second e4m3 rounding (another ~2-3 %). Not equal accuracy.
-- W8A16, lossless: keep kv_b's checkpoint e4m3 bytes and scales. Within one D2 tile (head h, 128
-  latent columns = one checkpoint column block) the scale varies only along K, in at most 3 row
-  groups (448h is 0 or 64 mod 128), so the kernel can rebuild bf16_rn(e4m3 * s) in registers,
-  bit-identical to SGLang's load-time dequant, and keep the bf16 MMA: same q_lat bit for bit, half
-  the weight bytes, a few ALU ops per weight. It needs AttnWeights to carry the FP8 kv_b (today it
-  carries w_kc bf16 only), so it is left as the next step; this op implements bf16 (the SGLang
-  semantics, and the only form the current weight structures provide).
+- W8A16, lossless: keep kv_b's checkpoint e4m3 bytes and scales and rebuild bf16_rn(e4m3 * s) in
+  the kernel, bit-identical to SGLang's load-time dequant, keeping the bf16 MMA: same q_lat bit for
+  bit, half the weight bytes, a few ALU ops per weight. This form now exists (below).
+
+W8A16 form: torch.ops.glm5_fastpath.d2_absorb_kv_store_w8 (kernel glm5_d2_absorb_kv_store_w8, the
+GLM5_D2_W8=1 build of the same source, D2AbsorbTile<..., kW8 = true>). Weights: w_kc8 [heads, nope,
+kv_lora] e4m3 and w_kc_scale [heads, nope, kv_lora/128] fp32, one scale per weight row and 128-column
+block (ref.fp8.w_kc_fp8_from_kv_b builds them from the checkpoint's kv_b_proj: the rows of a head start
+at 448h, so its 128-row scale blocks fall at different rows per head; one scale per row keeps the lookup
+the same for every head; weights.AttnWeights carries them as w_kc_fp8 / w_kc_scale). The bf16 weight of
+the bf16 op is exactly ref.fp8.dequant_w_kc(w_kc8, w_kc_scale) = bf16_rn(fp32(e4m3) * s). Kernel: the
+192 x 128 e4m3 tile (24 KB, 128 B per row) and each GEMM thread's six row scales (4-byte cp.async into
+per-thread smem slots, 6 KB) stream in with cp.async before griddepcontrol.wait, in the same per-K-block
+commit groups as the bf16 tile; in the first pass, after its cp.async wait for K block kb, each GEMM
+thread converts the 16 weights it copied itself (e4m3 -> f16 by cvt.rn.f16x2.e4m3x2, exact; -> fp32,
+exact; __fmul_rn by the row scale; cvt.rn.bf16x2.f32, round to nearest even) into the swizzled bf16
+tile, and the K block's existing named barrier publishes them before the first ldmatrix. From there the
+MMA / epilogue code is the bf16 build's, on the same bf16 bits, so q_lat (and the KV rows, untouched by
+the change) are bitwise the bf16 op's on dequant_w_kc(w_kc8, w_kc_scale) (tests/ops/test_d2_absorb_w8.py
+checks this on a GPU). Shared memory +30 KB per CTA (GLM-5, M > 32: 98 KB; two CTAs per SM still fit).
+The scales sit in smem rather than registers: the M > 32 build is at ptxas's 96-register limit for two
+288-thread CTAs per SM, and with six scale registers it spilled (the smem slots cost no dependent global
+load either; 0 spills in every build). Not yet run on a GPU (neither the bitwise tests nor timing): the
+expected gain is the ~1.5 us of weight traffic above, against the conversion ALU work (16 weights per
+thread per K block) and one extra LDS + 2 STS per thread per K block on the first pass.
 
 Op: torch.ops.glm5_fastpath.d2_absorb_kv_store(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc,
-kv_cache, rope_theta, pdl=True, pdl_wait_at=2) -> q_lat (mutates kv_cache). Python entry point with
-the reference's signature: d2_absorb_and_kv_store(q_nope, c_kv, k_pe, w, positions, out_cache_loc,
-kv_cache, cfg, *, pdl=True, pdl_wait=None). pdl_wait ("entry" | "after_prologue" | "after_prefetch";
-None = native = after the W_UK tile copies are issued) moves the kernel's first griddepcontrol.wait
-(GLM5_PDL_WAIT_AT of csrc/common/pdl.cuh; a separate cubin) for the CMP benchmark's PDL decomposition.
+kv_cache, rope_theta, pdl=True, pdl_wait_at=2) -> q_lat (mutates kv_cache); the W8A16 op
+torch.ops.glm5_fastpath.d2_absorb_kv_store_w8(q_nope, c_kv, k_pe, w_kc8, w_kc_scale, positions,
+out_cache_loc, kv_cache, rope_theta, pdl=True, pdl_wait_at=2) -> q_lat, the same otherwise. Python entry
+point with the reference's signature: d2_absorb_and_kv_store(q_nope, c_kv, k_pe, w, positions,
+out_cache_loc, kv_cache, cfg, *, pdl=True, pdl_wait=None): the bf16 op on w.w_kc, or the W8A16 op on
+w.w_kc_fp8 / w.w_kc_scale when w.w_kc is None and w.w_kc_fp8 is not (uses_w8). pdl_wait ("entry" |
+"after_prologue" | "after_prefetch"; None = native = after the W_UK tile copies are issued) moves the
+kernel's first griddepcontrol.wait (GLM5_PDL_WAIT_AT of csrc/common/pdl.cuh; a separate cubin) for the
+CMP benchmark's PDL decomposition.
 """
 from __future__ import annotations
 
@@ -66,8 +88,12 @@ from ._device import overlaps as _overlaps, device_index as _device_index, requi
 from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.d2_absorb_and_kv_store"
+OP_W8 = "glm5_fastpath.d2_absorb_kv_store_w8"  # the W8A16 path's errors name its op
 SOURCE = "attn_pre/d2_absorb_kv_store.cu"
 FUNCTION = "glm5_d2_absorb_kv_store"
+FUNCTION_W8 = "glm5_d2_absorb_kv_store_w8"  # the GLM5_D2_W8=1 build of the same source
+W8_BLOCK = 128  # columns per w_kc_scale block (= N_TILE: one scale per weight row within a CTA's tile)
+FP8 = torch.float8_e4m3fn
 MAX_TOKENS = 256
 N_TILE = 128  # latent columns per CTA (D2AbsorbTile::kNTile)
 GEMM_THREADS = 256
@@ -85,6 +111,7 @@ class D2Config:
     nt: int = 4  # n8 token tiles per warp pass
     wait_at: int = PDL_WAIT_NATIVE  # GLM5_PDL_WAIT_AT (csrc/common/pdl.cuh); native: no define
     evict_first: bool = False  # W_UK loads with an L2 evict-first hint (_device.weights_evict_first at config_for's m)
+    w8: bool = False  # W8A16 build (GLM5_D2_W8=1, kernel FUNCTION_W8): W_UK as e4m3 + per-row fp32 scales
 
     @property
     def n_tiles(self) -> int:
@@ -92,94 +119,123 @@ class D2Config:
 
     @property
     def smem_bytes(self) -> int:
-        """D2AbsorbTile::kSmemBytes: the weight tile + 8 per-warp staging tiles (pitch kMT*32 + 16 B)."""
-        return self.nope * N_TILE * 2 + 8 * (self.nt * 8) * (self.mt * 32 + 16)
+        """D2AbsorbTile::kSmemBytes: the weight tile + 8 per-warp staging tiles (pitch kMT*32 + 16 B)
+        (+ W8: the e4m3 staging tile, 128 B per weight row, and the per-thread scale slots, nope/32 x 256 fp32)."""
+        return (self.nope * N_TILE * 2 + 8 * (self.nt * 8) * (self.mt * 32 + 16)
+                + (self.nope * N_TILE + (self.nope // 32) * GEMM_THREADS * 4 if self.w8 else 0))
+
+    @property
+    def function(self) -> str:
+        return FUNCTION_W8 if self.w8 else FUNCTION
 
     @functools.cached_property
     def spec(self) -> KernelSpec:
-        return KernelSpec(FUNCTION, source=SOURCE, defines=(
+        # the bf16 build's defines (and so its cache key's flags) are those of before the W8 variant existed
+        return KernelSpec(self.function, source=SOURCE, defines=(
             ("GLM5_D2_NOPE", str(self.nope)), ("GLM5_D2_KV_LORA", str(self.kv_lora)), ("GLM5_D2_ROPE", str(self.rope)),
             ("GLM5_D2_MT", str(self.mt)), ("GLM5_D2_NT", str(self.nt))) + wait_defines(self.wait_at)
-            + (WEIGHTS_HINT_DEFINES if self.evict_first else ()))
+            + (WEIGHTS_HINT_DEFINES if self.evict_first else ()) + ((("GLM5_D2_W8", "1"),) if self.w8 else ()))
 
 
 def _fail(msg: str) -> ValueError:
     return ValueError(f"{OP}: {msg}")
 
 
-def config_for(nope: int, kv_lora: int, rope: int, m: int) -> D2Config:
+def _fail_w8(msg: str) -> ValueError:
+    return ValueError(f"{OP_W8}: {msg}")
+
+
+def config_for(nope: int, kv_lora: int, rope: int, m: int, w8: bool = False) -> D2Config:
+    fail = _fail_w8 if w8 else _fail
     if nope <= 0 or nope % 32 or nope > 256:
-        raise _fail(f"qk_nope_head_dim={nope} is not supported: a multiple of 32, at most 256 (GLM-5: 192)")
+        raise fail(f"qk_nope_head_dim={nope} is not supported: a multiple of 32, at most 256 (GLM-5: 192)")
     if kv_lora <= 0 or kv_lora % N_TILE:
-        raise _fail(f"kv_lora_rank={kv_lora} is not supported: a multiple of {N_TILE} (GLM-5: 512)")
+        raise fail(f"kv_lora_rank={kv_lora} is not supported: a multiple of {N_TILE} (GLM-5: 512)")
     if rope <= 0 or rope % 2 or rope > 64:
-        raise _fail(f"qk_rope_head_dim={rope} is not supported: even, at most 64 (GLM-5: 64)")
+        raise fail(f"qk_rope_head_dim={rope} is not supported: even, at most 64 (GLM-5: 64)")
     return D2Config(int(nope), int(kv_lora), int(rope), 1 if m <= SMALL_M_MAX else 2,
-                    evict_first=weights_evict_first(int(m)))
+                    evict_first=weights_evict_first(int(m)), w8=bool(w8))
 
 
 # ---- validation (shared by the real and the fake implementation) ---------------------------------
 
-def _check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], dim: int) -> torch.Tensor:
+def _check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], dim: int, fail=_fail) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         want = " or ".join(str(d) for d in dtypes)
-        raise _fail(f"{name} must be {want}, got {t.dtype}")
+        raise fail(f"{name} must be {want}, got {t.dtype}")
     if t.dim() != dim:
-        raise _fail(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+        raise fail(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
     if not t.is_contiguous():
-        raise _fail(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
+        raise fail(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
     return t
 
 
-def _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta) -> D2Config:
+def _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta,
+                  w_kc_scale: object = None, *, w8: bool = False) -> D2Config:
+    """The bf16 op's checks (w8=False: w_kc bf16), or the W8 op's (w8=True: w_kc is w_kc8, e4m3 [heads, nope,
+    kv_lora], plus w_kc_scale fp32 [heads, nope, kv_lora / 128]; errors name d2_absorb_kv_store_w8)."""
+    fail = _fail_w8 if w8 else _fail
     bf = (torch.bfloat16,)
-    _check_tensor("q_nope", q_nope, bf, 3)
-    _check_tensor("c_kv", c_kv, bf, 2)
-    _check_tensor("k_pe", k_pe, bf, 2)
-    _check_tensor("w_kc", w_kc, bf, 3)
-    _check_tensor("positions", positions, _INDEX_DTYPES, 1)
-    _check_tensor("out_cache_loc", out_cache_loc, _INDEX_DTYPES, 1)
-    _check_tensor("kv_cache", kv_cache, bf, 2)
+    wname = "w_kc8" if w8 else "w_kc"
+    _check_tensor("q_nope", q_nope, bf, 3, fail)
+    _check_tensor("c_kv", c_kv, bf, 2, fail)
+    _check_tensor("k_pe", k_pe, bf, 2, fail)
+    _check_tensor(wname, w_kc, (FP8,) if w8 else bf, 3, fail)
+    if w8:
+        _check_tensor("w_kc_scale", w_kc_scale, (torch.float32,), 3, fail)
+    _check_tensor("positions", positions, _INDEX_DTYPES, 1, fail)
+    _check_tensor("out_cache_loc", out_cache_loc, _INDEX_DTYPES, 1, fail)
+    _check_tensor("kv_cache", kv_cache, bf, 2, fail)
     m, heads, nope = q_nope.shape
     if tuple(w_kc.shape[:2]) != (heads, nope):
-        raise _fail(f"w_kc must be [heads={heads}, nope={nope}, kv_lora], got {tuple(w_kc.shape)}")
+        raise fail(f"{wname} must be [heads={heads}, nope={nope}, kv_lora], got {tuple(w_kc.shape)}")
     kv_lora = w_kc.shape[2]
     if tuple(c_kv.shape) != (m, kv_lora):
-        raise _fail(f"c_kv must be [M={m}, kv_lora={kv_lora}], got {tuple(c_kv.shape)}")
+        raise fail(f"c_kv must be [M={m}, kv_lora={kv_lora}], got {tuple(c_kv.shape)}")
     if k_pe.shape[0] != m:
-        raise _fail(f"k_pe must be [M={m}, rope], got {tuple(k_pe.shape)}")
+        raise fail(f"k_pe must be [M={m}, rope], got {tuple(k_pe.shape)}")
     rope = k_pe.shape[1]
     for name, t in (("positions", positions), ("out_cache_loc", out_cache_loc)):
         if t.shape[0] != m:
-            raise _fail(f"{name} must be [M={m}], got {tuple(t.shape)}")
+            raise fail(f"{name} must be [M={m}], got {tuple(t.shape)}")
     if positions.dtype != out_cache_loc.dtype:
-        raise _fail(f"positions ({positions.dtype}) and out_cache_loc ({out_cache_loc.dtype}) must have the same dtype")
+        raise fail(f"positions ({positions.dtype}) and out_cache_loc ({out_cache_loc.dtype}) must have the same dtype")
     if kv_cache.shape[1] != kv_lora + rope:
-        raise _fail(f"kv_cache must be [num_slots, kv_lora + rope = {kv_lora + rope}], got {tuple(kv_cache.shape)}")
+        raise fail(f"kv_cache must be [num_slots, kv_lora + rope = {kv_lora + rope}], got {tuple(kv_cache.shape)}")
     if m > MAX_TOKENS:
-        raise _fail(f"M={m} tokens exceeds the supported maximum of {MAX_TOKENS} (decode batch)")
+        raise fail(f"M={m} tokens exceeds the supported maximum of {MAX_TOKENS} (decode batch)")
     if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or not math.isfinite(rope_theta) \
             or rope_theta <= 0:
-        raise _fail(f"rope_theta must be a finite float > 0, got {rope_theta!r}")
-    devices = {t.device for t in (q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache)}
+        raise fail(f"rope_theta must be a finite float > 0, got {rope_theta!r}")
+    ts = (q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache) + ((w_kc_scale,) if w8 else ())
+    devices = {t.device for t in ts}
     if len(devices) != 1:
-        raise _fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    return config_for(int(nope), int(kv_lora), int(rope), int(m))
+        raise fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    cfg = config_for(int(nope), int(kv_lora), int(rope), int(m), w8=w8)
+    if w8 and tuple(w_kc_scale.shape) != (heads, nope, kv_lora // W8_BLOCK):
+        raise fail(f"w_kc_scale must be [heads={heads}, nope={nope}, kv_lora/{W8_BLOCK}={kv_lora // W8_BLOCK}] "
+                   f"(one fp32 scale per weight row and {W8_BLOCK}-column block), got {tuple(w_kc_scale.shape)}")
+    return cfg
 
 
 
 
 
 
-def _check_device(ins: dict[str, torch.Tensor], kv_cache: torch.Tensor) -> None:
+def _check_device(ins: dict[str, torch.Tensor], kv_cache: torch.Tensor, w8: bool = False) -> None:
+    op, fail = (OP_W8, _fail_w8) if w8 else (OP, _fail)
     dev = kv_cache.device
-    require_hopper(OP, dev, _fail)
-    require_aligned(_fail, {**ins, "kv_cache": kv_cache})
+    require_hopper(op, dev, fail)
+    if w8:  # the scales are read as single floats (4-byte alignment is all they need); the rest as 16-byte vectors
+        require_aligned(fail, {k: v for k, v in ins.items() if k != "w_kc_scale"} | {"kv_cache": kv_cache})
+        require_aligned(fail, {"w_kc_scale": ins["w_kc_scale"]}, align=4)
+    else:
+        require_aligned(fail, {**ins, "kv_cache": kv_cache})
     for name, t in ins.items():
         if _overlaps(kv_cache, t):
-            raise _fail(f"kv_cache overlaps input {name} in memory")
+            raise fail(f"kv_cache overlaps input {name} in memory")
 
 
 # ---- RoPE table, kernels (cached per device) ------------------------------------------------------
@@ -211,8 +267,9 @@ def _kernel(cfg: D2Config, device: torch.device):
     idx = _device_index(device)
     k = _kernels.get((cfg, idx))
     if k is None:
-        env.print_config("d2_absorb_kv_store", {"nope": cfg.nope, "kv_lora": cfg.kv_lora, "rope": cfg.rope,
-                                                "M": f"<={SMALL_M_MAX}" if cfg.mt == 1 else f">{SMALL_M_MAX}"},
+        env.print_config("d2_absorb_kv_store_w8" if cfg.w8 else "d2_absorb_kv_store",
+                         {"nope": cfg.nope, "kv_lora": cfg.kv_lora, "rope": cfg.rope,
+                          "M": f"<={SMALL_M_MAX}" if cfg.mt == 1 else f">{SMALL_M_MAX}"},
                          {"threads": THREADS, "m16_tiles_per_warp": cfg.mt, "n8_tiles_per_pass": cfg.nt,
                           "smem": cfg.smem_bytes, "grid": f"heads*{cfg.n_tiles}"})
         from ..jit.runtime import get_kernel
@@ -220,18 +277,24 @@ def _kernel(cfg: D2Config, device: torch.device):
     return k
 
 
-def _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_lat) -> tuple:
-    """The kernel's parameter list, in csrc/attn_pre/d2_absorb_kv_store.cu order (checked at load)."""
+def _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_lat,
+                 w_kc_scale: torch.Tensor | None = None) -> tuple:
+    """The kernel's parameter list, in csrc/attn_pre/d2_absorb_kv_store.cu order (checked at load). W8 (w_kc_scale
+    given): w_kc is w_kc8 and w_kc_scale follows it (glm5_d2_absorb_kv_store_w8)."""
     m, heads, _ = q_nope.shape
-    return (q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_lat,
+    weights = (w_kc,) if w_kc_scale is None else (w_kc, w_kc_scale)
+    return (q_nope, *weights, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_lat,
             ctypes.c_int64(kv_cache.shape[0]), ctypes.c_int32(m), ctypes.c_int32(heads),
             ctypes.c_int32(1 if positions.dtype == torch.int64 else 0))
 
 
 def _launch(cfg: D2Config, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, q_lat,
-            pdl: bool, wait_at: int = PDL_WAIT_NATIVE) -> None:
-    _check_device({"q_nope": q_nope, "c_kv": c_kv, "k_pe": k_pe, "w_kc": w_kc, "positions": positions,
-                   "out_cache_loc": out_cache_loc, "q_lat": q_lat}, kv_cache)
+            pdl: bool, wait_at: int = PDL_WAIT_NATIVE, w_kc_scale: torch.Tensor | None = None) -> None:
+    """w_kc_scale given (cfg.w8): w_kc is w_kc8 (e4m3) and the W8 kernel runs."""
+    assert cfg.w8 == (w_kc_scale is not None)
+    weights = {"w_kc": w_kc} if w_kc_scale is None else {"w_kc8": w_kc, "w_kc_scale": w_kc_scale}
+    _check_device({"q_nope": q_nope, "c_kv": c_kv, "k_pe": k_pe, **weights, "positions": positions,
+                   "out_cache_loc": out_cache_loc, "q_lat": q_lat}, kv_cache, w8=cfg.w8)
     m, heads, _ = q_nope.shape
     if m == 0:
         return
@@ -240,7 +303,8 @@ def _launch(cfg: D2Config, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, k
     kernel = _kernel(cfg, q_nope.device)
     inv_freq = _inv_freq_on(q_nope.device, cfg.rope, rope_theta)
     kernel.launch((heads * cfg.n_tiles, 1, 1), (THREADS, 1, 1),
-                  _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_lat),
+                  _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_lat,
+                               w_kc_scale),
                   smem=cfg.smem_bytes, pdl=pdl)
 
 
@@ -267,14 +331,56 @@ def _d2_absorb_kv_store_fake(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc,
     return q_nope.new_empty((m, heads, cfg.kv_lora))
 
 
+@torch.library.custom_op("glm5_fastpath::d2_absorb_kv_store_w8", mutates_args=("kv_cache",))
+def _d2_absorb_kv_store_w8(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, w_kc8: torch.Tensor,
+                           w_kc_scale: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor,
+                           kv_cache: torch.Tensor, rope_theta: float, pdl: bool = True,
+                           pdl_wait_at: int = PDL_WAIT_NATIVE) -> torch.Tensor:
+    cfg = _check_inputs(q_nope, c_kv, k_pe, w_kc8, positions, out_cache_loc, kv_cache, rope_theta, w_kc_scale, w8=True)
+    check_wait_at(OP_W8, pdl_wait_at)
+    m, heads, _ = q_nope.shape
+    q_lat = torch.empty((m, heads, cfg.kv_lora), dtype=torch.bfloat16, device=q_nope.device)
+    _launch(cfg, q_nope, c_kv, k_pe, w_kc8, positions, out_cache_loc, kv_cache, rope_theta, q_lat, pdl, pdl_wait_at,
+            w_kc_scale=w_kc_scale)
+    return q_lat
+
+
+@_d2_absorb_kv_store_w8.register_fake
+def _d2_absorb_kv_store_w8_fake(q_nope, c_kv, k_pe, w_kc8, w_kc_scale, positions, out_cache_loc, kv_cache, rope_theta,
+                                pdl=True, pdl_wait_at=PDL_WAIT_NATIVE):
+    cfg = _check_inputs(q_nope, c_kv, k_pe, w_kc8, positions, out_cache_loc, kv_cache, rope_theta, w_kc_scale, w8=True)
+    check_wait_at(OP_W8, pdl_wait_at)
+    m, heads, _ = q_nope.shape
+    return q_nope.new_empty((m, heads, cfg.kv_lora))
+
+
+def uses_w8(w) -> bool:
+    """Whether d2_absorb_and_kv_store takes the W8A16 path for weights `w`: no bf16 w_kc, an FP8 w_kc_fp8."""
+    return getattr(w, "w_kc", None) is None and getattr(w, "w_kc_fp8", None) is not None
+
+
 def d2_absorb_and_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, w, positions: torch.Tensor,
                            out_cache_loc: torch.Tensor, kv_cache: torch.Tensor, cfg, *, pdl: bool = True,
                            pdl_wait: str | None = None) -> torch.Tensor:
     """q_lat [M, heads, kv_lora] bf16; writes kv_cache rows out_cache_loc IN PLACE (ref.prefix.d2_absorb_and_kv_store).
 
-    w: glm5_fastpath.weights.AttnWeights (only w.w_kc is read); cfg: Glm5Config (dims and rope_theta).
+    w: glm5_fastpath.weights.AttnWeights; cfg: Glm5Config (dims and rope_theta). The bf16 op reads w.w_kc; when
+    w.w_kc is None and w.w_kc_fp8 is set (uses_w8), the W8A16 op d2_absorb_kv_store_w8 reads w.w_kc_fp8 and
+    w.w_kc_scale instead (the same q_lat bit for bit as the bf16 op on ref.fp8.dequant_w_kc of them).
     pdl_wait: where the kernel first waits under PDL (module docstring); None = native.
     """
+    if uses_w8(w):
+        wait_at = pdl_wait_code(OP_W8, pdl_wait, _fail_w8)
+        w8, scale = w.w_kc_fp8, getattr(w, "w_kc_scale", None)
+        _check_inputs(q_nope, c_kv, k_pe, w8, positions, out_cache_loc, kv_cache, getattr(cfg, "rope_theta", None),
+                      scale, w8=True)
+        h, nope, r, kvl = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        got = (q_nope.shape[1], q_nope.shape[2], k_pe.shape[1], w8.shape[2])
+        if got != (h, nope, r, kvl):
+            raise _fail_w8(f"tensor dims (heads, nope, rope, kv_lora) = {got} do not match the config's "
+                           f"{(h, nope, r, kvl)}")
+        return torch.ops.glm5_fastpath.d2_absorb_kv_store_w8(q_nope, c_kv, k_pe, w8, scale, positions, out_cache_loc,
+                                                             kv_cache, float(cfg.rope_theta), pdl, wait_at)
     wait_at = pdl_wait_code(OP, pdl_wait, _fail)
     w_kc = getattr(w, "w_kc", None)
     _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, getattr(cfg, "rope_theta", None))
@@ -287,20 +393,23 @@ def d2_absorb_and_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch
 
 
 def precompile(device: object = None, dims: tuple[tuple[int, int, int, float], ...] = ((192, 512, 64, 1e6),),
-               wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,)) -> None:
+               wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,), w8: tuple[bool, ...] = (False, True)) -> None:
     """Compile (or fetch from cache) and load both M variants for these (nope, kv_lora, rope, rope_theta) on
-    `device`, for each PDL wait point in `wait_ats`, and upload the RoPE table, ahead of first use (and outside
-    any CUDA-graph capture)."""
+    `device`, for each PDL wait point in `wait_ats` and each weight form in `w8` (False: bf16 w_kc, True: the
+    W8A16 build of d2_absorb_kv_store_w8), and upload the RoPE table, ahead of first use (and outside any
+    CUDA-graph capture)."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     for nope, kvl, r, theta in dims:
         for m in (1, MAX_TOKENS):
             for w in wait_ats:
-                _kernel(replace(config_for(nope, kvl, r, m), wait_at=w), dev)
+                for q8 in dict.fromkeys(bool(x) for x in w8):
+                    _kernel(replace(config_for(nope, kvl, r, m, w8=q8), wait_at=w), dev)
         _inv_freq_on(dev, r, theta)
 
 
 def compile_check_specs() -> list[KernelSpec]:
-    """GLM-5 (192, 512, 64) and the small preset (64, 128, 32), each in both M variants."""
-    return [config_for(n, k, r, m).spec for n, k, r in ((192, 512, 64), (64, 128, 32)) for m in (1, MAX_TOKENS)]
+    """GLM-5 (192, 512, 64) and the small preset (64, 128, 32), each in both M variants, bf16 then W8A16."""
+    return [config_for(n, k, r, m, w8=q8).spec for q8 in (False, True) for n, k, r in ((192, 512, 64), (64, 128, 32))
+            for m in (1, MAX_TOKENS)]
