@@ -515,9 +515,17 @@ def test_torch_compile_fullgraph_and_opcheck(seed, glm5_w8):
     torch.cuda.synchronize()
     assert_equal(OP, got, want, context="torch.compile q_lat")
     assert_equal(OP, cache2, cache, context="torch.compile kv_cache (mutation kept)")
+    # test_schema is left out: its SchemaCheckMode compares every input before / after with a mul, which torch 2.11
+    # does not implement for float8_e4m3fn on CUDA (H200, session 24 c6: "mul_cuda" not implemented). What it would
+    # check for the inputs the schema marks read-only is checked here instead: they are bitwise unchanged.
+    before = [t.clone() for t in (q, c, k, w8, s, pos, loc)]
+    torch.ops.glm5_fastpath.d2_absorb_kv_store_w8(q, c, k, w8, s, pos, loc, cache, theta, True)
+    torch.cuda.synchronize()
+    for name, t0, t1 in zip(("q_nope", "c_kv", "k_pe", "w_kc8", "w_kc_scale", "positions", "out_cache_loc"),
+                            before, (q, c, k, w8, s, pos, loc)):
+        assert torch.equal(t0.view(torch.uint8), t1.view(torch.uint8)), f"{OP} wrote its read-only input {name}"
     torch.library.opcheck(torch.ops.glm5_fastpath.d2_absorb_kv_store_w8.default,
-                          (q, c, k, w8, s, pos, loc, cache, theta, True),
-                          test_utils=("test_schema", "test_faketensor"))
+                          (q, c, k, w8, s, pos, loc, cache, theta, True), test_utils=("test_faketensor",))
 
 
 @pytest.mark.gpu
