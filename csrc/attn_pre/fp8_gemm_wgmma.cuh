@@ -114,7 +114,8 @@ struct WgmmaSmem {
 // first byte 2.3 us after the wait for QKV-A, 4.6 us for q_b), while the wgmma chain sits idle; ~kInflight
 // boxes per CTA in flight still cover the DRAM latency (Little's law: 128 CTAs x 2-3 x 16 KB = 4-6 MB). Same
 // loads, same order of math: bitwise identical results. One CTA per unit only (the persistent producer assumes
-// the whole prefill was issued by producer_prologue).
+// the whole prefill was issued by producer_prologue). Measured (H200, session 24 c4 / c5): bitwise equal, but no
+// per-op gain at 2 or 3 stages (the first-byte wait is not the DRAM's interleaving of one big burst); off.
 template <int kTM, int kStages, int kEpi, int kDiag = kDiagOff, int kPipe = 0, int kReduce = 0, int kWKb = 0,
           int kInflight = 0>
 struct WgmmaGemmTile {

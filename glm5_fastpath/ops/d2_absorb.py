@@ -57,9 +57,13 @@ the change) are bitwise the bf16 op's on dequant_w_kc(w_kc8, w_kc_scale) (tests/
 checks this on a GPU). Shared memory +30 KB per CTA (GLM-5, M > 32: 98 KB; two CTAs per SM still fit).
 The scales sit in smem rather than registers: the M > 32 build is at ptxas's 96-register limit for two
 288-thread CTAs per SM, and with six scale registers it spilled (the smem slots cost no dependent global
-load either; 0 spills in every build). Not yet run on a GPU (neither the bitwise tests nor timing): the
-expected gain is the ~1.5 us of weight traffic above, against the conversion ALU work (16 weights per
-thread per K block) and one extra LDS + 2 STS per thread per K block on the first pass.
+load either; 0 spills in every build).
+Measured (H200, 2026-12-01, benchmarks/results/2026-12-01_h200_session24/ c6 / c7): the GPU tests pass (37,
+bitwise equal to the bf16 op at every M); D2 alone takes 5.29-5.55 / 5.90-6.34 / 8.74-9.15 us at M = 1 / 16 / 64
+against the bf16 build's 5.50-5.60 / 6.45-6.56 / 9.46-9.75 in the same calls (3 rounds): 4 / 9 / 7 % less, far less
+than the halved weight bytes suggest (D2 is mostly latency at these sizes); the whole CMP prefix did not change
+beyond run-to-run noise. So it is opt-in: GLM5_FASTPATH_D2_WEIGHTS=fp8 / auto (CMP executor, bench, SGLang seam;
+the seam copies W_UK's rows out of kv_b_proj, ~6.5 MB per layer, which a head-strided kernel argument would avoid).
 
 Op: torch.ops.glm5_fastpath.d2_absorb_kv_store(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc,
 kv_cache, rope_theta, pdl=True, pdl_wait_at=2) -> q_lat (mutates kv_cache); the W8A16 op

@@ -37,9 +37,13 @@ benchmarks/results/2026-11-30_h200_session16) `full+pin:D1=0` beat every named m
 - `l2:OP=F` (F in (0, 1]): before the first launch, prefetch the first F of each of OP's 2-D weights and
   scales (`w.*` inputs; a K-prefix of every row, ops.prefetch.l2_prefetch) into L2 on a side stream of its
   own, joined at the end. Why: the prefix's early GEMMs are latency-bound and leave HBM idle; the prefetch
-  pulls later ops' weights (e.g. D0's q_b, D1's wq_b) into L2 during that window. An experiment (session 24;
-  the same op ahead of o_proj / the MoE did not pay, ops/prefetch.py). Line prefetches by default;
-  GLM5_FASTPATH_CMP_L2_BULK=1 (read when an executor is built) uses the bulk (TMA) form.
+  pulls later ops' weights (e.g. D0's q_b, D1's wq_b) into L2 during that window. MEASURED NOT TO PAY (H200,
+  2026-12-01, benchmarks/results/2026-12-01_h200_session24/ c3): every variant was slower, e.g. at 1 / 16 / 64
+  tokens `full` 39.8 / 50.2 / 82.7 us, `full+l2:D0=0.5` 43.6 / 53.5 / 83.5, `full+l2:D0=1` 47.8 / 56.3 / 89.2;
+  the same with bulk prefetches. L2-resident data does read faster (a 32 MB sum 0.74x the cold time), but D0's
+  GEMM gains only ~1-2 us from it (its fixed cost dominates) while the prefetch competes with B0 for HBM. Kept
+  for re-measuring. Line prefetches by default; GLM5_FASTPATH_CMP_L2_BULK=1 (read when an executor is built)
+  uses the bulk (TMA) form.
 
 Launch priority (the `_prio` modes; jit.runtime.launch_priority, CU_LAUNCH_ATTRIBUTE_PRIORITY at the context's
 greatest priority, kept by torch-captured graphs): the named ops' CTAs take SMs first when kernels of several
