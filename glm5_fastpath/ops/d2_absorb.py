@@ -397,11 +397,14 @@ def d2_absorb_and_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch
 
 
 def precompile(device: object = None, dims: tuple[tuple[int, int, int, float], ...] = ((192, 512, 64, 1e6),),
-               wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,), w8: tuple[bool, ...] = (False, True)) -> None:
+               wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,), w8: tuple[bool, ...] | None = None) -> None:
     """Compile (or fetch from cache) and load both M variants for these (nope, kv_lora, rope, rope_theta) on
     `device`, for each PDL wait point in `wait_ats` and each weight form in `w8` (False: bf16 w_kc, True: the
-    W8A16 build of d2_absorb_kv_store_w8), and upload the RoPE table, ahead of first use (and outside any
-    CUDA-graph capture)."""
+    W8A16 build of d2_absorb_kv_store_w8; None: the W8A16 build too only when GLM5_FASTPATH_D2_WEIGHTS asks for
+    fp8 / auto, since it is opt-in), and upload the RoPE table, ahead of first use (and outside any CUDA-graph
+    capture)."""
+    if w8 is None:
+        w8 = (False, True) if (env.text("GLM5_FASTPATH_D2_WEIGHTS") or "bf16") in ("fp8", "auto") else (False,)
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

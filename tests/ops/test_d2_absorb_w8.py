@@ -220,8 +220,14 @@ def test_compile_check_specs_and_precompile_cover_w8(monkeypatch):
     seen = []
     monkeypatch.setattr(D, "_kernel", lambda cfg, dev: seen.append(cfg))
     monkeypatch.setattr(D, "_inv_freq_on", lambda dev, r, theta: None)
-    D.precompile("cuda:0")
-    assert sorted((c.mt, c.w8) for c in seen) == [(1, False), (1, True), (2, False), (2, True)]
+    monkeypatch.delenv("GLM5_FASTPATH_D2_WEIGHTS", raising=False)
+    D.precompile("cuda:0")  # W8 is opt-in: by default only the bf16 builds load
+    assert sorted((c.mt, c.w8) for c in seen) == [(1, False), (2, False)]
+    for want in ("fp8", "auto"):
+        seen.clear()
+        monkeypatch.setenv("GLM5_FASTPATH_D2_WEIGHTS", want)
+        D.precompile("cuda:0")
+        assert sorted((c.mt, c.w8) for c in seen) == [(1, False), (1, True), (2, False), (2, True)]
     seen.clear()
     D.precompile("cuda:0", w8=(False,))
     assert not any(c.w8 for c in seen) and len(seen) == 2
