@@ -272,11 +272,15 @@ def assemble_layer(cfg: Glm5Config, layer: int, get: TensorSource, device=None) 
     else:
         qkv_a = Fp8Linear(torch.cat([qa.weight, kva.weight]), torch.cat([qa.scale_inv, kva.scale_inv]))
     nh, nope, v, r = c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank
-    kv_b = _dense(G, p + "self_attn.kv_b_proj").view(nh, nope + v, r)
-    kv_b8 = G(p + "self_attn.kv_b_proj.weight")
+    kv_b_w = G(p + "self_attn.kv_b_proj.weight")  # read once: the bf16 W_UK / W_UV and, if FP8, W_UK's FP8 form
     w_kc8 = w_kc_s = None
-    if kv_b8.dtype == torch.float8_e4m3fn:
-        w_kc8, w_kc_s = w_kc_fp8_from_kv_b(kv_b8, G(p + "self_attn.kv_b_proj.weight_scale_inv"), nh, nope)
+    if kv_b_w.dtype == torch.float8_e4m3fn:
+        kv_b_s = G(p + "self_attn.kv_b_proj.weight_scale_inv")
+        kv_b = dequant_weight_block(kv_b_w, kv_b_s)
+        w_kc8, w_kc_s = w_kc_fp8_from_kv_b(kv_b_w, kv_b_s, nh, nope)
+    else:
+        kv_b = kv_b_w.float()
+    kv_b = kv_b.view(nh, nope + v, r)
     indexer = None
     if c.is_full_indexer_layer(layer):
         ip = p + "self_attn.indexer."

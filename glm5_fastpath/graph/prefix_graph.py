@@ -48,6 +48,19 @@ from .op_graph import GraphError, OpDef, OpGraph, Region, ShapeContext, TensorDe
 BF16, F32, I32, I64, U8 = torch.bfloat16, torch.float32, torch.int32, torch.int64, torch.uint8
 INDEXER_OPS = ("C0", "B1", "D1", "E1", "E2")
 D2_WEIGHTS = ("bf16", "fp8")  # build_prefix_graph(d2_weights=...): the form of W_UK D2 reads
+ENV_D2_WEIGHTS = "GLM5_FASTPATH_D2_WEIGHTS"  # d2_weights_request(): bf16 / fp8 / auto
+
+
+def d2_weights_request() -> str:
+    """GLM5_FASTPATH_D2_WEIGHTS as given (default "bf16"), validated: one of D2_WEIGHTS or "auto" (fp8 where the
+    weights carry W_UK's FP8 form; attn_pre.cmp.executor.resolve_d2_weights). Read by the CMP executor, the SGLang
+    seam and ops.d2_absorb.precompile."""
+    from ..jit import env
+
+    want = env.text(ENV_D2_WEIGHTS) or "bf16"
+    if want not in D2_WEIGHTS + ("auto",):
+        raise ValueError(f"{ENV_D2_WEIGHTS}={want!r}: expected one of {D2_WEIGHTS + ('auto',)}")
+    return want
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -404,7 +404,9 @@ def precompile(device: object = None, dims: tuple[tuple[int, int, int, float], .
     fp8 / auto, since it is opt-in), and upload the RoPE table, ahead of first use (and outside any CUDA-graph
     capture)."""
     if w8 is None:
-        w8 = (False, True) if (env.text("GLM5_FASTPATH_D2_WEIGHTS") or "bf16") in ("fp8", "auto") else (False,)
+        from ..graph.prefix_graph import d2_weights_request
+
+        w8 = (False, True) if d2_weights_request() != "bf16" else (False,)
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

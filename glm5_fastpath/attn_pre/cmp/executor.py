@@ -30,14 +30,13 @@ A mode with `l2:OP=F` modifiers (modes.py) also issues, before the first launch,
 those ops' 2-D weights and scales on a prefetch stream of its own (forked from main, joined back at the end; not
 one of the schedule's streams): issue_l2_prefetch / join_l2_prefetch, shared with the SGLang seam. The form is
 read from the environment when an executor is built: GLM5_FASTPATH_CMP_L2_BULK=1 -> bulk (TMA) prefetches,
-unset / anything else -> line prefetches. On a CPU device nothing is issued.
+unset / 0 -> line prefetches (jit.env flag syntax). On a CPU device nothing is issued.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import inspect
-import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -45,14 +44,13 @@ import torch
 
 from ...config import Glm5Config
 from ...graph.eager import run_eager
-from ...graph.prefix_graph import build_prefix_graph, weight_tensors
+from ...graph.prefix_graph import D2_WEIGHTS, ENV_D2_WEIGHTS, build_prefix_graph, d2_weights_request, weight_tensors
 from .modes import OP_FUNCTIONS, Mode, get_mode, resolve_wait_points, wait_support
 from .staging import PAGE, StagingError, StaticInputs, pick_bucket
 from .streams import MAIN, Schedule, build_schedule, check_exclusive
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 STEP_INPUTS = ("hidden", "residual", "positions", "out_cache_loc", "seq_lens", "block_table")
-ENV_D2_WEIGHTS = "GLM5_FASTPATH_D2_WEIGHTS"  # resolve_d2_weights(): bf16 / fp8 / auto
 ENV_L2_BULK = "GLM5_FASTPATH_CMP_L2_BULK"  # "1": the l2:OP=F modifiers use bulk prefetches (module doc)
 
 
@@ -416,7 +414,9 @@ def op_launch_context(mode: Mode, op: str, cuda: bool, device: Any = None):
 
 def l2_bulk_from_env() -> bool:
     """GLM5_FASTPATH_CMP_L2_BULK=1: bulk (TMA) prefetches for l2:OP=F; else line prefetches (module doc)."""
-    return os.environ.get(ENV_L2_BULK, "").strip() == "1"
+    from ...jit import env
+
+    return env.flag(ENV_L2_BULK)
 
 
 def l2_prefetch_names(mode: Mode, graph) -> list[tuple[str, float]]:
@@ -473,26 +473,12 @@ def join_l2_prefetch(main, side) -> None:
         main.wait_stream(side)
 
 
-def d2_request_from_env() -> str:
-    """GLM5_FASTPATH_D2_WEIGHTS as given (default "bf16"), validated: bf16 / fp8 / auto (resolve_d2_weights)."""
-    from ...graph.prefix_graph import D2_WEIGHTS
-    from ...jit import env
-
-    want = (env.text(ENV_D2_WEIGHTS) or "bf16").strip()
-    if want not in D2_WEIGHTS + ("auto",):
-        raise ValueError(f"{ENV_D2_WEIGHTS}={want!r}: expected one of {D2_WEIGHTS + ('auto',)}")
-    return want
-
-
 def resolve_d2_weights(w: Any, requested: str | None = None) -> str:
     """The form of W_UK the prefix graph's D2 reads (graph.prefix_graph D2_WEIGHTS): `requested`, or
     GLM5_FASTPATH_D2_WEIGHTS when None (default "bf16"). "fp8": the checkpoint's FP8 kv_b bytes (AttnWeights.w_kc_fp8 /
     w_kc_scale; half of D2's weight bytes, q_lat bit for bit the same), which the weights must carry; "auto": fp8 when
     they do, else bf16. Raises ValueError for another value or for fp8 without the FP8 form."""
-    from ...graph.prefix_graph import D2_WEIGHTS
-    from ...jit import env
-
-    want = requested if requested is not None else (env.text(ENV_D2_WEIGHTS) or "bf16").strip()
+    want = requested if requested is not None else d2_weights_request()
     has_fp8 = getattr(w, "w_kc_fp8", None) is not None and getattr(w, "w_kc_scale", None) is not None
     if want == "auto":
         return "fp8" if has_fp8 else "bf16"

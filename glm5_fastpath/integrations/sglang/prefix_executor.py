@@ -279,7 +279,8 @@ class PrefixExecutor:
     def __init__(self, impl: Any = None, mode: str = DEFAULT_MODE, quant: Callable | None = None,
                  w_kc_policy: str = "relayout", cfg: Glm5Config | None = None, router: Any = None,
                  log: logging.Logger = logger) -> None:
-        from ...attn_pre.cmp.executor import d2_request_from_env, l2_bulk_from_env
+        from ...attn_pre.cmp.executor import l2_bulk_from_env
+        from ...graph.prefix_graph import d2_weights_request
         from ...attn_pre.cmp.modes import get_mode
 
         self._impl = impl
@@ -294,7 +295,7 @@ class PrefixExecutor:
         self._streams: dict[Any, list] = {}
         self._l2_streams: dict[Any, Any] = {}  # per device: the l2:OP=F prefetch stream (cmp/executor.py)
         self.l2_bulk = l2_bulk_from_env()
-        self.d2_request = d2_request_from_env()
+        self.d2_request = d2_weights_request()
         self._arange: dict[Any, torch.Tensor] = {}
         self._iota: dict[Any, torch.Tensor] = {}
 
