@@ -63,6 +63,9 @@
 #include "../common/convert.cuh"
 #include "../common/mma_bf16_sm80.cuh"
 #include "../common/ptx_cp_async.cuh"
+#include "../common/sm90_tma.cuh"
+#include "../common/sm90_wgmma.cuh"
+#include "../common/sm90_wgmma_bf16.cuh"
 
 namespace glm5 {
 namespace attn_core {
@@ -356,6 +359,256 @@ struct SparseMlaSplitTileT {
 };
 
 using SparseMlaSplitTile = SparseMlaSplitTileT<2>;
+
+// ---- Split tile, 64 heads on wgmma (sm_90a) -----------------------------------------------------------
+// The same (token, split) work and the same partial-output contract as SparseMlaSplitTileT (32-slot blocks,
+// the same split boundaries, o_part / lse_part rows), for a head block of 64: one CTA gathers each KV row
+// ONCE for all 64 heads (the m16 tile gathers it once per 16 heads, 4x the L2 -> SM traffic at H = 64) and
+// runs both products on warpgroup MMAs instead of m16n8k16 chains.
+//
+// 256 threads = 2 warpgroups (WG w = tid / 128). Shared memory, 1024-byte aligned pieces:
+//   Q      [64 heads x 576] bf16, K-major, 128B-swizzled, 9 chunks of [64 rows x 64 dims] (8 KB each)
+//   ring   kStages x [32 slots x 576] bf16 in 9 chunks of [32 rows x 64 dims] (4 KB each), same layout
+//   xchg   the two warpgroups' partial S tiles (2 x 4 float4 x 128 threads, 16 KB)
+//   bias   kStages x 32 fp32 (0 or -inf per slot)
+// Per 32-slot block:
+//   S = Q K^T split over the 576-dim K axis: WG w issues k steps [18w, 18w + 18) (m64n32k16, A = Q and
+//       B = the block, both from shared memory), writes its fp32 partial to xchg, and after one barrier
+//       adds the other warpgroup's: own + other is the same IEEE sum in both warpgroups (a + b == b + a),
+//       so both hold bit-identical S and run the identical online softmax (log2 domain, as above).
+//   O += P V split over d_v: WG w owns columns [256w, 256w + 256) (m64n256k16, 128 fp32 accumulators per
+//       thread), A = P straight from registers (the S accumulator layout is the m16n8k16 A layout), B = the
+//       same gathered rows read MN-major: a 64-column chunk of the K-major ring tile is the 128B-swizzled
+//       MN-major layout with LBO = one chunk (4 KB) and SBO = 8 rows (1 KB).
+//   P V of block i is left in flight; the wgmma_wait<0> after block i + 1's S retires it, before O is
+//   rescaled. The gather of block i + kStages - 1 (into block i - 1's stage) is issued only after the
+//   exchange barrier of block i, when both warpgroups have retired block i - 1's P V.
+// cp.async writes are made visible to the async proxy (wgmma) by fence.proxy.async before the barrier.
+template <int kStages_>
+struct SparseMlaSplitWgmmaTileT {
+    static constexpr int kStages = kStages_;
+    static constexpr int kDqk = 576;
+    static constexpr int kDv = 512;
+    static constexpr int kHeads = 64;
+    static constexpr int kBlock = 32;
+    static constexpr int kThreads = 256;
+    static constexpr int kWgThreads = 128;
+    static constexpr int kMaxTopk = 2048;
+    static constexpr int kMaxSplits = kMaxTopk / kBlock;
+    static constexpr int kChunks = kDqk / 64;                  // 9 K-major 64-dim chunks
+    static constexpr int kKSteps = kDqk / 16;                  // 36 (m64nNk16)
+    static constexpr int kKStepsPerWg = kKSteps / 2;           // 18
+    static constexpr int kDvPerWg = kDv / 2;                   // 256
+    static constexpr int kSRegs = kBlock / 2;                  // 16 fp32 (m64n32)
+    static constexpr int kORegs = kDvPerWg / 2;                // 128 fp32 (m64n256)
+    static constexpr int kQChunkBytes = kHeads * 128;          // 8192
+    static constexpr int kKvChunkBytes = kBlock * 128;         // 4096
+    static constexpr int kQBytes = kChunks * kQChunkBytes;     // 73728
+    static constexpr int kStageBytes = kChunks * kKvChunkBytes;  // 36864
+    static constexpr int kXchgBytes = 2 * (kSRegs / 4) * kWgThreads * 16;  // 16384
+    static constexpr int kOffRing = kQBytes;
+    static constexpr int kOffXchg = kOffRing + kStages * kStageBytes;
+    static constexpr int kOffBias = kOffXchg + kXchgBytes;
+    static constexpr int kSmemUsed = kOffBias + kStages * kBlock * 4;
+    static constexpr int kSmemBytes = kSmemUsed + 1024;        // + slack to align the base to 1024 bytes
+    static constexpr int kGatherThreadsPerRow = kThreads / kBlock;  // 8: thread part p copies piece p of each chunk
+    static constexpr int kQThreadsPerRow = kThreads / kHeads;      // 4
+
+    static_assert(kStages >= 2 && kSmemBytes <= 227 * 1024, "ring depth: >= 2 stages in 227 KB");
+    static_assert(kGatherThreadsPerRow == 8, "one 16-byte piece of every chunk per gather thread");
+    static_assert(kQBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kXchgBytes % 1024 == 0, "1 KB aligned pieces");
+
+    static GLM5_DEVICE int32_t load_index(const int32_t* idx_row, int blk, int blk_end, int row, int topk) {
+        const int pos = blk * kBlock + row;
+        if (blk >= blk_end || pos >= topk) return -1;
+        return ptx::ld_global_s32(idx_row + pos);
+    }
+
+    // Gather one block's rows into `stage` (K-major, swizzled): thread (row = tid / 8, part = tid % 8)
+    // copies 16-byte piece `part` of each of the row's 9 chunks; invalid rows are zero-filled.
+    static GLM5_DEVICE void issue_block(const SparseMlaParams& p, uint32_t stage, float* bias, int32_t slot, int tid) {
+        const int row = tid / kGatherThreadsPerRow;
+        const int part = tid % kGatherThreadsPerRow;
+        const bool valid = slot >= 0 && static_cast<int64_t>(slot) < p.num_slots;
+        const uint16_t* src = valid ? p.kv + static_cast<int64_t>(slot) * p.kv_stride + part * 8 : p.kv;
+        const uint32_t bytes = valid ? 16u : 0u;
+        const uint32_t dst = stage + row * 128 + ((part ^ (row & 7)) << 4);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) ptx::cp_async_16(dst + c * kKvChunkBytes, src + (valid ? c * 64 : 0), bytes);
+        if (part == 0) bias[row] = valid ? 0.0f : -INFINITY;
+    }
+
+    // Call after griddepcontrol.wait. t / split / hblk: the CTA's coordinates (hblk: 64-head block).
+    static GLM5_DEVICE void run(uint8_t* smem_raw, const SparseMlaParams& p, int t, int split, int hblk, int tid) {
+        uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+        const uint32_t sbase = ptx::smem_addr(smem);
+        const uint32_t q_s = sbase;
+        const uint32_t ring_s = sbase + kOffRing;
+        float4* xchg = reinterpret_cast<float4*>(smem + kOffXchg);
+        float* bias_all = reinterpret_cast<float*>(smem + kOffBias);
+
+        const int wg = tid / kWgThreads, wtid = tid % kWgThreads;
+        const int lane = tid % 32, warp4 = wtid / 32;
+        const int g = lane / 4, tq = lane % 4;
+        const int nblocks = (p.topk + kBlock - 1) / kBlock;
+        const int bps = (nblocks + p.num_splits - 1) / p.num_splits;
+        const int blk_begin = min(split * bps, nblocks);
+        const int blk_end = min(blk_begin + bps, nblocks);
+        const int h0 = hblk * kHeads;
+        const int32_t* idx_row = p.indices + static_cast<int64_t>(t) * p.idx_stride;
+        const int grow = tid / kGatherThreadsPerRow;
+
+        // Q (group 0): row r = tid / 4 (a head), pieces c = part + 4i of its 72.
+        {
+            const int r = tid / kQThreadsPerRow, part = tid % kQThreadsPerRow;
+            const uint16_t* src = p.q + static_cast<int64_t>(t) * p.q_stride_t + static_cast<int64_t>(h0 + r) * p.q_stride_h;
+#pragma unroll
+            for (int i = 0; i < kChunks * 8 / kQThreadsPerRow; ++i) {
+                const int c = part + kQThreadsPerRow * i;
+                const int kc = c / 8, c16 = c % 8;
+                ptx::cp_async_16(q_s + kc * kQChunkBytes + r * 128 + ((c16 ^ (r & 7)) << 4), src + c * 8, 16u);
+            }
+            ptx::cp_async_commit();
+        }
+        int32_t slot_pro[kStages - 1];
+#pragma unroll
+        for (int j = 0; j < kStages - 1; ++j) slot_pro[j] = load_index(idx_row, blk_begin + j, blk_end, grow, p.topk);
+#pragma unroll
+        for (int j = 0; j < kStages - 1; ++j) {
+            if (blk_begin + j < blk_end) issue_block(p, ring_s + j * kStageBytes, bias_all + j * kBlock, slot_pro[j], tid);
+            ptx::cp_async_commit();
+        }
+        int32_t slot_next = load_index(idx_row, blk_begin + kStages - 1, blk_end, grow, p.topk);
+
+        float o[kORegs];
+#pragma unroll
+        for (int i = 0; i < kORegs; ++i) o[i] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY};
+        float l[2] = {0.0f, 0.0f};
+
+        for (int blk = blk_begin; blk < blk_end; ++blk) {
+            const int i = blk - blk_begin;
+            const int st = static_cast<int>(static_cast<unsigned>(i) % kStages);
+            const uint32_t stage_s = ring_s + st * kStageBytes;
+            ptx::cp_async_wait<kStages - 2>();  // Q and block blk landed (this thread's copies)
+            sm90::fence_proxy_async_smem();     // ... and visible to wgmma after the barrier
+            __syncthreads();                    // A
+
+            // ---- partial S over this warpgroup's 18 k steps ----
+            float s[kSRegs];
+#pragma unroll
+            for (int r = 0; r < kSRegs; ++r) s[r] = 0.0f;
+            sm90::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kKStepsPerWg; ++kk) {
+                const int ks = wg * kKStepsPerWg + kk;
+                const uint32_t off_q = (ks / 4) * kQChunkBytes + (ks % 4) * 32;
+                const uint32_t off_k = (ks / 4) * kKvChunkBytes + (ks % 4) * 32;
+                sm90::wgmma_m64n32k16_bf16_ss(s, sm90::smem_desc_k128sw(q_s + off_q), sm90::smem_desc_k128sw(stage_s + off_k),
+                                              kk > 0 ? 1 : 0);
+            }
+            sm90::wgmma_commit();
+            sm90::wgmma_wait<0>();  // this S, and the previous block's P V
+            sm90::fence_operands(s);
+            sm90::fence_operands(o);
+#pragma unroll
+            for (int q4 = 0; q4 < kSRegs / 4; ++q4)
+                xchg[(wg * (kSRegs / 4) + q4) * kWgThreads + wtid] = make_float4(s[4 * q4], s[4 * q4 + 1], s[4 * q4 + 2], s[4 * q4 + 3]);
+            __syncthreads();  // X: both partials visible; both warpgroups retired block blk - 1's P V
+
+            {   // block blk + kStages - 1 into block blk - 1's stage
+                const int nst = static_cast<int>(static_cast<unsigned>(i + kStages - 1) % kStages);
+                if (blk + kStages - 1 < blk_end)
+                    issue_block(p, ring_s + nst * kStageBytes, bias_all + nst * kBlock, slot_next, tid);
+                ptx::cp_async_commit();
+                slot_next = load_index(idx_row, blk + kStages, blk_end, grow, p.topk);
+            }
+
+            // ---- full S (own + other), masked, scaled to log2 units ----
+            const float* bias = bias_all + st * kBlock;
+            float x[kSRegs];
+#pragma unroll
+            for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
+                const float4 ot = xchg[((1 - wg) * (kSRegs / 4) + q4) * kWgThreads + wtid];
+                const float2 b = *reinterpret_cast<const float2*>(bias + 8 * q4 + 2 * tq);
+                x[4 * q4 + 0] = b.x == 0.0f ? (s[4 * q4 + 0] + ot.x) * p.scale_log2 : -INFINITY;
+                x[4 * q4 + 1] = b.y == 0.0f ? (s[4 * q4 + 1] + ot.y) * p.scale_log2 : -INFINITY;
+                x[4 * q4 + 2] = b.x == 0.0f ? (s[4 * q4 + 2] + ot.z) * p.scale_log2 : -INFINITY;
+                x[4 * q4 + 3] = b.y == 0.0f ? (s[4 * q4 + 3] + ot.w) * p.scale_log2 : -INFINITY;
+            }
+
+            // ---- online softmax: rows g (r = 0) and g + 8 (r = 1) of this warp's 16 ----
+            float alpha[2], muse[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < kBlock / 8; ++j) mx = fmaxf(mx, fmaxf(x[4 * j + 2 * r], x[4 * j + 2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(m[r], mx);
+                muse[r] = mnew == -INFINITY ? 0.0f : mnew;
+                alpha[r] = ex2(m[r] - muse[r]);
+                m[r] = mnew;
+            }
+            uint32_t pk[kBlock / 8][2];
+            float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < kBlock / 8; ++j) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const uint32_t v = ptx::f32x2_to_bf16x2_rn(ex2(x[4 * j + 2 * r] - muse[r]), ex2(x[4 * j + 2 * r + 1] - muse[r]));
+                    pk[j][r] = v;
+                    rs[r] += ptx::bf16lo_to_f32(v) + ptx::bf16hi_to_f32(v);
+                }
+            }
+            l[0] = l[0] * alpha[0] + rs[0];
+            l[1] = l[1] * alpha[1] + rs[1];
+#pragma unroll
+            for (int j = 0; j < kORegs / 4; ++j) {
+                o[4 * j + 0] *= alpha[0]; o[4 * j + 1] *= alpha[0];
+                o[4 * j + 2] *= alpha[1]; o[4 * j + 3] *= alpha[1];
+            }
+
+            // ---- O += P V over this warpgroup's 256 columns (left in flight) ----
+            sm90::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kBlock / 16; ++kk) {
+                const uint32_t a[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+                const uint32_t vb = stage_s + (wg * (kDvPerWg / 64)) * kKvChunkBytes + kk * 16 * 128;
+                sm90::wgmma_m64n256k16_bf16_rs_tb(o, a, sm90::smem_desc_mn128sw(vb, kKvChunkBytes, 1024), 1);
+            }
+            sm90::wgmma_commit();
+        }
+        sm90::wgmma_wait<0>();
+        sm90::fence_operands(o);
+
+        // ---- partial out: O / l (this warpgroup's 256 columns) and the split's lse ----
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+        const float inv0 = l[0] > 0.0f ? 1.0f / l[0] : 0.0f;
+        const float inv1 = l[1] > 0.0f ? 1.0f / l[1] : 0.0f;
+        const int hrow = warp4 * 16 + g;
+        const int64_t row0 = (static_cast<int64_t>(t) * p.num_splits + split) * p.num_heads + h0 + hrow;
+        float* out0 = p.o_part + row0 * kDv + wg * kDvPerWg + 2 * tq;
+        float* out1 = out0 + 8 * kDv;
+#pragma unroll
+        for (int j = 0; j < kORegs / 4; ++j) {
+            *reinterpret_cast<float2*>(out0 + 8 * j) = make_float2(o[4 * j + 0] * inv0, o[4 * j + 1] * inv0);
+            *reinterpret_cast<float2*>(out1 + 8 * j) = make_float2(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        }
+        if (wg == 0 && tq == 0) {
+            constexpr float kLn2 = 0.693147180559945309f;
+            p.lse_part[row0] = l[0] > 0.0f ? (m[0] + log2f(l[0])) * kLn2 : -INFINITY;
+            p.lse_part[row0 + 8] = l[1] > 0.0f ? (m[1] + log2f(l[1])) * kLn2 : -INFINITY;
+        }
+    }
+};
+
+using SparseMlaSplitWgmmaTile = SparseMlaSplitWgmmaTileT<3>;
 
 struct SparseMlaCombineTile {
     static constexpr int kDv = SparseMlaSplitTile::kDv;

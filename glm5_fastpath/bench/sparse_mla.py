@@ -37,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "heuristic (e.g. 4,8,16,32,64); the fastest per T is reported")
     p.add_argument("--stages", default="", help="comma list of extra split-kernel builds to time with the "
                    "heuristic's splits, e.g. 5 (ops.sparse_mla.STAGE_CHOICES; the default build is always timed)")
+    p.add_argument("--kernels", default="", help="comma list of split tiles to time besides the op default, each "
+                   "at its own heuristic splits (ops.sparse_mla.KERNEL_CHOICES: mma, wgmma, auto)")
+    p.add_argument("--split-kernel", default="", help="the split tile the --splits sweep times (default: the op "
+                   "default)")
     p.add_argument("--write-splits", default="", help="with --splits: write the fastest num_splits per T as a JSON "
                    "table for GLM5_FASTPATH_SPARSE_MLA_SPLITS")
 
@@ -63,6 +67,8 @@ def validate(a: argparse.Namespace) -> list[int]:
         raise ValueError("bench sparse-mla: --tables and --replays must be >= 1")
     parse_splits(getattr(a, "splits", ""))
     parse_stages(getattr(a, "stages", ""))
+    parse_kernels(getattr(a, "kernels", ""))
+    parse_kernels(getattr(a, "split_kernel", ""))
     if getattr(a, "write_splits", "") and not getattr(a, "splits", ""):
         raise ValueError("bench sparse-mla: --write-splits needs --splits")
     return ts
@@ -76,6 +82,16 @@ def parse_splits(s: str) -> list[int]:
     if any(not 1 <= n <= 64 for n in out):
         raise ValueError(f"bench sparse-mla: --splits entries must be in 1..64, got {s!r}")
     return out
+
+
+def parse_kernels(s: str) -> list[str]:
+    from ..ops.sparse_mla import KERNEL_CHOICES
+
+    out = [x.strip() for x in (s or "").split(",") if x.strip()]
+    bad = [x for x in out if x not in KERNEL_CHOICES]
+    if bad:
+        raise ValueError(f"bench sparse-mla: kernels must be in {KERNEL_CHOICES}, got {bad[0]!r}")
+    return list(dict.fromkeys(out))
 
 
 def parse_stages(s: str) -> list[int]:
@@ -94,7 +110,7 @@ def best_splits(row: dict[str, Any], auto_splits: int) -> tuple[int, float] | No
     """The fastest num_splits of a row: the explicit sweep (ours_split_us) and the heuristic's own choice
     (auto_splits at ours_us), ties to the heuristic."""
     cands = {int(k): v for k, v in (row.get("ours_split_us") or {}).items() if v is not None}
-    if row.get("ours_us") is not None:
+    if row.get("ours_us") is not None and row.get("split_kernel") is None:  # the sweep timed the op's default tile
         cands[auto_splits] = min(row["ours_us"], cands.get(auto_splits, math.inf))
     if not cands:
         return None
@@ -173,8 +189,23 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         auto = SM.split_plan(t, a.heads, a.topk, torch.cuda.get_device_properties(dev).multi_processor_count)
         row["auto_splits"] = auto.num_splits
+        for kern in parse_kernels(getattr(a, "kernels", "")):
+            fn = lambda q_, idx, kern=kern: SM.sparse_mla_decode(q_, kv, idx, scale, D_V, kernel=kern)  # noqa: E731
+            try:
+                err = rel_err(fn(q, tables[0]), ref)
+                if not err < 0.02:
+                    raise RuntimeError(f"rel L2 {err:.4g} vs the reference")
+                tm = time_launches(lambda i, fn=fn: fn(q, tables[i % len(tables)]), len(tables), device=dev,
+                                   replays=a.replays)
+                row.setdefault("ours_kernel_us", {})[kern] = tm.median_us
+                row.setdefault("ours_kernel_rel_l2", {})[kern] = err
+            except Exception as e:  # noqa: BLE001
+                row[f"ours_kernel_{kern}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        skern = parse_kernels(getattr(a, "split_kernel", "")) or [None]
+        row["split_kernel"] = skern[0]
         for n in parse_splits(getattr(a, "splits", "")):
-            fn = lambda q_, idx, n=n: SM.sparse_mla_decode(q_, kv, idx, scale, D_V, num_splits=n)  # noqa: E731
+            fn = lambda q_, idx, n=n: SM.sparse_mla_decode(q_, kv, idx, scale, D_V, num_splits=n,  # noqa: E731
+                                                           kernel=skern[0])
             try:
                 err = rel_err(fn(q, tables[0]), ref)
                 if not err < 0.02:  # a wrong split must not win on speed
@@ -246,6 +277,18 @@ def markdown(res: dict[str, Any]) -> str:
             sw, sp = r.get("ours_stages_us") or {}, r.get("ours_stages_auto_splits") or {}
             lines.append(f"| {r['T']} | {f(r.get('ours_us'))} [{r.get('auto_splits', '-')}] | " + " | ".join(
                 f"{f(sw.get(str(n)))} [{sp.get(str(n), '-')}]" for n in sts) + " |")
+    if any(r.get("ours_kernel_us") for r in res.get("rows", [])):
+        ks = list(dict.fromkeys(k for r in res["rows"] for k in (r.get("ours_kernel_us") or {})))
+        lines += ["", "Split tiles (ours, us, each at its own heuristic splits; rel L2 vs the reference in brackets; "
+                  "the op default is the 'ours us' column):", "",
+                  "| T | default | " + " | ".join(ks) + " | stock | stock / best |",
+                  "|---:|---:|" + "---:|" * len(ks) + "---:|---:|"]
+        for r in res["rows"]:
+            ku, ke = r.get("ours_kernel_us") or {}, r.get("ours_kernel_rel_l2") or {}
+            best = min([v for v in [r.get("ours_us"), *ku.values()] if v is not None], default=None)
+            ratio = r["stock_us"] / best if best and r.get("stock_us") else None
+            lines.append(f"| {r['T']} | {f(r.get('ours_us'))} | " + " | ".join(
+                f"{f(ku.get(k))} [{f(ke.get(k), 4)}]" for k in ks) + f" | {f(r.get('stock_us'))} | {f(ratio)} |")
     errs = [f"- T={r['T']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("_error")]
     if errs:
         lines += ["", "Errors:", *errs]

@@ -74,7 +74,9 @@ OP = "glm5_fastpath.sparse_mla_decode"
 SOURCE = "attn_core/sparse_mla_decode.cu"
 FUNCTION_SPLIT = "glm5_sparse_mla_split"
 FUNCTION_COMBINE = "glm5_sparse_mla_combine"
-SPEC = KernelSpec("glm5_sparse_mla_decode", source=SOURCE, functions=(FUNCTION_SPLIT, FUNCTION_COMBINE))
+FUNCTION_SPLIT_WGMMA = "glm5_sparse_mla_split_wgmma"
+SPEC = KernelSpec("glm5_sparse_mla_decode", source=SOURCE,
+                  functions=(FUNCTION_SPLIT, FUNCTION_COMBINE, FUNCTION_SPLIT_WGMMA))
 
 
 def spec_for(stages: int) -> KernelSpec:
@@ -83,6 +85,18 @@ def spec_for(stages: int) -> KernelSpec:
         return SPEC
     return KernelSpec(f"glm5_sparse_mla_decode_s{stages}", source=SOURCE, functions=(FUNCTION_SPLIT, FUNCTION_COMBINE),
                       defines={"GLM5_SPARSE_MLA_STAGES": stages})
+
+
+# The split tiles (csrc/attn_core/sparse_mla_decode.cuh): "mma" = SparseMlaSplitTileT (16 heads per CTA, mma.sync,
+# any H % 16 == 0, the ring builds of STAGE_CHOICES); "wgmma" = SparseMlaSplitWgmmaTile (64 heads per CTA on
+# warpgroup MMAs, H % 64 == 0, one build). Both write the same partials for the same split boundaries (32-slot
+# blocks), so the combine kernel and the split plan's rule are shared. "auto" = wgmma where H allows it.
+KERNEL_CHOICES = ("mma", "wgmma", "auto")
+DEFAULT_KERNEL = "mma"
+WGMMA_HEAD_BLOCK = 64
+WGMMA_THREADS = 256
+WGMMA_STAGES = 3
+WGMMA_SMEM = 64 * 1152 + WGMMA_STAGES * 32 * 1152 + 16384 + WGMMA_STAGES * 32 * 4 + 1024  # kSmemBytes: 202112
 BF16 = torch.bfloat16
 
 # Compile-time constants of csrc/attn_core/sparse_mla_decode.cuh (SparseMlaSplitTile / SparseMlaCombineTile).
@@ -130,8 +144,20 @@ def _fail(msg: str) -> SparseMlaInputError:
 
 # ---- validation (shared by the real and the fake implementations) --------------------------------
 
+def resolve_kernel(kernel: object, h: int) -> str:
+    """The split tile a call with H heads runs: "mma" or "wgmma" (KERNEL_CHOICES; None = DEFAULT_KERNEL)."""
+    k = DEFAULT_KERNEL if kernel is None else kernel
+    if not isinstance(k, str) or k not in KERNEL_CHOICES:
+        raise _fail(f"kernel must be None (default {DEFAULT_KERNEL!r}) or one of {KERNEL_CHOICES}, got {kernel!r}")
+    if k == "auto":
+        return "wgmma" if h % WGMMA_HEAD_BLOCK == 0 else "mma"
+    if k == "wgmma" and h % WGMMA_HEAD_BLOCK:
+        raise _fail(f"kernel='wgmma' needs H to be a multiple of {WGMMA_HEAD_BLOCK} (its head block), got H={h}")
+    return k
+
+
 def _check(q: object, kv: object, indices: object, sm_scale: object, d_v: object,
-           num_splits: object, stages: object = None) -> tuple[int, int, int, int]:
+           num_splits: object, stages: object = None, kernel: object = None) -> tuple[int, int, int, int]:
     """-> (T, H, K, S) of valid inputs."""
     for name, t in (("q", q), ("kv", kv), ("indices", indices)):
         if not isinstance(t, torch.Tensor):
@@ -180,6 +206,9 @@ def _check(q: object, kv: object, indices: object, sm_scale: object, d_v: object
         raise _fail(f"num_splits must be None (automatic) or an int in 1..{MAX_SPLITS}, got {num_splits!r}")
     if stages is not None and (isinstance(stages, bool) or not isinstance(stages, int) or stages not in STAGE_CHOICES):
         raise _fail(f"stages must be None (default {DEFAULT_STAGES}) or one of {STAGE_CHOICES}, got {stages!r}")
+    if resolve_kernel(kernel, h) == "wgmma" and stages is not None:
+        raise _fail(f"stages={stages!r} selects a build of the mma split kernel; the wgmma kernel has one build "
+                    "(pass stages=None)")
     return t, h, k, s
 
 
@@ -201,7 +230,7 @@ def _check_pdl(pdl: object) -> None:
 
 # ---- split heuristic ---------------------------------------------------------------------------------
 
-def split_plan(t: int, h: int, k: int, num_sms: int, per_sm: int = 2) -> SplitPlan:
+def split_plan(t: int, h: int, k: int, num_sms: int, per_sm: int = 2, head_block: int = HEAD_BLOCK) -> SplitPlan:
     """Splits of the K index columns for T tokens, H heads on `num_sms` SMs: as many splits as fit in one wave
     of resident CTAs (T * H/16 * splits <= per_sm * num_sms; a partial second wave would double the time of
     its CTAs), but each split at least MIN_BLOCKS_PER_SPLIT 32-slot blocks (and at least one split), then
@@ -211,9 +240,10 @@ def split_plan(t: int, h: int, k: int, num_sms: int, per_sm: int = 2) -> SplitPl
     11.6 us with 16 splits of 4 blocks against 17.6 us with 64 splits of 1 (the combine's partials then
     outweigh the gathered rows; 4 splits: 29 us), while T = 2 / 4 / 8 were within 3 % of this rule's choice.
     On 132 SMs, H = 64, K = 2048, per_sm 2: T = 1 -> 16 splits x 4 blocks, T = 2 -> 16 x 4, T = 8 -> 8 x 8,
-    T = 16 -> 4 x 16, T = 64 -> 1 x 64."""
+    T = 16 -> 4 x 16, T = 64 -> 1 x 64. head_block: heads per CTA (WGMMA_HEAD_BLOCK with per_sm 1 for the wgmma
+    tile: T = 1 -> 16 x 4, T = 8 -> 16 x 4, T = 16 -> 8 x 8, T = 64 -> 2 x 32)."""
     blocks = max(1, -(-k // BLOCK))
-    ctas_per_split = max(1, t * (h // HEAD_BLOCK))
+    ctas_per_split = max(1, t * (h // head_block))
     want = max(1, max(1, per_sm) * max(1, num_sms) // ctas_per_split)  # floor: never a partial second wave
     splits = max(1, min(-(-blocks // MIN_BLOCKS_PER_SPLIT), want, MAX_SPLITS))
     bps = -(-blocks // splits)
@@ -279,6 +309,8 @@ def _kernel(idx: int, function: str, stages: int = DEFAULT_STAGES):
         k = get_kernel(spec_for(stages), function, device=torch.device("cuda", idx))
         if function == FUNCTION_SPLIT:
             k.set_max_dynamic_smem(split_smem(stages))  # the > 48 KB opt-in, once, outside any graph capture
+        elif function == FUNCTION_SPLIT_WGMMA:
+            k.set_max_dynamic_smem(WGMMA_SMEM)
         _kernels[(idx, function, stages)] = k
     return k
 
@@ -298,7 +330,8 @@ def _combine_args(o_part, lse_part, o, lse, num_splits: int, h: int) -> tuple:
 
 def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, o: torch.Tensor,
             lse: torch.Tensor, pdl: bool, num_splits: Optional[int],
-            workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None, stages: Optional[int] = None) -> None:
+            workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None, stages: Optional[int] = None,
+            kernel: Optional[str] = None) -> None:
     """Real-launch checks (CUDA sm_90+, alignment), the workspace, then both kernels; T = 0 launches nothing.
     workspace: (o_part [T, splits, H, 512], lse_part [T, splits, H]) fp32 contiguous instead of fresh ones (the
     tests poison it to show the combine reads only what stage 1 wrote)."""
@@ -314,11 +347,17 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
     if t == 0:
         return
     k = indices.shape[1]
+    kern = resolve_kernel(kernel, h)
     st = DEFAULT_STAGES if stages is None else stages
-    plan = split_plan(t, h, k, _num_sms(idx), ctas_per_sm(st))
+    if kern == "wgmma":
+        plan = split_plan(t, h, k, _num_sms(idx), 1, WGMMA_HEAD_BLOCK)
+    else:
+        plan = split_plan(t, h, k, _num_sms(idx), ctas_per_sm(st))
     ns = plan.num_splits if num_splits is None else num_splits
+    hb = WGMMA_HEAD_BLOCK if kern == "wgmma" else HEAD_BLOCK
     env.print_config("sparse_mla_decode", {"T": t, "H": h, "K": k},
-                     {"num_splits": ns, "grid": (t, ns, h // HEAD_BLOCK), "auto": num_splits is None, "stages": st})
+                     {"kernel": kern, "num_splits": ns, "grid": (t, ns, h // hb), "auto": num_splits is None,
+                      "stages": st if kern == "mma" else WGMMA_STAGES})
     if workspace is None:  # per call from the caching allocator: no host sync, capture-safe (module docstring)
         o_part = torch.empty((t, ns, h, D_V), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((t, ns, h), dtype=torch.float32, device=q.device)
@@ -327,9 +366,14 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
         if (tuple(o_part.shape), tuple(lse_part.shape)) != ((t, ns, h, D_V), (t, ns, h)) or not (
                 o_part.is_contiguous() and lse_part.is_contiguous()):
             raise _fail(f"workspace must be contiguous fp32 {(t, ns, h, D_V)} and {(t, ns, h)}")
-    _kernel(idx, FUNCTION_SPLIT, st).launch((t, ns, h // HEAD_BLOCK), (SPLIT_THREADS, 1, 1),
-                                            _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
-                                            smem=split_smem(st), pdl=pdl)
+    if kern == "wgmma":
+        _kernel(idx, FUNCTION_SPLIT_WGMMA).launch((t, ns, h // WGMMA_HEAD_BLOCK), (WGMMA_THREADS, 1, 1),
+                                                  _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
+                                                  smem=WGMMA_SMEM, pdl=pdl)
+    else:
+        _kernel(idx, FUNCTION_SPLIT, st).launch((t, ns, h // HEAD_BLOCK), (SPLIT_THREADS, 1, 1),
+                                                _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
+                                                smem=split_smem(st), pdl=pdl)
     _kernel(idx, FUNCTION_COMBINE, st).launch((t, h, COMBINE_PARTS), (COMBINE_THREADS, 1, 1),
                                           _combine_args(o_part, lse_part, o, lse, ns, h), pdl=pdl)
 
@@ -345,36 +389,37 @@ def _reference(q, kv, indices, sm_scale: float, d_v: int) -> tuple[torch.Tensor,
 @torch.library.custom_op("glm5_fastpath::sparse_mla_decode", mutates_args=())
 def _sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = D_V,
                        pdl: bool = True, num_splits: Optional[int] = None,
-                       stages: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits, stages)
+                       stages: Optional[int] = None, kernel: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits, stages, kernel)
     if q.device.type == "cpu":
         return _reference(q, kv, indices, sm_scale, d_v)
     o = torch.empty((t, h, d_v), dtype=BF16, device=q.device)
     lse = torch.empty((t, h), dtype=torch.float32, device=q.device)
-    _launch(q, kv, indices, sm_scale, o, lse, pdl, num_splits, stages=stages)
+    _launch(q, kv, indices, sm_scale, o, lse, pdl, num_splits, stages=stages, kernel=kernel)
     return o, lse
 
 
 @_sparse_mla_decode.register_fake
-def _sparse_mla_decode_fake(q, kv, indices, sm_scale, d_v=D_V, pdl=True, num_splits=None, stages=None):
-    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits, stages)
+def _sparse_mla_decode_fake(q, kv, indices, sm_scale, d_v=D_V, pdl=True, num_splits=None, stages=None, kernel=None):
+    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits, stages, kernel)
     return q.new_empty((t, h, d_v), dtype=BF16), q.new_empty((t, h), dtype=torch.float32)
 
 
 def sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = D_V, *,
                       pdl: bool = True, num_splits: Optional[int] = None, stages: Optional[int] = None,
-                      return_lse: bool = False):
+                      kernel: Optional[str] = None, return_lse: bool = False):
     """Sparse MLA decode over flat KV slot ids -> o [T, H, d_v] bf16 (module docstring), or (o, lse [T, H] fp32)
     with return_lse=True. The semantics of flash_mla_sparse_fwd(q, kv, indices[:, None, :], sm_scale, d_v).
 
     pdl: launch both kernels with Programmatic Dependent Launch (GPU only). num_splits: None = split_plan(),
     else 1..64 splits of the K index columns. stages: None (DEFAULT_STAGES) or one of STAGE_CHOICES, the split
-    kernel's build (module docstring)."""
-    _check(q, kv, indices, sm_scale, d_v, num_splits, stages)  # before the dispatcher, so errors name this op
+    kernel's build (module docstring). kernel: None (DEFAULT_KERNEL), "mma", "wgmma" or "auto" (resolve_kernel)."""
+    _check(q, kv, indices, sm_scale, d_v, num_splits, stages, kernel)  # before the dispatcher, so errors name this op
     _check_pdl(pdl)
     if not isinstance(return_lse, bool):
         raise _fail(f"return_lse must be a bool, got {return_lse!r}")
-    o, lse = torch.ops.glm5_fastpath.sparse_mla_decode(q, kv, indices, float(sm_scale), d_v, pdl, num_splits, stages)
+    o, lse = torch.ops.glm5_fastpath.sparse_mla_decode(q, kv, indices, float(sm_scale), d_v, pdl, num_splits, stages,
+                                                       kernel)
     return (o, lse) if return_lse else o
 
 
@@ -389,6 +434,7 @@ def precompile(device: object = None, stages: tuple[int, ...] = (DEFAULT_STAGES,
     for st in stages:
         _kernel(idx, FUNCTION_SPLIT, st)
         _kernel(idx, FUNCTION_COMBINE, st)
+    _kernel(idx, FUNCTION_SPLIT_WGMMA)  # same cubin as the default build
     _num_sms(idx)
 
 

@@ -104,3 +104,19 @@ def test_stages_option_and_report():
     res = {"gpu": "g", "date": "d", "commit": "c", "stock": "x", "kv_slots": 1,
            "rows": [{"T": 8, "K": 2048, "H": 64, "ours_us": 29.4, "ours_stages_us": {"5": 14.2}}]}
     assert "| 8 | 29.40 [-] | 14.20 [-] |" in B.markdown(res)
+
+
+def test_kernels_argument_and_report():
+    a = _args("--kernels", "mma,wgmma", "--split-kernel", "wgmma", "--splits", "8,16")
+    B.validate(a)
+    assert B.parse_kernels("wgmma, mma,wgmma") == ["wgmma", "mma"]
+    with pytest.raises(ValueError, match="kernels must be in"):
+        B.validate(_args("--kernels", "tma"))
+    res = {"gpu": "NVIDIA H200", "date": "2026-12-01", "commit": "abc", "stock": "flashmla", "kv_slots": 10,
+           "rows": [{"T": 8, "K": 2048, "H": 64, "ours_us": 30.0, "stock_us": 60.0, "split_kernel": "wgmma",
+                     "ours_kernel_us": {"mma": 30.0, "wgmma": 10.0}, "ours_kernel_rel_l2": {"mma": 0.002, "wgmma": 0.002},
+                     "ours_split_us": {"8": 12.0, "16": 11.0}}]}
+    md = B.markdown(res)
+    assert "| 8 | 30.00 | 30.00 [0.0020] | 10.00 [0.0020] | 60.00 | 6.00 |" in md
+    # a sweep of another tile than the default does not compete with the default tile's 'ours us'
+    assert B.best_splits(res["rows"][0], 16) == (16, 11.0)

@@ -669,11 +669,12 @@ def test_registered_in_ops_package():
     assert ops.sparse_mla_decode is sparse_mla_decode and "sparse_mla_decode" in ops.__all__
     assert SM in ops._MODULES and SM.SPEC in ops.compile_check_specs()
     assert SM.compile_check_specs() == [SM.SPEC, SM.spec_for(5)] and SM.SPEC.source == "attn_core/sparse_mla_decode.cu"
-    assert SM.SPEC.functions == (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE) and SM.SPEC.defines == ()
+    assert SM.SPEC.functions == (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE, SM.FUNCTION_SPLIT_WGMMA)
+    assert SM.SPEC.defines == ()
     assert SM.spec_for(2) is SM.SPEC  # the default build keeps its cache entry
     s5 = SM.spec_for(5)
     assert s5.name == "glm5_sparse_mla_decode_s5" and s5.defines == (("GLM5_SPARSE_MLA_STAGES", "5"),)
-    assert s5.functions == SM.SPEC.functions and s5.source == SM.SPEC.source
+    assert s5.functions == (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE) and s5.source == SM.SPEC.source
     assert SM.SPLIT_SMEM == SM.split_smem(2) == 93696 and SM.ctas_per_sm(2) == 2  # 2 CTAs per SM
     assert SM.split_smem(5) == 5 * 37376 + 18688 + 5 * 128 <= 227 * 1024 and SM.ctas_per_sm(5) == 1
 
@@ -1094,4 +1095,178 @@ def test_gather_ring_source_matches_the_replay():
                  "if (blk + kStages - 1 < blk_end)",
                  "slot_next = load_index(idx_row, blk + kStages, blk_end, grow, p.topk);"):
         assert expr in text, expr
-    assert text.count("ptx::cp_async_commit();") == 3  # Q, each prologue block, each loop iteration
+    mma_tile, wgmma_tile = text.split("struct SparseMlaSplitWgmmaTileT", 1)
+    assert mma_tile.count("ptx::cp_async_commit();") == 3  # Q, each prologue block, each loop iteration
+    assert wgmma_tile.count("ptx::cp_async_commit();") == 3  # the same group accounting in the wgmma tile
+
+
+# ---- the 64-head wgmma split tile (kernel="wgmma") ---------------------------------------------------------------
+
+def test_kernel_argument_is_validated():
+    q, kv, idx = make_inputs(2, 64, 8, 50, 0)
+    assert SM.resolve_kernel(None, 64) == SM.DEFAULT_KERNEL
+    assert SM.resolve_kernel("auto", 64) == "wgmma" and SM.resolve_kernel("auto", 32) == "mma"
+    assert SM.resolve_kernel("auto", 128) == "wgmma" and SM.resolve_kernel("mma", 64) == "mma"
+    for bad in ("tma", 1, "WGMMA"):
+        with pytest.raises(SM.SparseMlaInputError, match="kernel must be None"):
+            sparse_mla_decode(q, kv, idx, SCALE, kernel=bad)
+    with pytest.raises(SM.SparseMlaInputError, match="needs H to be a multiple of 64"):
+        sparse_mla_decode(q[:, :32], kv, idx, SCALE, kernel="wgmma")
+    with pytest.raises(SM.SparseMlaInputError, match="one build"):
+        sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma", stages=2)
+    # CPU: every kernel choice is the reference
+    want = sparse_mla_flat(q, kv, idx, SCALE, DV)
+    for k in ("mma", "wgmma", "auto"):
+        assert_equal(OP, sparse_mla_decode(q, kv, idx, SCALE, kernel=k), want, context=k)
+
+
+@pytest.mark.parametrize("t, want", [(1, (16, 4)), (8, (16, 4)), (16, (8, 8)), (64, (2, 32)), (132, (1, 64)),
+                                     (200, (1, 64))])
+def test_split_plan_for_the_wgmma_tile(t, want):
+    """One 64-head CTA per SM: the splits fill 132 SMs with whole waves, >= 4 blocks per split."""
+    assert tuple(SM.split_plan(t, 64, 2048, 132, 1, SM.WGMMA_HEAD_BLOCK)) == want
+
+
+def test_wgmma_constants_match_the_kernel_header():
+    from glm5_fastpath.jit import csrc_dir
+    text = (csrc_dir() / "attn_core" / "sparse_mla_decode.cuh").read_text()
+    start = text.index("struct SparseMlaSplitWgmmaTileT")
+    body = text[start:text.index("using SparseMlaSplitWgmmaTile", start)]
+    for name, value in (("kHeads", SM.WGMMA_HEAD_BLOCK), ("kBlock", SM.BLOCK), ("kThreads", SM.WGMMA_THREADS),
+                        ("kDv", SM.D_V), ("kDqk", SM.D_QK)):
+        assert f"static constexpr int {name} = {value};" in body, name
+    assert f"using SparseMlaSplitWgmmaTile = SparseMlaSplitWgmmaTileT<{SM.WGMMA_STAGES}>;" in text
+    q_bytes, stage, xchg = 64 * 1152, 32 * 1152, 2 * 4 * 128 * 16
+    assert SM.WGMMA_SMEM == q_bytes + SM.WGMMA_STAGES * stage + xchg + SM.WGMMA_STAGES * 32 * 4 + 1024
+    assert SM.WGMMA_SMEM <= 227 * 1024
+
+
+def test_wgmma_descriptor_encoding():
+    """smem_desc_mn128sw's bits, mirrored: start >> 4 in [0, 14), LBO >> 4 in [16, 30), SBO >> 4 in [32, 46),
+    128-byte swizzle in [62, 64) (what the P V product's B operand uses: LBO = one 4 KB chunk, SBO = 1 KB)."""
+    from glm5_fastpath.jit import csrc_dir
+    text = (csrc_dir() / "common" / "sm90_wgmma_bf16.cuh").read_text()
+    assert "((lbo_bytes >> 4) & 0x3FFFu) << 16" in text and "((sbo_bytes >> 4) & 0x3FFFu) << 32" in text
+    assert "(1ull << 62)" in text and "p, 1, 1, 1;" in text  # imm-trans-b = 1 on the register-A form
+    assert "sm90::smem_desc_mn128sw(vb, kKvChunkBytes, 1024)" in (csrc_dir() / "attn_core" / "sparse_mla_decode.cuh").read_text()
+
+
+def test_compile_wgmma_tile_without_spills(nvcc_jit):
+    ck = nvcc_jit(SM.SPEC)
+    r = ck.resources()[SM.FUNCTION_SPLIT_WGMMA]
+    assert r.spill_store_bytes == 0 and r.spill_load_bytes == 0 and r.stack_bytes == 0, r
+    assert 0 < r.registers <= 255 and r.registers * SM.WGMMA_THREADS <= 65536, r
+    assert r.smem_bytes == 0, r
+    assert "warning" not in ck.log.lower(), ck.log
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [2048, 100, 1])
+@pytest.mark.parametrize("h", [64, 128])
+@pytest.mark.parametrize("t", [1, 2, 3, 8, 16, 31, 64])
+def test_wgmma_matches_float64_reference(t, h, k, seed, no_pdl_override):
+    """The wgmma tile over poisoned outputs and workspace, at its own split plan and at explicit splits."""
+    q, kv, idx = _gpu_inputs(t, h, k, seed + 31 * t + h + k + 5, q_std=0.7 if t % 2 else 3.0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for ns in sorted({SM.split_plan(t, h, k, sms, 1, SM.WGMMA_HEAD_BLOCK).num_splits, 1, 3}):
+        o = poison_(torch.empty(t, h, DV, dtype=BF16, device="cuda"))
+        lse = poison_(torch.empty(t, h, device="cuda"))
+        ws = (poison_(torch.empty(t, ns, h, DV, device="cuda")), poison_(torch.empty(t, ns, h, device="cuda")))
+        SM._launch(q, kv, idx, SCALE, o, lse, True, ns, workspace=ws, kernel="wgmma")
+        torch.cuda.synchronize()
+        _check_vs_float64(o, lse, q, kv, idx, f"wgmma {t=} {h=} {k=} splits={ns}")
+    fo = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma", num_splits=ns)
+    torch.cuda.synchronize()
+    assert_equal(OP, fo, o, context="functional vs _launch (wgmma)")
+
+
+@pytest.mark.gpu
+def test_wgmma_all_invalid_chunks_and_empty_rows(seed):
+    q, kv, _ = _gpu_inputs(4, 64, 2048, seed)
+    idx = torch.stack([torch.randperm(10000)[:2048] for _ in range(4)]).to(torch.int32).cuda()
+    idx[:, 32:-32] = -1
+    idx[1, :32] = -1
+    idx[2] = -1
+    idx[3, :] = -1
+    idx[3, 1000] = 17
+    for ns in (64, 16, 1):
+        o, lse = sparse_mla_decode(q, kv, idx, SCALE, return_lse=True, num_splits=ns, kernel="wgmma")
+        torch.cuda.synchronize()
+        _check_vs_float64(o, lse, q, kv, idx, f"wgmma all-invalid chunks, splits={ns}")
+        assert bool(torch.isneginf(lse[2]).all()) and bool((o[2] == 0).all())
+        assert torch.equal(o[3].cpu(), kv[17, 0, :DV].cpu().expand(64, DV))
+
+
+@pytest.mark.gpu
+def test_wgmma_out_of_range_slots_and_strided_views(seed):
+    q, kv, idx = _gpu_inputs(3, 64, 90, seed, s=300)
+    bad = idx.clone()
+    bad[0, 3], bad[1, 50], bad[2, 89] = 300, 10**6, -7
+    clean = bad.clone()
+    clean[(clean >= 300) | (clean < 0)] = -1
+    o = sparse_mla_decode(q, kv, bad, SCALE, kernel="wgmma")
+    torch.cuda.synchronize()
+    assert_equal(OP, o, sparse_mla_decode(q, kv, clean, SCALE, kernel="wgmma"), context="wgmma slots outside [0, S)")
+    t, h, k = 5, 64, 300
+    q, kv, idx = _gpu_inputs(t, h, k, seed + 1)
+    want = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma")
+    qbuf = torch.zeros(t, h + 16, D + 64, dtype=BF16, device="cuda")
+    qbuf[:, 8:8 + h, 64:64 + D] = q
+    kvbuf = torch.zeros(kv.shape[0], D + 8, dtype=BF16, device="cuda")
+    kvbuf[:, :D] = kv[:, 0]
+    ibuf = torch.full((t, k + 3), 5, dtype=torch.int32, device="cuda")
+    ibuf[:, 3:] = idx
+    got = sparse_mla_decode(qbuf[:, 8:8 + h, 64:64 + D], kvbuf[:, :D], ibuf[:, 3:], SCALE, kernel="wgmma")
+    torch.cuda.synchronize()
+    assert_equal(OP, got, want, context="wgmma strided views")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16])
+def test_wgmma_deterministic_graph_replay(t, seed):
+    q, kv, idx = _gpu_inputs(t, 64, 2048, seed)
+    sq, sidx = q.clone(), idx.clone()
+    SM.precompile()
+    eager = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma")
+    for i in range(5):
+        assert_equal(OP, sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma", pdl=bool(i % 2)), eager,
+                     context=f"wgmma repeat {i}")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = sparse_mla_decode(sq, kv, sidx, SCALE, kernel="wgmma")
+    for step in range(3):
+        q2, _, idx2 = _gpu_inputs(t, 64, 2048, seed + 100 + step)
+        sq.copy_(q2)
+        sidx.copy_(idx2)
+        poison_(out)
+        g.replay()
+        want = sparse_mla_decode(q2, kv, idx2, SCALE, kernel="wgmma")
+        torch.cuda.synchronize()
+        assert_equal(OP, out, want, context=f"wgmma graph replay {step}")
+    sq.copy_(q)
+    sidx.copy_(idx)
+    g.replay()
+    torch.cuda.synchronize()
+    assert_equal(OP, out, eager, context="wgmma graph replay vs eager")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("late", ["q", "kv", "indices"])
+def test_wgmma_waits_for_the_previous_kernel_under_pdl(late, seed, no_pdl_override):
+    from glm5_fastpath.testing.pdl import late_producer, produce
+    producer = late_producer()
+    q, kv, idx = _gpu_inputs(4, 64, 2048, seed, s=4096)
+    want = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma")
+    torch.cuda.synchronize()
+    src = {"q": q, "kv": kv, "indices": idx}[late]
+    stale = {"q": lambda x: x.fill_(3.0), "kv": lambda x: x.fill_(-2.0), "indices": lambda x: x.fill_(-1)}[late]
+    dst = torch.empty_like(src)
+    args = {"q": q, "kv": kv, "indices": idx}
+    args[late] = dst
+    for _ in range(3):
+        stale(dst)
+        torch.cuda.synchronize()
+        produce(producer, src, dst)
+        got = sparse_mla_decode(args["q"], args["kv"], args["indices"], SCALE, pdl=True, kernel="wgmma")
+        torch.cuda.synchronize()
+        assert_equal(OP, got, want, context=f"wgmma, PDL after a late producer of {late}")
