@@ -381,8 +381,13 @@ using SparseMlaSplitTile = SparseMlaSplitTileT<2>;
 //       same gathered rows read MN-major: a 64-column chunk of the K-major ring tile is the 128B-swizzled
 //       MN-major layout with LBO = one chunk (4 KB) and SBO = 8 rows (1 KB).
 //   P V of block i is left in flight; the wgmma_wait<0> after block i + 1's S retires it, before O is
-//   rescaled. The gather of block i + kStages - 1 (into block i - 1's stage) is issued only after the
-//   exchange barrier of block i, when both warpgroups have retired block i - 1's P V.
+//   rescaled (skipped for a warp whose rows' maxima did not move: x 1.0 is exact). The gather of block
+//   i + kStages - 1 (into block i - 1's stage) is issued only after the exchange barrier of block i, when
+//   both warpgroups have retired block i - 1's P V.
+// kStages = 4 (kXchgInStage): the 16 KB exchange buffer is dropped for a 4th ring stage (3 blocks in flight).
+//   The partials go into block i - 1's stage instead: WG w writes its 8 KB into chunks [4w, 4w + 2), which only
+//   WG w's own (retired) P V of block i - 1 read; a second barrier after the exchange reads keeps the
+//   gather of block i + 3 into that stage behind them.
 // cp.async writes are made visible to the async proxy (wgmma) by fence.proxy.async before the barrier.
 template <int kStages_>
 struct SparseMlaSplitWgmmaTileT {
@@ -405,7 +410,8 @@ struct SparseMlaSplitWgmmaTileT {
     static constexpr int kKvChunkBytes = kBlock * 128;         // 4096
     static constexpr int kQBytes = kChunks * kQChunkBytes;     // 73728
     static constexpr int kStageBytes = kChunks * kKvChunkBytes;  // 36864
-    static constexpr int kXchgBytes = 2 * (kSRegs / 4) * kWgThreads * 16;  // 16384
+    static constexpr bool kXchgInStage = kStages >= 4;
+    static constexpr int kXchgBytes = kXchgInStage ? 0 : 2 * (kSRegs / 4) * kWgThreads * 16;  // 16384 at 3 stages
     static constexpr int kOffRing = kQBytes;
     static constexpr int kOffXchg = kOffRing + kStages * kStageBytes;
     static constexpr int kOffBias = kOffXchg + kXchgBytes;
@@ -417,6 +423,7 @@ struct SparseMlaSplitWgmmaTileT {
     static_assert(kStages >= 2 && kSmemBytes <= 227 * 1024, "ring depth: >= 2 stages in 227 KB");
     static_assert(kGatherThreadsPerRow == 8, "one 16-byte piece of every chunk per gather thread");
     static_assert(kQBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kXchgBytes % 1024 == 0, "1 KB aligned pieces");
+    static_assert((kSRegs / 4) * kWgThreads * 16 <= 2 * kKvChunkBytes, "a warpgroup's partial fits in 2 chunks");
 
     static GLM5_DEVICE int32_t load_index(const int32_t* idx_row, int blk, int blk_end, int row, int topk) {
         const int pos = blk * kBlock + row;
@@ -511,13 +518,28 @@ struct SparseMlaSplitWgmmaTileT {
             sm90::wgmma_wait<0>();  // this S, and the previous block's P V
             sm90::fence_operands(s);
             sm90::fence_operands(o);
+            const int nst = static_cast<int>(static_cast<unsigned>(i + kStages - 1) % kStages);  // block blk - 1's stage
+            // partial slots: WG w's 8 KB at mine, the other's at theirs (see the header for the in-stage layout)
+            float4* mine;
+            const float4* theirs;
+            if constexpr (kXchgInStage) {
+                uint8_t* xs = smem + kOffRing + nst * kStageBytes;
+                mine = reinterpret_cast<float4*>(xs + wg * 4 * kKvChunkBytes);
+                theirs = reinterpret_cast<const float4*>(xs + (1 - wg) * 4 * kKvChunkBytes);
+            } else {
+                mine = xchg + wg * (kSRegs / 4) * kWgThreads;
+                theirs = xchg + (1 - wg) * (kSRegs / 4) * kWgThreads;
+            }
 #pragma unroll
             for (int q4 = 0; q4 < kSRegs / 4; ++q4)
-                xchg[(wg * (kSRegs / 4) + q4) * kWgThreads + wtid] = make_float4(s[4 * q4], s[4 * q4 + 1], s[4 * q4 + 2], s[4 * q4 + 3]);
+                mine[q4 * kWgThreads + wtid] = make_float4(s[4 * q4], s[4 * q4 + 1], s[4 * q4 + 2], s[4 * q4 + 3]);
             __syncthreads();  // X: both partials visible; both warpgroups retired block blk - 1's P V
+            float4 other[kSRegs / 4];
+#pragma unroll
+            for (int q4 = 0; q4 < kSRegs / 4; ++q4) other[q4] = theirs[q4 * kWgThreads + wtid];
+            if constexpr (kXchgInStage) __syncthreads();  // Y: every exchange read done before the stage is refilled
 
             {   // block blk + kStages - 1 into block blk - 1's stage
-                const int nst = static_cast<int>(static_cast<unsigned>(i + kStages - 1) % kStages);
                 if (blk + kStages - 1 < blk_end)
                     issue_block(p, ring_s + nst * kStageBytes, bias_all + nst * kBlock, slot_next, tid);
                 ptx::cp_async_commit();
@@ -529,7 +551,7 @@ struct SparseMlaSplitWgmmaTileT {
             float x[kSRegs];
 #pragma unroll
             for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
-                const float4 ot = xchg[((1 - wg) * (kSRegs / 4) + q4) * kWgThreads + wtid];
+                const float4 ot = other[q4];
                 const float2 b = *reinterpret_cast<const float2*>(bias + 8 * q4 + 2 * tq);
                 x[4 * q4 + 0] = b.x == 0.0f ? (s[4 * q4 + 0] + ot.x) * p.scale_log2 : -INFINITY;
                 x[4 * q4 + 1] = b.y == 0.0f ? (s[4 * q4 + 1] + ot.y) * p.scale_log2 : -INFINITY;
@@ -564,10 +586,12 @@ struct SparseMlaSplitWgmmaTileT {
             }
             l[0] = l[0] * alpha[0] + rs[0];
             l[1] = l[1] * alpha[1] + rs[1];
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // warp-uniform; x 1.0 is exact
 #pragma unroll
-            for (int j = 0; j < kORegs / 4; ++j) {
-                o[4 * j + 0] *= alpha[0]; o[4 * j + 1] *= alpha[0];
-                o[4 * j + 2] *= alpha[1]; o[4 * j + 3] *= alpha[1];
+                for (int j = 0; j < kORegs / 4; ++j) {
+                    o[4 * j + 0] *= alpha[0]; o[4 * j + 1] *= alpha[0];
+                    o[4 * j + 2] *= alpha[1]; o[4 * j + 3] *= alpha[1];
+                }
             }
 
             // ---- O += P V over this warpgroup's 256 columns (left in flight) ----
@@ -608,7 +632,10 @@ struct SparseMlaSplitWgmmaTileT {
     }
 };
 
-using SparseMlaSplitWgmmaTile = SparseMlaSplitWgmmaTileT<3>;
+#ifndef GLM5_SPARSE_MLA_WGMMA_STAGES
+#define GLM5_SPARSE_MLA_WGMMA_STAGES 3
+#endif
+using SparseMlaSplitWgmmaTile = SparseMlaSplitWgmmaTileT<GLM5_SPARSE_MLA_WGMMA_STAGES>;
 
 struct SparseMlaCombineTile {
     static constexpr int kDv = SparseMlaSplitTile::kDv;

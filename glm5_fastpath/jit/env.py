@@ -23,6 +23,7 @@ Flags accept 1/true/yes/on and 0/false/no/off/empty (case-insensitive); anything
 | `GLM5_FASTPATH_FP8_GEMM_INFLIGHT` | 0 | every wgmma skinny FP8 GEMM (one CTA per unit): issue at most n stages of the ring fill at once, each later one when the stage n before it has landed (so a CTA's first box does not wait for the whole grid's burst); 0 = the whole ring at once. Measured (session 24, H200): bitwise identical results, no per-op change at 2 or 3 (B0 / B1 / D1 / D0 within ±0.5 us), the whole prefix within run-to-run noise; kept for re-measuring. Read when a kernel spec is built (set it before `precompile`). |
 | `GLM5_FASTPATH_CMP_L2_BULK` | 0 | CMP modes with `l2:OP=F` modifiers: `1` issues bulk (TMA) L2 prefetches instead of 128-byte line prefetches; read when an executor is built. |
 | `GLM5_FASTPATH_D2_WEIGHTS` | bf16 | The form of W_UK the CMP prefix's D2 reads: `bf16` (SGLang's load-time dequant of kv_b_proj), `fp8` (the checkpoint's FP8 kv_b bytes with one scale per row and 128-column block: half of D2's weight bytes, q_lat bit for bit the same; the weights must carry `AttnWeights.w_kc_fp8`), `auto` (fp8 when the weights carry it). Read when an executor is built. |
+| `GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES` | unset | Gather ring of the sparse-MLA wgmma split tile: 3 (default) or 4 (the partial-S exchange moves into the ring, one more block in flight). A separate cubin. |
 | `GLM5_FASTPATH_MRTP_GEMM_STAGES` | unset | Weight stages in flight of the MegaRTP megakernel's GEMM families (B0, B1, D1, D0), 4..8; unset = 6. Changes the kernel build and its shared memory (for measuring; set it before the first plan runs). |
 | `GLM5_FASTPATH_MRTP_E1_EVICT_FIRST` | 0 | 1: the MegaRTP megakernel's E1 family loads the index-K cache pages with an L2 evict-first hint (each page is read once per step: 18 MB at 16 sequences of 8192 tokens, 72 MB at 64). Changes the kernel build (for measuring; not yet run on a GPU). |
 | `GLM5_FASTPATH_W_EVICT_FIRST` | auto | Standalone FP8 GEMMs (`fp8_gemm`, both mainloops: the prefix's B0 / B1 / D1 / D0 under CMP, the FP8-linear route) and D2: weight loads with an L2 evict-first hint. `auto`: at M <= 16 tokens (session 22: CMP's whole prefix 45.5 -> 40.8 us at 1 token, 51.7 -> 47.9 at 16; 3 % slower at 64); `1` always; `0` never. Changes the kernel builds (set it before the first call). |
@@ -67,6 +68,8 @@ _VARS: tuple[EnvVar, ...] = (
     EnvVar("GLM5_FASTPATH_CMP_L2_BULK", "flag", "0", "CMP l2:OP=F modifiers: bulk (TMA) L2 prefetches instead of lines."),
     EnvVar("GLM5_FASTPATH_D2_WEIGHTS", "text", "bf16",
            "W_UK form D2 reads in the CMP prefix: bf16 / fp8 (checkpoint kv_b bytes, half the weight bytes) / auto."),
+    EnvVar("GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES", "text", "",
+           "Sparse-MLA wgmma split tile's gather ring: 3 / 4 (4: the partial-S exchange in the ring; unset: 3)."),
     EnvVar("GLM5_FASTPATH_MRTP_GEMM_STAGES", "text", "", "MegaRTP megakernel GEMM weight stages 4..8 (unset: 6)."),
     EnvVar("GLM5_FASTPATH_MRTP_E1_EVICT_FIRST", "flag", "0",
            "MegaRTP megakernel: E1's index-K cache pages with an L2 evict-first hint."),

@@ -92,11 +92,44 @@ def spec_for(stages: int) -> KernelSpec:
 # warpgroup MMAs, H % 64 == 0, one build). Both write the same partials for the same split boundaries (32-slot
 # blocks), so the combine kernel and the split plan's rule are shared. "auto" = wgmma where H allows it.
 KERNEL_CHOICES = ("mma", "wgmma", "auto")
-DEFAULT_KERNEL = "mma"
+DEFAULT_KERNEL = "auto"
 WGMMA_HEAD_BLOCK = 64
 WGMMA_THREADS = 256
-WGMMA_STAGES = 3
-WGMMA_SMEM = 64 * 1152 + WGMMA_STAGES * 32 * 1152 + 16384 + WGMMA_STAGES * 32 * 4 + 1024  # kSmemBytes: 202112
+WGMMA_STAGES = 3          # the default build's ring (GLM5_SPARSE_MLA_WGMMA_STAGES; 4 = exchange in the ring, opt-in)
+WGMMA_STAGE_CHOICES = (3, 4)
+# "auto" takes the wgmma tile from this many tokens: on the H200 (benchmarks/results/2026-12-01_h200_session25, c1,
+# same run) mma / wgmma / FlashMLA took 11.7 / 13.8 (32 splits) / 56.4 us at T = 1, 17.8 / 15.8 / 57.7 at 2,
+# 29.5 / 23.2 / 60.1 at 8, 50.3 / 31.1 / 60.6 at 16, 90.7 / 47.4 / 62.5 at 32, 171.9 / 79.3 / 66.5 at 64.
+WGMMA_AUTO_MIN_TOKENS = 2
+WGMMA_MIN_BLOCKS_PER_SPLIT = 2  # split_plan for the wgmma tile: T = 1 took 13.8 us with 32 splits, 15.7 with 16
+def wgmma_smem(stages: int = WGMMA_STAGES) -> int:
+    """SparseMlaSplitWgmmaTileT<stages>::kSmemBytes: Q, the ring, the exchange buffer (3 stages only), bias, slack."""
+    return 64 * 1152 + stages * 32 * 1152 + (16384 if stages < 4 else 0) + stages * 32 * 4 + 1024
+
+
+WGMMA_SMEM = wgmma_smem()  # 202112
+
+
+def wgmma_spec(stages: int = WGMMA_STAGES) -> KernelSpec:
+    """The cubin holding the wgmma tile of `stages` (the default build is SPEC)."""
+    if stages == WGMMA_STAGES:
+        return SPEC
+    return KernelSpec(f"glm5_sparse_mla_decode_w{stages}", source=SOURCE, functions=(FUNCTION_SPLIT_WGMMA, FUNCTION_COMBINE),
+                      defines={"GLM5_SPARSE_MLA_WGMMA_STAGES": stages})
+
+
+def wgmma_stages() -> int:
+    """GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES (3 / 4; default WGMMA_STAGES): the wgmma tile's ring build."""
+    raw = (env.text("GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES") or "").strip()
+    if not raw:
+        return WGMMA_STAGES
+    try:
+        v = int(raw)
+    except ValueError:
+        v = -1
+    if v not in WGMMA_STAGE_CHOICES:
+        raise _fail(f"GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES={raw!r}: one of {WGMMA_STAGE_CHOICES}")
+    return v
 BF16 = torch.bfloat16
 
 # Compile-time constants of csrc/attn_core/sparse_mla_decode.cuh (SparseMlaSplitTile / SparseMlaCombineTile).
@@ -144,13 +177,17 @@ def _fail(msg: str) -> SparseMlaInputError:
 
 # ---- validation (shared by the real and the fake implementations) --------------------------------
 
-def resolve_kernel(kernel: object, h: int) -> str:
-    """The split tile a call with H heads runs: "mma" or "wgmma" (KERNEL_CHOICES; None = DEFAULT_KERNEL)."""
+def resolve_kernel(kernel: object, h: int, t: int = WGMMA_AUTO_MIN_TOKENS, stages: object = None) -> str:
+    """The split tile a call with T tokens and H heads runs: "mma" or "wgmma" (KERNEL_CHOICES; None =
+    DEFAULT_KERNEL). "auto": wgmma where H % 64 == 0 and T >= WGMMA_AUTO_MIN_TOKENS, else mma; an explicit
+    `stages` (a build of the mma tile) makes "auto" mma."""
     k = DEFAULT_KERNEL if kernel is None else kernel
     if not isinstance(k, str) or k not in KERNEL_CHOICES:
         raise _fail(f"kernel must be None (default {DEFAULT_KERNEL!r}) or one of {KERNEL_CHOICES}, got {kernel!r}")
+    if k == "auto" and stages is not None:
+        return "mma"
     if k == "auto":
-        return "wgmma" if h % WGMMA_HEAD_BLOCK == 0 else "mma"
+        return "wgmma" if h % WGMMA_HEAD_BLOCK == 0 and t >= WGMMA_AUTO_MIN_TOKENS else "mma"
     if k == "wgmma" and h % WGMMA_HEAD_BLOCK:
         raise _fail(f"kernel='wgmma' needs H to be a multiple of {WGMMA_HEAD_BLOCK} (its head block), got H={h}")
     return k
@@ -206,7 +243,7 @@ def _check(q: object, kv: object, indices: object, sm_scale: object, d_v: object
         raise _fail(f"num_splits must be None (automatic) or an int in 1..{MAX_SPLITS}, got {num_splits!r}")
     if stages is not None and (isinstance(stages, bool) or not isinstance(stages, int) or stages not in STAGE_CHOICES):
         raise _fail(f"stages must be None (default {DEFAULT_STAGES}) or one of {STAGE_CHOICES}, got {stages!r}")
-    if resolve_kernel(kernel, h) == "wgmma" and stages is not None:
+    if resolve_kernel(kernel, h, t, stages) == "wgmma" and stages is not None:
         raise _fail(f"stages={stages!r} selects a build of the mma split kernel; the wgmma kernel has one build "
                     "(pass stages=None)")
     return t, h, k, s
@@ -230,7 +267,8 @@ def _check_pdl(pdl: object) -> None:
 
 # ---- split heuristic ---------------------------------------------------------------------------------
 
-def split_plan(t: int, h: int, k: int, num_sms: int, per_sm: int = 2, head_block: int = HEAD_BLOCK) -> SplitPlan:
+def split_plan(t: int, h: int, k: int, num_sms: int, per_sm: int = 2, head_block: int = HEAD_BLOCK,
+               min_blocks: int = MIN_BLOCKS_PER_SPLIT) -> SplitPlan:
     """Splits of the K index columns for T tokens, H heads on `num_sms` SMs: as many splits as fit in one wave
     of resident CTAs (T * H/16 * splits <= per_sm * num_sms; a partial second wave would double the time of
     its CTAs), but each split at least MIN_BLOCKS_PER_SPLIT 32-slot blocks (and at least one split), then
@@ -240,12 +278,13 @@ def split_plan(t: int, h: int, k: int, num_sms: int, per_sm: int = 2, head_block
     11.6 us with 16 splits of 4 blocks against 17.6 us with 64 splits of 1 (the combine's partials then
     outweigh the gathered rows; 4 splits: 29 us), while T = 2 / 4 / 8 were within 3 % of this rule's choice.
     On 132 SMs, H = 64, K = 2048, per_sm 2: T = 1 -> 16 splits x 4 blocks, T = 2 -> 16 x 4, T = 8 -> 8 x 8,
-    T = 16 -> 4 x 16, T = 64 -> 1 x 64. head_block: heads per CTA (WGMMA_HEAD_BLOCK with per_sm 1 for the wgmma
-    tile: T = 1 -> 16 x 4, T = 8 -> 16 x 4, T = 16 -> 8 x 8, T = 64 -> 2 x 32)."""
+    T = 16 -> 4 x 16, T = 64 -> 1 x 64. head_block: heads per CTA; min_blocks: the block minimum (the wgmma tile
+    passes WGMMA_HEAD_BLOCK, per_sm 1 and WGMMA_MIN_BLOCKS_PER_SPLIT: T = 1 -> 32 x 2, T = 8 -> 16 x 4,
+    T = 16 -> 8 x 8, T = 64 -> 2 x 32)."""
     blocks = max(1, -(-k // BLOCK))
     ctas_per_split = max(1, t * (h // head_block))
     want = max(1, max(1, per_sm) * max(1, num_sms) // ctas_per_split)  # floor: never a partial second wave
-    splits = max(1, min(-(-blocks // MIN_BLOCKS_PER_SPLIT), want, MAX_SPLITS))
+    splits = max(1, min(-(-blocks // max(1, min_blocks)), want, MAX_SPLITS))
     bps = -(-blocks // splits)
     return SplitPlan(-(-blocks // bps), bps)
 
@@ -309,9 +348,18 @@ def _kernel(idx: int, function: str, stages: int = DEFAULT_STAGES):
         k = get_kernel(spec_for(stages), function, device=torch.device("cuda", idx))
         if function == FUNCTION_SPLIT:
             k.set_max_dynamic_smem(split_smem(stages))  # the > 48 KB opt-in, once, outside any graph capture
-        elif function == FUNCTION_SPLIT_WGMMA:
-            k.set_max_dynamic_smem(WGMMA_SMEM)
         _kernels[(idx, function, stages)] = k
+    return k
+
+
+def _wgmma_kernel(idx: int, function: str, stages: int):
+    k = _kernels.get((idx, function, -stages))  # keyed apart from the mma builds
+    if k is None:
+        from ..jit.runtime import get_kernel
+        k = get_kernel(wgmma_spec(stages), function, device=torch.device("cuda", idx))
+        if function == FUNCTION_SPLIT_WGMMA:
+            k.set_max_dynamic_smem(wgmma_smem(stages))
+        _kernels[(idx, function, -stages)] = k
     return k
 
 
@@ -347,10 +395,10 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
     if t == 0:
         return
     k = indices.shape[1]
-    kern = resolve_kernel(kernel, h)
+    kern = resolve_kernel(kernel, h, t, stages)
     st = DEFAULT_STAGES if stages is None else stages
     if kern == "wgmma":
-        plan = split_plan(t, h, k, _num_sms(idx), 1, WGMMA_HEAD_BLOCK)
+        plan = split_plan(t, h, k, _num_sms(idx), 1, WGMMA_HEAD_BLOCK, WGMMA_MIN_BLOCKS_PER_SPLIT)
     else:
         plan = split_plan(t, h, k, _num_sms(idx), ctas_per_sm(st))
     ns = plan.num_splits if num_splits is None else num_splits
@@ -367,9 +415,13 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
                 o_part.is_contiguous() and lse_part.is_contiguous()):
             raise _fail(f"workspace must be contiguous fp32 {(t, ns, h, D_V)} and {(t, ns, h)}")
     if kern == "wgmma":
-        _kernel(idx, FUNCTION_SPLIT_WGMMA).launch((t, ns, h // WGMMA_HEAD_BLOCK), (WGMMA_THREADS, 1, 1),
-                                                  _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
-                                                  smem=WGMMA_SMEM, pdl=pdl)
+        ws_ = wgmma_stages()
+        _wgmma_kernel(idx, FUNCTION_SPLIT_WGMMA, ws_).launch((t, ns, h // WGMMA_HEAD_BLOCK), (WGMMA_THREADS, 1, 1),
+                                                             _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
+                                                             smem=wgmma_smem(ws_), pdl=pdl)
+        _wgmma_kernel(idx, FUNCTION_COMBINE, ws_).launch((t, h, COMBINE_PARTS), (COMBINE_THREADS, 1, 1),
+                                                         _combine_args(o_part, lse_part, o, lse, ns, h), pdl=pdl)
+        return
     else:
         _kernel(idx, FUNCTION_SPLIT, st).launch((t, ns, h // HEAD_BLOCK), (SPLIT_THREADS, 1, 1),
                                                 _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
@@ -389,19 +441,19 @@ def _reference(q, kv, indices, sm_scale: float, d_v: int) -> tuple[torch.Tensor,
 @torch.library.custom_op("glm5_fastpath::sparse_mla_decode", mutates_args=())
 def _sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = D_V,
                        pdl: bool = True, num_splits: Optional[int] = None,
-                       stages: Optional[int] = None, kernel: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits, stages, kernel)
+                       stages: Optional[int] = None, tile: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits, stages, tile)
     if q.device.type == "cpu":
         return _reference(q, kv, indices, sm_scale, d_v)
     o = torch.empty((t, h, d_v), dtype=BF16, device=q.device)
     lse = torch.empty((t, h), dtype=torch.float32, device=q.device)
-    _launch(q, kv, indices, sm_scale, o, lse, pdl, num_splits, stages=stages, kernel=kernel)
+    _launch(q, kv, indices, sm_scale, o, lse, pdl, num_splits, stages=stages, kernel=tile)
     return o, lse
 
 
 @_sparse_mla_decode.register_fake
-def _sparse_mla_decode_fake(q, kv, indices, sm_scale, d_v=D_V, pdl=True, num_splits=None, stages=None, kernel=None):
-    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits, stages, kernel)
+def _sparse_mla_decode_fake(q, kv, indices, sm_scale, d_v=D_V, pdl=True, num_splits=None, stages=None, tile=None):
+    t, h, _, _ = _check(q, kv, indices, sm_scale, d_v, num_splits, stages, tile)
     return q.new_empty((t, h, d_v), dtype=BF16), q.new_empty((t, h), dtype=torch.float32)
 
 
@@ -434,11 +486,12 @@ def precompile(device: object = None, stages: tuple[int, ...] = (DEFAULT_STAGES,
     for st in stages:
         _kernel(idx, FUNCTION_SPLIT, st)
         _kernel(idx, FUNCTION_COMBINE, st)
-    _kernel(idx, FUNCTION_SPLIT_WGMMA)  # same cubin as the default build
+    _wgmma_kernel(idx, FUNCTION_SPLIT_WGMMA, wgmma_stages())
+    _wgmma_kernel(idx, FUNCTION_COMBINE, wgmma_stages())
     _num_sms(idx)
 
 
 def compile_check_specs() -> list[KernelSpec]:
     """Every build scripts/compile_check.py checks: one per ring depth (T, H, K, the strides and num_splits are
     kernel arguments)."""
-    return [spec_for(st) for st in STAGE_CHOICES]
+    return [spec_for(st) for st in STAGE_CHOICES] + [wgmma_spec(st) for st in WGMMA_STAGE_CHOICES if st != WGMMA_STAGES]

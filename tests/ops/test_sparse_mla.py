@@ -668,7 +668,9 @@ def test_opcheck_cpu(seed):
 def test_registered_in_ops_package():
     assert ops.sparse_mla_decode is sparse_mla_decode and "sparse_mla_decode" in ops.__all__
     assert SM in ops._MODULES and SM.SPEC in ops.compile_check_specs()
-    assert SM.compile_check_specs() == [SM.SPEC, SM.spec_for(5)] and SM.SPEC.source == "attn_core/sparse_mla_decode.cu"
+    assert SM.compile_check_specs() == [SM.SPEC, SM.spec_for(5), SM.wgmma_spec(4)]
+    assert SM.SPEC.source == "attn_core/sparse_mla_decode.cu" and SM.wgmma_spec(3) is SM.SPEC
+    assert SM.wgmma_spec(4).defines == (("GLM5_SPARSE_MLA_WGMMA_STAGES", "4"),)
     assert SM.SPEC.functions == (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE, SM.FUNCTION_SPLIT_WGMMA)
     assert SM.SPEC.defines == ()
     assert SM.spec_for(2) is SM.SPEC  # the default build keeps its cache entry
@@ -760,10 +762,10 @@ def test_matches_float64_reference(t, h, k, seed, no_pdl_override):
     lse = poison_(torch.empty(t, h, device="cuda"))
     ns = SM.split_plan(t, h, k, torch.cuda.get_device_properties(0).multi_processor_count).num_splits
     ws = (poison_(torch.empty(t, ns, h, DV, device="cuda")), poison_(torch.empty(t, ns, h, device="cuda")))
-    SM._launch(q, kv, idx, SCALE, o, lse, True, None, workspace=ws)  # poisoned outputs and workspace
+    SM._launch(q, kv, idx, SCALE, o, lse, True, None, workspace=ws, kernel="mma")  # poisoned outputs and workspace
     torch.cuda.synchronize()
     _check_vs_float64(o, lse, q, kv, idx, f"{t=} {h=} {k=} splits={ns}")
-    fo, flse = sparse_mla_decode(q, kv, idx, SCALE, return_lse=True)  # the public path: same bits
+    fo, flse = sparse_mla_decode(q, kv, idx, SCALE, return_lse=True, kernel="mma")  # the public path: same bits
     torch.cuda.synchronize()
     assert_equal(OP, fo, o, context="functional vs _launch")
     assert torch.equal(flse, lse)
@@ -1104,7 +1106,8 @@ def test_gather_ring_source_matches_the_replay():
 
 def test_kernel_argument_is_validated():
     q, kv, idx = make_inputs(2, 64, 8, 50, 0)
-    assert SM.resolve_kernel(None, 64) == SM.DEFAULT_KERNEL
+    assert SM.DEFAULT_KERNEL == "auto" and SM.resolve_kernel(None, 64, 1) == "mma"
+    assert SM.resolve_kernel("auto", 64, 2) == "wgmma" and SM.resolve_kernel("auto", 64, 8, stages=2) == "mma"
     assert SM.resolve_kernel("auto", 64) == "wgmma" and SM.resolve_kernel("auto", 32) == "mma"
     assert SM.resolve_kernel("auto", 128) == "wgmma" and SM.resolve_kernel("mma", 64) == "mma"
     for bad in ("tma", 1, "WGMMA"):
@@ -1114,17 +1117,18 @@ def test_kernel_argument_is_validated():
         sparse_mla_decode(q[:, :32], kv, idx, SCALE, kernel="wgmma")
     with pytest.raises(SM.SparseMlaInputError, match="one build"):
         sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma", stages=2)
+    sparse_mla_decode(q, kv, idx, SCALE, stages=2)  # auto + an mma build: the mma tile
     # CPU: every kernel choice is the reference
     want = sparse_mla_flat(q, kv, idx, SCALE, DV)
     for k in ("mma", "wgmma", "auto"):
         assert_equal(OP, sparse_mla_decode(q, kv, idx, SCALE, kernel=k), want, context=k)
 
 
-@pytest.mark.parametrize("t, want", [(1, (16, 4)), (8, (16, 4)), (16, (8, 8)), (64, (2, 32)), (132, (1, 64)),
-                                     (200, (1, 64))])
+@pytest.mark.parametrize("t, want", [(1, (32, 2)), (2, (32, 2)), (8, (16, 4)), (16, (8, 8)), (64, (2, 32)),
+                                     (132, (1, 64)), (200, (1, 64))])
 def test_split_plan_for_the_wgmma_tile(t, want):
-    """One 64-head CTA per SM: the splits fill 132 SMs with whole waves, >= 4 blocks per split."""
-    assert tuple(SM.split_plan(t, 64, 2048, 132, 1, SM.WGMMA_HEAD_BLOCK)) == want
+    """One 64-head CTA per SM: the splits fill 132 SMs with whole waves, >= 2 blocks per split."""
+    assert tuple(SM.split_plan(t, 64, 2048, 132, 1, SM.WGMMA_HEAD_BLOCK, SM.WGMMA_MIN_BLOCKS_PER_SPLIT)) == want
 
 
 def test_wgmma_constants_match_the_kernel_header():
@@ -1135,8 +1139,11 @@ def test_wgmma_constants_match_the_kernel_header():
     for name, value in (("kHeads", SM.WGMMA_HEAD_BLOCK), ("kBlock", SM.BLOCK), ("kThreads", SM.WGMMA_THREADS),
                         ("kDv", SM.D_V), ("kDqk", SM.D_QK)):
         assert f"static constexpr int {name} = {value};" in body, name
-    assert f"using SparseMlaSplitWgmmaTile = SparseMlaSplitWgmmaTileT<{SM.WGMMA_STAGES}>;" in text
     q_bytes, stage, xchg = 64 * 1152, 32 * 1152, 2 * 4 * 128 * 16
+    assert f"#define GLM5_SPARSE_MLA_WGMMA_STAGES {SM.WGMMA_STAGES}" in text
+    assert "using SparseMlaSplitWgmmaTile = SparseMlaSplitWgmmaTileT<GLM5_SPARSE_MLA_WGMMA_STAGES>;" in text
+    assert "kXchgInStage = kStages >= 4;" in body
+    assert SM.wgmma_smem(4) == q_bytes + 4 * stage + 4 * 32 * 4 + 1024 <= 227 * 1024
     assert SM.WGMMA_SMEM == q_bytes + SM.WGMMA_STAGES * stage + xchg + SM.WGMMA_STAGES * 32 * 4 + 1024
     assert SM.WGMMA_SMEM <= 227 * 1024
 
@@ -1151,8 +1158,9 @@ def test_wgmma_descriptor_encoding():
     assert "sm90::smem_desc_mn128sw(vb, kKvChunkBytes, 1024)" in (csrc_dir() / "attn_core" / "sparse_mla_decode.cuh").read_text()
 
 
-def test_compile_wgmma_tile_without_spills(nvcc_jit):
-    ck = nvcc_jit(SM.SPEC)
+@pytest.mark.parametrize("stages", SM.WGMMA_STAGE_CHOICES)
+def test_compile_wgmma_tile_without_spills(nvcc_jit, stages):
+    ck = nvcc_jit(SM.wgmma_spec(stages))
     r = ck.resources()[SM.FUNCTION_SPLIT_WGMMA]
     assert r.spill_store_bytes == 0 and r.spill_load_bytes == 0 and r.stack_bytes == 0, r
     assert 0 < r.registers <= 255 and r.registers * SM.WGMMA_THREADS <= 65536, r
@@ -1160,15 +1168,48 @@ def test_compile_wgmma_tile_without_spills(nvcc_jit):
     assert "warning" not in ck.log.lower(), ck.log
 
 
+def test_wgmma_stages_env(monkeypatch):
+    monkeypatch.delenv("GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES", raising=False)
+    assert SM.wgmma_stages() == SM.WGMMA_STAGES
+    monkeypatch.setenv("GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES", "4")
+    assert SM.wgmma_stages() == 4
+    monkeypatch.setenv("GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES", "5")
+    with pytest.raises(SM.SparseMlaInputError, match="one of"):
+        SM.wgmma_stages()
+
+
+@pytest.fixture(params=SM.WGMMA_STAGE_CHOICES)
+def wgmma_ring(request, monkeypatch):
+    monkeypatch.setenv("GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES", str(request.param))
+    return request.param
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t, k", [(1, 2048), (3, 100), (8, 2048), (16, 2048), (31, 1), (64, 2048)])
+def test_wgmma_ring_builds_are_bitwise_equal(t, k, seed, monkeypatch):
+    """The 4-stage build moves the partial-S exchange into the ring: the same sums in the same order, so the
+    same bits as the 3-stage build, at the heuristic's splits and at 1 / 3 splits."""
+    q, kv, idx = _gpu_inputs(t, 64, k, seed + t + k)
+    for ns in (None, 1, 3):
+        outs = []
+        for st in SM.WGMMA_STAGE_CHOICES:
+            monkeypatch.setenv("GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES", str(st))
+            outs.append(sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma", num_splits=ns, return_lse=True))
+        torch.cuda.synchronize()
+        assert_equal(OP, outs[1][0], outs[0][0], context=f"wgmma 4 vs 3 stages {t=} {k=} splits={ns}")
+        assert torch.equal(outs[1][1], outs[0][1])
+        _check_vs_float64(outs[1][0], outs[1][1], q, kv, idx, f"wgmma 4 stages {t=} {k=} splits={ns}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [2048, 100, 1])
 @pytest.mark.parametrize("h", [64, 128])
 @pytest.mark.parametrize("t", [1, 2, 3, 8, 16, 31, 64])
-def test_wgmma_matches_float64_reference(t, h, k, seed, no_pdl_override):
+def test_wgmma_matches_float64_reference(t, h, k, seed, no_pdl_override, wgmma_ring):
     """The wgmma tile over poisoned outputs and workspace, at its own split plan and at explicit splits."""
     q, kv, idx = _gpu_inputs(t, h, k, seed + 31 * t + h + k + 5, q_std=0.7 if t % 2 else 3.0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for ns in sorted({SM.split_plan(t, h, k, sms, 1, SM.WGMMA_HEAD_BLOCK).num_splits, 1, 3}):
+    for ns in sorted({SM.split_plan(t, h, k, sms, 1, SM.WGMMA_HEAD_BLOCK, 2).num_splits, 1, 3}):
         o = poison_(torch.empty(t, h, DV, dtype=BF16, device="cuda"))
         lse = poison_(torch.empty(t, h, device="cuda"))
         ws = (poison_(torch.empty(t, ns, h, DV, device="cuda")), poison_(torch.empty(t, ns, h, device="cuda")))
@@ -1181,7 +1222,7 @@ def test_wgmma_matches_float64_reference(t, h, k, seed, no_pdl_override):
 
 
 @pytest.mark.gpu
-def test_wgmma_all_invalid_chunks_and_empty_rows(seed):
+def test_wgmma_all_invalid_chunks_and_empty_rows(seed, wgmma_ring):
     q, kv, _ = _gpu_inputs(4, 64, 2048, seed)
     idx = torch.stack([torch.randperm(10000)[:2048] for _ in range(4)]).to(torch.int32).cuda()
     idx[:, 32:-32] = -1
@@ -1223,7 +1264,7 @@ def test_wgmma_out_of_range_slots_and_strided_views(seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 16])
-def test_wgmma_deterministic_graph_replay(t, seed):
+def test_wgmma_deterministic_graph_replay(t, seed, wgmma_ring):
     q, kv, idx = _gpu_inputs(t, 64, 2048, seed)
     sq, sidx = q.clone(), idx.clone()
     SM.precompile()
@@ -1252,7 +1293,7 @@ def test_wgmma_deterministic_graph_replay(t, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("late", ["q", "kv", "indices"])
-def test_wgmma_waits_for_the_previous_kernel_under_pdl(late, seed, no_pdl_override):
+def test_wgmma_waits_for_the_previous_kernel_under_pdl(late, seed, no_pdl_override, wgmma_ring):
     from glm5_fastpath.testing.pdl import late_producer, produce
     producer = late_producer()
     q, kv, idx = _gpu_inputs(4, 64, 2048, seed, s=4096)

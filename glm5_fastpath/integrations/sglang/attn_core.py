@@ -13,8 +13,12 @@ returns o [T, H, 512]. The attention backend is built after the model loads (aft
 method is wrapped on the CLASS, once per process; `unpatch_sparse_mla()` restores it.
 
 ON by default since its GPU tests passed on an H200 and the engine run kept the greedy tokens (2026-11-29,
-session 5); GLM5_FASTPATH_SPARSE_MLA=sglang keeps FlashMLA everywhere. GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS
-(default 16) is the largest T it takes: on the H200, same run (benchmarks/results/2026-11-30_h200_session7/
+session 5); GLM5_FASTPATH_SPARSE_MLA=sglang keeps FlashMLA everywhere. Two split tiles (ops.sparse_mla):
+GLM5_FASTPATH_SPARSE_MLA_TILE=auto (default) runs the 64-head wgmma tile from 2 tokens and the 16-head mma tile at
+1 token (H200, 2026-12-01 session 25 c1, same run: mma / wgmma / FlashMLA 11.7 / 13.8 / 56.4 us at T = 1, 29.5 /
+23.2 / 60.1 at 8, 50.3 / 31.1 / 60.6 at 16, 90.7 / 47.4 / 62.5 at 32, 171.9 / 79.3 / 66.5 at 64); mma / wgmma pin
+one. GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS (default 32; 16 with TILE=mma) is the largest T it takes. The mma tile's
+numbers before the wgmma tile: on the H200, same run (benchmarks/results/2026-11-30_h200_session7/
 sparse_mla), ours took 11.8 / 29.5 / 41.6 / 50.2 / 87.8 us at T = 1 / 8 / 12 / 16 / 24 against FlashMLA's
 56.6 / 59.9 / 60.5 / 60.5 / 61.6 (its one-CTA-per-token kernel has enough CTAs from ~20 tokens on). GLM5_FASTPATH_SPARSE_MLA_SPLITS (a tuned table: "T:splits,..." or the JSON that `glm5-fastpath
 bench sparse-mla --splits ... --write-splits PATH` writes) overrides the op's split heuristic per T; a table
@@ -44,9 +48,11 @@ ENV = "GLM5_FASTPATH_SPARSE_MLA"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_SPARSE_MLA_MAX_TOKENS"
 ENV_SPLITS = "GLM5_FASTPATH_SPARSE_MLA_SPLITS"
 ENV_STAGES = "GLM5_FASTPATH_SPARSE_MLA_STAGES"
+ENV_TILE = "GLM5_FASTPATH_SPARSE_MLA_TILE"
 ENV_CHECK = "GLM5_FASTPATH_SPARSE_MLA_CHECK"  # N: compare the first N eager routed calls with FlashMLA (module doc)
 CHECK_TOL = 0.02  # rel L2 vs FlashMLA: both are ~0.002 from the float64 reference (bench sparse-mla, H200)
-DEFAULT_MAX_TOKENS = 16  # T = 24: 87.8 us against FlashMLA's 61.6 (module doc)
+DEFAULT_MAX_TOKENS = 32  # the wgmma tile: 47.4 us at T = 32 against FlashMLA's 62.5, 79.3 against 66.5 at 64 (module doc)
+DEFAULT_MAX_TOKENS_MMA = 16  # the mma tile alone: T = 24 took 87.8 us against FlashMLA's 61.6
 BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
 BACKEND_CLASS = "DeepseekSparseAttnBackend"
 METHOD = "_forward_flashmla_sparse"
@@ -102,11 +108,26 @@ def split_table(log: logging.Logger = logger) -> dict[int, int] | None:
         return None
 
 
-def max_tokens() -> int:
+def tile(log: logging.Logger = logger) -> str:
+    """GLM5_FASTPATH_SPARSE_MLA_TILE: the split tile (ops.sparse_mla.KERNEL_CHOICES: mma, wgmma, auto; default auto =
+    wgmma from 2 tokens where H % 64 == 0, mma otherwise). A bad value is logged and auto kept."""
+    from ...ops import sparse_mla as SM
+
+    raw = os.environ.get(ENV_TILE, "").strip().lower()
+    if not raw:
+        return "auto"
+    if raw in SM.KERNEL_CHOICES:
+        return raw
+    log.warning("glm5_fastpath: sparse MLA: %s=%r ignored (one of %s); auto", ENV_TILE, raw, SM.KERNEL_CHOICES)
+    return "auto"
+
+
+def max_tokens(tile_name: str = "auto") -> int:
+    default = DEFAULT_MAX_TOKENS_MMA if tile_name == "mma" else DEFAULT_MAX_TOKENS
     try:
-        return max(0, int(os.environ.get(ENV_MAX_TOKENS, DEFAULT_MAX_TOKENS)))
+        return max(0, int(os.environ.get(ENV_MAX_TOKENS, default)))
     except ValueError:
-        return DEFAULT_MAX_TOKENS
+        return default
 
 
 def why_not(q_all: Any, kv_cache: Any, v_head_dim: Any, page_table_1: Any, sm_scale: Any, extra: bool, limit: int,
@@ -136,7 +157,8 @@ class SparseMlaRoute:
         from ...ops import sparse_mla as SM
 
         self.metrics, self.log, self.devices = metrics, log, devices
-        self.limit = max_tokens() if limit is None else limit
+        self.tile = tile(log)
+        self.limit = max_tokens(self.tile) if limit is None else limit
         self.stages = stages(log) if build is None else build
         self.splits = split_table(log)
         if self.splits and self.stages != SM.DEFAULT_STAGES:
@@ -167,9 +189,14 @@ class SparseMlaRoute:
         try:
             from ...ops import sparse_mla as SM
 
-            out = SM.sparse_mla_decode(q_all, kv_cache, page_table_1, float(sm_scale), int(v_head_dim),
-                                       num_splits=SM.splits_for(self.splits, int(q_all.shape[0])),
-                                       stages=self.stages)
+            t = int(q_all.shape[0])
+            if SM.resolve_kernel(self.tile, int(q_all.shape[1]), t) == "wgmma":
+                out = SM.sparse_mla_decode(q_all, kv_cache, page_table_1, float(sm_scale), int(v_head_dim),
+                                           kernel="wgmma")
+            else:  # the mma tile: its ring build and the tuned split table apply
+                out = SM.sparse_mla_decode(q_all, kv_cache, page_table_1, float(sm_scale), int(v_head_dim),
+                                           num_splits=SM.splits_for(self.splits, t), stages=self.stages,
+                                           kernel="mma")
         except Exception as e:  # noqa: BLE001 - never take the server down: FlashMLA, loudly, once
             if ("stock", "error") not in self._once:
                 self.log.warning("glm5_fastpath: sparse MLA kernel raised %s: %s; FlashMLA for this call",

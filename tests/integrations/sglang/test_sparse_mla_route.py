@@ -26,27 +26,31 @@ class Backend:  # the shape of sglang's DeepseekSparseAttnBackend as far as the 
 def op(monkeypatch):
     calls = []
 
-    def sparse_mla_decode(q, kv, idx, scale, d_v, num_splits=None, stages=None):
+    def sparse_mla_decode(q, kv, idx, scale, d_v, num_splits=None, stages=None, kernel=None):
         calls.append((q, kv, idx, scale, d_v))
         splits.append(num_splits)
         used_stages.append(stages)
+        tiles.append(kernel)
         return torch.zeros(q.shape[0], q.shape[1], d_v, dtype=BF16)
 
     from glm5_fastpath.ops import sparse_mla as real  # its input checks and split tables are the real ones
 
     splits: list = []
     used_stages: list = []
+    tiles: list = []
     fake = types.SimpleNamespace(sparse_mla_decode=sparse_mla_decode, unsupported=real.unsupported,
                                  parse_split_table=real.parse_split_table, splits_for=real.splits_for,
                                  STAGE_CHOICES=real.STAGE_CHOICES, DEFAULT_STAGES=real.DEFAULT_STAGES,
                                  precompile=lambda device=None, stages=(2,): calls.append("pre"), splits=splits,
-                                 used_stages=used_stages)
+                                 used_stages=used_stages, tiles=tiles, resolve_kernel=real.resolve_kernel,
+                                 KERNEL_CHOICES=real.KERNEL_CHOICES)
     monkeypatch.setattr(ops_pkg, "sparse_mla", fake, raising=False)
     monkeypatch.delenv(AC.ENV, raising=False)  # on by default
     monkeypatch.delenv(AC.ENV_MAX_TOKENS, raising=False)
     monkeypatch.delenv(AC.ENV_SPLITS, raising=False)
     monkeypatch.delenv(AC.ENV_STAGES, raising=False)
     monkeypatch.delenv(AC.ENV_CHECK, raising=False)
+    monkeypatch.delenv(AC.ENV_TILE, raising=False)
     cls = type("Backend", (Backend,), {})  # a fresh class per test: the wrap is class-level
     return calls, cls
 
@@ -76,6 +80,7 @@ def test_tuned_split_table_from_env(op, monkeypatch, caplog):
     """GLM5_FASTPATH_SPARSE_MLA_SPLITS picks num_splits per T (largest entry <= T); T below every entry and an
     unparsable table leave the op's heuristic (None), the latter logged."""
     calls, cls = op
+    monkeypatch.setenv(AC.ENV_TILE, "mma")  # the table times the mma tile
     monkeypatch.setenv(AC.ENV_SPLITS, "2:16,8:32")
     install(cls)
     for t in (1, 2, 3, 8):
@@ -209,16 +214,16 @@ def test_stages_from_env(op, monkeypatch, caplog):
     logged and the default kept."""
     calls, cls = op
     install(cls)
-    cls()._forward_flashmla_sparse(*args(t=2))
+    cls()._forward_flashmla_sparse(*args(t=1))
     monkeypatch.setenv(AC.ENV_STAGES, "5")
     cls5 = type("Backend5", (Backend,), {})
     install(cls5)
-    cls5()._forward_flashmla_sparse(*args(t=2))
+    cls5()._forward_flashmla_sparse(*args(t=1))
     monkeypatch.setenv(AC.ENV_STAGES, "7")
     caplog.set_level(logging.INFO, "glm5_fastpath")
     cls7 = type("Backend7", (Backend,), {})
     install(cls7)
-    cls7()._forward_flashmla_sparse(*args(t=2))
+    cls7()._forward_flashmla_sparse(*args(t=1))
     assert ops_pkg.sparse_mla.used_stages == [2, 5, 2]
     assert "GLM5_FASTPATH_SPARSE_MLA_STAGES='7' ignored" in caplog.text
 
@@ -227,6 +232,7 @@ def test_tuned_split_table_is_ignored_for_the_deep_ring(op, monkeypatch, caplog)
     """A split table is tuned on the default build; with GLM5_FASTPATH_SPARSE_MLA_STAGES=5 (one CTA per SM)
     the op's own plan decides, and the bad pairing is logged once at install."""
     calls, cls = op
+    monkeypatch.setenv(AC.ENV_TILE, "mma")
     monkeypatch.setenv(AC.ENV_SPLITS, "1:16,8:8")
     monkeypatch.setenv(AC.ENV_STAGES, "5")
     caplog.set_level(logging.INFO, "glm5_fastpath")
@@ -271,3 +277,26 @@ def test_check_count_parsing(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, "glm5_fastpath"):
         assert AC.check_count() == 0
     assert "not a count" in caplog.text
+
+
+def test_tile_choice(op, monkeypatch, caplog):
+    """Default auto: the mma tile at 1 token (with its stages), the wgmma tile from 2 tokens at H % 64 == 0 (no stages
+    / split table), mma at H = 32; TILE=mma / wgmma pin one; a bad value is logged and auto kept. The token limit
+    follows the tile (32, or 16 with mma)."""
+    calls, cls = op
+    install(cls)
+    for t, h in ((1, 64), (2, 64), (32, 64), (4, 32)):
+        cls()._forward_flashmla_sparse(*args(t=t, h=h))
+    fake = ops_pkg.sparse_mla
+    assert fake.tiles == ["mma", "wgmma", "wgmma", "mma"] and fake.used_stages == [2, None, None, 2]
+    assert cls()._forward_flashmla_sparse(*args(t=33)) == ("flashmla", 33) and AC.max_tokens() == 32
+    monkeypatch.setenv(AC.ENV_TILE, "mma")
+    assert AC.tile() == "mma" and AC.max_tokens("mma") == 16
+    cls2 = type("Backend2", (Backend,), {})
+    install(cls2)
+    cls2()._forward_flashmla_sparse(*args(t=8))
+    assert fake.tiles[-1] == "mma"
+    assert cls2()._forward_flashmla_sparse(*args(t=17)) == ("flashmla", 17)
+    monkeypatch.setenv(AC.ENV_TILE, "tensor")
+    caplog.set_level(logging.INFO, "glm5_fastpath")
+    assert AC.tile() == "auto" and "GLM5_FASTPATH_SPARSE_MLA_TILE='tensor' ignored" in caplog.text
