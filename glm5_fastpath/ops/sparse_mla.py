@@ -101,7 +101,10 @@ WGMMA_STAGE_CHOICES = (3, 4)
 # same run) mma / wgmma / FlashMLA took 11.7 / 13.8 (32 splits) / 56.4 us at T = 1, 17.8 / 15.8 / 57.7 at 2,
 # 29.5 / 23.2 / 60.1 at 8, 50.3 / 31.1 / 60.6 at 16, 90.7 / 47.4 / 62.5 at 32, 171.9 / 79.3 / 66.5 at 64.
 WGMMA_AUTO_MIN_TOKENS = 2
-WGMMA_MIN_BLOCKS_PER_SPLIT = 2  # split_plan for the wgmma tile: T = 1 took 13.8 us with 32 splits, 15.7 with 16
+def wgmma_min_blocks(t: int) -> int:
+    """split_plan's block minimum for the wgmma tile (H200, session 25 c1 / c2): 2 at T <= 2 (T = 1: 13.8 us with 32
+    splits against 15.7 with 16), 4 from T = 4 (T = 4: 19.4 us with 16 splits against 23.0 with 32)."""
+    return 2 if t <= 2 else MIN_BLOCKS_PER_SPLIT
 def wgmma_smem(stages: int = WGMMA_STAGES) -> int:
     """SparseMlaSplitWgmmaTileT<stages>::kSmemBytes: Q, the ring, the exchange buffer (3 stages only), bias, slack."""
     return 64 * 1152 + stages * 32 * 1152 + (16384 if stages < 4 else 0) + stages * 32 * 4 + 1024
@@ -279,7 +282,7 @@ def split_plan(t: int, h: int, k: int, num_sms: int, per_sm: int = 2, head_block
     outweigh the gathered rows; 4 splits: 29 us), while T = 2 / 4 / 8 were within 3 % of this rule's choice.
     On 132 SMs, H = 64, K = 2048, per_sm 2: T = 1 -> 16 splits x 4 blocks, T = 2 -> 16 x 4, T = 8 -> 8 x 8,
     T = 16 -> 4 x 16, T = 64 -> 1 x 64. head_block: heads per CTA; min_blocks: the block minimum (the wgmma tile
-    passes WGMMA_HEAD_BLOCK, per_sm 1 and WGMMA_MIN_BLOCKS_PER_SPLIT: T = 1 -> 32 x 2, T = 8 -> 16 x 4,
+    passes WGMMA_HEAD_BLOCK, per_sm 1 and wgmma_min_blocks(t): T = 1 -> 32 x 2, T = 4 -> 16 x 4, T = 8 -> 16 x 4,
     T = 16 -> 8 x 8, T = 64 -> 2 x 32)."""
     blocks = max(1, -(-k // BLOCK))
     ctas_per_split = max(1, t * (h // head_block))
@@ -398,7 +401,7 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
     kern = resolve_kernel(kernel, h, t, stages)
     st = DEFAULT_STAGES if stages is None else stages
     if kern == "wgmma":
-        plan = split_plan(t, h, k, _num_sms(idx), 1, WGMMA_HEAD_BLOCK, WGMMA_MIN_BLOCKS_PER_SPLIT)
+        plan = split_plan(t, h, k, _num_sms(idx), 1, WGMMA_HEAD_BLOCK, wgmma_min_blocks(t))
     else:
         plan = split_plan(t, h, k, _num_sms(idx), ctas_per_sm(st))
     ns = plan.num_splits if num_splits is None else num_splits

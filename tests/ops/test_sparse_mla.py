@@ -1124,11 +1124,12 @@ def test_kernel_argument_is_validated():
         assert_equal(OP, sparse_mla_decode(q, kv, idx, SCALE, kernel=k), want, context=k)
 
 
-@pytest.mark.parametrize("t, want", [(1, (32, 2)), (2, (32, 2)), (8, (16, 4)), (16, (8, 8)), (64, (2, 32)),
-                                     (132, (1, 64)), (200, (1, 64))])
+@pytest.mark.parametrize("t, want", [(1, (32, 2)), (2, (32, 2)), (4, (16, 4)), (8, (16, 4)), (16, (8, 8)),
+                                     (64, (2, 32)), (132, (1, 64)), (200, (1, 64))])
 def test_split_plan_for_the_wgmma_tile(t, want):
-    """One 64-head CTA per SM: the splits fill 132 SMs with whole waves, >= 2 blocks per split."""
-    assert tuple(SM.split_plan(t, 64, 2048, 132, 1, SM.WGMMA_HEAD_BLOCK, SM.WGMMA_MIN_BLOCKS_PER_SPLIT)) == want
+    """One 64-head CTA per SM: the splits fill 132 SMs with whole waves, >= 2 blocks per split up to 2 tokens, >= 4
+    from 4."""
+    assert tuple(SM.split_plan(t, 64, 2048, 132, 1, SM.WGMMA_HEAD_BLOCK, SM.wgmma_min_blocks(t))) == want
 
 
 def test_wgmma_constants_match_the_kernel_header():
