@@ -1,0 +1,96 @@
+"""Where a sparse-MLA decode call's time goes: the split kernel alone, the combine kernel alone, and both (the op),
+per split tile and token count, on one GPU (H200). The combine's input is the split kernel's own workspace, so the
+two phases time exactly what the op runs.
+
+    python benchmarks/sparse_mla_phases.py --out DIR [--tokens 1,2,4,8,16,32,64] [--replays 30]
+
+Timing: bench.timing.time_launches (CUDA-graph replays, each launch on its own slot table of random slots over a
+KV cache far larger than L2). Writes DIR/sparse_mla_phases.json and .md. Why (session 25): the partial outputs
+are T x splits x H x 512 fp32 (~16.8 MB whenever the grid is ~128 CTAs of 64 heads), written by the split kernel
+and read back by the combine; this measures what that hand-off costs against the gather + attention work.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", default="1,2,4,8,16,32,64")
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--tables", type=int, default=8)
+    a = ap.parse_args()
+    import torch
+
+    from glm5_fastpath.bench.meta import git_commit, utc_now
+    from glm5_fastpath.bench.timing import time_launches
+    from glm5_fastpath.ops import sparse_mla as SM
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    idx_dev = dev.index
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    g = torch.Generator(device=dev).manual_seed(0)
+    S, H, K = 1 << 17, 64, 2048
+    kv = (torch.randn(S, 1, 576, device=dev, generator=g) * 0.5).to(torch.bfloat16)
+    scale = 1.0 / math.sqrt(256)
+    rows = []
+    for t in [int(x) for x in a.tokens.split(",")]:
+        q = (torch.randn(t, H, 576, device=dev, generator=g) * 0.5).to(torch.bfloat16)
+        tables = [torch.stack([torch.randperm(S, device=dev, generator=g)[:K] for _ in range(t)]).to(torch.int32)
+                  for _ in range(a.tables)]
+        for tile in ("mma", "wgmma"):
+            kern = SM.resolve_kernel(tile, H, t)
+            if kern == "wgmma":
+                plan = SM.split_plan(t, H, K, sms, 1, SM.WGMMA_HEAD_BLOCK, SM.wgmma_min_blocks(t))
+                split_k, hb, thr, smem = SM._wgmma_kernel(idx_dev, SM.FUNCTION_SPLIT_WGMMA, SM.WGMMA_STAGES), \
+                    SM.WGMMA_HEAD_BLOCK, SM.WGMMA_THREADS, SM.WGMMA_SMEM
+            else:
+                plan = SM.split_plan(t, H, K, sms, SM.ctas_per_sm(SM.DEFAULT_STAGES))
+                split_k, hb, thr, smem = SM._kernel(idx_dev, SM.FUNCTION_SPLIT), SM.HEAD_BLOCK, SM.SPLIT_THREADS, \
+                    SM.SPLIT_SMEM
+            comb_k = SM._kernel(idx_dev, SM.FUNCTION_COMBINE)
+            ns = plan.num_splits
+            o_part = torch.empty(t, ns, H, 512, device=dev)
+            lse_part = torch.empty(t, ns, H, device=dev)
+            o = torch.empty(t, H, 512, dtype=torch.bfloat16, device=dev)
+            lse = torch.empty(t, H, device=dev)
+
+            def split(i, q=q, o_part=o_part, lse_part=lse_part, ns=ns, split_k=split_k, hb=hb, thr=thr, smem=smem):
+                split_k.launch((t, ns, H // hb), (thr, 1, 1),
+                               SM._split_args(q, kv, tables[i % len(tables)], o_part, lse_part, ns, scale),
+                               smem=smem, pdl=True)
+
+            def combine(i, o_part=o_part, lse_part=lse_part, ns=ns):
+                comb_k.launch((t, H, SM.COMBINE_PARTS), (SM.COMBINE_THREADS, 1, 1),
+                              SM._combine_args(o_part, lse_part, o, lse, ns, H), pdl=True)
+
+            def both(i, q=q):
+                SM.sparse_mla_decode(q, kv, tables[i % len(tables)], scale, kernel=kern)
+
+            r = {"T": t, "tile": kern, "splits": ns, "blocks_per_split": plan.blocks_per_split,
+                 "partial_mb": o_part.numel() * 4 / 1e6}
+            for name, fn in (("op", both), ("split", split), ("combine", combine)):
+                r[f"{name}_us"] = time_launches(fn, len(tables), device=dev, replays=a.replays).median_us
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    res = {"gpu": torch.cuda.get_device_name(dev), "date": utc_now(), "commit": git_commit(), "rows": rows}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sparse_mla_phases.json").write_text(json.dumps(res, indent=1))
+    lines = [f"# Sparse-MLA decode phases ({res['gpu']}, {res['date']}, commit {res['commit']})", "",
+             "| T | tile | splits | blocks/split | partials MB | op us | split kernel us | combine kernel us |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['T']} | {r['tile']} | {r['splits']} | {r['blocks_per_split']} | {r['partial_mb']:.1f} | "
+                     f"{r['op_us']:.2f} | {r['split_us']:.2f} | {r['combine_us']:.2f} |")
+    (out / "sparse_mla_phases.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
