@@ -52,7 +52,8 @@ def main() -> int:
                 plan = SM.split_plan(t, H, K, sms, SM.ctas_per_sm(SM.DEFAULT_STAGES))
                 split_k, hb, thr, smem = SM._kernel(idx_dev, SM.FUNCTION_SPLIT), SM.HEAD_BLOCK, SM.SPLIT_THREADS, \
                     SM.SPLIT_SMEM
-            comb_k = SM._kernel(idx_dev, SM.FUNCTION_COMBINE)
+            get = (lambda f: SM._wgmma_kernel(idx_dev, f, SM.WGMMA_STAGES)) if kern == "wgmma" else \
+                (lambda f: SM._kernel(idx_dev, f))
             ns = plan.num_splits
             o_part = torch.empty(t, ns, H, 512, device=dev)
             lse_part = torch.empty(t, ns, H, device=dev)
@@ -64,16 +65,20 @@ def main() -> int:
                                SM._split_args(q, kv, tables[i % len(tables)], o_part, lse_part, ns, scale),
                                smem=smem, pdl=True)
 
-            def combine(i, o_part=o_part, lse_part=lse_part, ns=ns):
-                comb_k.launch((t, H, SM.COMBINE_PARTS), (SM.COMBINE_THREADS, 1, 1),
-                              SM._combine_args(o_part, lse_part, o, lse, ns, H), pdl=True)
+            def combine_cta(i, o_part=o_part, lse_part=lse_part, ns=ns, get=get):
+                SM._launch_combine(get, o_part, lse_part, o, lse, ns, t, H, True, combine="cta")
+
+            def combine_warp(i, o_part=o_part, lse_part=lse_part, ns=ns, get=get):
+                SM._launch_combine(get, o_part, lse_part, o, lse, ns, t, H, True, combine="warp")
 
             def both(i, q=q):
                 SM.sparse_mla_decode(q, kv, tables[i % len(tables)], scale, kernel=kern)
 
             r = {"T": t, "tile": kern, "splits": ns, "blocks_per_split": plan.blocks_per_split,
                  "partial_mb": o_part.numel() * 4 / 1e6}
-            for name, fn in (("op", both), ("split", split), ("combine", combine)):
+            split(0)  # the workspace both combines read
+            for name, fn in (("op", both), ("split", split), ("combine_cta", combine_cta),
+                             ("combine_warp", combine_warp)):
                 r[f"{name}_us"] = time_launches(fn, len(tables), device=dev, replays=a.replays).median_us
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -82,11 +87,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparse_mla_phases.json").write_text(json.dumps(res, indent=1))
     lines = [f"# Sparse-MLA decode phases ({res['gpu']}, {res['date']}, commit {res['commit']})", "",
-             "| T | tile | splits | blocks/split | partials MB | op us | split kernel us | combine kernel us |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             f"op = the op with COMBINE={SM.COMBINE!r}.", "",
+             "| T | tile | splits | blocks/split | partials MB | op us | split kernel us | combine (cta) us | combine (warp) us |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['T']} | {r['tile']} | {r['splits']} | {r['blocks_per_split']} | {r['partial_mb']:.1f} | "
-                     f"{r['op_us']:.2f} | {r['split_us']:.2f} | {r['combine_us']:.2f} |")
+                     f"{r['op_us']:.2f} | {r['split_us']:.2f} | {r['combine_cta_us']:.2f} | {r['combine_warp_us']:.2f} |")
     (out / "sparse_mla_phases.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

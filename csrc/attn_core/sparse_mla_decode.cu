@@ -71,3 +71,16 @@ glm5_sparse_mla_combine(const float* __restrict__ o_part,    // [T, num_splits, 
     glm5::ptx::griddep_wait();
     CombineTile::run(o_part, lse_part, o, lse, num_splits, num_heads, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
 }
+
+// Combine, one warp per (token, head, 128-column slice) (SparseMlaCombineWarpTile): same parameters as
+// glm5_sparse_mla_combine. Launch: grid (T, H * 4 / 8, 1), block (256, 1, 1); H a multiple of 2.
+using CombineWarpTile = glm5::attn_core::SparseMlaCombineWarpTile;
+
+extern "C" __global__ void __launch_bounds__(CombineWarpTile::kThreads)
+glm5_sparse_mla_combine_warp(const float* __restrict__ o_part, const float* lse_part, uint16_t* __restrict__ o,
+                             float* __restrict__ lse, int32_t num_splits, int32_t num_heads) {
+    glm5::ptx::griddep_launch_dependents();
+    glm5::ptx::griddep_wait();
+    CombineWarpTile::run(o_part, lse_part, o, lse, num_splits, num_heads, blockIdx.x,
+                         blockIdx.y * CombineWarpTile::kWarps + threadIdx.x / 32, threadIdx.x % 32);
+}

@@ -75,15 +75,17 @@ SOURCE = "attn_core/sparse_mla_decode.cu"
 FUNCTION_SPLIT = "glm5_sparse_mla_split"
 FUNCTION_COMBINE = "glm5_sparse_mla_combine"
 FUNCTION_SPLIT_WGMMA = "glm5_sparse_mla_split_wgmma"
+FUNCTION_COMBINE_WARP = "glm5_sparse_mla_combine_warp"
 SPEC = KernelSpec("glm5_sparse_mla_decode", source=SOURCE,
-                  functions=(FUNCTION_SPLIT, FUNCTION_COMBINE, FUNCTION_SPLIT_WGMMA))
+                  functions=(FUNCTION_SPLIT, FUNCTION_COMBINE, FUNCTION_SPLIT_WGMMA, FUNCTION_COMBINE_WARP))
 
 
 def spec_for(stages: int) -> KernelSpec:
     """The cubin of one ring depth: the default build is SPEC (its cache entry unchanged), others add the define."""
     if stages == 2:
         return SPEC
-    return KernelSpec(f"glm5_sparse_mla_decode_s{stages}", source=SOURCE, functions=(FUNCTION_SPLIT, FUNCTION_COMBINE),
+    return KernelSpec(f"glm5_sparse_mla_decode_s{stages}", source=SOURCE,
+                      functions=(FUNCTION_SPLIT, FUNCTION_COMBINE, FUNCTION_COMBINE_WARP),
                       defines={"GLM5_SPARSE_MLA_STAGES": stages})
 
 
@@ -117,7 +119,8 @@ def wgmma_spec(stages: int = WGMMA_STAGES) -> KernelSpec:
     """The cubin holding the wgmma tile of `stages` (the default build is SPEC)."""
     if stages == WGMMA_STAGES:
         return SPEC
-    return KernelSpec(f"glm5_sparse_mla_decode_w{stages}", source=SOURCE, functions=(FUNCTION_SPLIT_WGMMA, FUNCTION_COMBINE),
+    return KernelSpec(f"glm5_sparse_mla_decode_w{stages}", source=SOURCE,
+                      functions=(FUNCTION_SPLIT_WGMMA, FUNCTION_COMBINE, FUNCTION_COMBINE_WARP),
                       defines={"GLM5_SPARSE_MLA_WGMMA_STAGES": stages})
 
 
@@ -162,6 +165,14 @@ def ctas_per_sm(stages: int) -> int:
 SPLIT_SMEM = split_smem(DEFAULT_STAGES)  # 93696
 COMBINE_THREADS = 256
 COMBINE_PARTS = 2        # d_v halves per (token, head): gridDim.z
+# The combine kernel both split tiles hand their partials to: "warp" = SparseMlaCombineWarpTile (one warp per
+# (token, head, 128 columns), grid (T, H / 2)), "cta" = SparseMlaCombineTile (one CTA per (token, head, half),
+# grid (T, H, 2)). H200, session 25 c6: the cta combine took 3.4 / 6.6 / 7.4 / 10.2 / 14.9 us at T = 1 / 8 / 16 / 32 /
+# 64 (wgmma tile's partials); "warp" is the default since c7 (see benchmarks/results/2026-12-01_h200_session25).
+COMBINE_CHOICES = ("warp", "cta")
+COMBINE = "warp"
+COMBINE_WARP_THREADS = 256
+COMBINE_WARP_UNITS_PER_CTA = 8   # warps per CTA, each one (head, 128-column slice); 4 slices per head
 VEC = 8                  # bf16 per 16-byte copy
 
 
@@ -422,15 +433,24 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
         _wgmma_kernel(idx, FUNCTION_SPLIT_WGMMA, ws_).launch((t, ns, h // WGMMA_HEAD_BLOCK), (WGMMA_THREADS, 1, 1),
                                                              _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
                                                              smem=wgmma_smem(ws_), pdl=pdl)
-        _wgmma_kernel(idx, FUNCTION_COMBINE, ws_).launch((t, h, COMBINE_PARTS), (COMBINE_THREADS, 1, 1),
-                                                         _combine_args(o_part, lse_part, o, lse, ns, h), pdl=pdl)
+        _launch_combine(lambda f: _wgmma_kernel(idx, f, ws_), o_part, lse_part, o, lse, ns, t, h, pdl)
         return
     else:
         _kernel(idx, FUNCTION_SPLIT, st).launch((t, ns, h // HEAD_BLOCK), (SPLIT_THREADS, 1, 1),
                                                 _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
                                                 smem=split_smem(st), pdl=pdl)
-    _kernel(idx, FUNCTION_COMBINE, st).launch((t, h, COMBINE_PARTS), (COMBINE_THREADS, 1, 1),
+    _launch_combine(lambda f: _kernel(idx, f, st), o_part, lse_part, o, lse, ns, t, h, pdl)
+
+
+def _launch_combine(get, o_part, lse_part, o, lse, ns: int, t: int, h: int, pdl: bool, combine: str | None = None) -> None:
+    """The combine kernel of COMBINE (or `combine`) from the cubin `get(function)` returns."""
+    which = COMBINE if combine is None else combine
+    if which == "warp":
+        get(FUNCTION_COMBINE_WARP).launch((t, h * 4 // COMBINE_WARP_UNITS_PER_CTA, 1), (COMBINE_WARP_THREADS, 1, 1),
                                           _combine_args(o_part, lse_part, o, lse, ns, h), pdl=pdl)
+    else:
+        get(FUNCTION_COMBINE).launch((t, h, COMBINE_PARTS), (COMBINE_THREADS, 1, 1),
+                                     _combine_args(o_part, lse_part, o, lse, ns, h), pdl=pdl)
 
 
 def _reference(q, kv, indices, sm_scale: float, d_v: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -489,8 +509,10 @@ def precompile(device: object = None, stages: tuple[int, ...] = (DEFAULT_STAGES,
     for st in stages:
         _kernel(idx, FUNCTION_SPLIT, st)
         _kernel(idx, FUNCTION_COMBINE, st)
+        _kernel(idx, FUNCTION_COMBINE_WARP, st)
     _wgmma_kernel(idx, FUNCTION_SPLIT_WGMMA, wgmma_stages())
     _wgmma_kernel(idx, FUNCTION_COMBINE, wgmma_stages())
+    _wgmma_kernel(idx, FUNCTION_COMBINE_WARP, wgmma_stages())
     _num_sms(idx)
 
 

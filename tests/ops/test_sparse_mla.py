@@ -519,6 +519,21 @@ def test_combine_mapping_covers_every_column_and_split_once():
         assert bool((seen == 1).all())
 
 
+def test_warp_combine_mapping_covers_every_head_and_column_once():
+    """Mirror of glm5_sparse_mla_combine_warp's launch: CTA y, warp w -> unit 8 y + w = (head, slice); lane -> columns
+    128 slice + 4 lane + 0..3: every (head, column) of a token exactly once, for H = 16 / 64 / 128."""
+    for h in (16, 64, 128):
+        seen = torch.zeros(h, SM.D_V, dtype=torch.int32)
+        for y in range(h * 4 // SM.COMBINE_WARP_UNITS_PER_CTA):
+            for w in range(SM.COMBINE_WARP_THREADS // 32):
+                unit = y * SM.COMBINE_WARP_UNITS_PER_CTA + w
+                head, sl = unit // 4, unit % 4
+                for lane in range(32):
+                    seen[head, 128 * sl + 4 * lane: 128 * sl + 4 * lane + 4] += 1
+        assert bool((seen == 1).all())
+    assert SM.COMBINE == "warp" and SM.COMBINE in SM.COMBINE_CHOICES
+
+
 # ---- CPU: the split heuristic ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("t, want", [(1, (16, 4)), (2, (16, 4)), (4, (16, 4)), (8, (8, 8)), (16, (4, 16)),
@@ -671,12 +686,14 @@ def test_registered_in_ops_package():
     assert SM.compile_check_specs() == [SM.SPEC, SM.spec_for(5), SM.wgmma_spec(4)]
     assert SM.SPEC.source == "attn_core/sparse_mla_decode.cu" and SM.wgmma_spec(3) is SM.SPEC
     assert SM.wgmma_spec(4).defines == (("GLM5_SPARSE_MLA_WGMMA_STAGES", "4"),)
-    assert SM.SPEC.functions == (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE, SM.FUNCTION_SPLIT_WGMMA)
+    assert SM.SPEC.functions == (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE, SM.FUNCTION_SPLIT_WGMMA,
+                                 SM.FUNCTION_COMBINE_WARP)
     assert SM.SPEC.defines == ()
     assert SM.spec_for(2) is SM.SPEC  # the default build keeps its cache entry
     s5 = SM.spec_for(5)
     assert s5.name == "glm5_sparse_mla_decode_s5" and s5.defines == (("GLM5_SPARSE_MLA_STAGES", "5"),)
-    assert s5.functions == (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE) and s5.source == SM.SPEC.source
+    assert s5.functions == (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE, SM.FUNCTION_COMBINE_WARP)
+    assert s5.source == SM.SPEC.source
     assert SM.SPLIT_SMEM == SM.split_smem(2) == 93696 and SM.ctas_per_sm(2) == 2  # 2 CTAs per SM
     assert SM.split_smem(5) == 5 * 37376 + 18688 + 5 * 128 <= 227 * 1024 and SM.ctas_per_sm(5) == 1
 
@@ -1312,3 +1329,24 @@ def test_wgmma_waits_for_the_previous_kernel_under_pdl(late, seed, no_pdl_overri
         got = sparse_mla_decode(args["q"], args["kv"], args["indices"], SCALE, pdl=True, kernel="wgmma")
         torch.cuda.synchronize()
         assert_equal(OP, got, want, context=f"wgmma, PDL after a late producer of {late}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["mma", "wgmma"])
+@pytest.mark.parametrize("t, k, splits", [(1, 2048, None), (3, 100, 2), (8, 2048, None), (16, 2048, 64), (64, 2048, None),
+                                          (5, 1, 7)])
+def test_warp_combine_matches_the_cta_combine_and_float64(tile, t, k, splits, seed, monkeypatch):
+    """Both combine kernels over the same split kernel: each within the float64 tolerance, over poisoned outputs, and
+    within fp32 reordering (then bf16 rounding) of each other."""
+    q, kv, idx = _gpu_inputs(t, 64, k, seed + t + k)
+    outs = {}
+    for comb in SM.COMBINE_CHOICES:
+        monkeypatch.setattr(SM, "COMBINE", comb)
+        o = poison_(torch.empty(t, 64, DV, dtype=BF16, device="cuda"))
+        lse = poison_(torch.empty(t, 64, device="cuda"))
+        SM._launch(q, kv, idx, SCALE, o, lse, True, splits, kernel=tile)
+        torch.cuda.synchronize()
+        _check_vs_float64(o, lse, q, kv, idx, f"combine={comb} {tile=} {t=} {k=} {splits=}")
+        outs[comb] = (o, lse)
+    assert_close(OP, outs["warp"][0], outs["cta"][0], tol=2e-3, context=f"warp vs cta combine {tile=} {t=}")
+    assert torch.allclose(outs["warp"][1], outs["cta"][1], rtol=1e-5, atol=1e-5, equal_nan=True)
