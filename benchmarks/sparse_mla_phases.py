@@ -60,10 +60,12 @@ def main() -> int:
             o = torch.empty(t, H, 512, dtype=torch.bfloat16, device=dev)
             lse = torch.empty(t, H, device=dev)
 
-            def split(i, q=q, o_part=o_part, lse_part=lse_part, ns=ns, split_k=split_k, hb=hb, thr=thr, smem=smem):
-                split_k.launch((t, ns, H // hb), (thr, 1, 1),
-                               SM._split_args(q, kv, tables[i % len(tables)], o_part, lse_part, ns, scale),
-                               smem=smem, pdl=True)
+            def split(i, q=q, o_part=o_part, lse_part=lse_part, ns=ns, split_k=split_k, hb=hb, thr=thr, smem=smem,
+                      kern=kern):
+                args = SM._split_args(q, kv, tables[i % len(tables)], o_part, lse_part, ns, scale)
+                if kern == "wgmma":  # cluster 1: the partial round trip, the phase the combine reads
+                    args = SM._split_args_wgmma(q, kv, tables[i % len(tables)], o_part, lse_part, ns, scale, o, lse, 1)
+                split_k.launch((t, ns, H // hb), (thr, 1, 1), args, smem=smem, pdl=True)
 
             def combine_cta(i, o_part=o_part, lse_part=lse_part, ns=ns, get=get):
                 SM._launch_combine(get, o_part, lse_part, o, lse, ns, t, H, True, combine="cta")
@@ -74,11 +76,15 @@ def main() -> int:
             def both(i, q=q):
                 SM.sparse_mla_decode(q, kv, tables[i % len(tables)], scale, kernel=kern)
 
+            def both_nocluster(i, q=q):
+                SM._launch(q, kv, tables[i % len(tables)], scale, o, lse, True, None, kernel=kern, cluster="off")
+
             r = {"T": t, "tile": kern, "splits": ns, "blocks_per_split": plan.blocks_per_split,
                  "partial_mb": o_part.numel() * 4 / 1e6}
             split(0)  # the workspace both combines read
-            for name, fn in (("op", both), ("split", split), ("combine_cta", combine_cta),
-                             ("combine_warp", combine_warp)):
+            r["cluster"] = SM.wgmma_cluster(ns) if kern == "wgmma" else 1
+            for name, fn in (("op", both), ("op_nocluster", both_nocluster), ("split", split),
+                             ("combine_cta", combine_cta), ("combine_warp", combine_warp)):
                 r[f"{name}_us"] = time_launches(fn, len(tables), device=dev, replays=a.replays).median_us
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -87,12 +93,15 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparse_mla_phases.json").write_text(json.dumps(res, indent=1))
     lines = [f"# Sparse-MLA decode phases ({res['gpu']}, {res['date']}, commit {res['commit']})", "",
-             f"op = the op with COMBINE={SM.COMBINE!r}.", "",
-             "| T | tile | splits | blocks/split | partials MB | op us | split kernel us | combine (cta) us | combine (warp) us |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"op = the op (COMBINE={SM.COMBINE!r}, WGMMA_CLUSTER={SM.WGMMA_CLUSTER!r}: cluster = CTAs merged in a "
+             "cluster); op, no cluster = the partial round trip + combine; split / combine = the kernels alone.", "",
+             "| T | tile | splits | blocks/split | cluster | partials MB | op us | op, no cluster us | split kernel us | "
+             "combine (cta) us | combine (warp) us |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['T']} | {r['tile']} | {r['splits']} | {r['blocks_per_split']} | {r['partial_mb']:.1f} | "
-                     f"{r['op_us']:.2f} | {r['split_us']:.2f} | {r['combine_cta_us']:.2f} | {r['combine_warp_us']:.2f} |")
+        lines.append(f"| {r['T']} | {r['tile']} | {r['splits']} | {r['blocks_per_split']} | {r['cluster']} | "
+                     f"{r['partial_mb']:.1f} | {r['op_us']:.2f} | {r['op_nocluster_us']:.2f} | {r['split_us']:.2f} | "
+                     f"{r['combine_cta_us']:.2f} | {r['combine_warp_us']:.2f} |")
     (out / "sparse_mla_phases.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -41,9 +41,10 @@ glm5_sparse_mla_split(const uint16_t* __restrict__ q,      // [T, H, 576] bf16
     SplitTile::run(smem, p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
 }
 
-// The 64-head wgmma split tile (SparseMlaSplitWgmmaTile, sm_90a): same parameters and partial-output contract
-// as glm5_sparse_mla_split. Launch: grid (T, num_splits, H / 64), block (256, 1, 1), dynamic shared memory
-// SplitWgmmaTile::kSmemBytes (> 48 KB opt-in), 1 CTA per SM.
+// The 64-head wgmma split tile (SparseMlaSplitWgmmaTile, sm_90a): the parameters of glm5_sparse_mla_split + o / lse /
+// cluster. Launch: grid (T, num_splits, H / 64), block (256, 1, 1), dynamic shared memory SplitWgmmaTile::kSmemBytes
+// (> 48 KB opt-in), 1 CTA per SM; cluster = 1: partials as glm5_sparse_mla_split; cluster = C > 1 (C | num_splits,
+// launched with cluster dims (1, C, 1)): the splits merged per cluster (the tile's cluster_epilogue).
 using SplitWgmmaTile = glm5::attn_core::SparseMlaSplitWgmmaTile;
 
 extern "C" __global__ void __launch_bounds__(SplitWgmmaTile::kThreads, 1)
@@ -51,11 +52,15 @@ glm5_sparse_mla_split_wgmma(const uint16_t* __restrict__ q, const uint16_t* __re
                             const int32_t* __restrict__ indices, float* __restrict__ o_part,
                             float* __restrict__ lse_part, int64_t q_stride_t, int64_t q_stride_h, int64_t kv_stride,
                             int64_t idx_stride, int64_t num_slots, int32_t topk, int32_t num_splits, int32_t num_heads,
-                            float scale_log2) {
+                            float scale_log2,
+                            uint16_t* __restrict__ o,   // [T, H, 512] bf16: the final rows when cluster == num_splits
+                            float* __restrict__ lse,    // [T, H] fp32 or null, idem
+                            int32_t cluster) {          // CTAs per cluster along the splits (launch attribute); 1 = none
     glm5::ptx::griddep_launch_dependents();
     extern __shared__ __align__(1024) uint8_t smem_w[];
     const glm5::attn_core::SparseMlaParams p{q, kv, indices, o_part, lse_part, q_stride_t, q_stride_h, kv_stride,
-                                             idx_stride, num_slots, topk, num_splits, num_heads, scale_log2};
+                                             idx_stride, num_slots, topk, num_splits, num_heads, scale_log2, o, lse,
+                                             cluster};
     glm5::ptx::griddep_wait();
     SplitWgmmaTile::run(smem_w, p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
 }

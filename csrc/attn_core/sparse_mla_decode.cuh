@@ -60,6 +60,7 @@
 #pragma once
 
 #include "../common/arch.cuh"
+#include "../common/cluster.cuh"
 #include "../common/convert.cuh"
 #include "../common/mma_bf16_sm80.cuh"
 #include "../common/ptx_cp_async.cuh"
@@ -98,6 +99,12 @@ struct SparseMlaParams {
     int32_t num_splits;
     int32_t num_heads;        // H
     float scale_log2;         // sm_scale * log2(e)
+    // wgmma tile only (SparseMlaSplitWgmmaTileT::cluster_epilogue): the splits of a token are merged in clusters of
+    // `cluster` CTAs through distributed shared memory; when one cluster holds all of them the merged rows are the
+    // final o / lse, else cluster s / cluster writes partial s / cluster of num_splits / cluster.
+    uint16_t* o = nullptr;    // [T, H, kDv] bf16
+    float* lse_out = nullptr; // [T, H] fp32 or null
+    int32_t cluster = 1;
 };
 
 template <int kStages_>
@@ -613,6 +620,10 @@ struct SparseMlaSplitWgmmaTileT {
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
         }
+        if (p.cluster > 1) {
+            cluster_epilogue(smem, p, o, m, l, t, split, h0, tid);
+            return;
+        }
         const float inv0 = l[0] > 0.0f ? 1.0f / l[0] : 0.0f;
         const float inv1 = l[1] > 0.0f ? 1.0f / l[1] : 0.0f;
         const int hrow = warp4 * 16 + g;
@@ -629,6 +640,113 @@ struct SparseMlaSplitWgmmaTileT {
             p.lse_part[row0] = l[0] > 0.0f ? (m[0] + log2f(l[0])) * kLn2 : -INFINITY;
             p.lse_part[row0 + 8] = l[1] > 0.0f ? (m[1] + log2f(l[1])) * kLn2 : -INFINITY;
         }
+    }
+
+    // ---- cluster merge (p.cluster = C > 1 CTAs of consecutive splits per cluster) ----
+    // 1. every CTA publishes its rows' running max m and sum l (log2 domain) in shared memory; cluster barrier;
+    // 2. every thread computes, for its two rows, M = max_c m_c and L = sum_c l_c 2^(m_c - M) over ranks c = 0..C-1
+    //    in order (the same bits in every CTA), scales its O by 2^(m - M) / L and stores it in shared memory
+    //    ([64 rows][kObufStride] fp32 over the free Q / ring area); cluster barrier;
+    // 3. rank r sums rows [r 64 / C, (r + 1) 64 / C) over the C CTAs' buffers (DSMEM, ranks in order) and writes
+    //    them: the final bf16 o and lse when the cluster holds every split of the token, else the cluster's
+    //    normalised partial (O / L, lse = (M + log2 L) ln 2) at partial index split / C of num_splits / C;
+    //    a last cluster barrier keeps every buffer alive until its readers are done.
+    // Replaces the fp32 partial round trip through global memory (T x splits x 64 x 2 KB) for the splits inside a
+    // cluster. An all-empty cluster (M = -inf) gives zeros and lse = -inf, like the combine.
+    static constexpr int kObufStride = kDv + 8;  // fp32 per buffered row: +8 floats, so a half-warp's float2 rows hit distinct banks
+    static constexpr int kOffMl = kHeads * kObufStride * 4;  // [64][2] (m, l) after the buffer
+    static_assert(kOffMl + kHeads * 2 * 4 <= kOffBias, "the O buffer and (m, l) fit in the Q / ring / exchange area");
+
+    static GLM5_DEVICE void cluster_epilogue(uint8_t* smem, const SparseMlaParams& p, const float (&o)[kORegs],
+                                             const float (&m)[2], const float (&l)[2], int t, int split, int h0, int tid) {
+        const int wg = tid / kWgThreads, wtid = tid % kWgThreads;
+        const int lane = tid % 32, warp4 = wtid / 32, g = lane / 4, tq = lane % 4;
+        const int hrow = warp4 * 16 + g;
+        const int C = p.cluster;
+        const uint32_t rank = ptx::cluster_ctarank();
+        float* obuf = reinterpret_cast<float*>(smem);
+        float* ml = reinterpret_cast<float*>(smem + kOffMl);
+        const uint32_t obuf_s = ptx::smem_addr(obuf), ml_s = ptx::smem_addr(ml);
+
+        ptx::cp_async_wait_all();
+        __syncthreads();  // both warpgroups are done with Q / the ring / the exchange buffer
+        if (wg == 0 && tq == 0) {
+            ml[2 * hrow] = m[0];
+            ml[2 * hrow + 1] = l[0];
+            ml[2 * (hrow + 8)] = m[1];
+            ml[2 * (hrow + 8) + 1] = l[1];
+        }
+        ptx::cluster_sync();  // (1)
+
+        float f[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = hrow + 8 * r;
+            float mx = -INFINITY;
+            for (int c = 0; c < C; ++c)
+                mx = fmaxf(mx, __uint_as_float(ptx::ld_shared_cluster_u32(ptx::mapa_shared(ml_s + 8 * row, c))));
+            float sum = 0.0f;
+            if (mx != -INFINITY) {
+                for (int c = 0; c < C; ++c) {
+                    uint32_t mc, lc;
+                    ptx::ld_shared_cluster_v2_u32(ptx::mapa_shared(ml_s + 8 * row, c), mc, lc);
+                    sum += __uint_as_float(lc) * ex2(__uint_as_float(mc) - mx);
+                }
+            }
+            f[r] = (mx == -INFINITY || !(sum > 0.0f)) ? 0.0f : ex2(m[r] - mx) / sum;
+        }
+        {
+            float* row0 = obuf + hrow * kObufStride + wg * kDvPerWg + 2 * tq;
+            float* row1 = row0 + 8 * kObufStride;
+#pragma unroll
+            for (int j = 0; j < kORegs / 4; ++j) {
+                *reinterpret_cast<float2*>(row0 + 8 * j) = make_float2(o[4 * j + 0] * f[0], o[4 * j + 1] * f[0]);
+                *reinterpret_cast<float2*>(row1 + 8 * j) = make_float2(o[4 * j + 2] * f[1], o[4 * j + 3] * f[1]);
+            }
+        }
+        ptx::cluster_sync();  // (2)
+
+        const int R = kHeads / C;                    // rows this rank merges
+        const bool final_out = C == p.num_splits;    // one cluster holds every split of the token
+        const int ns2 = p.num_splits / C, part = split / C;
+        for (int idx = tid; idx < R * (kDv / 4); idx += kThreads) {
+            const int row = static_cast<int>(rank) * R + idx / (kDv / 4), c4 = idx % (kDv / 4);
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const uint32_t a = obuf_s + (row * kObufStride + 4 * c4) * 4;
+            for (int c = 0; c < C; ++c) {
+                const float4 v = ptx::ld_shared_cluster_f32x4(ptx::mapa_shared(a, c));
+                acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+            }
+            if (final_out) {
+                ptx::st_global_v2(p.o + ((static_cast<int64_t>(t) * p.num_heads + h0 + row) * kDv + 4 * c4),
+                                  ptx::f32x2_to_bf16x2_rn(acc.x, acc.y), ptx::f32x2_to_bf16x2_rn(acc.z, acc.w));
+            } else {
+                float* dst = p.o_part + ((static_cast<int64_t>(t) * ns2 + part) * p.num_heads + h0 + row) * kDv + 4 * c4;
+                *reinterpret_cast<float4*>(dst) = acc;
+            }
+        }
+        if (tid < R) {
+            const int row = static_cast<int>(rank) * R + tid;
+            float mx = -INFINITY;
+            for (int c = 0; c < C; ++c)
+                mx = fmaxf(mx, __uint_as_float(ptx::ld_shared_cluster_u32(ptx::mapa_shared(ml_s + 8 * row, c))));
+            float sum = 0.0f;
+            if (mx != -INFINITY) {
+                for (int c = 0; c < C; ++c) {
+                    uint32_t mc, lc;
+                    ptx::ld_shared_cluster_v2_u32(ptx::mapa_shared(ml_s + 8 * row, c), mc, lc);
+                    sum += __uint_as_float(lc) * ex2(__uint_as_float(mc) - mx);
+                }
+            }
+            constexpr float kLn2 = 0.693147180559945309f;
+            const float lse = (mx != -INFINITY && sum > 0.0f) ? (mx + log2f(sum)) * kLn2 : -INFINITY;
+            if (final_out) {
+                if (p.lse_out != nullptr) p.lse_out[static_cast<int64_t>(t) * p.num_heads + h0 + row] = lse;
+            } else {
+                p.lse_part[(static_cast<int64_t>(t) * ns2 + part) * p.num_heads + h0 + row] = lse;
+            }
+        }
+        ptx::cluster_sync();  // (3) peers may still read this CTA's buffer
     }
 };
 

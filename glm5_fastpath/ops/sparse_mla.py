@@ -170,6 +170,23 @@ COMBINE_PARTS = 2        # d_v halves per (token, head): gridDim.z
 # grid (T, H, 2)). H200, session 25 c6: the cta combine took 3.4 / 6.6 / 7.4 / 10.2 / 14.9 us at T = 1 / 8 / 16 / 32 /
 # 64 (wgmma tile's partials); "warp" is the default since c7 (see benchmarks/results/2026-12-01_h200_session25).
 COMBINE_CHOICES = ("warp", "cta")
+# The wgmma tile merges the splits of a token inside thread-block clusters of up to WGMMA_MAX_CLUSTER CTAs through
+# distributed shared memory (SparseMlaSplitWgmmaTileT::cluster_epilogue) instead of the fp32 partial round trip:
+# WGMMA_CLUSTER = "auto" takes the largest of 8 / 4 / 2 that divides the split count (one cluster per token when the
+# splits are <= 8: no combine kernel at all), "off" = 1.
+WGMMA_CLUSTER_CHOICES = ("auto", "off")
+WGMMA_CLUSTER = "auto"
+WGMMA_MAX_CLUSTER = 8
+
+
+def wgmma_cluster(num_splits: int, mode: str | None = None) -> int:
+    """CTAs per cluster along the splits for the wgmma tile (1 = no cluster merge)."""
+    if (WGMMA_CLUSTER if mode is None else mode) == "off":
+        return 1
+    for c in (8, 4, 2):
+        if c <= WGMMA_MAX_CLUSTER and num_splits % c == 0:
+            return c
+    return 1
 COMBINE = "warp"
 COMBINE_WARP_THREADS = 256
 COMBINE_WARP_UNITS_PER_CTA = 8   # warps per CTA, each one (head, 128-column slice); 4 slices per head
@@ -386,6 +403,11 @@ def _split_args(q, kv, indices, o_part, lse_part, num_splits: int, sm_scale: flo
             ctypes.c_float(float(sm_scale) * math.log2(math.e)))
 
 
+def _split_args_wgmma(q, kv, indices, o_part, lse_part, num_splits: int, sm_scale: float, o, lse, cluster: int) -> tuple:
+    """The wgmma split kernel's parameters: stage 1's, then o, lse and the cluster size (sparse_mla_decode.cu)."""
+    return _split_args(q, kv, indices, o_part, lse_part, num_splits, sm_scale) + (o, lse, ctypes.c_int32(cluster))
+
+
 def _combine_args(o_part, lse_part, o, lse, num_splits: int, h: int) -> tuple:
     return (o_part, lse_part, o, lse, ctypes.c_int32(num_splits), ctypes.c_int32(h))
 
@@ -393,7 +415,7 @@ def _combine_args(o_part, lse_part, o, lse, num_splits: int, h: int) -> tuple:
 def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, o: torch.Tensor,
             lse: torch.Tensor, pdl: bool, num_splits: Optional[int],
             workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None, stages: Optional[int] = None,
-            kernel: Optional[str] = None) -> None:
+            kernel: Optional[str] = None, cluster: Optional[str] = None) -> None:
     """Real-launch checks (CUDA sm_90+, alignment), the workspace, then both kernels; T = 0 launches nothing.
     workspace: (o_part [T, splits, H, 512], lse_part [T, splits, H]) fp32 contiguous instead of fresh ones (the
     tests poison it to show the combine reads only what stage 1 wrote)."""
@@ -417,23 +439,28 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
         plan = split_plan(t, h, k, _num_sms(idx), ctas_per_sm(st))
     ns = plan.num_splits if num_splits is None else num_splits
     hb = WGMMA_HEAD_BLOCK if kern == "wgmma" else HEAD_BLOCK
+    cl = wgmma_cluster(ns, cluster) if kern == "wgmma" else 1
+    nparts = ns // cl  # partials the combine merges (0 launches of it when one cluster holds every split)
     env.print_config("sparse_mla_decode", {"T": t, "H": h, "K": k},
                      {"kernel": kern, "num_splits": ns, "grid": (t, ns, h // hb), "auto": num_splits is None,
-                      "stages": st if kern == "mma" else WGMMA_STAGES})
+                      "stages": st if kern == "mma" else WGMMA_STAGES, "cluster": cl})
     if workspace is None:  # per call from the caching allocator: no host sync, capture-safe (module docstring)
-        o_part = torch.empty((t, ns, h, D_V), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((t, ns, h), dtype=torch.float32, device=q.device)
+        need = nparts > 1 or cl == 1  # one cluster per token writes o / lse itself: no partials
+        o_part = torch.empty((t, nparts, h, D_V), dtype=torch.float32, device=q.device) if need else lse
+        lse_part = torch.empty((t, nparts, h), dtype=torch.float32, device=q.device) if need else lse
     else:
         o_part, lse_part = workspace
-        if (tuple(o_part.shape), tuple(lse_part.shape)) != ((t, ns, h, D_V), (t, ns, h)) or not (
+        if (tuple(o_part.shape), tuple(lse_part.shape)) != ((t, nparts, h, D_V), (t, nparts, h)) or not (
                 o_part.is_contiguous() and lse_part.is_contiguous()):
-            raise _fail(f"workspace must be contiguous fp32 {(t, ns, h, D_V)} and {(t, ns, h)}")
+            raise _fail(f"workspace must be contiguous fp32 {(t, nparts, h, D_V)} and {(t, nparts, h)}")
     if kern == "wgmma":
         ws_ = wgmma_stages()
-        _wgmma_kernel(idx, FUNCTION_SPLIT_WGMMA, ws_).launch((t, ns, h // WGMMA_HEAD_BLOCK), (WGMMA_THREADS, 1, 1),
-                                                             _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
-                                                             smem=wgmma_smem(ws_), pdl=pdl)
-        _launch_combine(lambda f: _wgmma_kernel(idx, f, ws_), o_part, lse_part, o, lse, ns, t, h, pdl)
+        _wgmma_kernel(idx, FUNCTION_SPLIT_WGMMA, ws_).launch(
+            (t, ns, h // WGMMA_HEAD_BLOCK), (WGMMA_THREADS, 1, 1),
+            _split_args_wgmma(q, kv, indices, o_part, lse_part, ns, sm_scale, o, lse, cl), smem=wgmma_smem(ws_),
+            pdl=pdl, cluster=(1, cl, 1) if cl > 1 else None)
+        if nparts > 1 or cl == 1:
+            _launch_combine(lambda f: _wgmma_kernel(idx, f, ws_), o_part, lse_part, o, lse, nparts, t, h, pdl)
         return
     else:
         _kernel(idx, FUNCTION_SPLIT, st).launch((t, ns, h // HEAD_BLOCK), (SPLIT_THREADS, 1, 1),

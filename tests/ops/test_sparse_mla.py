@@ -519,6 +519,14 @@ def test_combine_mapping_covers_every_column_and_split_once():
         assert bool((seen == 1).all())
 
 
+def test_wgmma_cluster_choice():
+    assert [SM.wgmma_cluster(n) for n in (1, 2, 3, 4, 6, 8, 16, 32, 64)] == [1, 2, 1, 4, 2, 8, 8, 8, 8]
+    assert SM.wgmma_cluster(16, "off") == 1 and SM.WGMMA_CLUSTER in SM.WGMMA_CLUSTER_CHOICES
+    from glm5_fastpath.jit import csrc_dir
+    text = (csrc_dir() / "attn_core" / "sparse_mla_decode.cuh").read_text()
+    assert "static constexpr int kObufStride = kDv + 8;" in text and "ptx::cluster_sync();  // (3)" in text
+
+
 def test_warp_combine_mapping_covers_every_head_and_column_once():
     """Mirror of glm5_sparse_mla_combine_warp's launch: CTA y, warp w -> unit 8 y + w = (head, slice); lane -> columns
     128 slice + 4 lane + 0..3: every (head, column) of a token exactly once, for H = 16 / 64 / 128."""
@@ -798,7 +806,7 @@ def test_explicit_num_splits_and_empty_splits(splits, seed):
         o = poison_(torch.empty(t, h, DV, dtype=BF16, device="cuda"))
         lse = poison_(torch.empty(t, h, device="cuda"))
         ws = (poison_(torch.empty(t, splits, h, DV, device="cuda")), poison_(torch.empty(t, splits, h, device="cuda")))
-        SM._launch(q, kv, idx, SCALE, o, lse, True, splits, workspace=ws)
+        SM._launch(q, kv, idx, SCALE, o, lse, True, splits, workspace=ws, cluster="off")
         torch.cuda.synchronize()
         _check_vs_float64(o, lse, q, kv, idx, f"{t=} {k=} {splits=}")
         assert not torch.isnan(ws[1]).any()  # stage 1 wrote every split's lse
@@ -1231,12 +1239,22 @@ def test_wgmma_matches_float64_reference(t, h, k, seed, no_pdl_override, wgmma_r
         o = poison_(torch.empty(t, h, DV, dtype=BF16, device="cuda"))
         lse = poison_(torch.empty(t, h, device="cuda"))
         ws = (poison_(torch.empty(t, ns, h, DV, device="cuda")), poison_(torch.empty(t, ns, h, device="cuda")))
-        SM._launch(q, kv, idx, SCALE, o, lse, True, ns, workspace=ws, kernel="wgmma")
+        SM._launch(q, kv, idx, SCALE, o, lse, True, ns, workspace=ws, kernel="wgmma", cluster="off")
         torch.cuda.synchronize()
         _check_vs_float64(o, lse, q, kv, idx, f"wgmma {t=} {h=} {k=} splits={ns}")
+        # the cluster merge (auto: the largest of 8 / 4 / 2 dividing ns), over poisoned outputs
+        c = SM.wgmma_cluster(ns)
+        o2 = poison_(torch.empty(t, h, DV, dtype=BF16, device="cuda"))
+        lse2 = poison_(torch.empty(t, h, device="cuda"))
+        ws2 = None if c == ns else (poison_(torch.empty(t, ns // c, h, DV, device="cuda")),
+                                    poison_(torch.empty(t, ns // c, h, device="cuda")))
+        SM._launch(q, kv, idx, SCALE, o2, lse2, True, ns, workspace=ws2, kernel="wgmma")
+        torch.cuda.synchronize()
+        _check_vs_float64(o2, lse2, q, kv, idx, f"wgmma cluster={c} {t=} {h=} {k=} splits={ns}")
+        assert_close(OP, o2, o, tol=2e-3, context=f"cluster {c} vs partials, {t=} {k=} splits={ns}")
     fo = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma", num_splits=ns)
     torch.cuda.synchronize()
-    assert_equal(OP, fo, o, context="functional vs _launch (wgmma)")
+    assert_equal(OP, fo, o2, context="functional vs _launch (wgmma)")
 
 
 @pytest.mark.gpu
@@ -1350,3 +1368,25 @@ def test_warp_combine_matches_the_cta_combine_and_float64(tile, t, k, splits, se
         outs[comb] = (o, lse)
     assert_close(OP, outs["warp"][0], outs["cta"][0], tol=2e-3, context=f"warp vs cta combine {tile=} {t=}")
     assert torch.allclose(outs["warp"][1], outs["cta"][1], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t, k, splits", [(1, 2048, None), (2, 2048, None), (4, 2048, None), (8, 2048, None),
+                                          (16, 2048, None), (32, 2048, None), (64, 2048, None), (3, 100, 4),
+                                          (5, 2048, 16), (2, 2048, 64), (7, 1, 8)])
+def test_wgmma_cluster_merge(t, k, splits, seed):
+    """The in-cluster merge against float64 over poisoned outputs, against the partial round trip, repeated (same bits),
+    and under graph replay; empty splits (K = 1 / 100 with 8 / 4 splits) included."""
+    q, kv, idx = _gpu_inputs(t, 64, k, seed + 3 * t + k, q_std=3.0 if t % 2 else 0.7)
+    o = poison_(torch.empty(t, 64, DV, dtype=BF16, device="cuda"))
+    lse = poison_(torch.empty(t, 64, device="cuda"))
+    SM._launch(q, kv, idx, SCALE, o, lse, True, splits, kernel="wgmma", cluster="auto")
+    torch.cuda.synchronize()
+    _check_vs_float64(o, lse, q, kv, idx, f"cluster merge {t=} {k=} {splits=}")
+    ref = torch.empty_like(o)
+    SM._launch(q, kv, idx, SCALE, ref, torch.empty_like(lse), True, splits, kernel="wgmma", cluster="off")
+    again = torch.empty_like(o)
+    SM._launch(q, kv, idx, SCALE, again, torch.empty_like(lse), True, splits, kernel="wgmma", cluster="auto")
+    torch.cuda.synchronize()
+    assert_close(OP, o, ref, tol=2e-3, context="cluster merge vs partial round trip")
+    assert_equal(OP, again, o, context="cluster merge repeated")
