@@ -23,12 +23,17 @@ def main() -> int:
     ap.add_argument("--tokens", default="1,2,4,8,16,32,64")
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--tables", type=int, default=8)
+    ap.add_argument("--max-cluster", type=int, default=0, help="override ops.sparse_mla.WGMMA_MAX_CLUSTER (2 / 4 / 8)")
+    ap.add_argument("--tiles", default="mma,wgmma")
     a = ap.parse_args()
     import torch
 
     from glm5_fastpath.bench.meta import git_commit, utc_now
     from glm5_fastpath.bench.timing import time_launches
     from glm5_fastpath.ops import sparse_mla as SM
+
+    if a.max_cluster:
+        SM.WGMMA_MAX_CLUSTER = a.max_cluster
 
     dev = torch.device("cuda", torch.cuda.current_device())
     idx_dev = dev.index
@@ -42,7 +47,7 @@ def main() -> int:
         q = (torch.randn(t, H, 576, device=dev, generator=g) * 0.5).to(torch.bfloat16)
         tables = [torch.stack([torch.randperm(S, device=dev, generator=g)[:K] for _ in range(t)]).to(torch.int32)
                   for _ in range(a.tables)]
-        for tile in ("mma", "wgmma"):
+        for tile in a.tiles.split(","):
             kern = SM.resolve_kernel(tile, H, t)
             if kern == "wgmma":
                 plan = SM.split_plan(t, H, K, sms, 1, SM.WGMMA_HEAD_BLOCK, SM.wgmma_min_blocks(t))
@@ -93,7 +98,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparse_mla_phases.json").write_text(json.dumps(res, indent=1))
     lines = [f"# Sparse-MLA decode phases ({res['gpu']}, {res['date']}, commit {res['commit']})", "",
-             f"op = the op (COMBINE={SM.COMBINE!r}, WGMMA_CLUSTER={SM.WGMMA_CLUSTER!r}: cluster = CTAs merged in a "
+             f"op = the op (COMBINE={SM.COMBINE!r}, WGMMA_CLUSTER={SM.WGMMA_CLUSTER!r}, WGMMA_MAX_CLUSTER="
+             f"{SM.WGMMA_MAX_CLUSTER}: cluster = CTAs merged in a "
              "cluster); op, no cluster = the partial round trip + combine; split / combine = the kernels alone.", "",
              "| T | tile | splits | blocks/split | cluster | partials MB | op us | op, no cluster us | split kernel us | "
              "combine (cta) us | combine (warp) us |",
