@@ -33,6 +33,15 @@ GPU-tested and measured: 93696 B, 2 CTAs per SM) or 5 (206 KB, 1 CTA per SM, fou
 latency-bound 1-8 token case; GPU-tested 2026-11-30, bitwise equal to the default build; 12.3 / 14.7 / 20.8 / 31.9
 against 11.9 / 17.6 / 21.7 / 29.5 us at T = 1 / 2 / 4 / 8 on an H200, so it stays opt-in). None = DEFAULT_STAGES.
 
+Split tiles (`kernel=`, KERNEL_CHOICES; default "auto"): "mma" = the kernels below (16 heads per CTA); "wgmma" = one
+CTA per (token, split) for 64 heads on warpgroup MMAs (SparseMlaSplitWgmmaTile, H % 64 == 0, glm5_sparse_mla_split_wgmma:
+grid (T, splits, H / 64), 256 threads, 202 KB, 1 CTA per SM; split_plan with head_block 64, per_sm 1 and
+wgmma_min_blocks), the same partials and combine; with 2 splits it merges them in a 2-CTA cluster and writes o / lse
+itself (WGMMA_CLUSTER). "auto" = wgmma from WGMMA_AUTO_MIN_TOKENS tokens where H allows it. H200, same run (session 25):
+mma / wgmma / FlashMLA 13.0 / 13.2 / 56.5 us at T = 1, 28.9 / 22.7 / 60.6 at 8, 48.8 / 28.7 / 61.5 at 16, 90.2 / 43.3 /
+63.1 at 32. The combine kernel is COMBINE ("warp": one warp per (token, head, 128 columns), the default since session
+25; "cta": the original below).
+
 Kernels (csrc/attn_core/sparse_mla_decode.{cuh,cu}, design in the header):
 - stage 1 glm5_sparse_mla_split, grid (T, num_splits, H / 16), 128 threads, 93696 B dynamic shared memory
   in the default build (2 CTAs per SM; split_smem(stages) in general): one token, 16 heads, one contiguous chunk of the K index columns in blocks of 32 slots; gathers
@@ -170,19 +179,26 @@ COMBINE_PARTS = 2        # d_v halves per (token, head): gridDim.z
 # grid (T, H, 2)). H200, session 25 c6: the cta combine took 3.4 / 6.6 / 7.4 / 10.2 / 14.9 us at T = 1 / 8 / 16 / 32 /
 # 64 (wgmma tile's partials); "warp" is the default since c7 (see benchmarks/results/2026-12-01_h200_session25).
 COMBINE_CHOICES = ("warp", "cta")
-# The wgmma tile merges the splits of a token inside thread-block clusters of up to WGMMA_MAX_CLUSTER CTAs through
-# distributed shared memory (SparseMlaSplitWgmmaTileT::cluster_epilogue) instead of the fp32 partial round trip:
-# WGMMA_CLUSTER = "auto" takes the largest of 8 / 4 / 2 that divides the split count (one cluster per token when the
-# splits are <= 8: no combine kernel at all), "off" = 1.
-WGMMA_CLUSTER_CHOICES = ("auto", "off")
-WGMMA_CLUSTER = "auto"
+# The wgmma tile can merge the splits of a token inside thread-block clusters through distributed shared memory
+# (SparseMlaSplitWgmmaTileT::cluster_epilogue) instead of the fp32 partial round trip + combine kernel:
+#   "pair" (default): a cluster of 2 only when a token has exactly 2 splits, so the cluster writes o / lse itself and no
+#          combine runs (H200 session 25 c8 / c9: T = 64, 2 splits: 65.3-66.5 us against 72.2-73.3);
+#   "auto": the largest of 8 / 4 / 2 (<= WGMMA_MAX_CLUSTER) dividing the split count: measured SLOWER (c8: clusters of
+#          8 / 4 took 40.1 / 51.3 / 74.9 us at T = 8 / 16 / 32 against 22.6 / 28.6 / 42.8 without; c9: clusters of 2
+#          within 1-4 % either way when a combine still follows), kept for measuring;
+#   "off": no cluster.
+WGMMA_CLUSTER_CHOICES = ("pair", "auto", "off")
+WGMMA_CLUSTER = "pair"
 WGMMA_MAX_CLUSTER = 8
 
 
 def wgmma_cluster(num_splits: int, mode: str | None = None) -> int:
-    """CTAs per cluster along the splits for the wgmma tile (1 = no cluster merge)."""
-    if (WGMMA_CLUSTER if mode is None else mode) == "off":
+    """CTAs per cluster along the splits for the wgmma tile (1 = no cluster merge); mode: WGMMA_CLUSTER_CHOICES."""
+    m = WGMMA_CLUSTER if mode is None else mode
+    if m == "off":
         return 1
+    if m == "pair":
+        return 2 if num_splits == 2 else 1
     for c in (8, 4, 2):
         if c <= WGMMA_MAX_CLUSTER and num_splits % c == 0:
             return c

@@ -520,8 +520,10 @@ def test_combine_mapping_covers_every_column_and_split_once():
 
 
 def test_wgmma_cluster_choice():
-    assert [SM.wgmma_cluster(n) for n in (1, 2, 3, 4, 6, 8, 16, 32, 64)] == [1, 2, 1, 4, 2, 8, 8, 8, 8]
-    assert SM.wgmma_cluster(16, "off") == 1 and SM.WGMMA_CLUSTER in SM.WGMMA_CLUSTER_CHOICES
+    auto = [SM.wgmma_cluster(n, "auto") for n in (1, 2, 3, 4, 6, 8, 16, 32, 64)]
+    assert auto == [1, 2, 1, 4, 2, 8, 8, 8, 8]
+    assert [SM.wgmma_cluster(n, "pair") for n in (1, 2, 3, 4, 8)] == [1, 2, 1, 1, 1]
+    assert SM.wgmma_cluster(16, "off") == 1 and SM.WGMMA_CLUSTER == "pair"
     from glm5_fastpath.jit import csrc_dir
     text = (csrc_dir() / "attn_core" / "sparse_mla_decode.cuh").read_text()
     assert "static constexpr int kObufStride = kDv + 8;" in text and "ptx::cluster_sync();  // (3)" in text
@@ -1243,18 +1245,19 @@ def test_wgmma_matches_float64_reference(t, h, k, seed, no_pdl_override, wgmma_r
         torch.cuda.synchronize()
         _check_vs_float64(o, lse, q, kv, idx, f"wgmma {t=} {h=} {k=} splits={ns}")
         # the cluster merge (auto: the largest of 8 / 4 / 2 dividing ns), over poisoned outputs
-        c = SM.wgmma_cluster(ns)
+        c = SM.wgmma_cluster(ns, "auto")
         o2 = poison_(torch.empty(t, h, DV, dtype=BF16, device="cuda"))
         lse2 = poison_(torch.empty(t, h, device="cuda"))
         ws2 = None if c == ns else (poison_(torch.empty(t, ns // c, h, DV, device="cuda")),
                                     poison_(torch.empty(t, ns // c, h, device="cuda")))
-        SM._launch(q, kv, idx, SCALE, o2, lse2, True, ns, workspace=ws2, kernel="wgmma")
+        SM._launch(q, kv, idx, SCALE, o2, lse2, True, ns, workspace=ws2, kernel="wgmma", cluster="auto")
         torch.cuda.synchronize()
         _check_vs_float64(o2, lse2, q, kv, idx, f"wgmma cluster={c} {t=} {h=} {k=} splits={ns}")
         assert_close(OP, o2, o, tol=2e-3, context=f"cluster {c} vs partials, {t=} {k=} splits={ns}")
-    fo = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma", num_splits=ns)
+    fo = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma", num_splits=ns)  # the default (pair) cluster rule
     torch.cuda.synchronize()
-    assert_equal(OP, fo, o2, context="functional vs _launch (wgmma)")
+    assert_equal(OP, fo, o2 if SM.wgmma_cluster(ns) == SM.wgmma_cluster(ns, "auto") else o,
+                 context="functional vs _launch (wgmma)")
 
 
 @pytest.mark.gpu

@@ -286,8 +286,9 @@ def install_sparse_mla(metrics: Any = None, log: logging.Logger = logger, device
     _forward_flashmla_sparse.__glm5_fastpath_route__ = route
     setattr(cls, METHOD, _forward_flashmla_sparse)
     log.info("glm5_fastpath: sparse MLA: %s.%s -> our split-KV kernel for <= %d tokens, FlashMLA above (%s=sglang "
-             "turns it off); splits %s; %d-stage gather ring", BACKEND_CLASS, METHOD, route.limit, ENV,
-             route.splits if route.splits else "by the op's heuristic", route.stages)
+             "turns it off); split tile %s (%s); mma tile: splits %s, %d-stage gather ring", BACKEND_CLASS, METHOD,
+             route.limit, ENV, route.tile, ENV_TILE, route.splits if route.splits else "by the op's heuristic",
+             route.stages)
     return True
 
 
