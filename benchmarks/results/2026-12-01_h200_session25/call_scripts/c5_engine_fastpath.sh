@@ -2,10 +2,10 @@
 # Session 25 call 5 (issue #9): glm5_fastpath in the same engine on the same warm machine as c4 (site in /tmp/site, c4's
 # mode-stock.json in build/h200-offline merged into the report): benchmarks/tables/h200_engine_session16.json, the
 # sparse-MLA route with the wgmma tile from 2 tokens and up to 32 tokens (the defaults at this commit).
-# run: C=<commit> bash this   (carry .carry/jit_s25.tar.xz)
+# run: C=<commit> bash this   (carry the JIT cache: .carry/jit_s25.tar.xz, or JIT=<path>; c10-c12 reran c3-c5 at 90c9f21 with JIT=.carry/jit_s25c.tar.xz)
 set -uo pipefail
 export GLM5_FASTPATH_COMMIT=${C:?C=<commit>}
-export FASTPATH_CONFIG=$PWD/benchmarks/tables/h200_engine_session16.json REALISTIC_DUMMY=1 JIT_CACHE=.carry/jit_s25.tar.xz
+export FASTPATH_CONFIG=$PWD/benchmarks/tables/h200_engine_session16.json REALISTIC_DUMMY=1 JIT_CACHE=${JIT:-.carry/jit_s25.tar.xz}
 export RES=$PWD/build/h200-offline WORKER_TIMEOUT=${WORKER_TIMEOUT:-520}
 [ -f "$RES/mode-stock.json" ] || echo "warning: no mode-stock.json from c4 on this machine"
 OUT=$OUT/x scripts/h200_sglang_offline.sh build/h200site.tar.xz fastpath
