@@ -37,10 +37,10 @@ Split tiles (`kernel=`, KERNEL_CHOICES; default "auto"): "mma" = the kernels bel
 CTA per (token, split) for 64 heads on warpgroup MMAs (SparseMlaSplitWgmmaTile, H % 64 == 0, glm5_sparse_mla_split_wgmma:
 grid (T, splits, H / 64), 256 threads, 202 KB, 1 CTA per SM; split_plan with head_block 64, per_sm 1 and
 wgmma_min_blocks), the same partials and combine; with 2 splits it merges them in a 2-CTA cluster and writes o / lse
-itself (WGMMA_CLUSTER). "auto" = wgmma from WGMMA_AUTO_MIN_TOKENS tokens where H allows it. H200, same run (session 25):
-mma / wgmma / FlashMLA 13.0 / 13.2 / 56.5 us at T = 1, 28.9 / 22.7 / 60.6 at 8, 48.8 / 28.7 / 61.5 at 16, 90.2 / 43.3 /
-63.1 at 32. The combine kernel is COMBINE ("warp": one warp per (token, head, 128 columns), the default since session
-25; "cta": the original below).
+itself (WGMMA_CLUSTER). "auto" = wgmma from WGMMA_AUTO_MIN_TOKENS tokens where H allows it. H200, same run (session 25
+c7): mma / wgmma / FlashMLA 13.5 / 13.2 / 56.2 us at T = 1, 28.6 / 22.7 / 59.9 at 8, 47.9 / 28.7 / 60.6 at 16, 87.9 /
+43.2 / 62.4 at 32. The combine kernel is COMBINE ("warp": one warp per (token, head, 128 columns), the default since
+session 25; "cta": the original below).
 
 Kernels (csrc/attn_core/sparse_mla_decode.{cuh,cu}, design in the header):
 - stage 1 glm5_sparse_mla_split, grid (T, num_splits, H / 16), 128 threads, 93696 B dynamic shared memory
