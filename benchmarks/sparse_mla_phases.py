@@ -25,6 +25,8 @@ def main() -> int:
     ap.add_argument("--tables", type=int, default=8)
     ap.add_argument("--max-cluster", type=int, default=0, help="override ops.sparse_mla.WGMMA_MAX_CLUSTER (2 / 4 / 8)")
     ap.add_argument("--tiles", default="mma,wgmma")
+    ap.add_argument("--cluster-mode", default="", help="override ops.sparse_mla.WGMMA_CLUSTER (pair / auto / off) for the "
+                    "op column")
     a = ap.parse_args()
     import torch
 
@@ -34,6 +36,10 @@ def main() -> int:
 
     if a.max_cluster:
         SM.WGMMA_MAX_CLUSTER = a.max_cluster
+    if a.cluster_mode:
+        if a.cluster_mode not in SM.WGMMA_CLUSTER_CHOICES:
+            raise SystemExit(f"--cluster-mode must be one of {SM.WGMMA_CLUSTER_CHOICES}")
+        SM.WGMMA_CLUSTER = a.cluster_mode
 
     dev = torch.device("cuda", torch.cuda.current_device())
     idx_dev = dev.index

@@ -653,9 +653,30 @@ struct SparseMlaSplitWgmmaTileT {
     //    a last cluster barrier keeps every buffer alive until its readers are done.
     // Replaces the fp32 partial round trip through global memory (T x splits x 64 x 2 KB) for the splits inside a
     // cluster. An all-empty cluster (M = -inf) gives zeros and lse = -inf, like the combine.
+    static constexpr int kMaxCluster = 8;        // the portable cluster size limit (the launcher never asks more)
     static constexpr int kObufStride = kDv + 8;  // fp32 per buffered row: +8 floats, so a half-warp's float2 rows hit distinct banks
     static constexpr int kOffMl = kHeads * kObufStride * 4;  // [64][2] (m, l) after the buffer
     static_assert(kOffMl + kHeads * 2 * 4 <= kOffBias, "the O buffer and (m, l) fit in the Q / ring / exchange area");
+
+    // M = max_c m_c and L = sum_c l_c 2^(m_c - M) of one row over the cluster's ranks 0..C-1 (in order): every rank's
+    // (m, l) is loaded first (the loads are independent and stay in flight together; each ld.shared::cluster asm is
+    // volatile with a memory clobber, so a load-add-load chain would pay the DSMEM latency C times), then reduced.
+    static GLM5_DEVICE void cluster_row_stats(uint32_t ml_s, int row, int C, float& mx, float& sum) {
+        uint32_t mc[kMaxCluster], lc[kMaxCluster];
+#pragma unroll
+        for (int c = 0; c < kMaxCluster; ++c)
+            if (c < C) ptx::ld_shared_cluster_v2_u32(ptx::mapa_shared(ml_s + 8 * row, c), mc[c], lc[c]);
+        mx = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < kMaxCluster; ++c)
+            if (c < C) mx = fmaxf(mx, __uint_as_float(mc[c]));
+        sum = 0.0f;
+        if (mx != -INFINITY) {
+#pragma unroll
+            for (int c = 0; c < kMaxCluster; ++c)
+                if (c < C) sum += __uint_as_float(lc[c]) * ex2(__uint_as_float(mc[c]) - mx);
+        }
+    }
 
     static GLM5_DEVICE void cluster_epilogue(uint8_t* smem, const SparseMlaParams& p, const float (&o)[kORegs],
                                              const float (&m)[2], const float (&l)[2], int t, int split, int h0, int tid) {
@@ -681,18 +702,8 @@ struct SparseMlaSplitWgmmaTileT {
         float f[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const int row = hrow + 8 * r;
-            float mx = -INFINITY;
-            for (int c = 0; c < C; ++c)
-                mx = fmaxf(mx, __uint_as_float(ptx::ld_shared_cluster_u32(ptx::mapa_shared(ml_s + 8 * row, c))));
-            float sum = 0.0f;
-            if (mx != -INFINITY) {
-                for (int c = 0; c < C; ++c) {
-                    uint32_t mc, lc;
-                    ptx::ld_shared_cluster_v2_u32(ptx::mapa_shared(ml_s + 8 * row, c), mc, lc);
-                    sum += __uint_as_float(lc) * ex2(__uint_as_float(mc) - mx);
-                }
-            }
+            float mx, sum;
+            cluster_row_stats(ml_s, hrow + 8 * r, C, mx, sum);
             f[r] = (mx == -INFINITY || !(sum > 0.0f)) ? 0.0f : ex2(m[r] - mx) / sum;
         }
         {
@@ -713,10 +724,13 @@ struct SparseMlaSplitWgmmaTileT {
             const int row = static_cast<int>(rank) * R + idx / (kDv / 4), c4 = idx % (kDv / 4);
             float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             const uint32_t a = obuf_s + (row * kObufStride + 4 * c4) * 4;
-            for (int c = 0; c < C; ++c) {
-                const float4 v = ptx::ld_shared_cluster_f32x4(ptx::mapa_shared(a, c));
-                acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
-            }
+            float4 v[kMaxCluster];  // every rank's float4 in flight, then summed in rank order
+#pragma unroll
+            for (int c = 0; c < kMaxCluster; ++c)
+                if (c < C) v[c] = ptx::ld_shared_cluster_f32x4(ptx::mapa_shared(a, c));
+#pragma unroll
+            for (int c = 0; c < kMaxCluster; ++c)
+                if (c < C) { acc.x += v[c].x; acc.y += v[c].y; acc.z += v[c].z; acc.w += v[c].w; }
             if (final_out) {
                 ptx::st_global_v2(p.o + ((static_cast<int64_t>(t) * p.num_heads + h0 + row) * kDv + 4 * c4),
                                   ptx::f32x2_to_bf16x2_rn(acc.x, acc.y), ptx::f32x2_to_bf16x2_rn(acc.z, acc.w));
@@ -727,17 +741,8 @@ struct SparseMlaSplitWgmmaTileT {
         }
         if (tid < R) {
             const int row = static_cast<int>(rank) * R + tid;
-            float mx = -INFINITY;
-            for (int c = 0; c < C; ++c)
-                mx = fmaxf(mx, __uint_as_float(ptx::ld_shared_cluster_u32(ptx::mapa_shared(ml_s + 8 * row, c))));
-            float sum = 0.0f;
-            if (mx != -INFINITY) {
-                for (int c = 0; c < C; ++c) {
-                    uint32_t mc, lc;
-                    ptx::ld_shared_cluster_v2_u32(ptx::mapa_shared(ml_s + 8 * row, c), mc, lc);
-                    sum += __uint_as_float(lc) * ex2(__uint_as_float(mc) - mx);
-                }
-            }
+            float mx, sum;
+            cluster_row_stats(ml_s, row, C, mx, sum);
             constexpr float kLn2 = 0.693147180559945309f;
             const float lse = (mx != -INFINITY && sum > 0.0f) ? (mx + log2f(sum)) * kLn2 : -INFINITY;
             if (final_out) {
