@@ -55,7 +55,11 @@ def main() -> int:
                   for _ in range(a.tables)]
         for tile in a.tiles.split(","):
             kern = SM.resolve_kernel(tile, H, t)
-            if kern == "wgmma":
+            if kern == "wgmma_pp":
+                plan = SM.split_plan(t, H, K, sms, 1, SM.WGMMA_HEAD_BLOCK, SM.wgmma_min_blocks(t))
+                split_k, hb, thr, smem = SM._wgmma_kernel(idx_dev, SM.FUNCTION_SPLIT_PP, SM.WGMMA_STAGES), \
+                    SM.WGMMA_HEAD_BLOCK, SM.PP_THREADS, SM.PP_SMEM
+            elif kern == "wgmma":
                 plan = SM.split_plan(t, H, K, sms, 1, SM.WGMMA_HEAD_BLOCK, SM.wgmma_min_blocks(t))
                 split_k, hb, thr, smem = SM._wgmma_kernel(idx_dev, SM.FUNCTION_SPLIT_WGMMA, SM.WGMMA_STAGES), \
                     SM.WGMMA_HEAD_BLOCK, SM.WGMMA_THREADS, SM.WGMMA_SMEM
@@ -63,7 +67,7 @@ def main() -> int:
                 plan = SM.split_plan(t, H, K, sms, SM.ctas_per_sm(SM.DEFAULT_STAGES))
                 split_k, hb, thr, smem = SM._kernel(idx_dev, SM.FUNCTION_SPLIT), SM.HEAD_BLOCK, SM.SPLIT_THREADS, \
                     SM.SPLIT_SMEM
-            get = (lambda f: SM._wgmma_kernel(idx_dev, f, SM.WGMMA_STAGES)) if kern == "wgmma" else \
+            get = (lambda f: SM._wgmma_kernel(idx_dev, f, SM.WGMMA_STAGES)) if kern in ("wgmma", "wgmma_pp") else \
                 (lambda f: SM._kernel(idx_dev, f))
             ns = plan.num_splits
             o_part = torch.empty(t, ns, H, 512, device=dev)
@@ -76,6 +80,8 @@ def main() -> int:
                 args = SM._split_args(q, kv, tables[i % len(tables)], o_part, lse_part, ns, scale)
                 if kern == "wgmma":  # cluster 1: the partial round trip, the phase the combine reads
                     args = SM._split_args_wgmma(q, kv, tables[i % len(tables)], o_part, lse_part, ns, scale, o, lse, 1)
+                elif kern == "wgmma_pp":
+                    args = SM._pp_args(q, kv, tables[i % len(tables)], o_part, lse_part, ns, scale)
                 split_k.launch((t, ns, H // hb), (thr, 1, 1), args, smem=smem, pdl=True)
 
             def combine_cta(i, o_part=o_part, lse_part=lse_part, ns=ns, get=get):

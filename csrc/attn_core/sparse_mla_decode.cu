@@ -89,3 +89,18 @@ glm5_sparse_mla_combine_warp(const float* __restrict__ o_part, const float* lse_
     CombineWarpTile::run(o_part, lse_part, o, lse, num_splits, num_heads, blockIdx.x,
                          blockIdx.y * CombineWarpTile::kWarps + threadIdx.x / 32, threadIdx.x % 32);
 }
+
+// The 64-head ping-pong split tile (SparseMlaSplitPingPongTile, sm_90a, opt-in): glm5_sparse_mla_split's parameters as
+// one SparseMlaParams struct (ops/sparse_mla.py _PpParams mirrors its layout, 120 bytes), the same partial contract. Launch: grid (T, num_splits, H / 64), block (384, 1, 1), dynamic shared memory
+// SplitPingPongTile::kSmemBytes (> 48 KB opt-in), 1 CTA per SM.
+using SplitPingPongTile = glm5::attn_core::SparseMlaSplitPingPongTile;
+
+extern "C" __global__ void __launch_bounds__(SplitPingPongTile::kThreads, 1)
+glm5_sparse_mla_split_pp(const __grid_constant__ glm5::attn_core::SparseMlaParams p) {  // o / lse_out / cluster unused
+    // The parameters stay in parameter space (__grid_constant__): loaded into registers at entry, they lived across
+    // the setmaxnreg reallocation and spilled.
+    glm5::ptx::griddep_launch_dependents();
+    extern __shared__ __align__(1024) uint8_t smem_p[];
+    glm5::ptx::griddep_wait();
+    SplitPingPongTile::run(smem_p, p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+}

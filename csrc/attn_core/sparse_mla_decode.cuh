@@ -64,6 +64,7 @@
 #include "../common/convert.cuh"
 #include "../common/mma_bf16_sm80.cuh"
 #include "../common/ptx_cp_async.cuh"
+#include "../common/sm90_mbarrier.cuh"
 #include "../common/sm90_tma.cuh"
 #include "../common/sm90_wgmma.cuh"
 #include "../common/sm90_wgmma_bf16.cuh"
@@ -814,6 +815,424 @@ struct SparseMlaCombineTile {
         }
     }
 };
+
+// ---- Split tile, 64 heads, warpgroup ping-pong (sm_90a) --------------------------------------------------------
+// The same (token, split) work, split boundaries and partial-output contract as SparseMlaSplitWgmmaTileT, scheduled
+// the way the warpgroups of a flash-attention decode kernel alternate: warpgroup w OWNS the blocks j with j % 2 == w
+// (S = Q K^T over all 576 dims, 36 m64n32k16, and that block's online-softmax step), while BOTH warpgroups run
+// O += P V of EVERY block on their own d_v half (m64n256k16, P from registers). Why: in SparseMlaSplitWgmmaTileT both
+// warpgroups wait for each block's S, exchange, softmax and P V in lockstep (~1.6 us per 32-slot block for ~0.6 us of
+// tensor work, session 25); here the S of block j + 1 runs on the tensor cores while the owner of block j does its
+// softmax, and P V of block j overlaps the next S.
+//
+// 384 threads: warpgroup 0's warp 0 is the producer (warps 1-3 idle; the warpgroup gives registers back with
+// setmaxnreg), warpgroups 1 / 2 are the consumers ("warpgroup w" below: w = 0 / 1). The producer gathers every block (lane = slot row,
+// 72 16-byte cp.async per row + the row's 0 / -inf bias by a 4-byte cp.async from kPpBias) into a kStages ring and
+// signals full[stage] with cp.async.mbarrier.arrive.noinc (32 arrivals); a consumer reads a stage after mbar_wait +
+// fence.proxy.async (cp.async writes through the generic proxy, wgmma reads through the async one) and every consumer
+// thread arrives on empty[stage] (256 arrivals) once its warpgroup's wgmma reading that stage have retired.
+// The softmax chain runs across the warpgroups: the owner of block j starts from the running max after block j - 1
+// (the other warpgroup's step, received with its P), publishes in slot j % 2 of shared memory its P fragments (the
+// m16n8k16 A layout: thread t of either warpgroup holds the same rows and columns, so the other warpgroup's thread t
+// reads exactly its own fragment back) and per thread (m_new[2], alpha[2], rs[2]), and arrives on named barrier
+// 2 + j % 2 (256 threads: 128 arrive, the other warpgroup's 128 sync). Both warpgroups apply the same alpha and rs, so
+// m and l are the same in both; l sums the bf16-rounded P per thread as in the other tiles.
+// wgmma groups of warpgroup w, in commit order: S(w) (prologue), then per own block j: P V(j), S(j + 2); per other
+// block j: P V(j) -- an S past the last block is a stand-in over a landed stage, so the counts hold to the end. With one group left in
+// flight (GLM5_SPARSE_MLA_PP_WAIT=1) an own block j would wait until S(j) retired while P V(j - 1) runs on, another's
+// block until P V(j - 1) retired while S(j + 1) runs on; the default waits for all (kOwnWait). Deterministic: fixed orders
+// everywhere (S is one m64n32 accumulation chain over k steps 0..35).
+// NOT YET RUN ON A GPU (session 25): compiled for sm_90a only; `tile="wgmma_pp"` is opt-in.
+static __device__ __align__(16) const float kPpBias[4] = {0.0f, -INFINITY, 0.0f, 0.0f};
+
+template <int kStages_>
+struct SparseMlaSplitPingPongTileT {
+    static constexpr int kStages = kStages_;
+    static constexpr int kDqk = 576;
+    static constexpr int kDv = 512;
+    static constexpr int kHeads = 64;
+    static constexpr int kBlock = 32;
+    static constexpr int kConsumerThreads = 256;
+    static constexpr int kWgThreads = 128;
+    static constexpr int kThreads = kConsumerThreads + 128;   // + the producer warpgroup (one active warp)
+    // setmaxnreg split of the 168 x 384 launch allocation: 40 x 128 + 232 x 256 = 64512 (56 / 224 spilled 8-36 B).
+    static constexpr int kProducerRegs = 40;
+    static constexpr int kConsumerRegs = 232;
+    static constexpr int kChunks = kDqk / 64;                  // 9
+    static constexpr int kKSteps = kDqk / 16;                  // 36
+    static constexpr int kDvPerWg = kDv / 2;                   // 256
+    static constexpr int kSRegs = kBlock / 2;                  // 16
+    static constexpr int kORegs = kDvPerWg / 2;                // 128
+    static constexpr int kQChunkBytes = kHeads * 128;          // 8192
+    static constexpr int kKvChunkBytes = kBlock * 128;         // 4096
+    static constexpr int kQBytes = kChunks * kQChunkBytes;     // 73728
+    static constexpr int kStageBytes = kChunks * kKvChunkBytes;  // 36864
+    static constexpr int kSlotBytes = 8 * kWgThreads * 4;      // 4096: 8 words per consumer thread of one warpgroup
+    static constexpr int kOffRing = kQBytes;
+    static constexpr int kOffP = kOffRing + kStages * kStageBytes;   // P slots [2][8][128] u32
+    static constexpr int kOffStats = kOffP + 2 * kSlotBytes;         // stats slots [2][8][128] fp32
+    static constexpr int kOffBias = kOffStats + 2 * kSlotBytes;      // [kStages][32] fp32
+    static constexpr int kOffBar = kOffBias + kStages * kBlock * 4;  // full[kStages], empty[kStages] (8 B each)
+    static constexpr int kSmemUsed = kOffBar + 2 * kStages * 8;
+    static constexpr int kSmemBytes = kSmemUsed + 1024;
+    static constexpr int kBarHandoff = 2;                      // named barriers 2, 3 (1: the consumers' Q barrier)
+    // wgmma groups left in flight at the two waits. 0 / 0: ptxas serialises the wgmma of this loop otherwise (its
+    // static view cannot tell that wait<1> retires the P V whose accumulators the rescale then writes: C7514 / C7515);
+    // the overlap that matters, one warpgroup's S on the tensor cores during the other's softmax, is across warpgroups.
+#ifndef GLM5_SPARSE_MLA_PP_WAIT
+#define GLM5_SPARSE_MLA_PP_WAIT 0
+#endif
+    static constexpr int kOwnWait = GLM5_SPARSE_MLA_PP_WAIT;
+    static constexpr int kOtherWait = GLM5_SPARSE_MLA_PP_WAIT;
+
+    static_assert(kStages >= 2 && kSmemBytes <= 227 * 1024, "ring depth in 227 KB");
+    static_assert(kOffBias % 16 == 0 && kOffBar % 8 == 0, "alignment of the bias rows and the mbarriers");
+
+    static GLM5_DEVICE uint32_t full_bar(uint32_t sbase, int st) { return sbase + kOffBar + 8 * st; }
+    static GLM5_DEVICE uint32_t empty_bar(uint32_t sbase, int st) { return sbase + kOffBar + 8 * (kStages + st); }
+
+    template <int kId>
+    static GLM5_DEVICE void bar_arrive() { asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kConsumerThreads) : "memory"); }
+    template <int kId>
+    static GLM5_DEVICE void bar_sync() { asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kConsumerThreads) : "memory"); }
+
+    // S(j) into s: one accumulation chain over the 36 k steps of Q (A) and the block's K rows (B), both K-major.
+    // The accumulators are fenced around every issue (CUTLASS's warpgroup_fence_operand): otherwise the compiler may
+    // move their initialisation / the O rescale past wgmma.fence, into the wgmma pipeline, and ptxas then serialises
+    // every wgmma of the kernel (C7515).
+    static GLM5_DEVICE void issue_qk(float (&s)[kSRegs], uint32_t q_s, uint32_t stage_s) {
+        sm90::fence_operands(s);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+            const uint32_t off_q = (ks / 4) * kQChunkBytes + (ks % 4) * 32;
+            const uint32_t off_k = (ks / 4) * kKvChunkBytes + (ks % 4) * 32;
+            sm90::wgmma_m64n32k16_bf16_ss(s, sm90::smem_desc_k128sw(q_s + off_q), sm90::smem_desc_k128sw(stage_s + off_k),
+                                          ks > 0 ? 1 : 0);
+        }
+        sm90::wgmma_commit();
+        sm90::fence_operands(s);
+    }
+
+    // O += P V over warpgroup wg's 256 columns of the block in stage_s; pk: the P fragments ([j][r], the S layout).
+    static GLM5_DEVICE void issue_pv(float (&o)[kORegs], const uint32_t (&pk)[kBlock / 8][2], uint32_t stage_s, int wg) {
+        sm90::fence_operands(o);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlock / 16; ++kk) {
+            const uint32_t a[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+            const uint32_t vb = stage_s + (wg * (kDvPerWg / 64)) * kKvChunkBytes + kk * 16 * 128;
+            sm90::wgmma_m64n256k16_bf16_rs_tb(o, a, sm90::smem_desc_mn128sw(vb, kKvChunkBytes, 1024), 1);
+        }
+        sm90::wgmma_commit();
+        sm90::fence_operands(o);
+    }
+
+    static GLM5_DEVICE void rescale(float (&o)[kORegs], const float (&alpha)[2]) {
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int j = 0; j < kORegs / 4; ++j) {
+                o[4 * j + 0] *= alpha[0]; o[4 * j + 1] *= alpha[0];
+                o[4 * j + 2] *= alpha[1]; o[4 * j + 3] *= alpha[1];
+            }
+        }
+    }
+
+    struct Ctx {
+        uint8_t* smem;
+        uint32_t sbase, q_s, ring_s, bias_s;
+        int blk_begin, n, h0;
+        const int32_t* idx_row;
+    };
+
+    static GLM5_DEVICE int tid_x() {
+        int v;
+        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+        return v;
+    }
+
+    static GLM5_DEVICE Ctx make_ctx(uint8_t* smem_raw, const SparseMlaParams& p, int t, int split, int hblk) {
+        Ctx c;
+        c.smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+        c.sbase = ptx::smem_addr(c.smem);
+        c.q_s = c.sbase;
+        c.ring_s = c.sbase + kOffRing;
+        c.bias_s = c.sbase + kOffBias;
+        const int nblocks = (p.topk + kBlock - 1) / kBlock;
+        const int bps = (nblocks + p.num_splits - 1) / p.num_splits;
+        c.blk_begin = min(split * bps, nblocks);
+        c.n = min(c.blk_begin + bps, nblocks) - c.blk_begin;
+        c.h0 = hblk * kHeads;
+        c.idx_row = p.indices + static_cast<int64_t>(t) * p.idx_stride;
+        return c;
+    }
+
+    // Call after griddepcontrol.wait, with every thread of the CTA (kThreads). Each role builds its context after
+    // setmaxnreg (a value live across the register reallocation spills).
+    static GLM5_DEVICE void run(uint8_t* smem_raw, const SparseMlaParams& p, int t, int split, int hblk, int tid) {
+        if (tid == 0) {
+            const uint32_t sbase = ptx::smem_addr(reinterpret_cast<uint8_t*>(
+                (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023)));
+            for (int st = 0; st < kStages; ++st) {
+                sm90::mbar_init(full_bar(sbase, st), 32);
+                sm90::mbar_init(empty_bar(sbase, st), kConsumerThreads);
+            }
+            sm90::fence_barrier_init();
+        }
+        __syncthreads();
+        // The thread index is read again after setmaxnreg with a volatile read the compiler cannot merge with the
+        // one above (the value live across the reallocation was spilled to local memory).
+        if (tid < kWgThreads) {
+            sm90::setmaxnreg_dec<kProducerRegs>();
+            const int ptid = tid_x();
+            if (ptid < 32) producer(make_ctx(smem_raw, p, blockIdx.x, blockIdx.y, blockIdx.z), p, ptid);
+            return;
+        }
+        sm90::setmaxnreg_inc<kConsumerRegs>();
+        const int ctid = tid_x() - kWgThreads;
+        const int bt = blockIdx.x, bs = blockIdx.y;
+        if (ctid < kWgThreads) consumer<0>(make_ctx(smem_raw, p, bt, bs, blockIdx.z), p, bt, bs, ctid);
+        else consumer<1>(make_ctx(smem_raw, p, bt, bs, blockIdx.z), p, bt, bs, ctid);
+        (void)t;
+        (void)split;
+        (void)hblk;
+    }
+
+    // ---- producer warp: lane r = slot row r of every block ----
+    static GLM5_DEVICE void producer(const Ctx& c, const SparseMlaParams& p, int r) {
+        const int n = c.n;
+        const int32_t* ip = c.idx_row + static_cast<int64_t>(c.blk_begin) * kBlock + r;
+        int32_t slot = (n > 0 && c.blk_begin * kBlock + r < p.topk) ? ptx::ld_global_s32(ip) : -1;
+        for (int j = 0; j < n; ++j) {
+            const int st = j % kStages;
+            const int32_t next = (j + 1 < n && (c.blk_begin + j + 1) * kBlock + r < p.topk)
+                                     ? ptx::ld_global_s32(ip + (j + 1) * kBlock) : -1;  // one block ahead
+            sm90::mbar_wait(empty_bar(c.sbase, st), ((j / kStages) & 1) ^ 1);
+            const bool valid = slot >= 0 && static_cast<int64_t>(slot) < p.num_slots;
+            const uint16_t* src = valid ? p.kv + static_cast<int64_t>(slot) * p.kv_stride : p.kv;
+            const uint32_t bytes = valid ? 16u : 0u;
+            const uint32_t dst = c.ring_s + st * kStageBytes + r * 128;
+#pragma unroll
+            for (int kc = 0; kc < kChunks; ++kc)
+#pragma unroll
+                for (int c16 = 0; c16 < 8; ++c16)
+                    ptx::cp_async_16(dst + kc * kKvChunkBytes + ((c16 ^ (r & 7)) << 4), src + (valid ? kc * 64 + c16 * 8 : 0),
+                                     bytes);
+            ptx::cp_async_ca_4(c.bias_s + (st * kBlock + r) * 4, &kPpBias[valid ? 0 : 1]);
+            sm90::cp_async_16_mbar_arrive(full_bar(c.sbase, st));
+            slot = next;
+        }
+        ptx::cp_async_wait_all();
+    }
+
+    // Per-thread consumer state, carried through the steps.
+    struct CState {
+        float o[kORegs];
+        float s[kSRegs];
+        float m[2], l[2];
+    };
+
+    // The stage a block reads: its own, or block n - 1's for the virtual block n that pads an odd n to whole pairs.
+    static GLM5_DEVICE int stage_of(int j, int n) { return (j < n ? j : n - 1) % kStages; }
+
+    // Own block j (j == n: the virtual pad block, every slot masked: P = 0, alpha = 1, rs = 0).
+    template <int kWg>
+    static GLM5_DEVICE void own_step(CState& cs, const Ctx& c, const SparseMlaParams& p, int j, int wtid, int tq) {
+        const int n = c.n;
+        const int st = stage_of(j, n);
+        const uint32_t stage_s = c.ring_s + st * kStageBytes;
+        sm90::wgmma_wait<kOwnWait>();  // S(j) retired
+        sm90::fence_operands(cs.s);
+        sm90::fence_operands(cs.o);
+        const float* bias = reinterpret_cast<const float*>(c.smem + kOffBias) + st * kBlock;
+        const bool virt = j >= n;
+        float x[kSRegs];
+#pragma unroll
+        for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
+            const float2 b = *reinterpret_cast<const float2*>(bias + 8 * q4 + 2 * tq);
+            const bool v0 = !virt && b.x == 0.0f, v1 = !virt && b.y == 0.0f;
+            x[4 * q4 + 0] = v0 ? cs.s[4 * q4 + 0] * p.scale_log2 : -INFINITY;
+            x[4 * q4 + 1] = v1 ? cs.s[4 * q4 + 1] * p.scale_log2 : -INFINITY;
+            x[4 * q4 + 2] = v0 ? cs.s[4 * q4 + 2] * p.scale_log2 : -INFINITY;
+            x[4 * q4 + 3] = v1 ? cs.s[4 * q4 + 3] * p.scale_log2 : -INFINITY;
+        }
+        float muse[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int jj = 0; jj < kBlock / 8; ++jj) mx = fmaxf(mx, fmaxf(x[4 * jj + 2 * r], x[4 * jj + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(cs.m[r], mx);
+            muse[r] = mnew == -INFINITY ? 0.0f : mnew;
+            alpha[r] = ex2(cs.m[r] - muse[r]);
+            cs.m[r] = mnew;
+        }
+        uint32_t pk[kBlock / 8][2];
+#pragma unroll
+        for (int jj = 0; jj < kBlock / 8; ++jj) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const uint32_t v = ptx::f32x2_to_bf16x2_rn(ex2(x[4 * jj + 2 * r] - muse[r]), ex2(x[4 * jj + 2 * r + 1] - muse[r]));
+                pk[jj][r] = v;
+                rs[r] += ptx::bf16lo_to_f32(v) + ptx::bf16hi_to_f32(v);
+            }
+        }
+        uint32_t* pw = reinterpret_cast<uint32_t*>(c.smem + kOffP) + kWg * (8 * kWgThreads);  // slot j % 2 == kWg
+        float* sw = reinterpret_cast<float*>(c.smem + kOffStats) + kWg * (8 * kWgThreads);
+#pragma unroll
+        for (int jj = 0; jj < kBlock / 8; ++jj) {
+            pw[(2 * jj) * kWgThreads + wtid] = pk[jj][0];
+            pw[(2 * jj + 1) * kWgThreads + wtid] = pk[jj][1];
+        }
+        sw[0 * kWgThreads + wtid] = cs.m[0];
+        sw[1 * kWgThreads + wtid] = cs.m[1];
+        sw[2 * kWgThreads + wtid] = alpha[0];
+        sw[3 * kWgThreads + wtid] = alpha[1];
+        sw[4 * kWgThreads + wtid] = rs[0];
+        sw[5 * kWgThreads + wtid] = rs[1];
+        bar_arrive<kBarHandoff + kWg>();
+        cs.l[0] = cs.l[0] * alpha[0] + rs[0];
+        cs.l[1] = cs.l[1] * alpha[1] + rs[1];
+        rescale(cs.o, alpha);
+        if (j >= 1) sm90::mbar_arrive(empty_bar(c.sbase, stage_of(j - 1, n)));
+        issue_pv(cs.o, pk, stage_s, kWg);
+        // S(j + 2), or past the last block a stand-in S over block j's landed stage (its result is never used): the same
+        // wgmma on every path, since two paths defining cs.s differently while it is in flight make ptxas serialise
+        // every wgmma of the kernel (C7515: the join copies the accumulators)
+        const bool real = j + 2 < n;
+        if (real) sm90::mbar_wait<true>(full_bar(c.sbase, (j + 2) % kStages), ((j + 2) / kStages) & 1);
+        sm90::fence_proxy_async_smem();
+        issue_qk(cs.s, c.q_s, real ? c.ring_s + ((j + 2) % kStages) * kStageBytes : stage_s);
+    }
+
+    // The other warpgroup's block j (j == n: its virtual pad block): its P and softmax step, our d_v half.
+    template <int kWg>
+    static GLM5_DEVICE void other_step(CState& cs, const Ctx& c, int j, int wtid) {
+        const int n = c.n;
+        const int st = stage_of(j, n);
+        bar_sync<kBarHandoff + (1 - kWg)>();
+        const uint32_t* pr = reinterpret_cast<const uint32_t*>(c.smem + kOffP) + (1 - kWg) * (8 * kWgThreads);
+        const float* sr = reinterpret_cast<const float*>(c.smem + kOffStats) + (1 - kWg) * (8 * kWgThreads);
+        uint32_t pk[kBlock / 8][2];
+#pragma unroll
+        for (int jj = 0; jj < kBlock / 8; ++jj) {
+            pk[jj][0] = pr[(2 * jj) * kWgThreads + wtid];
+            pk[jj][1] = pr[(2 * jj + 1) * kWgThreads + wtid];
+        }
+        float alpha[2];
+        cs.m[0] = sr[0 * kWgThreads + wtid];
+        cs.m[1] = sr[1 * kWgThreads + wtid];
+        alpha[0] = sr[2 * kWgThreads + wtid];
+        alpha[1] = sr[3 * kWgThreads + wtid];
+        cs.l[0] = cs.l[0] * alpha[0] + sr[4 * kWgThreads + wtid];
+        cs.l[1] = cs.l[1] * alpha[1] + sr[5 * kWgThreads + wtid];
+        sm90::wgmma_wait<kOtherWait>();  // P V(j - 1) retired
+        sm90::fence_operands(cs.s);
+        sm90::fence_operands(cs.o);
+        rescale(cs.o, alpha);
+        if (j >= 1) sm90::mbar_arrive(empty_bar(c.sbase, stage_of(j - 1, n)));
+        if (j < n) {
+            sm90::mbar_wait<true>(full_bar(c.sbase, st), (j / kStages) & 1);
+            sm90::fence_proxy_async_smem();
+        }
+        issue_pv(cs.o, pk, c.ring_s + st * kStageBytes, kWg);
+    }
+
+    // ---- consumer warpgroup kWg (0 / 1); ctid = thread index among the 256 consumers ----
+    // Blocks go in pairs (j, j + 1), an odd n padded with the virtual block n, so each warpgroup runs the same
+    // straight-line pair of steps every iteration (warpgroup 0: own(j), other(j + 1); warpgroup 1: other(j), own(j + 1))
+    // and its accumulators never meet at a branch join while their wgmma are in flight.
+    template <int kWg>
+    static GLM5_DEVICE void consumer(const Ctx& c, const SparseMlaParams& p, int t, int split, int ctid) {
+        const int n = c.n, h0 = c.h0;
+        const int wtid = ctid % kWgThreads;
+        const int lane = ctid % 32, warp4 = wtid / 32;
+        const int g = lane / 4, tq = lane % 4;
+        if (n == 0) {  // an empty split (past the last block): zeros and lse = -inf, as the other tiles write
+            const int64_t row0 = (static_cast<int64_t>(t) * p.num_splits + split) * p.num_heads + h0 + warp4 * 16 + g;
+            float* out0 = p.o_part + row0 * kDv + kWg * kDvPerWg + 2 * tq;
+#pragma unroll 4
+            for (int j = 0; j < kORegs / 4; ++j) {
+                *reinterpret_cast<float2*>(out0 + 8 * j) = make_float2(0.0f, 0.0f);
+                *reinterpret_cast<float2*>(out0 + 8 * kDv + 8 * j) = make_float2(0.0f, 0.0f);
+            }
+            if (kWg == 0 && tq == 0) p.lse_part[row0] = p.lse_part[row0 + 8] = -INFINITY;
+            return;
+        }
+        {   // Q: row = ctid / 4 (a head), pieces part + 4i of its 72
+            const int r = ctid / 4, part = ctid % 4;
+            const uint16_t* src = p.q + static_cast<int64_t>(t) * p.q_stride_t + static_cast<int64_t>(h0 + r) * p.q_stride_h;
+#pragma unroll
+            for (int i = 0; i < kChunks * 8 / 4; ++i) {
+                const int cc = part + 4 * i;
+                const int kc = cc / 8, c16 = cc % 8;
+                ptx::cp_async_16(c.q_s + kc * kQChunkBytes + r * 128 + ((c16 ^ (r & 7)) << 4), src + cc * 8, 16u);
+            }
+            ptx::cp_async_commit();
+            ptx::cp_async_wait_all();
+            sm90::fence_proxy_async_smem();
+            asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+        }
+        CState cs;
+#pragma unroll
+        for (int i = 0; i < kORegs; ++i) cs.o[i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kSRegs; ++i) cs.s[i] = 0.0f;
+        cs.m[0] = cs.m[1] = -INFINITY;
+        cs.l[0] = cs.l[1] = 0.0f;
+        sm90::fence_operands(cs.o);
+        sm90::fence_operands(cs.s);
+
+        // the first own block's S (n == 1, warpgroup 1: a stand-in over block 0's stage, as at the end of own_step)
+        {
+            const int jf = kWg < n ? kWg : 0;
+            sm90::mbar_wait<true>(full_bar(c.sbase, jf % kStages), (jf / kStages) & 1);
+            sm90::fence_proxy_async_smem();
+            issue_qk(cs.s, c.q_s, c.ring_s + (jf % kStages) * kStageBytes);
+        }
+        int j = 0;
+        do {  // n >= 1: at least one pair, so the prologue's S in flight never meets a zero-trip path (C7515)
+            if constexpr (kWg == 0) {
+                own_step<0>(cs, c, p, j, wtid, tq);
+                other_step<0>(cs, c, j + 1, wtid);
+            } else {
+                other_step<1>(cs, c, j, wtid);
+                own_step<1>(cs, c, p, j + 1, wtid, tq);
+            }
+            j += 2;
+        } while (j < n);
+        sm90::wgmma_wait<0>();
+        sm90::fence_operands(cs.o);
+        sm90::fence_operands(cs.s);
+
+        // ---- partial out: O / l (this warpgroup's 256 columns) and the split's lse (as SparseMlaSplitWgmmaTileT) ----
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            cs.l[r] += __shfl_xor_sync(0xffffffffu, cs.l[r], 1);
+            cs.l[r] += __shfl_xor_sync(0xffffffffu, cs.l[r], 2);
+        }
+        const float inv0 = cs.l[0] > 0.0f ? 1.0f / cs.l[0] : 0.0f;
+        const float inv1 = cs.l[1] > 0.0f ? 1.0f / cs.l[1] : 0.0f;
+        const int hrow = warp4 * 16 + g;
+        const int64_t row0 = (static_cast<int64_t>(t) * p.num_splits + split) * p.num_heads + h0 + hrow;
+        float* out0 = p.o_part + row0 * kDv + kWg * kDvPerWg + 2 * tq;
+        float* out1 = out0 + 8 * kDv;
+#pragma unroll
+        for (int j = 0; j < kORegs / 4; ++j) {
+            *reinterpret_cast<float2*>(out0 + 8 * j) = make_float2(cs.o[4 * j + 0] * inv0, cs.o[4 * j + 1] * inv0);
+            *reinterpret_cast<float2*>(out1 + 8 * j) = make_float2(cs.o[4 * j + 2] * inv1, cs.o[4 * j + 3] * inv1);
+        }
+        if (kWg == 0 && tq == 0) {
+            constexpr float kLn2 = 0.693147180559945309f;
+            p.lse_part[row0] = cs.l[0] > 0.0f ? (cs.m[0] + log2f(cs.l[0])) * kLn2 : -INFINITY;
+            p.lse_part[row0 + 8] = cs.l[1] > 0.0f ? (cs.m[1] + log2f(cs.l[1])) * kLn2 : -INFINITY;
+        }
+    }
+};
+
+using SparseMlaSplitPingPongTile = SparseMlaSplitPingPongTileT<3>;
 
 // ---- Combine tile, one warp per (token, head, 128-column slice) -------------------------------------------
 // The same merge as SparseMlaCombineTile (log-sum-exp weights over the splits, o in bf16, lse), laid out for

@@ -85,8 +85,10 @@ FUNCTION_SPLIT = "glm5_sparse_mla_split"
 FUNCTION_COMBINE = "glm5_sparse_mla_combine"
 FUNCTION_SPLIT_WGMMA = "glm5_sparse_mla_split_wgmma"
 FUNCTION_COMBINE_WARP = "glm5_sparse_mla_combine_warp"
+FUNCTION_SPLIT_PP = "glm5_sparse_mla_split_pp"
 SPEC = KernelSpec("glm5_sparse_mla_decode", source=SOURCE,
-                  functions=(FUNCTION_SPLIT, FUNCTION_COMBINE, FUNCTION_SPLIT_WGMMA, FUNCTION_COMBINE_WARP))
+                  functions=(FUNCTION_SPLIT, FUNCTION_COMBINE, FUNCTION_SPLIT_WGMMA, FUNCTION_COMBINE_WARP,
+                             FUNCTION_SPLIT_PP))
 
 
 def spec_for(stages: int) -> KernelSpec:
@@ -102,12 +104,18 @@ def spec_for(stages: int) -> KernelSpec:
 # any H % 16 == 0, the ring builds of STAGE_CHOICES); "wgmma" = SparseMlaSplitWgmmaTile (64 heads per CTA on
 # warpgroup MMAs, H % 64 == 0, one build). Both write the same partials for the same split boundaries (32-slot
 # blocks), so the combine kernel and the split plan's rule are shared. "auto" = wgmma where H allows it.
-KERNEL_CHOICES = ("mma", "wgmma", "auto")
+# "wgmma_pp" (opt-in, session 25, NOT YET RUN ON A GPU) = SparseMlaSplitPingPongTile: the same 64 heads per CTA, each
+# warpgroup owning every other block's S and softmax step while both run every block's P V (384 threads: a producer
+# warp gathers through an mbarrier ring); auto never picks it until it is measured.
+KERNEL_CHOICES = ("mma", "wgmma", "auto", "wgmma_pp")
 DEFAULT_KERNEL = "auto"
 WGMMA_HEAD_BLOCK = 64
 WGMMA_THREADS = 256
 WGMMA_STAGES = 3          # the default build's ring (GLM5_SPARSE_MLA_WGMMA_STAGES; 4 = exchange in the ring, opt-in)
 WGMMA_STAGE_CHOICES = (3, 4)
+PP_THREADS = 384
+PP_STAGES = 3
+PP_SMEM = 64 * 1152 + PP_STAGES * 32 * 1152 + 2 * 4096 + 2 * 4096 + PP_STAGES * 32 * 4 + 2 * PP_STAGES * 8 + 1024  # 202160
 # "auto" takes the wgmma tile from this many tokens: on the H200 (benchmarks/results/2026-12-01_h200_session25, c1,
 # same run) mma / wgmma / FlashMLA took 11.7 / 13.8 (32 splits) / 56.4 us at T = 1, 17.8 / 15.8 / 57.7 at 2,
 # 29.5 / 23.2 / 60.1 at 8, 50.3 / 31.1 / 60.6 at 16, 90.7 / 47.4 / 62.5 at 32, 171.9 / 79.3 / 66.5 at 64.
@@ -235,8 +243,8 @@ def resolve_kernel(kernel: object, h: int, t: int = WGMMA_AUTO_MIN_TOKENS, stage
         return "mma"
     if k == "auto":
         return "wgmma" if h % WGMMA_HEAD_BLOCK == 0 and t >= WGMMA_AUTO_MIN_TOKENS else "mma"
-    if k == "wgmma" and h % WGMMA_HEAD_BLOCK:
-        raise _fail(f"kernel='wgmma' needs H to be a multiple of {WGMMA_HEAD_BLOCK} (its head block), got H={h}")
+    if k in ("wgmma", "wgmma_pp") and h % WGMMA_HEAD_BLOCK:
+        raise _fail(f"kernel={k!r} needs H to be a multiple of {WGMMA_HEAD_BLOCK} (its head block), got H={h}")
     return k
 
 
@@ -290,7 +298,7 @@ def _check(q: object, kv: object, indices: object, sm_scale: object, d_v: object
         raise _fail(f"num_splits must be None (automatic) or an int in 1..{MAX_SPLITS}, got {num_splits!r}")
     if stages is not None and (isinstance(stages, bool) or not isinstance(stages, int) or stages not in STAGE_CHOICES):
         raise _fail(f"stages must be None (default {DEFAULT_STAGES}) or one of {STAGE_CHOICES}, got {stages!r}")
-    if resolve_kernel(kernel, h, t, stages) == "wgmma" and stages is not None:
+    if resolve_kernel(kernel, h, t, stages) in ("wgmma", "wgmma_pp") and stages is not None:
         raise _fail(f"stages={stages!r} selects a build of the mma split kernel; the wgmma kernel has one build "
                     "(pass stages=None)")
     return t, h, k, s
@@ -406,6 +414,8 @@ def _wgmma_kernel(idx: int, function: str, stages: int):
         k = get_kernel(wgmma_spec(stages), function, device=torch.device("cuda", idx))
         if function == FUNCTION_SPLIT_WGMMA:
             k.set_max_dynamic_smem(wgmma_smem(stages))
+        elif function == FUNCTION_SPLIT_PP:
+            k.set_max_dynamic_smem(PP_SMEM)
         _kernels[(idx, function, -stages)] = k
     return k
 
@@ -422,6 +432,23 @@ def _split_args(q, kv, indices, o_part, lse_part, num_splits: int, sm_scale: flo
 def _split_args_wgmma(q, kv, indices, o_part, lse_part, num_splits: int, sm_scale: float, o, lse, cluster: int) -> tuple:
     """The wgmma split kernel's parameters: stage 1's, then o, lse and the cluster size (sparse_mla_decode.cu)."""
     return _split_args(q, kv, indices, o_part, lse_part, num_splits, sm_scale) + (o, lse, ctypes.c_int32(cluster))
+
+
+class _PpParams(ctypes.Structure):
+    """glm5::attn_core::SparseMlaParams (csrc/attn_core/sparse_mla_decode.cuh), the ping-pong kernel's one parameter."""
+    _fields_ = [("q", ctypes.c_void_p), ("kv", ctypes.c_void_p), ("indices", ctypes.c_void_p),
+                ("o_part", ctypes.c_void_p), ("lse_part", ctypes.c_void_p), ("q_stride_t", ctypes.c_int64),
+                ("q_stride_h", ctypes.c_int64), ("kv_stride", ctypes.c_int64), ("idx_stride", ctypes.c_int64),
+                ("num_slots", ctypes.c_int64), ("topk", ctypes.c_int32), ("num_splits", ctypes.c_int32),
+                ("num_heads", ctypes.c_int32), ("scale_log2", ctypes.c_float), ("o", ctypes.c_void_p),
+                ("lse_out", ctypes.c_void_p), ("cluster", ctypes.c_int32)]
+
+
+def _pp_args(q, kv, indices, o_part, lse_part, num_splits: int, sm_scale: float) -> tuple:
+    t, h, _ = q.shape
+    return (_PpParams(q.data_ptr(), kv.data_ptr(), indices.data_ptr(), o_part.data_ptr(), lse_part.data_ptr(),
+                      q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), kv.shape[0], indices.shape[1],
+                      num_splits, h, float(sm_scale) * math.log2(math.e), None, None, 1),)
 
 
 def _combine_args(o_part, lse_part, o, lse, num_splits: int, h: int) -> tuple:
@@ -449,12 +476,12 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
     k = indices.shape[1]
     kern = resolve_kernel(kernel, h, t, stages)
     st = DEFAULT_STAGES if stages is None else stages
-    if kern == "wgmma":
+    if kern in ("wgmma", "wgmma_pp"):
         plan = split_plan(t, h, k, _num_sms(idx), 1, WGMMA_HEAD_BLOCK, wgmma_min_blocks(t))
     else:
         plan = split_plan(t, h, k, _num_sms(idx), ctas_per_sm(st))
     ns = plan.num_splits if num_splits is None else num_splits
-    hb = WGMMA_HEAD_BLOCK if kern == "wgmma" else HEAD_BLOCK
+    hb = WGMMA_HEAD_BLOCK if kern in ("wgmma", "wgmma_pp") else HEAD_BLOCK
     cl = wgmma_cluster(ns, cluster) if kern == "wgmma" else 1
     nparts = ns // cl  # partials the combine merges (0 launches of it when one cluster holds every split)
     env.print_config("sparse_mla_decode", {"T": t, "H": h, "K": k},
@@ -469,6 +496,12 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
         if (tuple(o_part.shape), tuple(lse_part.shape)) != ((t, nparts, h, D_V), (t, nparts, h)) or not (
                 o_part.is_contiguous() and lse_part.is_contiguous()):
             raise _fail(f"workspace must be contiguous fp32 {(t, nparts, h, D_V)} and {(t, nparts, h)}")
+    if kern == "wgmma_pp":
+        get = lambda f: _wgmma_kernel(idx, f, WGMMA_STAGES)  # noqa: E731 - the default cubin holds the pp tile
+        get(FUNCTION_SPLIT_PP).launch((t, ns, h // WGMMA_HEAD_BLOCK), (PP_THREADS, 1, 1),
+                                      _pp_args(q, kv, indices, o_part, lse_part, ns, sm_scale), smem=PP_SMEM, pdl=pdl)
+        _launch_combine(get, o_part, lse_part, o, lse, nparts, t, h, pdl)
+        return
     if kern == "wgmma":
         ws_ = wgmma_stages()
         _wgmma_kernel(idx, FUNCTION_SPLIT_WGMMA, ws_).launch(

@@ -697,7 +697,7 @@ def test_registered_in_ops_package():
     assert SM.SPEC.source == "attn_core/sparse_mla_decode.cu" and SM.wgmma_spec(3) is SM.SPEC
     assert SM.wgmma_spec(4).defines == (("GLM5_SPARSE_MLA_WGMMA_STAGES", "4"),)
     assert SM.SPEC.functions == (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE, SM.FUNCTION_SPLIT_WGMMA,
-                                 SM.FUNCTION_COMBINE_WARP)
+                                 SM.FUNCTION_COMBINE_WARP, SM.FUNCTION_SPLIT_PP)
     assert SM.SPEC.defines == ()
     assert SM.spec_for(2) is SM.SPEC  # the default build keeps its cache entry
     s5 = SM.spec_for(5)
@@ -751,7 +751,7 @@ def test_constants_match_the_kernel_header():
 def test_compile_spec_without_spills_or_warnings(nvcc_jit, stages):
     ck = nvcc_jit(SM.spec_for(stages))
     res = ck.resources()
-    for fn in SM.SPEC.functions:
+    for fn in (SM.FUNCTION_SPLIT, SM.FUNCTION_COMBINE, SM.FUNCTION_COMBINE_WARP):  # the 64-head tiles: own tests
         r = res[fn]
         assert r.spill_store_bytes == 0 and r.spill_load_bytes == 0 and r.stack_bytes == 0, (fn, r)
     split, comb = res[SM.FUNCTION_SPLIT], res[SM.FUNCTION_COMBINE]
@@ -1125,6 +1125,7 @@ def test_gather_ring_source_matches_the_replay():
                  "slot_next = load_index(idx_row, blk + kStages, blk_end, grow, p.topk);"):
         assert expr in text, expr
     mma_tile, wgmma_tile = text.split("struct SparseMlaSplitWgmmaTileT", 1)
+    wgmma_tile = wgmma_tile.split("struct SparseMlaSplitPingPongTileT", 1)[0]
     assert mma_tile.count("ptx::cp_async_commit();") == 3  # Q, each prologue block, each loop iteration
     assert wgmma_tile.count("ptx::cp_async_commit();") == 3  # the same group accounting in the wgmma tile
 
@@ -1393,3 +1394,92 @@ def test_wgmma_cluster_merge(t, k, splits, seed):
     torch.cuda.synchronize()
     assert_close(OP, o, ref, tol=2e-3, context="cluster merge vs partial round trip")
     assert_equal(OP, again, o, context="cluster merge repeated")
+
+
+# ---- the ping-pong tile (kernel="wgmma_pp", opt-in; written in session 25, first GPU run due) --------------------------
+
+def test_pp_tile_constants_and_choice():
+    from glm5_fastpath.jit import csrc_dir
+    text = (csrc_dir() / "attn_core" / "sparse_mla_decode.cuh").read_text()
+    body = text[text.index("struct SparseMlaSplitPingPongTileT"):text.index("using SparseMlaSplitPingPongTile")]
+    for name, value in (("kHeads", SM.WGMMA_HEAD_BLOCK), ("kBlock", SM.BLOCK), ("kDv", SM.D_V), ("kDqk", SM.D_QK),
+                        ("kConsumerThreads", 256), ("kProducerRegs", 40), ("kConsumerRegs", 232)):
+        assert f"static constexpr int {name} = {value};" in body, name
+    assert f"using SparseMlaSplitPingPongTile = SparseMlaSplitPingPongTileT<{SM.PP_STAGES}>;" in text
+    assert SM.PP_THREADS == 384 and 40 * 128 + 232 * 256 <= 168 * 384  # the setmaxnreg split fits the launch allocation
+    assert SM.PP_SMEM <= 227 * 1024
+    q, kv, idx = make_inputs(2, 64, 8, 50, 0)
+    assert SM.resolve_kernel("wgmma_pp", 64, 8) == "wgmma_pp" and SM.resolve_kernel("auto", 64, 8) == "wgmma"
+    with pytest.raises(SM.SparseMlaInputError, match="needs H to be a multiple of 64"):
+        sparse_mla_decode(q[:, :32], kv, idx, SCALE, kernel="wgmma_pp")
+    assert_equal(OP, sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma_pp"), sparse_mla_flat(q, kv, idx, SCALE, DV),
+                 context="CPU: the reference")
+
+
+def test_compile_pp_tile(nvcc_jit):
+    """Compiled for sm_90a with no wgmma serialisation (ptxas C7514 / C7515 would make every S chain synchronous)."""
+    ck = nvcc_jit(SM.SPEC)
+    r = ck.resources()[SM.FUNCTION_SPLIT_PP]
+    assert r.smem_bytes == 0 and r.registers <= 168, r
+    assert r.spill_store_bytes == 0 and r.spill_load_bytes == 0 and r.stack_bytes == 0, r
+    assert "C7514" not in ck.log and "C7515" not in ck.log, ck.log
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [2048, 100, 33, 1])
+@pytest.mark.parametrize("t", [1, 2, 3, 8, 16, 31, 64])
+def test_pp_matches_float64_reference(t, k, seed, no_pdl_override):
+    """The ping-pong tile over poisoned outputs and workspace at its split plan and at 1 / 3 / 7 splits: odd and even
+    block counts per split (the virtual pad block), one block, empty splits (K = 1 / 33 with several splits)."""
+    q, kv, idx = _gpu_inputs(t, 64, k, seed + 17 * t + k, q_std=0.7 if t % 2 else 3.0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for ns in sorted({SM.split_plan(t, 64, k, sms, 1, SM.WGMMA_HEAD_BLOCK, SM.wgmma_min_blocks(t)).num_splits, 1, 3, 7}):
+        o = poison_(torch.empty(t, 64, DV, dtype=BF16, device="cuda"))
+        lse = poison_(torch.empty(t, 64, device="cuda"))
+        ws = (poison_(torch.empty(t, ns, 64, DV, device="cuda")), poison_(torch.empty(t, ns, 64, device="cuda")))
+        SM._launch(q, kv, idx, SCALE, o, lse, True, ns, workspace=ws, kernel="wgmma_pp")
+        torch.cuda.synchronize()
+        _check_vs_float64(o, lse, q, kv, idx, f"wgmma_pp {t=} {k=} splits={ns}")
+        ref = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma", num_splits=ns)
+        torch.cuda.synchronize()
+        assert_close(OP, o, ref, tol=2e-3, context=f"wgmma_pp vs wgmma {t=} {k=} splits={ns}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("late", ["q", "kv", "indices"])
+def test_pp_waits_for_the_previous_kernel_under_pdl(late, seed, no_pdl_override):
+    from glm5_fastpath.testing.pdl import late_producer, produce
+    producer = late_producer()
+    q, kv, idx = _gpu_inputs(4, 64, 2048, seed, s=4096)
+    want = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma_pp")
+    torch.cuda.synchronize()
+    src = {"q": q, "kv": kv, "indices": idx}[late]
+    stale = {"q": lambda x: x.fill_(3.0), "kv": lambda x: x.fill_(-2.0), "indices": lambda x: x.fill_(-1)}[late]
+    dst = torch.empty_like(src)
+    args = {"q": q, "kv": kv, "indices": idx}
+    args[late] = dst
+    for _ in range(3):
+        stale(dst)
+        torch.cuda.synchronize()
+        produce(producer, src, dst)
+        got = sparse_mla_decode(args["q"], args["kv"], args["indices"], SCALE, pdl=True, kernel="wgmma_pp")
+        torch.cuda.synchronize()
+        assert_equal(OP, got, want, context=f"wgmma_pp, PDL after a late producer of {late}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16])
+def test_pp_deterministic_graph_replay(t, seed):
+    q, kv, idx = _gpu_inputs(t, 64, 2048, seed)
+    SM.precompile()
+    first = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma_pp")
+    for i in range(5):
+        assert_equal(OP, sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma_pp"), first, context=f"wgmma_pp repeat {i}")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = sparse_mla_decode(q, kv, idx, SCALE, kernel="wgmma_pp")
+    for i in range(20):
+        poison_(out)
+        g.replay()
+        torch.cuda.synchronize()
+        assert_equal(OP, out, first, context=f"wgmma_pp replay {i}")
