@@ -885,7 +885,10 @@ struct SparseMlaSplitPingPongTileT {
     static constexpr int kOwnWait = GLM5_SPARSE_MLA_PP_WAIT;
     static constexpr int kOtherWait = GLM5_SPARSE_MLA_PP_WAIT;
 
-    static_assert(kStages >= 2 && kSmemBytes <= 227 * 1024, "ring depth in 227 KB");
+    // >= 3 stages: an own step j waits for block j + 2 to land, whose stage is freed only by the steps for block j - 1
+    // + kStages... i.e. block j + 2 - kStages must be released by step j - 1 at the latest (2 stages deadlock;
+    // tests/ops/test_sparse_mla_pp_protocol.py replays the protocol).
+    static_assert(kStages >= 3 && kSmemBytes <= 227 * 1024, "ring depth: >= 3 stages in 227 KB");
     static_assert(kOffBias % 16 == 0 && kOffBar % 8 == 0, "alignment of the bias rows and the mbarriers");
 
     static GLM5_DEVICE uint32_t full_bar(uint32_t sbase, int st) { return sbase + kOffBar + 8 * st; }
