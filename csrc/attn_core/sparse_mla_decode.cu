@@ -102,5 +102,5 @@ glm5_sparse_mla_split_pp(const __grid_constant__ glm5::attn_core::SparseMlaParam
     glm5::ptx::griddep_launch_dependents();
     extern __shared__ __align__(1024) uint8_t smem_p[];
     glm5::ptx::griddep_wait();
-    SplitPingPongTile::run(smem_p, p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+    SplitPingPongTile::run(smem_p, p, threadIdx.x);
 }

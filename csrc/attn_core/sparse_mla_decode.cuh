@@ -970,9 +970,10 @@ struct SparseMlaSplitPingPongTileT {
         return c;
     }
 
-    // Call after griddepcontrol.wait, with every thread of the CTA (kThreads). Each role builds its context after
-    // setmaxnreg (a value live across the register reallocation spills).
-    static GLM5_DEVICE void run(uint8_t* smem_raw, const SparseMlaParams& p, int t, int split, int hblk, int tid) {
+    // Call after griddepcontrol.wait, with every thread of the CTA (kThreads); the CTA is (token blockIdx.x, split
+    // blockIdx.y, 64-head block blockIdx.z). Each role builds its context after setmaxnreg (values live across the
+    // register reallocation spill).
+    static GLM5_DEVICE void run(uint8_t* smem_raw, const SparseMlaParams& p, int tid) {
         if (tid == 0) {
             const uint32_t sbase = ptx::smem_addr(reinterpret_cast<uint8_t*>(
                 (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023)));
@@ -996,9 +997,6 @@ struct SparseMlaSplitPingPongTileT {
         const int bt = blockIdx.x, bs = blockIdx.y;
         if (ctid < kWgThreads) consumer<0>(make_ctx(smem_raw, p, bt, bs, blockIdx.z), p, bt, bs, ctid);
         else consumer<1>(make_ctx(smem_raw, p, bt, bs, blockIdx.z), p, bt, bs, ctid);
-        (void)t;
-        (void)split;
-        (void)hblk;
     }
 
     // ---- producer warp: lane r = slot row r of every block ----
