@@ -55,16 +55,14 @@ def main() -> int:
                   for _ in range(a.tables)]
         for tile in a.tiles.split(","):
             kern = SM.resolve_kernel(tile, H, t)
+            plan = SM.plan_for(kern, t, H, K, sms)
             if kern == "wgmma_pp":
-                plan = SM.split_plan(t, H, K, sms, 1, SM.WGMMA_HEAD_BLOCK, SM.wgmma_min_blocks(t))
                 split_k, hb, thr, smem = SM._wgmma_kernel(idx_dev, SM.FUNCTION_SPLIT_PP, SM.WGMMA_STAGES), \
                     SM.WGMMA_HEAD_BLOCK, SM.PP_THREADS, SM.PP_SMEM
             elif kern == "wgmma":
-                plan = SM.split_plan(t, H, K, sms, 1, SM.WGMMA_HEAD_BLOCK, SM.wgmma_min_blocks(t))
                 split_k, hb, thr, smem = SM._wgmma_kernel(idx_dev, SM.FUNCTION_SPLIT_WGMMA, SM.WGMMA_STAGES), \
                     SM.WGMMA_HEAD_BLOCK, SM.WGMMA_THREADS, SM.WGMMA_SMEM
             else:
-                plan = SM.split_plan(t, H, K, sms, SM.ctas_per_sm(SM.DEFAULT_STAGES))
                 split_k, hb, thr, smem = SM._kernel(idx_dev, SM.FUNCTION_SPLIT), SM.HEAD_BLOCK, SM.SPLIT_THREADS, \
                     SM.SPLIT_SMEM
             get = (lambda f: SM._wgmma_kernel(idx_dev, f, SM.WGMMA_STAGES)) if kern in ("wgmma", "wgmma_pp") else \

@@ -838,9 +838,10 @@ struct SparseMlaCombineTile {
 // 2 + j % 2 (256 threads: 128 arrive, the other warpgroup's 128 sync). Both warpgroups apply the same alpha and rs, so
 // m and l are the same in both; l sums the bf16-rounded P per thread as in the other tiles.
 // wgmma groups of warpgroup w, in commit order: S(w) (prologue), then per own block j: P V(j), S(j + 2); per other
-// block j: P V(j) -- an S past the last block is a stand-in over a landed stage, so the counts hold to the end. With one group left in
-// flight (GLM5_SPARSE_MLA_PP_WAIT=1) an own block j would wait until S(j) retired while P V(j - 1) runs on, another's
-// block until P V(j - 1) retired while S(j + 1) runs on; the default waits for all (kOwnWait). Deterministic: fixed orders
+// block j: P V(j) -- an S past the last block is a stand-in over a landed stage. Every step waits for all of its
+// warpgroup's groups (wait<0>): one left in flight would overlap P V(j - 1) with the next step, but ptxas cannot see
+// which group a wait<1> retires and serialises every wgmma instead (C7514 / C7515); the overlap that matters, one
+// warpgroup's S on the tensor cores during the other's softmax, is across warpgroups. Deterministic: fixed orders
 // everywhere (S is one m64n32 accumulation chain over k steps 0..35).
 // NOT YET RUN ON A GPU (session 25): compiled for sm_90a only; `tile="wgmma_pp"` is opt-in.
 static __device__ __align__(16) const float kPpBias[4] = {0.0f, -INFINITY, 0.0f, 0.0f};
@@ -876,14 +877,6 @@ struct SparseMlaSplitPingPongTileT {
     static constexpr int kSmemUsed = kOffBar + 2 * kStages * 8;
     static constexpr int kSmemBytes = kSmemUsed + 1024;
     static constexpr int kBarHandoff = 2;                      // named barriers 2, 3 (1: the consumers' Q barrier)
-    // wgmma groups left in flight at the two waits. 0 / 0: ptxas serialises the wgmma of this loop otherwise (its
-    // static view cannot tell that wait<1> retires the P V whose accumulators the rescale then writes: C7514 / C7515);
-    // the overlap that matters, one warpgroup's S on the tensor cores during the other's softmax, is across warpgroups.
-#ifndef GLM5_SPARSE_MLA_PP_WAIT
-#define GLM5_SPARSE_MLA_PP_WAIT 0
-#endif
-    static constexpr int kOwnWait = GLM5_SPARSE_MLA_PP_WAIT;
-    static constexpr int kOtherWait = GLM5_SPARSE_MLA_PP_WAIT;
 
     // >= 3 stages: an own step j waits for block j + 2 to land, whose stage is freed only by the steps for block j - 1
     // + kStages... i.e. block j + 2 - kStages must be released by step j - 1 at the latest (2 stages deadlock;
@@ -1042,7 +1035,7 @@ struct SparseMlaSplitPingPongTileT {
         const int n = c.n;
         const int st = stage_of(j, n);
         const uint32_t stage_s = c.ring_s + st * kStageBytes;
-        sm90::wgmma_wait<kOwnWait>();  // S(j) retired
+        sm90::wgmma_wait<0>();  // S(j) retired, and P V(j - 1) before the rescale below
         sm90::fence_operands(cs.s);
         sm90::fence_operands(cs.o);
         const float* bias = reinterpret_cast<const float*>(c.smem + kOffBias) + st * kBlock;
@@ -1129,7 +1122,7 @@ struct SparseMlaSplitPingPongTileT {
         alpha[1] = sr[3 * kWgThreads + wtid];
         cs.l[0] = cs.l[0] * alpha[0] + sr[4 * kWgThreads + wtid];
         cs.l[1] = cs.l[1] * alpha[1] + sr[5 * kWgThreads + wtid];
-        sm90::wgmma_wait<kOtherWait>();  // P V(j - 1) retired
+        sm90::wgmma_wait<0>();  // P V(j - 1) retired
         sm90::fence_operands(cs.s);
         sm90::fence_operands(cs.o);
         rescale(cs.o, alpha);

@@ -100,59 +100,6 @@ def spec_for(stages: int) -> KernelSpec:
                       defines={"GLM5_SPARSE_MLA_STAGES": stages})
 
 
-# The split tiles (csrc/attn_core/sparse_mla_decode.cuh): "mma" = SparseMlaSplitTileT (16 heads per CTA, mma.sync,
-# any H % 16 == 0, the ring builds of STAGE_CHOICES); "wgmma" = SparseMlaSplitWgmmaTile (64 heads per CTA on
-# warpgroup MMAs, H % 64 == 0, one build). Both write the same partials for the same split boundaries (32-slot
-# blocks), so the combine kernel and the split plan's rule are shared. "auto" = wgmma where H allows it.
-# "wgmma_pp" (opt-in, session 25, NOT YET RUN ON A GPU) = SparseMlaSplitPingPongTile: the same 64 heads per CTA, each
-# warpgroup owning every other block's S and softmax step while both run every block's P V (384 threads: a producer
-# warp gathers through an mbarrier ring); auto never picks it until it is measured.
-KERNEL_CHOICES = ("mma", "wgmma", "auto", "wgmma_pp")
-DEFAULT_KERNEL = "auto"
-WGMMA_HEAD_BLOCK = 64
-WGMMA_THREADS = 256
-WGMMA_STAGES = 3          # the default build's ring (GLM5_SPARSE_MLA_WGMMA_STAGES; 4 = exchange in the ring, opt-in)
-WGMMA_STAGE_CHOICES = (3, 4)
-PP_THREADS = 384
-PP_STAGES = 3
-PP_SMEM = 64 * 1152 + PP_STAGES * 32 * 1152 + 2 * 4096 + 2 * 4096 + PP_STAGES * 32 * 4 + 2 * PP_STAGES * 8 + 1024  # 202160
-# "auto" takes the wgmma tile from this many tokens: on the H200 (benchmarks/results/2026-12-01_h200_session25, c1,
-# same run) mma / wgmma / FlashMLA took 11.7 / 13.8 (32 splits) / 56.4 us at T = 1, 17.8 / 15.8 / 57.7 at 2,
-# 29.5 / 23.2 / 60.1 at 8, 50.3 / 31.1 / 60.6 at 16, 90.7 / 47.4 / 62.5 at 32, 171.9 / 79.3 / 66.5 at 64.
-WGMMA_AUTO_MIN_TOKENS = 2
-def wgmma_min_blocks(t: int) -> int:
-    """split_plan's block minimum for the wgmma tile (H200, session 25 c1 / c2): 2 at T <= 2 (T = 1: 13.8 us with 32
-    splits against 15.7 with 16), 4 from T = 4 (T = 4: 19.4 us with 16 splits against 23.0 with 32)."""
-    return 2 if t <= 2 else MIN_BLOCKS_PER_SPLIT
-def wgmma_smem(stages: int = WGMMA_STAGES) -> int:
-    """SparseMlaSplitWgmmaTileT<stages>::kSmemBytes: Q, the ring, the exchange buffer (3 stages only), bias, slack."""
-    return 64 * 1152 + stages * 32 * 1152 + (16384 if stages < 4 else 0) + stages * 32 * 4 + 1024
-
-
-WGMMA_SMEM = wgmma_smem()  # 202112
-
-
-def wgmma_spec(stages: int = WGMMA_STAGES) -> KernelSpec:
-    """The cubin holding the wgmma tile of `stages` (the default build is SPEC)."""
-    if stages == WGMMA_STAGES:
-        return SPEC
-    return KernelSpec(f"glm5_sparse_mla_decode_w{stages}", source=SOURCE,
-                      functions=(FUNCTION_SPLIT_WGMMA, FUNCTION_COMBINE, FUNCTION_COMBINE_WARP),
-                      defines={"GLM5_SPARSE_MLA_WGMMA_STAGES": stages})
-
-
-def wgmma_stages() -> int:
-    """GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES (3 / 4; default WGMMA_STAGES): the wgmma tile's ring build."""
-    raw = (env.text("GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES") or "").strip()
-    if not raw:
-        return WGMMA_STAGES
-    try:
-        v = int(raw)
-    except ValueError:
-        v = -1
-    if v not in WGMMA_STAGE_CHOICES:
-        raise _fail(f"GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES={raw!r}: one of {WGMMA_STAGE_CHOICES}")
-    return v
 BF16 = torch.bfloat16
 
 # Compile-time constants of csrc/attn_core/sparse_mla_decode.cuh (SparseMlaSplitTile / SparseMlaCombineTile).
@@ -182,11 +129,18 @@ def ctas_per_sm(stages: int) -> int:
 SPLIT_SMEM = split_smem(DEFAULT_STAGES)  # 93696
 COMBINE_THREADS = 256
 COMBINE_PARTS = 2        # d_v halves per (token, head): gridDim.z
+VEC = 8                  # bf16 per 16-byte copy
+
+
 # The combine kernel both split tiles hand their partials to: "warp" = SparseMlaCombineWarpTile (one warp per
 # (token, head, 128 columns), grid (T, H / 2)), "cta" = SparseMlaCombineTile (one CTA per (token, head, half),
 # grid (T, H, 2)). H200, session 25 c6: the cta combine took 3.4 / 6.6 / 7.4 / 10.2 / 14.9 us at T = 1 / 8 / 16 / 32 /
 # 64 (wgmma tile's partials); "warp" is the default since c7 (see benchmarks/results/2026-12-01_h200_session25).
 COMBINE_CHOICES = ("warp", "cta")
+COMBINE = "warp"
+COMBINE_WARP_THREADS = 256
+COMBINE_WARP_UNITS_PER_CTA = 8   # warps per CTA, each one (head, 128-column slice); 4 slices per head
+
 # The wgmma tile can merge the splits of a token inside thread-block clusters through distributed shared memory
 # (SparseMlaSplitWgmmaTileT::cluster_epilogue) instead of the fp32 partial round trip + combine kernel:
 #   "pair" (default): a cluster of 2 only when a token has exactly 2 splits, so the cluster writes o / lse itself and no
@@ -211,10 +165,67 @@ def wgmma_cluster(num_splits: int, mode: str | None = None) -> int:
         if c <= WGMMA_MAX_CLUSTER and num_splits % c == 0:
             return c
     return 1
-COMBINE = "warp"
-COMBINE_WARP_THREADS = 256
-COMBINE_WARP_UNITS_PER_CTA = 8   # warps per CTA, each one (head, 128-column slice); 4 slices per head
-VEC = 8                  # bf16 per 16-byte copy
+
+
+# The split tiles (csrc/attn_core/sparse_mla_decode.cuh): "mma" = SparseMlaSplitTileT (16 heads per CTA, mma.sync,
+# any H % 16 == 0, the ring builds of STAGE_CHOICES); "wgmma" = SparseMlaSplitWgmmaTile (64 heads per CTA on
+# warpgroup MMAs, H % 64 == 0, one build). Both write the same partials for the same split boundaries (32-slot
+# blocks), so the combine kernel and the split plan's rule are shared. "auto" = wgmma where H allows it.
+# "wgmma_pp" (opt-in, session 25, NOT YET RUN ON A GPU) = SparseMlaSplitPingPongTile: the same 64 heads per CTA, each
+# warpgroup owning every other block's S and softmax step while both run every block's P V (384 threads: a producer
+# warp gathers through an mbarrier ring); auto never picks it until it is measured.
+KERNEL_CHOICES = ("mma", "wgmma", "auto", "wgmma_pp")
+DEFAULT_KERNEL = "auto"
+WGMMA_HEAD_BLOCK = 64
+WGMMA_THREADS = 256
+WGMMA_STAGES = 3          # the default build's ring (GLM5_SPARSE_MLA_WGMMA_STAGES; 4 = exchange in the ring, opt-in)
+WGMMA_STAGE_CHOICES = (3, 4)
+PP_THREADS = 384
+PP_STAGES = 3
+PP_SMEM = 64 * 1152 + PP_STAGES * 32 * 1152 + 2 * 4096 + 2 * 4096 + PP_STAGES * 32 * 4 + 2 * PP_STAGES * 8 + 1024  # 202160
+# "auto" takes the wgmma tile from this many tokens: on the H200 (benchmarks/results/2026-12-01_h200_session25, c1,
+# same run) mma / wgmma / FlashMLA took 11.7 / 13.8 (32 splits) / 56.4 us at T = 1, 17.8 / 15.8 / 57.7 at 2,
+# 29.5 / 23.2 / 60.1 at 8, 50.3 / 31.1 / 60.6 at 16, 90.7 / 47.4 / 62.5 at 32, 171.9 / 79.3 / 66.5 at 64.
+WGMMA_AUTO_MIN_TOKENS = 2
+
+
+def wgmma_min_blocks(t: int) -> int:
+    """split_plan's block minimum for the wgmma tile (H200, session 25 c1 / c2): 2 at T <= 2 (T = 1: 13.8 us with 32
+    splits against 15.7 with 16), 4 from T = 4 (T = 4: 19.4 us with 16 splits against 23.0 with 32)."""
+    return 2 if t <= 2 else MIN_BLOCKS_PER_SPLIT
+
+
+def wgmma_smem(stages: int = WGMMA_STAGES) -> int:
+    """SparseMlaSplitWgmmaTileT<stages>::kSmemBytes: Q, the ring, the exchange buffer (3 stages only), bias, slack."""
+    return 64 * 1152 + stages * 32 * 1152 + (16384 if stages < 4 else 0) + stages * 32 * 4 + 1024
+
+
+WGMMA_SMEM = wgmma_smem()  # 202112
+
+
+def wgmma_spec(stages: int = WGMMA_STAGES) -> KernelSpec:
+    """The cubin holding the wgmma tile of `stages` (the default build is SPEC)."""
+    if stages == WGMMA_STAGES:
+        return SPEC
+    return KernelSpec(f"glm5_sparse_mla_decode_w{stages}", source=SOURCE,
+                      functions=(FUNCTION_SPLIT_WGMMA, FUNCTION_COMBINE, FUNCTION_COMBINE_WARP),
+                      defines={"GLM5_SPARSE_MLA_WGMMA_STAGES": stages})
+
+
+def wgmma_stages() -> int:
+    """GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES (3 / 4; default WGMMA_STAGES): the wgmma tile's ring build."""
+    raw = (env.text("GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES") or "").strip()
+    if not raw:
+        return WGMMA_STAGES
+    try:
+        v = int(raw)
+    except ValueError:
+        v = -1
+    if v not in WGMMA_STAGE_CHOICES:
+        raise _fail(f"GLM5_FASTPATH_SPARSE_MLA_WGMMA_STAGES={raw!r}: one of {WGMMA_STAGE_CHOICES}")
+    return v
+
+
 
 
 class SparseMlaInputError(ValueError):
@@ -233,7 +244,7 @@ def _fail(msg: str) -> SparseMlaInputError:
 # ---- validation (shared by the real and the fake implementations) --------------------------------
 
 def resolve_kernel(kernel: object, h: int, t: int = WGMMA_AUTO_MIN_TOKENS, stages: object = None) -> str:
-    """The split tile a call with T tokens and H heads runs: "mma" or "wgmma" (KERNEL_CHOICES; None =
+    """The split tile a call with T tokens and H heads runs: "mma", "wgmma" or "wgmma_pp" (KERNEL_CHOICES; None =
     DEFAULT_KERNEL). "auto": wgmma where H % 64 == 0 and T >= WGMMA_AUTO_MIN_TOKENS, else mma; an explicit
     `stages` (a build of the mma tile) makes "auto" mma."""
     k = DEFAULT_KERNEL if kernel is None else kernel
@@ -344,6 +355,14 @@ def split_plan(t: int, h: int, k: int, num_sms: int, per_sm: int = 2, head_block
     return SplitPlan(-(-blocks // bps), bps)
 
 
+def plan_for(kern: str, t: int, h: int, k: int, num_sms: int, stages: int = DEFAULT_STAGES) -> SplitPlan:
+    """The split plan a resolved tile uses (resolve_kernel): the 64-head tiles one CTA per SM with wgmma_min_blocks,
+    the mma tile its ring build's CTAs per SM."""
+    if kern in ("wgmma", "wgmma_pp"):
+        return split_plan(t, h, k, num_sms, 1, WGMMA_HEAD_BLOCK, wgmma_min_blocks(t))
+    return split_plan(t, h, k, num_sms, ctas_per_sm(stages))
+
+
 def parse_split_table(spec: str) -> dict[int, int]:
     """A tuned num_splits table {T: splits}: inline "1:16,8:16" or the path of a JSON file whose "splits" maps
     T to splits (what `glm5-fastpath bench sparse-mla --write-splits` writes). A call with T tokens uses the
@@ -386,7 +405,7 @@ def splits_for(table: dict[int, int] | None, t: int) -> Optional[int]:
 # ---- launch ------------------------------------------------------------------------------------------
 
 _sms_cache: dict[int, int] = {}
-_kernels: dict[tuple[int, str, int], object] = {}
+_kernels: dict[tuple[int, str, str], object] = {}
 
 
 def _num_sms(idx: int) -> int:
@@ -396,28 +415,28 @@ def _num_sms(idx: int) -> int:
     return n
 
 
-def _kernel(idx: int, function: str, stages: int = DEFAULT_STAGES):
-    k = _kernels.get((idx, function, stages))
+def _load(idx: int, spec: KernelSpec, function: str, smem: int = 0):
+    """`function` of the cubin `spec` on device idx, loaded once; smem > 48 KB: the dynamic shared memory opt-in,
+    set here once, outside any graph capture."""
+    k = _kernels.get((idx, spec.name, function))
     if k is None:
         from ..jit.runtime import get_kernel
-        k = get_kernel(spec_for(stages), function, device=torch.device("cuda", idx))
-        if function == FUNCTION_SPLIT:
-            k.set_max_dynamic_smem(split_smem(stages))  # the > 48 KB opt-in, once, outside any graph capture
-        _kernels[(idx, function, stages)] = k
+        k = get_kernel(spec, function, device=torch.device("cuda", idx))
+        if smem:
+            k.set_max_dynamic_smem(smem)
+        _kernels[(idx, spec.name, function)] = k
     return k
+
+
+def _kernel(idx: int, function: str, stages: int = DEFAULT_STAGES):
+    """A function of the mma tile's ring build `stages` (its split kernel with the ring's shared memory)."""
+    return _load(idx, spec_for(stages), function, split_smem(stages) if function == FUNCTION_SPLIT else 0)
 
 
 def _wgmma_kernel(idx: int, function: str, stages: int):
-    k = _kernels.get((idx, function, -stages))  # keyed apart from the mma builds
-    if k is None:
-        from ..jit.runtime import get_kernel
-        k = get_kernel(wgmma_spec(stages), function, device=torch.device("cuda", idx))
-        if function == FUNCTION_SPLIT_WGMMA:
-            k.set_max_dynamic_smem(wgmma_smem(stages))
-        elif function == FUNCTION_SPLIT_PP:
-            k.set_max_dynamic_smem(PP_SMEM)
-        _kernels[(idx, function, -stages)] = k
-    return k
+    """A function of the cubin that holds the 64-head tiles of ring build `stages` (wgmma_spec)."""
+    smem = {FUNCTION_SPLIT_WGMMA: wgmma_smem(stages), FUNCTION_SPLIT_PP: PP_SMEM}.get(function, 0)
+    return _load(idx, wgmma_spec(stages), function, smem)
 
 
 def _split_args(q, kv, indices, o_part, lse_part, num_splits: int, sm_scale: float) -> tuple:
@@ -476,46 +495,39 @@ def _launch(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: 
     k = indices.shape[1]
     kern = resolve_kernel(kernel, h, t, stages)
     st = DEFAULT_STAGES if stages is None else stages
-    if kern in ("wgmma", "wgmma_pp"):
-        plan = split_plan(t, h, k, _num_sms(idx), 1, WGMMA_HEAD_BLOCK, wgmma_min_blocks(t))
-    else:
-        plan = split_plan(t, h, k, _num_sms(idx), ctas_per_sm(st))
-    ns = plan.num_splits if num_splits is None else num_splits
+    ns = plan_for(kern, t, h, k, _num_sms(idx), st).num_splits if num_splits is None else num_splits
     hb = WGMMA_HEAD_BLOCK if kern in ("wgmma", "wgmma_pp") else HEAD_BLOCK
     cl = wgmma_cluster(ns, cluster) if kern == "wgmma" else 1
-    nparts = ns // cl  # partials the combine merges (0 launches of it when one cluster holds every split)
+    nparts = ns // cl                    # partials the combine merges
+    merged = cl > 1 and nparts == 1      # one cluster holds every split: it writes o / lse, no partials, no combine
     env.print_config("sparse_mla_decode", {"T": t, "H": h, "K": k},
                      {"kernel": kern, "num_splits": ns, "grid": (t, ns, h // hb), "auto": num_splits is None,
                       "stages": st if kern == "mma" else WGMMA_STAGES, "cluster": cl})
     if workspace is None:  # per call from the caching allocator: no host sync, capture-safe (module docstring)
-        need = nparts > 1 or cl == 1  # one cluster per token writes o / lse itself: no partials
-        o_part = torch.empty((t, nparts, h, D_V), dtype=torch.float32, device=q.device) if need else lse
-        lse_part = torch.empty((t, nparts, h), dtype=torch.float32, device=q.device) if need else lse
+        o_part = lse if merged else torch.empty((t, nparts, h, D_V), dtype=torch.float32, device=q.device)
+        lse_part = lse if merged else torch.empty((t, nparts, h), dtype=torch.float32, device=q.device)
     else:
         o_part, lse_part = workspace
         if (tuple(o_part.shape), tuple(lse_part.shape)) != ((t, nparts, h, D_V), (t, nparts, h)) or not (
                 o_part.is_contiguous() and lse_part.is_contiguous()):
             raise _fail(f"workspace must be contiguous fp32 {(t, nparts, h, D_V)} and {(t, nparts, h)}")
-    if kern == "wgmma_pp":
-        get = lambda f: _wgmma_kernel(idx, f, WGMMA_STAGES)  # noqa: E731 - the default cubin holds the pp tile
+    if kern == "wgmma_pp":  # its cubin is the default wgmma build's
+        get = lambda f: _wgmma_kernel(idx, f, WGMMA_STAGES)  # noqa: E731
         get(FUNCTION_SPLIT_PP).launch((t, ns, h // WGMMA_HEAD_BLOCK), (PP_THREADS, 1, 1),
                                       _pp_args(q, kv, indices, o_part, lse_part, ns, sm_scale), smem=PP_SMEM, pdl=pdl)
-        _launch_combine(get, o_part, lse_part, o, lse, nparts, t, h, pdl)
-        return
-    if kern == "wgmma":
+    elif kern == "wgmma":
         ws_ = wgmma_stages()
-        _wgmma_kernel(idx, FUNCTION_SPLIT_WGMMA, ws_).launch(
+        get = lambda f: _wgmma_kernel(idx, f, ws_)  # noqa: E731
+        get(FUNCTION_SPLIT_WGMMA).launch(
             (t, ns, h // WGMMA_HEAD_BLOCK), (WGMMA_THREADS, 1, 1),
             _split_args_wgmma(q, kv, indices, o_part, lse_part, ns, sm_scale, o, lse, cl), smem=wgmma_smem(ws_),
             pdl=pdl, cluster=(1, cl, 1) if cl > 1 else None)
-        if nparts > 1 or cl == 1:
-            _launch_combine(lambda f: _wgmma_kernel(idx, f, ws_), o_part, lse_part, o, lse, nparts, t, h, pdl)
-        return
     else:
-        _kernel(idx, FUNCTION_SPLIT, st).launch((t, ns, h // HEAD_BLOCK), (SPLIT_THREADS, 1, 1),
-                                                _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale),
-                                                smem=split_smem(st), pdl=pdl)
-    _launch_combine(lambda f: _kernel(idx, f, st), o_part, lse_part, o, lse, ns, t, h, pdl)
+        get = lambda f: _kernel(idx, f, st)  # noqa: E731
+        get(FUNCTION_SPLIT).launch((t, ns, h // HEAD_BLOCK), (SPLIT_THREADS, 1, 1),
+                                   _split_args(q, kv, indices, o_part, lse_part, ns, sm_scale), smem=split_smem(st), pdl=pdl)
+    if not merged:
+        _launch_combine(get, o_part, lse_part, o, lse, nparts, t, h, pdl)
 
 
 def _launch_combine(get, o_part, lse_part, o, lse, ns: int, t: int, h: int, pdl: bool, combine: str | None = None) -> None:
@@ -564,7 +576,8 @@ def sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, 
 
     pdl: launch both kernels with Programmatic Dependent Launch (GPU only). num_splits: None = split_plan(),
     else 1..64 splits of the K index columns. stages: None (DEFAULT_STAGES) or one of STAGE_CHOICES, the split
-    kernel's build (module docstring). kernel: None (DEFAULT_KERNEL), "mma", "wgmma" or "auto" (resolve_kernel)."""
+    kernel's build (module docstring). kernel: None (DEFAULT_KERNEL) or one of KERNEL_CHOICES: "mma", "wgmma", "auto"
+    (resolve_kernel), "wgmma_pp" (opt-in, not yet GPU-run)."""
     _check(q, kv, indices, sm_scale, d_v, num_splits, stages, kernel)  # before the dispatcher, so errors name this op
     _check_pdl(pdl)
     if not isinstance(return_lse, bool):

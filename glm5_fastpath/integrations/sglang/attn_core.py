@@ -109,8 +109,9 @@ def split_table(log: logging.Logger = logger) -> dict[int, int] | None:
 
 
 def tile(log: logging.Logger = logger) -> str:
-    """GLM5_FASTPATH_SPARSE_MLA_TILE: the split tile (ops.sparse_mla.KERNEL_CHOICES: mma, wgmma, auto; default auto =
-    wgmma from 2 tokens where H % 64 == 0, mma otherwise). A bad value is logged and auto kept."""
+    """GLM5_FASTPATH_SPARSE_MLA_TILE: the split tile (ops.sparse_mla.KERNEL_CHOICES: mma, wgmma, auto, wgmma_pp; default
+    auto = wgmma from 2 tokens where H % 64 == 0, mma otherwise; wgmma_pp is opt-in and not yet GPU-run). A bad value is
+    logged and auto kept."""
     from ...ops import sparse_mla as SM
 
     raw = os.environ.get(ENV_TILE, "").strip().lower()
@@ -190,9 +191,10 @@ class SparseMlaRoute:
             from ...ops import sparse_mla as SM
 
             t = int(q_all.shape[0])
-            if SM.resolve_kernel(self.tile, int(q_all.shape[1]), t) == "wgmma":
+            kern = SM.resolve_kernel(self.tile, int(q_all.shape[1]), t)
+            if kern != "mma":  # a 64-head tile (wgmma, or the opt-in wgmma_pp)
                 out = SM.sparse_mla_decode(q_all, kv_cache, page_table_1, float(sm_scale), int(v_head_dim),
-                                           kernel="wgmma")
+                                           kernel=kern)
             else:  # the mma tile: its ring build and the tuned split table apply
                 out = SM.sparse_mla_decode(q_all, kv_cache, page_table_1, float(sm_scale), int(v_head_dim),
                                            num_splits=SM.splits_for(self.splits, t), stages=self.stages,

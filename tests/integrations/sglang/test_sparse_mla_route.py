@@ -297,6 +297,11 @@ def test_tile_choice(op, monkeypatch, caplog):
     cls2()._forward_flashmla_sparse(*args(t=8))
     assert fake.tiles[-1] == "mma"
     assert cls2()._forward_flashmla_sparse(*args(t=17)) == ("flashmla", 17)
+    monkeypatch.setenv(AC.ENV_TILE, "wgmma_pp")  # the opt-in tile reaches the op as such, never silently mma
+    cls3 = type("Backend3", (Backend,), {})
+    install(cls3)
+    cls3()._forward_flashmla_sparse(*args(t=8))
+    assert fake.tiles[-1] == "wgmma_pp" and fake.used_stages[-1] is None
     monkeypatch.setenv(AC.ENV_TILE, "tensor")
     caplog.set_level(logging.INFO, "glm5_fastpath")
     assert AC.tile() == "auto" and "GLM5_FASTPATH_SPARSE_MLA_TILE='tensor' ignored" in caplog.text
