@@ -9,6 +9,11 @@ keeps the ones that still match, merges entries of other cache directories (--ad
 `benchmarks/fp8_gemm_sweep.py --warm` cache), and writes a new archive.
 
     python scripts/refresh_jit_cache.py .carry/jit.tar.xz --add /tmp/jit_sweep --out .carry/jit.tar.xz
+
+A fresh checkout has no archive to refresh: --seed builds every variant the ops launch
+(glm5_fastpath.ops.compile_check_specs(), the same list CI compile-checks) into the new archive as well:
+
+    python scripts/refresh_jit_cache.py --seed --out .carry/jit.tar.xz
 """
 from __future__ import annotations
 
@@ -48,14 +53,21 @@ def spec_of(manifest: dict) -> KernelSpec | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("archive", help="the cache archive to refresh (tar.xz of a cache dir holding sm_90a/...)")
+    ap.add_argument("archive", nargs="?", default=None,
+                    help="the cache archive to refresh (tar.xz of a cache dir holding sm_90a/...); optional with --seed")
+    ap.add_argument("--seed", action="store_true",
+                    help="also build every variant the ops launch (compile_check_specs) for --arch")
+    ap.add_argument("--arch", default="sm_90a", help="the arch --seed builds for (default sm_90a)")
     ap.add_argument("--add", action="append", default=[], help="another cache dir whose entries are merged in")
     ap.add_argument("--out", required=True, help="the new archive (may be the input)")
     args = ap.parse_args(argv)
+    if args.archive is None and not args.seed:
+        ap.error("give an archive to refresh, or --seed")
     work = Path(tempfile.mkdtemp(prefix="glm5_jit_refresh."))
     old, new = work / "old", work / "new"
     old.mkdir(), new.mkdir()
-    subprocess.run(["tar", "-xJf", args.archive, "-C", str(old)], check=True)
+    if args.archive is not None:
+        subprocess.run(["tar", "-xJf", args.archive, "-C", str(old)], check=True)
     os.environ["GLM5_FASTPATH_CACHE_DIR"] = str(new)
     kept = rebuilt = skipped = 0
     for man in sorted(old.glob("*/*/manifest.json")):
@@ -76,6 +88,14 @@ def main(argv: list[str] | None = None) -> int:
             compile_kernel(spec, arch)
             rebuilt += 1
             print(f"rebuilt {spec.describe()}", flush=True)
+    seeded = 0
+    if args.seed:
+        from glm5_fastpath.ops import compile_check_specs
+        for spec in compile_check_specs():
+            key = cache_key(spec, args.arch)
+            if not (new / args.arch / f"{spec.name}.{key[:_ENTRY_KEY_CHARS]}").exists():
+                compile_kernel(spec, args.arch)
+                seeded += 1
     added = 0
     for d in args.add:
         for entry in sorted(Path(d).glob("*/*/manifest.json")):
@@ -92,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["tar", "-cJf", str(tmp_out), "-C", str(new), *sorted(p.name for p in new.iterdir())], check=True)
     tmp_out.replace(out)
     shutil.rmtree(work, ignore_errors=True)
-    print(f"{out}: kept {kept}, rebuilt {rebuilt}, added {added}, inline entries kept as they are {skipped}")
+    print(f"{out}: kept {kept}, rebuilt {rebuilt}, seeded {seeded}, added {added}, inline entries kept as they are {skipped}")
     return 0
 
 
