@@ -843,7 +843,11 @@ struct SparseMlaCombineTile {
 // which group a wait<1> retires and serialises every wgmma instead (C7514 / C7515); the overlap that matters, one
 // warpgroup's S on the tensor cores during the other's softmax, is across warpgroups. Deterministic: fixed orders
 // everywhere (S is one m64n32 accumulation chain over k steps 0..35).
-// NOT YET RUN ON A GPU (session 25): compiled for sm_90a only; `tile="wgmma_pp"` is opt-in.
+// Measured (session 26, H200): correct (all GPU tests pass) but SLOWER than SparseMlaSplitWgmmaTileT: 3.5 against
+// 2.0 us per 32-slot block (T = 64: split kernel 111.7 against 64.6 us; T = 8: 22.8 against 17.8). The softmax chain
+// runs through both warpgroups serially (block j + 1's step needs block j's max), so the cross-warpgroup overlap it
+// was built for does not happen, and the single producer warp adds a hop. Kept opt-in (`tile="wgmma_pp"`) as the
+// measured record of that schedule; `auto` never picks it.
 static __device__ __align__(16) const float kPpBias[4] = {0.0f, -INFINITY, 0.0f, 0.0f};
 
 template <int kStages_>

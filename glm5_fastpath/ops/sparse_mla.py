@@ -171,9 +171,10 @@ def wgmma_cluster(num_splits: int, mode: str | None = None) -> int:
 # any H % 16 == 0, the ring builds of STAGE_CHOICES); "wgmma" = SparseMlaSplitWgmmaTile (64 heads per CTA on
 # warpgroup MMAs, H % 64 == 0, one build). Both write the same partials for the same split boundaries (32-slot
 # blocks), so the combine kernel and the split plan's rule are shared. "auto" = wgmma where H allows it.
-# "wgmma_pp" (opt-in, session 25, NOT YET RUN ON A GPU) = SparseMlaSplitPingPongTile: the same 64 heads per CTA, each
-# warpgroup owning every other block's S and softmax step while both run every block's P V (384 threads: a producer
-# warp gathers through an mbarrier ring); auto never picks it until it is measured.
+# "wgmma_pp" (opt-in) = SparseMlaSplitPingPongTile: the same 64 heads per CTA, each warpgroup owning every other
+# block's S and softmax step while both run every block's P V (384 threads: a producer warp gathers through an
+# mbarrier ring). Correct, but measured 1.1-1.9x slower than "wgmma" on the H200 (session 26: the softmax chain
+# serialises the two warpgroups), so auto never picks it.
 KERNEL_CHOICES = ("mma", "wgmma", "auto", "wgmma_pp")
 DEFAULT_KERNEL = "auto"
 WGMMA_HEAD_BLOCK = 64
@@ -577,7 +578,7 @@ def sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, 
     pdl: launch both kernels with Programmatic Dependent Launch (GPU only). num_splits: None = split_plan(),
     else 1..64 splits of the K index columns. stages: None (DEFAULT_STAGES) or one of STAGE_CHOICES, the split
     kernel's build (module docstring). kernel: None (DEFAULT_KERNEL) or one of KERNEL_CHOICES: "mma", "wgmma", "auto"
-    (resolve_kernel), "wgmma_pp" (opt-in, not yet GPU-run)."""
+    (resolve_kernel), "wgmma_pp" (opt-in; slower, see KERNEL_CHOICES)."""
     _check(q, kv, indices, sm_scale, d_v, num_splits, stages, kernel)  # before the dispatcher, so errors name this op
     _check_pdl(pdl)
     if not isinstance(return_lse, bool):

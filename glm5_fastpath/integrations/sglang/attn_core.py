@@ -110,7 +110,7 @@ def split_table(log: logging.Logger = logger) -> dict[int, int] | None:
 
 def tile(log: logging.Logger = logger) -> str:
     """GLM5_FASTPATH_SPARSE_MLA_TILE: the split tile (ops.sparse_mla.KERNEL_CHOICES: mma, wgmma, auto, wgmma_pp; default
-    auto = wgmma from 2 tokens where H % 64 == 0, mma otherwise; wgmma_pp is opt-in and not yet GPU-run). A bad value is
+    auto = wgmma from 2 tokens where H % 64 == 0, mma otherwise; wgmma_pp is opt-in and measured slower). A bad value is
     logged and auto kept."""
     from ...ops import sparse_mla as SM
 
