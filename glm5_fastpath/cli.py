@@ -96,6 +96,12 @@ def _cmd_bench_router(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _cmd_bench_moe_layer(args: argparse.Namespace) -> int:
+    from .bench.moe_layer import main
+
+    return main(args)
+
+
 def _cmd_bench_gemm_phases(args: argparse.Namespace) -> int:
     from .bench.gemm_phases import run
 
@@ -223,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_router_args(b)
     b.set_defaults(fn=_cmd_bench_router)
+    b = bsub.add_parser("moe-layer", help="(GPU) one decode MoE layer from h: fused router + plan vs separate kernels "
+                        "vs SGLang's router + DeepGEMM fp8_mega_moe")
+    from .bench.moe_layer import add_arguments as _bench_moe_layer_args
+
+    _bench_moe_layer_args(b)
+    b.set_defaults(fn=_cmd_bench_moe_layer)
     b = bsub.add_parser("gemm-phases", help="(GPU) where one skinny FP8 GEMM launch spends its time, per CTA (phase "
                                             "build: launch spread, first byte, stream, split-K finish, epilogue)")
     from .bench.gemm_phases import add_arguments as _bench_gemm_phases_args

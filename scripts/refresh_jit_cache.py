@@ -11,7 +11,8 @@ keeps the ones that still match, merges entries of other cache directories (--ad
     python scripts/refresh_jit_cache.py .carry/jit.tar.xz --add /tmp/jit_sweep --out .carry/jit.tar.xz
 
 A fresh checkout has no archive to refresh: --seed builds every variant the ops launch
-(glm5_fastpath.ops.compile_check_specs(), the same list CI compile-checks) into the new archive as well:
+(glm5_fastpath.ops.compile_check_specs(), the same list CI compile-checks), MegaMoE's builds and the fused router +
+plan builds (moe.megamoe / moe.routed compile_check_specs) into the new archive as well:
 
     python scripts/refresh_jit_cache.py --seed --out .carry/jit.tar.xz
 """
@@ -90,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rebuilt {spec.describe()}", flush=True)
     seeded = 0
     if args.seed:
+        from glm5_fastpath.moe import megamoe, routed
         from glm5_fastpath.ops import compile_check_specs
-        for spec in compile_check_specs():
+        # the ops' variants, MegaMoE's builds, and the fused router + plan builds of the decode buckets
+        for spec in [*compile_check_specs(), *megamoe.compile_check_specs(), *routed.compile_check_specs()]:
             key = cache_key(spec, args.arch)
             if not (new / args.arch / f"{spec.name}.{key[:_ENTRY_KEY_CHARS]}").exists():
                 compile_kernel(spec, args.arch)

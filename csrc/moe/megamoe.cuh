@@ -656,19 +656,31 @@ struct MegaMoE {
     }
 
     static GLM5_DEVICE void plan(const Params& p, PlanSmem& s) {
+        ptx::griddep_launch_dependents();  // the persistent kernel may start its setup now
+        ptx::griddep_wait();               // topk_ids come from the router; the previous MoE launch is done
+        plan_body<kPlanThreads>(p, s);
+    }
+
+    // The plan's work, by the kPT threads of one CTA (all of them call it; it uses __syncthreads): the plan kernel
+    // (1024 threads) and the fused router + plan kernel's last CTA (csrc/moe/router_plan.cu, 256 threads, after its
+    // own griddepcontrol.wait). Outputs do not depend on kPT except the order of pairs inside an expert's list (the
+    // shared-memory atomics' order), which only decides the column a pair takes in its token block.
+    template <int kPT>
+    static GLM5_DEVICE void plan_body(const Params& p, PlanSmem& s) {
+        static_assert(kPT % 32 == 0 && kPT >= 64 && kPT <= kPlanThreads, "plan threads: whole warps, 64..1024");
+        static_assert(!kEP || kPT == kPlanThreads, "the EP gather runs with the plan kernel's 1024 threads");
         const int tid = threadIdx.x;
         const int E = p.e_local + p.n_shared;
         const int S = p.num_slots;
 
-        ptx::griddep_launch_dependents();  // the persistent kernel may start its setup now
-        ptx::griddep_wait();               // topk_ids come from the router; the previous MoE launch is done
         int ntok = p.num_tokens;           // tokens whose pairs are planned (kEP: every rank's)
         if constexpr (kEP) ntok = ep_gather(p);
         const int pairs = ntok * S;
 
-        for (int e = tid; e < kMaxExperts; e += kPlanThreads) s.cnt[e] = 0, s.cursor[e] = 0;
+        for (int e = tid; e < kMaxExperts; e += kPT) s.cnt[e] = 0, s.cursor[e] = 0;
+        if (tid == 0) s.totals[0] = 0;  // "some token is padding" until the scan below reuses the word
         __syncthreads();
-        for (int i = tid; i < pairs; i += kPlanThreads) {
+        for (int i = tid; i < pairs; i += kPT) {
             if constexpr (kEP) {
                 if (gtok_masked(p, i / S)) continue;
                 const int e = gpair_expert(p, i / S, i % S);
@@ -677,12 +689,18 @@ struct MegaMoE {
                 if (!token_masked(p, i / S)) atomicAdd(&s.cnt[pair_expert(p, i / S, i % S)], 1);
             }
         }
-        // Padding tokens: zero output rows (nothing else writes them); 16-byte stores.
-        for (int i = tid; i < p.num_tokens * (kH / 8); i += kPlanThreads) {
-            const int t = i / (kH / 8);
-            if (token_masked(p, t)) ptx::st_global_v4(p.out + static_cast<int64_t>(i) * 8, ptx::u32x4{0u, 0u, 0u, 0u});
-        }
+        for (int t = tid; t < p.num_tokens; t += kPT)
+            if (token_masked(p, t)) s.totals[0] = 1;
         __syncthreads();
+        // Padding tokens: zero output rows (nothing else writes them); 16-byte stores. Skipped (block-uniform) when no
+        // token is padding, the decode case: the loop is M x H/8 iterations.
+        if (s.totals[0] != 0) {
+            for (int i = tid; i < p.num_tokens * (kH / 8); i += kPT) {
+                const int t = i / (kH / 8);
+                if (token_masked(p, t)) ptx::st_global_v4(p.out + static_cast<int64_t>(i) * 8, ptx::u32x4{0u, 0u, 0u, 0u});
+            }
+        }
+        __syncthreads();  // the flag word is rewritten by warp 0's scan below
 
         // Warp 0: exclusive scans in order position q over pair rows (8-aligned), token blocks, active rank.
         if (tid < 32) {
@@ -720,7 +738,7 @@ struct MegaMoE {
         const int n_active = s.totals[2];
         const int G = max(1, p.group_size);
         const int n_groups = (n_active + G - 1) / G;
-        for (int e = tid; e < E; e += kPlanThreads)
+        for (int e = tid; e < E; e += kPT)
             if (s.rank[e] >= 0 && s.rank[e] % G == 0) s.gbb[s.rank[e] / G] = s.bb[e];
         if (tid == 0) s.gbb[n_groups] = s.totals[1];
         __syncthreads();
@@ -755,7 +773,7 @@ struct MegaMoE {
 
         // Pair lists (order within an expert is the atomics' order: it only decides which columns of a
         // token block a pair lands in; every column is computed independently, so results do not depend on it).
-        for (int i = tid; i < pairs; i += kPlanThreads) {
+        for (int i = tid; i < pairs; i += kPT) {
             const int t = i / S, j = i % S;
             if constexpr (kEP) {
                 if (gtok_masked(p, t)) continue;
@@ -779,7 +797,7 @@ struct MegaMoE {
         // so the blocks of one weight tile are claimed back to back (the second reads it from L2).
         const int warp = tid >> 5, lane = tid & 31;
         const bool fc1_only = p.flags & kFlagFc1Only;
-        for (int e = warp; e < E; e += kPlanThreads / 32) {
+        for (int e = warp; e < E; e += kPT / 32) {
             const int r = s.rank[e];
             if (r < 0) continue;
             const int g = r / G, nb = s.nblk[e], within = s.bb[e] - s.gbb[g];
@@ -793,8 +811,8 @@ struct MegaMoE {
                 for (int i = lane; i < nb * kT2; i += 32) p.tasks[s2 + i] = encode_task(1, e, i / nb, i % nb);
             }
         }
-        for (int i = tid; i < s.totals[1]; i += kPlanThreads) p.fc1_done[i] = 0;
-        for (int e = tid; e < kMaxExperts; e += kPlanThreads) {
+        for (int i = tid; i < s.totals[1]; i += kPT) p.fc1_done[i] = 0;
+        for (int e = tid; e < kMaxExperts; e += kPT) {
             const bool in = e < E;
             p.expert_cnt[e] = in ? s.cnt[e] : 0;
             p.expert_off[e] = in ? s.off[e] : 0;
@@ -808,7 +826,7 @@ struct MegaMoE {
         }
         if constexpr (kPool) {
             // the pool copy walks every pair row: mark each expert's alignment padding rows (code -1)
-            for (int e = tid; e < E; e += kPlanThreads)
+            for (int e = tid; e < E; e += kPT)
                 for (int r = s.cnt[e]; r < (s.cnt[e] + kPairAlign - 1) / kPairAlign * kPairAlign; ++r)
                     p.pair_list[s.off[e] + r] = -1;
             if (tid == 0) p.ctrl[4] = s.totals[0], p.ctrl[5] = 0, p.ctrl[6] = 0;

@@ -8,8 +8,7 @@
 // Optional (x8 != nullptr): both kernels also write h's per-token 1x128 FP8 quant (x8 [M, HIDDEN] e4m3, x_scale
 // [M, HIDDEN/128] fp32, act_quant.cuh's group tile: bit for bit glm5_act_quant_fp8), so the MoE after the router
 // needs no separate quant kernel.
-#include "act_quant.cuh"
-#include "router.cuh"
+#include "router_kernels.cuh"
 
 #ifndef GLM5_ROUTER_HIDDEN
 #define GLM5_ROUTER_HIDDEN 6144
@@ -23,7 +22,6 @@
 
 using RouterTile = glm5::moe::RouterTile<GLM5_ROUTER_HIDDEN, GLM5_ROUTER_EXPERTS, GLM5_ROUTER_TOPK>;
 using RouterDecodeTile = glm5::moe::RouterDecodeTile<GLM5_ROUTER_HIDDEN, GLM5_ROUTER_EXPERTS, GLM5_ROUTER_TOPK>;
-using ActQuantTile = glm5::moe::ActQuantGroupTile;
 
 // Parameter order and types are the ABI the Python launcher packs (glm5_fastpath/ops/moe_router.py,
 // _kernel_args); the runtime checks sizes against the cubin at load.
@@ -45,39 +43,9 @@ glm5_moe_router(const uint16_t* __restrict__ h,       // [M, HIDDEN] bf16
                 int32_t tokens_per_cta) {             // the decode kernel's; unused here (one argument list)
     (void)tokens_per_cta;
     __shared__ __align__(16) float scratch[RouterTile::kScratchFloats];
-    const int tid = threadIdx.x;
-    const int split = blockIdx.x, group = blockIdx.y;
-
-    // Prologue that does not depend on the previous kernel: this lane's gate-weight fragments.
-    RouterTile::Weights wr;
-    RouterTile::load_weights(wr, gate, split, group, tid);
-
-    glm5::ptx::griddep_launch_dependents();
-    // h, the outputs and the workspace are touched only after this.
-    glm5::ptx::griddep_wait();
-
-    const int tile = blockIdx.z;
-    if (tile * RouterTile::kTokTile >= num_tokens) return;  // whole CTA leaves together
-    // The MoE's input quant rides along: the tile's rows over the split's 256 columns (2 quant groups each) are
-    // dealt over the split's expert-group CTAs (q = group + kGroups * j), one aligned half-warp per quant group,
-    // every warp of the CTA the same trip count (one pass for GLM-5: <= 64 groups over 8 CTAs x 16 half-warps).
-    if (x8 != nullptr) {
-        const int rows = min(RouterTile::kTokTile, num_tokens - tile * RouterTile::kTokTile);
-        constexpr int kHalfWarps = RouterTile::kThreads / ActQuantTile::kLanesPerGroup;
-        constexpr int kGroupsPerSplit = RouterTile::kKChunk / ActQuantTile::kGroup;
-        for (int base = 0; base < rows * kGroupsPerSplit; base += RouterTile::kGroups * kHalfWarps) {
-            const int q = base + group + RouterTile::kGroups * (tid / ActQuantTile::kLanesPerGroup);
-            const bool valid = q < rows * kGroupsPerSplit;
-            const int64_t row = tile * RouterTile::kTokTile + (valid ? q / kGroupsPerSplit : 0);
-            const int64_t g = static_cast<int64_t>(split) * kGroupsPerSplit + (valid ? q % kGroupsPerSplit : 0);
-            const int64_t gi = row * (GLM5_ROUTER_HIDDEN / ActQuantTile::kGroup) + g;
-            ActQuantTile::run(h + row * GLM5_ROUTER_HIDDEN + g * ActQuantTile::kGroup, x8 + gi * ActQuantTile::kGroup,
-                              x_scale + gi, tid & (ActQuantTile::kLanesPerGroup - 1), valid, quant_eps);
-        }
-    }
-    const glm5::moe::RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
-                                  partials, counters, num_tokens, routed_scaling};
-    RouterTile::run(wr, p, split, group, tile, scratch, tid);
+    glm5::moe::router_splitk_body<GLM5_ROUTER_HIDDEN, GLM5_ROUTER_EXPERTS, GLM5_ROUTER_TOPK>(
+        h, gate, bias, logits, topk_ids, topk_weights, scaled_weights, partials, counters, num_tokens, routed_scaling,
+        x8, x_scale, quant_eps, scratch);
 }
 
 // Decode variant (1 <= M <= 256): grid (EXPERTS / RouterDecodeTile::kEpc, ceil(M / tokens_per_cta), 1), block
@@ -93,40 +61,7 @@ glm5_moe_router_decode(const uint16_t* __restrict__ h, const uint16_t* __restric
                        float routed_scaling, uint8_t* __restrict__ x8, float* __restrict__ x_scale,
                        float quant_eps, int32_t tokens_per_cta) {
     __shared__ __align__(16) float scratch[RouterTile::kScratchFloats];
-    const int tid = threadIdx.x;
-    RouterDecodeTile::Weights w;
-    // a grid the launcher never makes (gate rows out of range, arrivals miscounted): leave before touching anything
-    if (gridDim.x != RouterDecodeTile::kCtas || gridDim.z != 1) return;
-    if constexpr (RouterDecodeTile::kSupported)
-        RouterDecodeTile::load_weights(w, gate, blockIdx.x, tid);  // before the wait: weights are never written
-
-    glm5::ptx::griddep_launch_dependents();
-    glm5::ptx::griddep_wait();
-
-    if constexpr (RouterDecodeTile::kSupported) {
-        // the launcher never does these: the whole grid leaves (no arrival is counted, nothing is written)
-        if (num_tokens < 1 || tokens_per_cta < 1 || tokens_per_cta > RouterDecodeTile::kMaxTokens ||
-            static_cast<int>(gridDim.y) != (num_tokens + tokens_per_cta - 1) / tokens_per_cta)
-            return;
-        const int ctas = static_cast<int>(gridDim.x * gridDim.y);
-        const int cta_lin = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
-        if (x8 != nullptr) {  // h's 1x128 quant: the M x HIDDEN/128 groups dealt over every CTA's half-warps
-            constexpr int kHalfWarps = RouterDecodeTile::kThreads / ActQuantTile::kLanesPerGroup;
-            constexpr int kGpr = GLM5_ROUTER_HIDDEN / ActQuantTile::kGroup;
-            const int total = num_tokens * kGpr;
-            for (int base = 0; base < total; base += ctas * kHalfWarps) {
-                const int gi = base + cta_lin * kHalfWarps + tid / ActQuantTile::kLanesPerGroup;
-                const bool valid = gi < total;
-                const int64_t row = valid ? gi / kGpr : 0, g = valid ? gi % kGpr : 0;
-                ActQuantTile::run(h + row * GLM5_ROUTER_HIDDEN + g * ActQuantTile::kGroup,
-                                  x8 + static_cast<int64_t>(valid ? gi : 0) * ActQuantTile::kGroup,
-                                  x_scale + (valid ? gi : 0), tid & (ActQuantTile::kLanesPerGroup - 1), valid,
-                                  quant_eps);
-            }
-        }
-        const glm5::moe::RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
-                                      partials, counters, num_tokens, routed_scaling};
-        const int m0 = static_cast<int>(blockIdx.y) * tokens_per_cta;
-        RouterDecodeTile::run(w, p, blockIdx.x, scratch, tid, m0, min(num_tokens, m0 + tokens_per_cta), ctas);
-    }
+    glm5::moe::router_decode_body<GLM5_ROUTER_HIDDEN, GLM5_ROUTER_EXPERTS, GLM5_ROUTER_TOPK>(
+        h, gate, bias, logits, topk_ids, topk_weights, scaled_weights, partials, counters, num_tokens, routed_scaling,
+        x8, x_scale, quant_eps, tokens_per_cta, scratch);
 }

@@ -94,8 +94,10 @@ struct RouterTile {
         Gemm::load_weights(wr, gate + static_cast<int64_t>(group) * kGroupExperts * kHidden, split, tid);
     }
 
-    // All 256 threads call this for one (split, group, token tile); needs tile * 32 < M.
-    static GLM5_DEVICE void run(const Weights& wr, const RouterPtrs& p, int split, int group, int tile, float* scratch,
+    // All 256 threads call this for one (split, group, token tile); needs tile * 32 < M. Returns true in every thread
+    // of the CTA that ran the tile's top-k epilogue (its ids / weights are then written and visible to this CTA after
+    // a CTA barrier: the fused router + MoE plan kernel, router_plan.cu, plans there).
+    static GLM5_DEVICE bool run(const Weights& wr, const RouterPtrs& p, int split, int group, int tile, float* scratch,
                                 int tid) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         const int tok_base = tile * kTokTile;
@@ -166,7 +168,7 @@ struct RouterTile {
         }
 
         // 4. level 1: the last CTA of (tile, group) sums the splits in split order -> logits columns
-        if (!arrive_last(p.counters + tile * kGroups + group, kSplits, scratch, tid)) return;
+        if (!arrive_last(p.counters + tile * kGroups + group, kSplits, scratch, tid)) return false;
         for (int i = tid; i < kTokTile * kQuads; i += kThreads) {
             const int tk = i / kQuads, q = i % kQuads;
             if (tk >= valid) continue;
@@ -190,11 +192,12 @@ struct RouterTile {
         // threads of this CTA just wrote: arrive_last's barrier orders them; with one group there is no
         // level 2, so a plain CTA barrier must (without it warps 1..7 read unwritten rows).
         if constexpr (kGroups > 1) {
-            if (!arrive_last(p.counters + kLevel2Base + tile, kGroups, scratch, tid)) return;
+            if (!arrive_last(p.counters + kLevel2Base + tile, kGroups, scratch, tid)) return false;
         } else {
             ptx::named_barrier_sync<kBarrierId, kThreads>();
         }
         topk_epilogue(p, tok_base, valid, warp, lane);
+        return true;
     }
 
     // Counter words: kMaxTiles * kGroups level-1 counters ([tile][group]), then kMaxTiles level-2 ones.
@@ -404,8 +407,9 @@ struct RouterDecodeTile {
     // [m0, m1) (m1 - m0 <= kMaxTokens): the grid's y dimension deals the tokens (token-parallel: every y slice
     // runs the same short loop, so M tokens cost about what m1 - m0 cost, instead of a serial loop over all M).
     // `arrivals` = every CTA of the grid (the last one runs the top-k of all M tokens). Per token the summation
-    // order does not depend on the slice: the logits are bitwise those of a one-slice launch.
-    static GLM5_DEVICE void run(const Weights& w, const RouterPtrs& p, int cta, float* scratch, int tid, int m0 = 0,
+    // order does not depend on the slice: the logits are bitwise those of a one-slice launch. Returns true in the
+    // CTA that ran the top-k epilogue (as RouterTile::run).
+    static GLM5_DEVICE bool run(const Weights& w, const RouterPtrs& p, int cta, float* scratch, int tid, int m0 = 0,
                                 int m1 = -1, int arrivals = kCtas) {
         const int warp = tid >> 5, lane = tid & 31;
         const int el = warp % kEpc, part = warp / kEpc;
@@ -444,8 +448,9 @@ struct RouterDecodeTile {
         }
         // one arrival level: the last CTA runs the top-k epilogue over every token (it reads the logits with
         // ld.global.cg after the acquire in arrive_last)
-        if (!Base::arrive_last(p.counters + kCounter, arrivals, scratch, tid)) return;
+        if (!Base::arrive_last(p.counters + kCounter, arrivals, scratch, tid)) return false;
         Base::template topk_epilogue<1>(p, 0, p.num_tokens, warp, lane);
+        return true;
     }
 };
 

@@ -67,7 +67,7 @@ import math
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -762,9 +762,11 @@ def _check_inputs(x, xs, ids, wts, w13, s13, w2, s2, num_shared: int, rsf: float
 # ---- launch ---------------------------------------------------------------------------------------------
 
 def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float, cfg: MegaMoEConfig, flags: int,
-            pdl: bool, trace: tuple[torch.Tensor, int] | None = None) -> Workspace:
+            pdl: bool, trace: tuple[torch.Tensor, int] | None = None,
+            plan_launch: Callable[[ctypes.Structure], None] | None = None) -> Workspace:
     """Plan + persistent kernel. trace=(rows [CTAs, cap, TRACE_COLS] int64, cap): the trace build instead
-    (trace_run)."""
+    (trace_run). plan_launch: launches whatever plans this call instead of the plan kernel, given the kernel
+    Params (moe/routed.py: the router whose last CTA plans); the persistent kernel follows it with PDL."""
     dev = x.device
     require_hopper(OP, dev, _fail)
     require_aligned(_fail, {"x": x, "x_scale": xs, "topk_ids": ids, "topk_weights": wts, "w13": wv.w13,
@@ -793,7 +795,10 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
     if cfg.end_combine and not flags & (FLAG_FC1_ONLY | FLAG_NO_COMBINE):
         flags |= FLAG_END_COMBINE
     p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
-    plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
+    if plan_launch is None:
+        plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
+    else:
+        plan_launch(p)
     main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra], smem=cfg.smem, pdl=True)
     return ws
 

@@ -256,6 +256,7 @@ class MoEExecutor:
         self._once: set = set()
         self._configs: dict[tuple, Any] = {}  # (table, m, layer dims) -> MegaMoEConfig: host work off the call path
         self.router_failed = ""  # set when our router kernel could not be prepared: SGLang's router everywhere
+        self.fused_failed = ""  # set when the fused router + plan kernels could not be prepared: separate kernels
 
     @property
     def quant(self) -> Callable:
@@ -330,6 +331,19 @@ class MoEExecutor:
             except Exception as e:  # noqa: BLE001 - keep SGLang's router everywhere, say why
                 self.log.info("glm5_fastpath: MoE: our router unavailable (%s); SGLang's gate + top-k are used", e)
                 self.router_failed = f"{type(e).__name__}: {e}"
+            if not self.router_failed and fused_router_enabled() and _on_gpu(route.weights.w13):
+                try:
+                    from ...moe import routed
+                    from ...ops import moe_router as R
+
+                    rc = R.config_for(route.weights.hidden, route.weights.num_experts, route.topk)
+                    fused = [c for b, c in ((b, self.config_for(b, route)) for b in buckets)
+                             if routed.supported(b, rc) and not c.diag]
+                    routed.precompile(route.weights, rc, list({c.name: c for c in fused}.values()),
+                                      route.weights.w13.device)
+                except Exception as e:  # noqa: BLE001 - the separate router, act quant and plan kernels; say why
+                    self.log.info("glm5_fastpath: MoE: fused router + plan unavailable (%s); separate kernels", e)
+                    self.fused_failed = f"{type(e).__name__}: {e}"
         if self._quant is None:
             try:
                 from ...ops import act_quant
@@ -395,6 +409,23 @@ class MoEExecutor:
         if route.router is not None and not self.router_failed and router_takes:
             from ...ops import moe_router as R
 
+            m = int(hidden.shape[0])
+            masked = non_padded is not None and m > 1 and padding_count_is_live()
+            if not masked and not self.fused_failed and fused_router_enabled() and _on_gpu(hidden):
+                from ...moe import routed
+
+                rc = R.config_for(route.weights.hidden, route.weights.num_experts, k)
+                cfg = self.config_for(m, route)
+                if routed.supported(m, rc) and not cfg.diag:
+                    # router (+ FP8 quant) whose last CTA plans MegaMoE, then MegaMoE: two kernels (moe/routed.py)
+                    out, ids, wts = routed.routed_mega_moe(hidden, mlp.gate.weight, mlp.gate.e_score_correction_bias,
+                                                           route.router, route.weights, config=cfg)
+                    self.last_routing = (ids, wts)
+                    _capture_routed(route, ids)
+                    if route.shared_mlp is not None:
+                        out = out + route.shared_mlp(hidden)
+                    return out
+
             # the gate's tensors are read per call: SGLang updates weights in place, and a capture bakes them
             if router_quant_enabled():  # the router kernel also writes MegaMoE's FP8 input (one kernel less)
                 ids, wts, _, x8, xs = R.moe_route_quant(hidden, mlp.gate.weight, mlp.gate.e_score_correction_bias,
@@ -448,6 +479,21 @@ class MoEExecutor:
 
 ROUTER_MAX_TOKENS = 256  # ops.moe_router.MAX_TOKENS (not imported here: this module loads without the ops)
 ENV_ROUTER_QUANT = "GLM5_FASTPATH_ROUTER_QUANT"
+
+
+ENV_FUSED_ROUTER = "GLM5_FASTPATH_MOE_FUSED_ROUTER"
+
+
+def _on_gpu(t: Any) -> bool:
+    """The fused router + plan kernels run on CUDA tensors only (CPU stand-ins in tests take the separate path)."""
+    return bool(getattr(t, "is_cuda", False))
+
+
+def fused_router_enabled() -> bool:
+    """GLM5_FASTPATH_MOE_FUSED_ROUTER (default on; 0 / off: separate kernels): our router writes MegaMoE's FP8 input
+    and its last CTA plans the MegaMoE launch (moe/routed.py), so a decode MoE layer is two kernels instead of four.
+    Taken where moe.routed.supported says so and no padded rows need masking between router and plan."""
+    return os.environ.get(ENV_FUSED_ROUTER, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def router_quant_enabled() -> bool:

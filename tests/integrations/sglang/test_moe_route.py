@@ -483,3 +483,67 @@ def test_router_quant_switch_takes_megamoe_input_from_the_router(calls, routes, 
     call(ex, mlp)
     assert len(got) == 1 and len(quant_calls) == 1  # no second quant
     assert calls[-1]["x8"] is got[0][0] and calls[-1]["xs"] is got[0][1]
+
+
+# ---- the fused router + plan (moe/routed.py) ----------------------------------------------------------------
+
+@pytest.fixture
+def fused(monkeypatch):
+    """The fused op replaced by a recorder (its kernels need an sm_90 GPU: tests/moe/test_routed.py); the CPU
+    tensors of these tests count as on the GPU for the executor's choice."""
+    from glm5_fastpath.moe import routed
+
+    seen = []
+
+    def fake(h, gate, bias, router_cfg, weights, *, config=None, decode=None, pdl=True):
+        m = h.shape[0]
+        seen.append(dict(h=h, gate=gate, bias=bias, cfg=router_cfg, weights=weights, config=config))
+        ids = torch.tensor([[0, 5]] * m, dtype=torch.int32)
+        return torch.full((m, weights.hidden), 2.0, dtype=torch.bfloat16), ids, torch.full((m, K), 0.5)
+
+    monkeypatch.setattr(routed, "routed_mega_moe", fake)
+    monkeypatch.setattr(ME, "_on_gpu", lambda t: True)
+    monkeypatch.delenv(ME.ENV_FUSED_ROUTER, raising=False)
+    return seen
+
+
+def test_fused_router_and_plan_replace_the_separate_kernels(calls, routes, fused, monkeypatch):
+    got = []
+    cap = types.SimpleNamespace(capture=lambda layer_id, topk_indices: got.append(topk_indices))
+    monkeypatch.setattr(ME, "_capturer_getter", lambda: cap)
+    mlp = router_moe(fused=1)
+    ex = executor(parse_table({"version": 1, "buckets": [{"tokens": 4, "prefix": "stock", "moe": "megamoe:bn8"}]}))
+    out, h = call(ex, mlp, m=3)
+    f, = fused
+    assert not routes and not calls  # neither the separate router nor the separate MegaMoE launch ran
+    assert f["h"] is h and f["gate"] is mlp.gate.weight and f["bias"] is mlp.gate.e_score_correction_bias
+    assert f["cfg"] == ME.RouterCfg(H, K, 2.5) and f["config"].block_n == 8 and f["weights"].num_shared == 1
+    assert torch.equal(out, torch.full((3, H), 2.0, dtype=torch.bfloat16))
+    assert ex.last_routing[0].tolist() == [[0, 5]] * 3
+    assert got[0][:, K].tolist() == [RE] * 3  # the capturer still gets the ids with the shared column
+
+
+def test_fused_router_falls_back_to_separate_kernels(calls, routes, fused, monkeypatch):
+    mlp = router_moe(fused=1)
+    monkeypatch.setenv(ME.ENV_FUSED_ROUTER, "0")  # switched off
+    call(executor(), mlp, m=3)
+    assert not fused and len(routes) == 1 and len(calls) == 1
+    monkeypatch.delenv(ME.ENV_FUSED_ROUTER)
+    call(executor(), mlp, m=40)  # the split-K router's last CTA sees one 32-token tile only
+    assert not fused and len(routes) == 2
+    monkeypatch.setattr(ME, "_count_live", True)  # padded rows must be masked between router and plan
+    fb = types.SimpleNamespace(num_token_non_padded=torch.tensor(2, dtype=torch.int32))
+    executor()(mlp.forward, torch.randn(3, H).to(torch.bfloat16), fb)
+    assert not fused and len(routes) == 3 and (calls[-1]["ids"][2:] == -1).all()
+    ex = executor()
+    ex.fused_failed = "no kernel"  # precompile failed: separate kernels
+    call(ex, mlp, m=3)
+    assert not fused and len(routes) == 4
+    call(executor(), mlp, m=3)  # and on again
+    assert len(fused) == 1
+
+
+def test_unfused_shared_mlp_is_added_after_the_fused_op(calls, routes, fused):
+    mlp = router_moe(fused=0)
+    out, _ = call(executor(), mlp, m=2)
+    assert torch.equal(out, torch.full((2, H), 102.0, dtype=torch.bfloat16))

@@ -1,0 +1,221 @@
+"""`glm5-fastpath bench moe-layer`: one decode MoE layer from its input h, the kernel chains side by side.
+
+Per token count M (GLM-5: H 6144, 256 routed experts top-8 + the shared expert, I 2048):
+- fused:    moe.routed.routed_mega_moe: the router (+ FP8 quant of h) whose last CTA plans MegaMoE, then
+            MegaMoE (2 kernels); what the SGLang route runs where it applies (moe_executor.fused_router_enabled);
+- separate: ops.moe_route -> ops.act_quant_fp8 -> moe.mega_moe (router, quant, plan, MegaMoE: 4 kernels), the
+            route's chain before the fused kernel;
+- stock:    SGLang's router (F.linear bf16 + biased_grouped_topk_gpu; PyTorch's formulation of the same math
+            when sglang does not import, labelled), SGLang's per-token-group FP8 quant (ours when absent,
+            labelled), then DeepGEMM fp8_mega_moe on the routed experts (the shared expert left out, which
+            favours stock) with its symmetric-buffer input copies: what SGLang's megamoe backend runs; the
+            report says which parts were available.
+Every launch takes its own h (rotated over --inputs tensors, so routing and experts differ per launch); the
+expert weights touched (>= 9 x 37.75 MB) stream from HBM in every replay. Times: CUDA-graph replay median per
+layer (glm5_fastpath.bench.timing.time_launches). Floor: the weight bytes of the distinct experts the launch
+touches (+ the shared expert for ours) and the router gate, at the copy bandwidth measured in the same run.
+Correctness, same run: fused vs separate outputs bitwise (ids, weights, out).
+Output: OUT/moe_layer.json, OUT/moe_layer.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="directory for moe_layer.json / moe_layer.md")
+    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma list of token counts (1..32)")
+    p.add_argument("--inputs", type=int, default=8, help="h tensors rotated over the launches of one graph")
+    p.add_argument("--replays", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=2, help="fused / separate / stock timed in turn this many times")
+    p.add_argument("--no-stock", action="store_true", help="skip the stock chain (no sglang / deep_gemm needed)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def parse_tokens(s: str) -> list[int]:
+    try:
+        ts = sorted({int(x) for x in s.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"bench moe-layer: --tokens must be a comma list of integers, got {s!r}") from None
+    if not ts or ts[0] < 1 or ts[-1] > 32:
+        raise ValueError(f"bench moe-layer: --tokens must be in 1..32 (the fused router's range), got {s!r}")
+    return ts
+
+
+def _stock_quant() -> tuple[Callable, str]:
+    try:
+        from sglang.srt.layers.quantization.fp8_kernel import per_token_group_quant_fp8 as q
+
+        return (lambda h: q(h, 128)), "sglang per_token_group_quant_fp8"
+    except Exception as e:  # noqa: BLE001 - the sgl_kernel op it wraps, else ours; labelled
+        why = type(e).__name__
+    try:
+        import torch
+        from sgl_kernel import sgl_per_token_group_quant_8bit as q8
+
+        fp8 = torch.float8_e4m3fn
+        fmax = torch.finfo(fp8).max
+
+        def quant(h):
+            x8 = torch.empty(h.shape, dtype=fp8, device=h.device)
+            xs = torch.empty(h.shape[0], h.shape[1] // 128, dtype=torch.float32, device=h.device)
+            q8(h, x8, xs, 128, 1e-10, -fmax, fmax)
+            return x8, xs
+
+        return quant, f"sgl_kernel sgl_per_token_group_quant_8bit (what sglang's per_token_group_quant_fp8 calls; sglang: {why})"
+    except Exception as e:  # noqa: BLE001 - ours, labelled
+        from ..ops.act_quant import act_quant_fp8
+
+        return (lambda h: tuple(act_quant_fp8(h))), f"ops.act_quant_fp8 (sglang / sgl_kernel quant not importable: {why}, {type(e).__name__})"
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from ..config import Glm5Config
+    from ..moe import megamoe as MM
+    from ..moe import routed
+    from ..ops import moe_router as R
+    from ..ops.act_quant import act_quant_fp8
+    from . import moe as BM
+    from .meta import git_commit, utc_now
+    from .router import _stock as stock_router
+    from .timing import measure_copy_bandwidth, time_launches
+
+    tokens = parse_tokens(a.tokens)
+    cfg = Glm5Config.preset("glm5")
+    E, H, K = cfg.n_routed_experts, cfg.hidden_size, cfg.num_experts_per_tok
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator(device=dev).manual_seed(a.seed)
+    gate = (torch.randn(E, H, device=dev, generator=g) * 0.02).to(torch.bfloat16)
+    bias = torch.randn(E, device=dev, generator=g) * 0.01
+    bw = measure_copy_bandwidth(dev)
+    print("[moe-layer] generating 257 GLM-5 experts ...", flush=True)
+    raw = BM.make_weights(E + 1, seed=E, dev=dev)
+    wt = MM.prepare_weights(*raw, num_shared=1)
+    rc = R.config_for(H, E, K)
+    notes: dict[str, str] = {}
+    stock_parts: dict[str, Any] = {}
+    if not a.no_stock:
+        stock_parts["router"], notes["stock_router"] = stock_router(cfg)
+        stock_parts["quant"], notes["stock_quant"] = _stock_quant()
+        try:
+            stock_parts["dg"] = BM.DeepGemmMegaMoE(E, max(tokens), tuple(t[:E] for t in raw), dev)
+            notes["stock_experts"] = "deep_gemm.fp8_mega_moe (routed experts only) + its symmetric-buffer input copies"
+        except Exception as e:  # noqa: BLE001 - reported; the stock column is then left out
+            notes["stock_experts"] = f"deep_gemm fp8_mega_moe unavailable: {type(e).__name__}: {str(e)[:300]}"
+    rows = []
+    for m in tokens:
+        mcfg = MM.default_config(m, E, K, 1, MM._sms(dev))
+        MM.precompile(wt, K, max_tokens=m, device=dev, configs=[mcfg])
+        routed.precompile(wt, rc, [mcfg], dev)
+        hs = [(torch.randn(m, H, device=dev, generator=g) * 0.5).to(torch.bfloat16) for _ in range(a.inputs)]
+        row: dict[str, Any] = {"M": m, "config": mcfg.name, "router": "decode" if R.use_decode(m, None, rc) else "split-K"}
+        touched = [int(torch.unique(R.moe_route(h, gate, bias, cfg)[0]).numel()) for h in hs]
+        row["experts_touched_mean"] = sum(touched) / len(touched)
+        floor_bytes = (row["experts_touched_mean"] + 1) * BM.EXPERT_BYTES + E * H * 2
+        row["floor_us"] = floor_bytes / bw["bytes_per_s"] * 1e6 if bw.get("bytes_per_s") else None
+
+        def fused(h):
+            return routed.routed_mega_moe(h, gate, bias, cfg, wt, config=mcfg)
+
+        def separate(h):
+            ids, w, _ = R.moe_route(h, gate, bias, cfg)
+            x8, xs = act_quant_fp8(h)
+            return MM.mega_moe(x8, xs, ids, w, wt, routed_scaling_factor=cfg.routed_scaling_factor, config=mcfg), ids, w
+
+        paths: dict[str, Callable] = {"fused": fused, "separate": separate}
+        if "dg" in stock_parts:
+            dg, srouter, squant = stock_parts["dg"], stock_parts["router"], stock_parts["quant"]
+            y = torch.empty(m, H, dtype=torch.bfloat16, device=dev)
+
+            def stock(h):
+                ids, w = srouter(h, gate, bias)
+                x8, xs = squant(h)
+                dg.load(x8, xs, ids, w)
+                return dg(y)
+
+            paths["stock"] = stock
+        try:  # correctness first: fused == separate bitwise, every input
+            same = True
+            for h in hs:
+                f, s = fused(h), separate(h)
+                same &= all(torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x, y_) for x, y_ in zip(f, s))
+            torch.cuda.synchronize(dev)
+            row["fused_equals_separate"] = bool(same)
+        except Exception as e:  # noqa: BLE001
+            row["check_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            traceback.print_exc()
+        times: dict[str, list[float]] = {k: [] for k in paths}
+        for _ in range(max(1, a.rounds)):
+            for name, fn in paths.items():
+                try:
+                    t = time_launches(lambda i, fn=fn: fn(hs[i % len(hs)]), len(hs), device=dev, replays=a.replays)
+                    times[name].append(t.median_us)
+                except Exception as e:  # noqa: BLE001 - one failing path must not lose the others
+                    row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    traceback.print_exc()
+        for name, ts in times.items():
+            if ts:
+                row[f"{name}_us"] = sorted(ts)[len(ts) // 2]
+                row[f"{name}_us_rounds"] = ts
+        if row.get("fused_us") and row.get("separate_us"):
+            row["separate_minus_fused_us"] = row["separate_us"] - row["fused_us"]
+        if row.get("fused_us") and row.get("stock_us"):
+            row["stock_over_fused"] = row["stock_us"] / row["fused_us"]
+        if row.get("fused_us") and row.get("floor_us"):
+            row["fused_over_floor"] = row["fused_us"] / row["floor_us"]
+        rows.append(row)
+        print(f"[moe-layer] M={m}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                 for k, v in row.items() if k != "M" and not k.endswith("rounds")),
+              flush=True)
+    return {"gpu": torch.cuda.get_device_name(dev), "date": utc_now(), "commit": git_commit(), "notes": notes,
+            "copy_bandwidth": bw, "rows": rows}
+
+
+def markdown(res: dict[str, Any]) -> str:
+    def f(x: Any, nd: int = 2) -> str:
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+    n = res.get("notes", {})
+    lines = [f"# One decode MoE layer from h: fused router + plan vs separate kernels vs stock ({res.get('gpu')}, "
+             f"{res.get('date')}, commit {res.get('commit')})", "",
+             "GLM-5 dims (H 6144, 256 routed experts top-8 + shared, I 2048); CUDA-graph replay median per layer, each "
+             "launch its own h (routing differs per launch); median over rounds. fused = router+quant+plan, MegaMoE (2 "
+             "kernels); separate = router, act quant, plan, MegaMoE (4). Floor = (distinct experts + shared) x 37.75 MB "
+             "+ the gate, at the measured copy bandwidth.", "",
+             f"Stock: router {n.get('stock_router', '-')}; quant {n.get('stock_quant', '-')}; experts "
+             f"{n.get('stock_experts', '-')}.", "",
+             "| M | router | MegaMoE config | experts touched | floor us | fused us | separate us | separate - fused us | "
+             "stock us | stock / fused | fused / floor | fused == separate |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in res.get("rows", []):
+        lines.append(f"| {r['M']} | {r.get('router')} | {r.get('config')} | {f(r.get('experts_touched_mean'), 1)} | "
+                     f"{f(r.get('floor_us'))} | {f(r.get('fused_us'))} | {f(r.get('separate_us'))} | "
+                     f"{f(r.get('separate_minus_fused_us'))} | {f(r.get('stock_us'))} | {f(r.get('stock_over_fused'))} | "
+                     f"{f(r.get('fused_over_floor'))} | {r.get('fused_equals_separate', r.get('check_error', '-'))} |")
+    errs = [f"- M={r['M']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("error")]
+    if errs:
+        lines += ["", "Errors:", *errs]
+    return "\n".join(lines) + "\n"
+
+
+def main(a: argparse.Namespace) -> int:
+    res = run(a)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "moe_layer.json").write_text(json.dumps(res, indent=1))
+    (out / "moe_layer.md").write_text(markdown(res))
+    print(markdown(res))
+    bad = [r["M"] for r in res["rows"] if r.get("fused_equals_separate") is False]
+    if bad:
+        print(f"[moe-layer] fused != separate at M={bad}")
+        return 1
+    return 0
