@@ -256,6 +256,7 @@ class MoEExecutor:
         self._once: set = set()
         self._configs: dict[tuple, Any] = {}  # (table, m, layer dims) -> MegaMoEConfig: host work off the call path
         self.router_failed = ""  # set when our router kernel could not be prepared: SGLang's router everywhere
+        self.last_fused = False  # the latest run() took the fused router + plan kernels
         self.fused_failed = ""  # set when the fused router + plan kernels could not be prepared: separate kernels
 
     @property
@@ -387,7 +388,11 @@ class MoEExecutor:
                        f"{type(e).__name__}: {e}; SGLang's path for this call", logging.WARNING)
             self.log.debug("glm5_fastpath: MoE executor traceback", exc_info=True)
             return original(*args, **kwargs)
-        self._note("megamoe", "routed")
+        if self.last_fused:  # which kernels ran shows in the metrics (reason) and once in the log (bench offline's paths)
+            self._note("megamoe", "fused", f"glm5_fastpath: MoE layer {route.layer_id} (M={int(hidden.shape[0])}) -> "
+                       "fused router + plan, then MegaMoE (2 kernels); logged once")
+        else:
+            self._note("megamoe", "routed")
         return out
 
     def run(self, mlp: Any, route: MoELayerRoute, hidden: Any, alloc: Any = None, non_padded: Any = None,
@@ -400,6 +405,7 @@ class MoEExecutor:
         from ...moe import megamoe as MM
 
         k = route.topk
+        self.last_fused = False
         if routing is not None:
             ids, wts = routing
             return self._experts(MM, mlp, route, hidden, ids.to(torch.int32).contiguous(), wts.float().contiguous())
@@ -421,6 +427,7 @@ class MoEExecutor:
                     out, ids, wts = routed.routed_mega_moe(hidden, mlp.gate.weight, mlp.gate.e_score_correction_bias,
                                                            route.router, route.weights, config=cfg)
                     self.last_routing = (ids, wts)
+                    self.last_fused = True
                     _capture_routed(route, ids)
                     if route.shared_mlp is not None:
                         out = out + route.shared_mlp(hidden)

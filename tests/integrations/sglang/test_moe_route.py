@@ -547,3 +547,19 @@ def test_unfused_shared_mlp_is_added_after_the_fused_op(calls, routes, fused):
     mlp = router_moe(fused=0)
     out, _ = call(executor(), mlp, m=2)
     assert torch.equal(out, torch.full((2, H), 102.0, dtype=torch.bfloat16))
+
+
+def test_fused_and_separate_calls_are_counted_apart(calls, routes, fused, monkeypatch, caplog):
+    reg = CollectorRegistry()
+    ex = executor(registry=reg)
+    mlp = router_moe(fused=1)
+    with caplog.at_level(logging.INFO, logger="glm5_fastpath"):
+        call(ex, mlp, m=3)
+        call(ex, mlp, m=2)
+    monkeypatch.setenv(ME.ENV_FUSED_ROUTER, "0")
+    call(ex, mlp, m=3)
+    val = lambda reason: reg.get_sample_value("glm5_fastpath_moe_layer_total", {"route": "megamoe", "reason": reason})
+    assert (val("fused"), val("routed")) == (2, 1) and len(fused) == 2 and len(routes) == 1
+    lines = [r.getMessage() for r in caplog.records if "fused router + plan, then MegaMoE" in r.getMessage()]
+    assert len(lines) == 1 and " -> " in lines[0]  # once; bench offline's paths_from_log keeps ' -> ' lines
+    assert not ex.last_fused  # the latest call took the separate kernels
