@@ -2,9 +2,9 @@
 
 Per token count M (GLM-5: H 6144, 256 routed experts top-8 + the shared expert, I 2048):
 - fused:    moe.routed.routed_mega_moe: the router (+ FP8 quant of h) whose last CTA plans MegaMoE, then
-            MegaMoE (2 kernels); what the SGLang route runs where it applies (moe_executor.fused_router_enabled);
+            MegaMoE (2 kernels); the SGLang route's opt-in (GLM5_FASTPATH_MOE_FUSED_ROUTER=1);
 - separate: ops.moe_route -> ops.act_quant_fp8 -> moe.mega_moe (router, quant, plan, MegaMoE: 4 kernels), the
-            route's chain before the fused kernel;
+            route's default chain;
 - stock:    SGLang's router (F.linear bf16 + biased_grouped_topk_gpu; PyTorch's formulation of the same math
             when sglang does not import, labelled), SGLang's per-token-group FP8 quant (ours when absent,
             labelled), then DeepGEMM fp8_mega_moe on the routed experts (the shared expert left out, which
