@@ -87,7 +87,10 @@ ARGS=(--model "$MODEL" --load-format "$LOAD_FORMAT" --batch-sizes "$BS" --input-
 [ "$LOAD_FORMAT" = dummy ] && [ "${REALISTIC_DUMMY:-0}" = 1 ] && ARGS+=(--realistic-dummy --seam external-model-package)
 # PROFILE_STEPS=5 PROFILE_BS=1,16,64: torch-profiler traces of 5 pure-decode engine steps per listed batch,
 # analysed into per-kernel-category GPU time / idle time (glm5_fastpath/bench/trace_breakdown.py)
-# ROUTING_STATS=1 (default): distinct experts per MoE layer per decode step, measured in both modes
+# ROUTING_STATS=1 (default): distinct experts per MoE layer per decode step, measured in both modes. It starts the
+# engines with SGLang's routed-experts capturer, whose kernels then run in the timed passes too (~0.7 % of
+# glm5_fastpath's batch-8 throughput, session 28): for the timed A/B of record run ROUTING_STATS=0 in both modes
+# and the stats in a separate run with its own RES (a different run key)
 [ "${ROUTING_STATS:-1}" = 1 ] && ARGS+=(--routing-stats)
 PROFILE_STEPS=${PROFILE_STEPS:-0}
 [ "$PROFILE_STEPS" != 0 ] && ARGS+=(--profile-steps "$PROFILE_STEPS")
