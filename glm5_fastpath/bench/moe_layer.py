@@ -5,6 +5,8 @@ Per token count M (GLM-5: H 6144, 256 routed experts top-8 + the shared expert, 
             MegaMoE (2 kernels); the SGLang route's opt-in (GLM5_FASTPATH_MOE_FUSED_ROUTER=1);
 - separate: ops.moe_route -> ops.act_quant_fp8 -> moe.mega_moe (router, quant, plan, MegaMoE: 4 kernels), the
             route's default chain;
+- router_quant: ops.moe_route_quant (router + FP8 quant in one kernel) -> moe.mega_moe (3 kernels); the route's
+            GLM5_FASTPATH_ROUTER_QUANT=1;
 - stock:    SGLang's router (F.linear bf16 + biased_grouped_topk_gpu; PyTorch's formulation of the same math
             when sglang does not import, labelled), SGLang's per-token-group FP8 quant (ours when absent,
             labelled), then DeepGEMM fp8_mega_moe on the routed experts (the shared expert left out, which
@@ -14,7 +16,7 @@ Every launch takes its own h (rotated over --inputs tensors, so routing and expe
 expert weights touched (>= 9 x 37.75 MB) stream from HBM in every replay. Times: CUDA-graph replay median per
 layer (glm5_fastpath.bench.timing.time_launches). Floor: the weight bytes of the distinct experts the launch
 touches (+ the shared expert for ours) and the router gate, at the copy bandwidth measured in the same run.
-Correctness, same run: fused vs separate outputs bitwise (ids, weights, out).
+Correctness, same run: fused, separate and router_quant outputs bitwise equal (ids, weights, out).
 Output: OUT/moe_layer.json, OUT/moe_layer.md.
 """
 from __future__ import annotations
@@ -131,7 +133,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             x8, xs = act_quant_fp8(h)
             return MM.mega_moe(x8, xs, ids, w, wt, routed_scaling_factor=cfg.routed_scaling_factor, config=mcfg), ids, w
 
-        paths: dict[str, Callable] = {"fused": fused, "separate": separate}
+        def router_quant(h):  # GLM5_FASTPATH_ROUTER_QUANT=1: the router writes x8, then plan, MegaMoE (3 kernels)
+            ids, w, _, x8, xs = R.moe_route_quant(h, gate, bias, cfg)
+            return MM.mega_moe(x8, xs, ids, w, wt, routed_scaling_factor=cfg.routed_scaling_factor, config=mcfg), ids, w
+
+        paths: dict[str, Callable] = {"fused": fused, "separate": separate, "router_quant": router_quant}
         if "dg" in stock_parts:
             dg, srouter, squant = stock_parts["dg"], stock_parts["router"], stock_parts["quant"]
             y = torch.empty(m, H, dtype=torch.bfloat16, device=dev)
@@ -146,7 +152,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         try:  # correctness first: fused == separate bitwise, every input
             same = True
             for h in hs:
-                f, s = fused(h), separate(h)
+                f, s, rq = fused(h), separate(h), router_quant(h)
+                same &= all(torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x, y_) for x, y_ in zip(rq, s))
                 same &= all(torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x, y_) for x, y_ in zip(f, s))
             torch.cuda.synchronize(dev)
             row["fused_equals_separate"] = bool(same)
@@ -166,6 +173,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             if ts:
                 row[f"{name}_us"] = sorted(ts)[len(ts) // 2]
                 row[f"{name}_us_rounds"] = ts
+        if row.get("router_quant_us") and row.get("separate_us"):
+            row["separate_minus_router_quant_us"] = row["separate_us"] - row["router_quant_us"]
         if row.get("fused_us") and row.get("separate_us"):
             row["separate_minus_fused_us"] = row["separate_us"] - row["fused_us"]
         if row.get("fused_us") and row.get("stock_us"):
@@ -189,17 +198,20 @@ def markdown(res: dict[str, Any]) -> str:
              f"{res.get('date')}, commit {res.get('commit')})", "",
              "GLM-5 dims (H 6144, 256 routed experts top-8 + shared, I 2048); CUDA-graph replay median per layer, each "
              "launch its own h (routing differs per launch); median over rounds. fused = router+quant+plan, MegaMoE (2 "
-             "kernels); separate = router, act quant, plan, MegaMoE (4). Floor = (distinct experts + shared) x 37.75 MB "
+             "kernels); separate = router, act quant, plan, MegaMoE (4; the default); router_quant = router + quant, plan, "
+             "MegaMoE (3; GLM5_FASTPATH_ROUTER_QUANT=1). Floor = (distinct experts + shared) x 37.75 MB "
              "+ the gate, at the measured copy bandwidth.", "",
              f"Stock: router {n.get('stock_router', '-')}; quant {n.get('stock_quant', '-')}; experts "
              f"{n.get('stock_experts', '-')}.", "",
-             "| M | router | MegaMoE config | experts touched | floor us | fused us | separate us | separate - fused us | "
-             "stock us | stock / fused | fused / floor | fused == separate |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| M | router | MegaMoE config | experts touched | floor us | fused us | separate us | router_quant us | "
+             "separate - fused us | separate - router_quant us | stock us | stock / fused | fused / floor | "
+             "fused == separate == router_quant |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in res.get("rows", []):
         lines.append(f"| {r['M']} | {r.get('router')} | {r.get('config')} | {f(r.get('experts_touched_mean'), 1)} | "
                      f"{f(r.get('floor_us'))} | {f(r.get('fused_us'))} | {f(r.get('separate_us'))} | "
-                     f"{f(r.get('separate_minus_fused_us'))} | {f(r.get('stock_us'))} | {f(r.get('stock_over_fused'))} | "
+                     f"{f(r.get('router_quant_us'))} | {f(r.get('separate_minus_fused_us'))} | "
+                     f"{f(r.get('separate_minus_router_quant_us'))} | {f(r.get('stock_us'))} | {f(r.get('stock_over_fused'))} | "
                      f"{f(r.get('fused_over_floor'))} | {r.get('fused_equals_separate', r.get('check_error', '-'))} |")
     errs = [f"- M={r['M']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("error")]
     if errs:
