@@ -17,6 +17,12 @@ own router, so expert choice is exactly SGLang's:
                                                Triton MoE + moe_sum_reduce compute, to FP8 noise
     (+ SGLang's shared-expert MLP when it is not fused)
 
+    GLM5_FASTPATH_MOE_FUSED_ROUTER=1 (opt-in): moe.routed.routed_mega_moe instead, the router + quant kernel whose
+    last CTA plans MegaMoE, then MegaMoE (2 kernels, bitwise the same); measured 1-7 us per layer slower than the
+    4 kernels above on the H200 (session 28: the plan in one 256-thread CTA costs more than the PDL-hidden
+    kernel boundaries it saves). GLM5_FASTPATH_ROUTER_QUANT=1: the router kernel also writes x8 / xs (3 kernels;
+    level with the default).
+
 MegaMoE reads SGLang's own expert tensors in place (w13_weight [E_tot, 2I, H] e4m3 gate || up,
 w2_weight [E_tot, H, I], their fp32 128x128 block scales): no weight copy, and SGLang's path keeps
 working for every call we leave to it (prefill, buckets the table maps to stock, refusals).
