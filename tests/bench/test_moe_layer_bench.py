@@ -16,3 +16,13 @@ def test_markdown_has_every_chain_and_the_differences():
     assert vals["router_quant us"] == "528.40" and vals["separate - router_quant us"] == "1.50"
     assert vals["fused == separate == router_quant"] == "True" and vals["stock us"] == "-"
     assert "M=16 router_quant_error: RuntimeError: x" in md  # a failing chain is reported, not dropped
+
+
+def test_bitwise_equal_compares_fp8_as_bytes():
+    import torch
+
+    ids, w = torch.tensor([[1, 3]], dtype=torch.int32), torch.tensor([[0.25, 0.75]])
+    x = torch.tensor([1.0, -0.0, 2.0]).to(torch.float8_e4m3fn)
+    assert moe_layer._bitwise_equal((x, ids, w), (x.clone(), ids.clone(), w.clone()))
+    assert not moe_layer._bitwise_equal((x, ids, w), (torch.tensor([1.0, 0.0, 2.0]).to(torch.float8_e4m3fn), ids, w))
+    assert not moe_layer._bitwise_equal((x, ids, w), (x, ids, w + 1e-7))

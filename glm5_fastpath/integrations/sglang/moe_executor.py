@@ -503,12 +503,11 @@ def _on_gpu(t: Any) -> bool:
 
 
 def fused_router_enabled() -> bool:
-    """GLM5_FASTPATH_MOE_FUSED_ROUTER=1 (default off): our router writes MegaMoE's FP8 input and its last CTA plans the
-    MegaMoE launch (moe/routed.py), so a decode MoE layer is two kernels instead of four. Off by default because it
-    measured SLOWER: 1-5 us per layer at 1-32 tokens against the separate kernels (`bench moe-layer`, H200, session 28:
-    the plan's task lists written by the router CTA's 8 warps instead of the plan kernel's 32 cost more than the
-    two kernel boundaries it saves under PDL), and no gain in the engine. Taken, when on, where moe.routed.supported
-    says so and no padded rows need masking between router and plan."""
+    """GLM5_FASTPATH_MOE_FUSED_ROUTER=1 (default off): moe.routed.routed_mega_moe, two kernels per decode MoE layer
+    instead of four (module docstring). Off because it measured 1-7 us per layer slower on the H200 (`bench
+    moe-layer`, session 28): the plan in the router's last 256-thread CTA takes ~7 us, more than the PDL-hidden
+    kernel boundaries it saves (why it takes that long is not yet profiled). Taken, when on, where
+    moe.routed.supported says so and no padded rows need masking between router and plan."""
     return os.environ.get(ENV_FUSED_ROUTER, "0").strip().lower() in ("1", "on", "true", "yes")
 
 
