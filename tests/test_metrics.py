@@ -27,6 +27,9 @@ def test_names_types_labels():
     from glm5_fastpath.integrations.sglang.linear_route import counter as fp8_linear_counter
 
     fp8_linear_counter(reg).labels(route="ours", reason="routed").inc()  # the FP8-linear seam's counter
+    from glm5_fastpath.integrations.sglang.norm_route import counter as norm_counter
+
+    norm_counter(reg).labels(route="ours", reason="routed").inc()  # the norm seam's counter
     fams = {f.name: f for f in reg.collect()}
     # prometheus_client strips _total from counter family names
     assert fams["glm5_fastpath_decode_step_seconds"].type == "histogram"

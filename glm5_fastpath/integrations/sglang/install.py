@@ -200,6 +200,9 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
         from .linear_route import install_fp8_linear
 
         install_fp8_linear(model, metrics, log)  # off unless GLM5_FASTPATH_FP8_LINEAR=1 (linear_route.py)
+        from .norm_route import install_norms
+
+        install_norms(model, metrics, log)  # A0 for the norms whose quant a route consumes (norm_route.py)
     if model_runner is not None:
         timer = None
         if metrics is not None:

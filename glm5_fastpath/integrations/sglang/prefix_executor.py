@@ -286,6 +286,7 @@ class PrefixExecutor:
         self._impl = impl
         self.mode = get_mode(mode)
         self._quant = quant
+        self._stashed: Callable | None = None  # self._quant behind norm_route.stashed_quant
         self.w_kc_policy = w_kc_policy
         self.cfg = cfg
         self.router = router
@@ -310,12 +311,24 @@ class PrefixExecutor:
 
     @property
     def quant(self) -> Callable:
+        """Q0's function: the FP8 quant A0 already wrote when the norm route ran our A0 on this very tensor
+        (norm_route.stashed_quant: no quant kernel), else self._quant."""
         if self._quant is None:
             from ...ref import prefix as ref_prefix
 
             q = None if self.impl is ref_prefix else sglang_quant()
             self._quant = q or ref_quant
-        return self._quant
+        if getattr(self._stashed, "__wrapped__", None) is not self._quant:
+            from .norm_route import stashed_quant
+
+            self._stashed = stashed_quant(self._quant, self._quant_from_a0)
+        return self._stashed
+
+    def _quant_from_a0(self) -> None:
+        if "q0_from_a0" not in self._once:
+            self._once.add("q0_from_a0")
+            self.log.info("glm5_fastpath: prefix: Q0 takes the FP8 quant A0 wrote (norm route): no quant kernel; "
+                          "logged once")
 
     def mode_for(self, m: int) -> Any:
         """The CMP mode for a step of m tokens: the selection table's cmp_mode for m's bucket (measured per
