@@ -64,14 +64,6 @@ GLM5_DEVICE void tma_load_2d_hint(const CUtensorMap* map, uint32_t smem_dst, uin
         : "memory");
 }
 
-// 2-D tiled L2 prefetch: the box at (c_inner, c_outer) into L2 only (no shared memory, no completion): a later
-// tma_load of the same box then reads L2. Fire-and-forget; the map must describe global memory the kernel only reads.
-GLM5_DEVICE void tma_prefetch_l2_2d(const CUtensorMap* map, int32_t c_inner, int32_t c_outer) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(reinterpret_cast<uint64_t>(map)),
-                 "r"(c_inner), "r"(c_outer)
-                 : "memory");
-}
-
 // 3-D tiled load: box at (c0, c1, c2) (c0 = the contiguous dimension), same completion as tma_load_2d.
 // The skinny GEMM's k-block-major weights (W8 as [K / 128][N][128]: one 128-row x 128-byte box is 16 KB
 // of contiguous memory) load through it.

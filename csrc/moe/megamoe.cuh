@@ -330,12 +330,6 @@ static_assert(sizeof(Params) == 232 + 8 * kMaxRanks + 8 * 8 + 3 * 8 + 16,
 
 constexpr int32_t kFlagFc1Only = 1;    // plan FC1 tasks only
 constexpr int32_t kFlagNoCombine = 2;  // FC2 writes its slot values; no combine counters, `out` untouched
-// kFlagL2Fc2 (MegaMoEConfig.l2_fc2): when the weight producer claims an FC2 task, it also prefetches into L2 the task's
-// weight boxes beyond the first kStages (those go straight to the stage ring). An FC2 task's activations wait for all FC1
-// tiles of its expert (fc1_done), so at small token counts CTAs that reach FC2 early hold a full ring and idle while the
-// last FC1 tiles stream at a fraction of the HBM bandwidth; the prefetch spends that idle bandwidth on the rest of the
-// task's weights. Data unchanged (bitwise the same results); the same cubin.
-constexpr int32_t kFlagL2Fc2 = 8;
 constexpr int32_t kFlagEndCombine = 4;  // pool builds: FC2 writes its slot values only; after a grid-wide count of the
                                        // CTAs that finished their tasks (ctrl[6]) every math warp combines tiles
 
@@ -877,9 +871,6 @@ struct MegaMoE {
             // or pre-interleaved through the map's strides.
             const int row0 = e * kH + rt * kRows;
             const int nk = fc2 ? kKb2 : (task_split(desc) ? kKb1 / 2 : kKb1 * kPasses);
-            if (fc2 && (p.flags & kFlagL2Fc2) && !kNoLoad) {
-                for (int kb = kStages; kb < nk; ++kb) sm90::tma_prefetch_l2_2d(tm_w2, kb * kBK, row0);
-            }
             const int kb0 = task_half(desc) * (kKb1 / 2);
             // Read exactly once unless the expert has several token blocks (those re-read it from L2).
             const bool once = p.expert_cnt[e] <= kBN;

@@ -97,7 +97,6 @@ SMEM_LIMIT = 232448  # 227 KB per block on sm_90
 FLAG_FC1_ONLY = 1      # plan FC1 tasks only (diagnostics)
 FLAG_NO_COMBINE = 2    # FC2 writes slot values only: no combine counters, `out` untouched (diagnostics)
 FLAG_END_COMBINE = 4   # MegaMoEConfig.end_combine: the combine as one grid-wide pass after the last task (pool builds)
-FLAG_L2_FC2 = 8        # MegaMoEConfig.l2_fc2: an FC2 task's weights beyond the stage ring prefetched into L2 at claim
 TASK_END = -1          # end-of-list sentinel (FC2 descriptors are negative int32: never test the sign)
 # ctrl[] entries of the workspace (megamoe.cuh Params::ctrl)
 CTRL_NUM_TASKS, CTRL_CLAIMS, CTRL_TASKS_DONE, CTRL_TILES_COMBINED = 0, 1, 2, 3
@@ -194,10 +193,6 @@ class MegaMoEConfig:
                 after its last task each CTA counts itself done, and once all have, every math warp of the grid combines
                 (token, row tile) items: no per-task combine counters, no last-contributor combine on the math warps'
                 path. The same sums in the same order (bitwise equal). Needs the pool build's co-resident grid.
-    l2_fc2:     (a runtime flag, the same cubin; name suffix "_l2") when the weight producer claims an FC2 task it also
-                prefetches into L2 the task's weight boxes beyond the first `stages` (megamoe.cuh kFlagL2Fc2): FC2 waits for
-                all FC1 tiles of its expert, and at small token counts the CTAs that reach FC2 early idle with a full ring
-                while the last FC1 tiles stream; the prefetch uses that idle HBM bandwidth. Bitwise the same results.
     """
 
     block_n: int
@@ -209,7 +204,6 @@ class MegaMoEConfig:
     diag: int = 0
     token_major: bool = False
     end_combine: bool = False
-    l2_fc2: bool = False
 
     def validate(self) -> "MegaMoEConfig":
         if self.block_n not in BLOCK_NS:
@@ -248,24 +242,24 @@ class MegaMoEConfig:
     def name(self) -> str:
         return (f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}" + ("_lf" if self.lean_fences else "")
                 + ("_p" if self.pool else "") + ("_t" if self.token_major else "") + ("_e" if self.end_combine else "")
-                + ("_l2" if self.l2_fc2 else "") + (f"_d{self.diag}" if self.diag else ""))
+                + (f"_d{self.diag}" if self.diag else ""))
 
     @classmethod
     def from_name(cls, name: str) -> "MegaMoEConfig":
-        """Inverse of .name ("bn16_s6_g512_w4[_lf][_p][_t][_e][_l2][_d<mask>]"; "bn16" alone = deepest stages,
-        defaults for the rest)."""
-        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_p)?(_t)?(_e)?(_l2)?(?:_d(\d))?", name)
+        """Inverse of .name ("bn16_s6_g512_w4[_lf][_p][_t][_e][_d<mask>]"; "bn16" alone = deepest stages, defaults for
+        the rest)."""
+        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_p)?(_t)?(_e)?(?:_d(\d))?", name)
         if m is None:
             raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf][_p][_t][_e]"
-                        "[_l2][_d<mask>]")
+                        "[_d<mask>]")
         bn = int(m.group(1))
         if bn not in BLOCK_NS:
             raise _fail(f"config {name!r}: block_n={bn} is not supported (one of {BLOCK_NS})")
         st = int(m.group(2)) if m.group(2) else max_stages(bn)
         g = int(m.group(3)) if m.group(3) else MAX_EXPERTS
         w = int(m.group(4)) if m.group(4) else 4
-        return cls(bn, st, g, w, bool(m.group(5)), bool(m.group(6)), int(m.group(10) or 0), bool(m.group(7)),
-                   bool(m.group(8)), bool(m.group(9))).validate()
+        return cls(bn, st, g, w, bool(m.group(5)), bool(m.group(6)), int(m.group(9) or 0), bool(m.group(7)),
+                   bool(m.group(8))).validate()
 
 
 @functools.lru_cache(maxsize=None)
@@ -800,8 +794,6 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
                      else (tm2, tm2))
     if cfg.end_combine and not flags & (FLAG_FC1_ONLY | FLAG_NO_COMBINE):
         flags |= FLAG_END_COMBINE
-    if cfg.l2_fc2:
-        flags |= FLAG_L2_FC2
     p = _params(x, xs, ids, wts, wv, out, ws, num_shared, rsf, cfg.group_size, cfg.split_max_tiles(_sms(dev)), flags)
     if plan_launch is None:
         plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
@@ -816,11 +808,11 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
               w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, num_shared: int,
               routed_scaling_factor: float, block_n: int, stages: int, group_size: int, split_waves: int,
               pdl: bool = True, lean_fences: bool = False, pool: bool = False, diag: int = 0,
-              token_major: bool = False, end_combine: bool = False, l2_fc2: bool = False) -> torch.Tensor:
+              token_major: bool = False, end_combine: bool = False) -> torch.Tensor:
     # the whole config first: a build the kernel does not support (e.g. token_major on a narrow block) must be a clear
     # error here, not an nvcc static_assert
     cfg = MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag),
-                        bool(token_major), bool(end_combine), bool(l2_fc2)).validate()
+                        bool(token_major), bool(end_combine)).validate()
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     m = x.shape[0]
@@ -834,9 +826,9 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
 @_mega_moe.register_fake
 def _mega_moe_fake(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared, routed_scaling_factor,
                    block_n, stages, group_size, split_waves, pdl=True, lean_fences=False, pool=False, diag=0,
-                   token_major=False, end_combine=False, l2_fc2=False):
+                   token_major=False, end_combine=False):
     MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag),
-                  bool(token_major), bool(end_combine), bool(l2_fc2)).validate()
+                  bool(token_major), bool(end_combine)).validate()
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     return x.new_empty((x.shape[0], wv.hidden), dtype=BF16)
@@ -860,8 +852,7 @@ def mega_moe(x_fp8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor,
                                             weights.w2, weights.w2_scale, weights.num_shared,
                                             float(routed_scaling_factor), config.block_n, config.stages,
                                             config.group_size, config.split_waves, pdl, config.lean_fences,
-                                            config.pool, config.diag, config.token_major, config.end_combine,
-                                            config.l2_fc2)
+                                            config.pool, config.diag, config.token_major, config.end_combine)
 
 
 # ---- diagnostics ----------------------------------------------------------------------------------------

@@ -1206,37 +1206,6 @@ def test_gpu_end_combine_cuda_graph_replay():
         assert_equal(OP + " end combine graph replay", out, eager, context=f"{seed=}")
 
 
-def test_l2_fc2_config_name_and_spec():
-    c = M.MegaMoEConfig(8, 6, M.MAX_EXPERTS, 4, lean_fences=True, l2_fc2=True)
-    assert c.name == "bn8_s6_g512_w4_lf_l2" and M.MegaMoEConfig.from_name(c.name) == c
-    assert M.MegaMoEConfig.from_name("bn64_s5_g512_w0_lf_p_t_e_l2_d3") == M.MegaMoEConfig(
-        64, 5, M.MAX_EXPERTS, 0, True, True, 3, True, True, True)
-    # a runtime flag (kFlagL2Fc2): the same cubin as without it
-    assert c.spec(6144, 2048) == dataclasses.replace(c, l2_fc2=False).spec(6144, 2048)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["bn8_s6_g512_w4_lf", "bn16_s6_g512_w4_lf", "bn32_s6_g512_w0_lf",
-                                  "bn64_s5_g512_w0_lf_p_t_e"])
-@pytest.mark.parametrize("m, e_local, kind", [(1, 256, "uniform"), (2, 32, "uniform"), (3, 256, "skewed"),
-                                              (8, 256, "uniform"), (33, 32, "skewed"), (128, 256, "uniform")])
-def test_gpu_l2_fc2_prefetch_is_bitwise_the_same(m, e_local, kind, name):
-    """The FC2 weight prefetch into L2 (kFlagL2Fc2) moves no data the kernel computes with: outputs bitwise equal to
-    the same build without it (poisoned first, debug_run), over repeated launches."""
-    _, wt = _weights(e_local)
-    x8, xs, ids, wts = _inputs(m, e_local, 8, kind, seed=9300 + m)
-    base = M.MegaMoEConfig.from_name(name)
-    l2 = dataclasses.replace(base, l2_fc2=True)
-    want = M.debug_run(x8, xs, ids, wts, wt, config=base)
-    got = M.debug_run(x8, xs, ids, wts, wt, config=l2)
-    assert got["ctrl"]["tasks_done"] == got["ctrl"]["num_tasks"], got["ctrl"]
-    for key in ("slots", "out"):
-        assert_equal(OP + f" l2_fc2 {key}", got[key], want[key], context=f"{m=} {e_local=} {kind=} {name}")
-    for i in range(3):
-        again = M.mega_moe(x8, xs, ids, wts, wt, config=l2)
-        assert_equal(OP + f" l2_fc2 launch {i}", again, want["out"], context=f"{m=} {name}")
-
-
 # ---- diagnostic builds (diag: parts of the kernel removed, for timing only) -----------------------------------
 
 def test_diag_config_name_spec_and_validation():
