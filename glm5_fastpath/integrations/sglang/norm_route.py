@@ -108,12 +108,17 @@ def stashed_quant(quant: Callable[[Any], Any], on_hit: Callable[[], None] | None
     return q
 
 
+def a0_module() -> Any:
+    """glm5_fastpath.ops.add_rmsnorm_quant, the module (the package attribute of that name is the function)."""
+    import importlib
+
+    return importlib.import_module("glm5_fastpath.ops.add_rmsnorm_quant")
+
+
 def ours_norm(x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any, Any]:
     """A0 on SGLang's tensors: (x_normed [M, H] bf16 (new), x8 [M, H] e4m3, xs [M, H/128] fp32 row-major); residual
     is updated in place to bf16(x + residual)."""
-    from ...ops.add_rmsnorm_quant import add_rmsnorm_quant
-
-    r = add_rmsnorm_quant(x, residual, weight, eps, out=residual)
+    r = a0_module().add_rmsnorm_quant(x, residual, weight, eps, out=residual)
     return r.x, r.x_fp8, r.x_scale
 
 
@@ -281,11 +286,9 @@ def install_norms(model: Any, metrics: Any = None, log: logging.Logger = logger,
         return None
     if precompile:
         try:
-            from ...ops import add_rmsnorm_quant as A0
-
             w = mods[0][1].weight
             if w.device.type == "cuda":
-                A0.precompile((int(w.shape[0]),), w.device)
+                a0_module().precompile((int(w.shape[0]),), w.device)
         except Exception as e:  # noqa: BLE001 - no GPU toolchain: SGLang's norms, say why
             log.info("glm5_fastpath: add + RMSNorm: A0 unavailable (%s: %s); SGLang's norms everywhere",
                      type(e).__name__, e)

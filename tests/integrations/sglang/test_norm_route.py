@@ -189,6 +189,28 @@ def test_install_wraps_the_norms_a_route_consumes(monkeypatch, caplog):
     assert NR.unpatch_norms(mdl) == 3 and wrapped_names(mdl) == []
 
 
+def test_install_precompiles_a0_through_its_module(monkeypatch):
+    """install_norms reaches A0's module (the package attribute `ops.add_rmsnorm_quant` is the function: session 29's
+    first engine run lost the route to that); a precompile failure keeps SGLang's norms, logged."""
+    mod = NR.a0_module()
+    assert callable(mod.precompile) and callable(mod.add_rmsnorm_quant)
+    got = []
+    monkeypatch.setattr(mod, "precompile", lambda hs, dev: got.append((hs, dev)))
+    cuda = torch.device("cuda", 0)
+
+    def norms():  # stand-ins whose weight says "cuda" without a GPU
+        return [(1, "input", types.SimpleNamespace(weight=types.SimpleNamespace(device=cuda, shape=(H,)),
+                                                    forward=lambda *a: None))]
+    monkeypatch.setattr(NR, "targets", lambda mdl: norms())
+    monkeypatch.setattr(NR, "module_why_not", lambda norm: None)
+    assert NR.install_norms(None) is not None and got == [((H,), cuda)]
+
+    def boom(hs, dev):
+        raise RuntimeError("no nvcc")
+    monkeypatch.setattr(mod, "precompile", boom)
+    assert NR.install_norms(None) is None
+
+
 def test_switch_off_keeps_sglang_norms(monkeypatch):
     monkeypatch.setenv(NR.ENV, "sglang")
     mdl = model()
