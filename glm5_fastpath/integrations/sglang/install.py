@@ -199,7 +199,7 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
         install_sparse_mla(metrics, log)
         from .linear_route import install_fp8_linear
 
-        install_fp8_linear(model, metrics, log)  # off unless GLM5_FASTPATH_FP8_LINEAR=1 (linear_route.py)
+        install_fp8_linear(model, metrics, log)  # on at <= 16 tokens unless GLM5_FASTPATH_FP8_LINEAR=0 (linear_route.py)
         from .norm_route import install_norms
 
         install_norms(model, metrics, log)  # A0 for the norms whose quant a route consumes (norm_route.py)

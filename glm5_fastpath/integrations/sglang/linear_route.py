@@ -7,9 +7,14 @@ of FP8 weights, K = 16384, N = 6144). That is 48 tiles of 128 output rows with n
 stream. Our skinny GEMM (glm5_fastpath.ops.fp8_gemm) splits K to fill every SM. At D0's shape it ran at 1.25x its
 floor at one token.
 
-**OFF by default until `glm5-fastpath bench fp8-linear` has measured it faster on the GPU in use.** Switches:
-- GLM5_FASTPATH_FP8_LINEAR=1 turns the route on;
-- GLM5_FASTPATH_FP8_LINEAR_MAX_TOKENS (default 64) is the largest M it takes;
+**On by default at <= 16 tokens** (wherever the selection table routes a bucket to our kernels, i.e. the measured
+H200 table): per kernel our GEMM is faster than DeepGEMM at 1-16 tokens (o_proj 1.23x / 1.05x / 1.08x at 1 / 8 / 16,
+dense down 1.24x / 1.03x / 1.05x; `bench fp8-linear`, session 10), slower at 64 and on the dense gate_up. In the engine
+(H200, session 29 c6 against c5, same machine, with the norm route) the decode step's ITL p50 was 2.08 / 5.16 / 7.92 ms
+at batch 1 / 8 / 16 against 2.13-2.14 / 5.16-5.18 / 7.94-7.96 without it (session 26's higher batch-1 ITL with the
+route, 2.29 against 2.16 ms, did not recur). Switches:
+- GLM5_FASTPATH_FP8_LINEAR=0 (or sglang / off) keeps SGLang's linears;
+- GLM5_FASTPATH_FP8_LINEAR_MAX_TOKENS (default 16) is the largest M it takes;
 - GLM5_FASTPATH_FP8_LINEAR_LAYERS (default "o_proj,dense_down") picks the layer kinds it takes, from o_proj,
   dense_gate_up, dense_down. The dense gate_up is left out by default: with the tuned configs it measured 0.74-1.01x
   DeepGEMM's time at 1-64 tokens, against 1.03-1.25x faster for o_proj and the dense down at 1-16 (H200, session 10).
@@ -47,7 +52,7 @@ ENV_MAX_TOKENS = "GLM5_FASTPATH_FP8_LINEAR_MAX_TOKENS"
 ENV_LAYERS = "GLM5_FASTPATH_FP8_LINEAR_LAYERS"
 LAYER_KINDS = ("o_proj", "dense_gate_up", "dense_down")
 DEFAULT_LAYERS = ("o_proj", "dense_down")
-DEFAULT_MAX_TOKENS = 64
+DEFAULT_MAX_TOKENS = 16  # 64 measured slower than DeepGEMM (bench fp8-linear, session 10)
 MAX_TOKENS = 256  # ops.fp8_gemm.MAX_M (not imported: this module loads without the ops)
 MODULE = "sglang.srt.layers.quantization.fp8"
 CLASS = "Fp8LinearMethod"
@@ -70,7 +75,7 @@ REASONS = {
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "").strip().lower() in ("1", "on", "ours", "true", "yes")
+    return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "sglang", "stock", "false", "no")
 
 
 def max_tokens() -> int:

@@ -1,4 +1,5 @@
-"""The FP8-linear route (integrations/sglang/linear_route.py) on CPU: off by default; install tags only o_proj and
+"""The FP8-linear route (integrations/sglang/linear_route.py) on CPU: on by default (GLM5_FASTPATH_FP8_LINEAR=0 turns
+it off); install tags only o_proj and
 the dense MLP's linears and wraps Fp8LinearMethod.apply on the class; which calls reach our kernels and which stay
 on SGLang's method (each reason logged once and counted, untagged linears silent); kernel errors and precompile
 failures fall back; unpatch restores. Our kernels are a recorder here; on a GPU, ours_linear is compared with the
@@ -65,11 +66,15 @@ def install(cls, mdl, run, reg=None):
     return ok
 
 
-def test_off_by_default(monkeypatch):
+def test_on_by_default_and_the_switch_off(monkeypatch):
     monkeypatch.delenv(LR.ENV, raising=False)
-    cls = type("Method", (Method,), {})
-    assert not LR.enabled() and not LR.install_fp8_linear(model(), method_cls=cls, precompile=False)
-    assert cls.apply is Method.apply
+    monkeypatch.delenv(LR.ENV_MAX_TOKENS, raising=False)
+    assert LR.enabled() and LR.max_tokens() == 16
+    for off in ("0", "off", "sglang"):
+        monkeypatch.setenv(LR.ENV, off)
+        cls = type("Method", (Method,), {})
+        assert not LR.enabled() and not LR.install_fp8_linear(model(), method_cls=cls, precompile=False)
+        assert cls.apply is Method.apply
     monkeypatch.setenv(LR.ENV, "on")
     assert LR.enabled()
 
