@@ -9,13 +9,17 @@ Why: at batch 1 on the H200 (SGLang 0.5.14 engine profile, session 28) the 16 Fl
 step were ~43 us exposed, the prefix's Q0 quant and the MoE's act quant another ~17 us, and none of them is launched
 with Programmatic Dependent Launch, so the kernel after each norm (B0 / C0 / B1 of the prefix, the MoE router) could
 not prefetch its weights while the norm ran. A0 replaces each norm + quant pair by one PDL kernel (the next kernel's
-griddepcontrol.wait orders the reads: A0's outputs are read only after it).
+griddepcontrol.wait orders the reads: A0's outputs are read only after it). Measured in the engine (H200, session 29
+c5, same machine): the decode step's ITL p50 was level with SGLang's norms (within 0.5 % at batch 1-64, inside the
+run-to-run spread), so the route is on for the kernels it removes and the PDL chain it opens, not for a measured gain.
 
 Math: A0's (ops/add_rmsnorm_quant.py): r = fp32(h) + fp32(residual), residual = bf16(r), x = bf16(r * rsqrt(mean(r^2)
 + eps) * weight) from the fp32 r (FlashInfer's fused_add_rmsnorm, which SGLang runs, also normalises the fp32 sum;
 the sum of squares is reduced in another order, so x can differ from SGLang's in the last bf16 bit), and the quant is
 act_quant_fp8's (bitwise ref.fp8.quant_act_per_token of x). residual is updated in place, as SGLang's kernel does;
-x is a new tensor (A0 does not write over its input).
+x is a new tensor (A0 does not write over its input). The prefix's Q0 otherwise runs SGLang's per-token-group quant:
+the same 1x128 scheme (scale = max(amax, eps) / 448), which may round an element's division differently, so with the
+route Q0's FP8 input can differ from before in the last FP8 rounding (the MoE's act quant is ours either way).
 
 Seam: each routed layer's `input_layernorm` / `post_attention_layernorm` module (SGLang's RMSNorm) gets an instance
 `forward` (nn.Module calls it; `unpatch_norms` removes it). Wrapped at install, only where a consumer exists: the
