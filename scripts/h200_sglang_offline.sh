@@ -92,6 +92,9 @@ ARGS=(--model "$MODEL" --load-format "$LOAD_FORMAT" --batch-sizes "$BS" --input-
 # glm5_fastpath's batch-8 throughput, session 28): for the timed A/B of record run ROUTING_STATS=0 in both modes
 # and the stats in a separate run with its own RES (a different run key)
 [ "${ROUTING_STATS:-1}" = 1 ] && ARGS+=(--routing-stats)
+# CALLS=N: N timed generate calls of B prompts per batch size (default 1). Batch 1's single call of one prompt moved its
+# tok/s by up to 10 % between identical runs (session 29); more calls cost ~0.6 s (ours) / 0.9 s (stock) each there.
+[ "${CALLS:-1}" != 1 ] && ARGS+=(--calls "$CALLS")
 PROFILE_STEPS=${PROFILE_STEPS:-0}
 [ "$PROFILE_STEPS" != 0 ] && ARGS+=(--profile-steps "$PROFILE_STEPS")
 [ -n "${PROFILE_BS:-}" ] && ARGS+=(--profile-batches "$PROFILE_BS")

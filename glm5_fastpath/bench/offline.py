@@ -109,7 +109,8 @@ class OfflineOptions:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 16, 32])
     input_len: int = 128
     output_len: int = 128
-    num_prompts: int | None = None  # per batch size; None -> one call of B prompts
+    num_prompts: int | None = None  # per batch size; None -> `calls` calls of B prompts
+    calls: int = 1  # timed generate calls of B prompts per batch size (when num_prompts is None)
     load_format: str = "auto"
     randomize_routers: bool = False
     realistic_dummy: bool = False  # dummy weights with O(1) activations in both modes (bench/dummy_weights.py)
@@ -134,7 +135,7 @@ class OfflineOptions:
         return sorted(self.profile_batches) if self.profile_batches is not None else sorted(self.batch_sizes)
 
     def prompts_per_batch(self, b: int) -> int:
-        return self.num_prompts if self.num_prompts is not None else b
+        return self.num_prompts if self.num_prompts is not None else b * self.calls
 
 
 def _int_list(s: str) -> list[int]:
@@ -191,6 +192,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=128, help="generated tokens per request (ignore_eos)")
     p.add_argument("--num-prompts", type=int, default=None,
                    help="prompts per batch size, sent B at a time (multiple of every B; default B)")
+    p.add_argument("--calls", type=int, default=1,
+                   help="timed generate calls of B prompts per batch size (tok/s over all of them; default 1). One call of "
+                        "1 prompt moved batch 1's tok/s by up to 10 %% between identical engine runs (session 29)")
     p.add_argument("--load-format", choices=("auto", "dummy"), default="auto")
     p.add_argument("--randomize-routers", action="store_true",
                    help="give MoE routers N(0,0.02) weights + zero correction bias (realistic routing with dummy weights)")
@@ -231,7 +235,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def options_from_args(a: argparse.Namespace) -> OfflineOptions:
     return OfflineOptions(model=a.model, batch_sizes=list(a.batch_sizes), input_len=a.input_len,
-                          output_len=a.output_len, num_prompts=a.num_prompts, load_format=a.load_format,
+                          output_len=a.output_len, num_prompts=a.num_prompts, calls=a.calls,
+                          load_format=a.load_format,
                           randomize_routers=a.randomize_routers, realistic_dummy=a.realistic_dummy,
                           modes=list(a.modes), out=a.out, dry_run=a.dry_run,
                           report_only=a.report_only,
@@ -297,6 +302,10 @@ def validate(o: OfflineOptions) -> dict:
         raise ValueError(f"--batch-sizes has duplicates: {o.batch_sizes}")
     if o.input_len < 1 or o.output_len < 2:
         raise ValueError(f"--input-len must be >= 1 and --output-len >= 2 (got {o.input_len}, {o.output_len})")
+    if o.calls < 1:
+        raise ValueError(f"--calls must be >= 1, got {o.calls}")
+    if o.num_prompts is not None and o.calls != 1:
+        raise ValueError("--calls and --num-prompts both set the timed pass's size; give one")
     if o.num_prompts is not None:
         if o.num_prompts < 1:
             raise ValueError(f"--num-prompts must be >= 1, got {o.num_prompts}")
@@ -431,7 +440,7 @@ def mode_env(mode: str, seam: str, base: dict[str, str] | None = None, config: s
 def run_key(o: OfflineOptions) -> str:
     """Identifies comparable runs: same model, prompts, lengths, batch sizes, load format, routers, engine args."""
     d = {"model": os.path.abspath(o.model), "bs": sorted(o.batch_sizes), "in": o.input_len, "out": o.output_len,
-         "n": o.num_prompts, "lf": o.load_format, "rr": o.randomize_routers, "seed": o.seed,
+         "n": o.num_prompts, **({"calls": o.calls} if o.calls != 1 else {}), "lf": o.load_format, "rr": o.randomize_routers, "seed": o.seed,
          **({"rd": True} if o.realistic_dummy else {}),
          "ea": sorted(o.engine_args.items(), key=lambda kv: kv[0]), **({"rs": True} if o.routing_stats else {})}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -40,6 +40,8 @@ def test_cli_defaults_and_engine_args(tmp_path):
     (["--batch-sizes", "0,4"], "positive"),
     (["--batch-sizes", "4,4"], "duplicates"),
     (["--num-prompts", "24", "--batch-sizes", "1,16"], "not a multiple"),
+    (["--calls", "0"], "--calls"),
+    (["--calls", "2", "--num-prompts", "32"], "give one"),
     (["--output-len", "1"], "output-len"),
     (["--engine-arg", "model_path=/x"], "--model"),
 ])
@@ -118,6 +120,17 @@ def test_router_tensor_names_moe_layers_only():
     assert names[0][1] == (256, 6144) and names[1][1] == (256,)
     assert off.moe_layers({**cfg, "moe_layer_freq": 2}) == [2, 4]
     assert off.router_tensor_names({**cfg, "n_routed_experts": 0}) == []
+
+
+def test_calls_set_the_timed_pass_per_batch_size(tmp_path):
+    """--calls N: N generate calls of B prompts per batch size (each call still decodes at exactly batch B); the run
+    key changes with N, and stays as before for N = 1 (results of earlier sessions still merge)."""
+    one, four = _opts(tmp_path, "--batch-sizes", "1,8"), _opts(tmp_path, "--batch-sizes", "1,8", "--calls", "4")
+    off.validate(four)
+    assert [one.prompts_per_batch(b) for b in (1, 8)] == [1, 8]
+    assert [four.prompts_per_batch(b) for b in (1, 8)] == [4, 32]
+    assert off.run_key(one) != off.run_key(four)
+    assert off.worker_config(four, "stock", "plugin", {})["prompts_per_batch"] == {"1": 4, "8": 32}
 
 
 def test_run_key_stable_and_sensitive(tmp_path):
