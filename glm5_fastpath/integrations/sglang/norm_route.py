@@ -31,7 +31,8 @@ consumer gets (x8, xs) only for that exact tensor, unmodified since A0 wrote it;
 A call goes to SGLang's norm (counted in glm5_fastpath_norm_total{route="stock", reason}, logged once per reason)
 when: there is no residual (the first layer's input norm), a post_residual_addition is given, x / residual are not
 2-D contiguous bf16 CUDA tensors of one shape, M is 0 or above MAX_TOKENS, or our kernel raises. Routed calls count
-{route="ours", reason="routed"} (host side: under CUDA graphs a call is a capture, not a replay).
+{route="ours", reason="routed"} (host side: under CUDA graphs a call is a capture, not a replay). Inside a torch.compile
+trace the wrapper and the hand-off step aside (reason "compiling"): they are meant for CUDA-graph capture.
 
 GLM5_FASTPATH_NORM=sglang keeps SGLang's norms everywhere (the previous behaviour).
 """
@@ -57,6 +58,7 @@ REASONS = {
     "post_add": "a post_residual_addition is given",
     "input": "x / residual not 2-D contiguous bf16 CUDA tensors of one shape",
     "tokens": "M is 0 or more than 256 tokens (prefill keeps SGLang's norm)",
+    "compiling": "inside a torch.compile trace (the hand-off is host Python; SGLang's norm there)",
     "error": "our kernel raised; SGLang's norm for this call",
 }
 
@@ -81,7 +83,7 @@ class QuantStash:
 
     def take(self, x: Any) -> tuple[Any, Any] | None:
         e = self._entry
-        if e is None:
+        if e is None or _compiling():
             return None
         ref, version, x8, xs = e
         if ref() is not x or getattr(x, "_version", None) != version:
@@ -150,9 +152,18 @@ def module_why_not(norm: Any) -> str | None:
     return None
 
 
+def _compiling() -> bool:
+    import torch
+
+    f = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(f()) if f is not None else False
+
+
 def call_why_not(x: Any, residual: Any, post_add: Any, hidden: int, devices: tuple[str, ...]) -> str | None:
     import torch
 
+    if _compiling():
+        return "compiling"
     if residual is None:
         return "no_residual"
     if post_add is not None:

@@ -142,6 +142,17 @@ def test_calls_outside_the_route_go_to_sglang_once_logged(route, caplog, case, r
     assert sum(NR.REASONS[reason] in m for m in caplog.messages) == 1
 
 
+def test_torch_compile_tracing_keeps_sglang_norm(route, monkeypatch):
+    r, reg, stash = route
+    norm = wrapped(r)
+    y, _ = norm(*inputs(2))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert stash.take(y) is None  # no hand-off inside a trace
+    norm(*inputs(2))
+    assert norm.calls == 1
+    assert reg.get_sample_value("glm5_fastpath_norm_total", {"route": "stock", "reason": "compiling"}) == 1
+
+
 def test_kernel_error_falls_back_to_sglang_with_one_warning(route, caplog):
     r, reg, _ = route
 
