@@ -465,20 +465,22 @@ class MoEExecutor:
     def _experts(self, MM: Any, mlp: Any, route: MoELayerRoute, hidden: Any, ids: Any, wts: Any,
                  quantized: tuple[Any, Any] | None = None) -> Any:
         self.last_routing = (ids, wts)
-        if quantized is None:  # the norm route's A0 quantised this very tensor already (norm_route.py)
-            from .norm_route import STASH
+        if quantized is None:  # the quant the norm route's A0 wrote for this very tensor, else our act quant
+            from .norm_route import stashed_quant
 
-            quantized = STASH.take(hidden)
-            if quantized is not None and "x8_from_a0" not in self._once:
-                self._once.add("x8_from_a0")
-                self.log.info("glm5_fastpath: MoE: MegaMoE's FP8 input is the quant A0 wrote (norm route): no act "
-                              "quant kernel; logged once")
-        x8, xs = quantized if quantized is not None else self.quant(hidden)
+            quantized = stashed_quant(self.quant, self._x8_from_a0)(hidden)
+        x8, xs = quantized
         out = MM.mega_moe(x8, xs, ids, wts, route.weights, routed_scaling_factor=route.rsf,
                           config=self.config_for(int(hidden.shape[0]), route))
         if route.shared_mlp is not None:  # SGLang's separate shared expert (not fused): added as the stock path does
             out = out + route.shared_mlp(hidden)
         return out
+
+    def _x8_from_a0(self) -> None:
+        if "x8_from_a0" not in self._once:
+            self._once.add("x8_from_a0")
+            self.log.info("glm5_fastpath: MoE: MegaMoE's FP8 input is the quant A0 wrote (norm route): no act quant "
+                          "kernel; logged once")
 
     # -- logging / metrics -----------------------------------------------------------------------------------
     def _fallback(self, original, args, kwargs, reason: str, layer_id: int):

@@ -76,7 +76,6 @@ class QuantStash:
 
     def __init__(self) -> None:
         self._entry: tuple | None = None
-        self.hits = 0
 
     def put(self, x: Any, x8: Any, xs: Any) -> None:
         self._entry = (weakref.ref(x), x._version, x8, xs)
@@ -89,11 +88,7 @@ class QuantStash:
         if ref() is not x or getattr(x, "_version", None) != version:
             return None
         self._entry = None
-        self.hits += 1
         return x8, xs
-
-    def clear(self) -> None:
-        self._entry = None
 
 
 STASH = QuantStash()
@@ -272,16 +267,12 @@ def targets(model: Any) -> list[tuple[int, str, Any]]:
     return out
 
 
-def _ranges(ids: list[int]) -> str:
-    from .prefix_executor import _ranges as r
-
-    return r(ids)
-
-
 def install_norms(model: Any, metrics: Any = None, log: logging.Logger = logger, precompile: bool = True,
                   route: NormRoute | None = None) -> NormRoute | None:
     """Wrap the norms of `targets(model)` (module doc); None when the route is off, nothing qualifies, or A0 cannot
     be prepared (then every norm stays SGLang's, logged)."""
+    from .prefix_executor import _ranges
+
     if not enabled():
         log.info("glm5_fastpath: add + RMSNorm: %s=sglang, SGLang's norms everywhere", ENV)
         return None
