@@ -102,6 +102,12 @@ def _cmd_bench_moe_layer(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _cmd_bench_moe_prefill(args: argparse.Namespace) -> int:
+    from .bench.moe_prefill import main
+
+    return main(args)
+
+
 def _cmd_bench_gemm_phases(args: argparse.Namespace) -> int:
     from .bench.gemm_phases import run
 
@@ -235,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_moe_layer_args(b)
     b.set_defaults(fn=_cmd_bench_moe_layer)
+    b = bsub.add_parser("moe-prefill", help="(GPU) the MoE of one prefill chunk (128-4096 tokens): SGLang's Triton "
+                        "fused MoE vs MegaMoE")
+    from .bench.moe_prefill import add_arguments as _bench_moe_prefill_args
+
+    _bench_moe_prefill_args(b)
+    b.set_defaults(fn=_cmd_bench_moe_prefill)
     b = bsub.add_parser("gemm-phases", help="(GPU) where one skinny FP8 GEMM launch spends its time, per CTA (phase "
                                             "build: launch spread, first byte, stream, split-K finish, epilogue)")
     from .bench.gemm_phases import add_arguments as _bench_gemm_phases_args

@@ -7,7 +7,10 @@ Two levels:
 2. `route_step(mode, m, table)`: for one forward pass (one decode step, one prefill chunk, ...) which
    path each component takes, with a reason. Prefill/extend, target-verify, idle and M above the
    largest bucket stay on SGLang's path; decode steps take the table's choice for their bucket if that
-   executor is built, else SGLang's path with reason "executor_not_built".
+   executor is built, else SGLang's path with reason "executor_not_built". One exception: a prefill /
+   extend pass of at most `prefill_moe_max` tokens (GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS, `prefill_moe_max_tokens()`)
+   sends its MoE to MegaMoE (reason "prefill_moe"; the prefix stays SGLang's): SGLang's Triton fused MoE is what the
+   stock prefill runs on Hopper, and MegaMoE handles any token count (`bench moe-prefill` compares the two).
 
 Built today: the prefix executor "cmp" (prefix_executor.py: our ops behind forward_absorb_prepare,
 with its own per-layer / per-call fallbacks, glm5_fastpath_prefix_layer_total). "megartp" and every
@@ -15,6 +18,7 @@ MoE config are not built (issues #5, #6). The reasons are the `reason` label of 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ...selection import STOCK, SelectionTable
@@ -26,6 +30,9 @@ SUPPORTED_TP = frozenset({1})  # TP1 only for now: the prefix ops assume all 64 
 # Executors that exist and may be called (patch.EXECUTORS holds their functions).
 BUILT_PREFIX: frozenset[str] = frozenset({"cmp"})
 BUILT_MOE: frozenset[str] = frozenset({"megamoe"})  # MoE entries are "<family>[:<config>]": the family is checked
+
+
+PREFILL_MOE = "megamoe"  # the MoE executor a prefill_moe pass takes (MegaMoE's default config for its M)
 
 
 def executor_family(name: str) -> str:
@@ -48,7 +55,24 @@ REASONS = {
     "table_selects_stock": "the selection table picks SGLang's path for this bucket",
     "executor_not_built": "the selected executor is not built yet: SGLang's path",
     "selected": "glm5_fastpath executor selected by the table",
+    "prefill_moe": "prefill / extend chunk: MoE on MegaMoE (GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS), the rest SGLang's",
 }
+
+ENV_PREFILL_MOE = "GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS"
+# largest prefill / extend pass (tokens) whose MoE runs on MegaMoE; above it (and at 0) SGLang's Triton fused MoE.
+# MegaMoE takes 4096 tokens per launch; the executor splits bigger chunks (moe_executor.PREFILL_SPLIT).
+DEFAULT_PREFILL_MOE_MAX = 16384
+
+
+def prefill_moe_max_tokens() -> int:
+    """GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS (default DEFAULT_PREFILL_MOE_MAX; 0 keeps every prefill MoE on SGLang)."""
+    raw = os.environ.get(ENV_PREFILL_MOE, "").strip()
+    if not raw:
+        return DEFAULT_PREFILL_MOE_MAX
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return DEFAULT_PREFILL_MOE_MAX
 
 _EXTEND_MODES = frozenset({"EXTEND", "MIXED", "SPLIT_PREFILL", "DLLM_EXTEND", "DRAFT_EXTEND", "DRAFT_EXTEND_V2",
                            "PREBUILT"})
@@ -136,10 +160,13 @@ def mode_kind(mode_name: str | None) -> str:
 
 
 def route_step(mode_name: str | None, m: int, table: SelectionTable,
-               built_prefix: frozenset[str] | None = None, built_moe: frozenset[str] | None = None) -> StepRoute:
+               built_prefix: frozenset[str] | None = None, built_moe: frozenset[str] | None = None,
+               prefill_moe_max: int = 0) -> StepRoute:
     built_prefix = BUILT_PREFIX if built_prefix is None else built_prefix
     built_moe = BUILT_MOE if built_moe is None else built_moe
     kind = mode_kind(mode_name)
+    if kind == "prefill_extend" and 1 <= m <= prefill_moe_max and PREFILL_MOE in built_moe:
+        return StepRoute(kind, m, None, STOCK, PREFILL_MOE, "prefill_moe", STOCK, PREFILL_MOE)
     if kind != "decode":
         reason = {"idle": "idle", "target_verify": "target_verify", "prefill_extend": "prefill_extend"}.get(kind, "unknown_mode")
         return StepRoute(kind, m, None, STOCK, STOCK, reason)
@@ -165,6 +192,8 @@ def component_log_line(component: str, r: StepRoute) -> str:
     wanted = r.wanted_prefix if component == "prefix" else r.wanted_moe
     label = "MoE" if component == "moe" else "prefix"
     where = f"bucket {r.bucket}" if r.bucket is not None else f"{r.mode} M={r.m}"
+    if impl != STOCK and r.reason == "prefill_moe":
+        return f"glm5_fastpath: {where} -> {impl} ({label}: {REASONS[r.reason]})"
     if impl != STOCK:
         return f"glm5_fastpath: {where} -> {impl} ({label})"
     if r.bucket is not None and wanted != STOCK:

@@ -191,8 +191,9 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
     if any(p == "cmp" for _, p, _ in rows):
         _prepare_prefix(model, router, log)
     moe_buckets = [t for t, _, m in rows if decision.executor_family(m) == "megamoe"]
-    if moe_buckets:
-        _prepare_moe(model, router, moe_buckets, metrics, log)
+    prepared = _prepare_moe(model, router, moe_buckets, metrics, log) if moe_buckets else None
+    if prepared is None or not prepared.routed:  # no MegaMoE layer: prefill MoE stays SGLang's too
+        router.prefill_moe_max = 0
     if needs_kernels:  # on unless GLM5_FASTPATH_SPARSE_MLA=sglang: the DSA attention core at small token counts
         from .attn_core import install_sparse_mla
 
@@ -250,7 +251,7 @@ def _prepare_moe(model: Any, router: Any, buckets: list[int], metrics: Any, log:
     ex.router, ex.log = router, log
     t0 = time.perf_counter()
     try:
-        s = ex.prepare_model(model, buckets)
+        s = ex.prepare_model(model, buckets, prefill_max=router.prefill_moe_max)
     except Exception as e:  # noqa: BLE001 - e.g. no GPU toolchain: the calls fall back per layer, loudly
         log.warning("glm5_fastpath: MoE: preparing MegaMoE failed (%s: %s); MoE layers will take SGLang's path",
                     type(e).__name__, e)

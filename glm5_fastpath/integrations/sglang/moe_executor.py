@@ -264,6 +264,7 @@ class MoEExecutor:
         self.router_failed = ""  # set when our router kernel could not be prepared: SGLang's router everywhere
         self.last_fused = False  # the latest run() took the fused router + plan kernels
         self.fused_failed = ""  # set when the fused router + plan kernels could not be prepared: separate kernels
+        self.prefill_chunk = 0  # tokens per MegaMoE launch for prefill passes (set by _precompile; 0: MAX_TOKENS)
 
     @property
     def quant(self) -> Callable:
@@ -293,7 +294,8 @@ class MoEExecutor:
         return cfg
 
     # -- install ---------------------------------------------------------------------------------------------
-    def prepare_model(self, model: Any, buckets: list[int], precompile: bool = True) -> MoEPrepareSummary:
+    def prepare_model(self, model: Any, buckets: list[int], precompile: bool = True,
+                      prefill_max: int = 0) -> MoEPrepareSummary:
         from .patch import decoder_layers
         from .prefix_executor import _ranges
 
@@ -321,15 +323,29 @@ class MoEExecutor:
             self.log.info("glm5_fastpath: MoE: router %s", "ours (ops.moe_route: fp32 logits, sigmoid + bias top-k; "
                           "M <= 256)" if first.router is not None else f"SGLang's gate + top-k ({first.router_note})")
             if precompile and buckets:
-                self._precompile(first, buckets)
+                self._precompile(first, buckets, prefill_max)
         return s
 
-    def _precompile(self, route: MoELayerRoute, buckets: list[int]) -> None:
-        """Kernels of every bucket's config and the workspace of the largest bucket, before CUDA-graph capture."""
+    def _precompile(self, route: MoELayerRoute, buckets: list[int], prefill_max: int = 0) -> None:
+        """Kernels of every bucket's config and the workspace of the largest bucket, before CUDA-graph capture; with
+        the prefill route (prefill_max > 0) also the configs of prefill chunks and a workspace of one chunk
+        (prefill_chunk(prefill_max) tokens: ~760 MB at 4096), allocated here so SGLang sizes its KV cache after it."""
         from ...moe import megamoe as MM
 
         configs = {c.name: c for c in (self.config_for(b, route) for b in buckets)}
-        MM.precompile(route.weights, topk=route.topk, max_tokens=max(buckets), configs=list(configs.values()))
+        chunk = prefill_chunk(prefill_max)
+        m = max(buckets)
+        while m < chunk:  # one config per power of two up to the chunk (default_config changes only at those steps)
+            m = min(chunk, 2 * m)
+            c = self.config_for(m, route)
+            configs.setdefault(c.name, c)
+        MM.precompile(route.weights, topk=route.topk, max_tokens=max(max(buckets), chunk),
+                      configs=list(configs.values()))
+        if chunk:
+            self.prefill_chunk = chunk
+            self.log.info("glm5_fastpath: MoE: prefill / extend passes of <= %d tokens -> MegaMoE (in launches of <= %d "
+                          "tokens; workspace for %d tokens); GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS=0 keeps SGLang's "
+                          "Triton MoE there", prefill_max, chunk, chunk)
         if route.router is not None:  # kernel + workspace now: never inside a CUDA-graph capture
             try:
                 from ...ops import moe_router as R
@@ -385,8 +401,12 @@ class MoEExecutor:
             return original(*args, **kwargs)
         alloc = kwargs.get("gemm_output_zero_allocator", args[4] if len(args) > 4 else None)
         fb = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
+        prefill = _is_prefill(fb)
         try:
-            out = self.run(mlp, route, hidden, alloc, getattr(fb, "num_token_non_padded", None))
+            if prefill:
+                out = self._run_prefill(mlp, route, hidden)
+            else:
+                out = self.run(mlp, route, hidden, alloc, getattr(fb, "num_token_non_padded", None))
         except _CallRefused as e:
             return self._fallback(original, args, kwargs, e.reason, route.layer_id)
         except Exception as e:  # noqa: BLE001 - never take the server down: SGLang's path, loudly, once
@@ -394,12 +414,29 @@ class MoEExecutor:
                        f"{type(e).__name__}: {e}; SGLang's path for this call", logging.WARNING)
             self.log.debug("glm5_fastpath: MoE executor traceback", exc_info=True)
             return original(*args, **kwargs)
-        if self.last_fused:  # which kernels ran shows in the metrics (reason) and once in the log (bench offline's paths)
+        if prefill:
+            self._note("megamoe", "prefill", f"glm5_fastpath: MoE layer {route.layer_id}: prefill / extend pass "
+                       f"(M={int(hidden.shape[0])}) -> MegaMoE; logged once")
+        elif self.last_fused:  # which kernels ran shows in the metrics (reason) and once in the log (bench offline's paths)
             self._note("megamoe", "fused", f"glm5_fastpath: MoE layer {route.layer_id} (M={int(hidden.shape[0])}) -> "
                        "fused router + plan, then MegaMoE (2 kernels); logged once")
         else:
             self._note("megamoe", "routed")
         return out
+
+    def _run_prefill(self, mlp: Any, route: MoELayerRoute, hidden: Any) -> Any:
+        """A prefill / extend pass (eager, never captured): no padding rows; chunks of more than one MegaMoE launch's
+        tokens are split into launches of prefill_chunk tokens (each its own router, quant and plan)."""
+        import torch
+
+        from ...moe import megamoe as MM
+
+        m = int(hidden.shape[0])
+        step = self.prefill_chunk or MM.MAX_TOKENS
+        if m <= step:
+            return self.run(mlp, route, hidden)
+        hidden = hidden.contiguous()
+        return torch.cat([self.run(mlp, route, hidden[s:s + step]) for s in range(0, m, step)])
 
     def run(self, mlp: Any, route: MoELayerRoute, hidden: Any, alloc: Any = None, non_padded: Any = None,
             routing: tuple[Any, Any] | None = None) -> Any:
@@ -501,6 +538,20 @@ class MoEExecutor:
 
 
 ROUTER_MAX_TOKENS = 256  # ops.moe_router.MAX_TOKENS (not imported here: this module loads without the ops)
+MEGAMOE_MAX_TOKENS = 4096  # moe.megamoe.MAX_TOKENS: one launch's tokens (not imported: loads without torch)
+
+
+def prefill_chunk(prefill_max: int) -> int:
+    """Tokens per MegaMoE launch for prefill passes of up to prefill_max tokens (0: the prefill route is off)."""
+    return min(max(0, int(prefill_max)), MEGAMOE_MAX_TOKENS)
+
+
+def _is_prefill(fb: Any) -> bool:
+    """Whether this MoE call belongs to a prefill / extend pass (the Router sent it here as "prefill_moe")."""
+    from .decision import mode_kind
+    from .patch import _mode_name
+
+    return fb is not None and mode_kind(_mode_name(fb)) == "prefill_extend"
 ENV_ROUTER_QUANT = "GLM5_FASTPATH_ROUTER_QUANT"
 
 

@@ -19,7 +19,8 @@ import logging
 import time
 from typing import Any, Callable
 
-from .decision import OnceLog, StepRoute, component_log_line, executor_family, route_step, step_log_line
+from .decision import (OnceLog, StepRoute, component_log_line, executor_family, prefill_moe_max_tokens, route_step,
+                       step_log_line)
 
 logger = logging.getLogger("glm5_fastpath")
 
@@ -49,11 +50,16 @@ EXECUTORS: dict[str, dict[str, Callable[..., Any]]] = {"prefix": {"cmp": _run_pr
 class Router:
     """Per-process routing state: the selection table, the once-per-reason log, the metrics (optional)."""
 
-    def __init__(self, table, metrics=None, log: logging.Logger = logger) -> None:
+    def __init__(self, table, metrics=None, log: logging.Logger = logger, prefill_moe_max: int | None = None) -> None:
         self.table, self.metrics, self.log, self.once = table, metrics, log, OnceLog()
+        # MoE of prefill / extend passes up to this many tokens -> MegaMoE (decision.prefill_moe_max_tokens); 0: off.
+        # install sets it to 0 when no MoE layer was prepared for MegaMoE.
+        self.prefill_moe_max = prefill_moe_max_tokens() if prefill_moe_max is None else prefill_moe_max
 
     def route(self, component: str, mode_name: str | None, m: int) -> StepRoute:
-        r = route_step(mode_name, m, table=self.table)
+        # only the MoE seam takes the prefill route: the step metric and the prefix keep the plain decision
+        r = route_step(mode_name, m, table=self.table,
+                       prefill_moe_max=self.prefill_moe_max if component == "moe" else 0)
         key = r.bucket if r.bucket is not None else r.mode
         if self.once.first(component, key, r.reason):
             self.log.info(step_log_line(r) if component == "step" else component_log_line(component, r))

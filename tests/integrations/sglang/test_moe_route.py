@@ -566,3 +566,59 @@ def test_fused_and_separate_calls_are_counted_apart(calls, routes, fused, monkey
     lines = [r.getMessage() for r in caplog.records if "fused router + plan, then MegaMoE" in r.getMessage()]
     assert len(lines) == 1 and " -> " in lines[0]  # once; bench offline's paths_from_log keeps ' -> ' lines
     assert not ex.last_fused  # the latest call took the separate kernels
+
+
+# ---- the prefill route (decision "prefill_moe"): prefill / extend passes on MegaMoE -------------------------
+
+def _fb(mode="EXTEND"):
+    return types.SimpleNamespace(forward_mode=types.SimpleNamespace(name=mode), num_token_non_padded=None)
+
+
+def test_prefill_pass_runs_megamoe_counted_as_prefill(calls):
+    reg = CollectorRegistry()
+    ex = executor(registry=reg)
+    mlp = MoE()
+    h = torch.randn(300, H).to(torch.bfloat16)
+    out = ex(mlp.forward, h, _fb("EXTEND"))
+    assert out.shape == (300, H) and len(calls) == 1 and calls[-1]["ids"].shape == (300, K)
+    # a prefill pass above the largest bucket takes MegaMoE's default config for its own size
+    assert calls[-1]["config"] == MM.default_config(300, E, K, 1, inter=I)
+    assert reg.get_sample_value("glm5_fastpath_moe_layer_total", {"route": "megamoe", "reason": "prefill"}) == 1
+    assert reg.get_sample_value("glm5_fastpath_moe_layer_total", {"route": "megamoe", "reason": "routed"}) is None
+    ex(mlp.forward, torch.randn(2, H).to(torch.bfloat16), _fb("DECODE"))
+    assert reg.get_sample_value("glm5_fastpath_moe_layer_total", {"route": "megamoe", "reason": "routed"}) == 1
+
+
+def test_prefill_pass_above_one_launch_is_split_in_order(calls, monkeypatch):
+    ex = executor()
+    ex.prefill_chunk = 64
+
+    def fake(x8, xs, ids, wts, weights, *, routed_scaling_factor, config):
+        calls.append(x8.shape[0])
+        return x8.float()[:, :weights.hidden].to(torch.bfloat16)  # row i of the output depends on row i only
+
+    monkeypatch.setattr(MM, "mega_moe", fake)
+    mlp = MoE()
+    h = torch.randn(150, H).to(torch.bfloat16)
+    out = ex(mlp.forward, h, _fb("EXTEND"))
+    assert calls == [64, 64, 22] and out.shape == (150, H)
+    whole = MM_quant(h)[0].float().to(torch.bfloat16)  # the per-row quant of the whole pass, row for row
+    assert torch.equal(out, whole)
+
+
+def test_prefill_chunk_and_precompile_cover_the_prefill_sizes(monkeypatch):
+    assert ME.prefill_chunk(0) == 0 and ME.prefill_chunk(1000) == 1000 and ME.prefill_chunk(16384) == 4096
+    assert ME.MEGAMOE_MAX_TOKENS == MM.MAX_TOKENS
+    pre = []
+    monkeypatch.setattr(MM, "precompile", lambda w, topk, max_tokens, configs: pre.append((max_tokens,
+                                                                                              {c.name for c in configs})))
+    model = types.SimpleNamespace(model=types.SimpleNamespace(layers=[types.SimpleNamespace(mlp=MoE(layer_id=1))]))
+    ex = executor()
+    ex.prepare_model(model, [1, 64], prefill_max=16384)
+    (mx, names), = pre
+    want = {MM.default_config(m, E, K, 1, inter=I).name for m in (1, 64, 128, 256, 512, 1024, 2048, 4096)}
+    assert mx == 4096 and names == want and ex.prefill_chunk == 4096
+    pre.clear()
+    ex = executor()
+    ex.prepare_model(model, [1, 64])  # route off: the decode buckets only
+    assert pre[0][0] == 64 and ex.prefill_chunk == 0

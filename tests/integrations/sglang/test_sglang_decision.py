@@ -101,3 +101,29 @@ def test_log_lines():
 def test_once_log():
     o = d.OnceLog()
     assert o.first("prefix", 16, "x") and not o.first("prefix", 16, "x") and o.first("moe", 16, "x")
+
+
+def test_prefill_moe_route(monkeypatch):
+    r = d.route_step("EXTEND", 300, TABLE, prefill_moe_max=4096)
+    assert (r.prefix, r.moe, r.reason, r.path, r.bucket) == ("stock", "megamoe", "prefill_moe", "fast", None)
+    assert "MoE on MegaMoE" in d.component_log_line("moe", r)
+    assert d.route_step("MIXED", 4096, TABLE, prefill_moe_max=4096).moe == "megamoe"
+    for mode, m, cap in (("EXTEND", 4097, 4096), ("EXTEND", 300, 0), ("TARGET_VERIFY", 4, 4096), ("IDLE", 0, 4096),
+                         ("EXTEND", 0, 4096)):
+        assert d.route_step(mode, m, TABLE, prefill_moe_max=cap).moe == "stock"
+    assert d.route_step("EXTEND", 300, TABLE, built_moe=frozenset(), prefill_moe_max=4096).moe == "stock"
+    monkeypatch.delenv(d.ENV_PREFILL_MOE, raising=False)
+    assert d.prefill_moe_max_tokens() == d.DEFAULT_PREFILL_MOE_MAX
+    for raw, want in (("0", 0), ("2048", 2048), ("-5", 0), ("lots", d.DEFAULT_PREFILL_MOE_MAX)):
+        monkeypatch.setenv(d.ENV_PREFILL_MOE, raw)
+        assert d.prefill_moe_max_tokens() == want
+
+
+def test_router_gives_the_prefill_route_to_the_moe_seam_only():
+    from glm5_fastpath.integrations.sglang import patch
+
+    router = patch.Router(TABLE, prefill_moe_max=8192)
+    assert router.route("moe", "EXTEND", 1000).reason == "prefill_moe"
+    assert router.route("prefix", "EXTEND", 1000).reason == "prefill_extend"
+    assert router.route("step", "EXTEND", 1000).reason == "prefill_extend"
+    assert patch.Router(TABLE, prefill_moe_max=0).route("moe", "EXTEND", 1000).reason == "prefill_extend"

@@ -167,6 +167,30 @@ def test_user_table_and_registered_executor(metrics, tmp_path, monkeypatch, capl
     assert not patch.unpatch(attn, "forward_absorb_prepare")
 
 
+def test_prefill_moe_route_follows_the_prepared_layers(metrics, tmp_path, monkeypatch):
+    """Prefill / extend MoE goes to MegaMoE only when MegaMoE layers were prepared (and the env does not say 0)."""
+    import types
+
+    p = tmp_path / "sel.json"
+    p.write_text('{"version": 1, "buckets": [{"tokens": 8, "prefix": "stock", "moe": "megamoe"}]}')
+    monkeypatch.setenv("GLM5_FASTPATH_CONFIG", str(p))
+    monkeypatch.setitem(patch.EXECUTORS, "moe", {"megamoe": lambda orig, *a, **k: ("megamoe", orig(*a, **k))})
+    monkeypatch.setattr(inst, "_precompile", lambda cfg, m, log, table=None: None)
+    facts = decision.ModelFacts("GlmMoeDsaForCausalLM", gpu_name="H200", capability=(9, 0), quant_method="fp8",
+                                weight_block_size=(128, 128))
+    for prepared, env, want in ((types.SimpleNamespace(routed=[1]), None, "megamoe"),
+                                (types.SimpleNamespace(routed=[1]), "0", "stock-moe"),
+                                (types.SimpleNamespace(routed=[]), None, "stock-moe"), (None, None, "stock-moe")):
+        if env is None:
+            monkeypatch.delenv(decision.ENV_PREFILL_MOE, raising=False)
+        else:
+            monkeypatch.setenv(decision.ENV_PREFILL_MOE, env)
+        monkeypatch.setattr(inst, "_prepare_moe", lambda model, router, buckets, m, log, r=prepared: r)
+        model = fake_model()
+        inst.install_model(model, facts, metrics=metrics)
+        assert model.model.layers[1].mlp.forward(H(700), fb("EXTEND"))[0] == want
+
+
 def test_step_timer_reads_events_without_sync(metrics):
     class Ev:
         clock = [0.0]
