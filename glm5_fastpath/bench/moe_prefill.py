@@ -49,6 +49,8 @@ def sglang_triton_moe(num_experts: int, hidden: int, inter: int, topk: int, rsf:
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
+    _ensure_server_args()
+
     cfg = MoeRunnerConfig(num_experts=num_experts, num_local_experts=num_experts, hidden_size=hidden,
                           intermediate_size_per_partition=inter, top_k=topk, num_fused_shared_experts=1,
                           activation="silu", is_gated=True, inplace=False, routed_scaling_factor=rsf)
@@ -58,6 +60,31 @@ def sglang_triton_moe(num_experts: int, hidden: int, inter: int, topk: int, rsf:
                              w1_scale=s13, w2_scale=s2, block_shape=[128, 128])
 
     return run
+
+
+def _ensure_server_args() -> None:
+    """The Triton MoE reads a few switches from SGLang's global server args (deterministic inference, fused
+    sum-all-reduce), which only a running server sets. Outside one: an object answering every field with its
+    ServerArgs default (a real ServerArgs would need a model path and runs the server's post-init checks)."""
+    import dataclasses
+
+    from sglang.srt import server_args as SA
+
+    try:
+        SA.get_global_server_args()
+        return
+    except ValueError:
+        pass
+    defaults = {f.name: f.default for f in dataclasses.fields(SA.ServerArgs) if f.default is not dataclasses.MISSING}
+
+    class _Defaults:
+        def __getattr__(self, name):
+            return defaults.get(name)
+
+    setter = getattr(SA, "set_global_server_args_for_scheduler", None)
+    if setter is None:
+        raise RuntimeError("this sglang has no set_global_server_args_for_scheduler")
+    setter(_Defaults())
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:

@@ -36,3 +36,36 @@ def test_small_run_agrees_with_stock_when_sglang_imports(tmp_path):
     assert "median_us" in row["ours"], row
     if "median_us" in row.get("stock", {}):  # FP8 noise between two FP8 pipelines of the same math
         assert row["rel_err_ours_vs_stock"] < 3e-2
+
+
+def test_server_args_stand_in_answers_with_serverargs_defaults(monkeypatch):
+    """Outside a server the Triton MoE's get_global_server_args() raises; the stand-in answers field defaults."""
+    import dataclasses
+    import sys
+    import types
+
+    @dataclasses.dataclass
+    class ServerArgs:
+        model_path: str
+        enable_deterministic_inference: bool = False
+        chunked_prefill_size: int = 8192
+
+    state = {}
+
+    def get():
+        if "a" not in state:
+            raise ValueError("Global server args is not set yet!")
+        return state["a"]
+
+    mod = types.SimpleNamespace(ServerArgs=ServerArgs, get_global_server_args=get,
+                                set_global_server_args_for_scheduler=lambda a: state.__setitem__("a", a))
+    pkg = types.ModuleType("sglang.srt")
+    pkg.server_args = mod
+    monkeypatch.setitem(sys.modules, "sglang", types.ModuleType("sglang"))
+    monkeypatch.setitem(sys.modules, "sglang.srt", pkg)
+    monkeypatch.setitem(sys.modules, "sglang.srt.server_args", mod)
+    MP._ensure_server_args()
+    a = get()
+    assert a.enable_deterministic_inference is False and a.chunked_prefill_size == 8192 and a.model_path is None
+    MP._ensure_server_args()  # already set: left alone
+    assert get() is a
