@@ -14,3 +14,8 @@ PYTHONPATH=/tmp/site:$PWD GLM5_FASTPATH_CACHE_DIR=/tmp/jitb TRITON_CACHE_DIR=$PW
   TORCHINDUCTOR_CACHE_DIR=$PWD/build/h200-cache/inductor XDG_CACHE_HOME=$PWD/build/h200-cache/xdg timeout 200 python3 -m glm5_fastpath.cli bench moe-prefill --out "$OUT/moe_prefill" \
   --tokens 128,256,512,1024,2048,4096,8192 > "$OUT/moe_prefill/log.txt" 2>&1; echo "moe-prefill rc=$?"
 tail -14 "$OUT/moe_prefill/log.txt"
+# the route's CPU tests + the seam tests against the real sglang 0.5.14 package, on this machine
+PYTHONPATH=/tmp/site:$PWD timeout 120 python3 -m pytest -q -p no:cacheprovider tests/integrations/sglang/test_sglang_real.py \
+  tests/integrations/sglang/test_moe_route.py tests/integrations/sglang/test_sglang_decision.py \
+  tests/integrations/sglang/test_sglang_install.py > "$OUT/moe_prefill/route_tests.txt" 2>&1; echo "route tests rc=$?"
+tail -3 "$OUT/moe_prefill/route_tests.txt"
