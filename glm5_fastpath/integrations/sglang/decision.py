@@ -7,9 +7,9 @@ Two levels:
 2. `route_step(mode, m, table)`: for one forward pass (one decode step, one prefill chunk, ...) which
    path each component takes, with a reason. Prefill/extend, target-verify, idle and M above the
    largest bucket stay on SGLang's path; decode steps take the table's choice for their bucket if that
-   executor is built, else SGLang's path with reason "executor_not_built". One exception: a prefill /
-   extend pass of at most `prefill_moe_max` tokens (GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS, `prefill_moe_max_tokens()`)
-   sends its MoE to MegaMoE (reason "prefill_moe"; the prefix stays SGLang's): SGLang's Triton fused MoE is what the
+   executor is built, else SGLang's path with reason "executor_not_built". One opt-in exception: a prefill /
+   extend pass of at most `prefill_moe_max` tokens (GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS, `prefill_moe_max_tokens()`,
+   default 0 = off) sends its MoE to MegaMoE (reason "prefill_moe"; the prefix stays SGLang's): SGLang's Triton fused MoE is what the
    stock prefill runs on Hopper, and MegaMoE handles any token count (`bench moe-prefill` compares the two).
 
 Built today: the prefix executor "cmp" (prefix_executor.py: our ops behind forward_absorb_prepare,
@@ -60,8 +60,12 @@ REASONS = {
 
 ENV_PREFILL_MOE = "GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS"
 # largest prefill / extend pass (tokens) whose MoE runs on MegaMoE; above it (and at 0) SGLang's Triton fused MoE.
-# MegaMoE takes 4096 tokens per launch; the executor splits bigger chunks (moe_executor.PREFILL_SPLIT).
-DEFAULT_PREFILL_MOE_MAX = 16384
+# MegaMoE takes 4096 tokens per launch; the executor splits bigger passes (moe_executor.prefill_chunk). Opt-in (e.g.
+# 16384): per prefill chunk MegaMoE measured 1.03-1.13x faster than SGLang's Triton MoE at 128-4096 tokens (bench
+# moe-prefill, H200, session 30), but in the engine (128-token prompts) throughput was level and the decode ITL p50 was
+# 0.6-1.0 % higher at batch 1-16 with the route on, in both run orders, cause not separated yet (the route changes the
+# generated tokens, hence the experts decode touches; it also grows MegaMoE's workspace to 4096 tokens).
+DEFAULT_PREFILL_MOE_MAX = 0
 
 
 def prefill_moe_max_tokens() -> int:

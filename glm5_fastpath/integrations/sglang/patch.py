@@ -52,7 +52,7 @@ class Router:
 
     def __init__(self, table, metrics=None, log: logging.Logger = logger, prefill_moe_max: int | None = None) -> None:
         self.table, self.metrics, self.log, self.once = table, metrics, log, OnceLog()
-        # MoE of prefill / extend passes up to this many tokens -> MegaMoE (decision.prefill_moe_max_tokens); 0: off.
+        # MoE of prefill / extend passes up to this many tokens -> MegaMoE (decision.prefill_moe_max_tokens; opt-in, 0: off).
         # install sets it to 0 when no MoE layer was prepared for MegaMoE.
         self.prefill_moe_max = prefill_moe_max_tokens() if prefill_moe_max is None else prefill_moe_max
 

@@ -113,8 +113,8 @@ def test_prefill_moe_route(monkeypatch):
         assert d.route_step(mode, m, TABLE, prefill_moe_max=cap).moe == "stock"
     assert d.route_step("EXTEND", 300, TABLE, built_moe=frozenset(), prefill_moe_max=4096).moe == "stock"
     monkeypatch.delenv(d.ENV_PREFILL_MOE, raising=False)
-    assert d.prefill_moe_max_tokens() == d.DEFAULT_PREFILL_MOE_MAX
-    for raw, want in (("0", 0), ("2048", 2048), ("-5", 0), ("lots", d.DEFAULT_PREFILL_MOE_MAX)):
+    assert d.prefill_moe_max_tokens() == d.DEFAULT_PREFILL_MOE_MAX == 0  # opt-in (decision.py: why)
+    for raw, want in (("0", 0), ("2048", 2048), ("-5", 0), ("lots", 0)):
         monkeypatch.setenv(d.ENV_PREFILL_MOE, raw)
         assert d.prefill_moe_max_tokens() == want
 

@@ -168,7 +168,7 @@ def test_user_table_and_registered_executor(metrics, tmp_path, monkeypatch, capl
 
 
 def test_prefill_moe_route_follows_the_prepared_layers(metrics, tmp_path, monkeypatch):
-    """Prefill / extend MoE goes to MegaMoE only when MegaMoE layers were prepared (and the env does not say 0)."""
+    """Prefill / extend MoE goes to MegaMoE only when the env asks for it and MegaMoE layers were prepared."""
     import types
 
     p = tmp_path / "sel.json"
@@ -178,9 +178,10 @@ def test_prefill_moe_route_follows_the_prepared_layers(metrics, tmp_path, monkey
     monkeypatch.setattr(inst, "_precompile", lambda cfg, m, log, table=None: None)
     facts = decision.ModelFacts("GlmMoeDsaForCausalLM", gpu_name="H200", capability=(9, 0), quant_method="fp8",
                                 weight_block_size=(128, 128))
-    for prepared, env, want in ((types.SimpleNamespace(routed=[1]), None, "megamoe"),
+    for prepared, env, want in ((types.SimpleNamespace(routed=[1]), "16384", "megamoe"),
+                                (types.SimpleNamespace(routed=[1]), None, "stock-moe"),  # opt-in: off by default
                                 (types.SimpleNamespace(routed=[1]), "0", "stock-moe"),
-                                (types.SimpleNamespace(routed=[]), None, "stock-moe"), (None, None, "stock-moe")):
+                                (types.SimpleNamespace(routed=[]), "16384", "stock-moe"), (None, "16384", "stock-moe")):
         if env is None:
             monkeypatch.delenv(decision.ENV_PREFILL_MOE, raising=False)
         else:
