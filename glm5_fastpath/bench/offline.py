@@ -1236,7 +1236,7 @@ def worker_main(config_path: str) -> int:
                     outs += o if isinstance(o, list) else [o]
                 ntok = sum(int((o.get("meta_info") or {}).get("completion_tokens", len(o.get("output_ids", []))))
                            for o in outs)
-                br.update(output_tokens=ntok, wall_s=wall, output_tok_s=ntok / wall if wall else None,
+                br.update(output_tokens=ntok, wall_s=wall, calls=n // b, output_tok_s=ntok / wall if wall else None,
                           first_tokens=list(outs[0].get("output_ids", []))[:FIRST_TOKENS_KEPT] if outs else None,
                           meta_keys=sorted((outs[0].get("meta_info") or {}).keys()) if outs else [])
                 ttft, itl = _meta_latency(outs)
