@@ -7,7 +7,8 @@
 #   off    GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS=0       (workspace 64 tokens, stock prefill MoE)
 #   cap256 GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS=256     (workspace 256: batch 1's 128-token prefill routed, batch 8's not)
 #   on     GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS=16384   (workspace 4096)
-# each with ROUTING_STATS=1 in a separate pass (distinct experts per layer per step: if `on` touches fewer / more experts
+# all with ROUTING_STATS=1 (SGLang's routed-experts capturer then runs in every pass of all three, +~0.7 % at batch 8,
+# session 28; it gives the distinct experts per layer per step: if `on` touches fewer / more experts
 # than `off`, cause (1); if cap256 at batch 8 (same tokens as off, small workspace) matches off and on does not, cause (2)).
 # run: C=<commit> bash this   (carry .carry/h200site.part.ab .carry/jit_sNN.tar.xz)
 set -uo pipefail
