@@ -552,6 +552,8 @@ def _is_prefill(fb: Any) -> bool:
     from .patch import _mode_name
 
     return fb is not None and mode_kind(_mode_name(fb)) == "prefill_extend"
+
+
 ENV_ROUTER_QUANT = "GLM5_FASTPATH_ROUTER_QUANT"
 
 
