@@ -1246,6 +1246,13 @@ def worker_main(config_path: str) -> int:
                 except Exception as e:  # noqa: BLE001 - recorded; the throughput numbers stand
                     br["first_logprobs_error"] = f"{type(e).__name__}: {e}"
                 if c["stream_pass"]:
+                    # its B requests arrive concurrently, so its prefill batches can take shapes (prompts per extend
+                    # batch) the warm-up generate above never ran; kernels JIT-compiled on first use (DeepGEMM with
+                    # SGLANG_JIT_DEEPGEMM_PRECOMPILE=0) then land in its TTFT: multi-second TTFT p50 outliers at
+                    # single batch sizes in both modes, sessions 25-30. A short streamed pass of the same shape first
+                    # (added in session 30, not yet run on the GPU: whether it removes them is unverified).
+                    _stream_pass(engine, prompts[:b], {**sp, "max_new_tokens": WARMUP_TOKENS})
+                    br["stream_warmup_tokens"] = WARMUP_TOKENS
                     sttft, sitl = _stream_pass(engine, prompts[:b], sp)
                     if sttft:
                         ttft, itl, br["latency_source"] = sttft, sitl, "stream wall-clock"
