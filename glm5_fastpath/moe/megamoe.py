@@ -61,6 +61,8 @@ an out-of-range expert id -> a device-side trap with a printf naming the entry.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import math
@@ -591,10 +593,26 @@ def _round_tokens(m: int) -> int:
     return min(MAX_TOKENS, max(64, 1 << (max(m, 1) - 1).bit_length()))
 
 
+_ws_tag: contextvars.ContextVar[str] = contextvars.ContextVar("glm5_megamoe_workspace_tag", default="")
+
+
+@contextlib.contextmanager
+def workspace_tag(tag: str):
+    """Launches (and precompile) inside use the workspace of this tag: their own buffers, sized by their own calls.
+    The SGLang MoE route runs prefill passes under "prefill", so their 4096-token workspace stays apart from the one
+    the decode CUDA graphs captured (sized by the largest decode bucket)."""
+    tok = _ws_tag.set(str(tag))
+    try:
+        yield
+    finally:
+        _ws_tag.reset(tok)
+
+
 def get_workspace(dev: torch.device, hidden: int, inter: int, num_total: int, num_slots: int,
                   num_tokens: int) -> Workspace:
-    """The workspace for these dims on `dev`, holding at least num_tokens tokens (grown outside capture)."""
-    key = (_dev_index(dev), hidden, inter, num_total, num_slots)
+    """The workspace for these dims on `dev` (and the current workspace_tag), holding at least num_tokens tokens
+    (grown outside capture)."""
+    key = (_dev_index(dev), hidden, inter, num_total, num_slots, _ws_tag.get())
     ws = _workspaces.get(key)
     if ws is not None and ws.shape.max_tokens >= num_tokens:
         return ws
@@ -1101,8 +1119,10 @@ def trace_markdown(summary: dict[str, Any]) -> str:
 
 
 def workspace_for(device: Any, weights: MegaMoEWeights, topk: int) -> Workspace | None:
-    """The live workspace of these weights' dims on `device` (tests: counters must be zero at rest)."""
-    key = (_dev_index(torch.device(device)), weights.hidden, weights.inter, weights.num_total, topk + weights.num_shared)
+    """The live workspace of these weights' dims on `device` under the current workspace_tag (tests: counters must be
+    zero at rest)."""
+    key = (_dev_index(torch.device(device)), weights.hidden, weights.inter, weights.num_total, topk + weights.num_shared,
+           _ws_tag.get())
     return _workspaces.get(key)
 
 

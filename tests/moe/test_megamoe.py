@@ -247,6 +247,32 @@ def test_cpu_tensors_are_refused():
 
 # ---- compile: no spills, Python mirrors == C++ ----------------------------------------------------------
 
+def test_workspace_tags_keep_separate_workspaces(monkeypatch):
+    """workspace_tag: launches under a tag get their own workspace (the SGLang route's prefill passes), sized by their
+    own calls; the untagged one (decode) is neither grown nor replaced by them."""
+    made = []
+
+    def alloc(shape, dev):
+        made.append(shape.max_tokens)
+        return M.Workspace(shape, *([None] * 15))
+
+    monkeypatch.setattr(M, "_alloc_workspace", alloc)
+    monkeypatch.setattr(M, "_sms", lambda dev: 132)
+    monkeypatch.setattr(M, "_workspaces", {})
+    dev = torch.device("cuda", 0)
+    dec = M.get_workspace(dev, 6144, 2048, 257, 9, 64)
+    with M.workspace_tag("prefill"):
+        pre = M.get_workspace(dev, 6144, 2048, 257, 9, 4096)
+        assert M.get_workspace(dev, 6144, 2048, 257, 9, 100) is pre
+    assert M.get_workspace(dev, 6144, 2048, 257, 9, 64) is dec and pre is not dec
+    assert (dec.shape.max_tokens, pre.shape.max_tokens, made) == (64, 4096, [64, 4096])
+    with M.workspace_tag("prefill"):
+        with M.workspace_tag("other"):
+            M.get_workspace(dev, 6144, 2048, 257, 9, 8)
+        assert M.get_workspace(dev, 6144, 2048, 257, 9, 8) is pre  # the outer tag is back
+    assert len(M._workspaces) == 3
+
+
 def test_compile_specs_without_spills(nvcc_jit):
     for spec in M.compile_check_specs():
         res = nvcc_jit(spec).resources()

@@ -64,7 +64,8 @@ ENV_PREFILL_MOE = "GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS"
 # 16384): per prefill chunk MegaMoE measured 1.03-1.13x faster than SGLang's Triton MoE at 128-4096 tokens (bench
 # moe-prefill, H200, session 30), but in the engine (128-token prompts) throughput was level and the decode ITL p50 was
 # 0.6-1.0 % higher at batch 1-16 with the route on, in both run orders, cause not separated yet (the route changes the
-# generated tokens, hence the experts decode touches; it also grows MegaMoE's workspace to 4096 tokens).
+# generated tokens, hence the experts decode touches; in those runs it also grew the one MegaMoE workspace decode used
+# to 4096 tokens, which prefill launches now keep apart: moe_executor.PREFILL_WORKSPACE, not yet run on the GPU).
 DEFAULT_PREFILL_MOE_MAX = 0
 
 

@@ -328,23 +328,27 @@ class MoEExecutor:
 
     def _precompile(self, route: MoELayerRoute, buckets: list[int], prefill_max: int = 0) -> None:
         """Kernels of every bucket's config and the workspace of the largest bucket, before CUDA-graph capture; with
-        the prefill route (prefill_max > 0) also the configs of prefill chunks and a workspace of one chunk
-        (prefill_chunk(prefill_max) tokens: ~760 MB at 4096), allocated here so SGLang sizes its KV cache after it."""
+        the prefill route (prefill_max > 0) also the configs of prefill chunks and a separate workspace of one chunk
+        (prefill_chunk(prefill_max) tokens: ~760 MB at 4096; workspace tag PREFILL_WORKSPACE), allocated here so
+        SGLang sizes its KV cache after it."""
         from ...moe import megamoe as MM
 
         configs = {c.name: c for c in (self.config_for(b, route) for b in buckets)}
+        MM.precompile(route.weights, topk=route.topk, max_tokens=max(buckets), configs=list(configs.values()))
         chunk = prefill_chunk(prefill_max)
-        m = max(buckets)
-        while m < chunk:  # one config per power of two up to the chunk (default_config changes only at those steps)
-            m = min(chunk, 2 * m)
-            c = self.config_for(m, route)
-            configs.setdefault(c.name, c)
-        MM.precompile(route.weights, topk=route.topk, max_tokens=max(max(buckets), chunk),
-                      configs=list(configs.values()))
-        if chunk:
+        if chunk:  # prefill launches get their own workspace (PREFILL_WORKSPACE): decode's stays as without the route
+            pre: dict[str, Any] = {}
+            m = 1
+            while m < chunk:  # one config per power of two up to the chunk (default_config changes only at those steps)
+                m = min(chunk, 2 * m)
+                c = self.config_for(m, route)
+                pre.setdefault(c.name, c)
+            with MM.workspace_tag(PREFILL_WORKSPACE):
+                MM.precompile(route.weights, topk=route.topk, max_tokens=chunk, configs=list(pre.values()))
+            configs.update(pre)
             self.prefill_chunk = chunk
             self.log.info("glm5_fastpath: MoE: prefill / extend passes of <= %d tokens -> MegaMoE (in launches of <= %d "
-                          "tokens; workspace for %d tokens); GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS=0 keeps SGLang's "
+                          "tokens; their own workspace for %d tokens); GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS=0 keeps SGLang's "
                           "Triton MoE there", prefill_max, chunk, chunk)
         if route.router is not None:  # kernel + workspace now: never inside a CUDA-graph capture
             try:
@@ -433,10 +437,11 @@ class MoEExecutor:
 
         m = int(hidden.shape[0])
         step = self.prefill_chunk or MM.MAX_TOKENS
-        if m <= step:
-            return self.run(mlp, route, hidden)
-        hidden = hidden.contiguous()
-        return torch.cat([self.run(mlp, route, hidden[s:s + step]) for s in range(0, m, step)])
+        with MM.workspace_tag(PREFILL_WORKSPACE):
+            if m <= step:
+                return self.run(mlp, route, hidden)
+            hidden = hidden.contiguous()
+            return torch.cat([self.run(mlp, route, hidden[s:s + step]) for s in range(0, m, step)])
 
     def run(self, mlp: Any, route: MoELayerRoute, hidden: Any, alloc: Any = None, non_padded: Any = None,
             routing: tuple[Any, Any] | None = None) -> Any:
@@ -539,6 +544,7 @@ class MoEExecutor:
 
 ROUTER_MAX_TOKENS = 256  # ops.moe_router.MAX_TOKENS (not imported here: this module loads without the ops)
 MEGAMOE_MAX_TOKENS = 4096  # moe.megamoe.MAX_TOKENS: one launch's tokens (not imported: loads without torch)
+PREFILL_WORKSPACE = "prefill"  # moe.megamoe.workspace_tag of prefill launches (decode keeps the untagged one)
 
 
 def prefill_chunk(prefill_max: int) -> int:

@@ -598,10 +598,14 @@ def test_prefill_pass_above_one_launch_is_split_in_order(calls, monkeypatch):
         return x8.float()[:, :weights.hidden].to(torch.bfloat16)  # row i of the output depends on row i only
 
     monkeypatch.setattr(MM, "mega_moe", fake)
+    tags = []
+    monkeypatch.setattr(ME.MoEExecutor, "run", lambda self, *a, _run=ME.MoEExecutor.run, **k: (
+        tags.append(MM._ws_tag.get()), _run(self, *a, **k))[1])
     mlp = MoE()
     h = torch.randn(150, H).to(torch.bfloat16)
     out = ex(mlp.forward, h, _fb("EXTEND"))
     assert calls == [64, 64, 22] and out.shape == (150, H)
+    assert tags == [ME.PREFILL_WORKSPACE] * 3 and MM._ws_tag.get() == ""  # prefill launches: their own workspace
     whole = MM_quant(h)[0].float().to(torch.bfloat16)  # the per-row quant of the whole pass, row for row
     assert torch.equal(out, whole)
 
@@ -610,15 +614,17 @@ def test_prefill_chunk_and_precompile_cover_the_prefill_sizes(monkeypatch):
     assert ME.prefill_chunk(0) == 0 and ME.prefill_chunk(1000) == 1000 and ME.prefill_chunk(16384) == 4096
     assert ME.MEGAMOE_MAX_TOKENS == MM.MAX_TOKENS
     pre = []
-    monkeypatch.setattr(MM, "precompile", lambda w, topk, max_tokens, configs: pre.append((max_tokens,
-                                                                                              {c.name for c in configs})))
+    monkeypatch.setattr(MM, "precompile", lambda w, topk, max_tokens, configs: pre.append((
+        MM._ws_tag.get(), max_tokens, {c.name for c in configs})))
     model = types.SimpleNamespace(model=types.SimpleNamespace(layers=[types.SimpleNamespace(mlp=MoE(layer_id=1))]))
     ex = executor()
     ex.prepare_model(model, [1, 64], prefill_max=16384)
-    (mx, names), = pre
-    want = {MM.default_config(m, E, K, 1, inter=I).name for m in (1, 64, 128, 256, 512, 1024, 2048, 4096)}
-    assert mx == 4096 and names == want and ex.prefill_chunk == 4096
+    # decode: its buckets in the untagged workspace (as without the route); prefill: its own 4096-token workspace
+    (tag0, mx0, names0), (tag1, mx1, names1) = pre
+    assert (tag0, mx0, names0) == ("", 64, {MM.default_config(m, E, K, 1, inter=I).name for m in (1, 64)})
+    want = {MM.default_config(m, E, K, 1, inter=I).name for m in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)}
+    assert (tag1, mx1, names1) == (ME.PREFILL_WORKSPACE, 4096, want) and ex.prefill_chunk == 4096
     pre.clear()
     ex = executor()
     ex.prepare_model(model, [1, 64])  # route off: the decode buckets only
-    assert pre[0][0] == 64 and ex.prefill_chunk == 0
+    assert [p[:2] for p in pre] == [("", 64)] and ex.prefill_chunk == 0

@@ -2,7 +2,9 @@
 # Prepared for the next session (not run): why the decode ITL p50 was 0.6-1.0 % higher at batch 1-16 with the prefill MoE
 # route on (session 30 c3 / c8, both run orders). Two candidate causes:
 #   (1) the route changes the prefill's numerics, so every generated token and the experts decode touches differ;
-#   (2) the route grows MegaMoE's workspace from 64 to 4096 tokens (decode launches use only the first rows).
+#   (2) the route grew MegaMoE's workspace from 64 to 4096 tokens (decode launches use only the first rows); since
+#       session 30's last commits prefill launches have their own workspace (megamoe.workspace_tag), so with the
+#       current code (2) cannot apply: a remaining difference points at (1).
 # Runs (batch 1 / 8, 8 calls, same machine; needs the engine site on it: park part aa first, as session 30 c6):
 #   off    GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS=0       (workspace 64 tokens, stock prefill MoE)
 #   cap256 GLM5_FASTPATH_MOE_PREFILL_MAX_TOKENS=256     (workspace 256: batch 1's 128-token prefill routed, batch 8's not)
