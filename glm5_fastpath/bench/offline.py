@@ -579,6 +579,18 @@ def first_choice_difference(a: dict | None, b: dict | None) -> dict | None:
     return None
 
 
+def non_decode_ms_per_call(br: dict, batch: int) -> float | None:
+    """Per timed call, the wall time outside the decode steps: wall / calls - (tokens per request - 1) x ITL mean
+    (prefill, first-token and batch turnaround). Batch 1's tok/s moved by up to 10 % between identical single-call runs
+    because this share did (36-95 ms; 36-43 ms over 8 calls: session 30). None without the numbers."""
+    calls = br.get("calls") or 1
+    wall, n, itl = br.get("wall_s"), br.get("output_tokens"), (br.get("itl_ms") or {}).get("mean")
+    if not (wall and n and itl and batch):
+        return None
+    per_request = n / (calls * batch)
+    return 1e3 * (wall / calls) - (per_request - 1) * itl
+
+
 def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | None = None,
                  meta: dict | None = None) -> dict:
     """Combine per-mode worker results into the report dict (rows per batch size)."""
@@ -589,7 +601,8 @@ def build_report(mode_results: dict[str, dict], *, floors: dict[int, dict] | Non
         for mode, r in mode_results.items():
             br = r.get("batches", {}).get(str(b), {})
             row[mode] = {k: br.get(k) for k in ("output_tok_s", "ttft_ms", "itl_ms", "latency_source", "error",
-                                                 "wall_s", "output_tokens", "distinct_experts")}
+                                                 "wall_s", "output_tokens", "distinct_experts", "calls")}
+            row[mode]["non_decode_ms_per_call"] = non_decode_ms_per_call(br, b)
             if br.get("profile"):
                 p = br["profile"]
                 row[mode]["profile"] = {k: p.get(k) for k in ("dir", "steps_requested", "traces", "trace_bytes",
@@ -662,7 +675,8 @@ def render_markdown(rep: dict) -> str:
                   "results. Find the route that dropped it before using this table.", ""]
     head = ["batch"]
     for mo in modes:
-        head += [f"{mo} tok/s", f"{mo} % floor", f"{mo} % floor (ITL)", f"{mo} TTFT p50 ms", f"{mo} ITL p50/p99 ms"]
+        head += [f"{mo} tok/s", f"{mo} % floor", f"{mo} % floor (ITL)", f"{mo} TTFT p50 ms", f"{mo} ITL p50/p99 ms",
+                 f"{mo} non-decode ms/call"]
     head += ["speedup", "floor tok/s", "exp. experts/layer", "measured experts/layer", "greedy 1st diff"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
@@ -671,12 +685,13 @@ def render_markdown(rep: dict) -> str:
         for mo in modes:
             d = r.get(mo) or {}
             if d.get("error"):
-                cells += [f"error: {d['error'][:60]}", "-", "-", "-", "-"]
+                cells += [f"error: {d['error'][:60]}", "-", "-", "-", "-", "-"]
                 continue
             ttft, itl = d.get("ttft_ms") or {}, d.get("itl_ms") or {}
             cells += [_f(d.get("output_tok_s")), _f(d.get("pct_of_floor")) + (" INVALID" if d.get("above_floor") else ""),
                       _f(d.get("pct_of_floor_itl")), _f(ttft.get("p50"), 2),
-                      f"{_f(itl.get('p50'), 2)}/{_f(itl.get('p99'), 2)}"]
+                      f"{_f(itl.get('p50'), 2)}/{_f(itl.get('p99'), 2)}",
+                      _f(d.get("non_decode_ms_per_call")) + (f" ({d['calls']} calls)" if (d.get("calls") or 1) > 1 else "")]
         div = r.get("greedy_first_divergence")
         cmp_n = r.get("greedy_compared_tokens")
         greedy = "-" if not cmp_n else ("same" if div is None else str(div)) + f" (of {cmp_n})"
@@ -698,7 +713,8 @@ def render_markdown(rep: dict) -> str:
               "included). % floor: of the decode-step bytes floor (all layers + lm_head at 4.27 TB/s, "
               "uniform-routing expected experts). % floor (ITL): the floor step over the ITL p50, the decode step "
               "alone (no prefill, no batch turnaround). TTFT/ITL: streamed pass (wall clock per token) when present, "
-              "else engine meta_info.", f"Distinct experts per layer: {rep['distinct_experts_per_layer']}."]
+              "else engine meta_info. non-decode ms/call: wall per timed call minus (tokens per request - 1) x ITL "
+              "mean: prefill, first token and turnaround.", f"Distinct experts per layer: {rep['distinct_experts_per_layer']}."]
     for mo, info in rep["modes"].items():
         if info.get("dropped_engine_args"):
             lines.append(f"- {mo}: engine args not in this SGLang's ServerArgs, dropped: {info['dropped_engine_args']}")

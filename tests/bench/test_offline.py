@@ -167,7 +167,8 @@ def test_report_json_markdown_from_fake_results(tmp_path):
     assert j["rows"][0]["speedup"] == pytest.approx(2.0) and j["meta"]["sglang_version"] == "0.5.14"
     md = (tmp_path / "o" / "offline.md").read_text()
     assert r1["stock"]["pct_of_floor_itl"] == pytest.approx(100 * (1e6 / 700) / 3000, rel=2e-3)  # floor step / ITL p50
-    assert "| 1 | 277.0 | 39.6 | 47.6 | 20.00 | 3.00/4.00 | 554.0 |" in md and "2.00x" in md and "2 (of 4)" in md
+    # the non-decode column is "-" without wall / token counts / ITL mean in the results
+    assert "| 1 | 277.0 | 39.6 | 47.6 | 20.00 | 3.00/4.00 | - | 554.0 |" in md and "2.00x" in md and "2 (of 4)" in md
     assert paths[0].name == "offline.json"
 
 
@@ -592,3 +593,16 @@ def test_logprob_pass_reads_sglang_meta_info():
 
     got = off._logprob_pass(Engine(), [1, 2, 3], {"temperature": 0.0, "max_new_tokens": 256})
     assert got == {"ids": [11, 12], "logprobs": [-0.5, None]}
+
+
+def test_non_decode_share_per_call():
+    """wall per call minus the decode steps (tokens per request - 1 ITLs): what made batch-1 tok/s noisy."""
+    br = {"wall_s": 8 * 0.5663, "output_tokens": 8 * 256, "calls": 8, "itl_ms": {"mean": 2.054}}
+    assert off.non_decode_ms_per_call(br, 1) == pytest.approx(566.3 - 255 * 2.054)
+    br1 = {"wall_s": 1.3565, "output_tokens": 2048, "itl_ms": {"mean": 5.16}}  # one call of 8 requests
+    assert off.non_decode_ms_per_call(br1, 8) == pytest.approx(1356.5 - 255 * 5.16)
+    assert off.non_decode_ms_per_call({"wall_s": 1.0}, 1) is None
+    res = {"stock": {"batches": {"1": dict(br, output_tok_s=452.0)}}}
+    rep = off.build_report(res)
+    assert rep["rows"][0]["stock"]["calls"] == 8
+    assert "| 1 | 452.0 |" in off.render_markdown(rep) and "42.5 (8 calls)" in off.render_markdown(rep)
