@@ -64,6 +64,8 @@ logger = logging.getLogger("glm5_fastpath")
 
 STATE = "_glm5_fastpath_moe"
 from ...metrics import MOE_LAYER_TOTAL as METRIC, seam_counter  # listed in metrics.METRICS
+from .decision import mode_kind  # pure Python (no torch / sglang), as is patch
+from .patch import _mode_name
 FAMILY = "megamoe"
 
 REFUSALS = {
@@ -554,9 +556,6 @@ def prefill_chunk(prefill_max: int) -> int:
 
 def _is_prefill(fb: Any) -> bool:
     """Whether this MoE call belongs to a prefill / extend pass (the Router sent it here as "prefill_moe")."""
-    from .decision import mode_kind
-    from .patch import _mode_name
-
     return fb is not None and mode_kind(_mode_name(fb)) == "prefill_extend"
 
 
