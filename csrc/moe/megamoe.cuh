@@ -85,6 +85,8 @@ constexpr int kWideBN = 128;       // the wide token block: 128-row wgmma tiles 
 __host__ __device__ constexpr int stage_rows(int bn) { return bn == kWideBN ? 128 : kTileRows; }
 constexpr int kTaskSlots = 4;      // smem task ring depth
 constexpr int kMaxExperts = 512;   // 9-bit expert field of a task descriptor
+constexpr int kPlanStampBase = 8;  // trace build: ctrl[8..19] hold the plan's phase stamps (MegaMoE::plan_stamp)
+constexpr int kPlanStamps = 12;
 constexpr int kMaxSlots = 16;      // slots per token (top-k + shared), 4-bit field of a pair code
 constexpr int kPairAlign = 8;      // each expert's pair range starts at a multiple of 8
 constexpr int kSplitMaxBN = 16;    // split-K FC1 tiles only for token blocks up to 16 (partial scratch size)
@@ -280,7 +282,7 @@ struct Params {
     int32_t* blk_base;         // [kMaxExperts] first token-block index (fc1_done)
     int32_t* pair_list;        // [pairs_cap] pair codes, grouped by expert
     int32_t* tasks;            // [tasks_cap] task descriptors in claim order
-    int32_t* ctrl;             // [8]: 0 num_tasks, 1 claim counter, 2 tasks finished, 3 output tiles combined,
+    int32_t* ctrl;             // [32]: 0 num_tasks, 1 claim counter, 2 tasks finished, 3 output tiles combined,
                                //      4 pair rows (pool build), 5 loader warps done copying into the pool
     int32_t* fc1_done;         // [blocks_cap]
     int32_t* combine_ctr;      // [max_tokens, H/128] (H / stage_rows(kBN) used per token), zero at rest
@@ -332,6 +334,11 @@ constexpr int32_t kFlagFc1Only = 1;    // plan FC1 tasks only
 constexpr int32_t kFlagNoCombine = 2;  // FC2 writes its slot values; no combine counters, `out` untouched
 constexpr int32_t kFlagEndCombine = 4;  // pool builds: FC2 writes its slot values only; after a grid-wide count of the
                                        // CTAs that finished their tasks (ctrl[6]) every math warp combines tiles
+// moe/overlap.py: the shared expert and the routed experts of one MoE call as two launches sharing one slot buffer and its
+// combine counters. kFlagSharedOnly plans the shared expert's pairs only and reads no topk_ids (the router may still be
+// writing them); kFlagRoutedOnly plans the routed pairs only. The combine threshold stays S contributions per slot row.
+constexpr int32_t kFlagSharedOnly = 8;
+constexpr int32_t kFlagRoutedOnly = 16;
 
 // ---- private PTX helpers (one instruction each) ------------------------------------------------------
 
@@ -506,6 +513,15 @@ struct MegaMoE {
         int totals[4];  // 0 pairs rows, 1 blocks, 2 active experts, 3 tasks
     };
 
+    // Trace build only: the plan's phase boundaries as thread 0's clock64 offsets from the plan's start (cycles) in
+    // ctrl[kPlanStampBase + k], k = 1..kPlanStamps-1 (ctrl[kPlanStampBase] = the start's globaltimer, low 32 bits, so
+    // the plan can be placed against the persistent kernel's task stamps). The normal build compiles none of it.
+    static GLM5_DEVICE void plan_stamp(const Params& p, int k, int64_t t0) {
+        if constexpr (kTrace) {
+            if (threadIdx.x == 0) p.ctrl[kPlanStampBase + k] = static_cast<int32_t>(clock_cycles() - t0);
+        }
+    }
+
     static GLM5_DEVICE int64_t topk_id(const Params& p, int t, int j) {
         const int64_t idx = static_cast<int64_t>(t) * p.topk + j;
         return p.ids_int64 ? static_cast<const int64_t*>(p.topk_ids)[idx]
@@ -514,6 +530,16 @@ struct MegaMoE {
 
     // Padding token (first id negative): takes no pairs and gets a zero output row from the plan kernel.
     static GLM5_DEVICE bool token_masked(const Params& p, int t) { return topk_id(p, t, 0) < 0; }
+    // The plan's view (kFlagSharedOnly: no token is padding; the ids are not read) and whether slot j belongs to this
+    // launch (kFlagSharedOnly / kFlagRoutedOnly).
+    static GLM5_DEVICE bool plan_token_masked(const Params& p, int t) {
+        return (p.flags & kFlagSharedOnly) ? false : token_masked(p, t);
+    }
+    static GLM5_DEVICE bool slot_in_launch(const Params& p, int j) {
+        if (p.flags & kFlagSharedOnly) return j >= p.topk;
+        if (p.flags & kFlagRoutedOnly) return j < p.topk;
+        return true;
+    }
 
     // ---- pair addressing: the token's activation row, its scales and its slot row (kEP: at the source rank) ----------
     static_assert(!kEP || kPool, "the EP build runs on the token pool (its dispatch target) and the end combine");
@@ -673,6 +699,10 @@ struct MegaMoE {
         const int E = p.e_local + p.n_shared;
         const int S = p.num_slots;
 
+        [[maybe_unused]] const int64_t t0 = kTrace ? clock_cycles() : 0;
+        if constexpr (kTrace) {
+            if (tid == 0) p.ctrl[kPlanStampBase] = static_cast<int32_t>(globaltimer_ns());
+        }
         int ntok = p.num_tokens;           // tokens whose pairs are planned (kEP: every rank's)
         if constexpr (kEP) ntok = ep_gather(p);
         const int pairs = ntok * S;
@@ -680,18 +710,21 @@ struct MegaMoE {
         for (int e = tid; e < kMaxExperts; e += kPT) s.cnt[e] = 0, s.cursor[e] = 0;
         if (tid == 0) s.totals[0] = 0;  // "some token is padding" until the scan below reuses the word
         __syncthreads();
+        plan_stamp(p, 1, t0);
         for (int i = tid; i < pairs; i += kPT) {
             if constexpr (kEP) {
                 if (gtok_masked(p, i / S)) continue;
                 const int e = gpair_expert(p, i / S, i % S);
                 if (e >= 0) atomicAdd(&s.cnt[e], 1);
             } else {
-                if (!token_masked(p, i / S)) atomicAdd(&s.cnt[pair_expert(p, i / S, i % S)], 1);
+                if (slot_in_launch(p, i % S) && !plan_token_masked(p, i / S))
+                    atomicAdd(&s.cnt[pair_expert(p, i / S, i % S)], 1);
             }
         }
         for (int t = tid; t < p.num_tokens; t += kPT)
-            if (token_masked(p, t)) s.totals[0] = 1;
+            if (plan_token_masked(p, t)) s.totals[0] = 1;
         __syncthreads();
+        plan_stamp(p, 2, t0);
         // Padding tokens: zero output rows (nothing else writes them); 16-byte stores. Skipped (block-uniform) when no
         // token is padding, the decode case: the loop is M x H/8 iterations.
         if (s.totals[0] != 0) {
@@ -701,6 +734,7 @@ struct MegaMoE {
             }
         }
         __syncthreads();  // the flag word is rewritten by warp 0's scan below
+        plan_stamp(p, 3, t0);
 
         // Warp 0: exclusive scans in order position q over pair rows (8-aligned), token blocks, active rank.
         if (tid < 32) {
@@ -735,6 +769,7 @@ struct MegaMoE {
             }
         }
         __syncthreads();
+        plan_stamp(p, 4, t0);
         const int n_active = s.totals[2];
         const int G = max(1, p.group_size);
         const int n_groups = (n_active + G - 1) / G;
@@ -742,6 +777,7 @@ struct MegaMoE {
             if (s.rank[e] >= 0 && s.rank[e] % G == 0) s.gbb[s.rank[e] / G] = s.bb[e];
         if (tid == 0) s.gbb[n_groups] = s.totals[1];
         __syncthreads();
+        plan_stamp(p, 5, t0);
         // Few FC1 tiles (small batches): split each in two K halves so the tail of the FC1 phase is
         // finer-grained (the second finisher adds the first one's partial and runs the epilogue).
         const int split = kBN <= kSplitMaxBN && s.totals[1] * kT1 <= p.split_max_tiles ? 2 : 1;
@@ -771,6 +807,7 @@ struct MegaMoE {
         }
         __syncthreads();
 
+        plan_stamp(p, 6, t0);
         // Pair lists (order within an expert is the atomics' order: it only decides which columns of a
         // token block a pair lands in; every column is computed independently, so results do not depend on it).
         for (int i = tid; i < pairs; i += kPT) {
@@ -787,12 +824,14 @@ struct MegaMoE {
                 if (p.ep_mode)  // mode B: tell the source where (rank, pair row) its slot (tl, j) will be
                     sym_ptr<int32_t>(p, src, p.sym_loc)[static_cast<int64_t>(tl) * S + j] = p.rank << 24 | (s.off[e] + pos);
             } else {
-                if (token_masked(p, t)) continue;
+                if (!slot_in_launch(p, j) || plan_token_masked(p, t)) continue;
                 const int e = pair_expert(p, t, j);
                 const int pos = atomicAdd(&s.cursor[e], 1);
                 p.pair_list[s.off[e] + pos] = encode_pair(t, j);
             }
         }
+        if constexpr (kTrace) __syncthreads();  // (trace build: the stamp covers every thread's phase)
+        plan_stamp(p, 7, t0);
         // Tasks: one warp per active expert; FC1 (rt, b) and FC2 (rt, b) with the token block innermost,
         // so the blocks of one weight tile are claimed back to back (the second reads it from L2).
         const int warp = tid >> 5, lane = tid & 31;
@@ -811,6 +850,8 @@ struct MegaMoE {
                 for (int i = lane; i < nb * kT2; i += 32) p.tasks[s2 + i] = encode_task(1, e, i / nb, i % nb);
             }
         }
+        if constexpr (kTrace) __syncthreads();
+        plan_stamp(p, 8, t0);
         for (int i = tid; i < s.totals[1]; i += kPT) p.fc1_done[i] = 0;
         for (int e = tid; e < kMaxExperts; e += kPT) {
             const bool in = e < E;
@@ -831,6 +872,8 @@ struct MegaMoE {
                     p.pair_list[s.off[e] + r] = -1;
             if (tid == 0) p.ctrl[4] = s.totals[0], p.ctrl[5] = 0, p.ctrl[6] = 0;
         }
+        if constexpr (kTrace) __syncthreads();
+        plan_stamp(p, 9, t0);
     }
 
     // ================================ persistent kernel ================================================

@@ -7,6 +7,10 @@ Per token count M (GLM-5: H 6144, 256 routed experts top-8 + the shared expert, 
             route's default chain;
 - router_quant: ops.moe_route_quant (router + FP8 quant in one kernel) -> moe.mega_moe (3 kernels); the route's
             GLM5_FASTPATH_ROUTER_QUANT=1;
+- overlap:  moe.overlap.routed_mega_moe_overlap after ops.act_quant_fp8: the shared expert's MegaMoE launch runs on
+            part of the GPU while the router and the routed pairs' plan run on a side stream, then the routed MegaMoE
+            launch (whose combine adds the shared slot values); one column per --overlap-grids value (the shared
+            launch's CTAs; `default` = moe.overlap.default_shared_grid);
 - stock:    SGLang's router (F.linear bf16 + biased_grouped_topk_gpu; PyTorch's formulation of the same math
             when sglang does not import, labelled), SGLang's per-token-group FP8 quant (ours when absent,
             labelled), then DeepGEMM fp8_mega_moe on the routed experts (the shared expert left out, which
@@ -16,7 +20,8 @@ Every launch takes its own h (rotated over --inputs tensors, so routing and expe
 expert weights touched (>= 9 x 37.75 MB) stream from HBM in every replay. Times: CUDA-graph replay median per
 layer (glm5_fastpath.bench.timing.time_launches). Floor: the weight bytes of the distinct experts the launch
 touches (+ the shared expert for ours) and the router gate, at the copy bandwidth measured in the same run.
-Correctness, same run: fused, separate and router_quant outputs bitwise equal (ids, weights, out).
+Correctness, same run: fused, separate and router_quant outputs bitwise equal (ids, weights, out); overlap equal bit
+for bit to separate with the decode router (the one it routes with).
 Output: OUT/moe_layer.json, OUT/moe_layer.md.
 """
 from __future__ import annotations
@@ -38,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--rounds", type=int, default=2, help="fused / separate / stock timed in turn this many times")
     p.add_argument("--no-stock", action="store_true", help="skip the stock chain (no sglang / deep_gemm needed)")
+    p.add_argument("--overlap-grids", default="default",
+                   help="comma list of shared-launch CTA counts for the overlap chains ('default' = "
+                        "moe.overlap.default_shared_grid; 'none' = no overlap chain)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -49,6 +57,28 @@ def parse_tokens(s: str) -> list[int]:
     if not ts or ts[0] < 1 or ts[-1] > 32:
         raise ValueError(f"bench moe-layer: --tokens must be in 1..32 (the fused router's range), got {s!r}")
     return ts
+
+
+def parse_overlap_grids(s: str, num_sms: int) -> list[int]:
+    """--overlap-grids -> CTA counts of the shared launch ('default' -> moe.overlap.default_shared_grid)."""
+    from ..moe.overlap import default_shared_grid
+
+    if s.strip().lower() in ("", "none", "off"):
+        return []
+    out: list[int] = []
+    for x in s.split(","):
+        x = x.strip().lower()
+        if not x:
+            continue
+        try:
+            g = default_shared_grid(num_sms) if x == "default" else int(x)
+        except ValueError:
+            raise ValueError(f"bench moe-layer: --overlap-grids takes integers or 'default', got {s!r}") from None
+        if not 1 <= g <= num_sms:
+            raise ValueError(f"bench moe-layer: --overlap-grids value {g} is outside [1, {num_sms}] (the SM count)")
+        if g not in out:
+            out.append(g)
+    return out
 
 
 def _stock_quant() -> tuple[Callable, str]:
@@ -91,6 +121,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
     from ..config import Glm5Config
     from ..moe import megamoe as MM
+    from ..moe import overlap as OV
     from ..moe import routed
     from ..ops import moe_router as R
     from ..ops.act_quant import act_quant_fp8
@@ -121,11 +152,15 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             notes["stock_experts"] = "deep_gemm.fp8_mega_moe (routed experts only) + its symmetric-buffer input copies"
         except Exception as e:  # noqa: BLE001 - reported; the stock column is then left out
             notes["stock_experts"] = f"deep_gemm fp8_mega_moe unavailable: {type(e).__name__}: {str(e)[:300]}"
+    grids = parse_overlap_grids(getattr(a, "overlap_grids", "default"), MM._sms(dev))
     rows = []
     for m in tokens:
         mcfg = MM.default_config(m, E, K, 1, MM._sms(dev))
         MM.precompile(wt, K, max_tokens=m, device=dev, configs=[mcfg])
         routed.precompile(wt, rc, [mcfg], dev)
+        overlap_ok = bool(grids) and OV.supported(m, rc, mcfg, 1)
+        if overlap_ok:
+            OV.precompile(wt, K, [mcfg], m, dev)
         hs = [(torch.randn(m, H, device=dev, generator=g) * 0.5).to(torch.bfloat16) for _ in range(a.inputs)]
         row: dict[str, Any] = {"M": m, "config": mcfg.name, "router": "decode" if R.use_decode(m, None, rc) else "split-K"}
         touched = [int(torch.unique(R.moe_route(h, gate, bias, cfg)[0]).numel()) for h in hs]
@@ -146,6 +181,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             return MM.mega_moe(x8, xs, ids, w, wt, routed_scaling_factor=cfg.routed_scaling_factor, config=mcfg), ids, w
 
         paths: dict[str, Callable] = {"fused": fused, "separate": separate, "router_quant": router_quant}
+        for grid in grids if overlap_ok else []:
+            def overlap(h, grid=grid):  # the shared expert during the routing (moe/overlap.py)
+                x8, xs = act_quant_fp8(h)
+                return OV.routed_mega_moe_overlap(h, x8, xs, gate, bias, cfg, wt, config=mcfg, shared_grid=grid)
+
+            paths[f"overlap_g{grid}"] = overlap
         if "dg" in stock_parts:
             dg, srouter, squant = stock_parts["dg"], stock_parts["router"], stock_parts["quant"]
             y = torch.empty(m, H, dtype=torch.bfloat16, device=dev)
@@ -160,11 +201,21 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         try:  # correctness first: fused == separate == router_quant bitwise, every input
             # (row key fused_equals_separate kept for the committed JSON of earlier runs)
             same = True
+            same_overlap = True
             for h in hs:
                 s = separate(h)
                 same &= _bitwise_equal(fused(h), s) and _bitwise_equal(router_quant(h), s)
+                if overlap_ok:  # the overlap routes with the decode kernel: against separate with that router
+                    ids, w, _ = R.moe_route(h, gate, bias, cfg, decode=True)
+                    x8, xs = act_quant_fp8(h)
+                    sd = (MM.mega_moe(x8, xs, ids, w, wt, routed_scaling_factor=cfg.routed_scaling_factor, config=mcfg),
+                          ids, w)
+                    for name in (n for n in paths if n.startswith("overlap_")):
+                        same_overlap &= _bitwise_equal(paths[name](h), sd)
             torch.cuda.synchronize(dev)
             row["fused_equals_separate"] = bool(same)
+            if overlap_ok:
+                row["overlap_equals_separate"] = bool(same_overlap)
         except Exception as e:  # noqa: BLE001
             row["check_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             traceback.print_exc()
@@ -185,6 +236,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             row["separate_minus_router_quant_us"] = row["separate_us"] - row["router_quant_us"]
         if row.get("fused_us") and row.get("separate_us"):
             row["separate_minus_fused_us"] = row["separate_us"] - row["fused_us"]
+        for name in (n for n in paths if n.startswith("overlap_")):
+            if row.get(f"{name}_us") and row.get("separate_us"):
+                row[f"separate_minus_{name}_us"] = row["separate_us"] - row[f"{name}_us"]
         if row.get("fused_us") and row.get("stock_us"):
             row["stock_over_fused"] = row["stock_us"] / row["fused_us"]
         if row.get("fused_us") and row.get("floor_us"):
@@ -221,6 +275,16 @@ def markdown(res: dict[str, Any]) -> str:
                      f"{f(r.get('router_quant_us'))} | {f(r.get('separate_minus_fused_us'))} | "
                      f"{f(r.get('separate_minus_router_quant_us'))} | {f(r.get('stock_us'))} | {f(r.get('stock_over_fused'))} | "
                      f"{f(r.get('fused_over_floor'))} | {r.get('fused_equals_separate', r.get('check_error', '-'))} |")
+    ov = sorted({k[:-3] for r in res.get("rows", []) for k in r if k.startswith("overlap_g") and k.endswith("_us")},
+                key=lambda n: int(n[len("overlap_g"):]))
+    if ov:
+        lines += ["", "Shared expert during the routing (moe/overlap.py; overlap_gN = the shared launch on N CTAs):", "",
+                  "| M | separate us | " + " | ".join(f"{n} us | separate - {n} us" for n in ov) + " | overlap == separate |",
+                  "|---:|---:|" + "---:|---:|" * len(ov) + "---|"]
+        for r in res.get("rows", []):
+            lines.append(f"| {r['M']} | {f(r.get('separate_us'))} | "
+                         + " | ".join(f"{f(r.get(n + '_us'))} | {f(r.get('separate_minus_' + n + '_us'))}" for n in ov)
+                         + f" | {r.get('overlap_equals_separate', '-')} |")
     errs = [f"- M={r['M']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("error")]
     if errs:
         lines += ["", "Errors:", *errs]

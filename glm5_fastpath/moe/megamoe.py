@@ -99,11 +99,15 @@ SMEM_LIMIT = 232448  # 227 KB per block on sm_90
 FLAG_FC1_ONLY = 1      # plan FC1 tasks only (diagnostics)
 FLAG_NO_COMBINE = 2    # FC2 writes slot values only: no combine counters, `out` untouched (diagnostics)
 FLAG_END_COMBINE = 4   # MegaMoEConfig.end_combine: the combine as one grid-wide pass after the last task (pool builds)
+FLAG_SHARED_ONLY = 8   # the plan lists the shared expert's pairs only and reads no topk_ids (moe/overlap.py)
+FLAG_ROUTED_ONLY = 16  # the plan lists the routed pairs only; the combine still sums all S slots (moe/overlap.py)
 TASK_END = -1          # end-of-list sentinel (FC2 descriptors are negative int32: never test the sign)
 # ctrl[] entries of the workspace (megamoe.cuh Params::ctrl)
 CTRL_NUM_TASKS, CTRL_CLAIMS, CTRL_TASKS_DONE, CTRL_TILES_COMBINED = 0, 1, 2, 3
 CTRL_POOL_ROWS, CTRL_POOL_DONE = 4, 5  # pool build: pair rows to copy, copy warps done (POOL_COPY_WARPS per CTA)
 CTRL_END_DONE = 6     # pool build with end_combine: CTAs done with their tasks (the end combine waits for all)
+CTRL_PLAN_STAMPS = 8  # trace build: the plan's start (global timer) and phase stamps (megamoe.cuh kPlanStampBase)
+CTRL_WORDS = 32
 MAX_BLOCKS = 1 << 14   # 14-bit token-block field of a task
 EP_MAX_RANKS = 8       # megamoe.cuh kMaxRanks (the EP build's peer table)
 SPLIT_MAX_BN = 16      # split-K FC1 tiles only for token blocks up to this (scratch: 2 x 256 x BN fp32 per tile)
@@ -547,7 +551,7 @@ def _alloc_workspace(shape: WorkspaceShape, dev: torch.device) -> Workspace:
     return Workspace(
         shape,
         torch.zeros(MAX_EXPERTS, **i32), torch.zeros(MAX_EXPERTS, **i32), torch.zeros(MAX_EXPERTS, **i32),
-        torch.zeros(shape.pairs_cap, **i32), torch.zeros(shape.tasks_cap, **i32), torch.zeros(8, **i32),
+        torch.zeros(shape.pairs_cap, **i32), torch.zeros(shape.tasks_cap, **i32), torch.zeros(CTRL_WORDS, **i32),
         torch.zeros(shape.blocks_cap, **i32),
         torch.zeros(shape.combine_ctrs, **i32),                              # zero at rest (self-resetting)
         torch.zeros(shape.split_tiles_cap, **i32),                           # zero at rest (self-resetting)
@@ -606,6 +610,11 @@ def workspace_tag(tag: str):
         yield
     finally:
         _ws_tag.reset(tok)
+
+
+def current_workspace_tag() -> str:
+    """The workspace_tag launches use now ("" outside any)."""
+    return _ws_tag.get()
 
 
 def get_workspace(dev: torch.device, hidden: int, inter: int, num_total: int, num_slots: int,
@@ -686,15 +695,20 @@ assert PARAMS_BYTES == 400, PARAMS_BYTES
 
 
 def _params(x, xs, ids, wts, wt: "_WeightViews", out, ws: Workspace, num_shared: int, rsf: float, group_size: int,
-            split_max_tiles: int, flags: int) -> _Params:
+            split_max_tiles: int, flags: int, slots_ws: Workspace | None = None) -> _Params:
+    """slots_ws: the workspace whose slot values and combine counters this launch uses (default ws; moe/overlap.py's
+    shared-expert launch passes the routed launch's, so one combine sums both)."""
     m, k = ids.shape
     s = ws.shape
+    sw = ws if slots_ws is None else slots_ws
+    if sw.shape.max_tokens < s.max_tokens or sw.shape.num_slots != s.num_slots or sw.shape.hidden != s.hidden:
+        raise _fail("slots_ws must hold the slots of every token of this launch's workspace")
     return _Params(
         x.data_ptr(), xs.data_ptr(), ids.data_ptr(), wts.data_ptr(), wt.w13_scale.data_ptr(), wt.w2_scale.data_ptr(),
         out.data_ptr() if out is not None else None,
         ws.expert_cnt.data_ptr(), ws.expert_off.data_ptr(), ws.blk_base.data_ptr(), ws.pair_list.data_ptr(),
-        ws.tasks.data_ptr(), ws.ctrl.data_ptr(), ws.fc1_done.data_ptr(), ws.combine_ctr.data_ptr(),
-        ws.split_ctr.data_ptr(), ws.split_partial.data_ptr(), ws.act.data_ptr(), ws.act_scale.data_ptr(), ws.slots.data_ptr(),
+        ws.tasks.data_ptr(), ws.ctrl.data_ptr(), ws.fc1_done.data_ptr(), sw.combine_ctr.data_ptr(),
+        ws.split_ctr.data_ptr(), ws.split_partial.data_ptr(), ws.act.data_ptr(), ws.act_scale.data_ptr(), sw.slots.data_ptr(),
         ws.pool.data_ptr(), ws.pool_scale.data_ptr(),
         m, k, k + num_shared, wt.num_total - num_shared, num_shared, int(ids.dtype == torch.int64), group_size,
         s.pairs_cap, s.tasks_cap, min(s.blocks_cap, MAX_BLOCKS), min(split_max_tiles, s.split_tiles_cap), flags,
@@ -989,11 +1003,37 @@ def trace_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
                 "out": torch.empty((0, wv.hidden), dtype=BF16, device=dev), "summary": {"tasks": 0}}
     out = torch.empty((m, wv.hidden), dtype=BF16, device=dev)
     rows = torch.zeros((_sms(dev), cap, TRACE_COLS), dtype=torch.int64, device=dev)
-    _launch(x_fp8, x_scale, topk_ids, topk_weights, wv, out, weights.num_shared, routed_scaling_factor, cfg, 0,
-            False, trace=(rows, cap))
+    ws = _launch(x_fp8, x_scale, topk_ids, topk_weights, wv, out, weights.num_shared, routed_scaling_factor, cfg, 0,
+                 False, trace=(rows, cap))
     torch.cuda.synchronize(dev)
     r = rows.cpu()
-    return {"rows": r, "out": out, "config": cfg.name, "summary": summarize_trace(r)}
+    summary = summarize_trace(r)
+    summary["plan"] = plan_phases([int(v) for v in ws.ctrl.cpu()], r, summary.get("sm_ghz", DEFAULT_SM_GHZ))
+    return {"rows": r, "out": out, "config": cfg.name, "summary": summary}
+
+
+# the plan kernel's phases in the trace build (megamoe.cuh plan_body's plan_stamp calls, in order)
+PLAN_PHASES = ("zero", "count", "padding", "scan", "group_bases", "segments", "pair_list", "tasks", "stores")
+
+
+def plan_phases(ctrl: list[int], rows: torch.Tensor, ghz: float) -> dict[str, Any]:
+    """The plan kernel's time by phase (us, thread 0's clock64 after each phase's barrier) and its start against the
+    persistent kernel's first task claim (global timer, low 32 bits), from a trace-build launch's ctrl words."""
+    stamps = ctrl[CTRL_PLAN_STAMPS:CTRL_PLAN_STAMPS + 1 + len(PLAN_PHASES)]
+    if len(stamps) < 1 + len(PLAN_PHASES) or stamps[-1] <= 0:
+        return {}
+    to_us = 1.0 / (ghz * 1e3)
+    out: dict[str, Any] = {}
+    prev = 0
+    for name, c in zip(PLAN_PHASES, stamps[1:]):
+        out[f"{name}_us"] = (c - prev) * to_us
+        prev = c
+    out["body_us"] = prev * to_us
+    claims = rows[..., 0][rows[..., 0] > 0]
+    if claims.numel():
+        first = int(claims.min()) & 0xFFFFFFFF
+        out["start_to_first_claim_us"] = ((first - (stamps[0] & 0xFFFFFFFF)) & 0xFFFFFFFF) / 1e3
+    return out
 
 
 @dataclass(frozen=True)
@@ -1115,6 +1155,12 @@ def trace_markdown(summary: dict[str, Any]) -> str:
                             f"{d['epi_combine_us'] / d['epi_phase_tasks']:.2f}" if d.get("epi_phase_tasks") and k == "fc2" else "")
                          + (f", math idle between tasks {d['gap_us']:.1f} us, claimed {d['claim_lead_us'] / d['tasks']:.1f} us "
                             "ahead of the math on average" if "gap_us" in d else ""))
+    plan = summary.get("plan") or {}
+    if plan.get("body_us") is not None:
+        parts.append(f"plan body {plan['body_us']:.2f} us ("
+                     + ", ".join(f"{n} {plan[n + '_us']:.2f}" for n in PLAN_PHASES if n + "_us" in plan) + ")"
+                     + (f", plan start -> first claim {plan['start_to_first_claim_us']:.2f} us"
+                        if "start_to_first_claim_us" in plan else ""))
     return "; ".join(parts)
 
 

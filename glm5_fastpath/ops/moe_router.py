@@ -311,14 +311,18 @@ def use_decode(m: int, decode: bool | None, cfg: RouterConfig | None = None) -> 
 
 
 def _launch(cfg: RouterConfig, h, gate, bias, logits, ids, weights, scaled, rsf: float, pdl: bool,
-            decode: bool | None = None, x8=None, x_scale=None) -> None:
+            decode: bool | None = None, x8=None, x_scale=None, tokens_per_cta: int | None = None) -> None:
+    """tokens_per_cta (decode kernel only): tokens per grid row instead of decode_tokens_per_cta(M) (moe/overlap.py
+    asks for one row: 128 CTAs, so the routing fits beside the shared expert's launch)."""
     _check_device(h, gate, bias, logits, ids, weights, scaled, *(t for t in (x8, x_scale) if t is not None))
     m = h.shape[0]
     if m == 0:
         return
     ws = _workspace(cfg, h.device)
     if use_decode(m, decode, cfg):
-        tpc = decode_tokens_per_cta(m)
+        tpc = decode_tokens_per_cta(m) if tokens_per_cta is None else int(tokens_per_cta)
+        if not 1 <= tpc <= DECODE_SLICE_MAX:
+            raise _fail(f"tokens_per_cta={tpc} must be in [1, {DECODE_SLICE_MAX}] (RouterDecodeTile::kMaxTokens)")
         args = _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws, rsf, x8, x_scale, tpc)
         _kernel(cfg, h.device, FUNCTION_DECODE).launch((cfg.decode_ctas, -(-m // tpc), 1), (THREADS, 1, 1), args,
                                                        pdl=pdl)

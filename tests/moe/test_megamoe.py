@@ -959,7 +959,30 @@ def test_gpu_trace_run_matches_the_normal_build(m, wide):
     print(f"smallest %globaltimer step seen: {int((gt[1:] - gt[:-1]).min()) if gt.numel() > 1 else '-'} ns")
     s = got["summary"]
     assert s["tasks"] == int(done.sum()) and 0 < s["math_busy_share"] <= 1.0
+    # the plan kernel's phase stamps: every phase stamped, in order, the body a few us at most
+    plan = s["plan"]
+    assert all(plan[n + "_us"] >= 0 for n in M.PLAN_PHASES) and 0 < plan["body_us"] < 1000
     print(M.trace_markdown(s))
+
+
+def test_plan_phases_from_synthetic_ctrl_words():
+    """plan_phases turns the trace build's ctrl stamps (start global timer, then cumulative cycles per phase) into
+    per-phase us at the given SM clock, and the plan start -> first task claim from the rows' claim stamps (low 32 bits
+    of the global timer, wrap-safe)."""
+    ctrl = [0] * M.CTRL_WORDS
+    start = (1 << 32) - 500  # the low word wraps between the plan start and the first claim
+    ctrl[M.CTRL_PLAN_STAMPS] = start - (1 << 32)  # stored as int32
+    cum = [100 * (i + 1) for i in range(len(M.PLAN_PHASES))]
+    ctrl[M.CTRL_PLAN_STAMPS + 1:M.CTRL_PLAN_STAMPS + 1 + len(cum)] = cum
+    rows = torch.zeros((2, 3, M.TRACE_COLS), dtype=torch.int64)
+    rows[0, 0, 0] = (7 << 32) + 1500  # claim 2000 ns after the start (across the wrap)
+    rows[1, 0, 0] = (7 << 32) + 2500
+    out = M.plan_phases(ctrl, rows, ghz=2.0)
+    assert out["zero_us"] == pytest.approx(0.05) and out["stores_us"] == pytest.approx(0.05)
+    assert out["body_us"] == pytest.approx(100 * len(M.PLAN_PHASES) / 2e3)
+    assert out["start_to_first_claim_us"] == pytest.approx(2.0)
+    assert M.plan_phases([0] * M.CTRL_WORDS, rows, 2.0) == {}  # not a trace-build launch: nothing stamped
+    assert "plan body" in M.trace_markdown({"tasks": 1, "span_us": 1.0, "plan": out})
 
 
 def test_default_config_takes_the_lean_fences_build():
