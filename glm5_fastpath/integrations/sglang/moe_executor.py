@@ -23,6 +23,11 @@ own router, so expert choice is exactly SGLang's:
     kernel boundaries it saves). GLM5_FASTPATH_ROUTER_QUANT=1: the router kernel also writes x8 / xs (3 kernels;
     level with the default).
 
+    GLM5_FASTPATH_MOE_OVERLAP=1 (opt-in): moe.overlap.routed_mega_moe_overlap, the shared expert's MegaMoE launch
+    on part of the GPU while the router and the routed pairs' plan run on a side stream, then the routed launch
+    (bitwise the one-launch chain with the decode router); for calls of <= 32 tokens with the fused shared expert,
+    our router and no padded rows to mask. Counted like the other chains; see moe/overlap.py.
+
 MegaMoE reads SGLang's own expert tensors in place (w13_weight [E_tot, 2I, H] e4m3 gate || up,
 w2_weight [E_tot, H, I], their fp32 128x128 block scales): no weight copy, and SGLang's path keeps
 working for every call we leave to it (prefill, buckets the table maps to stock, refusals).
@@ -266,6 +271,8 @@ class MoEExecutor:
         self.router_failed = ""  # set when our router kernel could not be prepared: SGLang's router everywhere
         self.last_fused = False  # the latest run() took the fused router + plan kernels
         self.fused_failed = ""  # set when the fused router + plan kernels could not be prepared: separate kernels
+        self.overlap_failed = ""  # set when the shared-expert overlap could not be prepared (or raised): no overlap
+        self.last_overlap = False  # the latest run() took the shared-expert overlap
         self.prefill_chunk = 0  # tokens per MegaMoE launch for prefill passes (set by _precompile; 0: MAX_TOKENS)
 
     @property
@@ -373,6 +380,20 @@ class MoEExecutor:
                 except Exception as e:  # noqa: BLE001 - the separate router, act quant and plan kernels; say why
                     self.log.info("glm5_fastpath: MoE: fused router + plan unavailable (%s); separate kernels", e)
                     self.fused_failed = f"{type(e).__name__}: {e}"
+        if route.router is not None and not self.router_failed and overlap_enabled() and _on_gpu(route.weights.w13):
+            try:
+                from ...moe import overlap as OV
+                from ...ops import moe_router as R
+
+                rc = R.config_for(route.weights.hidden, route.weights.num_experts, route.topk)
+                ov = {c.name: c for b, c in ((b, self.config_for(b, route)) for b in buckets)
+                      if OV.supported(b, rc, c, route.weights.num_shared)}
+                if ov:
+                    OV.precompile(route.weights, route.topk, list(ov.values()),
+                                  min(max(buckets), OV.MAX_TOKENS), route.weights.w13.device)
+            except Exception as e:  # noqa: BLE001 - the separate kernels; say why
+                self.log.info("glm5_fastpath: MoE: shared-expert overlap unavailable (%s); separate kernels", e)
+                self.overlap_failed = f"{type(e).__name__}: {e}"
         if self._quant is None:
             try:
                 from ...ops import act_quant
@@ -423,6 +444,9 @@ class MoEExecutor:
         if prefill:
             self._note("megamoe", "prefill", f"glm5_fastpath: MoE layer {route.layer_id}: prefill / extend pass "
                        f"(M={int(hidden.shape[0])}) -> MegaMoE; logged once")
+        elif self.last_overlap:
+            self._note("megamoe", "overlap", f"glm5_fastpath: MoE layer {route.layer_id} (M={int(hidden.shape[0])}) -> "
+                       "shared expert during the routing, then the routed MegaMoE launch; logged once")
         elif self.last_fused:  # which kernels ran shows in the metrics (reason) and once in the log (bench offline's paths)
             self._note("megamoe", "fused", f"glm5_fastpath: MoE layer {route.layer_id} (M={int(hidden.shape[0])}) -> "
                        "fused router + plan, then MegaMoE (2 kernels); logged once")
@@ -456,6 +480,7 @@ class MoEExecutor:
 
         k = route.topk
         self.last_fused = False
+        self.last_overlap = False
         if routing is not None:
             ids, wts = routing
             return self._experts(MM, mlp, route, hidden, ids.to(torch.int32).contiguous(), wts.float().contiguous())
@@ -467,6 +492,28 @@ class MoEExecutor:
 
             m = int(hidden.shape[0])
             masked = non_padded is not None and m > 1 and padding_count_is_live()
+            if not masked and not self.overlap_failed and overlap_enabled() and _on_gpu(hidden):
+                from ...moe import overlap as OV
+
+                rc = R.config_for(route.weights.hidden, route.weights.num_experts, k)
+                cfg = self.config_for(m, route)
+                if OV.supported(m, rc, cfg, route.weights.num_shared):
+                    from .norm_route import stashed_quant
+
+                    x8, xs = stashed_quant(self.quant, self._x8_from_a0)(hidden)
+                    try:
+                        out, ids, wts = OV.routed_mega_moe_overlap(hidden, x8, xs, mlp.gate.weight,
+                                                                   mlp.gate.e_score_correction_bias, route.router,
+                                                                   route.weights, config=cfg)
+                    except Exception as e:  # noqa: BLE001 - its input checks (a failed launch leaves CUDA in error anyway)
+                        self.overlap_failed = f"{type(e).__name__}: {e}"
+                        self.log.warning("glm5_fastpath: MoE: shared-expert overlap raised (%s); separate kernels "
+                                         "from now on", e)
+                    else:
+                        self.last_routing = (ids, wts)
+                        self.last_overlap = True
+                        _capture_routed(route, ids)
+                        return out
             if not masked and not self.fused_failed and fused_router_enabled() and _on_gpu(hidden):
                 from ...moe import routed
 
@@ -577,6 +624,16 @@ def fused_router_enabled() -> bool:
     kernel boundaries it saves (why it takes that long is not yet profiled). Taken, when on, where
     moe.routed.supported says so and no padded rows need masking between router and plan."""
     return os.environ.get(ENV_FUSED_ROUTER, "0").strip().lower() in ("1", "on", "true", "yes")
+
+
+ENV_OVERLAP = "GLM5_FASTPATH_MOE_OVERLAP"
+
+
+def overlap_enabled() -> bool:
+    """GLM5_FASTPATH_MOE_OVERLAP=1 (default off until measured in the engine): moe.overlap.routed_mega_moe_overlap,
+    the shared expert's MegaMoE launch during the routing (module docstring). Taken, when on, where
+    moe.overlap.supported says so and no padded rows need masking between router and plan."""
+    return os.environ.get(ENV_OVERLAP, "0").strip().lower() in ("1", "on", "true", "yes")
 
 
 def router_quant_enabled() -> bool:

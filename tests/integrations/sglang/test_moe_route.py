@@ -628,3 +628,85 @@ def test_prefill_chunk_and_precompile_cover_the_prefill_sizes(monkeypatch):
     ex = executor()
     ex.prepare_model(model, [1, 64])  # route off: the decode buckets only
     assert [p[:2] for p in pre] == [("", 64)] and ex.prefill_chunk == 0
+
+
+# ---- the shared expert during the routing (moe/overlap.py) ---------------------------------------------------
+
+@pytest.fixture
+def overlapped(monkeypatch):
+    """The overlap op replaced by a recorder (its kernels need an sm_90 GPU: tests/moe/test_overlap.py)."""
+    from glm5_fastpath.moe import overlap as OV
+
+    seen = []
+
+    def fake(h, x8, xs, gate, bias, router_cfg, weights, *, config=None, shared_grid=None):
+        m = h.shape[0]
+        seen.append(dict(h=h, x8=x8, xs=xs, gate=gate, bias=bias, cfg=router_cfg, weights=weights, config=config))
+        return (torch.full((m, weights.hidden), 3.0, dtype=torch.bfloat16), torch.tensor([[1, 6]] * m, dtype=torch.int32),
+                torch.full((m, K), 0.5))
+
+    monkeypatch.setattr(OV, "routed_mega_moe_overlap", fake)
+    monkeypatch.setattr(ME, "_on_gpu", lambda t: True)
+    monkeypatch.setenv(ME.ENV_OVERLAP, "1")  # opt-in
+    return seen
+
+
+def test_overlap_replaces_the_separate_kernels(calls, routes, overlapped, monkeypatch):
+    got = []
+    cap = types.SimpleNamespace(capture=lambda layer_id, topk_indices: got.append(topk_indices))
+    monkeypatch.setattr(ME, "_capturer_getter", lambda: cap)
+    reg = CollectorRegistry()
+    ex = executor(registry=reg)
+    mlp = router_moe(fused=1, e=32)
+    out, h = call(ex, mlp, m=3)
+    o, = overlapped
+    assert not routes and not calls  # neither the separate router nor the one-launch MegaMoE ran
+    assert o["h"] is h and o["gate"] is mlp.gate.weight and o["bias"] is mlp.gate.e_score_correction_bias
+    assert o["x8"].shape == (3, H) and o["xs"].shape == (3, H // 128)  # the quant is taken before the launch
+    assert o["cfg"] == ME.RouterCfg(H, K, 2.5) and o["weights"].num_shared == 1
+    assert torch.equal(out, torch.full((3, H), 3.0, dtype=torch.bfloat16)) and ex.last_overlap
+    assert ex.last_routing[0].tolist() == [[1, 6]] * 3
+    assert got[0][:, K].tolist() == [32] * 3  # the capturer gets the ids with the shared column
+    assert reg.get_sample_value("glm5_fastpath_moe_layer_total", {"route": "megamoe", "reason": "overlap"}) == 1
+
+
+def test_overlap_is_opt_in_and_falls_back(calls, routes, overlapped, monkeypatch):
+    mlp = router_moe(fused=1, e=32)
+    monkeypatch.delenv(ME.ENV_OVERLAP)  # off by default
+    call(executor(), mlp, m=3)
+    assert not overlapped and len(routes) == 1 and len(calls) == 1
+    monkeypatch.setenv(ME.ENV_OVERLAP, "1")
+    call(executor(), mlp, m=40)  # above the one-row decode router
+    assert not overlapped and len(routes) == 2
+    call(executor(), router_moe(fused=0, e=32), m=3)  # no fused shared expert: nothing to overlap
+    assert not overlapped and len(routes) == 3
+    monkeypatch.setattr(ME, "_count_live", True)  # padded rows must be masked between router and plan
+    fb = types.SimpleNamespace(num_token_non_padded=torch.tensor(2, dtype=torch.int32))
+    executor()(mlp.forward, torch.randn(3, H).to(torch.bfloat16), fb)
+    assert not overlapped and len(routes) == 4
+    monkeypatch.setattr(ME, "_count_live", False)
+    ex = executor()
+    ex.overlap_failed = "no kernel"  # precompile failed: separate kernels
+    call(ex, mlp, m=3)
+    assert not overlapped and len(routes) == 5
+    call(executor(), mlp, m=3)
+    assert len(overlapped) == 1
+
+
+def test_overlap_that_raises_switches_to_the_separate_kernels(calls, routes, monkeypatch, caplog):
+    from glm5_fastpath.moe import overlap as OV
+
+    def boom(*a, **k):
+        raise OV.OverlapInputError("glm5_fastpath.routed_mega_moe_overlap: shared_grid=999 must be in [1, 132]")
+
+    monkeypatch.setattr(OV, "routed_mega_moe_overlap", boom)
+    monkeypatch.setattr(ME, "_on_gpu", lambda t: True)
+    monkeypatch.setenv(ME.ENV_OVERLAP, "1")
+    ex = executor()
+    mlp = router_moe(fused=1, e=32)
+    with caplog.at_level(logging.WARNING, logger="glm5_fastpath"):
+        out, _ = call(ex, mlp, m=3)
+    assert out.shape == (3, H) and len(routes) == 1 and len(calls) == 1 and "shared_grid=999" in ex.overlap_failed
+    assert any("shared-expert overlap raised" in r.getMessage() for r in caplog.records)
+    call(ex, mlp, m=3)  # stays off
+    assert len(routes) == 2
