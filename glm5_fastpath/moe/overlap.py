@@ -195,8 +195,9 @@ def routed_mega_moe_overlap(h: torch.Tensor, x8: torch.Tensor, x_scale: torch.Te
 
 
 def precompile(weights: "MM.MegaMoEWeights", topk: int, configs, max_tokens: int, device=None) -> None:
-    """Kernels, both workspaces (routed, shared) and the router's, outside any CUDA-graph capture."""
+    """Kernels, both workspaces (routed, shared), the router's and the side stream, outside any CUDA-graph capture."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     MM.precompile(weights, topk, max_tokens=max_tokens, device=dev, configs=list(configs))
     workspaces(dev, weights.hidden, weights.inter, weights.num_total, topk + weights.num_shared, max_tokens)
     R._workspace(R.config_for(weights.hidden, weights.num_experts, topk), dev)
+    _side_stream(dev)
