@@ -314,7 +314,7 @@ def _launch(cfg: RouterConfig, h, gate, bias, logits, ids, weights, scaled, rsf:
             decode: bool | None = None, x8=None, x_scale=None, tokens_per_cta: int | None = None) -> None:
     """tokens_per_cta (decode kernel only): tokens per grid row instead of decode_tokens_per_cta(M) (moe/overlap.py
     asks for one row: 128 CTAs, so the routing fits beside the shared expert's launch)."""
-    _check_device(h, gate, bias, logits, ids, weights, scaled, *(t for t in (x8, x_scale) if t is not None))
+    _check_device(h, gate, bias, logits, ids, weights, *(t for t in (scaled, x8, x_scale) if t is not None))
     m = h.shape[0]
     if m == 0:
         return
