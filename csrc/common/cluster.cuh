@@ -92,6 +92,12 @@ GLM5_DEVICE void st_async_v4_b32(uint32_t remote_addr, uint32_t a, uint32_t b, u
                  : "memory");
 }
 
+// One arrival on a peer's mbarrier (shared::cluster address), releasing this thread's prior accesses at cluster
+// scope: the hand-back of a DSMEM buffer or mailbox the peer may now overwrite.
+GLM5_DEVICE void mbarrier_arrive_remote(uint32_t remote_bar) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar) : "memory");
+}
+
 // try_wait with cluster-scope acquire: the peers' st.async bytes (released at cluster scope by the
 // complete_tx) are visible to this thread's ordinary shared loads once it returns true.
 GLM5_DEVICE bool mbarrier_try_wait_parity_cluster(uint32_t bar, uint32_t parity) {

@@ -58,6 +58,7 @@
 #include <stdio.h>
 
 #include "../common/arch.cuh"
+#include "../common/cluster.cuh"
 #include "../common/convert.cuh"
 #include "../common/pdl.cuh"
 #include "../common/ptx_cp_async.cuh"
@@ -211,6 +212,21 @@ constexpr bool kNoFold = (GLM5_MEGAMOE_DIAG & 4) != 0;
 #define GLM5_MEGAMOE_EP 0
 #endif
 constexpr bool kEP = GLM5_MEGAMOE_EP != 0;
+// CTA pairs (GLM5_MEGAMOE_PAIR=1, its own cubin; MegaMoEConfig.pair, name suffix "_c"): the grid is launched as clusters of
+// two CTAs that claim the task list two entries at a time (rank 0's weight producer claims, forwards the index to rank 1
+// through distributed shared memory; rank r runs entry index + r). The plan lists a split-K FC1 tile's two K halves at
+// (even, odd) positions (every segment of the list has an even length when FC1 tiles are split), so both halves of a tile
+// land on the two CTAs of one cluster at the same time, and the hand-off is a DSMEM transfer instead of split_exchange's
+// global round trips: rank 1 st.async's its fp32 partial into rank 0's shared memory (completing the bytes on rank 0's
+// barrier), rank 0 adds it and runs the epilogue. Why: at 1 token the global hand-off (stores, a releasing atomic, the
+// partner's loads, all queued behind the SM's in-flight weight stream) took ~5.5 us per FC1 tile (session 30's trace),
+// and FC2 tasks spun on those tiles' fc1_done. The same sums (a + b, commutative): bitwise equal to the unpaired build.
+// A pair whose two entries are not the halves of one tile (cannot happen with the plan above; checked anyway) falls back
+// to split_exchange. Narrow, non-pool, non-token-major, single-GPU builds with split-K blocks (kBN <= kSplitMaxBN) only.
+#ifndef GLM5_MEGAMOE_PAIR
+#define GLM5_MEGAMOE_PAIR 0
+#endif
+constexpr bool kPair = GLM5_MEGAMOE_PAIR != 0;
 constexpr int kMaxRanks = 8;
 constexpr int kEpTokBits = 20;  // token field of an EP pair code's token part (src << 20 | t)
 // int32 words of the symmetric signal block (EpParams::sym_sig): epoch (the local call counter), num_tokens of the current
@@ -452,10 +468,17 @@ struct Smem {
     static constexpr int kWgt = kCode + kTaskSlots * kBN * 4;          // per task slot: routing weights [T][kBN]
     static constexpr int kMeta = kWgt + kTaskSlots * kBN * 4;          // per task slot: {p0, cnt, blk, 0}
     static constexpr int kDesc = kMeta + kTaskSlots * 16;              // per task slot: descriptor
-    static constexpr int kBar = (kDesc + kTaskSlots * 4 + 7) / 8 * 8;  // mbarriers
+    // CTA-pair builds (kPair): rank 1's fp32 split-K partial [256 math threads][kBN] (rank 0 reads it), the claim mailbox
+    // [T] (rank 1: the entry index rank 0 claimed) and per task slot the pair flag (both entries are one tile's halves)
+    static constexpr int kXBuf = kPair ? (kDesc + kTaskSlots * 4 + 15) / 16 * 16 : kDesc + kTaskSlots * 4;  // 16-B st.async
+    static constexpr int kMail = kXBuf + (kPair ? kMathThreads * kBN * 4 : 0);
+    static constexpr int kPairFlag = kMail + (kPair ? kTaskSlots * 4 : 0);
+    static constexpr int kBar = (kPairFlag + (kPair ? kTaskSlots * 4 : 0) + 7) / 8 * 8;  // mbarriers
     // full[S] (1 TMA arrival + 32 cp.async arrivals per loader warp + tx), empty[S] (8 math warps),
-    // tfull[T] (producer), tinfo[T] (warp 1's 32 lanes), tempty[T] (the loader warps + 8 math warps)
-    static constexpr int kNumBars = 2 * kStages + 3 * kTaskSlots;
+    // tfull[T] (producer), tinfo[T] (warp 1's 32 lanes), tempty[T] (the loader warps + 8 math warps);
+    // kPair: xfull (rank 0: its math thread 0's arrival + rank 1's st.async bytes), xempty (rank 1: rank 0's math thread 0),
+    // cfull[T] (rank 1: its producer's arrival + rank 0's 4 st.async bytes), cempty[T] (rank 0: rank 1's producer)
+    static constexpr int kNumBars = 2 * kStages + 3 * kTaskSlots + (kPair ? 2 + 2 * kTaskSlots : 0);
     static constexpr int kBytes = kBar + kNumBars * 8;
     static constexpr int kAlloc = kBytes + 1024;  // + slack to round the dynamic smem base up to 1024
     static_assert(kAStage % 1024 == 0, "activation stages must stay 1024-byte aligned (128B swizzle)");
@@ -543,6 +566,9 @@ struct MegaMoE {
 
     // ---- pair addressing: the token's activation row, its scales and its slot row (kEP: at the source rank) ----------
     static_assert(!kEP || kPool, "the EP build runs on the token pool (its dispatch target) and the end combine");
+    static_assert(!kPair || (!kPool && !kWide && !kTokenMajor && !kEP && kBN <= kSplitMaxBN && kNAcc1 == kNAcc &&
+                             kNAcc % 4 == 0 && 2 * kNAcc == kBN),
+                  "CTA pairs: narrow, non-pool, single-GPU builds with split-K blocks only");
     static GLM5_DEVICE int code_src(int32_t c) { return kEP ? (c >> 4) >> kEpTokBits : 0; }
     static GLM5_DEVICE int code_tok(int32_t c) { return kEP ? (c >> 4) & ((1 << kEpTokBits) - 1) : c >> 4; }
     // Symmetric base of rank r: static parameter indices (a dynamic index into the parameter array would copy it to
@@ -884,7 +910,68 @@ struct MegaMoE {
         GLM5_DEVICE uint32_t tfull(int t) const { return base + 8u * (2 * kStages + t); }
         GLM5_DEVICE uint32_t tinfo(int t) const { return base + 8u * (2 * kStages + kTaskSlots + t); }
         GLM5_DEVICE uint32_t tempty(int t) const { return base + 8u * (2 * kStages + 2 * kTaskSlots + t); }
+        // CTA-pair builds only (kPair)
+        GLM5_DEVICE uint32_t xfull() const { return base + 8u * (2 * kStages + 3 * kTaskSlots); }
+        GLM5_DEVICE uint32_t xempty() const { return base + 8u * (2 * kStages + 3 * kTaskSlots + 1); }
+        GLM5_DEVICE uint32_t cfull(int t) const { return base + 8u * (2 * kStages + 3 * kTaskSlots + 2 + t); }
+        GLM5_DEVICE uint32_t cempty(int t) const { return base + 8u * (2 * kStages + 4 * kTaskSlots + 2 + t); }
     };
+
+    // ---- CTA pairs (kPair): the cluster's claims and the split-K hand-off over DSMEM ----------------------------
+    // Claim n of the cluster (its task-ring slot n % T): rank 0 takes two entries of the list and forwards the index into
+    // rank 1's mailbox slot (st.async, 4 bytes on rank 1's cfull); rank 1 reads it and hands the slot back (cempty).
+    static GLM5_DEVICE int pair_claim(const Params& p, uint8_t* sm, uint32_t sbase, const Bars& bar, int n,
+                                      uint32_t rank) {
+        const int slot = n % kTaskSlots;
+        const uint32_t par = (n / kTaskSlots) & 1u;
+        const uint32_t mail = sbase + L::kMail + 4u * slot;
+        if (rank == 0) {
+            const int c = atomicAdd(&p.ctrl[1], 2);
+            ptx::mbarrier_wait_parity_cluster(bar.cempty(slot), par ^ 1u);  // rank 1 read claim n - T
+            ptx::st_async_b32(ptx::mapa_shared(mail, 1), static_cast<uint32_t>(c), ptx::mapa_shared(bar.cfull(slot), 1));
+            return c;
+        }
+        sm90::mbar_arrive_expect_tx(bar.cfull(slot), 4);
+        ptx::mbarrier_wait_parity_cluster(bar.cfull(slot), par);
+        const int c = *reinterpret_cast<volatile int32_t*>(sm + L::kMail + 4 * slot);
+        ptx::mbarrier_arrive_remote(ptx::mapa_shared(bar.cempty(slot), 0));
+        return c;
+    }
+
+    // A paired split-K FC1 tile (kPair, both halves on this cluster): rank 1 st.async's its fp32 partial (per math
+    // thread acc0 then acc1, kBN floats) into rank 0's exchange buffer once rank 0 released the previous one (xempty)
+    // and is done (false); rank 0 waits for the bytes (xfull), adds them (a + b as in split_exchange: the same bits)
+    // and runs the epilogue (true). xcnt: this rank's paired exchanges so far (the barriers' phase).
+    static GLM5_DEVICE bool pair_exchange(uint8_t* sm, uint32_t sbase, const Bars& bar, uint32_t xcnt,
+                                          float (&acc0)[kNAcc], float (&acc1)[kNAcc1]) {
+        const int mt = threadIdx.x - 128;
+        const uint32_t buf = sbase + L::kXBuf + static_cast<uint32_t>(mt) * kBN * 4u;
+        if (ptx::cluster_ctarank() != 0) {
+            ptx::mbarrier_wait_parity_cluster(bar.xempty(), (xcnt & 1u) ^ 1u);
+            const uint32_t dst = ptx::mapa_shared(buf, 0), rbar = ptx::mapa_shared(bar.xfull(), 0);
+#pragma unroll
+            for (int i = 0; i < kNAcc; i += 4) {
+                ptx::st_async_v4_b32(dst + 4u * i, __float_as_uint(acc0[i]), __float_as_uint(acc0[i + 1]),
+                                     __float_as_uint(acc0[i + 2]), __float_as_uint(acc0[i + 3]), rbar);
+                ptx::st_async_v4_b32(dst + 4u * (kNAcc + i), __float_as_uint(acc1[i]), __float_as_uint(acc1[i + 1]),
+                                     __float_as_uint(acc1[i + 2]), __float_as_uint(acc1[i + 3]), rbar);
+            }
+            return false;
+        }
+        if (mt == 0) sm90::mbar_arrive_expect_tx(bar.xfull(), kMathThreads * kBN * 4);
+        ptx::mbarrier_wait_parity_cluster(bar.xfull(), xcnt & 1u);
+        const float* other = reinterpret_cast<const float*>(sm + L::kXBuf) + mt * kBN;
+#pragma unroll
+        for (int i = 0; i < kNAcc; i += 4) {
+            const float4 a = *reinterpret_cast<const float4*>(other + i);
+            const float4 b = *reinterpret_cast<const float4*>(other + kNAcc + i);
+            acc0[i] += a.x, acc0[i + 1] += a.y, acc0[i + 2] += a.z, acc0[i + 3] += a.w;
+            acc1[i] += b.x, acc1[i + 1] += b.y, acc1[i + 2] += b.z, acc1[i + 3] += b.w;
+        }
+        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();  // every thread's reads before the buffer goes back
+        if (mt == 0) ptx::mbarrier_arrive_remote(ptx::mapa_shared(bar.xempty(), 1));
+        return true;
+    }
 
     // ---- WG0 warp 0, one lane: scheduler + weight TMA --------------------------------------------------
     static GLM5_DEVICE void weight_producer(const CUtensorMap* tm_w13, const CUtensorMap* tm_w2, const Params& p,
@@ -893,16 +980,34 @@ struct MegaMoE {
         int32_t* desc_ring = reinterpret_cast<int32_t*>(sm + L::kDesc);
         const uint64_t policy = sm90::l2_policy_evict_first();
         uint32_t it = 0;
+        [[maybe_unused]] const uint32_t rank = kPair ? ptx::cluster_ctarank() : 0u;
+        [[maybe_unused]] bool exhausted = false;
         for (int n = 0;; ++n) {
             const int slot = n % kTaskSlots;
             const uint32_t tpar = (n / kTaskSlots) & 1u;
-            const int t = atomicAdd(&p.ctrl[1], 1);
+            int t, pair = 0;
+            if constexpr (kPair) {
+                // The cluster's claim c (entries c, c + 1): rank r runs c + r. Once a claim reached the end of the
+                // list (c + 2 >= num_tasks) neither rank claims again (rank 1 would wait for a forward that never
+                // comes), so both stop at the same claim.
+                const int c = exhausted ? num_tasks : pair_claim(p, sm, sbase, bar, n, rank);
+                exhausted = c + 2 >= num_tasks;
+                t = c + static_cast<int>(rank);
+                // both entries one split-K tile's K halves (half r on rank r): the DSMEM hand-off; both ranks agree
+                if (c + 1 < num_tasks) {
+                    const int32_t d0 = p.tasks[c], d1 = p.tasks[c + 1];
+                    pair = task_split(d0) && task_half(d0) == 0 && (d0 | (1 << 14)) == d1;
+                }
+            } else {
+                t = atomicAdd(&p.ctrl[1], 1);
+            }
             const int32_t desc = t < num_tasks ? p.tasks[t] : kTaskEnd;
             if constexpr (kTrace) {
                 if (!task_is_end(desc)) tr.put(n, 0, globaltimer_ns()), tr.put(n, 7, desc);
             }
             sm90::mbar_wait(bar.tempty(slot), tpar ^ 1u);
             desc_ring[slot] = desc;
+            if constexpr (kPair) reinterpret_cast<int32_t*>(sm + L::kPairFlag)[slot] = pair;
             sm90::mbar_arrive(bar.tfull(slot));
             if (task_is_end(desc)) break;
             const int e = task_expert(desc), rt = task_rt(desc);
@@ -1407,11 +1512,13 @@ struct MegaMoE {
         const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
         const int32_t* meta = reinterpret_cast<const int32_t*>(sm + L::kMeta);
         uint32_t it = 0;
+        [[maybe_unused]] uint32_t xcnt = 0;  // kPair: paired split-K exchanges so far
         for (int n = 0;; ++n) {
             const int slot = n % kTaskSlots;
             const uint32_t tpar = (n / kTaskSlots) & 1u;
             sm90::mbar_wait<kTrapOutOfLine>(bar.tfull(slot), tpar);
             const int32_t desc = desc_ring[slot];
+            [[maybe_unused]] const bool paired = kPair && reinterpret_cast<const int32_t*>(sm + L::kPairFlag)[slot] != 0;
             if (task_is_end(desc)) {
                 if constexpr (kPool) {
                     if (kEP || (p.flags & kFlagEndCombine)) end_combine(p, mt, lane);
@@ -1481,7 +1588,9 @@ struct MegaMoE {
             } else if constexpr (kTokenMajor) {  // narrow token-major: one pass, the 256-row group over both warpgroups
                 tm_pair_order(acc0);
                 epilogue_fc1_tmn(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, tr, n);
-            } else if (!task_split(desc) || split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1)) {
+            } else if (!task_split(desc) ||
+                       (kPair && paired ? pair_exchange(sm, sbase, bar, xcnt++, acc0, acc1)
+                                        : split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1))) {
                 epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1, tr, n);
             }
             __syncwarp();
@@ -2192,12 +2301,21 @@ struct MegaMoE {
                 sm90::mbar_init(bar.tinfo(t), 32);
                 sm90::mbar_init(bar.tempty(t), kLoaderWarps + 8);
             }
+            if constexpr (kPair) {
+                sm90::mbar_init(bar.xfull(), 1);
+                sm90::mbar_init(bar.xempty(), 1);
+                for (int t = 0; t < kTaskSlots; ++t) sm90::mbar_init(bar.cfull(t), 1), sm90::mbar_init(bar.cempty(t), 1);
+            }
             sm90::fence_barrier_init();
             sm90::tma_prefetch_desc(tm_w13);
             sm90::tma_prefetch_desc(tm_w2);
             if constexpr (kPool) sm90::tma_prefetch_desc(tm_pool), sm90::tma_prefetch_desc(tm_act);
         }
         __syncthreads();
+        if constexpr (kPair) {  // the peer's barriers are initialised before anything is sent to them
+            ptx::require_cluster_size<2>();
+            ptx::cluster_sync();
+        }
         ptx::griddep_launch_dependents();
         ptx::griddep_wait();  // the plan kernel's task list / counters (and x, topk from earlier kernels)
 
@@ -2211,6 +2329,10 @@ struct MegaMoE {
         } else {
             sm90::setmaxnreg_inc<kMathRegs>();
             math(p, sm, sbase, bar, tr);
+        }
+        if constexpr (kPair) {  // neither CTA exits while its peer may still write into or arrive on its shared memory
+            __syncwarp();
+            ptx::cluster_sync();
         }
     }
 };

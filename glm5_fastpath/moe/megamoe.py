@@ -85,6 +85,7 @@ BF16 = torch.bfloat16
 
 # Mirrors of csrc/moe/megamoe.cuh constants.
 THREADS = 384
+MATH_THREADS = 256  # two math warpgroups (megamoe.cuh kMathThreads)
 PLAN_THREADS = 1024
 LOADER_WARPS = 3  # activation loader warps (kLoaderWarps, the GLM5_MEGAMOE_LOADER_WARPS default)
 POOL_COPY_WARPS = LOADER_WARPS + 8  # warps per CTA that copy the token pool (kPoolCopyWarps: loaders + math warps)
@@ -143,8 +144,9 @@ def fc2_tiles(hidden: int, block_n: int) -> int:
 
 # ---- shared-memory layout (mirror of megamoe.cuh Smem<kBN, kStages>) ---------------------------------
 
-def smem_bytes(block_n: int, stages: int) -> int:
-    """Dynamic shared memory of the persistent kernel (Smem::kAlloc: layout + 1024 B alignment slack)."""
+def smem_bytes(block_n: int, stages: int, pair: bool = False) -> int:
+    """Dynamic shared memory of the persistent kernel (Smem::kAlloc: layout + 1024 B alignment slack); pair: the
+    CTA-pair build's exchange buffer, claim mailbox, pair flags and barriers on top."""
     a_stage = block_n * BK
     off = stages * stage_rows(block_n) * BK  # weights
     off += stages * a_stage                 # activations
@@ -154,15 +156,19 @@ def smem_bytes(block_n: int, stages: int) -> int:
     off += block_n * 4                      # combine flags
     off += 2 * TASK_SLOTS * block_n * 4     # per-slot pair codes + routing weights
     off += TASK_SLOTS * 16 + TASK_SLOTS * 4  # per-slot meta + descriptors
+    if pair:
+        off = _cdiv(off, 16) * 16
+        off += MATH_THREADS * block_n * 4    # rank 1's fp32 split-K partial
+        off += 2 * TASK_SLOTS * 4            # claim mailbox + pair flags
     off = _cdiv(off, 8) * 8
-    off += (2 * stages + 3 * TASK_SLOTS) * 8  # mbarriers
+    off += (2 * stages + 3 * TASK_SLOTS + (2 + 2 * TASK_SLOTS if pair else 0)) * 8  # mbarriers
     return off + 1024
 
 
-def max_stages(block_n: int) -> int:
+def max_stages(block_n: int, pair: bool = False) -> int:
     """Deepest ring (<= 8) that fits the 227 KB budget for this token block."""
     s = 8
-    while s > 2 and smem_bytes(block_n, s) > SMEM_LIMIT:
+    while s > 2 and smem_bytes(block_n, s, pair) > SMEM_LIMIT:
         s -= 1
     return s
 
@@ -199,6 +205,10 @@ class MegaMoEConfig:
                 after its last task each CTA counts itself done, and once all have, every math warp of the grid combines
                 (token, row tile) items: no per-task combine counters, no last-contributor combine on the math warps'
                 path. The same sums in the same order (bitwise equal). Needs the pool build's co-resident grid.
+    pair:       CTA pairs (megamoe.cuh kPair; its own cubin, name suffix "_c"; block_n <= 16, not pool / token-major):
+                the grid runs as clusters of two CTAs that claim the task list two entries at a time, so a split-K FC1
+                tile's two K halves run on one cluster and hand the fp32 partial over through distributed shared memory
+                instead of global memory (split_exchange). Bitwise equal to the unpaired build.
     """
 
     block_n: int
@@ -210,15 +220,17 @@ class MegaMoEConfig:
     diag: int = 0
     token_major: bool = False
     end_combine: bool = False
+    pair: bool = False
 
     def validate(self) -> "MegaMoEConfig":
         if self.block_n not in BLOCK_NS:
             raise _fail(f"config block_n={self.block_n} is not supported (one of {BLOCK_NS})")
         if not 2 <= self.stages <= 8:
             raise _fail(f"config stages={self.stages} must be in 2..8")
-        if smem_bytes(self.block_n, self.stages) > SMEM_LIMIT:
-            raise _fail(f"config block_n={self.block_n}, stages={self.stages} needs {smem_bytes(self.block_n, self.stages)} "
-                        f"B of shared memory > {SMEM_LIMIT} (max stages for this block: {max_stages(self.block_n)})")
+        if smem_bytes(self.block_n, self.stages, self.pair) > SMEM_LIMIT:
+            raise _fail(f"config block_n={self.block_n}, stages={self.stages}{', pair' if self.pair else ''} needs "
+                        f"{smem_bytes(self.block_n, self.stages, self.pair)} B of shared memory > {SMEM_LIMIT} (max "
+                        f"stages for this block: {max_stages(self.block_n, self.pair)})")
         if self.group_size < 1:
             raise _fail(f"config group_size={self.group_size} must be >= 1")
         if not 0 <= self.split_waves <= 8:
@@ -230,6 +242,9 @@ class MegaMoEConfig:
         if self.end_combine and not self.pool:
             raise _fail("config end_combine needs the token pool build (pool, name suffix _p): its grid-wide wait needs "
                         "every CTA resident, which only the pool build guarantees")
+        if self.pair and (self.block_n > SPLIT_MAX_BN or self.pool or self.token_major):
+            raise _fail(f"config pair (CTA pairs, _c) needs block_n <= {SPLIT_MAX_BN} without pool / token_major, got "
+                        f"block_n={self.block_n}, pool={self.pool}, token_major={self.token_major}")
         return self
 
     def split_max_tiles(self, num_sms: int) -> int:
@@ -237,40 +252,45 @@ class MegaMoEConfig:
 
     @property
     def smem(self) -> int:
-        return smem_bytes(self.block_n, self.stages)
+        return smem_bytes(self.block_n, self.stages, self.pair)
+
+    def grid(self, num_sms: int) -> int:
+        """Persistent CTAs: one per SM; the pair build whole clusters of two."""
+        return num_sms - num_sms % 2 if self.pair else num_sms
 
     def spec(self, hidden: int, inter: int, ep: bool = False) -> KernelSpec:
         """ep: the expert-parallel build of this config (moe/ep/kernel.py; pool builds only)."""
         return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences, self.pool, self.diag,
-                           self.token_major, ep)
+                           self.token_major, ep, self.pair)
 
     @property
     def name(self) -> str:
         return (f"bn{self.block_n}_s{self.stages}_g{self.group_size}_w{self.split_waves}" + ("_lf" if self.lean_fences else "")
                 + ("_p" if self.pool else "") + ("_t" if self.token_major else "") + ("_e" if self.end_combine else "")
-                + (f"_d{self.diag}" if self.diag else ""))
+                + ("_c" if self.pair else "") + (f"_d{self.diag}" if self.diag else ""))
 
     @classmethod
     def from_name(cls, name: str) -> "MegaMoEConfig":
-        """Inverse of .name ("bn16_s6_g512_w4[_lf][_p][_t][_e][_d<mask>]"; "bn16" alone = deepest stages, defaults for
-        the rest)."""
-        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_p)?(_t)?(_e)?(?:_d(\d))?", name)
+        """Inverse of .name ("bn16_s6_g512_w4[_lf][_p][_t][_e][_c][_d<mask>]"; "bn16" alone = deepest stages,
+        defaults for the rest)."""
+        m = re.fullmatch(r"bn(\d+)(?:_s(\d+))?(?:_g(\d+))?(?:_w(\d+))?(_lf)?(_p)?(_t)?(_e)?(_c)?(?:_d(\d))?", name)
         if m is None:
             raise _fail(f"config name {name!r} is not bn<N>[_s<stages>][_g<group>][_w<split waves>][_lf][_p][_t][_e]"
-                        "[_d<mask>]")
+                        "[_c][_d<mask>]")
         bn = int(m.group(1))
         if bn not in BLOCK_NS:
             raise _fail(f"config {name!r}: block_n={bn} is not supported (one of {BLOCK_NS})")
-        st = int(m.group(2)) if m.group(2) else max_stages(bn)
+        st = int(m.group(2)) if m.group(2) else max_stages(bn, bool(m.group(9)))
         g = int(m.group(3)) if m.group(3) else MAX_EXPERTS
         w = int(m.group(4)) if m.group(4) else 4
-        return cls(bn, st, g, w, bool(m.group(5)), bool(m.group(6)), int(m.group(9) or 0), bool(m.group(7)),
-                   bool(m.group(8))).validate()
+        return cls(bn, st, g, w, bool(m.group(5)), bool(m.group(6)), int(m.group(10) or 0), bool(m.group(7)),
+                   bool(m.group(8)), bool(m.group(9))).validate()
 
 
 @functools.lru_cache(maxsize=None)
 def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
-                pool: bool = False, diag: int = 0, token_major: bool = False, ep: bool = False) -> KernelSpec:
+                pool: bool = False, diag: int = 0, token_major: bool = False, ep: bool = False,
+                pair: bool = False) -> KernelSpec:
     defines = (("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
                ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages)))
     if lean_fences:  # absent otherwise: the default build's cache key and cubin are unchanged
@@ -285,6 +305,8 @@ def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences:
         if not pool:
             raise _fail("the EP build (megamoe.cuh kEP) needs the token pool build (pool)")
         defines += (("GLM5_MEGAMOE_EP", "1"),)
+    if pair:
+        defines += (("GLM5_MEGAMOE_PAIR", "1"),)
     return KernelSpec(FUNCTION, source=SOURCE, defines=defines, functions=(FUNCTION, PLAN_FUNCTION))
 
 
@@ -813,12 +835,12 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
     else:
         from ..jit.runtime import get_kernel
         spec = trace_spec(wv.hidden, wv.inter, cfg.block_n, cfg.stages, cfg.lean_fences, cfg.pool, cfg.diag,
-                          cfg.token_major)
+                          cfg.token_major, cfg.pair)
         plan_k, main_k = get_kernel(spec, PLAN_FUNCTION, dev), get_kernel(spec, TRACE_FUNCTION, dev)
         extra = [trace[0], ctypes.c_int32(trace[1])]
     env.print_config("mega_moe", {"M": m, "H": wv.hidden, "I": wv.inter, "experts": wv.num_total, "topk": k,
                                   "shared": num_shared},
-                     {"config": cfg.name, "smem": cfg.smem, "grid": _sms(dev), "threads": THREADS})
+                     {"config": cfg.name, "smem": cfg.smem, "grid": cfg.grid(_sms(dev)), "threads": THREADS})
     rows = stage_rows(cfg.block_n)
     tm13, tm2 = _w13_map(wv.w13, rows), _w2_map(wv.w2, rows)
     # the activation maps are read by the pool build only; the other builds get the w2 map as a stand-in
@@ -831,7 +853,8 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
         plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
     else:
         plan_launch(p)
-    main_k.launch((_sms(dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra], smem=cfg.smem, pdl=True)
+    main_k.launch((cfg.grid(_sms(dev)), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra], smem=cfg.smem,
+                  pdl=True, cluster=(2, 1, 1) if cfg.pair else None)
     return ws
 
 
@@ -840,11 +863,11 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
               w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, num_shared: int,
               routed_scaling_factor: float, block_n: int, stages: int, group_size: int, split_waves: int,
               pdl: bool = True, lean_fences: bool = False, pool: bool = False, diag: int = 0,
-              token_major: bool = False, end_combine: bool = False) -> torch.Tensor:
+              token_major: bool = False, end_combine: bool = False, pair: bool = False) -> torch.Tensor:
     # the whole config first: a build the kernel does not support (e.g. token_major on a narrow block) must be a clear
     # error here, not an nvcc static_assert
     cfg = MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag),
-                        bool(token_major), bool(end_combine)).validate()
+                        bool(token_major), bool(end_combine), bool(pair)).validate()
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     m = x.shape[0]
@@ -858,9 +881,9 @@ def _mega_moe(x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor, to
 @_mega_moe.register_fake
 def _mega_moe_fake(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared, routed_scaling_factor,
                    block_n, stages, group_size, split_waves, pdl=True, lean_fences=False, pool=False, diag=0,
-                   token_major=False, end_combine=False):
+                   token_major=False, end_combine=False, pair=False):
     MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), int(diag),
-                  bool(token_major), bool(end_combine)).validate()
+                  bool(token_major), bool(end_combine), bool(pair)).validate()
     wv = _check_inputs(x, x_scale, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, num_shared,
                        routed_scaling_factor, block_n, stages, group_size, split_waves)
     return x.new_empty((x.shape[0], wv.hidden), dtype=BF16)
@@ -884,7 +907,8 @@ def mega_moe(x_fp8: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor,
                                             weights.w2, weights.w2_scale, weights.num_shared,
                                             float(routed_scaling_factor), config.block_n, config.stages,
                                             config.group_size, config.split_waves, pdl, config.lean_fences,
-                                            config.pool, config.diag, config.token_major, config.end_combine)
+                                            config.pool, config.diag, config.token_major, config.end_combine,
+                                            config.pair)
 
 
 # ---- diagnostics ----------------------------------------------------------------------------------------
@@ -961,7 +985,7 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
                      "tasks_done": ctrl[CTRL_TASKS_DONE], "tiles_combined": ctrl[CTRL_TILES_COMBINED],
                      "pool_rows": ctrl[CTRL_POOL_ROWS], "pool_done": ctrl[CTRL_POOL_DONE],
                      "end_done": ctrl[CTRL_END_DONE]},
-               combine_ctr_sum=int(ws.combine_ctr.abs().sum()), grid=_sms(dev), config=cfg.name)
+               combine_ctr_sum=int(ws.combine_ctr.abs().sum()), grid=cfg.grid(_sms(dev)), config=cfg.name)
     return got
 
 
@@ -978,9 +1002,9 @@ DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed
 
 
 def trace_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
-               pool: bool = False, diag: int = 0, token_major: bool = False) -> KernelSpec:
+               pool: bool = False, diag: int = 0, token_major: bool = False, pair: bool = False) -> KernelSpec:
     """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace."""
-    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool, diag, token_major)
+    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool, diag, token_major, pair=pair)
     return KernelSpec(TRACE_FUNCTION, source=SOURCE, defines=tuple(base.defines) + (("GLM5_MEGAMOE_TRACE", "1"),),
                       functions=(TRACE_FUNCTION, PLAN_FUNCTION))
 
@@ -1214,6 +1238,8 @@ def compile_check_specs() -> list[KernelSpec]:
     specs.append(kernel_spec(6144, 2048, 64, max_stages(64), lean_fences=True, token_major=True))
     specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, diag=7) for bn in (16, 64, WIDE_BN)]
     specs.append(trace_spec(6144, 2048, 64, max_stages(64)))  # the trace build compiles too
+    specs += [kernel_spec(6144, 2048, bn, max_stages(bn, True), lean_fences=True, pair=True) for bn in (8, 16)]
+    specs.append(kernel_spec(512, 128, 16, max_stages(16, True), lean_fences=True, pair=True))
     specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, pool=True, token_major=tm, ep=True)
               for bn, tm in ((8, False), (64, True))]
     return specs

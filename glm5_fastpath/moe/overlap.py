@@ -59,7 +59,7 @@ def default_shared_grid(num_sms: int) -> int:
 
 def supported(m: int, router: R.RouterConfig, config: "MM.MegaMoEConfig", num_shared: int) -> bool:
     """Whether routed_mega_moe_overlap takes this call (module doc)."""
-    return (num_shared == 1 and not config.pool and not config.end_combine and not config.diag
+    return (num_shared == 1 and not config.pool and not config.end_combine and not config.diag and not config.pair
             and 1 <= m <= MAX_TOKENS and router.decode_supported)
 
 

@@ -101,10 +101,10 @@ def _routed_mega_moe(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, to
                      w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, num_shared: int,
                      routed_scaling_factor: float, block_n: int, stages: int, group_size: int, split_waves: int,
                      lean_fences: bool = False, pool: bool = False, token_major: bool = False, end_combine: bool = False,
-                     decode: bool | None = None, pdl: bool = True
+                     decode: bool | None = None, pdl: bool = True, pair: bool = False
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     cfg = MM.MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), 0,
-                           bool(token_major), bool(end_combine)).validate()
+                           bool(token_major), bool(end_combine), bool(pair)).validate()
     rc = R._check_inputs(h, gate, bias, topk)
     m, hid = h.shape
     dev = h.device
@@ -142,9 +142,9 @@ def _routed_mega_moe(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, to
 @_routed_mega_moe.register_fake
 def _routed_mega_moe_fake(h, gate, bias, topk, w13, w13_scale, w2, w2_scale, num_shared, routed_scaling_factor,
                           block_n, stages, group_size, split_waves, lean_fences=False, pool=False, token_major=False,
-                          end_combine=False, decode=None, pdl=True):
+                          end_combine=False, decode=None, pdl=True, pair=False):
     MM.MegaMoEConfig(block_n, stages, group_size, split_waves, bool(lean_fences), bool(pool), 0, bool(token_major),
-                     bool(end_combine)).validate()
+                     bool(end_combine), bool(pair)).validate()
     R._check_inputs(h, gate, bias, topk)
     m, hid = h.shape
     return (h.new_empty((m, hid), dtype=torch.bfloat16), h.new_empty((m, topk), dtype=torch.int32),
@@ -171,7 +171,7 @@ def routed_mega_moe(h: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, rou
     return torch.ops.glm5_fastpath.routed_mega_moe(
         h, gate, bias, k, weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.num_shared,
         float(router_cfg.routed_scaling_factor), config.block_n, config.stages, config.group_size, config.split_waves,
-        config.lean_fences, config.pool, config.token_major, config.end_combine, decode, pdl)
+        config.lean_fences, config.pool, config.token_major, config.end_combine, decode, pdl, config.pair)
 
 
 def precompile(weights: "MM.MegaMoEWeights", router: R.RouterConfig, configs, device=None) -> None:

@@ -306,6 +306,12 @@ def test_python_mirrors_match_cpp(nvcc_jit):
         lines.append(f"static_assert(!mm::task_is_end({d}), \"task {d} is not the end\");")
     lines.append(f"static_assert(mm::task_is_end({M.TASK_END}), \"end\");")
     lines.append(f"static_assert(sizeof(mm::Params) == {M.PARAMS_BYTES}, \"Params ABI\");")
+    # the CTA-pair build's layout (its own macro: one more translation unit)
+    pair = ['#define GLM5_MEGAMOE_PAIR 1', '#include "moe/megamoe.cuh"', "namespace mm = glm5::moe::megamoe;"]
+    for bn in (8, 16):
+        for st in range(2, M.max_stages(bn, True) + 1):
+            pair.append(f"static_assert(mm::Smem<{bn}, {st}>::kAlloc == {M.smem_bytes(bn, st, True)}, \"pair {bn} {st}\");")
+    assert nvcc_jit(KernelSpec("megamoe_pair_mirror_check", code="\n".join(pair) + "\n")).cubin is not None
     for name, _ in M._Params._fields_:
         off = getattr(M._Params, name).offset
         lines.append(f"static_assert(offsetof(mm::Params, {name}) == {off}, \"Params.{name}\");")
@@ -1009,6 +1015,39 @@ def test_default_config_takes_the_token_major_pool_block_from_the_threshold_load
         assert M.default_config(m, experts, 8, 0) == c  # the same block with or without the shared expert
 
 
+def test_pair_config_name_spec_grid_and_validation():
+    c = M.MegaMoEConfig(8, M.max_stages(8, True), M.MAX_EXPERTS, 4, lean_fences=True, pair=True).validate()
+    assert c.name == "bn8_s6_g512_w4_lf_c" and M.MegaMoEConfig.from_name(c.name) == c
+    assert M.MegaMoEConfig.from_name("bn16_c").stages == M.max_stages(16, True)
+    assert ("GLM5_MEGAMOE_PAIR", "1") in c.spec(6144, 2048).defines
+    assert all(k != "GLM5_MEGAMOE_PAIR" for k, _ in M.MegaMoEConfig(8, 6).spec(6144, 2048).defines)
+    assert c.smem == M.smem_bytes(8, c.stages, True) > M.smem_bytes(8, c.stages)
+    assert (c.grid(132), c.grid(133), M.MegaMoEConfig(8, 6).grid(133)) == (132, 132, 133)  # whole clusters of two
+    for bad, match in [(dict(block_n=32, stages=4), "block_n <= 16"), (dict(pool=True), "pool"),
+                       (dict(block_n=16, stages=8), "shared memory")]:
+        with pytest.raises(M.MegaMoEInputError, match=match):
+            dataclasses.replace(c, **bad).validate()
+    from glm5_fastpath.moe import overlap
+    from glm5_fastpath.ops.moe_router import RouterConfig
+    rc = RouterConfig(hidden=6144, experts=256, topk=8)
+    assert overlap.supported(1, rc, dataclasses.replace(c, pair=False), 1)
+    assert not overlap.supported(1, rc, c, 1)  # the overlap's launches are not clusters
+
+
+@pytest.mark.parametrize("m, e, shared, bn, group", [(1, 32, 1, 8, 512), (1, 256, 1, 8, 512), (3, 32, 1, 8, 4),
+                                                     (5, 256, 1, 16, 8), (2, 7, 0, 8, 2)])
+def test_plan_lists_split_halves_at_even_positions(m, e, shared, bn, group):
+    """The CTA-pair build's premise (megamoe.cuh kPair): a split-K FC1 tile's halves sit at (even, odd) positions of the
+    task list, so a cluster's claim (two entries from an even index) holds both."""
+    ids, _ = routing(m, e, min(8, e), seed=m + e)
+    for H, I in [(6144, 2048), (512, 128)]:
+        p = M.plan_reference(ids, e, shared, bn, group, H, I, split_max_tiles=10_000)
+        halves = [(pos, d) for pos, d in enumerate(p.tasks) if M.task_split_half(d) == (1, 0)]
+        assert halves
+        for pos, d in halves:
+            assert pos % 2 == 0 and p.tasks[pos + 1] == d | (1 << 14), (H, pos)
+
+
 def test_lean_fences_config_name_and_spec():
     c = M.MegaMoEConfig(8, M.max_stages(8), M.MAX_EXPERTS, 4, lean_fences=True)
     assert c.name.endswith("_lf") and M.MegaMoEConfig.from_name(c.name) == c
@@ -1037,6 +1076,54 @@ def test_gpu_lean_fences_equal_the_default_build_bitwise_over_many_launches(m, e
         got = M.mega_moe(x8, xs, ids, wts, wt, config=lean)
         torch.cuda.synchronize()
         assert_equal(OP + f" lean fences launch {i}", got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, experts, kind, bn", [(1, 256, "uniform", 8), (2, 256, "uniform", 8), (3, 32, "uniform", 8),
+                                                  (5, 256, "skewed", 8), (8, 256, "uniform", 8), (16, 32, "skewed", 16),
+                                                  (16, 256, "uniform", 16), (33, 32, "uniform", 16)])
+def test_gpu_pair_equals_the_unpaired_build_bitwise_over_many_launches(m, experts, kind, bn):
+    """The CTA-pair build (clusters of two claiming two entries; split-K halves handed over through DSMEM) gives the
+    unpaired build's output bit for bit, launch after launch, with split-K FC1 tiles (split_waves 4) and without
+    (33 tokens: more tiles than 4 waves), and returns every counter to rest."""
+    _, wt = _weights(experts)
+    x8, xs, ids, wts = _inputs(m, experts, 8, kind, 31 + m)
+    cfg = M.MegaMoEConfig(bn, M.max_stages(bn, True), M.MAX_EXPERTS, 4, lean_fences=True)
+    paired = dataclasses.replace(cfg, pair=True)
+    want = M.mega_moe(x8, xs, ids, wts, wt, config=cfg)
+    torch.cuda.synchronize()
+    for i in range(25):
+        got = M.mega_moe(x8, xs, ids, wts, wt, config=paired)
+        torch.cuda.synchronize()
+        assert_equal(OP + f" pair launch {i}", got, want)
+    d = M.debug_run(x8, xs, ids, wts, wt, config=paired)
+    assert_equal(OP + " pair debug_run", d["out"], want)
+    assert d["ctrl"]["tasks_done"] == d["ctrl"]["num_tasks"] and d["combine_ctr_sum"] == 0, d["ctrl"]
+    # each cluster claims two entries at a time and stops after its claim that reaches the end (c + 2 >= num_tasks):
+    # the claims below num_tasks - 2, then one final claim per cluster
+    n = d["ctrl"]["num_tasks"]
+    assert d["grid"] % 2 == 0 and d["ctrl"]["claims"] == 2 * (-(-max(n - 2, 0) // 2) + d["grid"] // 2), d["ctrl"]
+
+
+@pytest.mark.gpu
+def test_gpu_pair_cuda_graph_replay():
+    """The pair build under graph replay (its cluster launch captured), fresh routing each replay."""
+    _, wt = _weights(256)
+    cfg = M.MegaMoEConfig(8, M.max_stages(8, True), M.MAX_EXPERTS, 4, lean_fences=True, pair=True)
+    x8, xs, ids, wts = _inputs(1, 256, 8, "uniform", seed=41)
+    sx8, sxs, sids, swts = x8.clone(), xs.clone(), ids.clone(), wts.clone()
+    M.mega_moe(sx8, sxs, sids, swts, wt, config=cfg)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = M.mega_moe(sx8, sxs, sids, swts, wt, config=cfg)
+    for seed in (42, 43, 44):
+        nx8, nxs, nids, nwts = _inputs(1, 256, 8, "uniform", seed=seed)
+        sx8.copy_(nx8), sxs.copy_(nxs), sids.copy_(nids), swts.copy_(nwts)
+        g.replay()
+        torch.cuda.synchronize()
+        want = M.mega_moe(nx8, nxs, nids, nwts, wt, config=dataclasses.replace(cfg, pair=False))
+        assert_equal(OP + " pair graph replay", out, want, context=f"{seed=}")
 
 
 # ---- the wide mode (block_n 128: 128-row tiles, two-pass FC1 tasks) ------------------------------------------
