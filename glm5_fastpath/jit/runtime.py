@@ -269,6 +269,28 @@ class Kernel:
             check(d.cuLaunchKernelEx(cfg, self.func, ctypes.addressof(ptrs), 0), f"cuLaunchKernelEx({self.name})")
         del vals  # parameters are copied at launch; keep them alive until here
 
+    def max_active_clusters(self, block: Sequence[int], cluster: Sequence[int], *, smem: int = 0) -> int:
+        """How many clusters of `cluster` CTAs of `block` threads with `smem` dynamic shared memory fit on the device at
+        once (cuOccupancyMaxActiveClusters): a GPC whose SM count is not a multiple of the cluster size leaves SMs out."""
+        d = driver()
+        bx, by, bz = _dim3(block, "block")
+        cx, cy, cz = _dim3(cluster, "cluster")
+        if smem > self._dyn_smem_limit:
+            self.set_max_dynamic_smem(smem)
+        cfg = d.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = cx, cy, cz
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
+        cfg.sharedMemBytes = int(smem)
+        a = d.CUlaunchAttribute()
+        a.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = cx, cy, cz
+        cfg.attrs = [a]
+        cfg.numAttrs = 1
+        with _InContext(self.module.device):
+            res = d.cuOccupancyMaxActiveClusters(self.func, cfg)
+        check(res[0], f"cuOccupancyMaxActiveClusters({self.name})")
+        return int(res[1])
+
     def __repr__(self) -> str:
         return (f"Kernel({self.name!r}, device={self.device_index}, regs={self.num_regs}, "
                 f"static_smem={self.static_smem}, local={self.local_bytes})")

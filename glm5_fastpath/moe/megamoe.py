@@ -65,6 +65,7 @@ import contextlib
 import contextvars
 import ctypes
 import functools
+import logging
 import math
 import re
 import threading
@@ -75,6 +76,8 @@ import torch
 
 from ..jit import KernelSpec, env
 from ..ops._device import device_index as _dev_index, require_aligned, require_hopper
+
+log = logging.getLogger(__name__)
 
 OP = "glm5_fastpath.mega_moe"
 SOURCE = "moe/megamoe.cu"
@@ -815,6 +818,24 @@ def _check_inputs(x, xs, ids, wts, w13, s13, w2, s2, num_shared: int, rsf: float
 
 # ---- launch ---------------------------------------------------------------------------------------------
 
+_pair_grids: dict[tuple[int, int], int] = {}
+
+
+def _grid(cfg: MegaMoEConfig, main_k, dev: torch.device) -> int:
+    """Persistent CTAs of this launch: one per SM; the pair build as many whole clusters of two as fit at once (a GPC
+    with an odd SM count leaves one SM out: a cluster past that would only start once another one exits)."""
+    if not cfg.pair:
+        return _sms(dev)
+    key = (id(main_k), cfg.smem)
+    n = _pair_grids.get(key)
+    if n is None:
+        fit = main_k.max_active_clusters((THREADS, 1, 1), (2, 1, 1), smem=cfg.smem)
+        n = _pair_grids[key] = max(2, min(cfg.grid(_sms(dev)), 2 * fit))
+        if n < cfg.grid(_sms(dev)):
+            log.info("megamoe %s: %d clusters of 2 fit at once: grid %d CTAs of %d SMs", cfg.name, fit, n, _sms(dev))
+    return n
+
+
 def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float, cfg: MegaMoEConfig, flags: int,
             pdl: bool, trace: tuple[torch.Tensor, int] | None = None,
             plan_launch: Callable[[ctypes.Structure], None] | None = None) -> Workspace:
@@ -853,8 +874,8 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
         plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
     else:
         plan_launch(p)
-    main_k.launch((cfg.grid(_sms(dev)), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra], smem=cfg.smem,
-                  pdl=True, cluster=(2, 1, 1) if cfg.pair else None)
+    main_k.launch((_grid(cfg, main_k, dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra],
+                  smem=cfg.smem, pdl=True, cluster=(2, 1, 1) if cfg.pair else None)
     return ws
 
 
@@ -985,7 +1006,8 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
                      "tasks_done": ctrl[CTRL_TASKS_DONE], "tiles_combined": ctrl[CTRL_TILES_COMBINED],
                      "pool_rows": ctrl[CTRL_POOL_ROWS], "pool_done": ctrl[CTRL_POOL_DONE],
                      "end_done": ctrl[CTRL_END_DONE]},
-               combine_ctr_sum=int(ws.combine_ctr.abs().sum()), grid=cfg.grid(_sms(dev)), config=cfg.name)
+               combine_ctr_sum=int(ws.combine_ctr.abs().sum()),
+               grid=_grid(cfg, _kernels_for(cfg, wv.hidden, wv.inter, dev)[1], dev), config=cfg.name)
     return got
 
 
