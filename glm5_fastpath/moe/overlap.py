@@ -1,4 +1,4 @@
-"""The decode MoE layer with the shared expert running while the router routes (opt-in until measured in the engine).
+"""The decode MoE layer with the shared expert running while the router routes (opt-in: measured slower, see below).
 
     routed_mega_moe_overlap(h, x8, x_scale, gate, bias, router_cfg, weights) -> (out [M, H] bf16,
                                                                                  topk_ids [M, k] int32,
@@ -23,6 +23,12 @@ at all. Here the shared expert streams during the routing:
   tests/moe/test_overlap.py checks it on the GPU).
 - The router runs without PDL on the side stream: a PDL router would be launched early, while the producer of h still
   runs, and its CTAs (one per SM) would hold the SMs MegaMoE_S needs.
+
+Measured (H200, `bench moe-layer`, GLM-5 dims, 256 experts): bitwise equal to the one-launch chain and SLOWER by
+6.7 / 18.0 us at 1 / 8 tokens (112.1 / 545.5 against 105.4 / 527.6 us; session 33 at ab80dc9) and by
+6-44 us at 1 / 8 / 16 tokens with the shared launch on 64 / 88 / 110 CTAs (session 32). Splitting MegaMoE into two
+persistent launches adds the second launch's ramp and tail (~8-10 us) while hiding only the router and plan (~8 us)
+behind the shared expert. So it stays opt-in (GLM5_FASTPATH_MOE_OVERLAP), as a measured negative result.
 
 Where it applies: the single-GPU MegaMoE builds without the token pool / end combine (the decode configs;
 `supported`), with a shared expert, M <= 32 tokens: the decode router in one grid row of 128 CTAs (the ids are the

@@ -26,7 +26,9 @@ own router, so expert choice is exactly SGLang's:
     GLM5_FASTPATH_MOE_OVERLAP=1 (opt-in): moe.overlap.routed_mega_moe_overlap, the shared expert's MegaMoE launch
     on part of the GPU while the router and the routed pairs' plan run on a side stream, then the routed launch
     (bitwise the one-launch chain with the decode router); for calls of <= 32 tokens with the fused shared expert,
-    our router and no padded rows to mask. Counted like the other chains; see moe/overlap.py.
+    our router and no padded rows to mask. Counted like the other chains. Measured 6.7 / 18 us per layer SLOWER than
+    the default chain at 1 / 8 tokens (H200, session 33: the second persistent launch's ramp and tail cost more than
+    the routing it hides); see moe/overlap.py.
 
 MegaMoE reads SGLang's own expert tensors in place (w13_weight [E_tot, 2I, H] e4m3 gate || up,
 w2_weight [E_tot, H, I], their fp32 128x128 block scales): no weight copy, and SGLang's path keeps
@@ -630,7 +632,8 @@ ENV_OVERLAP = "GLM5_FASTPATH_MOE_OVERLAP"
 
 
 def overlap_enabled() -> bool:
-    """GLM5_FASTPATH_MOE_OVERLAP=1 (default off until measured in the engine): moe.overlap.routed_mega_moe_overlap,
+    """GLM5_FASTPATH_MOE_OVERLAP=1 (default off: measured slower at the op level, moe/overlap.py):
+    moe.overlap.routed_mega_moe_overlap,
     the shared expert's MegaMoE launch during the routing (module docstring). Taken, when on, where
     moe.overlap.supported says so and no padded rows need masking between router and plan."""
     return os.environ.get(ENV_OVERLAP, "0").strip().lower() in ("1", "on", "true", "yes")
