@@ -98,13 +98,6 @@ GLM5_DEVICE void mbarrier_arrive_remote(uint32_t remote_bar) {
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar) : "memory");
 }
 
-// atomicAdd on a (possibly remote) shared::cluster word (relaxed); returns the old value.
-GLM5_DEVICE uint32_t atom_add_shared_cluster(uint32_t addr, uint32_t v) {
-    uint32_t old;
-    asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(addr), "r"(v) : "memory");
-    return old;
-}
-
 // try_wait with cluster-scope acquire: the peers' st.async bytes (released at cluster scope by the
 // complete_tx) are visible to this thread's ordinary shared loads once it returns true.
 GLM5_DEVICE bool mbarrier_try_wait_parity_cluster(uint32_t bar, uint32_t parity) {

@@ -217,13 +217,17 @@ constexpr bool kEP = GLM5_MEGAMOE_EP != 0;
 // through distributed shared memory; rank r runs entry index + r). The plan lists a split-K FC1 tile's two K halves at
 // (even, odd) positions (every segment of the list has an even length when FC1 tiles are split), so both halves of a tile
 // land on the two CTAs of one cluster at the same time, and the hand-off is a DSMEM transfer instead of split_exchange's
-// global round trips: the first finisher (a counter in rank 0's shared memory decides) st.async's its fp32 partial into
-// the peer's shared memory (completing the bytes on the peer's barrier) and is done; the second adds it and runs the
-// epilogue (as split_exchange: nobody waits for the slower half's K loop). Why: at 1 token the global hand-off (stores, a releasing atomic, the
+// global round trips: rank 1 st.async's its fp32 partial into rank 0's shared memory (completing the bytes on rank 0's
+// barrier), rank 0 adds it and runs the epilogue. Why: at 1 token the global hand-off (stores, a releasing atomic, the
 // partner's loads, all queued behind the SM's in-flight weight stream) took ~5.5 us per FC1 tile (session 30's trace),
 // and FC2 tasks spun on those tiles' fc1_done. The same sums (a + b, commutative): bitwise equal to the unpaired build.
 // A pair whose two entries are not the halves of one tile (cannot happen with the plan above; checked anyway) falls back
 // to split_exchange. Narrow, non-pool, non-token-major, single-GPU builds with split-K blocks (kBN <= kSplitMaxBN) only.
+// Measured (H200, session 33): bitwise equal, and no faster: 82.5 / 81.9 against 83.0 / 81.4 us at 1 token (settings b /
+// a); rank 0 waits for the slower half (the trace's FC1 epilogue 3.9 against 5.4 us per task, the gain eaten by later
+// fc1_done spins), and claiming two entries at a time costs 5-7 % where nothing is split. A first-finisher variant
+// (either rank runs the epilogue, a DSMEM counter decides) was 4.5 us SLOWER at 1 token and was reverted. Opt-in; kept
+// as the cluster base for weight multicast across a CTA pair.
 #ifndef GLM5_MEGAMOE_PAIR
 #define GLM5_MEGAMOE_PAIR 0
 #endif
@@ -469,18 +473,15 @@ struct Smem {
     static constexpr int kWgt = kCode + kTaskSlots * kBN * 4;          // per task slot: routing weights [T][kBN]
     static constexpr int kMeta = kWgt + kTaskSlots * kBN * 4;          // per task slot: {p0, cnt, blk, 0}
     static constexpr int kDesc = kMeta + kTaskSlots * 16;              // per task slot: descriptor
-    // CTA-pair builds (kPair): the peer's fp32 split-K partial [256 math threads][kBN], the claim mailbox [T] (rank 1:
-    // the entry index rank 0 claimed), per task slot the pair flag (both entries are one tile's halves) and the two
-    // first-finisher counters (rank 0's are used: one per exchange parity)
+    // CTA-pair builds (kPair): rank 1's fp32 split-K partial [256 math threads][kBN] (rank 0 reads it), the claim mailbox
+    // [T] (rank 1: the entry index rank 0 claimed) and per task slot the pair flag (both entries are one tile's halves)
     static constexpr int kXBuf = kPair ? (kDesc + kTaskSlots * 4 + 15) / 16 * 16 : kDesc + kTaskSlots * 4;  // 16-B st.async
     static constexpr int kMail = kXBuf + (kPair ? kMathThreads * kBN * 4 : 0);
     static constexpr int kPairFlag = kMail + (kPair ? kTaskSlots * 4 : 0);
-    static constexpr int kXCtr = kPairFlag + (kPair ? kTaskSlots * 4 : 0);
-    static constexpr int kBar = (kXCtr + (kPair ? 8 : 0) + 7) / 8 * 8;  // mbarriers
+    static constexpr int kBar = (kPairFlag + (kPair ? kTaskSlots * 4 : 0) + 7) / 8 * 8;  // mbarriers
     // full[S] (1 TMA arrival + 32 cp.async arrivals per loader warp + tx), empty[S] (8 math warps),
     // tfull[T] (producer), tinfo[T] (warp 1's 32 lanes), tempty[T] (the loader warps + 8 math warps);
-    // kPair: xfull (the receiver's math thread 0's arrival + the peer's st.async bytes), xfree (the sender's: the peer
-    // read the last partial sent to it; the peer's math thread 0 arrives),
+    // kPair: xfull (rank 0: its math thread 0's arrival + rank 1's st.async bytes), xempty (rank 1: rank 0's math thread 0),
     // cfull[T] (rank 1: its producer's arrival + rank 0's 4 st.async bytes), cempty[T] (rank 0: rank 1's producer)
     static constexpr int kNumBars = 2 * kStages + 3 * kTaskSlots + (kPair ? 2 + 2 * kTaskSlots : 0);
     static constexpr int kBytes = kBar + kNumBars * 8;
@@ -916,7 +917,7 @@ struct MegaMoE {
         GLM5_DEVICE uint32_t tempty(int t) const { return base + 8u * (2 * kStages + 2 * kTaskSlots + t); }
         // CTA-pair builds only (kPair)
         GLM5_DEVICE uint32_t xfull() const { return base + 8u * (2 * kStages + 3 * kTaskSlots); }
-        GLM5_DEVICE uint32_t xfree() const { return base + 8u * (2 * kStages + 3 * kTaskSlots + 1); }
+        GLM5_DEVICE uint32_t xempty() const { return base + 8u * (2 * kStages + 3 * kTaskSlots + 1); }
         GLM5_DEVICE uint32_t cfull(int t) const { return base + 8u * (2 * kStages + 3 * kTaskSlots + 2 + t); }
         GLM5_DEVICE uint32_t cempty(int t) const { return base + 8u * (2 * kStages + 4 * kTaskSlots + 2 + t); }
     };
@@ -942,30 +943,17 @@ struct MegaMoE {
         return c;
     }
 
-    // A paired split-K FC1 tile (kPair, both halves on this cluster). The first finisher (rank 0's counter of this
-    // exchange's parity: even old value) st.async's its fp32 partial (per math thread acc0 then acc1, kBN floats) into
-    // the peer's exchange buffer, once the peer read the previous one it was sent (xfree), and is done (false); the
-    // second waits for the bytes (xfull), adds them (a + b as in split_exchange: the same bits) and runs the epilogue
-    // (true). x: the paired exchanges so far (the same on both ranks); nsend / nrecv: this rank's sends / receives.
-    // One counter per parity: a rank's decision on exchange x + 2 comes after its peer's on x (its send on x + 1 waits
-    // for the peer's read of x, its receive on x + 1 for the peer's send), so each counter holds 2 (x / 2) before x.
-    static GLM5_DEVICE bool pair_exchange(uint8_t* sm, uint32_t sbase, const Bars& bar, uint32_t x, uint32_t& nsend,
-                                          uint32_t& nrecv, float (&acc0)[kNAcc], float (&acc1)[kNAcc1]) {
+    // A paired split-K FC1 tile (kPair, both halves on this cluster): rank 1 st.async's its fp32 partial (per math
+    // thread acc0 then acc1, kBN floats) into rank 0's exchange buffer once rank 0 released the previous one (xempty)
+    // and is done (false); rank 0 waits for the bytes (xfull), adds them (a + b as in split_exchange: the same bits)
+    // and runs the epilogue (true). xcnt: this rank's paired exchanges so far (the barriers' phase).
+    static GLM5_DEVICE bool pair_exchange(uint8_t* sm, uint32_t sbase, const Bars& bar, uint32_t xcnt,
+                                          float (&acc0)[kNAcc], float (&acc1)[kNAcc1]) {
         const int mt = threadIdx.x - 128;
-        const uint32_t peer = ptx::cluster_ctarank() ^ 1u;
-        int32_t* flag = reinterpret_cast<int32_t*>(sm + L::kFlag);
-        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();  // the whole CTA's half is done
-        if (mt == 0)
-            flag[0] = static_cast<int32_t>(
-                ptx::atom_add_shared_cluster(ptx::mapa_shared(sbase + L::kXCtr + 4u * (x & 1u), 0), 1u));
-        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();
-        const bool second = (flag[0] & 1) != 0;
-        ptx::named_barrier_sync<kMathBarrier, kMathThreads>();  // flag[0] is reused by later epilogues
         const uint32_t buf = sbase + L::kXBuf + static_cast<uint32_t>(mt) * kBN * 4u;
-        if (!second) {
-            ptx::mbarrier_wait_parity_cluster(bar.xfree(), (nsend & 1u) ^ 1u);
-            ++nsend;
-            const uint32_t dst = ptx::mapa_shared(buf, peer), rbar = ptx::mapa_shared(bar.xfull(), peer);
+        if (ptx::cluster_ctarank() != 0) {
+            ptx::mbarrier_wait_parity_cluster(bar.xempty(), (xcnt & 1u) ^ 1u);
+            const uint32_t dst = ptx::mapa_shared(buf, 0), rbar = ptx::mapa_shared(bar.xfull(), 0);
 #pragma unroll
             for (int i = 0; i < kNAcc; i += 4) {
                 ptx::st_async_v4_b32(dst + 4u * i, __float_as_uint(acc0[i]), __float_as_uint(acc0[i + 1]),
@@ -976,8 +964,7 @@ struct MegaMoE {
             return false;
         }
         if (mt == 0) sm90::mbar_arrive_expect_tx(bar.xfull(), kMathThreads * kBN * 4);
-        ptx::mbarrier_wait_parity_cluster(bar.xfull(), nrecv & 1u);
-        ++nrecv;
+        ptx::mbarrier_wait_parity_cluster(bar.xfull(), xcnt & 1u);
         const float* other = reinterpret_cast<const float*>(sm + L::kXBuf) + mt * kBN;
 #pragma unroll
         for (int i = 0; i < kNAcc; i += 4) {
@@ -987,7 +974,7 @@ struct MegaMoE {
             acc1[i] += b.x, acc1[i + 1] += b.y, acc1[i + 2] += b.z, acc1[i + 3] += b.w;
         }
         ptx::named_barrier_sync<kMathBarrier, kMathThreads>();  // every thread's reads before the buffer goes back
-        if (mt == 0) ptx::mbarrier_arrive_remote(ptx::mapa_shared(bar.xfree(), peer));
+        if (mt == 0) ptx::mbarrier_arrive_remote(ptx::mapa_shared(bar.xempty(), 1));
         return true;
     }
 
@@ -1530,7 +1517,7 @@ struct MegaMoE {
         const int32_t* desc_ring = reinterpret_cast<const int32_t*>(sm + L::kDesc);
         const int32_t* meta = reinterpret_cast<const int32_t*>(sm + L::kMeta);
         uint32_t it = 0;
-        [[maybe_unused]] uint32_t xcnt = 0, nsend = 0, nrecv = 0;  // kPair: paired exchanges, this rank's sends / receives
+        [[maybe_unused]] uint32_t xcnt = 0;  // kPair: paired split-K exchanges so far
         for (int n = 0;; ++n) {
             const int slot = n % kTaskSlots;
             const uint32_t tpar = (n / kTaskSlots) & 1u;
@@ -1607,7 +1594,7 @@ struct MegaMoE {
                 tm_pair_order(acc0);
                 epilogue_fc1_tmn(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, tr, n);
             } else if (!task_split(desc) ||
-                       (kPair && paired ? pair_exchange(sm, sbase, bar, xcnt++, nsend, nrecv, acc0, acc1)
+                       (kPair && paired ? pair_exchange(sm, sbase, bar, xcnt++, acc0, acc1)
                                         : split_exchange(p, sm, rt, blk, task_half(desc), acc0, acc1))) {
                 epilogue_fc1(p, sm, sbase, rt, p0, cnt, blk, wg, w, lane, acc0, acc1, tr, n);
             }
@@ -2321,8 +2308,7 @@ struct MegaMoE {
             }
             if constexpr (kPair) {
                 sm90::mbar_init(bar.xfull(), 1);
-                sm90::mbar_init(bar.xfree(), 1);
-                reinterpret_cast<uint32_t*>(sm + L::kXCtr)[0] = reinterpret_cast<uint32_t*>(sm + L::kXCtr)[1] = 0u;
+                sm90::mbar_init(bar.xempty(), 1);
                 for (int t = 0; t < kTaskSlots; ++t) sm90::mbar_init(bar.cfull(t), 1), sm90::mbar_init(bar.cempty(t), 1);
             }
             sm90::fence_barrier_init();
