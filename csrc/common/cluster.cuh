@@ -1,6 +1,6 @@
 // Thread-block cluster and distributed shared memory (DSMEM) helpers, sm_90. One PTX instruction
 // per function. Used by A0 / C0 (cross-CTA row reductions with st.async), the FP8 GEMM's cluster
-// reduce and E2 (cross-CTA top-k merge).
+// reduce, E2 (cross-CTA top-k merge) and MegaMoE's CTA-pair build (claim forwarding, split-K hand-off).
 #pragma once
 
 #include "arch.cuh"

@@ -831,7 +831,10 @@ def _grid(cfg: MegaMoEConfig, main_k, dev: torch.device) -> int:
     n = _pair_grids.get(key)
     if n is None:
         fit = main_k.max_active_clusters((THREADS, 1, 1), (2, 1, 1), smem=cfg.smem)
-        n = _pair_grids[key] = max(2, min(cfg.grid(_sms(dev)), 2 * fit))
+        if fit < 1:
+            raise _fail(f"config {cfg.name}: no cluster of two CTAs with {cfg.smem} B of shared memory each fits on this "
+                        "GPU; use the unpaired build (pair=False)")
+        n = _pair_grids[key] = min(cfg.grid(_sms(dev)), 2 * fit)
         if n < cfg.grid(_sms(dev)):
             log.info("megamoe %s: %d clusters of 2 fit at once: grid %d CTAs of %d SMs", cfg.name, fit, n, _sms(dev))
     return n
@@ -860,9 +863,10 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
                           cfg.token_major, cfg.pair)
         plan_k, main_k = get_kernel(spec, PLAN_FUNCTION, dev), get_kernel(spec, TRACE_FUNCTION, dev)
         extra = [trace[0], ctypes.c_int32(trace[1])]
+    grid = _grid(cfg, main_k, dev)
     env.print_config("mega_moe", {"M": m, "H": wv.hidden, "I": wv.inter, "experts": wv.num_total, "topk": k,
                                   "shared": num_shared},
-                     {"config": cfg.name, "smem": cfg.smem, "grid": cfg.grid(_sms(dev)), "threads": THREADS})
+                     {"config": cfg.name, "smem": cfg.smem, "grid": grid, "threads": THREADS})
     rows = stage_rows(cfg.block_n)
     tm13, tm2 = _w13_map(wv.w13, rows), _w2_map(wv.w2, rows)
     # the activation maps are read by the pool build only; the other builds get the w2 map as a stand-in
@@ -875,7 +879,7 @@ def _launch(x, xs, ids, wts, wv: _WeightViews, out, num_shared: int, rsf: float,
         plan_k.launch((1, 1, 1), (PLAN_THREADS, 1, 1), [p], pdl=pdl)
     else:
         plan_launch(p)
-    main_k.launch((_grid(cfg, main_k, dev), 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra],
+    main_k.launch((grid, 1, 1), (THREADS, 1, 1), [tm13, tm2, tmpool, tmact, p, *extra],
                   smem=cfg.smem, pdl=True, cluster=(2, 1, 1) if cfg.pair else None)
     return ws
 
@@ -982,7 +986,8 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
     and nothing else (no combine counters, `out` stays NaN). Returns
       out [M, H] bf16, slots [M, S, H] bf16 (routing-weighted FC2 outputs, slot S-1 = shared expert),
       a8 [M, S, I] e4m3 + a_scale [M, S, I/128] fp32 (FC1 output per pair), counts / offsets [E_tot],
-      fc1_done [blocks] (each must be I/128), ctrl {num_tasks, claims, tasks_done, tiles_combined},
+      fc1_done [blocks] (each must be I/128), ctrl {num_tasks, claims (the claim counter's final value: one per CTA
+      claim, two per cluster claim in the pair build), tasks_done, tiles_combined},
       combine_ctr_sum (must be 0 at rest), grid (CTAs) and the config name.
     """
     from ..testing.numerics import poison_
