@@ -90,6 +90,12 @@ def _cmd_bench_fp8_linear(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _cmd_bench_v_up(args: argparse.Namespace) -> int:
+    from .bench.v_up import main
+
+    return main(args)
+
+
 def _cmd_bench_router(args: argparse.Namespace) -> int:
     from .bench.router import main
 
@@ -230,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_fp8_linear_args(b)
     b.set_defaults(fn=_cmd_bench_fp8_linear)
+    b = bsub.add_parser("v-up", help="(GPU) MLA's W_UV up-projection per token count: our fused V-up + o_proj act "
+                                     "quant vs SGLang's bf16 bmm (+ act quant) vs the bytes floor, alone and before o_proj")
+    from .bench.v_up import add_arguments as _bench_v_up_args
+
+    _bench_v_up_args(b)
+    b.set_defaults(fn=_cmd_bench_v_up)
     b = bsub.add_parser("router", help="(GPU) the MoE router per token count: split-K vs decode kernel vs stock")
     from .bench.router import add_arguments as _bench_router_args
 

@@ -20,6 +20,7 @@ benchmarks swap one for the other.
 | e1_indexer_logits (E1) | glm5_fastpath.e1_indexer_logits, glm5_fastpath.e1_indexer_logits_out | csrc/attn_pre/e1_indexer_logits.{cuh,cu} |
 | e2_topk (E2) | glm5_fastpath.e2_topk, glm5_fastpath.e2_topk_out | csrc/attn_pre/e2_topk.{cuh,cu} |
 | sparse_mla_decode (split-KV sparse MLA decode, the DSA attention core) | glm5_fastpath.sparse_mla_decode | csrc/attn_core/sparse_mla_decode.{cuh,cu} |
+| mla_v_up_quant (W_UV per head + o_proj's 1x128 FP8 quant, after the attention core) | glm5_fastpath.mla_v_up_quant, glm5_fastpath.mla_v_up_quant_out | csrc/attn_core/mla_v_up.{cuh,cu} |
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from . import e1_indexer_logits as _e1
 from . import e2_topk as _e2
 from . import fp8_gemm as _fp8
 from . import fp8_gemm_chain as _fp8_chain
+from . import mla_v_up as _mla_v_up
 from . import prefetch as _l2_prefetch
 from . import moe_router as _moe_router
 from . import sparse_mla as _sparse_mla
@@ -43,13 +45,14 @@ from .e1_indexer_logits import e1_indexer_logits
 from .e2_topk import e2_topk
 from .fp8_gemm import b0_qkv_a, b1_indexer_k, d0_q_b, d1_indexer_q, fp8_gemm_skinny
 from .prefetch import l2_prefetch
+from .mla_v_up import VUpResult, mla_v_up_quant
 from .moe_router import moe_route, moe_route_scaled
 from .sparse_mla import sparse_mla_decode
 
 # The reference's name for A0 (same signature), so `ops` can stand in for `ref.prefix` as a namespace.
 a0_add_rmsnorm_quant = add_rmsnorm_quant
 
-_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _fp8_chain, _moe_router, _act_quant, _sparse_mla, _l2_prefetch)
+_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _fp8_chain, _moe_router, _act_quant, _sparse_mla, _l2_prefetch, _mla_v_up)
 
 
 def precompile(cfg=None, device: object = None, indexer_rotate: bool = False,
@@ -89,6 +92,6 @@ def compile_check_specs() -> list:
 
 
 __all__ = ["A0Result", "ActQuantResult", "a0_add_rmsnorm_quant", "act_quant_fp8", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
-           "fp8_gemm_skinny", "l2_prefetch", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
+           "fp8_gemm_skinny", "l2_prefetch", "mla_v_up_quant", "VUpResult", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
            "e2_topk",
            "precompile", "sparse_mla_decode"]

@@ -1,0 +1,179 @@
+// MLA's V up-projection (W_UV) of one head fused with the 1x128 FP8 quant of its output (o_proj's input):
+//
+//   y[t, h, v]      = bf16( sum_l o[t, h, l] * w_vc[h, l, v] )   fp32 accumulation of exact bf16 products
+//   y8, ys[t, g]    = act_quant of y[t, 128 g : 128 g + 128]      (ActQuantGroupTile: bitwise act_quant_fp8(y))
+//
+// L = 512 (kv_lora_rank), V = v_head_dim a multiple of 128 (GLM-5: 256). Framework-free (raw pointers, bf16 as
+// uint16_t). One tile = 128 output columns of one head (one FP8 group per token) for all tokens of the call, 8 warps
+// (256 threads); tile index = head * (V / 128) + column block. The standalone launcher is mla_v_up.cu.
+//
+// Work split. Warp w owns the tile's output rows v in [16w, 16w + 16) over all of L and holds that 16 x 512 bf16 slice of
+// W_UV in registers as mma.sync m16n8k16 A fragments (128 registers per thread). The fragments come from 16-byte
+// loads: in 32-wide K chunk j, lane (g, t) loads K [32j + 8t, 32j + 8t + 8) of rows g and g + 8, and uses elements
+// 0-3 for k-step 2j and 4-7 for k-step 2j + 1. That permutes K inside each chunk; the activations (B fragments,
+// tokens on N) are loaded with the same permutation, so the dot products are unchanged:
+//   k-step 2j    : a = {W[g][e0 e1], W[g+8][e0 e1], W[g][e2 e3], W[g+8][e2 e3]},  b = {X[tok g][e0 e1], X[tok g][e2 e3]}
+//   k-step 2j + 1: a = {W[g][e4 e5], W[g+8][e4 e5], W[g][e6 e7], W[g+8][e6 e7]},  b = {X[tok g][e4 e5], X[tok g][e6 e7]}
+// with e_i = K index 32j + 8t + i. The weights are read once (L2 evict-first: nothing reads them again this step),
+// all before the caller's griddepcontrol.wait, so they stream in while the previous kernel (the sparse-MLA
+// combine) runs. After the wait the head's latent rows (T x 1 KB) are staged in shared memory with cp.async (rows
+// padded to 1088 B: the two rows a quarter-warp reads fall in different banks), the mma chain runs, the fp32
+// accumulators are rounded to bf16 into a [T][136] staging array, and one half-warp per token quantises the head's
+// 128 values and stores y (16 B per lane), y8 (8 B) and the scale.
+#pragma once
+
+#include "../common/arch.cuh"
+#include "../common/convert.cuh"
+#include "../common/mma_bf16_sm80.cuh"
+#include "../common/ptx_cp_async.cuh"
+#include "../common/vec_io.cuh"
+#include "../moe/act_quant.cuh"
+
+namespace glm5 {
+namespace attn_core {
+
+// Weight load: read-only path, no L1 allocation, L2 evict-first (read once per step).
+GLM5_DEVICE ptx::u32x4 ld_weights_v4(const void* p, uint64_t policy) {
+    ptx::u32x4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy));
+    return v;
+}
+
+struct VUpParams {
+    const uint16_t* o;     // [T, H, L] bf16: row stride o_stride_t, head stride o_stride_h, L contiguous
+    const uint16_t* w_vc;  // head h, output v, latent l at w_vc + h * w_stride_h + v * w_stride_v + l
+    uint16_t* y;           // [T, H * V] bf16, contiguous
+    uint8_t* y8;           // [T, H * V] e4m3, contiguous
+    float* ys;             // [T, H * V / 128] fp32, contiguous
+    int64_t o_stride_t, o_stride_h, w_stride_h, w_stride_v;  // elements; multiples of 8 (16-byte rows)
+    int32_t num_tokens;    // T, 1 .. 8 * kNT
+    int32_t num_heads;     // H
+    int32_t v_blocks;      // V / 128
+    float eps;             // ACT_QUANT_EPS
+};
+
+template <int kNT>  // n-tiles of 8 tokens: T <= 8 * kNT
+struct VUpTile {
+    static constexpr int kL = 512;
+    static constexpr int kV = 128;
+    static constexpr int kWarps = kV / 16;  // one 16-row m-tile per warp
+    static constexpr int kThreads = kWarps * 32;
+    static constexpr int kChunks = kL / 32;   // 16 chunks of 32 K, two k-steps each
+    static constexpr int kMaxT = 8 * kNT;
+    static constexpr int kXRowBytes = kL * 2 + 64;   // staged latent row: 1024 B + 64 B of padding (banks)
+    static constexpr int kYRow = kV + 8;              // staged output row (bf16): 272 B, 16-byte aligned
+    static constexpr int kSmemBytes = kMaxT * kXRowBytes + kMaxT * kYRow * 2;
+    static_assert(kNT >= 1 && kNT <= 8, "1..8 token tiles");
+    static_assert(kXRowBytes % 16 == 0 && (kYRow * 2) % 16 == 0, "16-byte aligned staging rows");
+
+    // The weight slice of this thread, loaded by load_weights (before the PDL wait).
+    struct Weights {
+        ptx::u32x4 lo[kChunks];  // row g of the warp's m-tile
+        ptx::u32x4 hi[kChunks];  // row g + 8
+    };
+
+    // tile = head * v_blocks + column block (blockIdx.x of the standalone launch)
+    static GLM5_DEVICE void load_weights(const VUpParams& p, int tile, Weights& w) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const int g = lane >> 2, t = lane & 3;
+        const uint64_t policy = ptx::l2_policy_evict_first();
+        const int head = tile / p.v_blocks, vb = tile - head * p.v_blocks;
+        const uint16_t* row = p.w_vc + static_cast<int64_t>(head) * p.w_stride_h +
+                              static_cast<int64_t>(vb * kV + warp * 16 + g) * p.w_stride_v + 8 * t;
+        const int64_t row8 = 8 * p.w_stride_v;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+            w.lo[j] = ld_weights_v4(row + 32 * j, policy);
+            w.hi[j] = ld_weights_v4(row + row8 + 32 * j, policy);
+        }
+    }
+
+    // After the caller's griddepcontrol.wait: everything that reads o and writes the outputs. All threads call it.
+    static GLM5_DEVICE void run(const VUpParams& p, int tile, const Weights& w, uint8_t* smem) {
+        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+        const int g = lane >> 2, t = lane & 3;
+        const int T = p.num_tokens;
+        const int head = tile / p.v_blocks;
+
+        // Stage the head's latent rows (the previous kernel's output: coherent L2 reads via cp.async.cg).
+        uint8_t* xs = smem;
+        uint16_t* ys_stage = reinterpret_cast<uint16_t*>(smem + kMaxT * kXRowBytes);
+        for (int i = tid; i < T * (kL / 8); i += kThreads) {
+            const int tok = i / (kL / 8), c = i % (kL / 8);
+            const uint16_t* src = p.o + static_cast<int64_t>(tok) * p.o_stride_t +
+                                  static_cast<int64_t>(head) * p.o_stride_h + 8 * c;
+            ptx::cp_async_16(ptx::smem_addr(xs + tok * kXRowBytes + 16 * c), src, 16u);
+        }
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
+
+        float acc[kNT][4];
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+            for (int n = 0; n < kNT; ++n) {
+                const int tok = 8 * n + g;
+                ptx::u32x4 x{0u, 0u, 0u, 0u};
+                if (tok < T) {
+                    const uint32_t a = ptx::smem_addr(xs + tok * kXRowBytes + 64 * j + 16 * t);
+                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                                 : "r"(a));
+                }
+                ptx::mma_m16n8k16_bf16(acc[n], w.lo[j].x, w.hi[j].x, w.lo[j].y, w.hi[j].y, x.x, x.y);
+                ptx::mma_m16n8k16_bf16(acc[n], w.lo[j].z, w.hi[j].z, w.lo[j].w, w.hi[j].w, x.z, x.w);
+            }
+        }
+
+        // C fragment: acc[n] = {y[v][tok], y[v][tok + 1], y[v + 8][tok], y[v + 8][tok + 1]}, v = 16 warp + g,
+        // tok = 8n + 2t. Round to bf16 (what SGLang's bmm stores) into the staging rows.
+        const int v = warp * 16 + g;
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+            const int tok = 8 * n + 2 * t;
+            const uint32_t lo = ptx::f32x2_to_bf16x2_rn(acc[n][0], acc[n][2]);  // (v, tok), (v + 8, tok)
+            const uint32_t hi = ptx::f32x2_to_bf16x2_rn(acc[n][1], acc[n][3]);  // (v, tok + 1), (v + 8, tok + 1)
+            if (tok < T) {
+                ys_stage[tok * kYRow + v] = static_cast<uint16_t>(lo & 0xffffu);
+                ys_stage[tok * kYRow + v + 8] = static_cast<uint16_t>(lo >> 16);
+            }
+            if (tok + 1 < T) {
+                ys_stage[(tok + 1) * kYRow + v] = static_cast<uint16_t>(hi & 0xffffu);
+                ys_stage[(tok + 1) * kYRow + v + 8] = static_cast<uint16_t>(hi >> 16);
+            }
+        }
+        __syncthreads();
+
+        // One aligned half-warp per token: quantise the tile's 128 values (act_quant_fp8's group math) and store.
+        using Quant = moe::ActQuantGroupTile;
+        const int half = tid >> 4, sub = tid & 15;
+        const int64_t groups = static_cast<int64_t>(p.num_heads) * p.v_blocks;  // FP8 groups per token row
+        for (int t0 = 0; t0 < T; t0 += kThreads / 16) {  // the same trip count in every thread (whole warps shuffle)
+            const int tok = t0 + half;
+            const bool valid = tok < T;
+            ptx::u32x4 val{0u, 0u, 0u, 0u};
+            if (valid) {
+                const uint32_t a = ptx::smem_addr(ys_stage + tok * kYRow + 8 * sub);
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                             : "r"(a));
+            }
+            uint32_t q_lo, q_hi;
+            const float s = Quant::quantize(val, p.eps, q_lo, q_hi);
+            if (valid) {
+                const int64_t gi = static_cast<int64_t>(tok) * groups + tile;  // tile = this token's group index
+                const int64_t off = gi * kV + 8 * sub;
+                ptx::st_global_v4(p.y + off, val);
+                ptx::st_global_v2(p.y8 + off, q_lo, q_hi);
+                if (sub == 0) ptx::st_global_f32(p.ys + gi, s);
+            }
+        }
+    }
+};
+
+}  // namespace attn_core
+}  // namespace glm5

@@ -1,0 +1,279 @@
+"""MLA's V up-projection fused with o_proj's activation quant (the W_UV bmm), as torch.library custom ops.
+
+After the sparse-MLA core, SGLang's absorbed MLA multiplies each head's latent output by W_UV (a cuBLAS bf16 bmm,
+[T, H, 512] x [H, 512, V] -> [T, H * V], GLM-5: V = v_head_dim = 256) and o_proj then quantises that row per 1x128
+group (SGLang's per-token-group quant, or our act_quant_fp8 on the FP8-linear route). With V a multiple of 128, every
+quant group is 128 output columns of one head, so one kernel does both:
+
+    y[t, h, :]  = bf16( sum_l o[t, h, l] * w_vc[h, l, :] )          fp32 accumulation of exact bf16 products
+    y8, ys      = act_quant_fp8(y.view(T, H * V))                    bitwise ref.fp8.quant_act_per_token of y
+
+Why: at batch 1 on the H200 the bmm was ~6.6 us per layer against a 3.9 us bytes floor (16.8 MB of bf16 W_UV for
+64 heads; docs/decode_budget.md) and the act quant another launch. Each CTA loads its 128 x 512 slice of W_UV into
+registers before griddepcontrol.wait, i.e. while the sparse-MLA combine runs, so after the wait only the latent rows
+(T KB per head) are read.
+
+Inputs:
+- o [T, H, L] bf16 (L = 512 = kv_lora_rank): the attention core's output; the last dim contiguous, 16-byte aligned
+  rows (row / head strides multiples of 8 elements); T in 1..MAX_TOKENS.
+- w_vc [H, L, V] bf16 (V = v_head_dim, a multiple of 128) laid out as SGLang keeps it: each head's [V, L] rows contiguous
+  (strides (V * L, 1, L), i.e. `w.transpose(1, 2)` of a contiguous [H, V, L]), or any layout with stride(1) == 1
+  and stride(2) a multiple of 8; stride(0) a multiple of 8.
+Outputs (contiguous, new or given through out=): y [T, H * V] bf16, y8 [T, H * V] float8_e4m3fn, ys [T, H * V / 128]
+fp32 (row-major: act_quant_fp8's "scales" layout, what fp8_gemm_skinny takes).
+
+Ops (namespace glm5_fastpath; fake implementations for torch.compile / graphs):
+- torch.ops.glm5_fastpath.mla_v_up_quant(o, w_vc, pdl=True) -> (y, y8, ys)
+- torch.ops.glm5_fastpath.mla_v_up_quant_out(o, w_vc, y, y8, ys, pdl=True) -> None
+CPU tensors run the reference (`reference`); `pdl` is ignored there.
+
+Kernel (csrc/attn_core/mla_v_up.{cuh,cu}): one CTA of 8 warps per (head, 128 output columns), H * V / 128 CTAs;
+warp w owns the CTA's output rows [16w, 16w + 16) over all L, its 16 x 512 bf16 slice of W_UV held in 128
+registers per thread (mma.sync m16n8k16
+A fragments loaded with 16-byte loads, the K order permuted identically in A and B), loaded before the PDL wait
+with an L2 evict-first hint. After the wait each n-tile of 8 tokens is one B fragment per 32-K chunk (16-byte loads
+of o). The fp32 accumulators are rounded to bf16 into shared memory, then one half-warp per token quantises the
+CTA's 128 values (ActQuantGroupTile::quantize, the act_quant_fp8 math) and stores y, y8 and the scale. Builds for
+1, 2, 4, 8 token tiles (T <= 8, 16, 32, 64). The sum order differs from cuBLAS's, so y may differ from SGLang's bmm
+in the last bf16 bit; y8 / ys are then bitwise act_quant_fp8(y).
+
+Errors: wrong type / dtype / shape / stride / device / alignment, T outside 1..MAX_TOKENS, L != 512, V not a multiple of 128 ->
+MlaVUpInputError (a ValueError) naming the op; a pre-sm_90 GPU -> RuntimeError.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple
+
+import torch
+
+from ..config import ACT_QUANT_EPS
+from ..jit import KernelSpec, env
+from ._device import device_index as _device_index, overlaps as _overlaps, require_aligned, require_hopper
+
+OP = "glm5_fastpath.mla_v_up_quant"
+SOURCE = "attn_core/mla_v_up.cu"
+L_DIM = 512  # kv_lora_rank (VUpTile::kL)
+V_BLOCK = 128  # output columns per CTA = the FP8 group (VUpTile::kV); v_head_dim must be a multiple
+TOKEN_TILES = (1, 2, 4, 8)  # builds: n-tiles of 8 tokens
+MAX_TOKENS = 8 * TOKEN_TILES[-1]
+THREADS = 256
+FUNCTIONS = tuple(f"glm5_mla_v_up_nt{n}" for n in TOKEN_TILES)
+SPEC = KernelSpec("glm5_mla_v_up", source=SOURCE, functions=FUNCTIONS)
+FP8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+
+
+class MlaVUpInputError(ValueError):
+    """mla_v_up_quant got an input or output of the wrong type / dtype / shape / stride / device."""
+
+
+class VUpResult(NamedTuple):
+    y: torch.Tensor  # [T, H * V] bf16
+    y8: torch.Tensor  # [T, H * V] float8_e4m3fn
+    ys: torch.Tensor  # [T, H * V / 128] fp32, row-major
+
+
+def _fail(msg: str) -> MlaVUpInputError:
+    return MlaVUpInputError(f"{OP}: {msg}")
+
+
+def token_tiles(t: int) -> int:
+    """The build for T tokens: the fewest 8-token tiles among TOKEN_TILES that hold T."""
+    for n in TOKEN_TILES:
+        if t <= 8 * n:
+            return n
+    raise _fail(f"T={t} tokens is more than the kernel takes ({MAX_TOKENS})")
+
+
+# ---- validation (shared by the real and the fake implementations) --------------------------------
+
+def _check_inputs(o: object, w_vc: object) -> tuple[int, int, int]:
+    """-> (T, H, V) of valid inputs."""
+    for name, t in (("o", o), ("w_vc", w_vc)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != BF16:
+            raise _fail(f"{name} must be torch.bfloat16, got {t.dtype}")
+        if t.dim() != 3:
+            raise _fail(f"{name} must be 3-D, got shape {tuple(t.shape)}")
+    t_, h, l_ = o.shape
+    if l_ != L_DIM:
+        raise _fail(f"o must be [T, H, {L_DIM}] (kv_lora_rank {L_DIM}), got shape {tuple(o.shape)}")
+    v = w_vc.shape[2]
+    if tuple(w_vc.shape[:2]) != (h, L_DIM) or (isinstance(v, int) and (v <= 0 or v % V_BLOCK)):
+        raise _fail(f"w_vc must be [H, {L_DIM}, V] with H = {h} (o's heads) and V a positive multiple of {V_BLOCK}, "
+                    f"got {tuple(w_vc.shape)}")
+    if isinstance(t_, int) and not 1 <= t_ <= MAX_TOKENS:
+        raise _fail(f"T={t_} tokens: the kernel takes 1..{MAX_TOKENS}")
+    if h < 1:
+        raise _fail("H must be at least 1")
+    if o.stride(2) != 1 or (t_ > 1 and o.stride(0) % 8) or (h > 1 and o.stride(1) % 8):
+        raise _fail(f"o needs a contiguous last dim and row / head strides that are multiples of 8 elements "
+                    f"(16-byte loads), got strides {o.stride()}")
+    if w_vc.stride(1) != 1 or w_vc.stride(2) % 8 or (h > 1 and w_vc.stride(0) % 8):
+        raise _fail(f"w_vc must hold each head's [V, {L_DIM}] rows with the {L_DIM} contiguous (SGLang's "
+                    f"layout: strides (V * {L_DIM}, 1, {L_DIM})); stride(2) and stride(0) multiples of 8, got "
+                    f"strides {w_vc.stride()}")
+    if o.device != w_vc.device:
+        raise _fail(f"o and w_vc must be on one device, got {o.device} and {w_vc.device}")
+    return t_, h, v
+
+
+def _check_outputs(o: torch.Tensor, w_vc: torch.Tensor, y: object, y8: object, ys: object) -> None:
+    t_, h, v = o.shape[0], o.shape[1], w_vc.shape[2]
+    for name, t, dt, shape in (("y", y, BF16, (t_, h * v)), ("y8", y8, FP8, (t_, h * v)),
+                               ("ys", ys, torch.float32, (t_, h * v // V_BLOCK))):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(f"out {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != dt:
+            raise _fail(f"out {name} must be {dt}, got {t.dtype}")
+        if tuple(t.shape) != shape:
+            raise _fail(f"out {name} must have shape {shape} for o of shape {tuple(o.shape)}, got {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise _fail(f"out {name} must be contiguous, got strides {t.stride()}")
+        if t.device != o.device:
+            raise _fail(f"out {name} must be on {o.device}, got {t.device}")
+
+
+def _check_no_overlap(o: torch.Tensor, w_vc: torch.Tensor, outs: dict[str, torch.Tensor]) -> None:
+    names = list(outs)
+    for i, a in enumerate(names):
+        for src_name, src in (("o", o), ("w_vc", w_vc)):
+            if _overlaps(outs[a], src):
+                raise _fail(f"output {a} overlaps input {src_name} in memory")
+        for b in names[i + 1:]:
+            if _overlaps(outs[a], outs[b]):
+                raise _fail(f"outputs {a} and {b} overlap in memory")
+
+
+def _check_pdl(pdl: object) -> None:
+    if not isinstance(pdl, bool):
+        raise _fail(f"pdl must be a bool, got {pdl!r}")
+
+
+# ---- reference ------------------------------------------------------------------------------------------------
+
+def reference(o: torch.Tensor, w_vc: torch.Tensor) -> VUpResult:
+    """The op's math on any device: fp32 bmm of the bf16 inputs rounded to bf16, then the 1x128 quant."""
+    from ..ref.fp8 import quant_act_per_token
+
+    t_, h, _ = o.shape
+    y = torch.einsum("thl,hlv->thv", o.float(), w_vc.float()).to(BF16).reshape(t_, h * w_vc.shape[2]).contiguous()
+    q, s = quant_act_per_token(y)
+    return VUpResult(y, q.contiguous(), s.contiguous())
+
+
+# ---- launch ------------------------------------------------------------------------------------------------
+
+_kernels: dict[tuple[int, str], object] = {}
+
+
+def _kernel(idx: int, function: str):
+    k = _kernels.get((idx, function))
+    if k is None:
+        from ..jit.runtime import get_kernel
+        k = _kernels[(idx, function)] = get_kernel(SPEC, function, device=torch.device("cuda", idx))
+    return k
+
+
+def smem_bytes(nt: int) -> int:
+    """Dynamic shared memory of the nt-tile build (VUpTile::kSmemBytes): 8 nt latent rows of 1024 + 64 B and 8 nt
+    bf16 output rows of 136 elements."""
+    return 8 * nt * ((L_DIM * 2 + 64) + (V_BLOCK + 8) * 2)
+
+
+def _kernel_args(o, w_vc, y, y8, ys) -> tuple:
+    """The kernel's parameter list, in csrc/attn_core/mla_v_up.cu order (checked at load)."""
+    t_, h, _ = o.shape
+    return (o, w_vc, y, y8, ys, ctypes.c_int64(o.stride(0) if t_ > 1 else h * L_DIM),
+            ctypes.c_int64(o.stride(1) if h > 1 else L_DIM),
+            ctypes.c_int64(w_vc.stride(0) if h > 1 else w_vc.shape[2] * L_DIM),
+            ctypes.c_int64(w_vc.stride(2)), ctypes.c_int32(t_), ctypes.c_int32(h),
+            ctypes.c_int32(w_vc.shape[2] // V_BLOCK), ctypes.c_float(ACT_QUANT_EPS))
+
+
+def _launch(o, w_vc, y, y8, ys, pdl: bool) -> None:
+    idx = require_hopper(OP, o.device, _fail)
+    require_aligned(_fail, {"o": o, "w_vc": w_vc, "y": y, "y8": y8, "ys": ys})
+    t_, h, _ = o.shape
+    nt = token_tiles(t_)
+    grid = h * (w_vc.shape[2] // V_BLOCK)
+    env.print_config("mla_v_up_quant", {"T": t_, "H": h, "V": w_vc.shape[2]},
+                     {"token_tiles": nt, "grid": grid, "threads": THREADS})
+    _kernel(idx, f"glm5_mla_v_up_nt{nt}").launch((grid, 1, 1), (THREADS, 1, 1), _kernel_args(o, w_vc, y, y8, ys),
+                                                 smem=smem_bytes(nt), pdl=pdl)
+
+
+def _new_outputs(o: torch.Tensor, v: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t_, h, _ = o.shape
+    return (torch.empty((t_, h * v), dtype=BF16, device=o.device),
+            torch.empty((t_, h * v), dtype=FP8, device=o.device),
+            torch.empty((t_, h * v // V_BLOCK), dtype=torch.float32, device=o.device))
+
+
+# ---- custom ops ----------------------------------------------------------------------------------------
+
+@torch.library.custom_op("glm5_fastpath::mla_v_up_quant", mutates_args=())
+def _mla_v_up_quant(o: torch.Tensor, w_vc: torch.Tensor, pdl: bool = True
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_inputs(o, w_vc)
+    if o.device.type == "cpu":
+        return tuple(reference(o, w_vc))
+    y, y8, ys = _new_outputs(o, w_vc.shape[2])
+    _launch(o, w_vc, y, y8, ys, pdl)
+    return y, y8, ys
+
+
+@_mla_v_up_quant.register_fake
+def _mla_v_up_quant_fake(o, w_vc, pdl=True):
+    t_, h, v = _check_inputs(o, w_vc)
+    return (o.new_empty((t_, h * v), dtype=BF16), o.new_empty((t_, h * v), dtype=FP8),
+            o.new_empty((t_, h * v // V_BLOCK), dtype=torch.float32))
+
+
+@torch.library.custom_op("glm5_fastpath::mla_v_up_quant_out", mutates_args=("y", "y8", "ys"))
+def _mla_v_up_quant_out(o: torch.Tensor, w_vc: torch.Tensor, y: torch.Tensor, y8: torch.Tensor, ys: torch.Tensor,
+                        pdl: bool = True) -> None:
+    _check_inputs(o, w_vc)
+    _check_outputs(o, w_vc, y, y8, ys)
+    _check_no_overlap(o, w_vc, {"y": y, "y8": y8, "ys": ys})
+    if o.device.type == "cpu":
+        r = reference(o, w_vc)
+        y.copy_(r.y), y8.copy_(r.y8), ys.copy_(r.ys)
+        return
+    _launch(o, w_vc, y, y8, ys, pdl)
+
+
+@_mla_v_up_quant_out.register_fake
+def _mla_v_up_quant_out_fake(o, w_vc, y, y8, ys, pdl=True):
+    _check_inputs(o, w_vc)
+    _check_outputs(o, w_vc, y, y8, ys)
+
+
+def mla_v_up_quant(o: torch.Tensor, w_vc: torch.Tensor, *,
+                   out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, pdl: bool = True) -> VUpResult:
+    """y = bf16(o . W_UV) per head and its 1x128 FP8 quant (module docstring). out: None allocates; (y, y8, ys)
+    writes into them (contiguous, e.g. CUDA-graph static buffers). pdl: launch with PDL (GPU only)."""
+    _check_inputs(o, w_vc)  # before the dispatcher, so errors name this op
+    _check_pdl(pdl)
+    if out is None:
+        return VUpResult(*torch.ops.glm5_fastpath.mla_v_up_quant(o, w_vc, pdl))
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise _fail(f"out must be None or a triple (y, y8, ys), got {type(out).__name__}")
+    y, y8, ys = out
+    _check_outputs(o, w_vc, y, y8, ys)
+    torch.ops.glm5_fastpath.mla_v_up_quant_out(o, w_vc, y, y8, ys, pdl)
+    return VUpResult(y, y8, ys)
+
+
+def precompile(device: object = None) -> None:
+    """Compile (or fetch from cache) and load the kernels on `device` (default: current), ahead of first use."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    for fn in FUNCTIONS:
+        _kernel(_device_index(dev), fn)
+
+
+def compile_check_specs() -> list[KernelSpec]:
+    """The one spec scripts/compile_check.py builds (four token-tile functions in one cubin)."""
+    return [SPEC]
