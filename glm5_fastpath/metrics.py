@@ -35,6 +35,7 @@ MOE_LAYER_TOTAL = PREFIX + "moe_layer_total"
 SPARSE_MLA_TOTAL = PREFIX + "sparse_mla_total"
 FP8_LINEAR_TOTAL = PREFIX + "fp8_linear_total"  # integrations/sglang/linear_route (o_proj, dense MLP)
 NORM_TOTAL = PREFIX + "norm_total"  # integrations/sglang/norm_route (add + RMSNorm in front of the prefix / MoE)
+V_UP_TOTAL = PREFIX + "v_up_total"  # integrations/sglang/v_up_route (W_UV bmm after the sparse-MLA core)
 
 # name -> (type, labels): the dashboard test checks panel queries against this table
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -47,6 +48,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     SPARSE_MLA_TOTAL: ("counter", ("route", "reason")),
     FP8_LINEAR_TOTAL: ("counter", ("route", "reason")),
     NORM_TOTAL: ("counter", ("route", "reason")),
+    V_UP_TOTAL: ("counter", ("route", "reason")),
 }
 
 _seam_counters: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()

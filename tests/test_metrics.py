@@ -30,6 +30,9 @@ def test_names_types_labels():
     from glm5_fastpath.integrations.sglang.norm_route import counter as norm_counter
 
     norm_counter(reg).labels(route="ours", reason="routed").inc()  # the norm seam's counter
+    from glm5_fastpath.integrations.sglang.v_up_route import counter as v_up_counter
+
+    v_up_counter(reg).labels(route="ours", reason="routed").inc()  # the V-up seam's counter
     fams = {f.name: f for f in reg.collect()}
     # prometheus_client strips _total from counter family names
     assert fams["glm5_fastpath_decode_step_seconds"].type == "histogram"

@@ -3,7 +3,7 @@
 // Launch: grid (H * V / 128, 1, 1), block (256, 1, 1), dynamic shared memory VUpTile<kNT>::kSmemBytes (the Python launcher
 // computes the same: ops/mla_v_up.py smem_bytes).
 // PDL: dependents may launch at entry (o_proj's GEMM then prefetches its weights while this runs); the tile's W_UV
-// slice is loaded into registers BEFORE griddepcontrol.wait (weights: nothing writes them), o only after it.
+// slice is copied into shared memory BEFORE griddepcontrol.wait (weights: nothing writes them), o only after it.
 #include "mla_v_up.cuh"
 
 #include "../common/pdl.cuh"
@@ -13,10 +13,9 @@ GLM5_DEVICE void mla_v_up_entry(const glm5::attn_core::VUpParams& p) {
     using Tile = glm5::attn_core::VUpTile<kNT>;
     extern __shared__ __align__(128) uint8_t smem[];
     glm5::ptx::griddep_launch_dependents();
-    typename Tile::Weights w;
-    Tile::load_weights(p, blockIdx.x, w);
+    Tile::load_weights(p, blockIdx.x, smem);
     glm5::ptx::griddep_wait();  // o is the previous kernel's output; y / y8 / ys may still be read by it
-    Tile::run(p, blockIdx.x, w, smem);
+    Tile::run(p, blockIdx.x, smem);
 }
 
 // Parameter order and types are the ABI the Python launcher packs (glm5_fastpath/ops/mla_v_up.py, _kernel_args).
@@ -35,6 +34,6 @@ GLM5_MLA_V_UP_KERNEL(2)
 GLM5_MLA_V_UP_KERNEL(4)
 GLM5_MLA_V_UP_KERNEL(8)
 
-static_assert(glm5::attn_core::VUpTile<1>::kSmemBytes == 8 * (1088 + 272) &&
-                  glm5::attn_core::VUpTile<8>::kSmemBytes == 64 * (1088 + 272),
+static_assert(glm5::attn_core::VUpTile<1>::kSmemBytes == 128 * 1088 + 8 * (1088 + 272) + 16 &&
+                  glm5::attn_core::VUpTile<8>::kSmemBytes == 128 * 1088 + 64 * (1088 + 272) + 16,
               "shared memory: glm5_fastpath/ops/mla_v_up.py smem_bytes");

@@ -7,22 +7,25 @@
 // uint16_t). One tile = 128 output columns of one head (one FP8 group per token) for all tokens of the call, 8 warps
 // (256 threads); tile index = head * (V / 128) + column block. The standalone launcher is mla_v_up.cu.
 //
-// Work split. Warp w owns the tile's output rows v in [16w, 16w + 16) over all of L and holds that 16 x 512 bf16 slice of
-// W_UV in registers as mma.sync m16n8k16 A fragments (128 registers per thread). The fragments come from 16-byte
-// loads: in 32-wide K chunk j, lane (g, t) loads K [32j + 8t, 32j + 8t + 8) of rows g and g + 8, and uses elements
-// 0-3 for k-step 2j and 4-7 for k-step 2j + 1. That permutes K inside each chunk; the activations (B fragments,
-// tokens on N) are loaded with the same permutation, so the dot products are unchanged:
+// Work split. The tile's 128 x 512 bf16 slice of W_UV (128 KB: one contiguous row of L per output column) is
+// brought into shared memory by 128 one-row bulk copies (TMA engine, L2 evict-first: nothing reads it again this
+// step), issued BEFORE the caller's griddepcontrol.wait, so the weights stream in while the previous kernel (the
+// sparse-MLA combine) runs; rows are padded to 1088 B so the two rows a quarter-warp reads fall in different banks.
+// (A first version held the slice in registers, loaded with ld.global: 8 us for 16.8 MB, 2x the floor: the loads an
+// SM keeps in flight were the limit, not the bandwidth; H200, session 34 call 1.) After the wait the head's latent
+// rows (T x 1 KB) are staged the same way with cp.async. Warp w owns output rows [16w, 16w + 16) of the tile and
+// runs mma.sync m16n8k16 with weights on M and tokens on N. Its A fragments come from 16-byte shared loads: in
+// 32-wide K chunk j, lane (g, t) reads K [32j + 8t, 32j + 8t + 8) of rows g and g + 8 and uses elements 0-3 for
+// k-step 2j and 4-7 for k-step 2j + 1. That permutes K inside each chunk; the B fragments (tokens) are read with
+// the same permutation, so the dot products are unchanged:
 //   k-step 2j    : a = {W[g][e0 e1], W[g+8][e0 e1], W[g][e2 e3], W[g+8][e2 e3]},  b = {X[tok g][e0 e1], X[tok g][e2 e3]}
 //   k-step 2j + 1: a = {W[g][e4 e5], W[g+8][e4 e5], W[g][e6 e7], W[g+8][e6 e7]},  b = {X[tok g][e4 e5], X[tok g][e6 e7]}
-// with e_i = K index 32j + 8t + i. The weights are read once (L2 evict-first: nothing reads them again this step),
-// all before the caller's griddepcontrol.wait, so they stream in while the previous kernel (the sparse-MLA
-// combine) runs. After the wait the head's latent rows (T x 1 KB) are staged in shared memory with cp.async (rows
-// padded to 1088 B: the two rows a quarter-warp reads fall in different banks), the mma chain runs, the fp32
-// accumulators are rounded to bf16 into a [T][136] staging array, and one half-warp per token quantises the head's
-// 128 values and stores y (16 B per lane), y8 (8 B) and the scale.
+// with e_i = K index 32j + 8t + i. The fp32 accumulators are rounded to bf16 into a [T][136] staging array, and one
+// half-warp per token quantises the tile's 128 values and stores y (16 B per lane), y8 (8 B) and the scale.
 #pragma once
 
 #include "../common/arch.cuh"
+#include "../common/bulk_copy.cuh"
 #include "../common/convert.cuh"
 #include "../common/mma_bf16_sm80.cuh"
 #include "../common/ptx_cp_async.cuh"
@@ -31,15 +34,6 @@
 
 namespace glm5 {
 namespace attn_core {
-
-// Weight load: read-only path, no L1 allocation, L2 evict-first (read once per step).
-GLM5_DEVICE ptx::u32x4 ld_weights_v4(const void* p, uint64_t policy) {
-    ptx::u32x4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(policy));
-    return v;
-}
 
 struct VUpParams {
     const uint16_t* o;     // [T, H, L] bf16: row stride o_stride_t, head stride o_stride_h, L contiguous
@@ -62,70 +56,83 @@ struct VUpTile {
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kChunks = kL / 32;   // 16 chunks of 32 K, two k-steps each
     static constexpr int kMaxT = 8 * kNT;
-    static constexpr int kXRowBytes = kL * 2 + 64;   // staged latent row: 1024 B + 64 B of padding (banks)
+    static constexpr int kRowBytes = kL * 2 + 64;     // staged W / latent row: 1024 B + 64 B of padding (banks)
     static constexpr int kYRow = kV + 8;              // staged output row (bf16): 272 B, 16-byte aligned
-    static constexpr int kSmemBytes = kMaxT * kXRowBytes + kMaxT * kYRow * 2;
+    static constexpr int kWBytes = kV * kRowBytes;    // 139264
+    static constexpr int kXOffset = kWBytes;
+    static constexpr int kYOffset = kXOffset + kMaxT * kRowBytes;
+    static constexpr int kBarOffset = kYOffset + kMaxT * kYRow * 2;
+    static constexpr int kSmemBytes = kBarOffset + 16;
     static_assert(kNT >= 1 && kNT <= 8, "1..8 token tiles");
-    static_assert(kXRowBytes % 16 == 0 && (kYRow * 2) % 16 == 0, "16-byte aligned staging rows");
+    static_assert(kRowBytes % 16 == 0 && (kYRow * 2) % 16 == 0 && kBarOffset % 8 == 0, "aligned staging");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 
-    // The weight slice of this thread, loaded by load_weights (before the PDL wait).
-    struct Weights {
-        ptx::u32x4 lo[kChunks];  // row g of the warp's m-tile
-        ptx::u32x4 hi[kChunks];  // row g + 8
-    };
-
-    // tile = head * v_blocks + column block (blockIdx.x of the standalone launch)
-    static GLM5_DEVICE void load_weights(const VUpParams& p, int tile, Weights& w) {
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        const int g = lane >> 2, t = lane & 3;
-        const uint64_t policy = ptx::l2_policy_evict_first();
-        const int head = tile / p.v_blocks, vb = tile - head * p.v_blocks;
-        const uint16_t* row = p.w_vc + static_cast<int64_t>(head) * p.w_stride_h +
-                              static_cast<int64_t>(vb * kV + warp * 16 + g) * p.w_stride_v + 8 * t;
-        const int64_t row8 = 8 * p.w_stride_v;
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-            w.lo[j] = ld_weights_v4(row + 32 * j, policy);
-            w.hi[j] = ld_weights_v4(row + row8 + 32 * j, policy);
+    // Before the caller's griddepcontrol.wait: arm the weight barrier and issue the tile's 128 row copies (threads
+    // 0..127, one row each). Weights: nothing writes them while the step runs.
+    static GLM5_DEVICE void load_weights(const VUpParams& p, int tile, uint8_t* smem) {
+        uint64_t* bar = reinterpret_cast<uint64_t*>(smem + kBarOffset);
+        const int tid = threadIdx.x;
+        if (tid == 0) {
+            ptx::mbarrier_init(bar, 1);
+            ptx::fence_mbarrier_init();
+        }
+        __syncthreads();
+        if (tid == 0) ptx::mbarrier_arrive_expect_tx(bar, kV * kL * 2);
+        if (tid < kV) {
+            const int head = tile / p.v_blocks, vb = tile - head * p.v_blocks;
+            const uint16_t* row = p.w_vc + static_cast<int64_t>(head) * p.w_stride_h +
+                                  static_cast<int64_t>(vb * kV + tid) * p.w_stride_v;
+            ptx::bulk_copy_g2s_hint(smem + tid * kRowBytes, row, kL * 2, bar, ptx::l2_policy_evict_first());
         }
     }
 
     // After the caller's griddepcontrol.wait: everything that reads o and writes the outputs. All threads call it.
-    static GLM5_DEVICE void run(const VUpParams& p, int tile, const Weights& w, uint8_t* smem) {
+    static GLM5_DEVICE void run(const VUpParams& p, int tile, uint8_t* smem) {
         const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
         const int g = lane >> 2, t = lane & 3;
         const int T = p.num_tokens;
         const int head = tile / p.v_blocks;
 
         // Stage the head's latent rows (the previous kernel's output: coherent L2 reads via cp.async.cg).
-        uint8_t* xs = smem;
-        uint16_t* ys_stage = reinterpret_cast<uint16_t*>(smem + kMaxT * kXRowBytes);
+        const uint8_t* ws = smem;
+        uint8_t* xs = smem + kXOffset;
+        uint16_t* ys_stage = reinterpret_cast<uint16_t*>(smem + kYOffset);
         for (int i = tid; i < T * (kL / 8); i += kThreads) {
             const int tok = i / (kL / 8), c = i % (kL / 8);
             const uint16_t* src = p.o + static_cast<int64_t>(tok) * p.o_stride_t +
                                   static_cast<int64_t>(head) * p.o_stride_h + 8 * c;
-            ptx::cp_async_16(ptx::smem_addr(xs + tok * kXRowBytes + 16 * c), src, 16u);
+            ptx::cp_async_16(ptx::smem_addr(xs + tok * kRowBytes + 16 * c), src, 16u);
         }
         asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-        __syncthreads();
+        while (!ptx::mbarrier_try_wait_parity(reinterpret_cast<uint64_t*>(smem + kBarOffset), 0)) {
+        }
+        __syncthreads();  // every thread's latent copies landed; the weights' barrier phase is complete
 
         float acc[kNT][4];
 #pragma unroll
         for (int n = 0; n < kNT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-#pragma unroll
+        const uint8_t* wrow = ws + (warp * 16 + g) * kRowBytes + 16 * t;
+#pragma unroll 4
         for (int j = 0; j < kChunks; ++j) {
+            ptx::u32x4 lo, hi;  // rows g and g + 8 of the warp's m-tile, K [32j + 8t, +8)
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(lo.x), "=r"(lo.y), "=r"(lo.z), "=r"(lo.w)
+                         : "r"(ptx::smem_addr(wrow + 64 * j)));
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(hi.x), "=r"(hi.y), "=r"(hi.z), "=r"(hi.w)
+                         : "r"(ptx::smem_addr(wrow + 8 * kRowBytes + 64 * j)));
 #pragma unroll
             for (int n = 0; n < kNT; ++n) {
                 const int tok = 8 * n + g;
                 ptx::u32x4 x{0u, 0u, 0u, 0u};
                 if (tok < T) {
-                    const uint32_t a = ptx::smem_addr(xs + tok * kXRowBytes + 64 * j + 16 * t);
+                    const uint32_t a = ptx::smem_addr(xs + tok * kRowBytes + 64 * j + 16 * t);
                     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                                  : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
                                  : "r"(a));
                 }
-                ptx::mma_m16n8k16_bf16(acc[n], w.lo[j].x, w.hi[j].x, w.lo[j].y, w.hi[j].y, x.x, x.y);
-                ptx::mma_m16n8k16_bf16(acc[n], w.lo[j].z, w.hi[j].z, w.lo[j].w, w.hi[j].w, x.z, x.w);
+                ptx::mma_m16n8k16_bf16(acc[n], lo.x, hi.x, lo.y, hi.y, x.x, x.y);
+                ptx::mma_m16n8k16_bf16(acc[n], lo.z, hi.z, lo.w, hi.w, x.z, x.w);
             }
         }
 

@@ -5,8 +5,11 @@ Per token count T (H = num_attention_heads, L = kv_lora_rank = 512, V = v_head_d
 - stock_bmm:   SGLang's call, `torch.bmm(o.transpose(0, 1), w_vc, out=y.view(T, H, V).transpose(0, 1))` (cuBLAS);
 - stock_quant: the same bmm, then act_quant_fp8 of y (what o_proj's FP8-linear route then runs at <= 16 tokens);
 - ours:        ops.mla_v_up_quant (one kernel: y and its 1x128 quant; the W_UV slice loaded before the PDL wait);
-- chain_stock / chain_ours (--chain, default on): the same followed by o_proj on our skinny FP8 GEMM (the
-  FP8-linear route's GEMM), so the GEMM's weight prefetch during the previous kernel is part of the time.
+- chain_stock / chain_ours (default on; --no-chain skips): the decode sequence around it, our sparse-MLA core
+  (ops.sparse_mla_decode over 2048 random slots of a 65536-slot bf16 KV buffer, split + combine) -> W_UV (+ quant)
+  -> o_proj on our skinny FP8 GEMM (the FP8-linear route's GEMM), all PDL-launched as in the engine, so the W_UV
+  load during the combine and o_proj's weight prefetch are part of the time. chain_core: the sparse-MLA core alone
+  (what the chains add beyond W_UV and o_proj).
 w_vc: bf16 [H, L, V] in SGLang's layout (each head's [V, L] rows contiguous), std L^-0.5; o: random bf16
 [T, H, L]; o_proj: random e4m3 [hidden, H * V] with fp32 block scales. The weights are rotated over copies so that
 one pass exceeds 2x L2 (bench.timing.plan_rotation); o is small and L2-resident, as in a decode step.
@@ -26,6 +29,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 DEFAULT_TS = (1, 2, 4, 8, 16, 32, 64)
+KV_SLOTS = 65536  # the chains' KV buffer (bf16 rows of 576)
+TOPK = 2048
 PRESETS = ("glm5", "glm5.2", "small")
 
 
@@ -108,6 +113,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     o_all = torch.randn(max(ts), h, l_dim, device=dev, generator=g).to(torch.bfloat16)
     op_copies: list[Fp8Linear] = []
     if chain:
+        from ..ops import sparse_mla as SM
+
+        kv = (torch.randn(KV_SLOTS, 1, l_dim + 64, device=dev, generator=g) * 0.5).to(torch.bfloat16)
+        scale = float(cfg.softmax_scale)
         w8 = (torch.randn(hidden, k_o, device=dev, generator=g) * 0.5).to(torch.float8_e4m3fn)
         s8 = torch.rand(hidden // 128, k_o // 128, device=dev, generator=g) * 0.02 + 0.01
         cplan = plan_rotation(o_proj_bytes(1, hidden, k_o) + h * l_dim * v * 2, l2, max_sets=64)
@@ -125,12 +134,18 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     def ours(o, w):
         return mla_v_up.mla_v_up_quant(o, w)
 
-    def chain_stock(o, w, lin):
-        y, (y8, ys) = stock_quant(o, w)
+    def core(q, idx):
+        return SM.sparse_mla_decode(q, kv, idx, scale, l_dim)
+
+    def chain_core(q, idx, w, lin):
+        return core(q, idx)
+
+    def chain_stock(q, idx, w, lin):
+        y, (y8, ys) = stock_quant(core(q, idx), w)
         return fp8_gemm.fp8_gemm_skinny(y8, ys, lin)
 
-    def chain_ours(o, w, lin):
-        r = mla_v_up.mla_v_up_quant(o, w)
+    def chain_ours(q, idx, w, lin):
+        r = mla_v_up.mla_v_up_quant(core(q, idx), w)
         return fp8_gemm.fp8_gemm_skinny(r.y8, r.ys, lin)
 
     rows: list[dict[str, Any]] = []
@@ -149,12 +164,15 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             tm = time_launches(lambda i, fn=fn: fn(o, ws[i % len(ws)]), plan.launches, device=dev, replays=a.replays)
             row[f"{name}_us"] = tm.median_us
         if chain:
+            q = (torch.randn(t, h, l_dim + 64, device=dev, generator=g) * 0.5).to(torch.bfloat16)
+            tables = [torch.stack([torch.randperm(KV_SLOTS, device=dev, generator=g)[:TOPK] for _ in range(t)])
+                      .to(torch.int32) for _ in range(4)]
             row["chain_floor_us"] = (row["floor_bytes"] + o_proj_bytes(t, hidden, k_o)) / bw["bytes_per_s"] * 1e6
             n = max(len(op_copies), len(ws))
             launches = max(plan.launches, 2 * n)
-            for name, fn in (("chain_stock", chain_stock), ("chain_ours", chain_ours)):
-                tm = time_launches(lambda i, fn=fn: fn(o, ws[i % len(ws)], op_copies[i % len(op_copies)]), launches,
-                                   device=dev, replays=a.replays)
+            for name, fn in (("chain_core", chain_core), ("chain_stock", chain_stock), ("chain_ours", chain_ours)):
+                tm = time_launches(lambda i, fn=fn: fn(q, tables[i % 4], ws[i % len(ws)], op_copies[i % len(op_copies)]),
+                                   launches, device=dev, replays=a.replays)
                 row[f"{name}_us"] = tm.median_us
         row["speedup_vs_stock_quant"] = row["stock_quant_us"] / row["ours_us"]
         row["ours_over_floor"] = row["ours_us"] / row["floor_us"]
@@ -176,13 +194,14 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [f"# bench v-up: W_UV + o_proj act quant ({res.get('gpu')}, {res.get('date')}, commit {res.get('commit')})",
              "", f"Copy bandwidth {bw / 1e12:.2f} TB/s; preset {res.get('preset')}; times: median us per launch, "
              "CUDA-graph replays, weights rotated past L2." if bw else "", "",
-             "| T | stock bmm | stock bmm + act quant | ours | floor | ours / floor | speedup | chain stock | chain ours "
-             "| chain floor | chain speedup | ours y rel L2 | y > 1 ulp | quant bitwise |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| T | stock bmm | stock bmm + act quant | ours | floor | ours / floor | speedup | core alone | chain stock "
+             "| chain ours | chain floor (W_UV + o_proj) | chain speedup | ours y rel L2 | y > 1 ulp | quant bitwise |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res.get("rows", []):
         lines.append("| " + " | ".join([
             str(r["T"]), f(r.get("stock_bmm_us")), f(r.get("stock_quant_us")), f(r.get("ours_us")), f(r.get("floor_us")),
-            f(r.get("ours_over_floor")), f(r.get("speedup_vs_stock_quant")), f(r.get("chain_stock_us")),
+            f(r.get("ours_over_floor")), f(r.get("speedup_vs_stock_quant")), f(r.get("chain_core_us")),
+            f(r.get("chain_stock_us")),
             f(r.get("chain_ours_us")), f(r.get("chain_floor_us")), f(r.get("chain_speedup")),
             f"{r.get('ours_y_rel_l2', 0):.2e}", f"{r.get('ours_y_over_1ulp', 0):.4f}",
             str(r.get("ours_quant_bitwise"))]) + " |")

@@ -9,9 +9,9 @@ quant group is 128 output columns of one head, so one kernel does both:
     y8, ys      = act_quant_fp8(y.view(T, H * V))                    bitwise ref.fp8.quant_act_per_token of y
 
 Why: at batch 1 on the H200 the bmm was ~6.6 us per layer against a 3.9 us bytes floor (16.8 MB of bf16 W_UV for
-64 heads; docs/decode_budget.md) and the act quant another launch. Each CTA loads its 128 x 512 slice of W_UV into
-registers before griddepcontrol.wait, i.e. while the sparse-MLA combine runs, so after the wait only the latent rows
-(T KB per head) are read.
+64 heads; docs/decode_budget.md) and the act quant another launch. Each CTA copies its 128 x 512 slice of W_UV into
+shared memory (bulk copies) before griddepcontrol.wait, i.e. while the sparse-MLA combine runs, so after the wait
+only the latent rows (T KB per head) are read.
 
 Inputs:
 - o [T, H, L] bf16 (L = 512 = kv_lora_rank): the attention core's output; the last dim contiguous, 16-byte aligned
@@ -27,15 +27,14 @@ Ops (namespace glm5_fastpath; fake implementations for torch.compile / graphs):
 - torch.ops.glm5_fastpath.mla_v_up_quant_out(o, w_vc, y, y8, ys, pdl=True) -> None
 CPU tensors run the reference (`reference`); `pdl` is ignored there.
 
-Kernel (csrc/attn_core/mla_v_up.{cuh,cu}): one CTA of 8 warps per (head, 128 output columns), H * V / 128 CTAs;
-warp w owns the CTA's output rows [16w, 16w + 16) over all L, its 16 x 512 bf16 slice of W_UV held in 128
-registers per thread (mma.sync m16n8k16
-A fragments loaded with 16-byte loads, the K order permuted identically in A and B), loaded before the PDL wait
-with an L2 evict-first hint. After the wait each n-tile of 8 tokens is one B fragment per 32-K chunk (16-byte loads
-of o). The fp32 accumulators are rounded to bf16 into shared memory, then one half-warp per token quantises the
-CTA's 128 values (ActQuantGroupTile::quantize, the act_quant_fp8 math) and stores y, y8 and the scale. Builds for
-1, 2, 4, 8 token tiles (T <= 8, 16, 32, 64). The sum order differs from cuBLAS's, so y may differ from SGLang's bmm
-in the last bf16 bit; y8 / ys are then bitwise act_quant_fp8(y).
+Kernel (csrc/attn_core/mla_v_up.{cuh,cu}): one CTA of 8 warps per (head, 128 output columns), H * V / 128 CTAs.
+The CTA's 128 KB of W_UV comes in as 128 one-row bulk copies (L2 evict-first) issued before the PDL wait; after
+the wait the latent rows are staged with cp.async; warp w runs mma.sync m16n8k16 for the CTA's output rows
+[16w, 16w + 16) (weights on M, tokens on N, the K order permuted identically in A and B so each fragment is one
+16-byte shared load). The fp32 accumulators are rounded to bf16 into shared memory, then one half-warp per token
+quantises the CTA's 128 values (ActQuantGroupTile::quantize, the act_quant_fp8 math) and stores y, y8 and the
+scale. Builds for 1, 2, 4, 8 token tiles (T <= 8, 16, 32, 64). The sum order differs from cuBLAS's, so y may
+differ from SGLang's bmm in the last bf16 bit; y8 / ys are then bitwise act_quant_fp8(y).
 
 Errors: wrong type / dtype / shape / stride / device / alignment, T outside 1..MAX_TOKENS, L != 512, V not a multiple of 128 ->
 MlaVUpInputError (a ValueError) naming the op; a pre-sm_90 GPU -> RuntimeError.
@@ -178,9 +177,10 @@ def _kernel(idx: int, function: str):
 
 
 def smem_bytes(nt: int) -> int:
-    """Dynamic shared memory of the nt-tile build (VUpTile::kSmemBytes): 8 nt latent rows of 1024 + 64 B and 8 nt
-    bf16 output rows of 136 elements."""
-    return 8 * nt * ((L_DIM * 2 + 64) + (V_BLOCK + 8) * 2)
+    """Dynamic shared memory of the nt-tile build (VUpTile::kSmemBytes): 128 W_UV rows and 8 nt latent rows of
+    1024 + 64 B, 8 nt bf16 output rows of 136 elements, one mbarrier."""
+    row = L_DIM * 2 + 64
+    return V_BLOCK * row + 8 * nt * (row + (V_BLOCK + 8) * 2) + 16
 
 
 def _kernel_args(o, w_vc, y, y8, ys) -> tuple:

@@ -26,10 +26,10 @@ def make_inputs(t: int, h: int, v: int = 256, seed: int = 0, device="cpu", o_str
     """o [T, H, 512] (optionally a view into wider rows), w_vc [H, 512, V] in SGLang's layout (transpose of a
     contiguous [H, V, 512])."""
     g = torch.Generator().manual_seed(seed)
-    w = (torch.randn(h, v, 512, generator=g) * 512 ** -0.5).to(BF16).transpose(1, 2)
-    base = torch.randn(t, h * 512 + o_stride_pad, generator=g).to(BF16)
-    o = base[:, : h * 512].view(t, h, 512) if o_stride_pad else base.view(t, h, 512)
-    return o.to(device), w.to(device)
+    w = (torch.randn(h, v, 512, generator=g) * 512 ** -0.5).to(BF16).to(device).transpose(1, 2)
+    base = torch.randn(t, h * 512 + o_stride_pad, generator=g).to(BF16).to(device)
+    o = base[:, : h * 512].view(t, h, 512) if o_stride_pad else base.view(t, h, 512)  # a view: keeps the row stride
+    return o, w
 
 
 def ref64(o: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -143,7 +143,8 @@ def test_token_tiles_and_smem():
     with pytest.raises(MlaVUpInputError):
         M.token_tiles(65)
     # csrc/attn_core/mla_v_up.cu static_asserts the same numbers against VUpTile<kNT>::kSmemBytes
-    assert M.smem_bytes(1) == 8 * (1088 + 272) and M.smem_bytes(8) == 64 * (1088 + 272)
+    assert M.smem_bytes(1) == 128 * 1088 + 8 * (1088 + 272) + 16
+    assert M.smem_bytes(8) == 128 * 1088 + 64 * (1088 + 272) + 16
     assert M.smem_bytes(8) <= 227 * 1024
 
 
@@ -204,7 +205,7 @@ def test_kernel_matches_reference(t, h, v):
 @pytest.mark.parametrize("t", [1, 16, 40])
 def test_kernel_strided_o_and_functional_form(t):
     o, w = make_inputs(t, 64, 256, seed=9 + t, device="cuda", o_stride_pad=64)  # rows wider than H * 512
-    assert not o.is_contiguous()
+    assert o.stride(0) == 64 * 512 + 64
     r = mla_v_up_quant(o, w)
     torch.cuda.synchronize()
     check_y(r.y, ref64(o, w), f"strided {t=}")

@@ -201,6 +201,9 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
         from .linear_route import install_fp8_linear
 
         install_fp8_linear(model, metrics, log)  # on at <= 16 tokens unless GLM5_FASTPATH_FP8_LINEAR=0 (linear_route.py)
+        from .v_up_route import install_v_up
+
+        install_v_up(model, metrics, log)  # W_UV bmm + o_proj's quant in one kernel unless GLM5_FASTPATH_V_UP=0
         from .norm_route import install_norms
 
         install_norms(model, metrics, log)  # A0 for the norms whose quant a route consumes (norm_route.py)

@@ -38,6 +38,10 @@ per reason, when:
 
 Routed calls count {route="ours", reason="routed"}. The math is the same 1x128 per-token activation quant and
 128x128 block-scaled GEMM with fp32 accumulation (ref.prefix.block_fp8_linear), rounded to bf16 once.
+
+The act quant is skipped when o_proj's input is the output of the V-up route's kernel (v_up_route.py): that kernel
+already wrote the same 1x128 quant (bitwise act_quant_fp8 of its output) and hands it over through norm_route's
+one-entry stash, for that exact tensor only (ours_linear; logged once on the first hit).
 """
 from __future__ import annotations
 
@@ -85,15 +89,21 @@ def max_tokens() -> int:
         return DEFAULT_MAX_TOKENS
 
 
-def ours_linear(x: Any, weight: Any, scale_inv: Any, *, pdl: bool = True) -> Any:
+def ours_linear(x: Any, weight: Any, scale_inv: Any, *, pdl: bool = True,
+                on_stash_hit: Callable[[], None] | None = None) -> Any:
     """y [M, N] bf16 = bf16(block-FP8 linear of x [M, K] bf16): our 1x128 per-token act quant, then the skinny
     FP8 GEMM on weight [N, K] e4m3 with scale_inv [ceil(N/128), K/128] fp32. What the route runs for one call
-    (also what `bench fp8-linear` times as "ours")."""
+    (also what `bench fp8-linear` times as "ours").
+
+    The act quant goes through norm_route.stashed_quant: when x is the very tensor the V-up route just wrote
+    (o_proj's input, v_up_route.py), unmodified since, its kernel's (x8, xs) (bitwise act_quant_fp8(x)) are taken
+    and no quant kernel runs; on_stash_hit is then called. Any other x is quantised here."""
     from ...ops.act_quant import act_quant_fp8
     from ...ops.fp8_gemm import fp8_gemm_skinny
     from ...weights import Fp8Linear
+    from .norm_route import stashed_quant
 
-    x8, xs = act_quant_fp8(x, pdl=pdl)
+    x8, xs = stashed_quant(lambda t: act_quant_fp8(t, pdl=pdl), on_stash_hit)(x)
     return fp8_gemm_skinny(x8, xs, Fp8Linear(weight, scale_inv), pdl=pdl)
 
 
@@ -139,11 +149,19 @@ class Fp8LinearRoute:
 
     def __init__(self, metrics: Any = None, log: logging.Logger = logger, limit: int | None = None,
                  devices: tuple[str, ...] = ("cuda",), run: Callable[..., Any] | None = None) -> None:
-        # run: (x, weight, scale_inv) -> y; default ours_linear, looked up per call
+        # run: (x, weight, scale_inv) -> y; default ours_linear, looked up per call (its act quant taken from the
+        # V-up route's kernel when x is that kernel's output: _quant_from_v_up logs the first)
         self.metrics, self.log, self.devices = metrics, log, devices
-        self.run = run if run is not None else (lambda x, w, s: ours_linear(x, w, s))
+        self.run = run if run is not None else (lambda x, w, s: ours_linear(x, w, s,
+                                                                            on_stash_hit=self._quant_from_v_up))
         self.limit = max_tokens() if limit is None else limit
         self._once: set = set()
+
+    def _quant_from_v_up(self) -> None:
+        if "quant_from_v_up" not in self._once:
+            self._once.add("quant_from_v_up")
+            self.log.info("glm5_fastpath: FP8 linear (o_proj): act quant taken from the V-up kernel (v_up_route): no "
+                          "quant kernel; logged once")
 
     def note(self, route: str, reason: str, layer: Any = None, level: int = logging.INFO) -> None:
         if reason != "unmarked" and (route, reason) not in self._once:  # unmarked: every other FP8 linear, silent
