@@ -205,7 +205,7 @@ def test_kernel_matches_reference(t, h, v):
 @pytest.mark.parametrize("t", [1, 16, 40])
 def test_kernel_strided_o_and_functional_form(t):
     o, w = make_inputs(t, 64, 256, seed=9 + t, device="cuda", o_stride_pad=64)  # rows wider than H * 512
-    assert o.stride(0) == 64 * 512 + 64
+    assert t == 1 or o.stride(0) == 64 * 512 + 64  # (one row: torch reports the contiguous stride)
     r = mla_v_up_quant(o, w)
     torch.cuda.synchronize()
     check_y(r.y, ref64(o, w), f"strided {t=}")

@@ -10,10 +10,18 @@ output; o_proj takes that quant instead of quantising its input again:
 profile at batch 1 the 8 cuBLAS W_UV bmms of a step were ~53 us exposed (docs/decode_budget.md), ~6.6 us per layer
 against a 3.9 us bytes floor (16.8 MB of bf16 W_UV for 64 heads), and o_proj's act quant is another launch per layer.
 Each CTA of our kernel copies its 128 x 512 W_UV slice into shared memory before griddepcontrol.wait, i.e. while the
-sparse-MLA combine still runs, and does the quant in its epilogue (ops/mla_v_up.py). Per-op (`glm5-fastpath bench
-v-up`) and engine measurements: pending. **On by default for now** (DEFAULT_ON, one constant to flip once the GPU
-numbers are in); GLM5_FASTPATH_V_UP=0 (or off / sglang / stock / false / no) keeps SGLang's bmm everywhere.
-GLM5_FASTPATH_V_UP_MAX_TOKENS (default and cap 64 = ops.mla_v_up.MAX_TOKENS) is the largest T it takes.
+sparse-MLA combine still runs, and does the quant in its epilogue (ops/mla_v_up.py).
+
+Measured (H200, 2026-12-03, session 34, benchmarks/results/2026-12-03_h200_session34/):
+- per op (`bench v-up`): 6.7-6.9 us at 1-16 tokens against SGLang's bmm 6.5-7.3 us and bmm + act quant 8.2-8.8 us
+  (1.22-1.31x), 1.5-1.7x its 4.0-4.5 us bytes floor; slower than bmm + quant at 64 tokens (11.4 against 10.0 us);
+- in the chain sparse MLA -> W_UV (+ quant) -> o_proj: 1.06x / 1.04x at 1 / 2 tokens, 0.97-1.03x at 4-32 (the kernel's
+  139-227 KB of shared memory per CTA keeps o_proj's GEMM from starting its weight prefetch beside it);
+- in the engine (same machine, both orders, 256 output tokens): ITL p50 2.01-2.02 ms against 2.11-2.14 at batch 1,
+  5.26-5.27 against 5.21-5.22 at batch 8, 7.97-7.99 against 7.95-7.96 at batch 16.
+So it is **on by default at <= 2 decode tokens** (DEFAULT_MAX_TOKENS; GLM5_FASTPATH_V_UP_MAX_TOKENS raises it, up to
+64 = ops.mla_v_up.MAX_TOKENS); GLM5_FASTPATH_V_UP=0 (or off / sglang / stock / false / no) keeps SGLang's bmm
+everywhere.
 
 Seam: `forward_absorb_core(q_pe, k_pe, q_nope_out, k_nope, forward_batch, zero_allocator, positions, topk_indices,
 llama_4_scaling[, fusion_plan, attention_output_gate])` of each decoder layer's `self_attn` (DeepseekV2AttentionMLA;
@@ -79,10 +87,10 @@ logger = logging.getLogger("glm5_fastpath")
 
 ENV = "GLM5_FASTPATH_V_UP"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_V_UP_MAX_TOKENS"
-DEFAULT_ON = True  # pending the GPU measurements (module doc)
+DEFAULT_ON = True
 OFF = ("0", "off", "sglang", "stock", "false", "no")
 MAX_TOKENS = 64  # ops.mla_v_up.MAX_TOKENS (not imported: this module loads without the ops; a test checks it)
-DEFAULT_MAX_TOKENS = MAX_TOKENS
+DEFAULT_MAX_TOKENS = 2  # engine: faster at batch 1, 1 % slower at 8; op chain: faster at 1-2 tokens only (module doc)
 L_DIM = 512  # kv_lora_rank (ops.mla_v_up.L_DIM)
 V_BLOCK = 128  # v_head_dim must be a multiple: one FP8 quant group (ops.mla_v_up.V_BLOCK)
 BACKENDS = ("dsa", "nsa")  # SGLang's DSA backend ("nsa": its deprecated alias)

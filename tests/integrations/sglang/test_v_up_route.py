@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from prometheus_client import CollectorRegistry
 
 from glm5_fastpath.integrations.sglang import linear_route as LR
 from glm5_fastpath.integrations.sglang import norm_route as NR
@@ -114,7 +113,7 @@ class Attn:
             out = torch.bmm(attn_output.transpose(0, 1), self.w_vc.to(BF16) * self.w_scale)
             out = out.transpose(0, 1).flatten(1, 2)
         else:
-            out = torch.empty((attn_output.shape[0], h * v), dtype=BF16)
+            out = torch.empty((attn_output.shape[0], h * v), dtype=BF16, device=attn_output.device)
             torch.bmm(attn_output.transpose(0, 1), self.w_vc, out=out.view(-1, h, v).transpose(0, 1))
         output, _ = self.o_proj(out)
         if self.next_skip_topk is None:
@@ -144,9 +143,9 @@ def positional(a):
 def route(monkeypatch):
     monkeypatch.delenv(VR.ENV, raising=False)
     monkeypatch.delenv(VR.ENV_MAX_TOKENS, raising=False)
-    reg = CollectorRegistry()
+    reg = pytest.importorskip("prometheus_client").CollectorRegistry()  # (the GPU test runs without it)
     stash = NR.QuantStash()
-    r = VR.VUpRoute(FastpathMetrics(registry=reg), devices=("cpu",), stash=stash)
+    r = VR.VUpRoute(FastpathMetrics(registry=reg), limit=VR.MAX_TOKENS, devices=("cpu",), stash=stash)
     return r, reg, stash
 
 
@@ -279,7 +278,7 @@ def test_fp8_linear_route_takes_the_quant_and_skips_its_act_quant(monkeypatch, c
     attn = Attn(h=h)
     seen = []
     attn.o_proj = lambda x: (seen.append(x) or fp8_route.call(sglang_apply, method, lin, x), None)
-    VR.wrap_attention(attn, VR.VUpRoute(devices=("cpu",)))  # the process-wide STASH
+    VR.wrap_attention(attn, VR.VUpRoute(limit=VR.MAX_TOKENS, devices=("cpu",)))  # the process-wide STASH
     caplog.set_level(logging.INFO, "glm5_fastpath")
     out = attn.forward_absorb_core(*positional(core_args(3, h)))
     y = seen[0]
@@ -366,12 +365,12 @@ def test_lora_and_platform_flags_of_sglangs_module(route, monkeypatch):
 
 def test_token_limit_from_env_and_its_cap(monkeypatch):
     monkeypatch.delenv(VR.ENV_MAX_TOKENS, raising=False)
-    assert VR.max_tokens() == 64
-    for raw, want in (("4", 4), ("1000", 64), ("-3", 0), ("x", 64)):
+    assert VR.max_tokens() == VR.DEFAULT_MAX_TOKENS == 2
+    for raw, want in (("4", 4), ("1000", 64), ("-3", 0), ("x", 2)):
         monkeypatch.setenv(VR.ENV_MAX_TOKENS, raw)
         assert VR.max_tokens() == want, raw
     monkeypatch.setenv(VR.ENV_MAX_TOKENS, "4")
-    reg = CollectorRegistry()
+    reg = pytest.importorskip("prometheus_client").CollectorRegistry()  # (the GPU test runs without it)
     r = VR.VUpRoute(FastpathMetrics(registry=reg), devices=("cpu",), stash=NR.QuantStash())
     attn = wrapped(r)
     attn.forward_absorb_core(*positional(core_args(5)))
@@ -468,7 +467,7 @@ def test_install_wraps_the_layers_our_kernel_takes_and_unpatch_restores(monkeypa
     attn = mdl.model.layers[3].self_attn
     attn.forward_absorb_core(*positional(core_args(2)))
     assert attn.core_calls == 0
-    VR.wrap_attention(attn, VR.VUpRoute(devices=("cpu",)))  # idempotent: the first wrapper stays
+    VR.wrap_attention(attn, VR.VUpRoute(limit=VR.MAX_TOKENS, devices=("cpu",)))  # idempotent: the first wrapper stays
     assert getattr(attn.forward_absorb_core, VR.ORIGINAL_ATTR).__func__ is Attn.forward_absorb_core
     assert VR.unpatch_v_up(mdl) == 2 and wrapped_layers(mdl) == []
     assert attn.forward_absorb_core.__func__ is Attn.forward_absorb_core
@@ -581,7 +580,7 @@ def make(h, nxt):
 n = 0
 for h, t, nxt in ((4, 1, None), (8, 7, True), (4, 64, False)):
     real, ours = make(h, nxt), make(h, nxt)
-    route = VR.VUpRoute(devices=("cpu",), stash=NR.QuantStash())
+    route = VR.VUpRoute(limit=VR.MAX_TOKENS, devices=("cpu",), stash=NR.QuantStash())
     VR.wrap_attention(ours, route)
     a = T.core_args(t, h)
     if "fusion_plan" in FM.DeepseekMLAForwardMixin.forward_absorb_core.__code__.co_varnames:
@@ -639,7 +638,7 @@ def test_gpu_route_matches_cublas_bmm(t):
     from glm5_fastpath.ops.act_quant import act_quant_fp8
 
     h = 64
-    r = VR.VUpRoute(stash=NR.QuantStash())
+    r = VR.VUpRoute(limit=VR.MAX_TOKENS, stash=NR.QuantStash())
     attn, plain = Attn(h=h), Attn(h=h)
     for m in (attn, plain):
         m.w_vc = m.w_vc.cuda()
