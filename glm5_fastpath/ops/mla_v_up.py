@@ -16,8 +16,8 @@ only the latent rows (T KB per head) are read.
 Inputs:
 - o [T, H, L] bf16 (L = 512 = kv_lora_rank): the attention core's output; the last dim contiguous, 16-byte aligned
   rows (row / head strides multiples of 8 elements); T in 1..MAX_TOKENS.
-- w_vc [H, L, V] bf16 (V = v_head_dim, a multiple of 128) laid out as SGLang keeps it: each head's [V, L] rows contiguous
-  (strides (V * L, 1, L), i.e. `w.transpose(1, 2)` of a contiguous [H, V, L]), or any layout with stride(1) == 1
+- w_vc [H, L, V] bf16 (V = v_head_dim, a multiple of 128) laid out as SGLang keeps it: each head's [V, L] rows
+  contiguous (strides (V * L, 1, L), i.e. `w.transpose(1, 2)` of a contiguous [H, V, L]), or any layout with stride(1) == 1
   and stride(2) a multiple of 8; stride(0) a multiple of 8.
 Outputs (contiguous, new or given through out=): y [T, H * V] bf16, y8 [T, H * V] float8_e4m3fn, ys [T, H * V / 128]
 fp32 (row-major: act_quant_fp8's "scales" layout, what fp8_gemm_skinny takes).
@@ -36,8 +36,8 @@ quantises the CTA's 128 values (ActQuantGroupTile::quantize, the act_quant_fp8 m
 scale. Builds for 1, 2, 4, 8 token tiles (T <= 8, 16, 32, 64). The sum order differs from cuBLAS's, so y may
 differ from SGLang's bmm in the last bf16 bit; y8 / ys are then bitwise act_quant_fp8(y).
 
-Errors: wrong type / dtype / shape / stride / device / alignment, T outside 1..MAX_TOKENS, L != 512, V not a multiple of 128 ->
-MlaVUpInputError (a ValueError) naming the op; a pre-sm_90 GPU -> RuntimeError.
+Errors: wrong type / dtype / shape / stride / device / alignment, T outside 1..MAX_TOKENS, L != 512, V not a
+multiple of 128 -> MlaVUpInputError (a ValueError) naming the op; a pre-sm_90 GPU -> RuntimeError.
 """
 from __future__ import annotations
 
