@@ -5,7 +5,12 @@
 # sgl-deep-gemm 0.1.3, tvm-ffi, transformers 5.8.1, small deps), optionally nvidia-cutlass (CuTe headers),
 # installed here with pip --target for cp312 / manylinux x86-64 and packed as tar.xz.
 # The three wheel parts are ~72 MB (over the 64 MB a device call carries); unpacked and xz-compressed the
-# same files are ~44 MB, so one call brings everything and the engine runs need no second transfer.
+# same files are ~44 MB (38.3 MB at -9e), so one call brought everything while the tree was small.
+# Since 2026-12-03 the tracked tree takes ~41 MiB on disk (what the device's 64 MiB limit counts), so the site no longer
+# fits one call: split it (split -b 19M .carry/h200site.tar.xz .carry/h200site.part.), carry part aa in a first call that
+# copies it to build/h200parts/ (ignored outputs survive between calls on the same warm machine: call the next one at
+# once, the machine goes back after ~30 s idle), part ab in the second, which reassembles it
+# (benchmarks/results/2026-12-03_h200_session34/call_scripts/c2_*.sh, c3_*.sh).
 #
 # nvidia-cutlass (1.9 MB of the archive) only when WITH_CUTLASS=1: no kernel in csrc/ includes CuTe today
 # (KernelSpec.use_cutlass is unused) and SGLang's own cute paths import the separate CuTe DSL package, while the
