@@ -28,6 +28,7 @@
 #include "../common/bulk_copy.cuh"
 #include "../common/convert.cuh"
 #include "../common/mma_bf16_sm80.cuh"
+#include "../common/mma_f16.cuh"
 #include "../common/ptx_cp_async.cuh"
 #include "../common/vec_io.cuh"
 #include "../moe/act_quant.cuh"
@@ -46,9 +47,31 @@ struct VUpParams {
     int32_t num_heads;     // H
     int32_t v_blocks;      // V / 128
     float eps;             // ACT_QUANT_EPS
+    // W8 builds (kW8): W_UV read from SGLang's kv_b_proj itself, e4m3 [H * head_rows, L] with fp32 128x128 block
+    // scales; head h's output v is row h * head_rows + nope + v. Unused (null / 0) in the bf16 builds.
+    const uint8_t* w8;      // rows w8_stride bytes apart (a multiple of 16)
+    const float* w8_scale;  // [ceil(H * head_rows / 128), w8_scale_stride] fp32
+    int64_t w8_stride;
+    int32_t w8_scale_stride;
+    int32_t head_rows;      // qk_nope_head_dim + v_head_dim
+    int32_t nope;           // qk_nope_head_dim
 };
 
-template <int kNT>  // n-tiles of 8 tokens: T <= 8 * kNT
+// Two e4m3 (low byte first) -> bf16(f32(e) * s) each, packed (low first): exactly SGLang's dequantisation of kv_b
+// (block_quant_dequant: fp32 product, one rounding to bf16), so the W8 build multiplies by the very bf16 W_UV
+// SGLang keeps.
+GLM5_DEVICE uint32_t dequant_e4m3x2_bf16x2(uint32_t two, float s) {
+    const uint32_t h2 = ptx::e4m3x2_to_f16x2(static_cast<uint16_t>(two));
+    float f0, f1;
+    asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
+        : "=f"(f0), "=f"(f1)
+        : "r"(h2));
+    return ptx::f32x2_to_bf16x2_rn(__fmul_rn(f0, s), __fmul_rn(f1, s));
+}
+
+// kW8: the tile's W_UV rows are e4m3 (SGLang's kv_b_proj) + block scales, dequantised while building the A fragments
+// (half the weight bytes and half the shared memory; the same bf16 weights as SGLang's, see dequant_e4m3x2_bf16x2).
+template <int kNT, bool kW8 = false>  // n-tiles of 8 tokens: T <= 8 * kNT
 struct VUpTile {
     static constexpr int kL = 512;
     static constexpr int kV = 128;
@@ -56,20 +79,30 @@ struct VUpTile {
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kChunks = kL / 32;   // 16 chunks of 32 K, two k-steps each
     static constexpr int kMaxT = 8 * kNT;
-    static constexpr int kRowBytes = kL * 2 + 64;     // staged W / latent row: 1024 B + 64 B of padding (banks)
+    static constexpr int kRowBytes = kL * 2 + 64;     // staged latent row (and bf16 W row): 1024 B + 64 B (banks)
+    // staged W row: bf16 as the latent rows; e4m3 512 B + 32 B, so the four rows of one 8-byte-load phase
+    // (16 lanes: rows g..g+3, 32 B each) fall in different banks
+    static constexpr int kWRowBytes = kW8 ? kL + 32 : kRowBytes;
     static constexpr int kYRow = kV + 8;              // staged output row (bf16): 272 B, 16-byte aligned
-    static constexpr int kWBytes = kV * kRowBytes;    // 139264
+    static constexpr int kWBytes = kV * kWRowBytes;   // 139264 (bf16) / 69632 (e4m3)
     static constexpr int kXOffset = kWBytes;
     static constexpr int kYOffset = kXOffset + kMaxT * kRowBytes;
     static constexpr int kBarOffset = kYOffset + kMaxT * kYRow * 2;
     static constexpr int kSmemBytes = kBarOffset + 16;
     static_assert(kNT >= 1 && kNT <= 8, "1..8 token tiles");
-    static_assert(kRowBytes % 16 == 0 && (kYRow * 2) % 16 == 0 && kBarOffset % 8 == 0, "aligned staging");
+    static_assert(kRowBytes % 16 == 0 && kWRowBytes % 16 == 0 && (kYRow * 2) % 16 == 0 && kBarOffset % 8 == 0,
+                  "aligned staging");
+
+    // W8: the block scales of this thread's two rows (g, g + 8 of its warp's m-tile) for the four 128-wide K blocks,
+    // loaded with the weights before the PDL wait. Empty use in the bf16 builds.
+    struct Scales {
+        float lo[kL / 128], hi[kL / 128];
+    };
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 
     // Before the caller's griddepcontrol.wait: arm the weight barrier and issue the tile's 128 row copies (threads
     // 0..127, one row each). Weights: nothing writes them while the step runs.
-    static GLM5_DEVICE void load_weights(const VUpParams& p, int tile, uint8_t* smem) {
+    static GLM5_DEVICE void load_weights(const VUpParams& p, int tile, uint8_t* smem, Scales& sc) {
         uint64_t* bar = reinterpret_cast<uint64_t*>(smem + kBarOffset);
         const int tid = threadIdx.x;
         if (tid == 0) {
@@ -77,17 +110,30 @@ struct VUpTile {
             ptx::fence_mbarrier_init();
         }
         __syncthreads();
-        if (tid == 0) ptx::mbarrier_arrive_expect_tx(bar, kV * kL * 2);
+        constexpr uint32_t kRowCopy = kW8 ? kL : kL * 2;  // bytes of one W row
+        if (tid == 0) ptx::mbarrier_arrive_expect_tx(bar, kV * kRowCopy);
+        const int head = tile / p.v_blocks, vb = tile - head * p.v_blocks;
         if (tid < kV) {
-            const int head = tile / p.v_blocks, vb = tile - head * p.v_blocks;
-            const uint16_t* row = p.w_vc + static_cast<int64_t>(head) * p.w_stride_h +
-                                  static_cast<int64_t>(vb * kV + tid) * p.w_stride_v;
-            ptx::bulk_copy_g2s_hint(smem + tid * kRowBytes, row, kL * 2, bar, ptx::l2_policy_evict_first());
+            const void* row;
+            if constexpr (kW8) {
+                row = p.w8 + (static_cast<int64_t>(head) * p.head_rows + p.nope + vb * kV + tid) * p.w8_stride;
+            } else {
+                row = p.w_vc + static_cast<int64_t>(head) * p.w_stride_h + static_cast<int64_t>(vb * kV + tid) * p.w_stride_v;
+            }
+            ptx::bulk_copy_g2s_hint(smem + tid * kWRowBytes, row, kRowCopy, bar, ptx::l2_policy_evict_first());
+        }
+        if constexpr (kW8) {
+            const int warp = tid >> 5, g = (tid & 31) >> 2;
+            const int64_t r = static_cast<int64_t>(head) * p.head_rows + p.nope + vb * kV + warp * 16 + g;
+            const float* s_lo = p.w8_scale + (r / 128) * p.w8_scale_stride;
+            const float* s_hi = p.w8_scale + ((r + 8) / 128) * p.w8_scale_stride;
+#pragma unroll
+            for (int kb = 0; kb < kL / 128; ++kb) sc.lo[kb] = __ldg(s_lo + kb), sc.hi[kb] = __ldg(s_hi + kb);
         }
     }
 
     // After the caller's griddepcontrol.wait: everything that reads o and writes the outputs. All threads call it.
-    static GLM5_DEVICE void run(const VUpParams& p, int tile, uint8_t* smem) {
+    static GLM5_DEVICE void run(const VUpParams& p, int tile, uint8_t* smem, const Scales& sc) {
         const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
         const int g = lane >> 2, t = lane & 3;
         const int T = p.num_tokens;
@@ -111,16 +157,32 @@ struct VUpTile {
         float acc[kNT][4];
 #pragma unroll
         for (int n = 0; n < kNT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-        const uint8_t* wrow = ws + (warp * 16 + g) * kRowBytes + 16 * t;
+        const uint8_t* wrow = ws + (warp * 16 + g) * kWRowBytes + (kW8 ? 8 : 16) * t;
 #pragma unroll 4
         for (int j = 0; j < kChunks; ++j) {
-            ptx::u32x4 lo, hi;  // rows g and g + 8 of the warp's m-tile, K [32j + 8t, +8)
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(lo.x), "=r"(lo.y), "=r"(lo.z), "=r"(lo.w)
-                         : "r"(ptx::smem_addr(wrow + 64 * j)));
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(hi.x), "=r"(hi.y), "=r"(hi.z), "=r"(hi.w)
-                         : "r"(ptx::smem_addr(wrow + 8 * kRowBytes + 64 * j)));
+            ptx::u32x4 lo, hi;  // rows g and g + 8 of the warp's m-tile, K [32j + 8t, +8), as bf16 pairs
+            if constexpr (kW8) {
+                uint32_t l0, l1, h0, h1;  // 8 e4m3 of each row
+                asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(l0), "=r"(l1) : "r"(ptx::smem_addr(wrow + 32 * j)));
+                asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];"
+                             : "=r"(h0), "=r"(h1)
+                             : "r"(ptx::smem_addr(wrow + 8 * kWRowBytes + 32 * j)));
+                // 4 chunks of 32 per 128-wide scale block; selects, not an indexed load (the array stays in registers)
+                const int kb = j >> 2;
+                const float sl = kb == 0 ? sc.lo[0] : kb == 1 ? sc.lo[1] : kb == 2 ? sc.lo[2] : sc.lo[3];
+                const float sh = kb == 0 ? sc.hi[0] : kb == 1 ? sc.hi[1] : kb == 2 ? sc.hi[2] : sc.hi[3];
+                lo = ptx::u32x4{dequant_e4m3x2_bf16x2(l0, sl), dequant_e4m3x2_bf16x2(l0 >> 16, sl),
+                                dequant_e4m3x2_bf16x2(l1, sl), dequant_e4m3x2_bf16x2(l1 >> 16, sl)};
+                hi = ptx::u32x4{dequant_e4m3x2_bf16x2(h0, sh), dequant_e4m3x2_bf16x2(h0 >> 16, sh),
+                                dequant_e4m3x2_bf16x2(h1, sh), dequant_e4m3x2_bf16x2(h1 >> 16, sh)};
+            } else {
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(lo.x), "=r"(lo.y), "=r"(lo.z), "=r"(lo.w)
+                             : "r"(ptx::smem_addr(wrow + 64 * j)));
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(hi.x), "=r"(hi.y), "=r"(hi.z), "=r"(hi.w)
+                             : "r"(ptx::smem_addr(wrow + 8 * kWRowBytes + 64 * j)));
+            }
 #pragma unroll
             for (int n = 0; n < kNT; ++n) {
                 const int tok = 8 * n + g;

@@ -5,12 +5,15 @@ Per token count T (H = num_attention_heads, L = kv_lora_rank = 512, V = v_head_d
 - stock_bmm:   SGLang's call, `torch.bmm(o.transpose(0, 1), w_vc, out=y.view(T, H, V).transpose(0, 1))` (cuBLAS);
 - stock_quant: the same bmm, then act_quant_fp8 of y (what o_proj's FP8-linear route then runs at <= 16 tokens);
 - ours:        ops.mla_v_up_quant (one kernel: y and its 1x128 quant; the W_UV slice loaded before the PDL wait);
+- ours_w8:     ops.mla_v_up_quant_w8, the same from SGLang's FP8 kv_b_proj rows + block scales (half the bytes);
 - chain_stock / chain_ours (default on; --no-chain skips): the decode sequence around it, our sparse-MLA core
   (ops.sparse_mla_decode over 2048 random slots of a 65536-slot bf16 KV buffer, split + combine) -> W_UV (+ quant)
   -> o_proj on our skinny FP8 GEMM (the FP8-linear route's GEMM), all PDL-launched as in the engine, so the W_UV
   load during the combine and o_proj's weight prefetch are part of the time. chain_core: the sparse-MLA core alone
   (what the chains add beyond W_UV and o_proj).
-w_vc: bf16 [H, L, V] in SGLang's layout (each head's [V, L] rows contiguous), std L^-0.5; o: random bf16
+Weights: a random e4m3 kv_b_proj [H * (N + V), L] with 128x128 block scales; w_vc is SGLang's bf16 dequantisation of
+it (ops.mla_v_up.dequant_w_vc: [H, L, V], each head's [V, L] rows contiguous), so every path computes the same
+products (ours_w8 must equal ours bitwise); o: random bf16
 [T, H, L]; o_proj: random e4m3 [hidden, H * V] with fp32 block scales. The weights are rotated over copies so that
 one pass exceeds 2x L2 (bench.timing.plan_rotation); o is small and L2-resident, as in a decode step.
 Times: median per launch over CUDA-graph replays (bench.timing.time_launches).
@@ -107,9 +110,14 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if chain:
         fp8_gemm.precompile_plain([(hidden, k_o)], max_m=max(ts), device=dev)
     g = torch.Generator(device=dev).manual_seed(a.seed)
-    w0 = (torch.randn(h, v, l_dim, device=dev, generator=g) * l_dim ** -0.5).to(torch.bfloat16).transpose(1, 2)
+    nope = cfg.qk_nope_head_dim
+    rows_kvb = h * (nope + v)
+    kvb = (torch.randn(rows_kvb, l_dim, device=dev, generator=g) * 2).clamp(-448, 448).to(torch.float8_e4m3fn)
+    kvb_s = torch.full((-(-rows_kvb // 128), l_dim // 128), l_dim ** -0.5 / 2, device=dev)
+    w0 = mla_v_up.dequant_w_vc(kvb, kvb_s, h, nope)
     plan = plan_rotation(h * l_dim * v * 2, l2)
     ws = [w0] + [w0.transpose(1, 2).clone().transpose(1, 2) for _ in range(plan.sets - 1)]
+    w8s = [(kvb, kvb_s)] + [(kvb.clone(), kvb_s.clone()) for _ in range(plan.sets - 1)]
     o_all = torch.randn(max(ts), h, l_dim, device=dev, generator=g).to(torch.bfloat16)
     op_copies: list[Fp8Linear] = []
     if chain:
@@ -134,6 +142,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     def ours(o, w):
         return mla_v_up.mla_v_up_quant(o, w)
 
+    def ours_w8(o, w8):
+        return mla_v_up.mla_v_up_quant_w8(o, w8[0], w8[1], nope)
+
     def core(q, idx):
         return SM.sparse_mla_decode(q, kv, idx, scale, l_dim)
 
@@ -148,6 +159,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         r = mla_v_up.mla_v_up_quant(core(q, idx), w)
         return fp8_gemm.fp8_gemm_skinny(r.y8, r.ys, lin)
 
+    def chain_ours_w8(q, idx, w8, lin):
+        r = mla_v_up.mla_v_up_quant_w8(core(q, idx), w8[0], w8[1], nope)
+        return fp8_gemm.fp8_gemm_skinny(r.y8, r.ys, lin)
+
     rows: list[dict[str, Any]] = []
     for t in ts:
         o = o_all[:t].contiguous()
@@ -160,8 +175,17 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         row["ours_y_over_1ulp"] = _ulp_share(r.y, ref64)
         row["ours_quant_bitwise"] = bool(torch.equal(q.view(torch.uint8), r.y8.view(torch.uint8)) and torch.equal(s, r.ys))
         row["stock_y_rel_l2"] = rel_err(stock_bmm(o, w0), ref64)
-        for name, fn in (("stock_bmm", stock_bmm), ("stock_quant", stock_quant), ("ours", ours)):
-            tm = time_launches(lambda i, fn=fn: fn(o, ws[i % len(ws)]), plan.launches, device=dev, replays=a.replays)
+        try:
+            r8 = ours_w8(o, w8s[0])
+            row["ours_w8_bitwise_ours"] = bool(torch.equal(r8.y, r.y) and torch.equal(r8.ys, r.ys))
+        except Exception as e:  # noqa: BLE001 - the W8 form is new: its failure must not lose the other columns
+            row["ours_w8_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        for name, fn, wl in (("stock_bmm", stock_bmm, ws), ("stock_quant", stock_quant, ws), ("ours", ours, ws),
+                             ("ours_w8", ours_w8, w8s)):
+            if name == "ours_w8" and "ours_w8_error" in row:
+                continue
+            tm = time_launches(lambda i, fn=fn, wl=wl: fn(o, wl[i % len(wl)]), plan.launches, device=dev,
+                               replays=a.replays)
             row[f"{name}_us"] = tm.median_us
         if chain:
             q = (torch.randn(t, h, l_dim + 64, device=dev, generator=g) * 0.5).to(torch.bfloat16)
@@ -170,8 +194,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             row["chain_floor_us"] = (row["floor_bytes"] + o_proj_bytes(t, hidden, k_o)) / bw["bytes_per_s"] * 1e6
             n = max(len(op_copies), len(ws))
             launches = max(plan.launches, 2 * n)
-            for name, fn in (("chain_core", chain_core), ("chain_stock", chain_stock), ("chain_ours", chain_ours)):
-                tm = time_launches(lambda i, fn=fn: fn(q, tables[i % 4], ws[i % len(ws)], op_copies[i % len(op_copies)]),
+            for name, fn, wl in (("chain_core", chain_core, ws), ("chain_stock", chain_stock, ws),
+                                 ("chain_ours", chain_ours, ws), ("chain_ours_w8", chain_ours_w8, w8s)):
+                if name == "chain_ours_w8" and "ours_w8_error" in row:
+                    continue
+                tm = time_launches(lambda i, fn=fn, wl=wl: fn(q, tables[i % 4], wl[i % len(wl)],
+                                                              op_copies[i % len(op_copies)]),
                                    launches, device=dev, replays=a.replays)
                 row[f"{name}_us"] = tm.median_us
         row["speedup_vs_stock_quant"] = row["stock_quant_us"] / row["ours_us"]
@@ -194,17 +222,18 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [f"# bench v-up: W_UV + o_proj act quant ({res.get('gpu')}, {res.get('date')}, commit {res.get('commit')})",
              "", f"Copy bandwidth {bw / 1e12:.2f} TB/s; preset {res.get('preset')}; times: median us per launch, "
              "CUDA-graph replays, weights rotated past L2." if bw else "", "",
-             "| T | stock bmm | stock bmm + act quant | ours | floor | ours / floor | speedup | core alone | chain stock "
-             "| chain ours | chain floor (W_UV + o_proj) | chain speedup | ours y rel L2 | y > 1 ulp | quant bitwise |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| T | stock bmm | stock bmm + act quant | ours | floor | ours / floor | speedup | ours W8 | core alone "
+             "| chain stock | chain ours | chain ours W8 | chain floor (W_UV + o_proj) | chain speedup | ours y rel L2 "
+             "| y > 1 ulp | quant bitwise | W8 bitwise ours |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res.get("rows", []):
         lines.append("| " + " | ".join([
             str(r["T"]), f(r.get("stock_bmm_us")), f(r.get("stock_quant_us")), f(r.get("ours_us")), f(r.get("floor_us")),
-            f(r.get("ours_over_floor")), f(r.get("speedup_vs_stock_quant")), f(r.get("chain_core_us")),
-            f(r.get("chain_stock_us")),
-            f(r.get("chain_ours_us")), f(r.get("chain_floor_us")), f(r.get("chain_speedup")),
-            f"{r.get('ours_y_rel_l2', 0):.2e}", f"{r.get('ours_y_over_1ulp', 0):.4f}",
-            str(r.get("ours_quant_bitwise"))]) + " |")
+            f(r.get("ours_over_floor")), f(r.get("speedup_vs_stock_quant")), f(r.get("ours_w8_us")),
+            f(r.get("chain_core_us")), f(r.get("chain_stock_us")),
+            f(r.get("chain_ours_us")), f(r.get("chain_ours_w8_us")), f(r.get("chain_floor_us")),
+            f(r.get("chain_speedup")), f"{r.get('ours_y_rel_l2', 0):.2e}", f"{r.get('ours_y_over_1ulp', 0):.4f}",
+            str(r.get("ours_quant_bitwise")), str(r.get("ours_w8_bitwise_ours", r.get("ours_w8_error", "-")))]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -36,6 +36,12 @@ quantises the CTA's 128 values (ActQuantGroupTile::quantize, the act_quant_fp8 m
 scale. Builds for 1, 2, 4, 8 token tiles (T <= 8, 16, 32, 64). The sum order differs from cuBLAS's, so y may
 differ from SGLang's bmm in the last bf16 bit; y8 / ys are then bitwise act_quant_fp8(y).
 
+W8 form (`mla_v_up_quant_w8`, op glm5_fastpath.mla_v_up_quant_w8; written 2026-12-03, session 34, NOT yet run on a
+GPU): W_UV read from SGLang's kv_b_proj itself, e4m3 [H * (N + V), 512] (N = qk_nope_head_dim; head h's V rows follow
+its N W_UK rows) with fp32 128x128 block scales, dequantised in the kernel as bf16(f32(e) * s), which is exactly the
+bf16 w_vc SGLang derives from the same tensors (block_quant_dequant), so the result must be bitwise the bf16 form's
+on SGLang's w_vc (`dequant_w_vc`). Half the weight bytes (8.4 MB per GLM-5 layer) and half the shared memory.
+
 Errors: wrong type / dtype / shape / stride / device / alignment, T outside 1..MAX_TOKENS, L != 512, V not a
 multiple of 128 -> MlaVUpInputError (a ValueError) naming the op; a pre-sm_90 GPU -> RuntimeError.
 """
@@ -58,7 +64,9 @@ TOKEN_TILES = (1, 2, 4, 8)  # builds: n-tiles of 8 tokens
 MAX_TOKENS = 8 * TOKEN_TILES[-1]
 THREADS = 256
 FUNCTIONS = tuple(f"glm5_mla_v_up_nt{n}" for n in TOKEN_TILES)
-SPEC = KernelSpec("glm5_mla_v_up", source=SOURCE, functions=FUNCTIONS)
+FUNCTIONS_W8 = tuple(f"glm5_mla_v_up_w8_nt{n}" for n in TOKEN_TILES)
+SPEC = KernelSpec("glm5_mla_v_up", source=SOURCE, functions=FUNCTIONS + FUNCTIONS_W8)
+SCALE_BLOCK = 128  # kv_b_proj's 128x128 weight blocks
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
 
@@ -176,11 +184,12 @@ def _kernel(idx: int, function: str):
     return k
 
 
-def smem_bytes(nt: int) -> int:
-    """Dynamic shared memory of the nt-tile build (VUpTile::kSmemBytes): 128 W_UV rows and 8 nt latent rows of
-    1024 + 64 B, 8 nt bf16 output rows of 136 elements, one mbarrier."""
+def smem_bytes(nt: int, w8: bool = False) -> int:
+    """Dynamic shared memory of the nt-tile build (VUpTile::kSmemBytes): 128 W_UV rows (bf16: 1024 + 64 B; e4m3:
+    512 + 32 B), 8 nt latent rows of 1024 + 64 B, 8 nt bf16 output rows of 136 elements, one mbarrier."""
     row = L_DIM * 2 + 64
-    return V_BLOCK * row + 8 * nt * (row + (V_BLOCK + 8) * 2) + 16
+    w_row = L_DIM + 32 if w8 else row
+    return V_BLOCK * w_row + 8 * nt * (row + (V_BLOCK + 8) * 2) + 16
 
 
 def _kernel_args(o, w_vc, y, y8, ys) -> tuple:
@@ -210,6 +219,94 @@ def _new_outputs(o: torch.Tensor, v: int) -> tuple[torch.Tensor, torch.Tensor, t
     return (torch.empty((t_, h * v), dtype=BF16, device=o.device),
             torch.empty((t_, h * v), dtype=FP8, device=o.device),
             torch.empty((t_, h * v // V_BLOCK), dtype=torch.float32, device=o.device))
+
+
+# ---- the W8 form: SGLang's kv_b_proj rows + block scales ---------------------------------------------------
+
+def dequant_w_vc(kv_b_w8: torch.Tensor, kv_b_scale: torch.Tensor, num_heads: int, nope: int) -> torch.Tensor:
+    """SGLang's bf16 w_vc from kv_b_proj (its weight loader: block_quant_dequant, then the V rows of each head,
+    transposed): [H, L, V] bf16 with each head's [V, L] rows contiguous. What the W8 kernel multiplies by."""
+    rows, l_dim = kv_b_w8.shape
+    s = kv_b_scale.repeat_interleave(SCALE_BLOCK, 0).repeat_interleave(SCALE_BLOCK, 1)[:rows, :l_dim]
+    w = (kv_b_w8.to(torch.float32) * s).to(BF16)
+    hr = rows // num_heads
+    w_vc = w.unflatten(0, (num_heads, hr))[:, nope:]  # [H, V, L]
+    return w_vc.contiguous().transpose(1, 2)
+
+
+def _check_w8(o: object, kv_b_w8: object, kv_b_scale: object, nope: object) -> tuple[int, int, int]:
+    """-> (T, H, V) of valid W8 inputs."""
+    if not isinstance(o, torch.Tensor) or o.dtype != BF16 or o.dim() != 3 or o.shape[2] != L_DIM:
+        raise _fail(f"o must be a bf16 [T, H, {L_DIM}] tensor, got "
+                    f"{type(o).__name__ if not isinstance(o, torch.Tensor) else (o.dtype, tuple(o.shape))}")
+    t_, h, _ = o.shape
+    if isinstance(t_, int) and not 1 <= t_ <= MAX_TOKENS:
+        raise _fail(f"T={t_} tokens: the kernel takes 1..{MAX_TOKENS}")
+    if o.stride(2) != 1 or (t_ > 1 and o.stride(0) % 8) or (h > 1 and o.stride(1) % 8):
+        raise _fail(f"o needs a contiguous last dim and row / head strides that are multiples of 8 elements, got "
+                    f"strides {o.stride()}")
+    if not isinstance(kv_b_w8, torch.Tensor) or kv_b_w8.dtype != FP8 or kv_b_w8.dim() != 2 or not kv_b_w8.is_contiguous():
+        raise _fail("kv_b_w8 must be a contiguous float8_e4m3fn [H * (qk_nope_head_dim + v_head_dim), 512] tensor "
+                    "(SGLang's kv_b_proj.weight)")
+    rows, l_dim = kv_b_w8.shape
+    if not isinstance(nope, int) or isinstance(nope, bool) or nope < 0:
+        raise _fail(f"nope (qk_nope_head_dim) must be an int >= 0, got {nope!r}")
+    if l_dim != L_DIM or h < 1 or rows % h:
+        raise _fail(f"kv_b_w8 of shape {tuple(kv_b_w8.shape)} is not [H * head_rows, {L_DIM}] for H = {h}")
+    v = rows // h - nope
+    if v <= 0 or v % V_BLOCK:
+        raise _fail(f"v_head_dim = rows / H - nope = {v} must be a positive multiple of {V_BLOCK}")
+    want = (-(-rows // SCALE_BLOCK), L_DIM // SCALE_BLOCK)
+    if (not isinstance(kv_b_scale, torch.Tensor) or kv_b_scale.dtype != torch.float32
+            or tuple(kv_b_scale.shape) != want or not kv_b_scale.is_contiguous()):
+        raise _fail(f"kv_b_scale must be a contiguous fp32 {want} tensor (128x128 block scales)")
+    if len({o.device, kv_b_w8.device, kv_b_scale.device}) != 1:
+        raise _fail("o, kv_b_w8 and kv_b_scale must be on one device")
+    return t_, h, v
+
+
+def _launch_w8(o, w8, sc, nope, y, y8, ys, pdl: bool) -> None:
+    idx = require_hopper(OP, o.device, _fail)
+    require_aligned(_fail, {"o": o, "kv_b_w8": w8, "kv_b_scale": sc, "y": y, "y8": y8, "ys": ys})
+    t_, h, _ = o.shape
+    hr = w8.shape[0] // h
+    v = hr - nope
+    nt = token_tiles(t_)
+    grid = h * (v // V_BLOCK)
+    env.print_config("mla_v_up_quant_w8", {"T": t_, "H": h, "V": v}, {"token_tiles": nt, "grid": grid})
+    args = (o, w8, sc, y, y8, ys, ctypes.c_int64(o.stride(0) if t_ > 1 else h * L_DIM),
+            ctypes.c_int64(o.stride(1) if h > 1 else L_DIM), ctypes.c_int64(L_DIM), ctypes.c_int32(sc.shape[1]),
+            ctypes.c_int32(hr), ctypes.c_int32(nope), ctypes.c_int32(t_), ctypes.c_int32(h),
+            ctypes.c_int32(v // V_BLOCK), ctypes.c_float(ACT_QUANT_EPS))
+    _kernel(idx, f"glm5_mla_v_up_w8_nt{nt}").launch((grid, 1, 1), (THREADS, 1, 1), args, smem=smem_bytes(nt, True),
+                                                    pdl=pdl)
+
+
+@torch.library.custom_op("glm5_fastpath::mla_v_up_quant_w8", mutates_args=())
+def _mla_v_up_quant_w8(o: torch.Tensor, kv_b_w8: torch.Tensor, kv_b_scale: torch.Tensor, nope: int,
+                       pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _, h, v = _check_w8(o, kv_b_w8, kv_b_scale, nope)
+    if o.device.type == "cpu":
+        return tuple(reference(o, dequant_w_vc(kv_b_w8, kv_b_scale, h, nope)))
+    y, y8, ys = _new_outputs(o, v)
+    _launch_w8(o, kv_b_w8, kv_b_scale, nope, y, y8, ys, pdl)
+    return y, y8, ys
+
+
+@_mla_v_up_quant_w8.register_fake
+def _mla_v_up_quant_w8_fake(o, kv_b_w8, kv_b_scale, nope, pdl=True):
+    t_, h, v = _check_w8(o, kv_b_w8, kv_b_scale, nope)
+    return (o.new_empty((t_, h * v), dtype=BF16), o.new_empty((t_, h * v), dtype=FP8),
+            o.new_empty((t_, h * v // V_BLOCK), dtype=torch.float32))
+
+
+def mla_v_up_quant_w8(o: torch.Tensor, kv_b_w8: torch.Tensor, kv_b_scale: torch.Tensor, nope: int, *,
+                      pdl: bool = True) -> VUpResult:
+    """mla_v_up_quant with W_UV taken from SGLang's FP8 kv_b_proj (module docstring, "W8 form"): bitwise
+    mla_v_up_quant(o, dequant_w_vc(kv_b_w8, kv_b_scale, H, nope)). Not yet run on a GPU (2026-12-03)."""
+    _check_w8(o, kv_b_w8, kv_b_scale, nope)
+    _check_pdl(pdl)
+    return VUpResult(*torch.ops.glm5_fastpath.mla_v_up_quant_w8(o, kv_b_w8, kv_b_scale, nope, pdl))
 
 
 # ---- custom ops ----------------------------------------------------------------------------------------
@@ -270,10 +367,10 @@ def mla_v_up_quant(o: torch.Tensor, w_vc: torch.Tensor, *,
 def precompile(device: object = None) -> None:
     """Compile (or fetch from cache) and load the kernels on `device` (default: current), ahead of first use."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    for fn in FUNCTIONS:
+    for fn in FUNCTIONS + FUNCTIONS_W8:
         _kernel(_device_index(dev), fn)
 
 
 def compile_check_specs() -> list[KernelSpec]:
-    """The one spec scripts/compile_check.py builds (four token-tile functions in one cubin)."""
+    """The one spec scripts/compile_check.py builds (eight functions in one cubin: bf16 and W8, four token tiles)."""
     return [SPEC]

@@ -41,3 +41,4 @@ def test_markdown_has_every_row():
                      "ours_y_rel_l2": 1.7e-3, "ours_y_over_1ulp": 0.0, "ours_quant_bitwise": True} for t in (1, 16)]}
     md = B.markdown(res)
     assert "| 1 | 6.40 | 8.20 | 5.00 |" in md and "| 16 |" in md and "4.20 TB/s" in md
+    assert md.splitlines()[-1].count("|") == md.splitlines()[-3].count("|")  # every row has the header's columns

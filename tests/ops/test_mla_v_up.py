@@ -263,3 +263,110 @@ def test_cuda_graph_replay_with_fresh_inputs(no_pdl_override):
         torch.cuda.synchronize()
         check_y(out[0], ref64(static_o, w), f"graph replay {step}")
         check_quant(*out, f"graph replay {step}")
+
+
+# ---- the W8 form (SGLang's kv_b_proj rows + block scales) -------------------------------------------------------
+
+def make_kv_b(h: int, nope: int = 192, v: int = 256, seed: int = 0, device="cpu"):
+    """A kv_b_proj-like FP8 weight [H * (nope + v), 512] and fp32 128x128 block scales (rows not a multiple of 128
+    per head: GLM-5's 448)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = h * (nope + v)
+    w8 = (torch.randn(rows, 512, generator=g) * 3).clamp(-448, 448).to(FP8)
+    sc = torch.rand(-(-rows // 128), 4, generator=g) * 0.02 + 0.002
+    return w8.to(device), sc.to(device)
+
+
+def test_dequant_w_vc_is_sglangs_formula():
+    """Element by element: w_vc[h, l, v] = bf16(f32(w8[h * (N + V) + N + v, l]) * scale[row // 128, l // 128])."""
+    h, nope, v = 3, 192, 256
+    w8, sc = make_kv_b(h, nope, v, seed=1)
+    w = M.dequant_w_vc(w8, sc, h, nope)
+    assert w.shape == (h, 512, v) and w.dtype == BF16 and w.stride(1) == 1  # SGLang's layout
+    for hh, l, vv in [(0, 0, 0), (1, 511, 255), (2, 130, 64), (1, 300, 200)]:
+        r = hh * (nope + v) + nope + vv
+        want = (w8[r, l].float() * sc[r // 128, l // 128]).to(BF16)
+        assert w[hh, l, vv] == want, (hh, l, vv)
+
+
+@pytest.mark.parametrize("t, h, nope, v", [(1, 4, 192, 256), (5, 2, 128, 128), (33, 3, 64, 384)])
+def test_w8_form_on_cpu_equals_the_bf16_form_on_sglangs_w_vc(t, h, nope, v):
+    w8, sc = make_kv_b(h, nope, v, seed=t)
+    o, _ = make_inputs(t, h, v, seed=t + 1)
+    r = M.mla_v_up_quant_w8(o, w8, sc, nope)
+    ref = mla_v_up_quant(o, M.dequant_w_vc(w8, sc, h, nope))
+    assert torch.equal(r.y, ref.y) and torch.equal(r.y8.view(torch.uint8), ref.y8.view(torch.uint8))
+    assert torch.equal(r.ys, ref.ys)
+
+
+@pytest.mark.parametrize("mutate, msg", [
+    (lambda o, w, s: (o, w.to(BF16), s), "float8_e4m3fn"),
+    (lambda o, w, s: (o, w[:-1], s), "not \\[H \\* head_rows"),
+    (lambda o, w, s: (o, w, s[:-1]), "block scales"),
+    (lambda o, w, s: (o, w, s.double()), "block scales"),
+    (lambda o, w, s: (o.float(), w, s), "bf16"),
+    (lambda o, w, s: (torch.empty(0, 4, 512, dtype=BF16), w, s), "1..64"),
+])
+def test_w8_bad_inputs_raise(mutate, msg):
+    w8, sc = make_kv_b(4)
+    o, _ = make_inputs(2, 4)
+    with pytest.raises(MlaVUpInputError, match=msg):
+        M.mla_v_up_quant_w8(*mutate(o, w8, sc), 192)
+    with pytest.raises(MlaVUpInputError, match="multiple of 128"):
+        M.mla_v_up_quant_w8(o, w8, sc, 100)  # v = 448 - 100 = 348
+
+
+def test_w8_fake_and_smem():
+    w8, sc = make_kv_b(2)
+    o, _ = make_inputs(3, 2)
+    y, y8, ys = torch.ops.glm5_fastpath.mla_v_up_quant_w8(o.to("meta"), w8.to("meta"), sc.to("meta"), 192, True)
+    assert (y.shape, y8.shape, ys.shape) == ((3, 512), (3, 512), (3, 4))
+    torch.library.opcheck(torch.ops.glm5_fastpath.mla_v_up_quant_w8.default, (o, w8, sc, 192, True),
+                          test_utils=("test_faketensor", "test_autograd_registration"))
+    # csrc/attn_core/mla_v_up.cu static_asserts the same numbers against VUpTile<kNT, true>::kSmemBytes
+    assert M.smem_bytes(1, w8=True) == 128 * 544 + 8 * (1088 + 272) + 16
+    assert M.smem_bytes(8, w8=True) == 128 * 544 + 64 * (1088 + 272) + 16
+
+
+def test_w8_scale_rows_of_a_16_row_tile():
+    """The kernel reads a scale per row (rows g and g + 8 of a warp's tile, csrc mla_v_up.cuh load_weights): with
+    GLM-5's 448-row heads a CTA's 128 rows straddle a 128-row scale block, and per-row indexing covers it."""
+    hr, nope = 448, 192
+    blocks = set()
+    for h in range(64):
+        for vb in range(2):
+            r0 = h * hr + nope + vb * 128
+            blocks.add(len({(r0 + i) // 128 for i in range(128)}))
+    assert blocks == {1, 2}  # both cases occur, so a per-CTA scale would be wrong
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 2, 7, 8, 9, 16, 31, 33, 64])
+def test_w8_kernel_is_bitwise_the_bf16_kernel_on_sglangs_w_vc(t):
+    w8, sc = make_kv_b(64, seed=40 + t, device="cuda")
+    o, _ = make_inputs(t, 64, 256, seed=t, device="cuda")
+    w_vc = M.dequant_w_vc(w8, sc, 64, 192)
+    ref = mla_v_up_quant(o, w_vc)
+    r = M.mla_v_up_quant_w8(o, w8, sc, 192)
+    torch.cuda.synchronize()
+    assert torch.equal(r.y, ref.y), f"W8 y differs from the bf16 kernel on SGLang's w_vc at {t=}"
+    assert torch.equal(r.y8.view(torch.uint8), ref.y8.view(torch.uint8)) and torch.equal(r.ys, ref.ys)
+    check_y(r.y, ref64(o, w_vc), f"w8 {t=}")
+
+
+@pytest.mark.gpu
+def test_w8_pdl_late_producer(no_pdl_override):
+    from glm5_fastpath.testing.pdl import late_producer, produce
+
+    producer = late_producer()
+    w8, sc = make_kv_b(64, seed=3, device="cuda")
+    o_true, _ = make_inputs(4, 64, 256, seed=5, device="cuda")
+    o = torch.full_like(o_true, 7.0)
+    ref = M.mla_v_up_quant_w8(o_true, w8, sc, 192, pdl=False)
+    for _ in range(3):
+        o.fill_(7.0)
+        torch.cuda.synchronize()
+        produce(producer, o_true, o)
+        r = M.mla_v_up_quant_w8(o, w8, sc, 192, pdl=True)
+        torch.cuda.synchronize()
+        assert torch.equal(r.y, ref.y), "W8 build read o before the producer wrote it"
