@@ -69,6 +69,11 @@ Routed calls count {route="ours", reason="routed"} (host side: under CUDA graphs
 Install wraps only layers whose w_vc the op takes (ops.mla_v_up._check_inputs, 16-byte aligned) and whose
 kv_lora_rank / v_head_dim are 512 / a multiple of 128; the per-call checks above repeat the cheap ones.
 
+W8 form (opt-in, GLM5_FASTPATH_V_UP_W8=1; written in session 34 after its GPU calls, CPU-tested only): at install each
+wrapped layer whose kv_b_proj holds the FP8 source of its w_vc (e4m3 rows + 128x128 block scales whose dequantisation
+is bitwise attn.w_vc: checked once, w8_source) gets the W8 kernel, which reads those rows (8.4 MB per GLM-5 layer
+instead of 16.8) and computes the same bits; the others keep the bf16 kernel, logged with the reason.
+
 Math (ops/mla_v_up.py): y[t, h, :] = bf16(sum_l o[t, h, l] * w_vc[h, l, :]) with fp32 accumulation of exact bf16
 products, like cuBLAS's bf16 bmm but in another sum order, so y may differ from SGLang's in the last bf16 bit; (y8,
 ys) are bitwise act_quant_fp8(y), what the FP8-linear route's act quant would compute from y (SGLang's own
@@ -87,6 +92,8 @@ logger = logging.getLogger("glm5_fastpath")
 
 ENV = "GLM5_FASTPATH_V_UP"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_V_UP_MAX_TOKENS"
+ENV_W8 = "GLM5_FASTPATH_V_UP_W8"  # opt-in: W_UV from SGLang's FP8 kv_b_proj (ops.mla_v_up_quant_w8; not GPU-measured)
+W8_ATTR = "__glm5_fastpath_v_up_w8__"  # on an attention module: (kv_b weight e4m3, its block scales, qk_nope_head_dim)
 DEFAULT_ON = True
 OFF = ("0", "off", "sglang", "stock", "false", "no")
 MAX_TOKENS = 64  # ops.mla_v_up.MAX_TOKENS (not imported: this module loads without the ops; a test checks it)
@@ -141,6 +148,35 @@ def max_tokens() -> int:
         return DEFAULT_MAX_TOKENS
 
 
+def w8_enabled() -> bool:
+    """GLM5_FASTPATH_V_UP_W8=1: read W_UV as kv_b_proj's FP8 rows (module doc, "W8 form"); off by default."""
+    return os.environ.get(ENV_W8, "").strip().lower() in ("1", "on", "true", "yes")
+
+
+def w8_source(attn: Any) -> tuple | str:
+    """(kv_b weight, block scales, nope) when SGLang's kv_b_proj holds the FP8 source of this layer's w_vc: e4m3
+    [H * (nope + V), 512] + fp32 128x128 scales the W8 op takes, AND their dequantisation is bitwise attn.w_vc (one
+    check at install: the W8 kernel then multiplies by exactly SGLang's weights); else the reason (a str)."""
+    import torch
+
+    kv_b = getattr(attn, "kv_b_proj", None)
+    w, s = getattr(kv_b, "weight", None), getattr(kv_b, "weight_scale_inv", None)
+    nope = getattr(attn, "qk_nope_head_dim", None)
+    if not isinstance(w, torch.Tensor) or not isinstance(s, torch.Tensor) or not isinstance(nope, int):
+        return "no kv_b_proj.weight / weight_scale_inv / qk_nope_head_dim"
+    mv = op_module()
+    h = int(attn.w_vc.shape[0])
+    try:
+        mv._check_w8(attn.w_vc.new_empty((1, 1, L_DIM)).expand(1, h, L_DIM), w, s, nope)
+    except mv.MlaVUpInputError as e:
+        return str(e)
+    if w.data_ptr() % 16 or s.data_ptr() % 16:
+        return "kv_b_proj weight / scales not 16-byte aligned"
+    if not torch.equal(mv.dequant_w_vc(w, s, h, nope), attn.w_vc):
+        return "kv_b_proj's dequantisation is not this layer's w_vc (another dequantisation or scale format)"
+    return w, s, nope
+
+
 def op_module() -> Any:
     """glm5_fastpath.ops.mla_v_up, the module (the package attribute `ops.mla_v_up_quant` is the function)."""
     import importlib
@@ -151,6 +187,11 @@ def op_module() -> Any:
 def ours_v_up(o: Any, w_vc: Any) -> Any:
     """Our kernel on SGLang's tensors: VUpResult(y [T, H*V] bf16, y8 [T, H*V] e4m3, ys [T, H*V/128] fp32), PDL."""
     return op_module().mla_v_up_quant(o, w_vc, pdl=True)
+
+
+def ours_v_up_w8(o: Any, w8: Any, scale: Any, nope: int) -> Any:
+    """The W8 form on kv_b_proj's FP8 rows (w8_source): bitwise ours_v_up on the w_vc they dequantise to."""
+    return op_module().mla_v_up_quant_w8(o, w8, scale, nope, pdl=True)
 
 
 def counter(registry: Any) -> Any:
@@ -321,6 +362,7 @@ class VUpRoute:
         # run: (o [T, H, 512], w_vc) -> (y, y8, ys); default ours_v_up
         self.metrics, self.log, self.devices, self.stash = metrics, log, devices, stash
         self.run = run if run is not None else ours_v_up
+        self.run_w8 = ours_v_up_w8  # layers install_v_up gave a W8 source (GLM5_FASTPATH_V_UP_W8=1)
         self.limit = max_tokens() if limit is None else min(MAX_TOKENS, max(0, limit))
         self._once: set = set()
 
@@ -349,7 +391,9 @@ class VUpRoute:
             self.note("stock", "shape")
             return original(*args, **kwargs)
         try:
-            y, y8, ys = self.run(attn_output.view(-1, h, L_DIM), attn.w_vc)
+            w8 = attn.__dict__.get(W8_ATTR)
+            o = attn_output.view(-1, h, L_DIM)
+            y, y8, ys = self.run(o, attn.w_vc) if w8 is None else self.run_w8(o, *w8)
         except Exception as e:  # noqa: BLE001 - never take the server down: SGLang's core, loudly, once
             if ("stock", "error") not in self._once:
                 self._once.add(("stock", "error"))  # this warning is the one log line of the reason
@@ -423,8 +467,22 @@ def install_v_up(model: Any, metrics: Any = None, log: logging.Logger = logger, 
                         type(e).__name__, e)
             return []
     route = route or VUpRoute(metrics, log, devices=devices)
+    w8_layers, w8_refused = [], {}
     for i, attn in mods:
         wrap_attention(attn, route, i)
+        if w8_enabled():
+            src = w8_source(attn)
+            if isinstance(src, str):
+                w8_refused.setdefault(src, []).append(i)
+            else:
+                attn.__dict__[W8_ATTR] = src
+                w8_layers.append(i)
+    if w8_enabled():
+        for why, ids in w8_refused.items():
+            log.info("glm5_fastpath: V up-projection: layers %s keep the bf16 w_vc (%s=1: %s)", _ranges(ids), ENV_W8, why)
+        if w8_layers:
+            log.info("glm5_fastpath: V up-projection: layers %s read W_UV from kv_b_proj's FP8 rows (%s=1; half the "
+                     "bytes, the same bf16 weights)", _ranges(w8_layers), ENV_W8)
     log.info("glm5_fastpath: V up-projection: forward_absorb_core -> our W_UV + FP8 quant kernel (quant handed to "
              "o_proj) on layers %s at <= %d decode tokens (%s=0 turns it off)", _ranges(picked), route.limit, ENV)
     return picked
@@ -439,5 +497,6 @@ def unpatch_v_up(model: Any) -> int:
         if fn is not None and getattr(fn, ORIGINAL_ATTR, None) is not None:
             del attn.__dict__[METHOD]
             attn.__dict__.pop(MARK, None)
+            attn.__dict__.pop(W8_ATTR, None)
             n += 1
     return n

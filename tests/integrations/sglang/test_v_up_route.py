@@ -661,3 +661,60 @@ def test_gpu_route_matches_cublas_bmm(t):
     y8, ys = r.stash.take(y)
     a8, as_ = act_quant_fp8(y)
     assert torch.equal(y8.view(torch.uint8), a8.view(torch.uint8)) and torch.equal(ys, as_)
+
+
+# ---- the W8 form (GLM5_FASTPATH_V_UP_W8=1): W_UV from kv_b_proj's FP8 rows ------------------------------------------
+
+def _with_kv_b(attn, nope=64, seed=0):
+    """Give a stand-in layer an FP8 kv_b_proj whose dequantisation (SGLang's) is its w_vc."""
+    from glm5_fastpath.ops import mla_v_up as MV
+
+    g = torch.Generator().manual_seed(seed)
+    h, v = attn.num_local_heads, attn.w_vc.shape[2]
+    rows = h * (nope + v)
+    w8 = (torch.randn(rows, L, generator=g) * 3).clamp(-448, 448).to(FP8)
+    sc = torch.rand(-(-rows // 128), L // 128, generator=g) * 0.01 + 0.001
+    attn.kv_b_proj = types.SimpleNamespace(weight=w8, weight_scale_inv=sc)
+    attn.qk_nope_head_dim = nope
+    attn.w_vc = MV.dequant_w_vc(w8, sc, h, nope)
+    return attn
+
+
+def test_w8_source_accepts_only_the_exact_source_of_w_vc():
+    attn = _with_kv_b(Attn(seed=3))
+    src = VR.w8_source(attn)
+    assert isinstance(src, tuple) and src[0] is attn.kv_b_proj.weight and src[2] == 64
+    other = _with_kv_b(Attn(seed=4), seed=9)
+    other.w_vc = other.w_vc.clone().transpose(1, 2).contiguous().transpose(1, 2)
+    other.w_vc[0, 0, 0] += 1  # SGLang's w_vc no longer the dequantisation
+    assert "not this layer's w_vc" in VR.w8_source(other)
+    assert "no kv_b_proj" in VR.w8_source(Attn(seed=5))
+
+
+def test_w8_install_and_route_give_the_bf16_bits(monkeypatch, caplog):
+    monkeypatch.delenv(VR.ENV, raising=False)
+    monkeypatch.setenv(VR.ENV_MAX_TOKENS, "64")
+    plain = model(n=2)
+    w8m = model(n=2)
+    for mdl in (plain, w8m):
+        for i in (0, 1):
+            _with_kv_b(mdl.model.layers[i].self_attn, seed=i)
+    w8m.model.layers[1].self_attn.w_vc = plain.model.layers[1].self_attn.w_vc.clone().transpose(1, 2).contiguous()\
+        .transpose(1, 2) * 2  # layer 1: kv_b is not its w_vc's source -> bf16 kernel
+    monkeypatch.delenv(VR.ENV_W8, raising=False)
+    VR.install_v_up(plain, precompile=False, devices=("cpu",))
+    monkeypatch.setenv(VR.ENV_W8, "1")
+    with caplog.at_level(logging.INFO, logger="glm5_fastpath"):
+        VR.install_v_up(w8m, precompile=False, devices=("cpu",))
+    assert VR.W8_ATTR in vars(w8m.model.layers[0].self_attn) and VR.W8_ATTR not in vars(w8m.model.layers[1].self_attn)
+    assert any("layers 0 read W_UV from kv_b_proj's FP8 rows" in m for m in caplog.messages)
+    assert any("layers 1 keep the bf16 w_vc" in m for m in caplog.messages)
+    calls = []
+    route = vars(w8m.model.layers[0].self_attn)[VR.METHOD].__glm5_fastpath_route__
+    orig_w8 = route.run_w8
+    route.run_w8 = lambda *a: calls.append(a) or orig_w8(*a)
+    a = core_args(5)
+    out_w8 = w8m.model.layers[0].self_attn.forward_absorb_core(*positional(a))
+    out_bf16 = plain.model.layers[0].self_attn.forward_absorb_core(*positional(a))
+    assert len(calls) == 1 and torch.equal(out_w8, out_bf16)
+    assert VR.unpatch_v_up(w8m) == 2 and VR.W8_ATTR not in vars(w8m.model.layers[0].self_attn)
