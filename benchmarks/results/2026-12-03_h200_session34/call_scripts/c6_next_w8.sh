@@ -2,6 +2,8 @@
 # For the next session (written in session 34, not run): the fixed op / route GPU tests, the W8 form of the V-up kernel
 # (ops.mla_v_up_quant_w8: W_UV from SGLang's FP8 kv_b_proj, half the bytes and half the shared memory; must be bitwise
 # the bf16 form on SGLang's w_vc), and bench v-up with its ours_w8 / chain_ours_w8 columns.
+# If the W8 form is bitwise and faster: an engine A/B with GLM5_FASTPATH_V_UP_W8=1 against without (c3's script with
+# RUNS naming the two runs and the env set per run; the site in two parts as in c2 / c3).
 # run: C=<commit> bash this   (carry a JIT seed, e.g. .carry/jit_s33b.tar.xz)
 source scripts/h200_lib.sh
 DEADLINE=300
