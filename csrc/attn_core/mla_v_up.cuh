@@ -57,18 +57,6 @@ struct VUpParams {
     int32_t nope;           // qk_nope_head_dim
 };
 
-// Two e4m3 (low byte first) -> bf16(f32(e) * s) each, packed (low first): exactly SGLang's dequantisation of kv_b
-// (block_quant_dequant: fp32 product, one rounding to bf16), so the W8 build multiplies by the very bf16 W_UV
-// SGLang keeps.
-GLM5_DEVICE uint32_t dequant_e4m3x2_bf16x2(uint32_t two, float s) {
-    const uint32_t h2 = ptx::e4m3x2_to_f16x2(static_cast<uint16_t>(two));
-    float f0, f1;
-    asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
-        : "=f"(f0), "=f"(f1)
-        : "r"(h2));
-    return ptx::f32x2_to_bf16x2_rn(__fmul_rn(f0, s), __fmul_rn(f1, s));
-}
-
 // kW8: the tile's W_UV rows are e4m3 (SGLang's kv_b_proj) + block scales, dequantised while building the A fragments
 // (half the weight bytes and half the shared memory; the same bf16 weights as SGLang's, see dequant_e4m3x2_bf16x2).
 template <int kNT, bool kW8 = false>  // n-tiles of 8 tokens: T <= 8 * kNT
@@ -171,10 +159,12 @@ struct VUpTile {
                 const int kb = j >> 2;
                 const float sl = kb == 0 ? sc.lo[0] : kb == 1 ? sc.lo[1] : kb == 2 ? sc.lo[2] : sc.lo[3];
                 const float sh = kb == 0 ? sc.hi[0] : kb == 1 ? sc.hi[1] : kb == 2 ? sc.hi[2] : sc.hi[3];
-                lo = ptx::u32x4{dequant_e4m3x2_bf16x2(l0, sl), dequant_e4m3x2_bf16x2(l0 >> 16, sl),
-                                dequant_e4m3x2_bf16x2(l1, sl), dequant_e4m3x2_bf16x2(l1 >> 16, sl)};
-                hi = ptx::u32x4{dequant_e4m3x2_bf16x2(h0, sh), dequant_e4m3x2_bf16x2(h0 >> 16, sh),
-                                dequant_e4m3x2_bf16x2(h1, sh), dequant_e4m3x2_bf16x2(h1 >> 16, sh)};
+                // bf16(f32(e) * s): exactly SGLang's dequantisation of kv_b (block_quant_dequant), so the W8 build
+                // multiplies by the very bf16 W_UV SGLang keeps
+                ptx::e4m3x4_to_bf16x4_scaled(l0, sl, lo.x, lo.y);
+                ptx::e4m3x4_to_bf16x4_scaled(l1, sl, lo.z, lo.w);
+                ptx::e4m3x4_to_bf16x4_scaled(h0, sh, hi.x, hi.y);
+                ptx::e4m3x4_to_bf16x4_scaled(h1, sh, hi.z, hi.w);
             } else {
                 asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                              : "=r"(lo.x), "=r"(lo.y), "=r"(lo.z), "=r"(lo.w)

@@ -147,20 +147,9 @@ struct D2AbsorbTile {
         }
     }
 
-    static GLM5_DEVICE float f16_to_f32(uint16_t h) {
-        float f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-        return f;
-    }
-
     // Four e4m3 (one 32-bit word, lowest byte first) -> two packed bf16 pairs, bf16_rn(fp32(e4m3) * s).
     static GLM5_DEVICE void dequant4(uint32_t w, float s, uint32_t& lo, uint32_t& hi) {
-        const uint32_t a = ptx::e4m3x2_to_f16x2(static_cast<uint16_t>(w & 0xffffu));  // exact
-        const uint32_t b = ptx::e4m3x2_to_f16x2(static_cast<uint16_t>(w >> 16));
-        lo = ptx::f32x2_to_bf16x2_rn(__fmul_rn(f16_to_f32(static_cast<uint16_t>(a & 0xffffu)), s),
-                                     __fmul_rn(f16_to_f32(static_cast<uint16_t>(a >> 16)), s));
-        hi = ptx::f32x2_to_bf16x2_rn(__fmul_rn(f16_to_f32(static_cast<uint16_t>(b & 0xffffu)), s),
-                                     __fmul_rn(f16_to_f32(static_cast<uint16_t>(b >> 16)), s));
+        ptx::e4m3x4_to_bf16x4_scaled(w, s, lo, hi);
     }
 
     // W8, K block kb: convert the e4m3 chunk this thread copied (row kb * 32 + tid / 8, columns

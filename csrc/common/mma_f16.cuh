@@ -9,6 +9,7 @@
 #pragma once
 
 #include "arch.cuh"
+#include "convert.cuh"
 
 namespace glm5 {
 namespace ptx {
@@ -18,6 +19,24 @@ GLM5_DEVICE uint32_t e4m3x2_to_f16x2(uint16_t v) {
     uint32_t d;
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(v));
     return d;
+}
+
+GLM5_DEVICE float f16_to_f32(uint16_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Four e4m3 (one 32-bit word, lowest byte first) -> two packed bf16 pairs (lo: bytes 0-1, hi: bytes 2-3), each
+// bf16_rn(fp32(e4m3) * s): SGLang's block_quant_dequant of an FP8 weight, bit for bit (e4m3 -> f16 -> fp32 exact,
+// one fp32 multiply, one bf16 rounding). The W8 kernels (D2, the V up-projection) rebuild bf16 weights with it.
+GLM5_DEVICE void e4m3x4_to_bf16x4_scaled(uint32_t w, float s, uint32_t& lo, uint32_t& hi) {
+    const uint32_t a = e4m3x2_to_f16x2(static_cast<uint16_t>(w & 0xffffu));
+    const uint32_t b = e4m3x2_to_f16x2(static_cast<uint16_t>(w >> 16));
+    lo = f32x2_to_bf16x2_rn(__fmul_rn(f16_to_f32(static_cast<uint16_t>(a & 0xffffu)), s),
+                            __fmul_rn(f16_to_f32(static_cast<uint16_t>(a >> 16)), s));
+    hi = f32x2_to_bf16x2_rn(__fmul_rn(f16_to_f32(static_cast<uint16_t>(b & 0xffffu)), s),
+                            __fmul_rn(f16_to_f32(static_cast<uint16_t>(b >> 16)), s));
 }
 
 // D = A * B + D, A 16x16 f16 (row), B 16x8 f16 (col), D 16x8 fp32. Fragments (g = lane / 4,

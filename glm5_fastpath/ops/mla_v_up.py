@@ -95,22 +95,15 @@ def token_tiles(t: int) -> int:
 
 # ---- validation (shared by the real and the fake implementations) --------------------------------
 
-def _check_inputs(o: object, w_vc: object) -> tuple[int, int, int]:
-    """-> (T, H, V) of valid inputs."""
-    for name, t in (("o", o), ("w_vc", w_vc)):
-        if not isinstance(t, torch.Tensor):
-            raise _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != BF16:
-            raise _fail(f"{name} must be torch.bfloat16, got {t.dtype}")
-        if t.dim() != 3:
-            raise _fail(f"{name} must be 3-D, got shape {tuple(t.shape)}")
-    t_, h, l_ = o.shape
-    if l_ != L_DIM:
-        raise _fail(f"o must be [T, H, {L_DIM}] (kv_lora_rank {L_DIM}), got shape {tuple(o.shape)}")
-    v = w_vc.shape[2]
-    if tuple(w_vc.shape[:2]) != (h, L_DIM) or (isinstance(v, int) and (v <= 0 or v % V_BLOCK)):
-        raise _fail(f"w_vc must be [H, {L_DIM}, V] with H = {h} (o's heads) and V a positive multiple of {V_BLOCK}, "
-                    f"got {tuple(w_vc.shape)}")
+def _check_o(o: object) -> tuple[int, int]:
+    """-> (T, H) of a valid latent input o [T, H, 512] (both forms take it)."""
+    if not isinstance(o, torch.Tensor):
+        raise _fail(f"o must be a torch.Tensor, got {type(o).__name__}")
+    if o.dtype != BF16:
+        raise _fail(f"o must be torch.bfloat16 (bf16), got {o.dtype}")
+    if o.dim() != 3 or o.shape[2] != L_DIM:
+        raise _fail(f"o must be 3-D [T, H, {L_DIM}] (kv_lora_rank {L_DIM}), got shape {tuple(o.shape)}")
+    t_, h, _ = o.shape
     if isinstance(t_, int) and not 1 <= t_ <= MAX_TOKENS:
         raise _fail(f"T={t_} tokens: the kernel takes 1..{MAX_TOKENS}")
     if h < 1:
@@ -118,6 +111,22 @@ def _check_inputs(o: object, w_vc: object) -> tuple[int, int, int]:
     if o.stride(2) != 1 or (t_ > 1 and o.stride(0) % 8) or (h > 1 and o.stride(1) % 8):
         raise _fail(f"o needs a contiguous last dim and row / head strides that are multiples of 8 elements "
                     f"(16-byte loads), got strides {o.stride()}")
+    return t_, h
+
+
+def _check_inputs(o: object, w_vc: object) -> tuple[int, int, int]:
+    """-> (T, H, V) of valid inputs."""
+    t_, h = _check_o(o)
+    if not isinstance(w_vc, torch.Tensor):
+        raise _fail(f"w_vc must be a torch.Tensor, got {type(w_vc).__name__}")
+    if w_vc.dtype != BF16:
+        raise _fail(f"w_vc must be torch.bfloat16, got {w_vc.dtype}")
+    if w_vc.dim() != 3:
+        raise _fail(f"w_vc must be 3-D, got shape {tuple(w_vc.shape)}")
+    v = w_vc.shape[2]
+    if tuple(w_vc.shape[:2]) != (h, L_DIM) or (isinstance(v, int) and (v <= 0 or v % V_BLOCK)):
+        raise _fail(f"w_vc must be [H, {L_DIM}, V] with H = {h} (o's heads) and V a positive multiple of {V_BLOCK}, "
+                    f"got {tuple(w_vc.shape)}")
     if w_vc.stride(1) != 1 or w_vc.stride(2) % 8 or (h > 1 and w_vc.stride(0) % 8):
         raise _fail(f"w_vc must hold each head's [V, {L_DIM}] rows with the {L_DIM} contiguous (SGLang's "
                     f"layout: strides (V * {L_DIM}, 1, {L_DIM})); stride(2) and stride(0) multiples of 8, got "
@@ -226,25 +235,14 @@ def _new_outputs(o: torch.Tensor, v: int) -> tuple[torch.Tensor, torch.Tensor, t
 def dequant_w_vc(kv_b_w8: torch.Tensor, kv_b_scale: torch.Tensor, num_heads: int, nope: int) -> torch.Tensor:
     """SGLang's bf16 w_vc from kv_b_proj (its weight loader: block_quant_dequant, then the V rows of each head,
     transposed): [H, L, V] bf16 with each head's [V, L] rows contiguous. What the W8 kernel multiplies by."""
-    rows, l_dim = kv_b_w8.shape
-    s = kv_b_scale.repeat_interleave(SCALE_BLOCK, 0).repeat_interleave(SCALE_BLOCK, 1)[:rows, :l_dim]
-    w = (kv_b_w8.to(torch.float32) * s).to(BF16)
-    hr = rows // num_heads
-    w_vc = w.unflatten(0, (num_heads, hr))[:, nope:]  # [H, V, L]
-    return w_vc.contiguous().transpose(1, 2)
+    from ..ref.fp8 import dequant_w_kc, w_vc_fp8_from_kv_b
+
+    return dequant_w_kc(*w_vc_fp8_from_kv_b(kv_b_w8, kv_b_scale, num_heads, nope)).transpose(1, 2)
 
 
 def _check_w8(o: object, kv_b_w8: object, kv_b_scale: object, nope: object) -> tuple[int, int, int]:
     """-> (T, H, V) of valid W8 inputs."""
-    if not isinstance(o, torch.Tensor) or o.dtype != BF16 or o.dim() != 3 or o.shape[2] != L_DIM:
-        raise _fail(f"o must be a bf16 [T, H, {L_DIM}] tensor, got "
-                    f"{type(o).__name__ if not isinstance(o, torch.Tensor) else (o.dtype, tuple(o.shape))}")
-    t_, h, _ = o.shape
-    if isinstance(t_, int) and not 1 <= t_ <= MAX_TOKENS:
-        raise _fail(f"T={t_} tokens: the kernel takes 1..{MAX_TOKENS}")
-    if o.stride(2) != 1 or (t_ > 1 and o.stride(0) % 8) or (h > 1 and o.stride(1) % 8):
-        raise _fail(f"o needs a contiguous last dim and row / head strides that are multiples of 8 elements, got "
-                    f"strides {o.stride()}")
+    t_, h = _check_o(o)
     if not isinstance(kv_b_w8, torch.Tensor) or kv_b_w8.dtype != FP8 or kv_b_w8.dim() != 2 or not kv_b_w8.is_contiguous():
         raise _fail("kv_b_w8 must be a contiguous float8_e4m3fn [H * (qk_nope_head_dim + v_head_dim), 512] tensor "
                     "(SGLang's kv_b_proj.weight)")

@@ -155,33 +155,53 @@ def index_k_cache_views(cache: torch.Tensor, head_dim: int, page: int = INDEX_K_
     return k8, s
 
 
-def w_kc_fp8_from_kv_b(kv_b8: torch.Tensor, kv_b_scale: torch.Tensor, heads: int, nope: int,
-                       block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """The checkpoint's FP8 kv_b_proj [heads * (nope + v), kv_lora] e4m3 (+ its [rows/128, kv_lora/128] scales) ->
-    W_UK in FP8 form: (w_kc8 [heads, nope, kv_lora] e4m3, w_kc_scale [heads, nope, kv_lora/128] fp32), the scale of
-    every weight row expanded per 128 columns. Lossless: dequant_w_kc(...) is bitwise the bf16 w_kc SGLang (and
-    weights.assemble_layer) dequantize at load, bf16_rn(fp32(e4m3) * s). Why per row: a head's 192 k_nope rows start
-    at row 448h of kv_b, so its scale block boundaries fall at different rows per head; one scale per row keeps the
-    D2 kernel's lookup the same for every head (0.2 MB next to 6.3 MB of weights at GLM-5 dims)."""
+def kv_b_rows_fp8(kv_b8: torch.Tensor, kv_b_scale: torch.Tensor, heads: int, first: int, count: int,
+                  block: int = FP8_BLOCK, who: str = "kv_b_rows_fp8") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [first, first + count) of every head of the checkpoint's FP8 kv_b_proj [heads * (nope + v), kv_lora] e4m3
+    (+ its [rows/128, kv_lora/128] scales) -> (w8 [heads, count, kv_lora] e4m3, scale [heads, count, kv_lora/128] fp32),
+    the scale of every row expanded per 128 columns (a head's rows start at row (nope + v) * h of kv_b, so its scale
+    block boundaries fall at different rows per head; one scale per row keeps a kernel's lookup the same for every
+    head). dequant_w_kc(w8, scale) is then bitwise SGLang's bf16 dequantisation of those rows."""
     rows, kvl = kv_b8.shape
     if rows % heads or kvl % block:
-        raise ValueError(f"w_kc_fp8_from_kv_b: kv_b {tuple(kv_b8.shape)} does not split into {heads} heads / "
+        raise ValueError(f"{who}: kv_b {tuple(kv_b8.shape)} does not split into {heads} heads / "
                          f"{block}-column blocks")
     per_head = rows // heads
+    if not (0 <= first and 0 < count and first + count <= per_head):
+        raise ValueError(f"{who}: rows [{first}, {first + count}) outside a head's {per_head} rows")
+    if tuple(kv_b_scale.shape) != (_ceil_div(rows, block), kvl // block):
+        raise ValueError(f"{who}: scales {tuple(kv_b_scale.shape)} do not match kv_b {tuple(kv_b8.shape)}")
+    row = (torch.arange(heads, device=kv_b8.device)[:, None] * per_head + first
+           + torch.arange(count, device=kv_b8.device)[None, :])  # [heads, count] kv_b row of (h, i)
+    w8 = kv_b8.view(heads, per_head, kvl)[:, first:first + count, :].contiguous()
+    scale = kv_b_scale.float()[row // block].contiguous()  # [heads, count, kvl / block]
+    return w8, scale
+
+
+def w_kc_fp8_from_kv_b(kv_b8: torch.Tensor, kv_b_scale: torch.Tensor, heads: int, nope: int,
+                       block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """W_UK in FP8 form from kv_b_proj (kv_b_rows_fp8 of each head's first nope rows): (w_kc8 [heads, nope, kv_lora]
+    e4m3, w_kc_scale [heads, nope, kv_lora/128] fp32). Lossless: dequant_w_kc(...) is bitwise the bf16 w_kc SGLang (and
+    weights.assemble_layer) dequantize at load, bf16_rn(fp32(e4m3) * s) (0.2 MB of scales next to 6.3 MB of weights at
+    GLM-5 dims)."""
+    per_head = kv_b8.shape[0] // heads if heads else 0
     if not 0 < nope <= per_head:
         raise ValueError(f"w_kc_fp8_from_kv_b: nope={nope} outside (0, {per_head}]")
-    if tuple(kv_b_scale.shape) != (_ceil_div(rows, block), kvl // block):
-        raise ValueError(f"w_kc_fp8_from_kv_b: scales {tuple(kv_b_scale.shape)} do not match kv_b {tuple(kv_b8.shape)}")
-    row = (torch.arange(heads, device=kv_b8.device)[:, None] * per_head
-           + torch.arange(nope, device=kv_b8.device)[None, :])  # [heads, nope] kv_b row of W_UK row (h, k)
-    w8 = kv_b8.view(heads, per_head, kvl)[:, :nope, :].contiguous()
-    scale = kv_b_scale.float()[row // block].contiguous()  # [heads, nope, kvl / block]
-    return w8, scale
+    return kv_b_rows_fp8(kv_b8, kv_b_scale, heads, 0, nope, block, who="w_kc_fp8_from_kv_b")
+
+
+def w_vc_fp8_from_kv_b(kv_b8: torch.Tensor, kv_b_scale: torch.Tensor, heads: int, nope: int,
+                       block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """W_UV in FP8 form from kv_b_proj (kv_b_rows_fp8 of each head's rows after its nope W_UK rows): (w_vc8 [heads, v,
+    kv_lora] e4m3, scale [heads, v, kv_lora/128] fp32); dequant_w_kc(...) is SGLang's bf16 w_vc transposed ([H, V, L])."""
+    return kv_b_rows_fp8(kv_b8, kv_b_scale, heads, nope, kv_b8.shape[0] // heads - nope, block,
+                         who="w_vc_fp8_from_kv_b")
 
 
 def dequant_w_kc(w_kc8: torch.Tensor, w_kc_scale: torch.Tensor, block: int = FP8_BLOCK) -> torch.Tensor:
     """(w_kc8 [heads, nope, kv_lora] e4m3, w_kc_scale [heads, nope, kv_lora/128] fp32) -> bf16 w_kc,
-    bf16_rn(fp32(e4m3) * s) (the D2 W8 kernel rebuilds the same bits in registers)."""
+    bf16_rn(fp32(e4m3) * s) (the D2 W8 kernel rebuilds the same bits in registers). Any kv_b_rows_fp8 output works
+    (w_vc_fp8_from_kv_b's: SGLang's w_vc, [H, V, L])."""
     h, k, n = w_kc8.shape
     if tuple(w_kc_scale.shape) != (h, k, _ceil_div(n, block)):
         raise ValueError(f"dequant_w_kc: scales {tuple(w_kc_scale.shape)} do not match w_kc8 {tuple(w_kc8.shape)}")

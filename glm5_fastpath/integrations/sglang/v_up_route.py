@@ -363,8 +363,16 @@ class VUpRoute:
         self.metrics, self.log, self.devices, self.stash = metrics, log, devices, stash
         self.run = run if run is not None else ours_v_up
         self.run_w8 = ours_v_up_w8  # layers install_v_up gave a W8 source (GLM5_FASTPATH_V_UP_W8=1)
+        self._sglang_globals: dict = {}  # attention class -> its forward_mla module's globals
         self.limit = max_tokens() if limit is None else min(MAX_TOKENS, max(0, limit))
         self._once: set = set()
+
+    def _globals(self, attn: Any, original: Any) -> dict:
+        """sglang_globals, looked up once per attention class (not per call)."""
+        g = self._sglang_globals.get(type(attn))
+        if g is None:
+            g = self._sglang_globals[type(attn)] = sglang_globals(attn, original)
+        return g
 
     def note(self, route: str, reason: str, level: int = logging.INFO) -> None:
         if (route, reason) not in self._once:
@@ -376,7 +384,7 @@ class VUpRoute:
 
     def call(self, original: Callable, attn: Any, *args, **kwargs):
         a = _bind(args, kwargs)
-        why = "args" if a is None else call_why_not(attn, a, self.limit, self.devices, sglang_globals(attn, original))
+        why = "args" if a is None else call_why_not(attn, a, self.limit, self.devices, self._globals(attn, original))
         if why is not None:
             self.note("stock", why)
             return original(*args, **kwargs)
