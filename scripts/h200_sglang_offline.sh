@@ -19,7 +19,8 @@
 # If the first call gets too close to the limit, set BS=1,8,16,32 and run BS=64 separately
 # (different batch sizes are a different run key: give it its own RES).
 #
-# Model: --load-format dummy over our config.json (1 dense + 7 MoE layers, full GLM-5 per-layer dims)
+# Model: --load-format dummy over our config.json (1 dense + 7 MoE layers, full GLM-5 per-layer dims; LAYERS=N with
+# a MODEL dir of its own for 1 dense + N-1 MoE layers, e.g. LAYERS=2 to see the per-step host cost with little GPU work)
 # with --randomize-routers (N(0,0.02) router weights, zero correction bias) for realistic routing.
 # A real synthetic checkpoint (`glm5-fastpath make-checkpoint DIR --layers 8`) is 3 dense + 5 MoE
 # layers, ~53 GB (a MoE layer ~9.7 GB, embed+lm_head 3.8 GB) and takes many minutes to write: too
@@ -76,7 +77,7 @@ el "sglang $(python3 -c 'from importlib.metadata import version; print(version("
 
 # 2. model dir (config.json + tokenizer; no weights with --load-format dummy)
 if [ "$LOAD_FORMAT" = dummy ] && [ ! -f "$MODEL/config.json" ]; then
-  python3 -m glm5_fastpath.bench.offline make-dummy-model "$MODEL" --layers 8 --dense-layers 1
+  python3 -m glm5_fastpath.bench.offline make-dummy-model "$MODEL" --layers "${LAYERS:-8}" --dense-layers 1
 fi
 
 ARGS=(--model "$MODEL" --load-format "$LOAD_FORMAT" --batch-sizes "$BS" --input-len "$IN_LEN"

@@ -36,11 +36,15 @@ quantises the CTA's 128 values (ActQuantGroupTile::quantize, the act_quant_fp8 m
 scale. Builds for 1, 2, 4, 8 token tiles (T <= 8, 16, 32, 64). The sum order differs from cuBLAS's, so y may
 differ from SGLang's bmm in the last bf16 bit; y8 / ys are then bitwise act_quant_fp8(y).
 
-W8 form (`mla_v_up_quant_w8`, op glm5_fastpath.mla_v_up_quant_w8; written 2026-12-03, session 34, NOT yet run on a
-GPU): W_UV read from SGLang's kv_b_proj itself, e4m3 [H * (N + V), 512] (N = qk_nope_head_dim; head h's V rows follow
+W8 form (`mla_v_up_quant_w8`, op glm5_fastpath.mla_v_up_quant_w8; written in session 34, GPU-run in session 35):
+W_UV read from SGLang's kv_b_proj itself, e4m3 [H * (N + V), 512] (N = qk_nope_head_dim; head h's V rows follow
 its N W_UK rows) with fp32 128x128 block scales, dequantised in the kernel as bf16(f32(e) * s), which is exactly the
 bf16 w_vc SGLang derives from the same tensors (block_quant_dequant), so the result must be bitwise the bf16 form's
 on SGLang's w_vc (`dequant_w_vc`). Half the weight bytes (8.4 MB per GLM-5 layer) and half the shared memory.
+Measured (H200, 2026-12-03, bench v-up): bitwise the bf16 form at 1-64 tokens, and no faster alone (6.57 / 6.70 / 6.28
+us at 1 / 8 / 16 tokens against 6.63 / 6.81 / 6.54): the op is bound by launch and per-CTA latency, not by its bytes.
+In the chain sparse MLA -> W_UV -> o_proj it gains at 4-16 tokens (57.6 / 58.3 / 63.8 us against 61.5 / 65.1 / 65.9 for
+the bf16 form and 58.6 / 63.6 / 67.5 for SGLang's), where the bf16 form's shared memory keeps o_proj's CTAs off the SMs.
 
 Errors: wrong type / dtype / shape / stride / device / alignment, T outside 1..MAX_TOKENS, L != 512, V not a
 multiple of 128 -> MlaVUpInputError (a ValueError) naming the op; a pre-sm_90 GPU -> RuntimeError.
@@ -301,7 +305,7 @@ def _mla_v_up_quant_w8_fake(o, kv_b_w8, kv_b_scale, nope, pdl=True):
 def mla_v_up_quant_w8(o: torch.Tensor, kv_b_w8: torch.Tensor, kv_b_scale: torch.Tensor, nope: int, *,
                       pdl: bool = True) -> VUpResult:
     """mla_v_up_quant with W_UV taken from SGLang's FP8 kv_b_proj (module docstring, "W8 form"): bitwise
-    mla_v_up_quant(o, dequant_w_vc(kv_b_w8, kv_b_scale, H, nope)). Not yet run on a GPU (2026-12-03)."""
+    mla_v_up_quant(o, dequant_w_vc(kv_b_w8, kv_b_scale, H, nope)) (GPU-tested on the H200, 2026-12-03)."""
     _check_w8(o, kv_b_w8, kv_b_scale, nope)
     _check_pdl(pdl)
     return VUpResult(*torch.ops.glm5_fastpath.mla_v_up_quant_w8(o, kv_b_w8, kv_b_scale, nope, pdl))

@@ -69,7 +69,8 @@ Routed calls count {route="ours", reason="routed"} (host side: under CUDA graphs
 Install wraps only layers whose w_vc the op takes (ops.mla_v_up._check_inputs, 16-byte aligned) and whose
 kv_lora_rank / v_head_dim are 512 / a multiple of 128; the per-call checks above repeat the cheap ones.
 
-W8 form (opt-in, GLM5_FASTPATH_V_UP_W8=1; written in session 34 after its GPU calls, CPU-tested only): at install each
+W8 form (opt-in, GLM5_FASTPATH_V_UP_W8=1; engine-measured in session 35, no step-time change beyond run-to-run noise:
+benchmarks/results/2026-12-03_h200_session35/): at install each
 wrapped layer whose kv_b_proj holds the FP8 source of its w_vc (e4m3 rows + 128x128 block scales whose dequantisation
 is bitwise attn.w_vc: checked once, w8_source) gets the W8 kernel, which reads those rows (8.4 MB per GLM-5 layer
 instead of 16.8) and computes the same bits; the others keep the bf16 kernel, logged with the reason.
@@ -92,7 +93,7 @@ logger = logging.getLogger("glm5_fastpath")
 
 ENV = "GLM5_FASTPATH_V_UP"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_V_UP_MAX_TOKENS"
-ENV_W8 = "GLM5_FASTPATH_V_UP_W8"  # opt-in: W_UV from SGLang's FP8 kv_b_proj (ops.mla_v_up_quant_w8; not GPU-measured)
+ENV_W8 = "GLM5_FASTPATH_V_UP_W8"  # opt-in: W_UV from SGLang's FP8 kv_b_proj (ops.mla_v_up_quant_w8)
 W8_ATTR = "__glm5_fastpath_v_up_w8__"  # on an attention module: (kv_b weight e4m3, its block scales, qk_nope_head_dim)
 DEFAULT_ON = True
 OFF = ("0", "off", "sglang", "stock", "false", "no")
