@@ -220,6 +220,7 @@ class StepMark:
     bs: int | None = None
     launch_ts: float | None = None  # first launch call of the step (host clock)
     graph_launches: int = 0
+    graph_launch_call_us: float | None = None  # host time inside the step's graph-launch calls (cudaGraphLaunch)
     host_step_us: float | None = None  # the host step[...] range's duration
     host_anchor: float | None = None  # start of the host loop iteration (enclosing scheduler.run_batch, else launch)
 
@@ -262,7 +263,9 @@ def marks_host_step(tr: Trace) -> list[StepMark]:
         encl = [r.ts for r in run_batch if r.ts <= a.ts and r.end >= a.end and r.tid == a.tid]
         out.append(StepMark(gpu_start=min(first[x.corr] for x in own), mode=mode, bs=bs,
                             launch_ts=min(x.ts for x in own),
-                            graph_launches=sum(1 for x in own if _is_graph_launch(x.name)), host_step_us=a.dur,
+                            graph_launches=sum(1 for x in own if _is_graph_launch(x.name)),
+                            graph_launch_call_us=sum(x.dur for x in own if _is_graph_launch(x.name)) or None,
+                            host_step_us=a.dur,
                             host_anchor=max(encl) if encl else a.ts))
     return out
 
@@ -463,6 +466,8 @@ def analyze(obj: Any, *, method: str = "auto", gap_us: float | None = None, top_
                     host["annotated_us"] = per
         if mk.host_step_us is not None:
             host["host_step_us"] = mk.host_step_us
+        if mk.graph_launch_call_us is not None:
+            host["graph_launch_call_us"] = mk.graph_launch_call_us
         if host:
             st["host"] = host
         st["_gaps"], st["_last_end"] = gaps, last_end
@@ -502,7 +507,8 @@ def analyze(obj: Any, *, method: str = "auto", gap_us: float | None = None, top_
     }
     summ["busy_fraction"] = summ["busy_us"]["p50"] / summ["window_us"]["p50"] if summ["window_us"]["p50"] else None
     hosts = [s.get("host", {}) for s in done]
-    for k in ("launch_interval_us", "gpu_drained_before_next_launch_us", "launch_to_gpu_start_us", "host_step_us"):
+    for k in ("launch_interval_us", "gpu_drained_before_next_launch_us", "launch_to_gpu_start_us", "host_step_us",
+              "graph_launch_call_us"):
         v = [h[k] for h in hosts if k in h]
         if v:
             summ.setdefault("host", {})[k] = _stats(v)
@@ -606,6 +612,8 @@ def summary_lines(res: dict) -> list[str]:
             parts.append(f"GPU drained before the next launch {_ms(_p50(h['gpu_drained_before_next_launch_us']))} ms")
         if "host_step_us" in h:
             parts.append(f"host forward span {_ms(_p50(h['host_step_us']))} ms")
+        if "graph_launch_call_us" in h:  # the profiler lengthens it too (CUPTI records every node of the graph)
+            parts.append(f"in graph-launch calls {_ms(_p50(h['graph_launch_call_us']))} ms")
         if parts:
             lines.append("host (p50): " + ", ".join(parts))
     return lines

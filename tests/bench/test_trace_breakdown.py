@@ -92,12 +92,15 @@ def test_host_side_intervals_and_annotations():
     assert h["launch_to_gpu_start_us"] == pytest.approx(130.0)  # memcpy launched at +20, ran at +150
     assert h["gpu_drained_before_next_launch_us"] == pytest.approx(P + 20 - LAST_END)
     assert h["host_step_us"] == pytest.approx(240.0)
+    assert h["graph_launch_call_us"] == pytest.approx(30.0)  # the cudaGraphLaunch call inside the step range
     # one host loop iteration, anchored at the enclosing scheduler.run_batch: each stage once
     assert h["annotated_us"] == {"scheduler.run_batch": 260.0, "step[...]": 240.0,
                                  "scheduler.process_batch_result": 200.0, "scheduler.recv_requests": 50.0}
     hs = r["summary"]["host"]
     assert hs["launch_interval_us"]["p50"] == pytest.approx(P)
     assert hs["annotated_us"]["scheduler.process_batch_result"]["mean"] == pytest.approx(200.0)
+    assert hs["graph_launch_call_us"]["p50"] == pytest.approx(30.0)
+    assert "in graph-launch calls 0.030 ms" in "\n".join(tb.summary_lines(r))
     assert "host" not in r["steps"][-1] or "launch_interval_us" not in r["steps"][-1]["host"]
 
 
