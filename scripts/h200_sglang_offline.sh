@@ -96,6 +96,9 @@ ARGS=(--model "$MODEL" --load-format "$LOAD_FORMAT" --batch-sizes "$BS" --input-
 # CALLS=N: N timed generate calls of B prompts per batch size (default 1). Batch 1's single call of one prompt moved its
 # tok/s by up to 10 % between identical runs (session 29); more calls cost ~0.6 s (ours) / 0.9 s (stock) each there.
 [ "${CALLS:-1}" != 1 ] && ARGS+=(--calls "$CALLS")
+# HOST_TIMING=1: time SGLang's scheduler loop per decode iteration without a profiler (bench/host_timing.py): the loop
+# period, the host's waits on the GPU and each loop stage, per batch size and mode, in the report
+[ "${HOST_TIMING:-0}" = 1 ] && ARGS+=(--host-timing)
 PROFILE_STEPS=${PROFILE_STEPS:-0}
 [ "$PROFILE_STEPS" != 0 ] && ARGS+=(--profile-steps "$PROFILE_STEPS")
 [ -n "${PROFILE_BS:-}" ] && ARGS+=(--profile-batches "$PROFILE_BS")

@@ -52,6 +52,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import host_timing
+
+# SGLang spawns its scheduler process, which re-imports this module as its main module: with
+# GLM5_FASTPATH_HOST_TIMING set (bench offline --host-timing), that process times its loop (bench/host_timing.py)
+host_timing.install_from_env()
+
 MODES = ("stock", "fastpath")
 SEAMS = ("auto", "plugin", "external-model-package")
 EXTERNAL_PACKAGE = "glm5_fastpath.integrations.sglang.models"
@@ -72,6 +78,7 @@ PROFILE_EXTRA_STEPS = 2
 PROFILE_MAX_STEPS = 50  # keep traces small: ~5 steps is enough for a per-step breakdown
 PROFILE_TAIL_TOKENS = 16  # output tokens beyond the profiled steps (the profile request reaches the scheduler late)
 PROFILE_FIRST_TOKEN_TIMEOUT_S = 300.0
+HOST_TIMING_SETTLE_S = 1.5  # > host_timing.FLUSH_S: the idle scheduler loop writes its last lines
 PROFILE_DIR = "profile-{mode}-b{batch}"
 
 # sm90 arguments that avoid FA3 and tilelang (header of shared/tools/sglang-h200-wheels.sh).
@@ -128,6 +135,7 @@ class OfflineOptions:
     profile_steps: int = 0  # decode steps to profile per batch size (0: no profile)
     profile_batches: list[int] | None = None  # None: every measured batch size
     profile_activities: list[str] = field(default_factory=lambda: list(PROFILE_ACTIVITIES))
+    host_timing: bool = False  # time SGLang's scheduler loop per decode iteration (bench/host_timing.py)
 
     def profiled_batches(self) -> list[int]:
         if not self.profile_steps:
@@ -231,6 +239,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="batch sizes to profile (default: every measured one); each must be in --batch-sizes")
     p.add_argument("--profile-activities", type=_activity_list, default=list(PROFILE_ACTIVITIES),
                    help="profiler activities, CPU,GPU (default; CPU adds the host side) or GPU")
+    p.add_argument("--host-timing", action="store_true",
+                   help="time SGLang's scheduler loop per decode iteration without a profiler (loop period, the "
+                        "host's waits on the GPU, each loop stage; glm5_fastpath/bench/host_timing.py), both modes, "
+                        "and add a per-batch table to the report: whether the host or the GPU paces the step")
 
 
 def options_from_args(a: argparse.Namespace) -> OfflineOptions:
@@ -244,7 +256,7 @@ def options_from_args(a: argparse.Namespace) -> OfflineOptions:
                           stream_pass=a.stream_pass, timeout_s=a.timeout_s, fastpath_config=a.fastpath_config,
                           routing_stats=a.routing_stats,
                           profile_steps=a.profile_steps, profile_batches=a.profile_batches,
-                          profile_activities=list(a.profile_activities))
+                          profile_activities=list(a.profile_activities), host_timing=a.host_timing)
 
 
 def read_model_config(model: str) -> dict:
@@ -442,7 +454,8 @@ def run_key(o: OfflineOptions) -> str:
     d = {"model": os.path.abspath(o.model), "bs": sorted(o.batch_sizes), "in": o.input_len, "out": o.output_len,
          "n": o.num_prompts, **({"calls": o.calls} if o.calls != 1 else {}), "lf": o.load_format, "rr": o.randomize_routers, "seed": o.seed,
          **({"rd": True} if o.realistic_dummy else {}),
-         "ea": sorted(o.engine_args.items(), key=lambda kv: kv[0]), **({"rs": True} if o.routing_stats else {})}
+         "ea": sorted(o.engine_args.items(), key=lambda kv: kv[0]), **({"rs": True} if o.routing_stats else {}),
+         **({"ht": True} if o.host_timing else {})}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -459,6 +472,7 @@ def worker_config(o: OfflineOptions, mode: str, seam: str, cfg: dict) -> dict:
         "routing_stats": o.routing_stats, "moe_layers": moe_layers(cfg), "num_layers": int(cfg.get("num_hidden_layers", 0)),
         "topk": int(cfg.get("num_experts_per_tok") or 0),
         "profile": profile_config(o),
+        "host_timing_file": str(out / f"host-timing-{mode}.jsonl") if o.host_timing else None,
     }
 
 
@@ -721,7 +735,25 @@ def render_markdown(rep: dict) -> str:
         if info.get("error"):
             lines.append(f"- {mo}: worker error: {info['error']}")
     lines += render_profiles(rep)
+    lines += render_host_timing(rep)
     return "\n".join(lines) + "\n"
+
+
+def render_host_timing(rep: dict) -> list[str]:
+    """--host-timing: per mode, the scheduler loop per decode iteration in the timed calls of each batch size."""
+    out: list[str] = []
+    for mo, info in rep.get("modes", {}).items():
+        ht = info.get("host_timing")
+        if not isinstance(ht, dict):
+            continue
+        summ = {int(k): v["timed"] for k, v in ht.items() if k.isdigit() and isinstance(v, dict) and "timed" in v}
+        out += [""] + host_timing.render(summ, f"Host loop, {mo}, timed calls ({ht.get('records', 0)} decode "
+                                               "iterations recorded)")
+    if out:
+        out += ["", "Loop period: from one get_next_batch_to_run to the next (the decode step as the host sees it). "
+                "GPU wait: inside torch.cuda.Event.synchronize (result processing waiting for the previous step). "
+                "Host busy = period - GPU wait; a share near 100 % means the host paces the step, not the GPU."]
+    return out
 
 
 def write_plot(rep: dict, path: Path) -> bool:
@@ -1228,6 +1260,10 @@ def worker_main(config_path: str) -> int:
             res["plugins_loaded"] = False
         from sglang.srt.entrypoints.engine import Engine
 
+        ht_file = c.get("host_timing_file")
+        if ht_file:  # read by the scheduler process SGLang spawns (module top: host_timing.install_from_env)
+            Path(ht_file).unlink(missing_ok=True)
+            os.environ[host_timing.ENV] = ht_file
         kw, dropped = _filter_engine_kwargs(c["engine_kwargs"], c["user_engine_keys"])
         res["engine_args"], res["dropped_engine_args"] = kw, dropped
         t0 = time.perf_counter()
@@ -1245,11 +1281,13 @@ def worker_main(config_path: str) -> int:
                 sp = {"temperature": 0.0, "max_new_tokens": c["output_len"], "ignore_eos": True}
                 engine.generate(input_ids=prompts[:b], sampling_params={**sp, "max_new_tokens": WARMUP_TOKENS})
                 outs, wall = [], 0.0
+                br["timed_window"] = [time.time(), None]
                 for w in range(n // b):
                     t = time.perf_counter()
                     o = engine.generate(input_ids=prompts[w * b:(w + 1) * b], sampling_params=sp)
                     wall += time.perf_counter() - t
                     outs += o if isinstance(o, list) else [o]
+                br["timed_window"][1] = time.time()
                 ntok = sum(int((o.get("meta_info") or {}).get("completion_tokens", len(o.get("output_ids", []))))
                            for o in outs)
                 br.update(output_tokens=ntok, wall_s=wall, calls=n // b, output_tok_s=ntok / wall if wall else None,
@@ -1269,7 +1307,9 @@ def worker_main(config_path: str) -> int:
                     # (added in session 30, not yet run on the GPU: whether it removes them is unverified).
                     _stream_pass(engine, prompts[:b], {**sp, "max_new_tokens": WARMUP_TOKENS})
                     br["stream_warmup_tokens"] = WARMUP_TOKENS
+                    t_stream = time.time()
                     sttft, sitl = _stream_pass(engine, prompts[:b], sp)
+                    br["stream_window"] = [t_stream, time.time()]
                     if sttft:
                         ttft, itl, br["latency_source"] = sttft, sitl, "stream wall-clock"
                 br["ttft_ms"], br["itl_ms"] = percentiles(ttft), percentiles(itl)
@@ -1291,6 +1331,8 @@ def worker_main(config_path: str) -> int:
                                      "error": f"{type(e).__name__}: {e}"}
                 br["profile"]["wall_s"] = time.perf_counter() - t
                 save()
+        if ht_file:
+            res["host_timing"] = collect_host_timing(ht_file, res["batches"])
         return 0 if not any("error" in v for v in res["batches"].values()) else 1
     except Exception as e:  # noqa: BLE001
         import traceback
@@ -1305,6 +1347,28 @@ def worker_main(config_path: str) -> int:
                 engine.shutdown()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def collect_host_timing(path: str, batches: dict[str, dict], settle_s: float = HOST_TIMING_SETTLE_S) -> dict:
+    """Per batch size: host_timing.summarize of the scheduler's records inside that batch's timed calls and its
+    streamed pass (by wall clock; the scheduler writes its lines in blocks, and an idle loop writes the rest within
+    host_timing.FLUSH_S, hence the wait)."""
+    time.sleep(settle_s)
+    recs = host_timing.read(path)
+    out: dict[str, Any] = {"file": path, "records": len(recs)}
+    for key, br in batches.items():
+        b, per = int(key), {}
+        for name in ("timed_window", "stream_window"):
+            w = br.get(name)
+            if not w or w[0] is None or w[1] is None:
+                continue
+            sel = [r for r in recs if r["bs"] == b and w[0] <= float(r.get("t", -1.0)) <= w[1]]
+            summ = host_timing.summarize(sel)
+            if b in summ:
+                per[name.split("_")[0]] = summ[b]
+        if per:
+            out[key] = per
+    return out
 
 
 # ---- synthetic model dir for --load-format dummy --------------------------------------------------------

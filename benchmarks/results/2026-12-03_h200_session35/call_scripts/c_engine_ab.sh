@@ -31,5 +31,5 @@ for spec in ${RUNS:?RUNS=...}; do
   grep -hE "V up-projection|act quant taken|FP8 linear|sparse MLA ->" "$RES/worker-fastpath.log" 2>/dev/null | sort | uniq -c | head -12
   grep -hE "^\| [0-9]+ \|" "$RES/offline.md" 2>/dev/null
 done
-cd build && find h200-offline-* -type f \( -name '*.json' -o -name '*.md' -o -name '*.log' -o -name '*.txt' \) -size -4M \
+cd build && find h200-offline-* -type f \( -name '*.json' -o -name '*.md' -o -name '*.log' -o -name '*.txt' -o -name '*.jsonl' \) -size -4M \
   | tar -czf "$OUT/r.tgz" -T -
