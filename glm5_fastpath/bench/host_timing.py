@@ -14,6 +14,8 @@ GLM5_FASTPATH_HOST_TIMING):
               launch_batch_sample_if_needed
   gpu_wait_us time inside torch.cuda.Event.synchronize() (SGLang's result processing waits on the copy_done event
               of the previous step there: the host waiting for the GPU)
+  probe_us    time inside finer methods (PROBES: prepare_for_decode, ModelRunner.forward, the decode graph runner's
+              load_batch / execute, the DSA backend's per-step metadata), summed per iteration
 The host is the pacer when iter_us - gpu_wait_us (host_busy) is about iter_us: the host never waits for the GPU.
 A GPU sync outside Event.synchronize (a .item() on a GPU tensor) would count as host time; SGLang's decode loop
 does not do that in 0.5.14.
@@ -45,6 +47,14 @@ SCHEDULER_CLASS = "Scheduler"
 LOOP_ENTRY = "get_next_batch_to_run"  # one call per loop iteration, at its start (after the request intake)
 STAGES = ("process_input_requests", "get_next_batch_to_run", "run_batch", "process_batch_result",
           "launch_batch_sample_if_needed")
+# Finer probes inside the stages (SGLang 0.5.14 names; a module, class or method that does not exist is skipped):
+# timed on every call, nested or not, summed per iteration under "Class.method".
+PROBES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sglang.srt.managers.schedule_batch": ("ScheduleBatch", ("prepare_for_decode",)),
+    "sglang.srt.model_executor.model_runner": ("ModelRunner", ("forward",)),
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner": ("DecodeCudaGraphRunner", ("load_batch", "execute")),
+    "sglang.srt.layers.attention.dsa_backend": ("DeepseekSparseAttnBackend", ("init_forward_metadata_out_graph",)),
+}
 FLUSH_LINES = 64
 FLUSH_S = 0.5  # and at the first loop iteration this long after the last write (an idle loop keeps iterating)
 _MARK = "__glm5_fastpath_host_timing__"
@@ -63,6 +73,7 @@ class Recorder:
         self.iter_start: float | None = None
         self.bs: int | None = None
         self.stage: dict[str, float] = {}
+        self.probe: dict[str, float] = {}
         self.gpu_wait = 0.0
         self.depth = 0  # nested wrapped calls (a stage calling another): only the outermost one is timed
         self.written = 0
@@ -75,11 +86,14 @@ class Recorder:
             rec = {"t": round(self.iter_wall, 4), "bs": self.bs, "iter_us": round((now - self.iter_start) * 1e6, 1),
                    "gpu_wait_us": round(self.gpu_wait * 1e6, 1),
                    "stage_us": {k: round(v * 1e6, 1) for k, v in self.stage.items()}}
+            if self.probe:
+                rec["probe_us"] = {k: round(v * 1e6, 1) for k, v in self.probe.items()}
             self.lines.append(json.dumps(rec, separators=(",", ":")))
         if self.lines and (len(self.lines) >= FLUSH_LINES or now - self.last_flush >= FLUSH_S):
             self.flush()
             now = self.clock()  # the write is not part of the next iteration
-        self.iter_start, self.iter_wall, self.bs, self.stage, self.gpu_wait = now, self.wall(), None, {}, 0.0
+        self.iter_start, self.iter_wall, self.bs, self.gpu_wait = now, self.wall(), None, 0.0
+        self.stage, self.probe = {}, {}
 
     def batch(self, batch: Any) -> None:
         """The batch get_next_batch_to_run returned: remember its size if it is a decode batch."""
@@ -92,6 +106,9 @@ class Recorder:
 
     def add_stage(self, name: str, dt: float) -> None:
         self.stage[name] = self.stage.get(name, 0.0) + dt
+
+    def add_probe(self, name: str, dt: float) -> None:
+        self.probe[name] = self.probe.get(name, 0.0) + dt
 
     def add_wait(self, dt: float) -> None:
         if self.iter_start is not None:
@@ -145,6 +162,25 @@ def _wrap_stage(cls: type, name: str, rec: Recorder) -> bool:
     return True
 
 
+def _wrap_probe(cls: type, name: str, rec: Recorder) -> bool:
+    fn = getattr(cls, name, None)  # may be inherited: the wrapper goes on `cls`
+    if fn is None or not callable(fn) or getattr(fn, _MARK, False):
+        return False
+    label = f"{cls.__name__}.{name}"
+
+    @functools.wraps(fn)
+    def probed(self, *a, **kw):
+        t0 = rec.clock()
+        try:
+            return fn(self, *a, **kw)
+        finally:
+            rec.add_probe(label, rec.clock() - t0)
+
+    setattr(probed, _MARK, True)
+    setattr(cls, name, probed)
+    return True
+
+
 def _wrap_event_sync(rec: Recorder, ev: type | None = None) -> bool:
     if ev is None:
         try:
@@ -177,16 +213,37 @@ def patch_scheduler(cls: type, rec: Recorder, event_cls: type | None = None) -> 
     return done
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Wraps the Scheduler class right after its module executes (the spawned scheduler process imports it to
-    unpickle run_scheduler_process)."""
+Target = tuple  # (class name, method names, "stage" | "probe")
 
-    def __init__(self, rec: Recorder, module: str = SCHEDULER_MODULE, cls: str = SCHEDULER_CLASS,
-                 event_cls: type | None = None):
-        self.rec, self.module, self.cls, self.event_cls = rec, module, cls, event_cls
+
+def default_targets() -> dict[str, Target]:
+    t: dict[str, Target] = {SCHEDULER_MODULE: (SCHEDULER_CLASS, STAGES, "stage")}
+    for mod, (cls, names) in PROBES.items():
+        t[mod] = (cls, names, "probe")
+    return t
+
+
+def patch_module(module: Any, target: Target, rec: Recorder, event_cls: type | None = None) -> list[str]:
+    """Wrap `target` in an imported module; -> the wrapped method names ([] when the class is missing)."""
+    cls_name, names, kind = target
+    cls = getattr(module, cls_name, None)
+    if not isinstance(cls, type):
+        return []
+    if kind == "stage":
+        return patch_scheduler(cls, rec, event_cls)
+    return [n for n in names if _wrap_probe(cls, n, rec)]
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Wraps the targets' classes right after their modules execute (the spawned scheduler process imports the
+    scheduler module to unpickle run_scheduler_process, the others as it builds the model runner)."""
+
+    def __init__(self, rec: Recorder, targets: dict[str, Target], event_cls: type | None = None):
+        self.rec, self.targets, self.event_cls = rec, dict(targets), event_cls
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.module:
+        tgt = self.targets.get(fullname)
+        if tgt is None:
             return None
         spec = None
         for finder in sys.meta_path:  # the real spec, from the finders after this one
@@ -197,7 +254,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
                 break
         if spec is None or spec.loader is None:
             return spec
-        loader, rec, cls_name, event_cls = spec.loader, self.rec, self.cls, self.event_cls
+        loader, rec, event_cls = spec.loader, self.rec, self.event_cls
 
         class _Loader(importlib.abc.Loader):
             def create_module(self, s):
@@ -205,31 +262,36 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module):
                 loader.exec_module(module)
-                cls = getattr(module, cls_name, None)
-                if isinstance(cls, type):
-                    patch_scheduler(cls, rec, event_cls)
+                patch_module(module, tgt, rec, event_cls)
 
         spec.loader = _Loader()
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
+        del self.targets[fullname]
+        if not self.targets:
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
         return spec
 
 
-def install(path: str | None, *, module: str = SCHEDULER_MODULE, cls: str = SCHEDULER_CLASS,
+def install(path: str | None, *, targets: dict[str, Target] | None = None,
             event_cls: type | None = None) -> Recorder:
-    """Start recording into `path` (JSON lines, appended) in this process: wrap `module`.`cls` now if it is
-    imported, else as soon as it is. Once per process (a second call returns the first recorder)."""
+    """Start recording into `path` (JSON lines, appended) in this process: wrap each target (default: the scheduler
+    loop's stages and PROBES) now if its module is imported, else as soon as it is. Once per process (a second call
+    returns the first recorder)."""
     global _recorder
     if _recorder is not None:
         return _recorder
     rec = _recorder = Recorder(path)
-    mod = sys.modules.get(module)
-    if mod is not None and isinstance(getattr(mod, cls, None), type):
-        patch_scheduler(getattr(mod, cls), rec, event_cls)
-    else:
-        sys.meta_path.insert(0, _PatchOnImport(rec, module, cls, event_cls))
+    pending = {}
+    for mod_name, tgt in (default_targets() if targets is None else targets).items():
+        mod = sys.modules.get(mod_name)
+        if mod is not None:
+            patch_module(mod, tgt, rec, event_cls)
+        else:
+            pending[mod_name] = tgt
+    if pending:
+        sys.meta_path.insert(0, _PatchOnImport(rec, pending, event_cls))
     import atexit
     atexit.register(rec.flush)
     return rec
@@ -277,11 +339,14 @@ def summarize(records: Iterable[dict], skip_first: int = 8) -> dict[int, dict]:
         waits = [float(r.get("gpu_wait_us", 0.0)) for r in rs]
         busy = [i - w for i, w in zip(iters, waits)]
         stages = sorted({k for r in rs for k in r.get("stage_us", {})})
+        probes = sorted({k for r in rs for k in r.get("probe_us", {})})
         out[bs] = {"iterations": len(rs), "iter_us_p50": _p50(iters), "gpu_wait_us_p50": _p50(waits),
                    "host_busy_us_p50": _p50(busy),
                    "host_busy_share": round(statistics.median(b / i for b, i in zip(busy, iters) if i > 0), 3)
                    if any(i > 0 for i in iters) else None,
                    "stage_us_p50": {k: _p50([float(r.get("stage_us", {}).get(k, 0.0)) for r in rs]) for k in stages}}
+        if probes:
+            out[bs]["probe_us_p50"] = {k: _p50([float(r.get("probe_us", {}).get(k, 0.0)) for r in rs]) for k in probes}
     return out
 
 
@@ -300,4 +365,8 @@ def render(summary: dict[int, dict], title: str) -> list[str]:
                f"{v['host_busy_us_p50']:.1f}", "-" if share is None else f"{100 * share:.0f} %"] + \
             [f"{v['stage_us_p50'].get(s, 0.0):.1f}" for s in stages]
         lines.append("| " + " | ".join(row) + " |")
+    for bs, v in summary.items():
+        if v.get("probe_us_p50"):
+            lines.append(f"- batch {bs}, inside the stages (p50 us per iteration): " +
+                         ", ".join(f"{k} {x:.1f}" for k, x in v["probe_us_p50"].items()))
     return lines

@@ -135,6 +135,37 @@ def test_flush_every_n_lines_and_after_idle_time(tmp_path, monkeypatch):
     assert len(ht.read(str(path))) == 4 and rec.lines == []
 
 
+def test_probe_timed_even_when_nested(loop):
+    class Runner:
+        def forward(self):
+            loop.clock.tick(400)
+
+    assert ht._wrap_probe(Runner, "forward", loop.rec) and not ht._wrap_probe(Runner, "forward", loop.rec)
+    orig = loop.Scheduler.__dict__["run_batch"].__wrapped__
+
+    def run_batch(self, batch):  # run_batch (a stage) calls the probed forward
+        Runner().forward()
+        return orig(self, batch)
+
+    loop.Scheduler.run_batch = run_batch
+    ht._wrap_stage(loop.Scheduler, "run_batch", loop.rec)
+    s = loop.Scheduler()
+    s.next = [Batch(2), Batch(2), None]
+    run_loop(s, 3)
+    recs = [json.loads(x) for x in loop.rec.lines]
+    assert [r["probe_us"] for r in recs] == [{"Runner.forward": 400.0}] * 2
+    assert recs[0]["stage_us"]["run_batch"] == pytest.approx(920.0)
+    summ = ht.summarize(recs)
+    assert summ[2]["probe_us_p50"] == {"Runner.forward": 400.0}
+    assert "- batch 2, inside the stages (p50 us per iteration): Runner.forward 400.0" in ht.render(summ, "x")
+
+
+def test_default_targets_cover_the_loop_and_probes():
+    t = ht.default_targets()
+    assert t[ht.SCHEDULER_MODULE] == ("Scheduler", ht.STAGES, "stage")
+    assert all(kind == "probe" for m, (_, _, kind) in t.items() if m != ht.SCHEDULER_MODULE) and len(t) == 5
+
+
 def test_read_skips_torn_and_foreign_lines(tmp_path):
     p = tmp_path / "x.jsonl"
     p.write_text('{"bs": 1, "iter_us": 5.0}\n{"bs": "x", "iter_us": 1}\n[1]\n{"bs": 2, "iter_')
@@ -165,19 +196,34 @@ def test_import_hook_patches_the_module_when_it_is_imported(tmp_path, monkeypatc
             def get_next_batch_to_run(self):
                 return None
     """))
+    (pkg / "runner.py").write_text(textwrap.dedent("""
+        class Base:
+            def forward(self):
+                return 1
+        class Runner(Base):
+            pass
+    """))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(ht, "_recorder", None)
     before = list(sys.meta_path)
-    rec = ht.install(None, module="fake_sched_pkg.scheduler", event_cls=type("E", (), {"synchronize": lambda s: None}))
+    targets = {"fake_sched_pkg.scheduler": ("Scheduler", ht.STAGES, "stage"),
+               "fake_sched_pkg.runner": ("Runner", ("forward", "missing"), "probe")}
+    rec = ht.install(None, targets=targets, event_cls=type("E", (), {"synchronize": lambda s: None}))
     try:
         assert len(sys.meta_path) == len(before) + 1
         import fake_sched_pkg.scheduler as m
         assert getattr(m.Scheduler.get_next_batch_to_run, ht._MARK)
-        assert sys.meta_path == before  # one-shot
+        assert len(sys.meta_path) == len(before) + 1  # still waiting for the runner module
+        import fake_sched_pkg.runner as r
+        assert getattr(r.Runner.forward, ht._MARK) and not hasattr(r.Runner, "missing")
+        assert sys.meta_path == before  # every target patched: the hook is gone
+        r.Runner().forward()
+        assert rec.probe["Runner.forward"] >= 0
         assert ht.install(None) is rec
     finally:
         sys.meta_path[:] = before
         sys.modules.pop("fake_sched_pkg.scheduler", None)
+        sys.modules.pop("fake_sched_pkg.runner", None)
         sys.modules.pop("fake_sched_pkg", None)
 
 
