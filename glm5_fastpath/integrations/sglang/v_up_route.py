@@ -74,6 +74,7 @@ benchmarks/results/2026-12-03_h200_session35/): at install each
 wrapped layer whose kv_b_proj holds the FP8 source of its w_vc (e4m3 rows + 128x128 block scales whose dequantisation
 is bitwise attn.w_vc: checked once, w8_source) gets the W8 kernel, which reads those rows (8.4 MB per GLM-5 layer
 instead of 16.8) and computes the same bits; the others keep the bf16 kernel, logged with the reason.
+GLM5_FASTPATH_V_UP_W8_MIN_TOKENS=N keeps the bf16 kernel below N tokens on W8 layers too (w8_min_tokens).
 
 Math (ops/mla_v_up.py): y[t, h, :] = bf16(sum_l o[t, h, l] * w_vc[h, l, :]) with fp32 accumulation of exact bf16
 products, like cuBLAS's bf16 bmm but in another sum order, so y may differ from SGLang's in the last bf16 bit; (y8,
@@ -94,6 +95,7 @@ logger = logging.getLogger("glm5_fastpath")
 ENV = "GLM5_FASTPATH_V_UP"
 ENV_MAX_TOKENS = "GLM5_FASTPATH_V_UP_MAX_TOKENS"
 ENV_W8 = "GLM5_FASTPATH_V_UP_W8"  # opt-in: W_UV from SGLang's FP8 kv_b_proj (ops.mla_v_up_quant_w8)
+ENV_W8_MIN_TOKENS = "GLM5_FASTPATH_V_UP_W8_MIN_TOKENS"  # W8 layers take the bf16 kernel below this many tokens
 W8_ATTR = "__glm5_fastpath_v_up_w8__"  # on an attention module: (kv_b weight e4m3, its block scales, qk_nope_head_dim)
 DEFAULT_ON = True
 OFF = ("0", "off", "sglang", "stock", "false", "no")
@@ -152,6 +154,16 @@ def max_tokens() -> int:
 def w8_enabled() -> bool:
     """GLM5_FASTPATH_V_UP_W8=1: read W_UV as kv_b_proj's FP8 rows (module doc, "W8 form"); off by default."""
     return os.environ.get(ENV_W8, "").strip().lower() in ("1", "on", "true", "yes")
+
+
+def w8_min_tokens() -> int:
+    """GLM5_FASTPATH_V_UP_W8_MIN_TOKENS (default 1, clamped to 1..MAX_TOKENS + 1): a W8 layer runs the bf16 kernel
+    on fewer tokens. Why: in the op chain sparse MLA -> W_UV -> o_proj (H200, session 35) W8 was 1.7 us slower than
+    the bf16 form at 1 token and 1-7 us faster at 2-16; a bad value: the default."""
+    try:
+        return min(MAX_TOKENS + 1, max(1, int(os.environ.get(ENV_W8_MIN_TOKENS, 1))))
+    except ValueError:
+        return 1
 
 
 def w8_source(attn: Any) -> tuple | str:
@@ -366,6 +378,7 @@ class VUpRoute:
         self.run_w8 = ours_v_up_w8  # layers install_v_up gave a W8 source (GLM5_FASTPATH_V_UP_W8=1)
         self._sglang_globals: dict = {}  # attention class -> its forward_mla module's globals
         self.limit = max_tokens() if limit is None else min(MAX_TOKENS, max(0, limit))
+        self.w8_min = w8_min_tokens()
         self._once: set = set()
 
     def _globals(self, attn: Any, original: Any) -> dict:
@@ -400,7 +413,7 @@ class VUpRoute:
             self.note("stock", "shape")
             return original(*args, **kwargs)
         try:
-            w8 = attn.__dict__.get(W8_ATTR)
+            w8 = attn.__dict__.get(W8_ATTR) if t >= self.w8_min else None
             o = attn_output.view(-1, h, L_DIM)
             y, y8, ys = self.run(o, attn.w_vc) if w8 is None else self.run_w8(o, *w8)
         except Exception as e:  # noqa: BLE001 - never take the server down: SGLang's core, loudly, once

@@ -717,4 +717,21 @@ def test_w8_install_and_route_give_the_bf16_bits(monkeypatch, caplog):
     out_w8 = w8m.model.layers[0].self_attn.forward_absorb_core(*positional(a))
     out_bf16 = plain.model.layers[0].self_attn.forward_absorb_core(*positional(a))
     assert len(calls) == 1 and torch.equal(out_w8, out_bf16)
+    route.w8_min = 6  # GLM5_FASTPATH_V_UP_W8_MIN_TOKENS=6: 5 tokens take the bf16 kernel, 6 the W8 one
+    bf16_calls = []
+    orig_run = route.run
+    route.run = lambda *a: bf16_calls.append(a) or orig_run(*a)
+    assert torch.equal(w8m.model.layers[0].self_attn.forward_absorb_core(*positional(a)), out_bf16)
+    assert len(calls) == 1 and len(bf16_calls) == 1
+    w8m.model.layers[0].self_attn.forward_absorb_core(*positional(core_args(6)))
+    assert len(calls) == 2 and len(bf16_calls) == 1
     assert VR.unpatch_v_up(w8m) == 2 and VR.W8_ATTR not in vars(w8m.model.layers[0].self_attn)
+
+
+@pytest.mark.parametrize("raw,want", [(None, 1), ("2", 2), ("0", 1), ("999", 65), ("x", 1)])
+def test_w8_min_tokens_env(monkeypatch, raw, want):
+    if raw is None:
+        monkeypatch.delenv(VR.ENV_W8_MIN_TOKENS, raising=False)
+    else:
+        monkeypatch.setenv(VR.ENV_W8_MIN_TOKENS, raw)
+    assert VR.w8_min_tokens() == want and VR.VUpRoute().w8_min == want
