@@ -150,6 +150,12 @@ def _cmd_bench_offline(args: argparse.Namespace) -> int:
     return run_bench(options_from_args(args))
 
 
+def _cmd_bench_compare_runs(args: argparse.Namespace) -> int:
+    from .bench.compare_runs import run
+
+    return run(args)
+
+
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from .dashboard.server import serve
 
@@ -294,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_offline_args(b)
     b.set_defaults(fn=_cmd_bench_offline)
+    b = bsub.add_parser("compare-runs", help="engine settings over several engine processes each (bench offline "
+                                             "results): ITL p50 per run, medians, whether a difference beats the spread")
+    from .bench.compare_runs import add_arguments as _compare_runs_args
+
+    _compare_runs_args(b)
+    b.set_defaults(fn=_cmd_bench_compare_runs)
 
     s = sub.add_parser("tune", help="(GPU) time the prefix executors per token bucket and write a selection table")
     from .tune import add_arguments as _tune_args

@@ -8,4 +8,6 @@
 # .carry/jit_s33b.tar.xz)
 export C=${C:?C=<commit>} BS=${BS:-8,16} CALLS=3 HOST_TIMING=1
 W8=GLM5_FASTPATH_V_UP_W8=1,GLM5_FASTPATH_V_UP_MAX_TOKENS=16,GLM5_FASTPATH_V_UP_W8_MIN_TOKENS=2
+# then: glm5-fastpath bench compare-runs base=build/h200-offline-base_a,build/h200-offline-base_b \
+#         w8=build/h200-offline-w8_a,build/h200-offline-w8_b   (on the returned results)
 RUNS="base_a w8_a:$W8 base_b w8_b:$W8" exec bash "$(dirname "$0")/c_engine_ab.sh"
