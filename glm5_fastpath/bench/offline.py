@@ -78,7 +78,7 @@ PROFILE_EXTRA_STEPS = 2
 PROFILE_MAX_STEPS = 50  # keep traces small: ~5 steps is enough for a per-step breakdown
 PROFILE_TAIL_TOKENS = 16  # output tokens beyond the profiled steps (the profile request reaches the scheduler late)
 PROFILE_FIRST_TOKEN_TIMEOUT_S = 300.0
-HOST_TIMING_SETTLE_S = 1.5  # > host_timing.FLUSH_S: the idle scheduler loop writes its last lines
+HOST_TIMING_SETTLE_S = 2.5  # > FLUSH_S + one idle poll (<= 1 s, SGLang's idle sleeper): the loop writes its last lines
 PROFILE_DIR = "profile-{mode}-b{batch}"
 
 # sm90 arguments that avoid FA3 and tilelang (header of shared/tools/sglang-h200-wheels.sh).
