@@ -137,7 +137,7 @@ def recorder() -> Recorder | None:
 
 
 def _wrap_stage(cls: type, name: str, rec: Recorder) -> bool:
-    fn = cls.__dict__.get(name)
+    fn = getattr(cls, name, None)  # may come from a mixin: the wrapper goes on `cls`
     if fn is None or not callable(fn) or getattr(fn, _MARK, False):
         return False
 
@@ -228,10 +228,14 @@ def patch_module(module: Any, target: Target, rec: Recorder, event_cls: type | N
     cls_name, names, kind = target
     cls = getattr(module, cls_name, None)
     if not isinstance(cls, type):
-        return []
-    if kind == "stage":
-        return patch_scheduler(cls, rec, event_cls)
-    return [n for n in names if _wrap_probe(cls, n, rec)]
+        done: list[str] = []
+    elif kind == "stage":
+        done = patch_scheduler(cls, rec, event_cls)
+    else:
+        done = [n for n in names if _wrap_probe(cls, n, rec)]
+    # one line saying what was wrapped (read() skips it: no "bs"), so a file without records can be diagnosed
+    rec.lines.append(json.dumps({"patched": f"{getattr(module, '__name__', '?')}.{cls_name}", "methods": done}))
+    return done
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

@@ -92,12 +92,12 @@ def loop(monkeypatch):
     monkeypatch.setattr(ht, "FLUSH_LINES", 10 ** 6)
     monkeypatch.setattr(ht, "FLUSH_S", 10 ** 6)
     wrapped = ht.patch_scheduler(Scheduler, rec, Event)
-    return SimpleNamespace(clock=clock, Scheduler=Scheduler, rec=rec, wrapped=wrapped)
+    return SimpleNamespace(clock=clock, Scheduler=Scheduler, Event=Event, rec=rec, wrapped=wrapped)
 
 
 def test_wraps_every_stage_once(loop):
     assert loop.wrapped == list(ht.STAGES)
-    assert ht.patch_scheduler(loop.Scheduler, loop.rec, None) == []  # idempotent: already wrapped
+    assert ht.patch_scheduler(loop.Scheduler, loop.rec, loop.Event) == []  # idempotent: already wrapped
 
 
 def test_records_decode_iterations_with_period_stages_and_wait(loop):
@@ -219,6 +219,9 @@ def test_import_hook_patches_the_module_when_it_is_imported(tmp_path, monkeypatc
         assert sys.meta_path == before  # every target patched: the hook is gone
         r.Runner().forward()
         assert rec.probe["Runner.forward"] >= 0
+        metas = [json.loads(x) for x in rec.lines if "patched" in x]
+        assert metas == [{"patched": "fake_sched_pkg.scheduler.Scheduler", "methods": ["get_next_batch_to_run"]},
+                         {"patched": "fake_sched_pkg.runner.Runner", "methods": ["forward"]}]
         assert ht.install(None) is rec
     finally:
         sys.meta_path[:] = before
