@@ -21,6 +21,7 @@ benchmarks swap one for the other.
 | e2_topk (E2) | glm5_fastpath.e2_topk, glm5_fastpath.e2_topk_out | csrc/attn_pre/e2_topk.{cuh,cu} |
 | sparse_mla_decode (split-KV sparse MLA decode, the DSA attention core) | glm5_fastpath.sparse_mla_decode | csrc/attn_core/sparse_mla_decode.{cuh,cu} |
 | mla_v_up_quant (W_UV per head + o_proj's 1x128 FP8 quant, after the attention core) | glm5_fastpath.mla_v_up_quant, glm5_fastpath.mla_v_up_quant_out | csrc/attn_core/mla_v_up.{cuh,cu} |
+| dsa_decode_metadata (the DSA backend's per-step decode metadata in one launch) | glm5_fastpath.dsa_decode_metadata | csrc/attn_core/dsa_decode_metadata.{cuh,cu} |
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from . import act_quant as _act_quant
 from . import add_rmsnorm_quant as _a0
 from . import c0_head_gate as _c0
 from . import d2_absorb as _d2
+from . import dsa_metadata as _dsa_metadata
 from . import e1_indexer_logits as _e1
 from . import e2_topk as _e2
 from . import fp8_gemm as _fp8
@@ -41,6 +43,7 @@ from .act_quant import ActQuantResult, act_quant_fp8
 from .add_rmsnorm_quant import A0Result, add_rmsnorm_quant
 from .c0_head_gate import c0_head_gate
 from .d2_absorb import d2_absorb_and_kv_store
+from .dsa_metadata import dsa_decode_metadata
 from .e1_indexer_logits import e1_indexer_logits
 from .e2_topk import e2_topk
 from .fp8_gemm import b0_qkv_a, b1_indexer_k, d0_q_b, d1_indexer_q, fp8_gemm_skinny
@@ -52,7 +55,8 @@ from .sparse_mla import sparse_mla_decode
 # The reference's name for A0 (same signature), so `ops` can stand in for `ref.prefix` as a namespace.
 a0_add_rmsnorm_quant = add_rmsnorm_quant
 
-_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _fp8_chain, _moe_router, _act_quant, _sparse_mla, _l2_prefetch, _mla_v_up)
+_MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _fp8_chain, _moe_router, _act_quant, _sparse_mla, _l2_prefetch, _mla_v_up,
+            _dsa_metadata)
 
 
 def precompile(cfg=None, device: object = None, indexer_rotate: bool = False,
@@ -92,6 +96,6 @@ def compile_check_specs() -> list:
 
 
 __all__ = ["A0Result", "ActQuantResult", "a0_add_rmsnorm_quant", "act_quant_fp8", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
-           "fp8_gemm_skinny", "l2_prefetch", "mla_v_up_quant", "VUpResult", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "e1_indexer_logits",
+           "fp8_gemm_skinny", "l2_prefetch", "mla_v_up_quant", "VUpResult", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "dsa_decode_metadata", "e1_indexer_logits",
            "e2_topk",
            "precompile", "sparse_mla_decode"]

@@ -1,0 +1,251 @@
+"""The DSA metadata route on CPU, against a stand-in of SGLang 0.5.14's DeepseekSparseAttnBackend whose
+_apply_cuda_graph_metadata is the decode branch of the real one (written out below, with a recording stand-in for
+deep_gemm): same buffers bit for bit, the same DeepGEMM schedule call, every fallback reason, the check mode,
+install / unpatch and the env switch."""
+import logging
+import types
+
+import pytest
+import torch
+
+from glm5_fastpath.integrations.sglang import dsa_metadata_route as R
+from glm5_fastpath.ops import dsa_metadata as DM
+
+
+class FakeDeepGemm:
+    def __init__(self):
+        self.calls = []
+
+    def get_num_sms(self):
+        return 132
+
+    def get_paged_mqa_logits_metadata(self, ctx, block, sms):
+        self.calls.append((ctx.clone(), block, sms))
+        return torch.stack([ctx.view(-1).sum(), torch.tensor(block), torch.tensor(sms)]).to(torch.int32)
+
+
+class Mode:
+    def __init__(self, decode=True):
+        self.decode = decode
+
+    def is_decode_or_idle(self):
+        return self.decode
+
+    def is_target_verify(self):
+        return not self.decode
+
+    def is_draft_extend_v2(self):
+        return False
+
+
+def to_2d(seqlens, bs):
+    return seqlens.view(-1, 1)
+
+
+class Metadata:  # SGLang's DSAMetadata is a frozen dataclass; object.__setattr__ works on this too
+    def __init__(self, bs, ctx, ps):
+        self.page_size = ps
+        self.cache_seqlens_int32 = torch.zeros(bs, dtype=torch.int32)
+        self.cu_seqlens_k = torch.zeros(bs + 1, dtype=torch.int32)
+        self.page_table_1 = torch.full((bs, ctx), -3, dtype=torch.int32)
+        self.dsa_cache_seqlens_int32 = torch.zeros(bs, dtype=torch.int32)
+        self.dsa_cu_seqlens_k = torch.zeros(bs + 1, dtype=torch.int32)
+        self.real_page_table = torch.full((bs, -(-ctx // ps)), -3, dtype=torch.int32) if ps > 1 else self.page_table_1
+        self.paged_mqa_schedule_metadata = None
+        self.paged_mqa_ctx_lens_2d = None
+
+
+def make_backend_cls(dg):
+    class Backend:
+        def __init__(self, bs_list=(1, 4), ctx=300, ps=64, pool=9, topk=2048, impl="flashmla_sparse"):
+            g = torch.Generator().manual_seed(ctx + ps)
+            self.req_to_token = torch.randint(0, 1 << 16, (pool, ctx), generator=g, dtype=torch.int32)
+            self.decode_cuda_graph_metadata = {b: Metadata(b, ctx, ps) for b in bs_list}
+            self.dsa_index_topk, self.real_page_size, self.dsa_decode_impl = topk, ps, impl
+            self.speculative_num_draft_tokens = None
+            self.prefill_impl_calls = 0
+            self.forward_metadata = None
+
+        def set_dsa_prefill_impl(self, forward_batch=None):
+            self.prefill_impl_calls += 1
+
+        def _build_paged_mqa_schedule_2d_ctx_lens(self, forward_mode, cache_seqlens_int32, seqlens_expanded, bs):
+            return to_2d(cache_seqlens_int32, bs)
+
+        def _apply_cuda_graph_metadata(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, forward_mode, spec_info,
+                                       out_cache_loc=None, actual_forward_mode=None):
+            # sglang 0.5.14 dsa_backend.py, decode branch (the capture / verify branches are not exercised here)
+            self.built = getattr(self, "built", 0)
+            if bs not in self.decode_cuda_graph_metadata:
+                self.built += 1
+                return
+            self.set_dsa_prefill_impl(forward_batch=None)
+            seq_lens, seq_lens_cpu, req_pool_indices = seq_lens[:bs], seq_lens_cpu[:bs], req_pool_indices[:bs]
+            metadata = self.decode_cuda_graph_metadata[bs]
+            max_len = int(seq_lens_cpu.max().item())
+            cache_seqlens = seq_lens.to(torch.int32)
+            metadata.cache_seqlens_int32.copy_(cache_seqlens)
+            metadata.cu_seqlens_k[1:].copy_(torch.cumsum(cache_seqlens, dim=0, dtype=torch.int32))
+            page_indices = self.req_to_token[req_pool_indices, :max_len]
+            metadata.page_table_1[:, :max_len].copy_(page_indices)
+            dsa_cache_seqlens = cache_seqlens.clamp(max=self.dsa_index_topk)
+            metadata.dsa_cache_seqlens_int32.copy_(dsa_cache_seqlens)
+            seqlens_expanded = cache_seqlens
+            seqlens_32_2d = self._build_paged_mqa_schedule_2d_ctx_lens(forward_mode, metadata.cache_seqlens_int32,
+                                                                       seqlens_expanded, bs)
+            new_schedule = dg.get_paged_mqa_logits_metadata(seqlens_32_2d, 64, dg.get_num_sms())
+            if metadata.paged_mqa_schedule_metadata is None:
+                object.__setattr__(metadata, "paged_mqa_schedule_metadata", new_schedule)
+            else:
+                metadata.paged_mqa_schedule_metadata.copy_(new_schedule)
+            if metadata.paged_mqa_ctx_lens_2d is None:
+                object.__setattr__(metadata, "paged_mqa_ctx_lens_2d", seqlens_32_2d)
+            else:
+                metadata.paged_mqa_ctx_lens_2d.copy_(seqlens_32_2d)
+            n = seqlens_expanded.shape[0]
+            metadata.dsa_cu_seqlens_k[1:1 + n].copy_(torch.cumsum(dsa_cache_seqlens, dim=0, dtype=torch.int32))
+            assert self.real_page_size == metadata.page_size
+            if self.real_page_size > 1:
+                cols = torch.arange(0, max_len, self.real_page_size, dtype=torch.int32)
+                real = page_indices[:, cols] // self.real_page_size
+                metadata.real_page_table[:real.shape[0], :real.shape[1]].copy_(real)
+            self.forward_metadata = metadata
+
+    return Backend
+
+
+NAMES = ("cache_seqlens_int32", "cu_seqlens_k", "page_table_1", "dsa_cache_seqlens_int32", "dsa_cu_seqlens_k",
+         "real_page_table", "paged_mqa_schedule_metadata", "paged_mqa_ctx_lens_2d")
+
+
+def inputs(bs, pool=9, ctx=300, seed=1):
+    g = torch.Generator().manual_seed(seed + bs)
+    idx = torch.randperm(pool, generator=g)[:bs].to(torch.int64)
+    lens = torch.randint(1, ctx + 1, (bs,), generator=g)
+    return idx, lens, lens.clone()
+
+
+@pytest.fixture
+def env():
+    dg_ours, dg_ref = FakeDeepGemm(), FakeDeepGemm()
+    Ours, Ref = make_backend_cls(dg_ours), make_backend_cls(dg_ref)
+    g = {"deep_gemm": dg_ours, "is_cuda": lambda: True}
+    return types.SimpleNamespace(dg_ours=dg_ours, dg_ref=dg_ref, Ours=Ours, Ref=Ref, g=g)
+
+
+def install(env, **kw):
+    assert R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False, devices=("cpu",), **kw)
+    return env.Ours._apply_cuda_graph_metadata.__glm5_fastpath_route__
+
+
+@pytest.mark.parametrize("ps", [1, 64])
+@pytest.mark.parametrize("bs", [1, 4])
+def test_route_writes_sglangs_buffers(env, monkeypatch, bs, ps):
+    monkeypatch.setenv(R.ENV, "1")
+    route = install(env)
+    ours, ref = env.Ours(ps=ps), env.Ref(ps=ps)
+    for step in range(3):  # the second call copies into the schedule buffers SGLang created on the first
+        idx, lens, lens_cpu = inputs(bs, seed=step)
+        ours._apply_cuda_graph_metadata(bs, idx, lens, lens_cpu, Mode(), None)
+        ref._apply_cuda_graph_metadata(bs, idx, lens, lens_cpu, Mode(), None)
+        mo, mr = ours.decode_cuda_graph_metadata[bs], ref.decode_cuda_graph_metadata[bs]
+        for n in NAMES:
+            assert torch.equal(getattr(mo, n), getattr(mr, n)), (n, step)
+        assert ours.forward_metadata is mo and ours.prefill_impl_calls == step + 1
+        assert len(env.dg_ours.calls) == step + 1 and torch.equal(env.dg_ours.calls[-1][0], env.dg_ref.calls[-1][0])
+    assert route.routed_bs == {bs}
+    R.unpatch_dsa_metadata(env.Ours)
+
+
+def test_fallbacks_by_reason(env, monkeypatch, caplog):
+    monkeypatch.setenv(R.ENV, "1")
+    route = install(env)
+    ours = env.Ours(bs_list=(4,))
+    idx, lens, lens_cpu = inputs(2)
+    with caplog.at_level(logging.INFO, logger="glm5_fastpath"):
+        ours._apply_cuda_graph_metadata(2, idx, lens, lens_cpu, Mode(), None)  # bs 2 not captured: SGLang builds
+        assert ours.built == 1
+        idx, lens, lens_cpu = inputs(4)
+        ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(decode=False), None)
+        kv = env.Ours(bs_list=(4,), impl="flashmla_kv")
+        kv._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+        bad = env.Ours(bs_list=(4,))
+        bad.decode_cuda_graph_metadata[4].page_size = 32
+        with pytest.raises(AssertionError):  # SGLang's own assert, as without the route
+            bad._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+        odd = env.Ours(bs_list=(4,))
+        odd.decode_cuda_graph_metadata[4].cu_seqlens_k = odd.decode_cuda_graph_metadata[4].cu_seqlens_k.long()
+        odd._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)  # our op refuses int64: SGLang's code
+        assert odd.decode_cuda_graph_metadata[4].cu_seqlens_k[1:].tolist() == torch.cumsum(lens, 0).tolist()
+    for reason in ("capture", "mode", "impl", "page_size", "buffers"):
+        assert any(f"-> SGLang ({R.REASONS[reason]})" in m for m in caplog.messages), reason
+    assert route.routed_bs == set()
+    R.unpatch_dsa_metadata(env.Ours)
+
+
+def test_kernel_error_falls_back_once_loudly(env, monkeypatch, caplog):
+    monkeypatch.setenv(R.ENV, "1")
+    route = install(env)
+    route.run = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+    ours, ref = env.Ours(), env.Ref()
+    idx, lens, lens_cpu = inputs(4)
+    with caplog.at_level(logging.WARNING, logger="glm5_fastpath"):
+        ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+        ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+    ref._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+    assert sum("raised RuntimeError: boom" in m for m in caplog.messages) == 1
+    assert torch.equal(ours.decode_cuda_graph_metadata[4].page_table_1, ref.decode_cuda_graph_metadata[4].page_table_1)
+    R.unpatch_dsa_metadata(env.Ours)
+
+
+def test_check_mode_passes_then_catches_a_mismatch(env, monkeypatch, caplog):
+    monkeypatch.setenv(R.ENV, "1")
+    monkeypatch.setenv(R.ENV_CHECK, "3")
+    route = install(env)
+    ours = env.Ours()
+    idx, lens, lens_cpu = inputs(4)
+    ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+    assert route.checks == [{"bs": 4, "passed": True, "differs": []}]
+
+    def wrong(*a, **k):
+        DM.dsa_decode_metadata(*a, **k)
+        k["dsa_seqlens"][0] += 1
+
+    route.run = wrong
+    with caplog.at_level(logging.WARNING, logger="glm5_fastpath"):
+        ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+    assert route.checks[-1] == {"bs": 4, "passed": False, "differs": ["dsa_cache_seqlens_int32"]} and route.off
+    assert any("route is off for this process" in m for m in caplog.messages)
+    calls = len(env.dg_ours.calls)
+    ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)  # off: SGLang's code only
+    assert len(env.dg_ours.calls) == calls + 1 and len(route.checks) == 2
+    R.unpatch_dsa_metadata(env.Ours)
+
+
+def test_env_switch_install_and_unpatch(env, monkeypatch):
+    monkeypatch.delenv(R.ENV, raising=False)
+    assert not R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)
+    monkeypatch.setenv(R.ENV, "1")
+    orig = env.Ours._apply_cuda_graph_metadata
+    assert R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)
+    assert R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)  # idempotent
+    assert getattr(env.Ours._apply_cuda_graph_metadata, R.ORIGINAL_ATTR) is orig
+    assert R.unpatch_dsa_metadata(env.Ours) and env.Ours._apply_cuda_graph_metadata is orig
+    assert not R.unpatch_dsa_metadata(env.Ours)
+
+
+def test_backend_without_what_the_route_needs(env, monkeypatch):
+    monkeypatch.setenv(R.ENV, "1")
+    install(env)
+    route = env.Ours._apply_cuda_graph_metadata.__glm5_fastpath_route__
+    assert R.why_not(types.SimpleNamespace(), 1, None, Mode(), env.g) == "backend"
+    assert R.why_not(env.Ours(), 1, torch.zeros(1), Mode(), {"is_cuda": lambda: True}) == "backend"
+    assert R.why_not(env.Ours(), 1, torch.zeros(1), Mode(), env.g) == "device"  # CPU tensors, cuda-only route
+    assert route.devices == ("cpu",)
+    R.unpatch_dsa_metadata(env.Ours)
+
+
+@pytest.mark.parametrize("raw,want", [("", 0), ("5", 5), ("x", 0), ("-2", 0)])
+def test_check_calls_env(monkeypatch, raw, want):
+    monkeypatch.setenv(R.ENV_CHECK, raw)
+    assert R.check_calls() == want
