@@ -1,11 +1,13 @@
 #!/bin/bash
 # For the next session (written in session 35): stage part aa of the SGLang site on the machine for
 # next2_host_floor.sh, which must follow right away (the machine idles back after ~30 s; the tree and the whole site
-# exceed a call's 64 MiB), and run the graph-launch probe's GPU test (the probe itself ran as session 35 c6).
-# run: C=<commit> bash this   (carry .carry/jit_s33b.tar.xz .carry/h200site.part.aa)
+# exceed a call's 64 MiB), and run the GPU tests written in session 35: the DSA decode metadata kernel bitwise against
+# SGLang's torch sequence, and the graph-launch probe's (the probe itself ran as session 35 c6).
+# run: C=<commit> bash this   (carry .carry/jit_s35.tar.xz .carry/h200site.part.aa)
 mkdir -p build/h200parts && cp .carry/h200site.part.aa build/h200parts/
 source scripts/h200_lib.sh
-DEADLINE=120
-SITE=/tmp/nosite h200_setup "$OUT/r" /dev/null .carry/jit_s33b.tar.xz; export GLM5_FASTPATH_COMMIT=$C
-run_tests probe 60 tests/bench/test_graph_launch_cost_script.py
+DEADLINE=150
+SITE=/tmp/nosite h200_setup "$OUT/r" /dev/null .carry/jit_s35.tar.xz; export GLM5_FASTPATH_COMMIT=$C
+run_tests dsa-metadata 60 tests/ops/test_dsa_metadata.py
+run_tests probe 40 tests/bench/test_graph_launch_cost_script.py
 h200_pack

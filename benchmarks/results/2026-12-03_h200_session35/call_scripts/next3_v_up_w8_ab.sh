@@ -5,7 +5,7 @@
 # timed calls per batch size: defaults against W8 from 2 tokens up to 16 (bf16 at 1 token:
 # GLM5_FASTPATH_V_UP_W8_MIN_TOKENS=2). Host timing on in all four (the same overhead in each).
 # run on a machine that holds the site (after next1 / next2): C=<commit> bash this   (carry .carry/h200site.part.ab
-# .carry/jit_s33b.tar.xz)
+# .carry/jit_s35.tar.xz)
 export C=${C:?C=<commit>} BS=${BS:-8,16} CALLS=3 HOST_TIMING=1
 W8=GLM5_FASTPATH_V_UP_W8=1,GLM5_FASTPATH_V_UP_MAX_TOKENS=16,GLM5_FASTPATH_V_UP_W8_MIN_TOKENS=2
 # then: glm5-fastpath bench compare-runs base=build/h200-offline-base_a,build/h200-offline-base_b \
