@@ -269,6 +269,12 @@ class Kernel:
             check(d.cuLaunchKernelEx(cfg, self.func, ctypes.addressof(ptrs), 0), f"cuLaunchKernelEx({self.name})")
         del vals  # parameters are copied at launch; keep them alive until here
 
+    def prepare(self, block: Sequence[int], args: Sequence[Any], *, smem: int = 0, pdl: bool = False) -> "PreparedLaunch":
+        """Pack `args` once for repeated eager launches of this kernel (PreparedLaunch): per launch only the grid,
+        the stream and the ctypes scalars changed in place differ. For per-step launches outside CUDA graphs, where
+        launch()'s packing and config building are host time on every step."""
+        return PreparedLaunch(self, block, args, smem=smem, pdl=pdl)
+
     def max_active_clusters(self, block: Sequence[int], cluster: Sequence[int], *, smem: int = 0) -> int:
         """How many clusters of `cluster` CTAs of `block` threads with `smem` dynamic shared memory fit on the device at
         once (cuOccupancyMaxActiveClusters): a GPC whose SM count is not a multiple of the cluster size leaves SMs out."""
@@ -294,6 +300,50 @@ class Kernel:
     def __repr__(self) -> str:
         return (f"Kernel({self.name!r}, device={self.device_index}, regs={self.num_regs}, "
                 f"static_smem={self.static_smem}, local={self.local_bytes})")
+
+
+class PreparedLaunch:
+    """A kernel launch packed once (Kernel.prepare): the parameter block, block dims, shared memory and attributes stay;
+    `launch(grid, stream)` sets the grid and the stream and launches. Scalars are ctypes objects in `vals` (set
+    `vals[i].value` before a launch); tensor arguments are their data pointers AT PREPARE TIME, so the tensors must
+    stay alive and in place (static buffers). No launch priority (eager launches outside the CMP executor)."""
+
+    __slots__ = ("kernel", "vals", "ptrs", "cfg", "_stream")
+
+    def __init__(self, kernel: Kernel, block: Sequence[int], args: Sequence[Any], *, smem: int = 0, pdl: bool = False):
+        d = driver()
+        bx, by, bz = _dim3(block, "block")
+        if bx * by * bz > kernel.max_threads:
+            raise ValueError(f"glm5_fastpath: kernel {kernel.name}: block {bx}x{by}x{bz} exceeds its "
+                             f"{kernel.max_threads}-thread limit")
+        if smem > kernel._dyn_smem_limit:
+            kernel.set_max_dynamic_smem(smem)
+        self.kernel = kernel
+        self.vals, self.ptrs = pack_args(args)
+        kernel._check_args(self.vals)
+        cfg = d.CUlaunchConfig()
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
+        cfg.sharedMemBytes = int(smem)
+        attrs = [_pdl_attribute()] if pdl and not env.flag("GLM5_FASTPATH_DISABLE_PDL") else []
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
+        self.cfg = cfg
+        self._stream: int | None = None
+
+    def launch(self, grid: Sequence[int], stream: Any = None) -> None:
+        d = driver()
+        gx, gy, gz = _dim3(grid, "grid")
+        if gx > 2**31 - 1 or gy > 65535 or gz > 65535:
+            raise ValueError(f"glm5_fastpath: kernel {self.kernel.name}: grid {gx}x{gy}x{gz} is too large")
+        cfg = self.cfg
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
+        h = _stream_handle(stream, self.kernel.device_index)
+        if h != self._stream:
+            cfg.hStream = d.CUstream(h)
+            self._stream = h
+        with _InContext(self.kernel.module.device):
+            check(d.cuLaunchKernelEx(cfg, self.kernel.func, ctypes.addressof(self.ptrs), 0),
+                  f"cuLaunchKernelEx({self.kernel.name})")
 
 
 _pdl_attr: Any = None

@@ -17,7 +17,9 @@ Op (namespace glm5_fastpath, with a fake): torch.ops.glm5_fastpath.dsa_decode_me
 req_pool_indices, seq_lens, max_len, topk, page_size, cache_seqlens, cu_seqlens_k, dsa_seqlens, dsa_cu, page_table_1,
 real_table) -> None, writing the given buffers (SGLang's static metadata buffers). Python entry point:
 `dsa_decode_metadata(...)` (same arguments, real_table=None when page_size == 1). CPU tensors run the reference
-(`reference`), which is SGLang's own sequence of torch ops.
+(`reference`), which is SGLang's own sequence of torch ops. `FastLauncher` (what the SGLang route calls every step):
+the same kernel into one fixed set of buffers, checked and packed once (jit.runtime.Kernel.prepare), so a step costs
+one driver launch of host time.
 
 Kernel (csrc/attn_core/dsa_decode_metadata.{cuh,cu}): grid (bs, ceil(max_len / 256)), one thread per copied column;
 thread 0 of each row's first CTA writes the row's four scalars (prefix sums by re-adding b + 1 values). No PDL (its
@@ -188,6 +190,53 @@ def dsa_decode_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.Tens
     torch.ops.glm5_fastpath.dsa_decode_metadata(req_to_token, req_pool_indices, seq_lens, max_len, topk, page_size,
                                                 cache_seqlens, cu_seqlens_k, dsa_seqlens, dsa_cu, page_table_1,
                                                 real_table)
+
+
+MAX_LEN_ARG = 13  # index of max_len in _kernel_args
+
+
+class FastLauncher:
+    """Per-step launches into one fixed set of buffers (SGLang's static metadata buffers of one captured batch size,
+    its static input slices): checked and packed once (Kernel.prepare); a call sets max_len and launches. The op's
+    checks without its dispatcher and repacking, whose host time is the point of the DSA metadata route. The tensors
+    must stay alive and in place (key: their data pointers, which the route compares every step). CPU tensors run the
+    op (the reference)."""
+
+    def __init__(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, topk: int,
+                 page_size: int, *, cache_seqlens: torch.Tensor, cu_seqlens_k: torch.Tensor, dsa_seqlens: torch.Tensor,
+                 dsa_cu: torch.Tensor, page_table_1: torch.Tensor, real_table: torch.Tensor | None = None):
+        cols = [int(page_table_1.shape[1]), int(req_to_token.shape[1])] if isinstance(page_table_1, torch.Tensor) \
+            and isinstance(req_to_token, torch.Tensor) and page_table_1.dim() == 2 and req_to_token.dim() == 2 else [0]
+        if isinstance(real_table, torch.Tensor) and real_table.dim() == 2 and isinstance(page_size, int):
+            cols.append(int(real_table.shape[1]) * page_size)
+        self.max_cols = min(cols)
+        self.bufs = dict(cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k, dsa_seqlens=dsa_seqlens, dsa_cu=dsa_cu,
+                         page_table_1=page_table_1, real_table=real_table)
+        self.ins = (req_to_token, req_pool_indices, seq_lens)
+        self.topk, self.page_size = topk, page_size
+        self.bs = _check(*self.ins, self.max_cols, topk, page_size, **self.bufs)
+        self.key = key_of(*self.ins, *self.bufs.values())
+        self.prepared = None
+        if req_to_token.device.type == "cuda":
+            idx = require_hopper(OP, req_to_token.device, _fail)
+            self.prepared = _kernel(idx).prepare((THREADS, 1, 1), _kernel_args(*self.ins, 0, topk, page_size,
+                                                                               **self.bufs))
+
+    def __call__(self, max_len: int) -> None:
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or not 0 <= max_len <= self.max_cols:
+            raise _fail(f"max_len {max_len!r} outside 0..{self.max_cols} (the buffers' columns)")
+        if self.prepared is None:
+            dsa_decode_metadata(*self.ins, max_len, self.topk, self.page_size, **self.bufs)
+            return
+        if self.bs == 0:
+            return
+        self.prepared.vals[MAX_LEN_ARG].value = max_len
+        self.prepared.launch((self.bs, max(1, -(-max_len // THREADS)), 1))
+
+
+def key_of(*tensors) -> tuple:
+    """Identity of a FastLauncher's tensors: data pointers (and, for the inputs, the dtypes and row counts)."""
+    return tuple((t.data_ptr(), t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else None for t in tensors)
 
 
 def compile_check_specs() -> list[KernelSpec]:

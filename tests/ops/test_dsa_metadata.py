@@ -157,3 +157,44 @@ def test_gpu_kernel_bitwise_sglangs_sequence(bs, ctx, ps, dtypes):
     for k in bufs:
         if bufs[k] is not None:
             assert torch.equal(bufs[k], want[k]), k
+
+
+# ---- FastLauncher (the route's per-step path) ---------------------------------------------------------------
+
+def test_fast_launcher_cpu_matches_the_op_and_checks_max_len():
+    ins, lens_cpu, bufs = make(3, 200, 64)
+    want = clone(bufs)
+    sglang_decode_metadata(*ins, lens_cpu, 2048, 64, want)
+    fl = DM.FastLauncher(*ins, 2048, 64, **bufs)
+    assert fl.max_cols == 200 + 3 and fl.bs == 3  # req_to_token's columns bound it here
+    fl(int(lens_cpu.max()))
+    assert all(torch.equal(bufs[k], want[k]) for k in bufs)
+    for bad in (-1, 204, 2.0, True):
+        with pytest.raises(DM.DsaMetadataInputError, match="max_len"):
+            fl(bad)
+    assert fl.key == DM.key_of(*ins, *bufs.values())
+    with pytest.raises(DM.DsaMetadataInputError, match="cache_seqlens must be torch.int32"):
+        DM.FastLauncher(*ins, 2048, 64, **dict(bufs, cache_seqlens=bufs["cache_seqlens"].float()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ps", [1, 64])
+def test_gpu_fast_launcher_across_steps(ps):
+    """One launcher, new contents in the same input buffers each step (what a graph's static slices see), max_len
+    varying: every step bitwise SGLang's sequence."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ins, lens_cpu, bufs = make(8, 3000, ps, device="cuda")
+    fl = DM.FastLauncher(*ins, 2048, ps, **bufs)
+    g = torch.Generator().manual_seed(5)
+    for step in range(6):
+        lens = torch.randint(1, 3000, (8,), generator=g)
+        ins[2].copy_(lens)
+        ins[1].copy_(torch.randperm(13, generator=g)[:8])
+        want = clone(bufs)
+        max_len = sglang_decode_metadata(*ins, lens, 2048, ps, want)
+        fl(max_len)
+        torch.cuda.synchronize()
+        for k in bufs:
+            if bufs[k] is not None:
+                assert torch.equal(bufs[k], want[k]), (k, step)

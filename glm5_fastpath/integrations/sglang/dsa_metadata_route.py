@@ -9,7 +9,9 @@ batch 8 and up the step is GPU-bound and those kernels are GPU time ahead of the
 Seam: `DeepseekSparseAttnBackend._apply_cuda_graph_metadata(self, bs, req_pool_indices, seq_lens, seq_lens_cpu,
 forward_mode, spec_info, out_cache_loc=None, actual_forward_mode=None)` (sglang.srt.layers.attention.dsa_backend,
 0.5.14), wrapped on the CLASS once per process like the sparse-MLA route. For a decode (or idle) replay of a captured
-batch size it runs ops.dsa_decode_metadata (bitwise SGLang's values, ops/dsa_metadata.py), then SGLang's own code
+batch size it runs the DSA metadata kernel (bitwise SGLang's values, ops/dsa_metadata.py) through an
+ops.dsa_metadata.FastLauncher per batch size (checked and packed once, then one driver launch per step: the op's
+dispatcher and the generic launcher's packing would be host time per step again), then SGLang's own code
 for the rest of that branch: DeepGEMM's paged-MQA schedule (`_build_paged_mqa_schedule_2d_ctx_lens` +
 `deep_gemm.get_paged_mqa_logits_metadata`, copied into the same buffers) and `forward_metadata`. Everything else calls
 the original: a batch size not yet captured (SGLang builds its buffers there), target-verify / draft-extend, the
@@ -102,9 +104,8 @@ class DsaMetadataRoute:
                  run: Callable[..., None] | None = None, check: int | None = None,
                  devices: tuple[str, ...] = ("cuda",)) -> None:
         self.g, self.metrics, self.log, self.devices = module_globals, metrics, log, devices
-        if run is None:
-            from ...ops.dsa_metadata import dsa_decode_metadata as run
-        self.run = run
+        self.run = run  # None: ops.dsa_metadata.FastLauncher per batch size (packed once); else run(op arguments)
+        self._fast: dict = {}
         self.check_left = check_calls() if check is None else check
         self.off = False
         self._once: set = set()
@@ -134,8 +135,11 @@ class DsaMetadataRoute:
         bufs = {kw: getattr(md, attr) for attr, kw in BUFFERS}
         bufs["real_table"] = md.real_page_table if ps > 1 else None
         try:
-            self.run(backend.req_to_token, req_pool_indices, seq_lens, max_len, int(backend.dsa_index_topk), ps,
-                     **bufs)
+            if self.run is not None:
+                self.run(backend.req_to_token, req_pool_indices, seq_lens, max_len, int(backend.dsa_index_topk), ps,
+                         **bufs)
+            else:
+                self._fast_launch(backend, bs, req_pool_indices, seq_lens, ps, bufs)(max_len)
         except ValueError as e:  # the op's input error: SGLang's buffers are not what it takes
             self.note("stock", "buffers", logging.WARNING)
             self.log.debug("glm5_fastpath: DSA decode metadata: %s", e)
@@ -173,6 +177,17 @@ class DsaMetadataRoute:
             self._check(original, backend, md, bs, req_pool_indices, seq_lens, seq_lens_cpu, forward_mode, spec_info,
                         args, kwargs)
         return None
+
+    def _fast_launch(self, backend: Any, bs: int, req_pool_indices: Any, seq_lens: Any, ps: int, bufs: dict) -> Any:
+        """The batch size's FastLauncher, rebuilt when any of its tensors moved (SGLang re-allocated a buffer)."""
+        from ...ops.dsa_metadata import FastLauncher, key_of
+
+        key = key_of(backend.req_to_token, req_pool_indices, seq_lens, *bufs.values())
+        fl = self._fast.get(bs)
+        if fl is None or fl.key != key:
+            fl = self._fast[bs] = FastLauncher(backend.req_to_token, req_pool_indices, seq_lens,
+                                               int(backend.dsa_index_topk), ps, **bufs)
+        return fl
 
     def _check(self, original, backend, md, bs, req_pool_indices, seq_lens, seq_lens_cpu, forward_mode, spec_info,
                args, kwargs) -> None:

@@ -222,6 +222,28 @@ def test_check_mode_passes_then_catches_a_mismatch(env, monkeypatch, caplog):
     R.unpatch_dsa_metadata(env.Ours)
 
 
+def test_launcher_reused_per_batch_size_and_rebuilt_when_a_buffer_moves(env, monkeypatch):
+    monkeypatch.setenv(R.ENV, "1")
+    route = install(env)
+    assert route.run is None  # the default: FastLauncher per batch size
+    ours, ref = env.Ours(), env.Ref()
+    idx, lens, lens_cpu = inputs(4)
+    ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+    ref._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)  # (stale columns past max_len stay alike)
+    fl = route._fast[4]
+    idx2, lens2, lens_cpu2 = inputs(4, seed=9)
+    idx.copy_(idx2), lens.copy_(lens2), lens_cpu.copy_(lens_cpu2)  # the static slices, new contents
+    ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+    assert route._fast[4] is fl
+    ref._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+    assert torch.equal(ours.decode_cuda_graph_metadata[4].page_table_1, ref.decode_cuda_graph_metadata[4].page_table_1)
+    md = ours.decode_cuda_graph_metadata[4]
+    md.page_table_1 = md.page_table_1.clone()  # SGLang re-allocated a buffer: a new launcher
+    ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
+    assert route._fast[4] is not fl
+    R.unpatch_dsa_metadata(env.Ours)
+
+
 def test_env_switch_install_and_unpatch(env, monkeypatch):
     monkeypatch.delenv(R.ENV, raising=False)
     assert not R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)
