@@ -6,7 +6,7 @@
 # the host paces batch 1. Every run also times SGLang's scheduler loop without a profiler (HOST_TIMING=1:
 # bench/host_timing.py; the report's "Host loop" tables: loop period, GPU wait, host busy share, stages). Then a
 # profile of the 2-layer fastpath engine (host ranges per step).
-# run right after next1_graph_launch.sh: C=<commit> bash this   (carry .carry/h200site.part.ab .carry/jit_s35.tar.xz)
+# run right after next1_gpu_tests.sh: C=<commit> bash this   (carry .carry/h200site.part.ab .carry/jit_s35.tar.xz)
 export C=${C:?C=<commit>} BS=1,8 CALLS=3 HOST_TIMING=1
 M2=$PWD/build/glm5-2l-dummy
 RUNS="l2:MODE=stock,LAYERS=2,MODEL=$M2 l2:LAYERS=2,MODEL=$M2 l8 l2prof:LAYERS=2,MODEL=$M2,PROFILE_STEPS=5,CALLS=1" \
