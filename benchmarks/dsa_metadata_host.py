@@ -18,7 +18,6 @@ import json
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -33,21 +32,12 @@ def int_list(spec: str, name: str) -> list[int]:
 
 
 def sglang_sequence(torch, req_to_token, req_pool_indices, seq_lens, seq_lens_cpu, topk, page_size, b) -> int:
-    """SGLang 0.5.14's decode branch, in place into the buffers `b` (as dsa_backend.py writes them)."""
+    """SGLang's side, as its decode branch runs per step: max_len from the CPU lengths, then its torch ops
+    (ops.dsa_metadata.reference_into) into the buffers `b`."""
+    from glm5_fastpath.ops.dsa_metadata import reference_into
+
     max_len = int(seq_lens_cpu.max().item())
-    cache_seqlens = seq_lens.to(torch.int32)
-    b["cache_seqlens"].copy_(cache_seqlens)
-    b["cu_seqlens_k"][1:].copy_(torch.cumsum(cache_seqlens, dim=0, dtype=torch.int32))
-    page_indices = req_to_token[req_pool_indices, :max_len]
-    b["page_table_1"][:, :max_len].copy_(page_indices)
-    dsa = cache_seqlens.clamp(max=topk)
-    b["dsa_seqlens"].copy_(dsa)
-    n = cache_seqlens.shape[0]
-    b["dsa_cu"][1:1 + n].copy_(torch.cumsum(dsa, dim=0, dtype=torch.int32))
-    if page_size > 1:
-        cols = torch.arange(0, max_len, page_size, device=page_indices.device, dtype=torch.int32)
-        real = page_indices[:, cols] // page_size
-        b["real_table"][:real.shape[0], :real.shape[1]].copy_(real)
+    reference_into(req_to_token, req_pool_indices, seq_lens, max_len, topk, page_size, **b)
     return max_len
 
 
@@ -141,13 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"bs {bs:4d} ctx {ctx:6d}: host {row['sglang_host_us']:7.1f} -> {row['ours_host_us']:6.1f} us, "
                   f"GPU {row['sglang_gpu_us']:6.1f} -> {row['ours_gpu_us']:5.1f} us, bitwise {bitwise}", flush=True)
-    import os
-    import subprocess
+    from glm5_fastpath.bench.meta import git_commit, utc_now
 
-    commit = os.environ.get("GLM5_FASTPATH_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip() or "unknown"
-    res = {"gpu": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "commit": commit, "torch": torch.__version__, "rows": rows}
+    res = {"gpu": torch.cuda.get_device_name(), "date": utc_now(), "commit": git_commit(), "torch": torch.__version__,
+           "rows": rows}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dsa_metadata_host.json").write_text(json.dumps(res, indent=1) + "\n")

@@ -24,7 +24,6 @@ import json
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 KINDS = ("torch", "pdl", "mixed", "streams")
@@ -151,17 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kind:8s} {n:5d} nodes: host {r['host_us_p50']:8.1f} us, GPU {r['gpu_us_per_replay']:8.1f} us",
                   flush=True)
             del g, keep
-    import subprocess
+    from glm5_fastpath.bench.meta import git_commit, utc_now
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=False).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
-    import os
-
-    res = {"gpu": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "commit": os.environ.get("GLM5_FASTPATH_COMMIT", commit), "torch": torch.__version__,
+    res = {"gpu": torch.cuda.get_device_name(), "date": utc_now(), "commit": git_commit(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "replays": a.replays, "rows": rows}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

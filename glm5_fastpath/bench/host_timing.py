@@ -37,7 +37,6 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from typing import Any, Iterable
 
@@ -76,8 +75,6 @@ class Recorder:
         self.probe: dict[str, float] = {}
         self.gpu_wait = 0.0
         self.depth = 0  # nested wrapped calls (a stage calling another): only the outermost one is timed
-        self.written = 0
-        self.lock = threading.Lock()
 
     # ---- events from the wrappers -------------------------------------------------------------------------
     def loop_entry(self, now: float) -> None:
@@ -122,9 +119,8 @@ class Recorder:
         if not self.path:
             return
         try:
-            with self.lock, open(self.path, "a") as f:
+            with open(self.path, "a") as f:
                 f.write("\n".join(lines) + "\n")
-            self.written += len(lines)
         except OSError:
             pass
 

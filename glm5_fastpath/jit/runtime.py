@@ -226,6 +226,22 @@ class Kernel:
                             f"{self.param_sizes} bytes; the launcher passed {len(got)} of sizes {got}")
         self._checked_signatures.add(sig)
 
+    def _block(self, block: Sequence[int], smem: int) -> tuple[int, int, int]:
+        """Checked block dims; raises the dynamic shared-memory limit to `smem` when needed."""
+        bx, by, bz = _dim3(block, "block")
+        if bx * by * bz > self.max_threads:
+            raise ValueError(f"glm5_fastpath: kernel {self.name}: block {bx}x{by}x{bz} exceeds its "
+                             f"{self.max_threads}-thread limit")
+        if smem > self._dyn_smem_limit:
+            self.set_max_dynamic_smem(smem)
+        return bx, by, bz
+
+    def _grid(self, grid: Sequence[int]) -> tuple[int, int, int]:
+        gx, gy, gz = _dim3(grid, "grid")
+        if gx > 2**31 - 1 or gy > 65535 or gz > 65535:
+            raise ValueError(f"glm5_fastpath: kernel {self.name}: grid {gx}x{gy}x{gz} is too large")
+        return gx, gy, gz
+
     def launch(self, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, smem: int = 0,
                stream: Any = None, pdl: bool = False, cluster: Sequence[int] | None = None) -> None:
         """Launch on `stream` (default: torch's current stream of this kernel's device).
@@ -234,15 +250,8 @@ class Kernel:
         GLM5_FASTPATH_DISABLE_PDL is set); cluster: (x, y, z) CTAs per cluster.
         """
         d = driver()
-        gx, gy, gz = _dim3(grid, "grid")
-        bx, by, bz = _dim3(block, "block")
-        if bx * by * bz > self.max_threads:
-            raise ValueError(f"glm5_fastpath: kernel {self.name}: block {bx}x{by}x{bz} exceeds its "
-                             f"{self.max_threads}-thread limit")
-        if gx > 2**31 - 1 or gy > 65535 or gz > 65535:
-            raise ValueError(f"glm5_fastpath: kernel {self.name}: grid {gx}x{gy}x{gz} is too large")
-        if smem > self._dyn_smem_limit:
-            self.set_max_dynamic_smem(smem)
+        gx, gy, gz = self._grid(grid)
+        bx, by, bz = self._block(block, smem)
         vals, ptrs = pack_args(args)
         self._check_args(vals)
 
@@ -312,12 +321,7 @@ class PreparedLaunch:
 
     def __init__(self, kernel: Kernel, block: Sequence[int], args: Sequence[Any], *, smem: int = 0, pdl: bool = False):
         d = driver()
-        bx, by, bz = _dim3(block, "block")
-        if bx * by * bz > kernel.max_threads:
-            raise ValueError(f"glm5_fastpath: kernel {kernel.name}: block {bx}x{by}x{bz} exceeds its "
-                             f"{kernel.max_threads}-thread limit")
-        if smem > kernel._dyn_smem_limit:
-            kernel.set_max_dynamic_smem(smem)
+        bx, by, bz = kernel._block(block, smem)
         self.kernel = kernel
         self.vals, self.ptrs = pack_args(args)
         kernel._check_args(self.vals)
@@ -332,9 +336,7 @@ class PreparedLaunch:
 
     def launch(self, grid: Sequence[int], stream: Any = None) -> None:
         d = driver()
-        gx, gy, gz = _dim3(grid, "grid")
-        if gx > 2**31 - 1 or gy > 65535 or gz > 65535:
-            raise ValueError(f"glm5_fastpath: kernel {self.kernel.name}: grid {gx}x{gy}x{gz} is too large")
+        gx, gy, gz = self.kernel._grid(grid)
         cfg = self.cfg
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
         h = _stream_handle(stream, self.kernel.device_index)

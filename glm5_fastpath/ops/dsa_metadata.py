@@ -17,7 +17,7 @@ Op (namespace glm5_fastpath, with a fake): torch.ops.glm5_fastpath.dsa_decode_me
 req_pool_indices, seq_lens, max_len, topk, page_size, cache_seqlens, cu_seqlens_k, dsa_seqlens, dsa_cu, page_table_1,
 real_table) -> None, writing the given buffers (SGLang's static metadata buffers). Python entry point:
 `dsa_decode_metadata(...)` (same arguments, real_table=None when page_size == 1). CPU tensors run the reference
-(`reference`), which is SGLang's own sequence of torch ops. `FastLauncher` (what the SGLang route calls every step):
+(`reference_into`), which is SGLang's own sequence of torch ops. `FastLauncher` (what the SGLang route calls every step):
 the same kernel into one fixed set of buffers, checked and packed once (jit.runtime.Kernel.prepare), so a step costs
 one driver launch of host time.
 
@@ -108,17 +108,23 @@ def _check(req_to_token, req_pool_indices, seq_lens, max_len, topk, page_size, c
     return bs
 
 
-def reference(req_to_token, req_pool_indices, seq_lens, max_len, topk, page_size) -> dict:
-    """SGLang 0.5.14's decode-branch torch ops (dsa_backend._apply_cuda_graph_metadata), as new tensors."""
-    cache_seqlens = seq_lens.to(I32)
+def reference_into(req_to_token, req_pool_indices, seq_lens, max_len, topk, page_size, *, cache_seqlens,
+                   cu_seqlens_k, dsa_seqlens, dsa_cu, page_table_1, real_table=None) -> None:
+    """SGLang 0.5.14's decode-branch torch ops (dsa_backend._apply_cuda_graph_metadata), writing the same buffers the
+    same way: the CPU op runs it, and benchmarks/dsa_metadata_host.py times it as SGLang's side."""
+    bs = req_pool_indices.shape[0]
+    cache = seq_lens.to(I32)
+    cache_seqlens[:bs].copy_(cache)
+    cu_seqlens_k[1:bs + 1].copy_(torch.cumsum(cache, dim=0, dtype=I32))
     page_indices = req_to_token[req_pool_indices, :max_len]
-    dsa = cache_seqlens.clamp(max=topk)
-    out = {"cache_seqlens": cache_seqlens, "cu_seqlens_k": torch.cumsum(cache_seqlens, dim=0, dtype=I32),
-           "page_table_1": page_indices, "dsa_seqlens": dsa, "dsa_cu": torch.cumsum(dsa, dim=0, dtype=I32)}
+    page_table_1[:bs, :max_len].copy_(page_indices)
+    dsa = cache.clamp(max=topk)
+    dsa_seqlens[:bs].copy_(dsa)
+    dsa_cu[1:bs + 1].copy_(torch.cumsum(dsa, dim=0, dtype=I32))
     if page_size > 1:
         cols = torch.arange(0, max_len, page_size, device=req_to_token.device, dtype=I32)
-        out["real_table"] = page_indices[:, cols] // page_size
-    return out
+        real = page_indices[:, cols] // page_size
+        real_table[:real.shape[0], :real.shape[1]].copy_(real)
 
 
 _kernels: dict[int, object] = {}
@@ -154,14 +160,9 @@ def _dsa_decode_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.Ten
     bs = _check(req_to_token, req_pool_indices, seq_lens, max_len, topk, page_size, cache_seqlens, cu_seqlens_k,
                 dsa_seqlens, dsa_cu, page_table_1, real_table)
     if req_to_token.device.type == "cpu":
-        r = reference(req_to_token, req_pool_indices, seq_lens, max_len, topk, page_size)
-        cache_seqlens[:bs].copy_(r["cache_seqlens"])
-        cu_seqlens_k[1:bs + 1].copy_(r["cu_seqlens_k"])
-        dsa_seqlens[:bs].copy_(r["dsa_seqlens"])
-        dsa_cu[1:bs + 1].copy_(r["dsa_cu"])
-        page_table_1[:bs, :max_len].copy_(r["page_table_1"])
-        if real_table is not None:
-            real_table[:bs, :r["real_table"].shape[1]].copy_(r["real_table"])
+        reference_into(req_to_token, req_pool_indices, seq_lens, max_len, topk, page_size,
+                       cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k, dsa_seqlens=dsa_seqlens, dsa_cu=dsa_cu,
+                       page_table_1=page_table_1, real_table=real_table)
         return
     idx = require_hopper(OP, req_to_token.device, _fail)
     if bs == 0:
@@ -205,16 +206,14 @@ class FastLauncher:
     def __init__(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, topk: int,
                  page_size: int, *, cache_seqlens: torch.Tensor, cu_seqlens_k: torch.Tensor, dsa_seqlens: torch.Tensor,
                  dsa_cu: torch.Tensor, page_table_1: torch.Tensor, real_table: torch.Tensor | None = None):
-        cols = [int(page_table_1.shape[1]), int(req_to_token.shape[1])] if isinstance(page_table_1, torch.Tensor) \
-            and isinstance(req_to_token, torch.Tensor) and page_table_1.dim() == 2 and req_to_token.dim() == 2 else [0]
-        if isinstance(real_table, torch.Tensor) and real_table.dim() == 2 and isinstance(page_size, int):
-            cols.append(int(real_table.shape[1]) * page_size)
-        self.max_cols = min(cols)
         self.bufs = dict(cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k, dsa_seqlens=dsa_seqlens, dsa_cu=dsa_cu,
                          page_table_1=page_table_1, real_table=real_table)
         self.ins = (req_to_token, req_pool_indices, seq_lens)
         self.topk, self.page_size = topk, page_size
-        self.bs = _check(*self.ins, self.max_cols, topk, page_size, **self.bufs)
+        self.bs = _check(*self.ins, 0, topk, page_size, **self.bufs)
+        # the largest max_len the buffers take (what _check would accept), checked per call instead
+        self.max_cols = min(page_table_1.shape[1], req_to_token.shape[1],
+                            real_table.shape[1] * page_size if real_table is not None else page_table_1.shape[1])
         self.key = key_of(*self.ins, *self.bufs.values())
         self.prepared = None
         if req_to_token.device.type == "cuda":

@@ -179,15 +179,22 @@ class DsaMetadataRoute:
         return None
 
     def _fast_launch(self, backend: Any, bs: int, req_pool_indices: Any, seq_lens: Any, ps: int, bufs: dict) -> Any:
-        """The batch size's FastLauncher, rebuilt when any of its tensors moved (SGLang re-allocated a buffer)."""
+        """The batch size's FastLauncher, rebuilt when any of its tensors moved (SGLang re-allocated a buffer). A refusal
+        is kept with its key too, so a persistent one costs a comparison per step, not a validation."""
         from ...ops.dsa_metadata import FastLauncher, key_of
 
         key = key_of(backend.req_to_token, req_pool_indices, seq_lens, *bufs.values())
-        fl = self._fast.get(bs)
-        if fl is None or fl.key != key:
-            fl = self._fast[bs] = FastLauncher(backend.req_to_token, req_pool_indices, seq_lens,
-                                               int(backend.dsa_index_topk), ps, **bufs)
-        return fl
+        got = self._fast.get(bs)
+        if got is None or got[0] != key:
+            try:
+                got = (key, FastLauncher(backend.req_to_token, req_pool_indices, seq_lens,
+                                         int(backend.dsa_index_topk), ps, **bufs))
+            except ValueError as e:
+                got = (key, e)
+            self._fast[bs] = got
+        if isinstance(got[1], Exception):
+            raise got[1]
+        return got[1]
 
     def _check(self, original, backend, md, bs, req_pool_indices, seq_lens, seq_lens_cpu, forward_mode, spec_info,
                args, kwargs) -> None:

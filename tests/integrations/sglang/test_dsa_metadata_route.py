@@ -230,17 +230,32 @@ def test_launcher_reused_per_batch_size_and_rebuilt_when_a_buffer_moves(env, mon
     idx, lens, lens_cpu = inputs(4)
     ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
     ref._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)  # (stale columns past max_len stay alike)
-    fl = route._fast[4]
+    fl = route._fast[4][1]
     idx2, lens2, lens_cpu2 = inputs(4, seed=9)
     idx.copy_(idx2), lens.copy_(lens2), lens_cpu.copy_(lens_cpu2)  # the static slices, new contents
     ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
-    assert route._fast[4] is fl
+    assert route._fast[4][1] is fl
     ref._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
     assert torch.equal(ours.decode_cuda_graph_metadata[4].page_table_1, ref.decode_cuda_graph_metadata[4].page_table_1)
     md = ours.decode_cuda_graph_metadata[4]
     md.page_table_1 = md.page_table_1.clone()  # SGLang re-allocated a buffer: a new launcher
     ours._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)
-    assert route._fast[4] is not fl
+    assert route._fast[4][1] is not fl
+    R.unpatch_dsa_metadata(env.Ours)
+
+
+def test_a_refused_launcher_is_remembered(env, monkeypatch, caplog):
+    monkeypatch.setenv(R.ENV, "1")
+    route = install(env)
+    odd = env.Ours(bs_list=(4,))
+    odd.decode_cuda_graph_metadata[4].cu_seqlens_k = odd.decode_cuda_graph_metadata[4].cu_seqlens_k.long()
+    idx, lens, lens_cpu = inputs(4)
+    built = []
+    orig = DM.FastLauncher
+    monkeypatch.setattr(DM, "FastLauncher", lambda *a, **k: built.append(1) or orig(*a, **k))
+    for _ in range(3):
+        odd._apply_cuda_graph_metadata(4, idx, lens, lens_cpu, Mode(), None)  # SGLang's code each time
+    assert len(built) == 1 and isinstance(route._fast[4][1], DM.DsaMetadataInputError)
     R.unpatch_dsa_metadata(env.Ours)
 
 
