@@ -206,7 +206,7 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
         install_v_up(model, metrics, log)  # W_UV bmm + o_proj's quant in one kernel unless GLM5_FASTPATH_V_UP=0
         from .dsa_metadata_route import install_dsa_metadata
 
-        install_dsa_metadata(metrics, log)  # opt-in (GLM5_FASTPATH_DSA_METADATA=1): per-step DSA metadata, one kernel
+        install_dsa_metadata(metrics, log)  # default on (GLM5_FASTPATH_DSA_METADATA=0: off): per-step DSA metadata, one kernel
         from .norm_route import install_norms
 
         install_norms(model, metrics, log)  # A0 for the norms whose quant a route consumes (norm_route.py)

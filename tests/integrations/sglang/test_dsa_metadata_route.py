@@ -260,10 +260,12 @@ def test_a_refused_launcher_is_remembered(env, monkeypatch, caplog):
 
 
 def test_env_switch_install_and_unpatch(env, monkeypatch):
-    monkeypatch.delenv(R.ENV, raising=False)
-    assert not R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)
-    monkeypatch.setenv(R.ENV, "1")
     orig = env.Ours._apply_cuda_graph_metadata
+    for off in ("0", "off", "stock", " No "):
+        monkeypatch.setenv(R.ENV, off)
+        assert not R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)
+        assert env.Ours._apply_cuda_graph_metadata is orig
+    monkeypatch.delenv(R.ENV, raising=False)  # default on
     assert R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)
     assert R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)  # idempotent
     assert getattr(env.Ours._apply_cuda_graph_metadata, R.ORIGINAL_ATTR) is orig
