@@ -299,18 +299,13 @@ def busy_intervals(ops: Iterable[GpuOp], lo: float = float("-inf"), hi: float = 
     return out
 
 
-def exposed_time(ops: Sequence[GpuOp], lo: float = float("-inf"), hi: float = float("inf")) -> dict[str, float]:
-    """Busy time of [lo, hi) charged to activities: every instant some activity runs goes to the running one
-    that ENDS FIRST. The charges sum to the busy union. Why the first to end: with PDL a consumer is
-    resident (and in the trace) from its early launch while it waits in griddepcontrol.wait, so its
-    duration includes its producer's; charged this way the producer keeps its own time and the consumer
-    gets only what it adds after its producer ends. Two streams running at once split the overlap the same
-    way; an activity fully hidden behind a longer one costs nothing. Keyed by activity name."""
+def _exposed_charges(ops: Sequence[GpuOp], lo: float, hi: float) -> list[float]:
+    """Per activity (index into ops): its share of the busy time of [lo, hi), charged as exposed_time says."""
     import heapq
 
-    evs = sorted((max(o.ts, lo), min(o.end, hi), o.name) for o in ops if min(o.end, hi) > max(o.ts, lo))
-    out: dict[str, float] = {}
-    running: list[tuple[float, int, str]] = []  # (end, order, name)
+    evs = sorted((max(o.ts, lo), min(o.end, hi), k) for k, o in enumerate(ops) if min(o.end, hi) > max(o.ts, lo))
+    out = [0.0] * len(ops)
+    running: list[tuple[float, int, int]] = []  # (end, start order: a tie goes to the earlier start, index)
     i, t, n = 0, None, len(evs)
     while i < n or running:
         if not running:
@@ -318,13 +313,66 @@ def exposed_time(ops: Sequence[GpuOp], lo: float = float("-inf"), hi: float = fl
         while i < n and evs[i][0] <= t:
             heapq.heappush(running, (evs[i][1], i, evs[i][2]))
             i += 1
-        end, _, name = running[0]
+        end, _, k = running[0]
         nxt = min(end, evs[i][0]) if i < n else end
-        out[name] = out.get(name, 0.0) + (nxt - t)
+        out[k] += nxt - t
         t = nxt
         while running and running[0][0] <= t:
             heapq.heappop(running)
     return out
+
+
+def exposed_time(ops: Sequence[GpuOp], lo: float = float("-inf"), hi: float = float("inf")) -> dict[str, float]:
+    """Busy time of [lo, hi) charged to activities: every instant some activity runs goes to the running one
+    that ENDS FIRST. The charges sum to the busy union. Why the first to end: with PDL a consumer is
+    resident (and in the trace) from its early launch while it waits in griddepcontrol.wait, so its
+    duration includes its producer's; charged this way the producer keeps its own time and the consumer
+    gets only what it adds after its producer ends. Two streams running at once split the overlap the same
+    way; an activity fully hidden behind a longer one costs nothing. Keyed by activity name."""
+    out: dict[str, float] = {}
+    for o, us in zip(ops, _exposed_charges(ops, lo, hi)):
+        if us > 0 or o.name in out:
+            out[o.name] = out.get(o.name, 0.0) + us
+    return out
+
+
+def step_timeline(steps: Sequence[tuple[float, float, Sequence[GpuOp]]]) -> dict | None:
+    """One decode step's activities in launch order, each a median over the steps given ((gpu_start, end, ops) of
+    complete steps): start and end offsets from the step's first activity, duration, exposed time (as exposed_time
+    charges it) and the GPU idle time right before it (nothing running since the previous activities ended: a
+    launch or dependency gap). Only steps with the same activity sequence (names in start order) as the most common
+    one are used. None without steps."""
+    if not steps:
+        return None
+    seqs = []
+    for lo, hi, ops in steps:
+        ordered = sorted(ops, key=lambda o: (o.ts, o.end))
+        seqs.append((lo, hi, ordered, tuple(o.name for o in ordered)))
+    common: dict[tuple, int] = {}
+    for *_, names in seqs:
+        common[names] = common.get(names, 0) + 1
+    names = max(common, key=lambda k: (common[k], len(k)))
+    used = [(lo, hi, ordered) for lo, hi, ordered, nm in seqs if nm == names]
+    cols: dict[str, list[list[float]]] = {k: [[] for _ in names] for k in ("start", "end", "dur", "exposed", "idle")}
+    for lo, hi, ordered in used:
+        charges = _exposed_charges(ordered, lo, hi)
+        reach = lo
+        for k, o in enumerate(ordered):
+            cols["start"][k].append(o.ts - lo)
+            cols["end"][k].append(o.end - lo)
+            cols["dur"][k].append(o.dur)
+            cols["exposed"][k].append(charges[k])
+            cols["idle"][k].append(max(o.ts - reach, 0.0))
+            reach = max(reach, o.end)
+    first = used[0][2]
+    streams = sorted({str(o.stream) for o in first})
+    rows = []
+    for k, name in enumerate(names):
+        rows.append({"pos": k, "name": name, "category": category(first[k].name, first[k].cat),
+                     "stream": streams.index(str(first[k].stream)),
+                     **{f"{c}_us": statistics.median(cols[c][k]) for c in cols}})
+    return {"steps_used": len(used), "steps_given": len(steps), "activities": len(names),
+            "streams": len(streams), "rows": rows}
 
 
 def _clip(iv: list[list[float]], starts: list[float], lo: float, hi: float) -> list[list[float]]:
@@ -556,6 +604,11 @@ def analyze(obj: Any, *, method: str = "auto", gap_us: float | None = None, top_
                        "after": ends.get(round(s["_last_end"], 3)),
                        "before": starts.get(round(marks[s["index"] + 1].gpu_start, 3))})
     res["largest_gaps"] = sorted(gl, key=lambda g: -g["gap_us"])[:GAPS_KEPT]
+    windows = []
+    for s, ops in zip(res["steps"], per_step_ops):
+        if s["index"] in done_idx:
+            windows.append((marks[s["index"]].gpu_start, marks[s["index"] + 1].gpu_start, ops))
+    res["timeline"] = step_timeline(windows)
     _drop_private(res)
     return res
 
@@ -688,15 +741,46 @@ def render_markdown(res: dict, title: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_timeline(res: dict, title: str | None = None) -> str | None:
+    """One decode step, activity by activity (step_timeline), as markdown; None without a timeline."""
+    tl = res.get("timeline")
+    if not tl:
+        return None
+    lines = [f"# {title or 'Decode-step timeline'}", "",
+             f"Medians over {tl['steps_used']} of {tl['steps_given']} complete decode steps with the same "
+             f"activity sequence ({tl['activities']} activities on {tl['streams']} stream(s)). start / end: us from the "
+             "step's first activity; exposed: the busy time this activity is charged (the running activity that "
+             "ends first takes it; the column sums to the step's busy time); idle before: GPU idle right before it "
+             "starts (nothing running), i.e. a launch or dependency gap.", "",
+             "| # | stream | activity | category | start us | dur us | end us | exposed us | idle before us |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    for r in tl["rows"]:
+        lines.append(f"| {r['pos']} | {r['stream']} | `{_short(r['name'], 70)}` | {r['category']} | "
+                     f"{r['start_us']:.1f} | {r['dur_us']:.1f} | {r['end_us']:.1f} | {r['exposed_us']:.1f} | "
+                     f"{r['idle_us']:.1f} |")
+    tot_exp = sum(r["exposed_us"] for r in tl["rows"])
+    tot_idle = sum(r["idle_us"] for r in tl["rows"])
+    lines += ["", f"Sum of exposed: {tot_exp:.1f} us; sum of idle before: {tot_idle:.1f} us."]
+    return "\n".join(lines) + "\n"
+
+
 def write_outputs(results: list[dict], out: str | Path, stem: str = "breakdown") -> list[Path]:
-    """`<stem>.json` (a list, one entry per trace) and `<stem>.md` in out."""
+    """`<stem>.json` (a list, one entry per trace), `<stem>.md` and, when a step timeline exists,
+    `<stem>_timeline.md` in out."""
     o = Path(out)
     o.mkdir(parents=True, exist_ok=True)
     pj, pm = o / f"{stem}.json", o / f"{stem}.md"
     pj.write_text(json.dumps(results, indent=2, default=str) + "\n")
     pm.write_text("\n".join(render_markdown(r, title=f"Decode-step breakdown: {Path(r.get('source') or '?').name}")
                             for r in results))
-    return [pj, pm]
+    written = [pj, pm]
+    tls = [render_timeline(r, title=f"Decode-step timeline: {Path(r.get('source') or '?').name}") for r in results]
+    tls = [t for t in tls if t]
+    if tls:
+        pt = o / f"{stem}_timeline.md"
+        pt.write_text("\n".join(tls))
+        written.append(pt)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -272,3 +272,44 @@ def test_top_exposed_in_the_report():
     assert sum(ex.values()) == pytest.approx(BUSY)
     assert r["top_exposed"][0]["name"] == "fused_moe_kernel"
     assert "kernels by exposed time" in tb.render_markdown(r)
+
+
+def test_step_timeline_medians_per_activity():
+    """The step timeline: one row per activity of a step in start order, medians over the complete steps with the
+    same sequence; start / end from the step's first activity, exposed charges summing to the busy time, the idle
+    gap right before each activity."""
+    r = tb.analyze(sglang_like(4))
+    tl = r["timeline"]
+    assert tl["steps_used"] == 3 and tl["steps_given"] == 3 and tl["activities"] == 7 and tl["streams"] == 1
+    rows = tl["rows"]
+    assert [x["name"] for x in rows] == ["Memcpy HtoD (Pinned -> Device)"] + [n for n, _ in GRAPH] + [ARGMAX]
+    assert rows[0]["start_us"] == pytest.approx(0) and rows[0]["idle_us"] == pytest.approx(0)
+    assert rows[1]["start_us"] == pytest.approx(50) and rows[1]["idle_us"] == pytest.approx(45)  # copy -> graph
+    assert all(x["idle_us"] == pytest.approx(10) for x in rows[2:])
+    assert [x["dur_us"] for x in rows[1:6]] == pytest.approx([d for _, d in GRAPH])
+    assert rows[-1]["end_us"] == pytest.approx(LAST_END - 150)
+    assert sum(x["exposed_us"] for x in rows) == pytest.approx(BUSY)
+    assert rows[1]["category"] == "ours" and rows[-1]["category"] == "sampling"
+    md = tb.render_timeline(r, title="t")
+    assert md.startswith("# t") and md.count("\n| ") == 1 + 7 and f"Sum of exposed: {BUSY:.1f} us" in md
+
+
+def test_step_timeline_keeps_the_common_sequence_and_overlap(tmp_path):
+    """Steps whose activity sequence differs from the most common one are left out; two streams: a hidden
+    side-stream kernel is charged its own time, the long one the rest; no timeline without complete steps."""
+    a = (0.0, 100.0, [_op("k1", 0, 10), _op("side", 12, 5), _op("long", 11, 30)])
+    b = (100.0, 200.0, [_op("k1", 100, 12), _op("side", 114, 5), _op("long", 113, 30)])
+    odd = (200.0, 300.0, [_op("k1", 200, 10), _op("other", 215, 5)])
+    tl = tb.step_timeline([a, odd, b])
+    assert tl["steps_used"] == 2 and tl["steps_given"] == 3
+    assert [x["name"] for x in tl["rows"]] == ["k1", "long", "side"]
+    k1, long_, side = tl["rows"]
+    assert k1["dur_us"] == pytest.approx(11) and long_["idle_us"] == pytest.approx(1)
+    assert side["exposed_us"] == pytest.approx(5) and long_["exposed_us"] == pytest.approx(25)
+    assert tb.step_timeline([]) is None and tb.render_timeline({"timeline": None}) is None
+    # write_outputs adds the timeline file only when a result has one
+    got = tb.write_outputs([tb.analyze(sglang_like(3))], tmp_path / "o")
+    assert [p.name for p in got] == ["breakdown.json", "breakdown.md", "breakdown_timeline.md"]
+    got = tb.write_outputs([{"source": None, "timeline": None, "events_total": 0, "gpu_activities": 0,
+                             "launch_calls": 0, "events_skipped": 0}], tmp_path / "p")
+    assert [p.name for p in got] == ["breakdown.json", "breakdown.md"]
