@@ -27,6 +27,16 @@ waits 0.3-0.6 ms per step for the GPU), 0.04 ms less at batch 8 and 16; the in-e
 runs SGLang's original after ours for the first N routed calls and compares every buffer it wrote (then the buffers
 hold SGLang's values, which equal ours when the check passes); a mismatch is logged as a warning with the buffer
 names and turns the route off for the rest of the process.
+
+DeepGEMM's paged-MQA schedule (opt-in skip, GLM5_FASTPATH_DSA_METADATA_SCHEDULE=skip; not yet GPU-run): the routed
+refresh still rebuilds the schedule every step (a 2-D context-length tensor, DeepGEMM's metadata kernel, two copies:
+host work and kernels ahead of each replay). Its only reader in SGLang 0.5.14 is the indexer's paged top-k
+(`Indexer._get_topk_paged`, sglang.srt.layers.attention.dsa.dsa_indexer), which a decode layer on our full / shared
+prefix route never calls. With `skip`, install also wraps that method on the class; while it has not run in this
+process, the refresh leaves the schedule as it is. The decode graphs are captured (running every layer's Python
+forward) before their first replay, so a graph that contains SGLang's indexer (a layer that fell back at capture)
+has set the flag before its first replay; from the first call on, every refresh rebuilds the schedule again (logged
+once). Without that method (another SGLang release) the schedule is always rebuilt. Default `refresh`.
 """
 from __future__ import annotations
 
@@ -38,6 +48,10 @@ logger = logging.getLogger("glm5_fastpath")
 
 ENV = "GLM5_FASTPATH_DSA_METADATA"
 ENV_CHECK = "GLM5_FASTPATH_DSA_METADATA_CHECK"
+ENV_SCHEDULE = "GLM5_FASTPATH_DSA_METADATA_SCHEDULE"  # refresh (default) | skip (module doc)
+INDEXER_MODULE = "sglang.srt.layers.attention.dsa.dsa_indexer"
+INDEXER_CLASS = "Indexer"
+INDEXER_METHOD = "_get_topk_paged"  # the DeepGEMM schedule's only reader (SGLang 0.5.14)
 BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
 BACKEND_CLASS = "DeepseekSparseAttnBackend"
 METHOD = "_apply_cuda_graph_metadata"
@@ -71,6 +85,17 @@ def enabled() -> bool:
     if raw is None or not raw.strip():
         return DEFAULT_ON
     return raw.strip().lower() not in OFF
+
+
+def schedule_mode() -> str:
+    """GLM5_FASTPATH_DSA_METADATA_SCHEDULE: "skip" or "refresh" (default; anything else is logged and means refresh)."""
+    raw = os.environ.get(ENV_SCHEDULE, "").strip().lower()
+    if raw in ("", "refresh"):
+        return "refresh"
+    if raw == "skip":
+        return "skip"
+    logger.warning("glm5_fastpath: %s=%r is not refresh / skip; the schedule is refreshed", ENV_SCHEDULE, raw)
+    return "refresh"
 
 
 def check_calls() -> int:
@@ -120,6 +145,19 @@ class DsaMetadataRoute:
         self._once: set = set()
         self.routed_bs: set = set()
         self.checks: list[dict] = []
+        # the schedule skip (module doc): on only once watch_indexer wrapped SGLang's paged top-k
+        self.skip_schedule = False
+        self.paged_indexer_seen = False
+        self.schedules_skipped = 0
+
+    def indexer_ran(self) -> None:
+        """SGLang's paged indexer ran: the schedule is rebuilt on every refresh from now on."""
+        if not self.paged_indexer_seen:
+            self.paged_indexer_seen = True
+            if self.skip_schedule:
+                self.log.info("glm5_fastpath: DSA decode metadata: SGLang's %s.%s ran (a layer not on our prefix "
+                              "route); DeepGEMM's paged-MQA schedule is refreshed from now on", INDEXER_CLASS,
+                              INDEXER_METHOD)
 
     def note(self, route: str, reason: str, level: int = logging.INFO) -> None:
         if (route, reason) not in self._once:
@@ -161,19 +199,15 @@ class DsaMetadataRoute:
             self.note("stock", "error", logging.WARNING)
             return original(backend, bs, req_pool_indices, seq_lens, seq_lens_cpu, forward_mode, spec_info,
                             *args, **kwargs)
-        # the rest of SGLang's decode branch, as it is there: DeepGEMM's paged-MQA schedule (read by SGLang's indexer)
-        deep_gemm = self.g["deep_gemm"]
-        ctx = backend._build_paged_mqa_schedule_2d_ctx_lens(forward_mode, md.cache_seqlens_int32,
-                                                             md.cache_seqlens_int32, bs)
-        schedule = deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, deep_gemm.get_num_sms())
-        if getattr(md, "paged_mqa_schedule_metadata", None) is None:
-            object.__setattr__(md, "paged_mqa_schedule_metadata", schedule)
+        # the rest of SGLang's decode branch, as it is there: DeepGEMM's paged-MQA schedule (read by SGLang's indexer
+        # only; left as it is while that indexer has not run, with the opt-in skip: module doc)
+        if self.skip_schedule and not self.paged_indexer_seen:
+            self.schedules_skipped += 1
+            if self.schedules_skipped == 1:
+                self.log.info("glm5_fastpath: DSA decode metadata: DeepGEMM's paged-MQA schedule not refreshed (SGLang's "
+                              "paged indexer has not run in this process; %s=skip)", ENV_SCHEDULE)
         else:
-            md.paged_mqa_schedule_metadata.copy_(schedule)
-        if getattr(md, "paged_mqa_ctx_lens_2d", None) is None:
-            object.__setattr__(md, "paged_mqa_ctx_lens_2d", ctx)
-        else:
-            md.paged_mqa_ctx_lens_2d.copy_(ctx)
+            self._refresh_schedule(backend, md, forward_mode, bs)
         backend.forward_metadata = md
         if bs not in self.routed_bs:
             self.routed_bs.add(bs)
@@ -186,6 +220,20 @@ class DsaMetadataRoute:
             self._check(original, backend, md, bs, req_pool_indices, seq_lens, seq_lens_cpu, forward_mode, spec_info,
                         args, kwargs)
         return None
+
+    def _refresh_schedule(self, backend: Any, md: Any, forward_mode: Any, bs: int) -> None:
+        deep_gemm = self.g["deep_gemm"]
+        ctx = backend._build_paged_mqa_schedule_2d_ctx_lens(forward_mode, md.cache_seqlens_int32,
+                                                             md.cache_seqlens_int32, bs)
+        schedule = deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, deep_gemm.get_num_sms())
+        if getattr(md, "paged_mqa_schedule_metadata", None) is None:
+            object.__setattr__(md, "paged_mqa_schedule_metadata", schedule)
+        else:
+            md.paged_mqa_schedule_metadata.copy_(schedule)
+        if getattr(md, "paged_mqa_ctx_lens_2d", None) is None:
+            object.__setattr__(md, "paged_mqa_ctx_lens_2d", ctx)
+        else:
+            md.paged_mqa_ctx_lens_2d.copy_(ctx)
 
     def _fast_launch(self, backend: Any, bs: int, req_pool_indices: Any, seq_lens: Any, ps: int, bufs: dict) -> Any:
         """The batch size's FastLauncher, rebuilt when any of its tensors moved (SGLang re-allocated a buffer). A refusal
@@ -232,7 +280,7 @@ def _module() -> Any:
 
 def install_dsa_metadata(metrics: Any = None, log: logging.Logger = logger, backend_cls: Any = None,
                          module_globals: dict | None = None, precompile: bool = True,
-                         devices: tuple[str, ...] = ("cuda",)) -> bool:
+                         devices: tuple[str, ...] = ("cuda",), indexer_cls: Any = None) -> bool:
     """Wrap the DSA backend's metadata refresh unless GLM5_FASTPATH_DSA_METADATA=0 (module doc); -> installed."""
     if not enabled():
         return False
@@ -272,12 +320,61 @@ def install_dsa_metadata(metrics: Any = None, log: logging.Logger = logger, back
     setattr(_apply_cuda_graph_metadata, ORIGINAL_ATTR, original)
     _apply_cuda_graph_metadata.__glm5_fastpath_route__ = route
     setattr(backend_cls, METHOD, _apply_cuda_graph_metadata)
+    if schedule_mode() == "skip":
+        route.skip_schedule = watch_indexer(route, indexer_cls, log)
     log.info("glm5_fastpath: DSA decode metadata: %s.%s -> one kernel for decode replays (%s=0 turns it off; %s=N checks the first "
              "N against SGLang's code)", BACKEND_CLASS, METHOD, ENV, ENV_CHECK)
     return True
 
 
-def unpatch_dsa_metadata(backend_cls: Any = None) -> bool:
+def _indexer_cls() -> Any:
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(INDEXER_MODULE), INDEXER_CLASS, None)
+    except Exception:  # noqa: BLE001 - a release without it: no skip
+        return None
+
+
+def watch_indexer(route: DsaMetadataRoute, indexer_cls: Any = None, log: logging.Logger = logger) -> bool:
+    """Wrap SGLang's Indexer._get_topk_paged on the class so its first call tells `route` (indexer_ran); -> whether
+    the schedule may be skipped (False, logged, when the method is not there: another SGLang release)."""
+    cls = indexer_cls if indexer_cls is not None else _indexer_cls()
+    fn = getattr(cls, INDEXER_METHOD, None) if cls is not None else None
+    if fn is None:
+        log.info("glm5_fastpath: DSA decode metadata: %s.%s.%s not found; DeepGEMM's paged-MQA schedule is refreshed "
+                 "every step", INDEXER_MODULE, INDEXER_CLASS, INDEXER_METHOD)
+        return False
+    original = getattr(fn, ORIGINAL_ATTR, None) or fn
+    routes = getattr(fn, "__glm5_fastpath_routes__", None)
+    if routes is None:
+        routes = []
+
+        def _get_topk_paged(self, *args, **kwargs):
+            for r in routes:
+                r.indexer_ran()
+            return original(self, *args, **kwargs)
+
+        setattr(_get_topk_paged, ORIGINAL_ATTR, original)
+        _get_topk_paged.__glm5_fastpath_routes__ = routes
+        setattr(cls, INDEXER_METHOD, _get_topk_paged)
+    routes.append(route)
+    return True
+
+
+def unwatch_indexer(indexer_cls: Any = None) -> bool:
+    cls = indexer_cls if indexer_cls is not None else _indexer_cls()
+    fn = getattr(cls, INDEXER_METHOD, None) if cls is not None else None
+    original = getattr(fn, ORIGINAL_ATTR, None)
+    if original is None:
+        return False
+    setattr(cls, INDEXER_METHOD, original)
+    return True
+
+
+def unpatch_dsa_metadata(backend_cls: Any = None, indexer_cls: Any = None) -> bool:
+    """Restore the backend's method (and the indexer's, when the schedule skip wrapped it); -> whether it was wrapped."""
+    unwatch_indexer(indexer_cls)
     if backend_cls is None:
         mod = _module()
         backend_cls = getattr(mod, BACKEND_CLASS, None) if mod is not None else None

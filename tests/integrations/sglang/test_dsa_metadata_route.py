@@ -2,8 +2,11 @@
 _apply_cuda_graph_metadata is the decode branch of the real one (written out below, with a recording stand-in for
 deep_gemm): same buffers bit for bit, the same DeepGEMM schedule call, every fallback reason, the check mode,
 install / unpatch and the env switch."""
+import ast
 import logging
+import os
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -288,3 +291,104 @@ def test_backend_without_what_the_route_needs(env, monkeypatch):
 def test_check_calls_env(monkeypatch, raw, want):
     monkeypatch.setenv(R.ENV_CHECK, raw)
     assert R.check_calls() == want
+
+
+class FakeIndexer:
+    """Stand-in of SGLang 0.5.14's dsa_indexer.Indexer: only the paged top-k, the schedule's reader."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def _get_topk_paged(self, forward_batch, layer_id, q_fp8, weights, metadata):
+        self.calls += 1
+        return ("topk", layer_id)
+
+
+def _refresh(backend, bs, seed=0):
+    idx, lens, lens_cpu = inputs(bs, seed=seed)
+    backend._apply_cuda_graph_metadata(bs, idx, lens, lens_cpu, Mode(), None)
+
+
+def test_schedule_skip_until_sglangs_indexer_runs(env, monkeypatch, caplog):
+    """GLM5_FASTPATH_DSA_METADATA_SCHEDULE=skip: no DeepGEMM schedule while SGLang's paged indexer has not run; the
+    indexer keeps working through the wrapper; from its first call every refresh rebuilds the schedule again, and the
+    rebuilt one is what SGLang's code computes."""
+    monkeypatch.setenv(R.ENV, "1")
+    monkeypatch.setenv(R.ENV_SCHEDULE, "skip")
+    Idx = type("Idx", (FakeIndexer,), {})
+    orig = Idx._get_topk_paged
+    with caplog.at_level(logging.INFO, logger="glm5_fastpath"):
+        route = install(env, indexer_cls=Idx)
+        assert route.skip_schedule and not route.paged_indexer_seen
+        ours = env.Ours(bs_list=(1, 4))
+        for step in range(3):
+            _refresh(ours, 4, seed=step)
+        assert env.dg_ours.calls == [] and route.schedules_skipped == 3
+        assert ours.decode_cuda_graph_metadata[4].paged_mqa_schedule_metadata is None  # left as it was
+        assert ours.forward_metadata is ours.decode_cuda_graph_metadata[4]
+        assert sum("schedule not refreshed" in r.message for r in caplog.records) == 1
+        idx = Idx()
+        assert idx._get_topk_paged(None, 3, None, None, None) == ("topk", 3) and idx.calls == 1
+        assert route.paged_indexer_seen
+        assert sum("refreshed from now on" in r.message for r in caplog.records) == 1
+        _refresh(ours, 4, seed=7)
+    ref = env.Ref(bs_list=(1, 4))
+    for seed in (0, 1, 2, 7):  # the same refreshes (the page table keeps columns past a shorter step's max length)
+        _refresh(ref, 4, seed=seed)
+    assert len(env.dg_ours.calls) == 1
+    for n in NAMES:
+        assert torch.equal(getattr(ours.decode_cuda_graph_metadata[4], n), getattr(ref.decode_cuda_graph_metadata[4], n)), n
+    assert R.unpatch_dsa_metadata(env.Ours, indexer_cls=Idx) and Idx._get_topk_paged is orig
+
+
+def test_schedule_refresh_by_default_and_without_the_indexer(env, monkeypatch, caplog):
+    """Default (and a bad value): the schedule is rebuilt every step and the indexer is not wrapped; skip without
+    SGLang's paged top-k method (another release): rebuilt every step, logged."""
+    monkeypatch.setenv(R.ENV, "1")
+    Idx = type("Idx", (FakeIndexer,), {})
+    orig = Idx._get_topk_paged
+    for raw in (None, "sometimes"):
+        if raw is None:
+            monkeypatch.delenv(R.ENV_SCHEDULE, raising=False)
+        else:
+            monkeypatch.setenv(R.ENV_SCHEDULE, raw)
+        route = install(env, indexer_cls=Idx)
+        assert not route.skip_schedule and Idx._get_topk_paged is orig
+        before = len(env.dg_ours.calls)
+        _refresh(env.Ours(bs_list=(2,)), 2)
+        assert len(env.dg_ours.calls) == before + 1
+        R.unpatch_dsa_metadata(env.Ours, indexer_cls=Idx)
+    monkeypatch.setenv(R.ENV_SCHEDULE, "skip")
+    with caplog.at_level(logging.INFO, logger="glm5_fastpath"):
+        route = install(env, indexer_cls=type("NoPaged", (), {}))
+    assert not route.skip_schedule and any("not found" in r.message for r in caplog.records)
+    before = len(env.dg_ours.calls)
+    _refresh(env.Ours(bs_list=(2,)), 2)
+    assert len(env.dg_ours.calls) == before + 1
+    R.unpatch_dsa_metadata(env.Ours, indexer_cls=type("NoPaged", (), {}))
+
+
+SGL_0514 = os.environ.get("GLM5_FASTPATH_SGLANG_0514_SRC")  # an unpacked sglang==0.5.14 wheel (the dir holding sglang/)
+
+
+@pytest.mark.skipif(not SGL_0514, reason="set GLM5_FASTPATH_SGLANG_0514_SRC to an unpacked sglang 0.5.14 wheel")
+def test_sglang_0514_source_schedule_has_one_reader():
+    """The schedule skip's premise, on SGLang 0.5.14's source: outside the DSA backend that writes them,
+    paged_mqa_schedule_metadata / paged_mqa_ctx_lens_2d are read in one function only, the Indexer's paged top-k
+    that watch_indexer wraps (by module, class and name)."""
+    root = Path(SGL_0514) / "sglang"
+    readers = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text(errors="replace")
+        if "paged_mqa_schedule_metadata" not in text and "paged_mqa_ctx_lens_2d" not in text:
+            continue
+        rel = path.relative_to(root.parent).with_suffix("")
+        tree = ast.parse(text)
+        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+            for fn in [n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+                src = ast.get_source_segment(text, fn) or ""
+                if "paged_mqa_schedule_metadata" in src or "paged_mqa_ctx_lens_2d" in src:
+                    readers.add((".".join(rel.parts), cls.name, fn.name))
+    backend = {r for r in readers if r[0] == R.BACKEND_MODULE}
+    assert readers - backend == {(R.INDEXER_MODULE, R.INDEXER_CLASS, R.INDEXER_METHOD)}
+    assert (R.BACKEND_MODULE, R.BACKEND_CLASS, R.METHOD) in backend
