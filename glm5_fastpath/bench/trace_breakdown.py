@@ -336,12 +336,60 @@ def exposed_time(ops: Sequence[GpuOp], lo: float = float("-inf"), hi: float = fl
     return out
 
 
-def step_timeline(steps: Sequence[tuple[float, float, Sequence[GpuOp]]]) -> dict | None:
+def timeline_segments(rows: Sequence[dict], marker: str | None = None) -> dict | None:
+    """The step timeline cut into repeating segments (decoder layers) at a marker activity: every occurrence of the
+    marker starts a segment, rows before the first one are the step's head. Segments with the same activity sequence
+    form a kind (e.g. the MoE layers, the dense layer, the last layer with lm_head and sampling); per kind and
+    position: medians over its segments of duration, exposed time and the idle gap before, and the kind's span (from
+    its first activity to the next segment's first, or to its last activity's end). Auto marker (None): among
+    activities that occur at least twice per step, the most common occurrence count (ties: the larger count), and
+    the first activity in step order with that count. None when nothing repeats or the marker is absent."""
+    if not rows:
+        return None
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["name"]] = counts.get(r["name"], 0) + 1
+    if marker is None:
+        freq: dict[int, int] = {}
+        for c in counts.values():
+            if c >= 2:
+                freq[c] = freq.get(c, 0) + 1
+        if not freq:
+            return None
+        want = max(freq, key=lambda c: (freq[c], c))
+        marker = next(r["name"] for r in rows if counts[r["name"]] == want)
+    starts = [i for i, r in enumerate(rows) if r["name"] == marker]
+    if not starts:
+        return None
+    bounds = list(zip(starts, starts[1:] + [len(rows)]))
+    kinds: dict[tuple, list[tuple[int, int]]] = {}
+    for a, b in bounds:
+        kinds.setdefault(tuple(r["name"] for r in rows[a:b]), []).append((a, b))
+    out = []
+    for names, segs in kinds.items():
+        per = []
+        for k, name in enumerate(names):
+            per.append({"pos": k, "name": name, "category": rows[segs[0][0] + k]["category"],
+                        **{c: statistics.median(rows[a + k][c] for a, _ in segs)
+                           for c in ("dur_us", "exposed_us", "idle_us")}})
+        spans = [(rows[b]["start_us"] if b < len(rows) else max(r["end_us"] for r in rows[a:b])) - rows[a]["start_us"]
+                 for a, b in segs]
+        out.append({"segments": len(segs), "first": segs[0][0], "activities": len(names),
+                    "span_us": statistics.median(spans), "exposed_us": sum(x["exposed_us"] for x in per),
+                    "idle_us": sum(x["idle_us"] for x in per), "rows": per})
+    out.sort(key=lambda k: k["first"])
+    head = rows[:starts[0]]
+    return {"marker": marker, "head_activities": len(head),
+            "head_exposed_us": sum(r["exposed_us"] for r in head), "kinds": out}
+
+
+def step_timeline(steps: Sequence[tuple[float, float, Sequence[GpuOp]]], layer_marker: str | None = None) -> dict | None:
     """One decode step's activities in launch order, each a median over the steps given ((gpu_start, end, ops) of
     complete steps): start and end offsets from the step's first activity, duration, exposed time (as exposed_time
     charges it) and the GPU idle time right before it (nothing running since the previous activities ended: a
     launch or dependency gap). Only steps with the same activity sequence (names in start order) as the most common
-    one are used. None without steps."""
+    one are used; `segments` cuts the result into repeating segments (timeline_segments, at layer_marker). None without
+    steps."""
     if not steps:
         return None
     seqs = []
@@ -372,7 +420,7 @@ def step_timeline(steps: Sequence[tuple[float, float, Sequence[GpuOp]]]) -> dict
                      "stream": streams.index(str(first[k].stream)),
                      **{f"{c}_us": statistics.median(cols[c][k]) for c in cols}})
     return {"steps_used": len(used), "steps_given": len(steps), "activities": len(names),
-            "streams": len(streams), "rows": rows}
+            "streams": len(streams), "rows": rows, "segments": timeline_segments(rows, layer_marker)}
 
 
 def _clip(iv: list[list[float]], starts: list[float], lo: float, hi: float) -> list[list[float]]:
@@ -451,7 +499,7 @@ def _drop_private(res: dict) -> None:
 
 
 def analyze(obj: Any, *, method: str = "auto", gap_us: float | None = None, top_k: int = TOP_K,
-            source: str | None = None) -> dict:
+            source: str | None = None, layer_marker: str | None = None) -> dict:
     """The breakdown of one parsed trace (see the module docstring). Times in microseconds."""
     tr = parse_events(obj)
     used, marks = split_steps(tr, method, gap_us)
@@ -608,7 +656,7 @@ def analyze(obj: Any, *, method: str = "auto", gap_us: float | None = None, top_
     for s, ops in zip(res["steps"], per_step_ops):
         if s["index"] in done_idx:
             windows.append((marks[s["index"]].gpu_start, marks[s["index"] + 1].gpu_start, ops))
-    res["timeline"] = step_timeline(windows)
+    res["timeline"] = step_timeline(windows, layer_marker)
     _drop_private(res)
     return res
 
@@ -761,6 +809,22 @@ def render_timeline(res: dict, title: str | None = None) -> str | None:
     tot_exp = sum(r["exposed_us"] for r in tl["rows"])
     tot_idle = sum(r["idle_us"] for r in tl["rows"])
     lines += ["", f"Sum of exposed: {tot_exp:.1f} us; sum of idle before: {tot_idle:.1f} us."]
+    sg = tl.get("segments")
+    if sg:
+        lines += ["", f"## Repeating segments (layers), cut at `{_short(sg['marker'], 70)}`", "",
+                  f"Step head before the first marker: {sg['head_activities']} activities, {sg['head_exposed_us']:.1f} us "
+                  "exposed. Per segment kind (the same activity sequence): medians over its segments; span = from its "
+                  "first activity to the next segment's first.", "",
+                  "| kind | segments | activities | span us | exposed us | idle before us |", "|---:|---:|---:|---:|---:|---:|"]
+        for j, k in enumerate(sg["kinds"]):
+            lines.append(f"| {j} | {k['segments']} | {k['activities']} | {k['span_us']:.1f} | {k['exposed_us']:.1f} | "
+                         f"{k['idle_us']:.1f} |")
+        for j, k in enumerate(sg["kinds"]):
+            lines += ["", f"### Kind {j} ({k['segments']} segment(s))", "",
+                      "| # | activity | category | dur us | exposed us | idle before us |", "|---:|---|---|---:|---:|---:|"]
+            for r in k["rows"]:
+                lines.append(f"| {r['pos']} | `{_short(r['name'], 70)}` | {r['category']} | {r['dur_us']:.1f} | "
+                             f"{r['exposed_us']:.1f} | {r['idle_us']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -791,12 +855,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", choices=SPLIT_METHODS, default="auto", help="how to delimit steps (default auto)")
     p.add_argument("--gap-us", type=float, default=None, help="gap split threshold (us); default half the largest gap")
     p.add_argument("--top", type=int, default=TOP_K, help=f"kernels in the top list (default {TOP_K})")
+    p.add_argument("--layer-marker", default=None, metavar="NAME",
+                   help="activity that starts each repeating segment of the step timeline (default: auto)")
     a = p.parse_args(argv)
     try:
         paths = find_traces(a.trace)
         if not paths:
             raise FileNotFoundError(f"{a.trace}: no trace files there")
-        results = [analyze_file(x, method=a.split, gap_us=a.gap_us, top_k=a.top) for x in paths]
+        results = [analyze_file(x, method=a.split, gap_us=a.gap_us, top_k=a.top, layer_marker=a.layer_marker)
+                   for x in paths]
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

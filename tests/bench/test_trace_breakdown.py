@@ -313,3 +313,50 @@ def test_step_timeline_keeps_the_common_sequence_and_overlap(tmp_path):
     got = tb.write_outputs([{"source": None, "timeline": None, "events_total": 0, "gpu_activities": 0,
                              "launch_calls": 0, "events_skipped": 0}], tmp_path / "p")
     assert [p.name for p in got] == ["breakdown.json", "breakdown.md"]
+
+
+def _rows(seq):
+    """Timeline rows from (name, dur, idle_before) in order, back to back after the idle gaps; exposed = dur."""
+    rows, t = [], 0.0
+    for k, (name, dur, idle) in enumerate(seq):
+        t += idle
+        rows.append({"pos": k, "name": name, "category": tb.category(name), "stream": 0, "start_us": t,
+                     "end_us": t + dur, "dur_us": dur, "exposed_us": dur, "idle_us": idle})
+        t += dur
+    return rows
+
+
+def test_timeline_segments_layers_by_kind():
+    """Auto marker = the first activity with the most common repeat count; segments of the same sequence form a kind
+    with per-position medians; the head before the first marker is reported apart; an explicit marker; nothing
+    repeating -> None."""
+    dense = [("norm", 2, 1), ("attn", 10, 1), ("mlp_dense", 30, 2)]
+    moe = [("norm", 2, 1), ("attn", 10, 1), ("router", 5, 1), ("megamoe", 50, 3)]
+    slow_moe = [("norm", 2, 1), ("attn", 14, 1), ("router", 5, 1), ("megamoe", 50, 5)]
+    seq = [("embed", 3, 0)] + dense + moe + slow_moe + moe + [("lm_head", 400, 1), ("argmax", 8, 1)]
+    sg = tb.timeline_segments(_rows(seq))
+    assert sg["marker"] == "norm" and sg["head_activities"] == 1 and sg["head_exposed_us"] == 3
+    kinds = sg["kinds"]
+    assert [k["segments"] for k in kinds] == [1, 2, 1] and [k["activities"] for k in kinds] == [3, 4, 6]
+    dense_k, moe_k, last_k = kinds
+    assert dense_k["span_us"] == pytest.approx(2 + 1 + 10 + 2 + 30 + 1)  # to the next marker's start
+    # the two middle MoE layers (the plain and the slow one): medians per position
+    assert [r["name"] for r in moe_k["rows"]] == ["norm", "attn", "router", "megamoe"]
+    assert moe_k["rows"][1]["dur_us"] == pytest.approx(12) and moe_k["rows"][3]["idle_us"] == pytest.approx(4)
+    assert moe_k["exposed_us"] == pytest.approx(2 + 12 + 5 + 50) and moe_k["idle_us"] == pytest.approx(1 + 1 + 1 + 4)
+    assert last_k["rows"][-1]["name"] == "argmax" and last_k["span_us"] == pytest.approx(2 + 1 + 10 + 1 + 5 + 3 + 50 + 1
+                                                                                         + 400 + 1 + 8)
+    assert tb.timeline_segments(_rows(seq), marker="router")["kinds"][0]["rows"][0]["name"] == "router"
+    assert tb.timeline_segments(_rows(seq), marker="absent") is None
+    assert tb.timeline_segments(_rows([("a", 1, 0), ("b", 1, 0)])) is None and tb.timeline_segments([]) is None
+
+
+def test_timeline_segments_in_the_report():
+    """analyze's timeline carries the segments (layer_marker passes through) and render_timeline prints them."""
+    r = tb.analyze(sglang_like(4), layer_marker=GRAPH[1][0])
+    sg = r["timeline"]["segments"]
+    assert sg["marker"] == GRAPH[1][0] and sg["head_activities"] == 2 and sg["kinds"][0]["segments"] == 1
+    md = tb.render_timeline(r)
+    assert "## Repeating segments" in md and "### Kind 0 (1 segment(s))" in md
+    auto = tb.analyze(sglang_like(4))["timeline"]["segments"]
+    assert auto is None  # every activity occurs once per step: nothing repeats
