@@ -336,45 +336,71 @@ def exposed_time(ops: Sequence[GpuOp], lo: float = float("-inf"), hi: float = fl
     return out
 
 
+def _seg_keys(rows: Sequence[dict], a: int, b: int) -> list[tuple[str, int]]:
+    seen: dict[str, int] = {}
+    keys = []
+    for r in rows[a:b]:
+        keys.append((r["name"], seen.get(r["name"], 0)))
+        seen[r["name"]] = seen.get(r["name"], 0) + 1
+    return keys
+
+
+def _segment(rows: Sequence[dict], marker: str) -> tuple[list[int], dict[tuple, list[tuple[int, int]]]]:
+    """Marker positions and the segments by kind: the multiset of activity names (concurrent kernels may start in
+    another order from layer to layer)."""
+    starts = [i for i, r in enumerate(rows) if r["name"] == marker]
+    kinds: dict[tuple, list[tuple[int, int]]] = {}
+    for a, b in zip(starts, starts[1:] + [len(rows)]):
+        kinds.setdefault(tuple(sorted(r["name"] for r in rows[a:b])), []).append((a, b))
+    return starts, kinds
+
+
 def timeline_segments(rows: Sequence[dict], marker: str | None = None) -> dict | None:
     """The step timeline cut into repeating segments (decoder layers) at a marker activity: every occurrence of the
-    marker starts a segment, rows before the first one are the step's head. Segments with the same activity sequence
-    form a kind (e.g. the MoE layers, the dense layer, the last layer with lm_head and sampling); per kind and
-    position: medians over its segments of duration, exposed time and the idle gap before, and the kind's span (from
-    its first activity to the next segment's first, or to its last activity's end). Auto marker (None): among
-    activities that occur at least twice per step, the most common occurrence count (ties: the larger count), and
-    the first activity in step order with that count. None when nothing repeats or the marker is absent."""
+    marker starts a segment, rows before the first one are the step's head. Segments with the same activities (as a
+    multiset: concurrent kernels may start in another order from layer to layer) form a kind (e.g. the MoE layers, the
+    dense layer, the last layer with lm_head and sampling); per kind and activity (name, k-th occurrence in the
+    segment), in median offset order: medians over its segments of offset from the segment's start, duration, exposed
+    time and the idle gap before, and the kind's span (from its first activity to the next segment's first, or to its
+    last activity's end). Auto marker (None): the activity (at least two per step) whose cut puts the most rows into
+    one kind of two or more segments (segments x activities: long segments that repeat, i.e. layers rather than
+    pieces of one), then the fewest kinds, then the most occurrences. None when nothing repeats or the marker is
+    absent."""
     if not rows:
         return None
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["name"]] = counts.get(r["name"], 0) + 1
     if marker is None:
-        freq: dict[int, int] = {}
-        for c in counts.values():
-            if c >= 2:
-                freq[c] = freq.get(c, 0) + 1
-        if not freq:
+        best = None
+        for name, c in counts.items():
+            if c < 2:
+                continue
+            _, kinds = _segment(rows, name)
+            score = (max((len(v) * len(k) for k, v in kinds.items() if len(v) >= 2), default=0), -len(kinds), c)
+            if best is None or score > best[0]:
+                best = (score, name)
+        if best is None:
             return None
-        want = max(freq, key=lambda c: (freq[c], c))
-        marker = next(r["name"] for r in rows if counts[r["name"]] == want)
-    starts = [i for i, r in enumerate(rows) if r["name"] == marker]
+        marker = best[1]
+    starts, kinds = _segment(rows, marker)
     if not starts:
         return None
-    bounds = list(zip(starts, starts[1:] + [len(rows)]))
-    kinds: dict[tuple, list[tuple[int, int]]] = {}
-    for a, b in bounds:
-        kinds.setdefault(tuple(r["name"] for r in rows[a:b]), []).append((a, b))
     out = []
-    for names, segs in kinds.items():
-        per = []
-        for k, name in enumerate(names):
-            per.append({"pos": k, "name": name, "category": rows[segs[0][0] + k]["category"],
-                        **{c: statistics.median(rows[a + k][c] for a, _ in segs)
-                           for c in ("dur_us", "exposed_us", "idle_us")}})
+    for segs in kinds.values():
+        idx = [dict(zip(_seg_keys(rows, a, b), range(a, b))) for a, b in segs]
+        med: dict[tuple, dict[str, float]] = {}
+        for key in idx[0]:
+            got = [rows[m[key]] for m in idx]
+            med[key] = {"offset_us": statistics.median(g["start_us"] - rows[a]["start_us"]
+                                                        for g, (a, _) in zip(got, segs)),
+                        **{c: statistics.median(g[c] for g in got) for c in ("dur_us", "exposed_us", "idle_us")},
+                        "category": got[0]["category"]}
+        order = sorted(med, key=lambda k: (med[k]["offset_us"], k))
+        per = [{"pos": j, "name": k[0], **med[k]} for j, k in enumerate(order)]
         spans = [(rows[b]["start_us"] if b < len(rows) else max(r["end_us"] for r in rows[a:b])) - rows[a]["start_us"]
                  for a, b in segs]
-        out.append({"segments": len(segs), "first": segs[0][0], "activities": len(names),
+        out.append({"segments": len(segs), "first": segs[0][0], "activities": len(per),
                     "span_us": statistics.median(spans), "exposed_us": sum(x["exposed_us"] for x in per),
                     "idle_us": sum(x["idle_us"] for x in per), "rows": per})
     out.sort(key=lambda k: k["first"])
@@ -387,38 +413,54 @@ def step_timeline(steps: Sequence[tuple[float, float, Sequence[GpuOp]]], layer_m
     """One decode step's activities in launch order, each a median over the steps given ((gpu_start, end, ops) of
     complete steps): start and end offsets from the step's first activity, duration, exposed time (as exposed_time
     charges it) and the GPU idle time right before it (nothing running since the previous activities ended: a
-    launch or dependency gap). Only steps with the same activity sequence (names in start order) as the most common
-    one are used; `segments` cuts the result into repeating segments (timeline_segments, at layer_marker). None without
-    steps."""
+    launch or dependency gap). Steps are aligned by (name, k-th occurrence in the step), so concurrent kernels that
+    start in another order from step to step still line up; only steps with the most common set of those keys are
+    used, and rows are in median start order; `segments` cuts the result into repeating segments (timeline_segments,
+    at layer_marker). None without steps."""
     if not steps:
         return None
-    seqs = []
+    # align the steps by (name, k-th occurrence in the step): concurrent kernels on several streams may start in
+    # another order from step to step, so the key sets, not the start orders, must match
+    keyed = []
     for lo, hi, ops in steps:
         ordered = sorted(ops, key=lambda o: (o.ts, o.end))
-        seqs.append((lo, hi, ordered, tuple(o.name for o in ordered)))
-    common: dict[tuple, int] = {}
-    for *_, names in seqs:
-        common[names] = common.get(names, 0) + 1
-    names = max(common, key=lambda k: (common[k], len(k)))
-    used = [(lo, hi, ordered) for lo, hi, ordered, nm in seqs if nm == names]
-    cols: dict[str, list[list[float]]] = {k: [[] for _ in names] for k in ("start", "end", "dur", "exposed", "idle")}
-    for lo, hi, ordered in used:
+        seen: dict[str, int] = {}
+        keys = []
+        for o in ordered:
+            keys.append((o.name, seen.get(o.name, 0)))
+            seen[o.name] = seen.get(o.name, 0) + 1
+        keyed.append((lo, hi, ordered, dict(zip(keys, range(len(keys))))))
+    common: dict[frozenset, int] = {}
+    for *_, idx in keyed:
+        common[frozenset(idx)] = common.get(frozenset(idx), 0) + 1
+    keyset = max(common, key=lambda k: (common[k], len(k)))
+    used = [(lo, hi, ordered, idx) for lo, hi, ordered, idx in keyed if frozenset(idx) == keyset]
+    keys = list(keyset)
+    cols: dict[str, dict] = {c: {k: [] for k in keys} for c in ("start", "end", "dur", "exposed", "idle")}
+    for lo, hi, ordered, idx in used:
         charges = _exposed_charges(ordered, lo, hi)
-        reach = lo
-        for k, o in enumerate(ordered):
+        idle, reach = [0.0] * len(ordered), lo
+        for j, o in enumerate(ordered):
+            idle[j] = max(o.ts - reach, 0.0)
+            reach = max(reach, o.end)
+        for k in keys:
+            j = idx[k]
+            o = ordered[j]
             cols["start"][k].append(o.ts - lo)
             cols["end"][k].append(o.end - lo)
             cols["dur"][k].append(o.dur)
-            cols["exposed"][k].append(charges[k])
-            cols["idle"][k].append(max(o.ts - reach, 0.0))
-            reach = max(reach, o.end)
+            cols["exposed"][k].append(charges[j])
+            cols["idle"][k].append(idle[j])
+    med = {c: {k: statistics.median(v) for k, v in cols[c].items()} for c in cols}
+    keys.sort(key=lambda k: (med["start"][k], med["end"][k], k))
     first = used[0][2]
     streams = sorted({str(o.stream) for o in first})
     rows = []
-    for k, name in enumerate(names):
-        rows.append({"pos": k, "name": name, "category": category(first[k].name, first[k].cat),
-                     "stream": streams.index(str(first[k].stream)),
-                     **{f"{c}_us": statistics.median(cols[c][k]) for c in cols}})
+    for pos, k in enumerate(keys):
+        o = first[used[0][3][k]]
+        rows.append({"pos": pos, "name": k[0], "category": category(o.name, o.cat),
+                     "stream": streams.index(str(o.stream)), **{f"{c}_us": med[c][k] for c in med}})
+    names = keys
     return {"steps_used": len(used), "steps_given": len(steps), "activities": len(names),
             "streams": len(streams), "rows": rows, "segments": timeline_segments(rows, layer_marker)}
 
@@ -813,18 +855,19 @@ def render_timeline(res: dict, title: str | None = None) -> str | None:
     if sg:
         lines += ["", f"## Repeating segments (layers), cut at `{_short(sg['marker'], 70)}`", "",
                   f"Step head before the first marker: {sg['head_activities']} activities, {sg['head_exposed_us']:.1f} us "
-                  "exposed. Per segment kind (the same activity sequence): medians over its segments; span = from its "
-                  "first activity to the next segment's first.", "",
+                  "exposed. Per segment kind (the same activities): medians over its segments; offset = from the "
+                  "segment's first activity; span = from its first activity to the next segment's first.", "",
                   "| kind | segments | activities | span us | exposed us | idle before us |", "|---:|---:|---:|---:|---:|---:|"]
         for j, k in enumerate(sg["kinds"]):
             lines.append(f"| {j} | {k['segments']} | {k['activities']} | {k['span_us']:.1f} | {k['exposed_us']:.1f} | "
                          f"{k['idle_us']:.1f} |")
         for j, k in enumerate(sg["kinds"]):
             lines += ["", f"### Kind {j} ({k['segments']} segment(s))", "",
-                      "| # | activity | category | dur us | exposed us | idle before us |", "|---:|---|---|---:|---:|---:|"]
+                      "| # | activity | category | offset us | dur us | exposed us | idle before us |",
+                  "|---:|---|---|---:|---:|---:|---:|"]
             for r in k["rows"]:
-                lines.append(f"| {r['pos']} | `{_short(r['name'], 70)}` | {r['category']} | {r['dur_us']:.1f} | "
-                             f"{r['exposed_us']:.1f} | {r['idle_us']:.1f} |")
+                lines.append(f"| {r['pos']} | `{_short(r['name'], 70)}` | {r['category']} | {r['offset_us']:.1f} | "
+                             f"{r['dur_us']:.1f} | {r['exposed_us']:.1f} | {r['idle_us']:.1f} |")
     return "\n".join(lines) + "\n"
 
 

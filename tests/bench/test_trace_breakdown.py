@@ -327,14 +327,14 @@ def _rows(seq):
 
 
 def test_timeline_segments_layers_by_kind():
-    """Auto marker = the first activity with the most common repeat count; segments of the same sequence form a kind
-    with per-position medians; the head before the first marker is reported apart; an explicit marker; nothing
-    repeating -> None."""
+    """Segments of the same sequence form a kind with per-position medians; the head before the first marker is
+    reported apart; the auto marker is the cut with the most rows in one kind, then the fewest kinds; nothing repeating or an
+    absent marker -> None."""
     dense = [("norm", 2, 1), ("attn", 10, 1), ("mlp_dense", 30, 2)]
     moe = [("norm", 2, 1), ("attn", 10, 1), ("router", 5, 1), ("megamoe", 50, 3)]
     slow_moe = [("norm", 2, 1), ("attn", 14, 1), ("router", 5, 1), ("megamoe", 50, 5)]
     seq = [("embed", 3, 0)] + dense + moe + slow_moe + moe + [("lm_head", 400, 1), ("argmax", 8, 1)]
-    sg = tb.timeline_segments(_rows(seq))
+    sg = tb.timeline_segments(_rows(seq), marker="norm")
     assert sg["marker"] == "norm" and sg["head_activities"] == 1 and sg["head_exposed_us"] == 3
     kinds = sg["kinds"]
     assert [k["segments"] for k in kinds] == [1, 2, 1] and [k["activities"] for k in kinds] == [3, 4, 6]
@@ -346,7 +346,9 @@ def test_timeline_segments_layers_by_kind():
     assert moe_k["exposed_us"] == pytest.approx(2 + 12 + 5 + 50) and moe_k["idle_us"] == pytest.approx(1 + 1 + 1 + 4)
     assert last_k["rows"][-1]["name"] == "argmax" and last_k["span_us"] == pytest.approx(2 + 1 + 10 + 1 + 5 + 3 + 50 + 1
                                                                                          + 400 + 1 + 8)
-    assert tb.timeline_segments(_rows(seq), marker="router")["kinds"][0]["rows"][0]["name"] == "router"
+    auto = tb.timeline_segments(_rows(seq))  # cut at norm: 3 kinds; at router: [router megamoe norm attn] x 2 + the tail
+    assert auto["marker"] == "router" and [k["segments"] for k in auto["kinds"]] == [2, 1]
+    assert auto["head_activities"] == 6 and auto["kinds"][0]["rows"][0]["name"] == "router"
     assert tb.timeline_segments(_rows(seq), marker="absent") is None
     assert tb.timeline_segments(_rows([("a", 1, 0), ("b", 1, 0)])) is None and tb.timeline_segments([]) is None
 
@@ -360,3 +362,14 @@ def test_timeline_segments_in_the_report():
     assert "## Repeating segments" in md and "### Kind 0 (1 segment(s))" in md
     auto = tb.analyze(sglang_like(4))["timeline"]["segments"]
     assert auto is None  # every activity occurs once per step: nothing repeats
+
+
+def test_timeline_segments_concurrent_reorder_is_one_kind():
+    """Two layers whose side-stream kernels start in another order are one kind; rows follow the median offset."""
+    a = [("norm", 2, 0), ("gemm", 10, 0), ("side", 3, 0), ("moe", 20, 1)]
+    b = [("norm", 2, 0), ("side", 3, 0), ("gemm", 10, 0), ("moe", 20, 1)]
+    sg = tb.timeline_segments(_rows(a + b + a), marker="norm")
+    assert [k["segments"] for k in sg["kinds"]] == [3]
+    rows = sg["kinds"][0]["rows"]
+    assert [r["name"] for r in rows] == ["norm", "gemm", "side", "moe"]  # gemm first in 2 of 3 layers
+    assert rows[1]["offset_us"] == pytest.approx(2) and rows[3]["offset_us"] == pytest.approx(2 + 10 + 3 + 1)
