@@ -734,9 +734,21 @@ def render_markdown(rep: dict) -> str:
             lines.append(f"- {mo}: engine args not in this SGLang's ServerArgs, dropped: {info['dropped_engine_args']}")
         if info.get("error"):
             lines.append(f"- {mo}: worker error: {info['error']}")
+    lines += render_paths(rep)
     lines += render_profiles(rep)
     lines += render_host_timing(rep)
     return "\n".join(lines) + "\n"
+
+
+def render_paths(rep: dict) -> list[str]:
+    """The routing lines of each mode's worker log (record_paths): which route / bucket path each seam took."""
+    out: list[str] = []
+    for mo, info in rep.get("modes", {}).items():
+        got = info.get("paths_logged") or []
+        if got:
+            out += ["", f"Paths taken, {mo} (the worker log's routing lines, first occurrence each):", ""]
+            out += [f"- {x.removeprefix('glm5_fastpath: ')}" for x in got]
+    return out
 
 
 def render_host_timing(rep: dict) -> list[str]:

@@ -241,6 +241,20 @@ def test_paths_from_log_keeps_routing_lines_once():
                    "glm5_fastpath: bucket 16 -> cmp (prefix)"]
 
 
+def test_report_lists_the_paths_taken(tmp_path):
+    """record_paths' routing lines (mode-*.json paths_logged) appear in offline.md per mode, prefix dropped; a mode
+    without them adds nothing."""
+    res = {"stock": _fake("stock", {1: 277.0}, [1, 2]), "fastpath": _fake("fastpath", {1: 456.5}, [1, 2])}
+    res["fastpath"]["paths_logged"] = ["glm5_fastpath: bucket 1 -> cmp (prefix)",
+                                       "glm5_fastpath: DSA decode metadata -> ours (one kernel) at batch size 1"]
+    md = off.render_markdown(off.build_report(res))
+    assert "Paths taken, fastpath (the worker log's routing lines, first occurrence each):" in md
+    assert "- bucket 1 -> cmp (prefix)\n- DSA decode metadata -> ours (one kernel) at batch size 1" in md
+    assert "Paths taken, stock" not in md
+    del res["fastpath"]["paths_logged"]
+    assert "Paths taken" not in off.render_markdown(off.build_report(res))
+
+
 def test_fastpath_config_is_validated_and_reaches_only_the_fastpath_worker(tmp_path):
     import pytest
 
