@@ -8,6 +8,8 @@
 export C=${C:?C=<commit>} BS=1,8 CALLS=3
 SK=GLM5_FASTPATH_DSA_METADATA_SCHEDULE=skip,HOST_TIMING=1
 RUNS="prof:PROFILE_STEPS=5,CALLS=1 rf_a:HOST_TIMING=1 sk_a:$SK rf_b:HOST_TIMING=1 sk_b:$SK" \
-  exec bash benchmarks/results/2026-12-03_h200_session35/call_scripts/c_engine_ab.sh
+  bash benchmarks/results/2026-12-03_h200_session35/call_scripts/c_engine_ab.sh
+# the profile's traces too (~100 KB each: trace_breakdown can re-cut them later, e.g. with another --layer-marker)
+(cd build && find h200-offline-prof -name '*.trace.json.gz' | tar -czf "$OUT/traces.tgz" -T -)
 # then: glm5-fastpath bench compare-runs refresh=build/h200-offline-rf_a,build/h200-offline-rf_b \
 #         skip=build/h200-offline-sk_a,build/h200-offline-sk_b
