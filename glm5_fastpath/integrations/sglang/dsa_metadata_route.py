@@ -23,10 +23,10 @@ per batch size (a per-step counter would itself be host work per step).
 ON BY DEFAULT since session 36: in the engine (8-layer GLM-5-shaped model, H200, five engine processes per setting) the
 batch-1 decode step went from 2.00-2.45 ms (host-paced, median 2.33) to 1.96-1.97 ms (GPU-paced: the host loop now
 waits 0.3-0.6 ms per step for the GPU), 0.04 ms less at batch 8 and 16; the in-engine check found every buffer equal
-(benchmarks/results/2026-12-03_h200_session36/). GLM5_FASTPATH_DSA_METADATA=0 keeps SGLang's code. GLM5_FASTPATH_DSA_METADATA_CHECK=N (diagnostic)
-runs SGLang's original after ours for the first N routed calls and compares every buffer it wrote (then the buffers
-hold SGLang's values, which equal ours when the check passes); a mismatch is logged as a warning with the buffer
-names and turns the route off for the rest of the process.
+(benchmarks/results/2026-12-03_h200_session36/). GLM5_FASTPATH_DSA_METADATA=0 keeps SGLang's code.
+GLM5_FASTPATH_DSA_METADATA_CHECK=N (diagnostic) runs SGLang's original after ours for the first N routed calls and
+compares every buffer it wrote (then the buffers hold SGLang's values, which equal ours when the check passes); a
+mismatch is logged as a warning with the buffer names and turns the route off for the rest of the process.
 
 DeepGEMM's paged-MQA schedule (opt-in skip, GLM5_FASTPATH_DSA_METADATA_SCHEDULE=skip; not yet GPU-run): the routed
 refresh still rebuilds the schedule every step (a 2-D context-length tensor, DeepGEMM's metadata kernel, two copies:
@@ -322,8 +322,8 @@ def install_dsa_metadata(metrics: Any = None, log: logging.Logger = logger, back
     setattr(backend_cls, METHOD, _apply_cuda_graph_metadata)
     if schedule_mode() == "skip":
         route.skip_schedule = watch_indexer(route, indexer_cls, log)
-    log.info("glm5_fastpath: DSA decode metadata: %s.%s -> one kernel for decode replays (%s=0 turns it off; %s=N checks the first "
-             "N against SGLang's code)", BACKEND_CLASS, METHOD, ENV, ENV_CHECK)
+    log.info("glm5_fastpath: DSA decode metadata: %s.%s -> one kernel for decode replays (%s=0 turns it off; %s=N "
+             "checks the first N against SGLang's code)", BACKEND_CLASS, METHOD, ENV, ENV_CHECK)
     return True
 
 
