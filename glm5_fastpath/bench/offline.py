@@ -922,7 +922,8 @@ def render_profiles(rep: dict) -> list[str]:
     lines += ["", "step = GPU step period (first kernel of one decode step to the next); busy = union of GPU "
               "activity; category columns = summed kernel time per step; host launch interval = CPU time between "
               "the first launch calls of consecutive steps. Full tables (every step, top 25 kernels, largest idle "
-              "gaps): profile-<mode>-b<B>/breakdown.md. Profiler overhead: compare step ms with the unprofiled "
+              "gaps): profile-<mode>-b<B>/breakdown.md; one step kernel by kernel, and per decoder layer: "
+              "profile-<mode>-b<B>/breakdown_timeline.md. Profiler overhead: compare step ms with the unprofiled "
               "ITL p50. Exposed time: busy time charged to the running kernel that ends first (a PDL consumer's "
               "wait stays with its producer; hidden overlap costs nothing), so it sums to busy.", "",
               "Top kernels per step:", ""] + tops
