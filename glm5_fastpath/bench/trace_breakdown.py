@@ -410,7 +410,7 @@ def timeline_segments(rows: Sequence[dict], marker: str | None = None) -> dict |
 
 
 def step_timeline(steps: Sequence[tuple[float, float, Sequence[GpuOp]]], layer_marker: str | None = None) -> dict | None:
-    """One decode step's activities in launch order, each a median over the steps given ((gpu_start, end, ops) of
+    """One decode step's activities in median start order, each a median over the steps given ((gpu_start, end, ops) of
     complete steps): start and end offsets from the step's first activity, duration, exposed time (as exposed_time
     charges it) and the GPU idle time right before it (nothing running since the previous activities ended: a
     launch or dependency gap). Steps are aligned by (name, k-th occurrence in the step), so concurrent kernels that
@@ -460,8 +460,7 @@ def step_timeline(steps: Sequence[tuple[float, float, Sequence[GpuOp]]], layer_m
         o = first[used[0][3][k]]
         rows.append({"pos": pos, "name": k[0], "category": category(o.name, o.cat),
                      "stream": streams.index(str(o.stream)), **{f"{c}_us": med[c][k] for c in med}})
-    names = keys
-    return {"steps_used": len(used), "steps_given": len(steps), "activities": len(names),
+    return {"steps_used": len(used), "steps_given": len(steps), "activities": len(keys),
             "streams": len(streams), "rows": rows, "segments": timeline_segments(rows, layer_marker)}
 
 
@@ -838,7 +837,8 @@ def render_timeline(res: dict, title: str | None = None) -> str | None:
         return None
     lines = [f"# {title or 'Decode-step timeline'}", "",
              f"Medians over {tl['steps_used']} of {tl['steps_given']} complete decode steps with the same "
-             f"activity sequence ({tl['activities']} activities on {tl['streams']} stream(s)). start / end: us from the "
+             f"activities ({tl['activities']}, by name and occurrence, on {tl['streams']} stream(s)), in median start "
+             "order. start / end: us from the "
              "step's first activity; exposed: the busy time this activity is charged (the running activity that "
              "ends first takes it; the column sums to the step's busy time); idle before: GPU idle right before it "
              "starts (nothing running), i.e. a launch or dependency gap.", "",
@@ -864,7 +864,7 @@ def render_timeline(res: dict, title: str | None = None) -> str | None:
         for j, k in enumerate(sg["kinds"]):
             lines += ["", f"### Kind {j} ({k['segments']} segment(s))", "",
                       "| # | activity | category | offset us | dur us | exposed us | idle before us |",
-                  "|---:|---|---|---:|---:|---:|---:|"]
+                      "|---:|---|---|---:|---:|---:|---:|"]
             for r in k["rows"]:
                 lines.append(f"| {r['pos']} | `{_short(r['name'], 70)}` | {r['category']} | {r['offset_us']:.1f} | "
                              f"{r['dur_us']:.1f} | {r['exposed_us']:.1f} | {r['idle_us']:.1f} |")
