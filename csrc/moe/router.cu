@@ -8,6 +8,33 @@
 // Optional (x8 != nullptr): both kernels also write h's per-token 1x128 FP8 quant (x8 [M, HIDDEN] e4m3, x_scale
 // [M, HIDDEN/128] fp32, act_quant.cuh's group tile: bit for bit glm5_act_quant_fp8), so the MoE after the router
 // needs no separate quant kernel.
+//   GLM5_ROUTER_PHASES   (diagnostic) thread 0 of every CTA writes %globaltimer (ns) at the phase marks of router.cuh
+//                        into the __device__ array router_phase_ns[cta * 8 + i] (read back with cuModuleGetGlobal:
+//                        glm5_fastpath.ops.moe_router.read_phases), column 7 the SM id; the first kMaxPhaseCtas CTAs
+//                        (linear index x + X (y + Y z)) only. A separate cubin; the production build has no marks.
+#include <stdint.h>
+#if GLM5_ROUTER_PHASES
+constexpr int kMaxPhaseCtas = 1024;
+__device__ unsigned long long router_phase_ns[kMaxPhaseCtas * 8];
+__device__ __forceinline__ unsigned long long router_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned int router_smid() {
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+#define GLM5_ROUTER_MARK(i)                                                                                      \
+    do {                                                                                                         \
+        const int cta_ = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));      \
+        if (threadIdx.x == 0 && cta_ < kMaxPhaseCtas) {                                                          \
+            router_phase_ns[cta_ * 8 + (i)] = router_globaltimer();                                              \
+            if ((i) == 0) router_phase_ns[cta_ * 8 + 7] = router_smid();                                         \
+        }                                                                                                        \
+    } while (0)
+#endif
 #include "router_kernels.cuh"
 
 #ifndef GLM5_ROUTER_HIDDEN

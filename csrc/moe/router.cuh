@@ -42,6 +42,13 @@
 #include "../common/pdl.cuh"
 #include "../common/vec_io.cuh"
 
+// Phase marks (diagnostic build only: router.cu with GLM5_ROUTER_PHASES defines the macro to record %globaltimer per
+// CTA; compiled out otherwise). Marks: 0 entry, 1 past griddepcontrol.wait, 2 this CTA's part stored (arriving), 3 this
+// CTA won the last arrival (top-k epilogue starts), 4 top-k epilogue done, 5 split-K level-1 reduce done.
+#ifndef GLM5_ROUTER_MARK
+#define GLM5_ROUTER_MARK(i) ((void)0)
+#endif
+
 namespace glm5 {
 namespace moe {
 
@@ -168,6 +175,7 @@ struct RouterTile {
         }
 
         // 4. level 1: the last CTA of (tile, group) sums the splits in split order -> logits columns
+        GLM5_ROUTER_MARK(2);
         if (!arrive_last(p.counters + tile * kGroups + group, kSplits, scratch, tid)) return false;
         for (int i = tid; i < kTokTile * kQuads; i += kThreads) {
             const int tk = i / kQuads, q = i % kQuads;
@@ -188,6 +196,7 @@ struct RouterTile {
                              sum);
         }
 
+        GLM5_ROUTER_MARK(5);
         // 5. level 2: the last group CTA of the tile runs the top-k epilogue. It reads logits rows other
         // threads of this CTA just wrote: arrive_last's barrier orders them; with one group there is no
         // level 2, so a plain CTA barrier must (without it warps 1..7 read unwritten rows).
@@ -196,7 +205,9 @@ struct RouterTile {
         } else {
             ptx::named_barrier_sync<kBarrierId, kThreads>();
         }
+        GLM5_ROUTER_MARK(3);
         topk_epilogue(p, tok_base, valid, warp, lane);
+        GLM5_ROUTER_MARK(4);
         return true;
     }
 
@@ -448,8 +459,11 @@ struct RouterDecodeTile {
         }
         // one arrival level: the last CTA runs the top-k epilogue over every token (it reads the logits with
         // ld.global.cg after the acquire in arrive_last)
+        GLM5_ROUTER_MARK(2);
         if (!Base::arrive_last(p.counters + kCounter, arrivals, scratch, tid)) return false;
+        GLM5_ROUTER_MARK(3);
         Base::template topk_epilogue<1>(p, 0, p.num_tokens, warp, lane);
+        GLM5_ROUTER_MARK(4);
         return true;
     }
 };

@@ -24,6 +24,7 @@ GLM5_DEVICE bool router_splitk_body(const uint16_t* __restrict__ h, const uint16
     using Quant = ActQuantGroupTile;
     const int tid = threadIdx.x;
     const int split = blockIdx.x, group = blockIdx.y;
+    GLM5_ROUTER_MARK(0);
 
     // Prologue that does not depend on the previous kernel: this lane's gate-weight fragments.
     typename Tile::Weights wr;
@@ -32,6 +33,7 @@ GLM5_DEVICE bool router_splitk_body(const uint16_t* __restrict__ h, const uint16
     ptx::griddep_launch_dependents();
     // h, the outputs and the workspace are touched only after this.
     ptx::griddep_wait();
+    GLM5_ROUTER_MARK(1);
 
     const int tile = blockIdx.z;
     if (tile * Tile::kTokTile >= num_tokens) return false;  // whole CTA leaves together
@@ -73,10 +75,12 @@ GLM5_DEVICE bool router_decode_body(const uint16_t* __restrict__ h, const uint16
     typename Tile::Weights w;
     // a grid the launcher never makes (gate rows out of range, arrivals miscounted): leave before touching anything
     if (gridDim.x != Tile::kCtas || gridDim.z != 1) return false;
+    GLM5_ROUTER_MARK(0);
     if constexpr (Tile::kSupported) Tile::load_weights(w, gate, blockIdx.x, tid);  // before the wait: never written
 
     ptx::griddep_launch_dependents();
     ptx::griddep_wait();
+    GLM5_ROUTER_MARK(1);
 
     if constexpr (Tile::kSupported) {
         // the launcher never does these: the whole grid leaves (no arrival is counted, nothing is written)

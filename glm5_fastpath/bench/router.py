@@ -10,6 +10,9 @@ only repeated read (it stays in L2, as it does between layers in a real step). F
 the outputs at the copy bandwidth measured in the same run (an L2-resident gate can beat it).
 Correctness, same run: each path's top-k ids against ref.moe.route (fraction shared with the reference's
 ids, as sets per token; near-ties may differ) and our logits' max relative error.
+--phases: also one launch of each of our kernels per M in the phase-mark build (ops.moe_router.phase_build: %globaltimer
+per CTA at entry, past griddepcontrol.wait, part stored, won the last arrival, top-k done), summarised by
+moe_router.phase_summary: where the router's microseconds go (standalone launches: no PDL predecessor to wait for).
 Output: OUT/router.json, OUT/router.md.
 """
 from __future__ import annotations
@@ -29,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inputs", type=int, default=8, help="h tensors rotated over the launches")
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--phases", action="store_true",
+                   help="also one launch per kernel and M in the phase-mark build (where the time goes)")
 
 
 def parse_tokens(s: str) -> list[int]:
@@ -117,6 +122,21 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         if row.get("split_us") and row.get("decode_us"):
             row["split_over_decode"] = row["split_us"] / row["decode_us"]
+        if getattr(a, "phases", False):
+            rcfg = R.config_for(cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok)
+            kernels = [("split", False, R.FUNCTION, rcfg.splits * rcfg.groups * -(-m // R.TOK_TILE))]
+            if m <= R.DECODE_MAX_TOKENS:
+                kernels.append(("decode", True, R.FUNCTION_DECODE,
+                                rcfg.decode_ctas * -(-m // R.decode_tokens_per_cta(m))))
+            for name, decode, function, ctas in kernels:
+                try:
+                    with R.phase_build():
+                        for _ in range(2):  # the second launch is read: the first loads the cubin's code
+                            R.reset_phases(rcfg, dev, function)
+                            R.moe_route(hs[0], gate, bias, cfg, decode=decode)
+                    row[f"{name}_phases"] = R.phase_summary(R.read_phases(rcfg, ctas, dev, function))
+                except Exception as e:  # noqa: BLE001 - a diagnostic must not lose the timed rows
+                    row[f"{name}_phases_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)
         print(f"[router] M={m}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                               for k, v in row.items() if k != "M"), flush=True)
@@ -138,6 +158,21 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {r['M']} | {f(r.get('floor_us'))} | {f(r.get('split_us'))} | {f(r.get('decode_us'))} | "
                      f"{f(r.get('stock_us'))} | {f(r.get('split_over_decode'))} | {f(r.get('split_ids_agree'), 3)} / "
                      f"{f(r.get('decode_ids_agree'), 3)} / {f(r.get('stock_ids_agree'), 3)} |")
+    ph = [(r["M"], name, r[f"{name}_phases"]) for r in res.get("rows", []) for name in ("split", "decode")
+          if isinstance(r.get(f"{name}_phases"), dict) and r[f"{name}_phases"].get("ctas")]
+    if ph:
+        lines += ["", "Phase marks (one standalone launch each, the phase-mark build; us from the first CTA's entry): "
+                  "last entry = launch spread; own work = median per CTA from past the wait to its part stored; "
+                  "last part = the last CTA's part stored (the last arrival); top-k = the winner's epilogue.", "",
+                  "| M | kernel | CTAs | SMs | last entry | wait released (median / last) | own work median | "
+                  "last part | level-1 done (last) | top-k start | top-k us | end |",
+                  "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for m, name, d in ph:
+            lines.append(f"| {m} | {name} | {d['ctas']} | {d['sms']} | {f(d.get('last_entry_us'))} | "
+                         f"{f(d.get('wait_released_median_us'))} / {f(d.get('wait_released_last_us'))} | "
+                         f"{f(d.get('own_work_median_us'))} | {f(d.get('last_part_stored_us'))} | "
+                         f"{f(d.get('level1_done_last_us'))} | {f(d.get('topk_start_us'))} | {f(d.get('topk_us'))} | "
+                         f"{f(d.get('topk_end_us'))} |")
     errs = [f"- M={r['M']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("_error")]
     if errs:
         lines += ["", "Errors:", *errs]

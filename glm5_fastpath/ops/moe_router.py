@@ -150,6 +150,12 @@ class RouterConfig:
                           defines=(("GLM5_ROUTER_HIDDEN", str(self.hidden)), ("GLM5_ROUTER_EXPERTS", str(self.experts)),
                                    ("GLM5_ROUTER_TOPK", str(self.topk))))
 
+    @functools.cached_property
+    def phase_spec(self) -> KernelSpec:
+        """The diagnostic build with per-CTA phase marks (GLM5_ROUTER_PHASES; phase_build / read_phases)."""
+        return KernelSpec(FUNCTION, source=SOURCE, functions=(FUNCTION, FUNCTION_DECODE),
+                          defines=self.spec.defines + (("GLM5_ROUTER_PHASES", "1"),))
+
 
 def _fail(msg: str) -> ValueError:
     return ValueError(f"{OP}: {msg}")
@@ -267,16 +273,90 @@ def _workspace(cfg: RouterConfig, device: torch.device) -> _Workspace:
     return ws
 
 
-def _kernel(cfg: RouterConfig, device: torch.device, function: str = FUNCTION):
+def _kernel(cfg: RouterConfig, device: torch.device, function: str = FUNCTION, phases: bool | None = None):
+    """phases None: this thread's phase_build setting."""
     idx = _device_index(device)
-    k = _kernels.get((cfg, idx, function))
+    ph = bool(getattr(_phase, "on", False)) if phases is None else phases
+    k = _kernels.get((cfg, idx, function + ("+phases" if ph else "")))
     if k is None:
         env.print_config("moe_router", {"H": cfg.hidden, "experts": cfg.experts, "topk": cfg.topk},
                          {"threads": THREADS, "k_chunk": K_CHUNK, "splits": cfg.splits, "groups": cfg.groups,
                           "tok_tile": TOK_TILE, "grid": f"({cfg.splits}, {cfg.groups}, ceil(M/{TOK_TILE}))"})
         from ..jit.runtime import get_kernel
-        k = _kernels[(cfg, idx, function)] = get_kernel(cfg.spec, function, device=torch.device("cuda", idx))
+        k = get_kernel(cfg.phase_spec if ph else cfg.spec, function, device=torch.device("cuda", idx))
+        _kernels[(cfg, idx, function + ("+phases" if ph else ""))] = k
     return k
+
+
+# ---- phase marks (diagnostics) ----------------------------------------------------------------------------------
+
+_phase = threading.local()
+PHASE_NAMES = ("entry", "past_wait", "part_stored", "won_last", "topk_done", "level1_done")  # router.cuh's marks
+MAX_PHASE_CTAS = 1024  # kMaxPhaseCtas of router.cu
+
+
+class phase_build:
+    """Context manager (diagnostics): router launches of this thread inside run the GLM5_ROUTER_PHASES build, whose
+    thread 0 of every CTA records %globaltimer at router.cuh's marks; read them with read_phases(cfg, device, function)
+    after the launch (reset_phases before it). Same outputs as the normal build."""
+
+    def __enter__(self) -> "phase_build":
+        self._prev = getattr(_phase, "on", False)
+        _phase.on = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _phase.on = self._prev
+
+
+def reset_phases(cfg: RouterConfig, device=None, function: str = FUNCTION_DECODE) -> None:
+    """Zero the phase build's marks (before the launch read_phases will read)."""
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    _kernel(cfg, dev, function, phases=True).module.copy_global("router_phase_ns")
+
+
+def read_phases(cfg: RouterConfig, ctas: int, device=None, function: str = FUNCTION_DECODE) -> torch.Tensor:
+    """[min(ctas, MAX_PHASE_CTAS), 8] int64 of the phase build's last launch: columns PHASE_NAMES in ns of
+    %globaltimer (0 where a CTA did not reach a mark), column 7 the SM id."""
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    out = torch.zeros(min(ctas, MAX_PHASE_CTAS), 8, dtype=torch.int64, device=dev)
+    _kernel(cfg, dev, function, phases=True).module.copy_global("router_phase_ns", out)
+    return out
+
+
+def phase_summary(marks) -> dict:
+    """Where one router launch's time went, from read_phases' rows (a [ctas, 8] tensor or nested lists; us, relative
+    to the first CTA's entry): launch spread (last entry), wait released (median / last past_wait), the CTAs' own work
+    (median of part_stored - past_wait), the last arrival (the latest part_stored), the winner's start and end of
+    the top-k epilogue, and the whole launch (top-k end). Rows that never reached entry are ignored."""
+    rows = [list(map(int, r)) for r in (marks.tolist() if hasattr(marks, "tolist") else marks)]
+    rows = [r for r in rows if r[0] > 0]
+    if not rows:
+        return {"ctas": 0}
+    t0 = min(r[0] for r in rows)
+    us = lambda v: (v - t0) / 1e3  # noqa: E731
+
+    def med(xs: list[float]) -> float | None:
+        xs = sorted(xs)
+        return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
+
+    waited = [r for r in rows if r[1] > 0]
+    stored = [r for r in rows if r[2] > 0]
+    won = [r for r in rows if r[3] > 0]
+    done = [r for r in rows if r[4] > 0]
+    l1 = [r for r in rows if r[5] > 0]
+    out: dict = {"ctas": len(rows), "sms": len({r[7] for r in rows}),
+                 "last_entry_us": max(us(r[0]) for r in rows),
+                 "wait_released_median_us": med([us(r[1]) for r in waited]),
+                 "wait_released_last_us": max((us(r[1]) for r in waited), default=None),
+                 "own_work_median_us": med([(r[2] - r[1]) / 1e3 for r in stored if r[1] > 0]),
+                 "last_part_stored_us": max((us(r[2]) for r in stored), default=None),
+                 "level1_done_last_us": max((us(r[5]) for r in l1), default=None),
+                 "topk_start_us": max((us(r[3]) for r in won), default=None),
+                 "topk_end_us": max((us(r[4]) for r in done), default=None)}
+    if out["topk_start_us"] is not None and out["topk_end_us"] is not None:
+        out["topk_us"] = out["topk_end_us"] - out["topk_start_us"]
+    return out
 
 
 def _kernel_args(h, gate, bias, logits, ids, weights, scaled, ws: _Workspace, rsf: float, x8=None,
@@ -432,6 +512,6 @@ def precompile(device: object = None, shapes: tuple[tuple[int, int, int], ...] =
 
 
 def compile_check_specs() -> list[KernelSpec]:
-    """The variants scripts/compile_check.py builds: GLM-5 (6144, 256 experts, top-8) and the small
-    preset (512, 16 experts, top-4)."""
-    return [config_for(6144, 256, 8).spec, config_for(512, 16, 4).spec]
+    """The variants scripts/compile_check.py builds: GLM-5 (6144, 256 experts, top-8), the small preset (512, 16
+    experts, top-4) and GLM-5's phase-mark build."""
+    return [config_for(6144, 256, 8).spec, config_for(512, 16, 4).spec, config_for(6144, 256, 8).phase_spec]

@@ -55,3 +55,17 @@ def test_markdown():
                     {"M": 64, "split_us": 12.0, "decode_error": "n/a"}]}
     md = B.markdown(res)
     assert "| 1 | 0.80 | 10.70 | 4.10 | 30.00 | 2.61 | 1.000 / 1.000 / 0.875 |" in md and "decode_error" in md
+
+
+def test_markdown_phases_and_flag():
+    """--phases parses; phase rows render per (M, kernel); a phase error is listed with the errors."""
+    a = build_parser().parse_args(["bench", "router", "--out", "o", "--phases"])
+    assert a.phases is True
+    d = {"ctas": 128, "sms": 128, "last_entry_us": 0.9, "wait_released_median_us": 1.0, "wait_released_last_us": 1.2,
+         "own_work_median_us": 2.5, "last_part_stored_us": 4.1, "level1_done_last_us": None, "topk_start_us": 5.0,
+         "topk_us": 1.7, "topk_end_us": 6.7}
+    res = {"gpu": "g", "date": "d", "commit": "c", "stock": "x",
+           "rows": [{"M": 1, "decode_phases": d, "split_phases_error": "RuntimeError: no"}]}
+    md = B.markdown(res)
+    assert "| 1 | decode | 128 | 128 | 0.90 | 1.00 / 1.20 | 2.50 | 4.10 | - | 5.00 | 1.70 | 6.70 |" in md
+    assert "split_phases_error: RuntimeError: no" in md

@@ -317,7 +317,8 @@ def test_fake_shapes_and_compile_meta():
 
 def test_compile_check_specs_build_without_spills(nvcc_jit):
     specs = R.compile_check_specs()
-    assert [dict(s.defines)["GLM5_ROUTER_EXPERTS"] for s in specs] == ["256", "16"]
+    assert [dict(s.defines)["GLM5_ROUTER_EXPERTS"] for s in specs] == ["256", "16", "256"]
+    assert [dict(s.defines).get("GLM5_ROUTER_PHASES") for s in specs] == [None, None, "1"]  # the phase-mark build
     for spec in specs:
         assert spec.functions == (R.FUNCTION, R.FUNCTION_DECODE)
         built = nvcc_jit(spec).resources()
@@ -325,6 +326,24 @@ def test_compile_check_specs_build_without_spills(nvcc_jit):
             res = built[fn]
             assert res.spill_store_bytes == 0 and res.spill_load_bytes == 0 and res.stack_bytes == 0, (fn, res)
             assert 0 < res.registers <= 128, (fn, res)  # 3 CTAs of 256 threads per SM at <= 85
+
+
+def test_phase_summary():
+    """phase_summary on hand-made marks (ns): three CTAs, one winner; rows that never reached entry are ignored."""
+    t = 1_000_000
+    marks = [[t, t + 2000, t + 5000, 0, 0, 0, 0, 3],
+             [t + 400, t + 2100, t + 6000, t + 7000, t + 9500, 0, 0, 5],
+             [t + 100, t + 2050, t + 5500, 0, 0, 0, 0, 3],
+             [0] * 8]
+    d = R.phase_summary(torch.tensor(marks))
+    assert d["ctas"] == 3 and d["sms"] == 2 and d["last_entry_us"] == pytest.approx(0.4)
+    assert d["wait_released_median_us"] == pytest.approx(2.05) and d["wait_released_last_us"] == pytest.approx(2.1)
+    assert d["own_work_median_us"] == pytest.approx(3.45)  # 3.0, 3.9, 3.45
+    assert d["last_part_stored_us"] == pytest.approx(6.0) and d["topk_start_us"] == pytest.approx(7.0)
+    assert d["topk_us"] == pytest.approx(2.5) and d["topk_end_us"] == pytest.approx(9.5)
+    assert d["level1_done_last_us"] is None
+    assert R.phase_summary([[0] * 8]) == {"ctas": 0}
+    assert R.PHASE_NAMES[:3] == ("entry", "past_wait", "part_stored")
 
 
 # ---- GPU -------------------------------------------------------------------------------------------------
@@ -693,3 +712,38 @@ def test_gpu_router_quant_captures_and_waits_for_the_late_producer(decode, seed,
         x8, xs = act_quant_fp8(static_h)
         assert torch.equal(got[3].view(torch.uint8), x8.view(torch.uint8)) and torch.equal(got[4], xs)
     _counters_are_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize("decode", [True, False])
+def test_phase_build_same_outputs_and_ordered_marks(m, decode, glm5_router):
+    """The phase-mark build: bitwise the normal build's outputs; every CTA marks entry <= past_wait <= part stored;
+    exactly one CTA (the decode kernel) / one per token tile (split-K) wins the last arrival, after every CTA's part."""
+    gate, bias = glm5_router
+    cfg = GLM5
+    rcfg = R.config_for(cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok)
+    h = (torch.randn(m, cfg.hidden_size, device="cuda", generator=torch.Generator("cuda").manual_seed(m)) * 0.5
+         ).to(torch.bfloat16)
+    want = moe_route(h, gate, bias, cfg, decode=decode)
+    function = R.FUNCTION_DECODE if decode else R.FUNCTION
+    ctas = (rcfg.decode_ctas * -(-m // R.decode_tokens_per_cta(m)) if decode
+            else rcfg.splits * rcfg.groups * -(-m // R.TOK_TILE))
+    with R.phase_build():
+        R.reset_phases(rcfg, "cuda", function)
+        got = moe_route(h, gate, bias, cfg, decode=decode)
+    torch.cuda.synchronize()
+    for a, b in zip(got, want):
+        assert_equal(a, b)
+    marks = R.read_phases(rcfg, ctas, "cuda", function).cpu()
+    assert (marks[:, 0] > 0).all() and (marks[:, 1] >= marks[:, 0]).all() and (marks[:, 2] >= marks[:, 1]).all()
+    winners = marks[marks[:, 3] > 0]
+    assert len(winners) == 1 and (winners[:, 4] >= winners[:, 3]).all()
+    assert int(winners[0, 3]) >= int(marks[:, 2].max())
+    d = R.phase_summary(marks)
+    assert d["ctas"] == ctas and d["topk_end_us"] >= d["topk_start_us"] >= d["last_part_stored_us"] > 0
+    # outside the context the normal build runs again (no marks written)
+    R.reset_phases(rcfg, "cuda", function)
+    moe_route(h, gate, bias, cfg, decode=decode)
+    torch.cuda.synchronize()
+    assert int(R.read_phases(rcfg, ctas, "cuda", function).abs().sum()) == 0
