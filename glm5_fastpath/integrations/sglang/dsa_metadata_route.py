@@ -24,6 +24,10 @@ ON BY DEFAULT since session 36: in the engine (8-layer GLM-5-shaped model, H200,
 batch-1 decode step went from 2.00-2.45 ms (host-paced, median 2.33) to 1.96-1.97 ms (GPU-paced: the host loop now
 waits 0.3-0.6 ms per step for the GPU), 0.04 ms less at batch 8 and 16; the in-engine check found every buffer equal
 (benchmarks/results/2026-12-03_h200_session36/). GLM5_FASTPATH_DSA_METADATA=0 keeps SGLang's code.
+The default covers the SGLang releases whose decode branch the op reproduces (VERIFIED_SGLANG: 0.5.14); on any other
+release the route stays off unless GLM5_FASTPATH_DSA_METADATA=1 asks for it (logged). SGLang 0.5.23 rewrote that
+branch (index-K pools, physical page sizes) and already fuses it (`_fused_decode_metadata`), so there is nothing to
+take; its backend also lacks `real_page_size`, which the route needs (reason "backend").
 GLM5_FASTPATH_DSA_METADATA_CHECK=N (diagnostic) runs SGLang's original after ours for the first N routed calls and
 compares every buffer it wrote (then the buffers hold SGLang's values, which equal ours when the check passes); a
 mismatch is logged as a warning with the buffer names and turns the route off for the rest of the process.
@@ -61,6 +65,7 @@ METRIC = "glm5_fastpath_dsa_metadata_total"
 # 0.04 ms less at batch 8 / 16); GLM5_FASTPATH_DSA_METADATA=0 (or off / sglang / stock / false / no) keeps SGLang's code
 DEFAULT_ON = True
 OFF = ("0", "off", "sglang", "stock", "false", "no")
+VERIFIED_SGLANG = ("0.5.14",)  # releases whose _apply_cuda_graph_metadata decode branch ops.dsa_metadata reproduces
 # the metadata buffers the op writes: (attribute of SGLang's DSAMetadata, op keyword)
 BUFFERS = (("cache_seqlens_int32", "cache_seqlens"), ("cu_seqlens_k", "cu_seqlens_k"),
            ("dsa_cache_seqlens_int32", "dsa_seqlens"), ("dsa_cu_seqlens_k", "dsa_cu"),
@@ -85,6 +90,28 @@ def enabled() -> bool:
     if raw is None or not raw.strip():
         return DEFAULT_ON
     return raw.strip().lower() not in OFF
+
+
+def explicitly_on() -> bool:
+    """GLM5_FASTPATH_DSA_METADATA set to something other than an off value (the default is not explicit)."""
+    raw = os.environ.get(ENV, "").strip().lower()
+    return bool(raw) and raw not in OFF
+
+
+def sglang_version() -> str | None:
+    """The SGLang in use: the imported package's __version__ (the engine has imported it), else its metadata."""
+    import sys
+
+    mod = sys.modules.get("sglang")
+    v = getattr(mod, "__version__", None) if mod is not None else None
+    if isinstance(v, str) and v:
+        return v
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:  # noqa: BLE001 - not installed / no metadata
+        return None
 
 
 def schedule_mode() -> str:
@@ -280,9 +307,18 @@ def _module() -> Any:
 
 def install_dsa_metadata(metrics: Any = None, log: logging.Logger = logger, backend_cls: Any = None,
                          module_globals: dict | None = None, precompile: bool = True,
-                         devices: tuple[str, ...] = ("cuda",), indexer_cls: Any = None) -> bool:
-    """Wrap the DSA backend's metadata refresh unless GLM5_FASTPATH_DSA_METADATA=0 (module doc); -> installed."""
+                         devices: tuple[str, ...] = ("cuda",), indexer_cls: Any = None,
+                         version: str | None = None) -> bool:
+    """Wrap the DSA backend's metadata refresh unless GLM5_FASTPATH_DSA_METADATA=0; by default only on VERIFIED_SGLANG
+    releases (version: the installed SGLang's, looked up when None) (module doc); -> installed."""
     if not enabled():
+        return False
+    if version is None:
+        version = sglang_version()
+    if version not in VERIFIED_SGLANG and not explicitly_on():
+        log.info("glm5_fastpath: DSA decode metadata: SGLang %s is not a release this route was checked against (%s); "
+                 "SGLang's code stays (%s=1 asks for the route anyway, %s=N checks it)", version,
+                 ", ".join(VERIFIED_SGLANG), ENV, ENV_CHECK)
         return False
     if backend_cls is None or module_globals is None:
         mod = _module()

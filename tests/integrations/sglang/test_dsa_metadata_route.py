@@ -268,12 +268,51 @@ def test_env_switch_install_and_unpatch(env, monkeypatch):
         monkeypatch.setenv(R.ENV, off)
         assert not R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)
         assert env.Ours._apply_cuda_graph_metadata is orig
-    monkeypatch.delenv(R.ENV, raising=False)  # default on
-    assert R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)
-    assert R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)  # idempotent
+    monkeypatch.delenv(R.ENV, raising=False)  # default on (on a verified SGLang release)
+    assert R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False, version="0.5.14")
+    assert R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False,
+                                  version="0.5.14")  # idempotent
     assert getattr(env.Ours._apply_cuda_graph_metadata, R.ORIGINAL_ATTR) is orig
     assert R.unpatch_dsa_metadata(env.Ours) and env.Ours._apply_cuda_graph_metadata is orig
     assert not R.unpatch_dsa_metadata(env.Ours)
+
+
+def test_default_only_on_verified_sglang_releases(env, monkeypatch, caplog):
+    """By default the route installs only on VERIFIED_SGLANG releases (logged otherwise, also for an unknown
+    version); GLM5_FASTPATH_DSA_METADATA=1 installs it on any release."""
+    orig = env.Ours._apply_cuda_graph_metadata
+    monkeypatch.delenv(R.ENV, raising=False)
+    with caplog.at_level(logging.INFO, logger="glm5_fastpath"):
+        for v in ("0.5.23", None):
+            assert not R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False, version=v)
+            assert env.Ours._apply_cuda_graph_metadata is orig
+    assert sum("is not a release this route was checked against" in r.message for r in caplog.records) == 2
+    monkeypatch.setattr(R, "sglang_version", lambda: "0.5.23")
+    assert not R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)
+    monkeypatch.setenv(R.ENV, "1")
+    assert R.install_dsa_metadata(backend_cls=env.Ours, module_globals=env.g, precompile=False)
+    assert R.unpatch_dsa_metadata(env.Ours) and env.Ours._apply_cuda_graph_metadata is orig
+    assert R.VERIFIED_SGLANG == ("0.5.14",) and R.explicitly_on()
+    monkeypatch.setenv(R.ENV, "off")
+    assert not R.explicitly_on()
+
+
+def test_installed_sglang_release_is_declined_unless_verified():
+    """On the installed SGLang (CI: 0.5.23, CPU-only): the default declines a release outside VERIFIED_SGLANG, and
+    0.5.23's backend would fall back anyway: it has no real_page_size (its decode branch is rewritten and fused)."""
+    import importlib.util
+
+    v = R.sglang_version()
+    if v is None:
+        pytest.skip("sglang not installed")
+    spec = importlib.util.find_spec(R.BACKEND_MODULE)
+    if spec is None or spec.origin is None:
+        pytest.skip(f"{R.BACKEND_MODULE} not in the installed sglang {v}")
+    src = Path(spec.origin).read_text(errors="replace")
+    if v not in R.VERIFIED_SGLANG:
+        assert "_fused_decode_metadata" in src or "real_page_size" not in src, v
+    if v == "0.5.23":
+        assert "self.real_page_size" not in src and "real_page_size" in R.BACKEND_ATTRS
 
 
 def test_backend_without_what_the_route_needs(env, monkeypatch):
@@ -392,3 +431,18 @@ def test_sglang_0514_source_schedule_has_one_reader():
     backend = {r for r in readers if r[0] == R.BACKEND_MODULE}
     assert readers - backend == {(R.INDEXER_MODULE, R.INDEXER_CLASS, R.INDEXER_METHOD)}
     assert (R.BACKEND_MODULE, R.BACKEND_CLASS, R.METHOD) in backend
+
+
+def test_sglang_version_prefers_the_imported_package(monkeypatch):
+    """The engine's imported sglang decides (its __version__), not whatever metadata sits elsewhere on the path."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(__version__="0.5.14"))
+    assert R.sglang_version() == "0.5.14"
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace())  # no __version__: the package metadata
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        want = version("sglang")
+    except PackageNotFoundError:
+        want = None
+    assert R.sglang_version() == want
