@@ -40,7 +40,8 @@ class PlatformInfo:
         return self.capability is not None and self.capability[0] == 9
 
 
-def _dist_version(*names: str) -> str | None:
+def dist_version(*names: str) -> str | None:
+    """The installed version of the first distribution found among names (None if none is)."""
     for n in names:
         try:
             return importlib.metadata.version(n)
@@ -74,10 +75,10 @@ def detect() -> PlatformInfo:
             except Exception:  # noqa: BLE001 - info must never fail
                 info.peer_access = None
     info.nvcc = _nvcc()
-    info.cuda_python = _dist_version("cuda-bindings", "cuda-python")
-    info.cutlass = _dist_version("nvidia-cutlass")
-    info.sglang = _dist_version("sglang")
-    info.deep_gemm = _dist_version("sgl-deep-gemm", "deep-gemm", "deep_gemm")
+    info.cuda_python = dist_version("cuda-bindings", "cuda-python")
+    info.cutlass = dist_version("nvidia-cutlass")
+    info.sglang = dist_version("sglang")
+    info.deep_gemm = dist_version("sgl-deep-gemm", "deep-gemm", "deep_gemm")
     info.paths = _paths(info)
     return info
 

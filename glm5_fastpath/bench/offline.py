@@ -408,12 +408,9 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 def installed_sglang_version() -> str | None:
-    from importlib import metadata
+    from ..platform import dist_version
 
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
+    return dist_version("sglang")
 
 
 def resolve_seam(seam: str, sglang_version: str | None) -> str:

@@ -336,12 +336,14 @@ def exposed_time(ops: Sequence[GpuOp], lo: float = float("-inf"), hi: float = fl
     return out
 
 
-def _seg_keys(rows: Sequence[dict], a: int, b: int) -> list[tuple[str, int]]:
+def _occurrence_keys(names: Iterable[str]) -> list[tuple[str, int]]:
+    """(name, k) for the k-th occurrence of each name, in order: the key that lines activities up across steps or
+    layers whose concurrent kernels start in another order."""
     seen: dict[str, int] = {}
     keys = []
-    for r in rows[a:b]:
-        keys.append((r["name"], seen.get(r["name"], 0)))
-        seen[r["name"]] = seen.get(r["name"], 0) + 1
+    for n in names:
+        keys.append((n, seen.get(n, 0)))
+        seen[n] = seen.get(n, 0) + 1
     return keys
 
 
@@ -388,7 +390,7 @@ def timeline_segments(rows: Sequence[dict], marker: str | None = None) -> dict |
         return None
     out = []
     for segs in kinds.values():
-        idx = [dict(zip(_seg_keys(rows, a, b), range(a, b))) for a, b in segs]
+        idx = [dict(zip(_occurrence_keys(r["name"] for r in rows[a:b]), range(a, b))) for a, b in segs]
         med: dict[tuple, dict[str, float]] = {}
         for key in idx[0]:
             got = [rows[m[key]] for m in idx]
@@ -424,12 +426,7 @@ def step_timeline(steps: Sequence[tuple[float, float, Sequence[GpuOp]]], layer_m
     keyed = []
     for lo, hi, ops in steps:
         ordered = sorted(ops, key=lambda o: (o.ts, o.end))
-        seen: dict[str, int] = {}
-        keys = []
-        for o in ordered:
-            keys.append((o.name, seen.get(o.name, 0)))
-            seen[o.name] = seen.get(o.name, 0) + 1
-        keyed.append((lo, hi, ordered, dict(zip(keys, range(len(keys))))))
+        keyed.append((lo, hi, ordered, {k: j for j, k in enumerate(_occurrence_keys(o.name for o in ordered))}))
     common: dict[frozenset, int] = {}
     for *_, idx in keyed:
         common[frozenset(idx)] = common.get(frozenset(idx), 0) + 1

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import statistics
 import threading
 from dataclasses import dataclass
 
@@ -337,8 +338,7 @@ def phase_summary(marks) -> dict:
     us = lambda v: (v - t0) / 1e3  # noqa: E731
 
     def med(xs: list[float]) -> float | None:
-        xs = sorted(xs)
-        return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
+        return statistics.median(xs) if xs else None
 
     waited = [r for r in rows if r[1] > 0]
     stored = [r for r in rows if r[2] > 0]

@@ -35,6 +35,21 @@ BUILT_MOE: frozenset[str] = frozenset({"megamoe"})  # MoE entries are "<family>[
 PREFILL_MOE = "megamoe"  # the MoE executor a prefill_moe pass takes (MegaMoE's default config for its M)
 
 
+# A route's on / off environment switch: unset or empty means the route's default; any of SWITCH_OFF means off;
+# anything else means on (GLM5_FASTPATH_V_UP, _FP8_LINEAR, _DSA_METADATA).
+SWITCH_OFF = ("0", "off", "sglang", "stock", "false", "no")
+
+
+def switch_raw(name: str) -> str:
+    """The switch's value, stripped and lower-cased ("" when unset)."""
+    return os.environ.get(name, "").strip().lower()
+
+
+def switch_on(name: str, default: bool) -> bool:
+    raw = switch_raw(name)
+    return default if not raw else raw not in SWITCH_OFF
+
+
 def executor_family(name: str) -> str:
     """The executor a table entry names: megamoe:bn16_s6_g512_w4 -> megamoe, cmp -> cmp, stock -> stock."""
     return name.split(":", 1)[0]

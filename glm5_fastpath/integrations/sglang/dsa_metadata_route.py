@@ -48,6 +48,8 @@ import logging
 import os
 from typing import Any, Callable
 
+from .decision import switch_on
+
 logger = logging.getLogger("glm5_fastpath")
 
 ENV = "GLM5_FASTPATH_DSA_METADATA"
@@ -64,7 +66,6 @@ METRIC = "glm5_fastpath_dsa_metadata_total"
 # default on since session 36 (engine, five processes per setting: batch-1 ITL p50 1.96 ms against 2.00-2.45 without,
 # 0.04 ms less at batch 8 / 16); GLM5_FASTPATH_DSA_METADATA=0 (or off / sglang / stock / false / no) keeps SGLang's code
 DEFAULT_ON = True
-OFF = ("0", "off", "sglang", "stock", "false", "no")
 VERIFIED_SGLANG = ("0.5.14",)  # releases whose _apply_cuda_graph_metadata decode branch ops.dsa_metadata reproduces
 # the metadata buffers the op writes: (attribute of SGLang's DSAMetadata, op keyword)
 BUFFERS = (("cache_seqlens_int32", "cache_seqlens"), ("cu_seqlens_k", "cu_seqlens_k"),
@@ -86,16 +87,12 @@ REASONS = {
 
 
 def enabled() -> bool:
-    raw = os.environ.get(ENV)
-    if raw is None or not raw.strip():
-        return DEFAULT_ON
-    return raw.strip().lower() not in OFF
+    return switch_on(ENV, DEFAULT_ON)
 
 
 def explicitly_on() -> bool:
     """GLM5_FASTPATH_DSA_METADATA set to something other than an off value (the default is not explicit)."""
-    raw = os.environ.get(ENV, "").strip().lower()
-    return bool(raw) and raw not in OFF
+    return switch_on(ENV, False)
 
 
 def sglang_version() -> str | None:
@@ -106,12 +103,9 @@ def sglang_version() -> str | None:
     v = getattr(mod, "__version__", None) if mod is not None else None
     if isinstance(v, str) and v:
         return v
-    try:
-        from importlib.metadata import version
+    from ...platform import dist_version
 
-        return version("sglang")
-    except Exception:  # noqa: BLE001 - not installed / no metadata
-        return None
+    return dist_version("sglang")
 
 
 def schedule_mode() -> str:

@@ -49,6 +49,8 @@ import logging
 import os
 from typing import Any, Callable
 
+from .decision import switch_on
+
 logger = logging.getLogger("glm5_fastpath")
 
 ENV = "GLM5_FASTPATH_FP8_LINEAR"
@@ -79,7 +81,7 @@ REASONS = {
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "sglang", "stock", "false", "no")
+    return switch_on(ENV, True)
 
 
 def max_tokens() -> int:

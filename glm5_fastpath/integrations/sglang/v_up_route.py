@@ -88,6 +88,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from .decision import switch_on
 from .norm_route import STASH, QuantStash, _compiling
 
 logger = logging.getLogger("glm5_fastpath")
@@ -98,7 +99,6 @@ ENV_W8 = "GLM5_FASTPATH_V_UP_W8"  # opt-in: W_UV from SGLang's FP8 kv_b_proj (op
 ENV_W8_MIN_TOKENS = "GLM5_FASTPATH_V_UP_W8_MIN_TOKENS"  # W8 layers take the bf16 kernel below this many tokens
 W8_ATTR = "__glm5_fastpath_v_up_w8__"  # on an attention module: (kv_b weight e4m3, its block scales, qk_nope_head_dim)
 DEFAULT_ON = True
-OFF = ("0", "off", "sglang", "stock", "false", "no")
 MAX_TOKENS = 64  # ops.mla_v_up.MAX_TOKENS (not imported: this module loads without the ops; a test checks it)
 DEFAULT_MAX_TOKENS = 2  # engine: faster at batch 1, 1 % slower at 8; op chain: faster at 1-2 tokens only (module doc)
 L_DIM = 512  # kv_lora_rank (ops.mla_v_up.L_DIM)
@@ -137,10 +137,7 @@ REASONS = {
 
 
 def enabled() -> bool:
-    raw = os.environ.get(ENV)
-    if raw is None or not raw.strip():
-        return DEFAULT_ON
-    return raw.strip().lower() not in OFF
+    return switch_on(ENV, DEFAULT_ON)
 
 
 def max_tokens() -> int:

@@ -127,3 +127,20 @@ def test_router_gives_the_prefill_route_to_the_moe_seam_only():
     assert router.route("prefix", "EXTEND", 1000).reason == "prefill_extend"
     assert router.route("step", "EXTEND", 1000).reason == "prefill_extend"
     assert patch.Router(TABLE, prefill_moe_max=0).route("moe", "EXTEND", 1000).reason == "prefill_extend"
+
+
+def test_route_switch(monkeypatch):
+    """A route's env switch: unset / empty -> the default; an off value (any case, padded) -> off; else on."""
+    from glm5_fastpath.integrations.sglang.decision import SWITCH_OFF, switch_on
+
+    name = "GLM5_FASTPATH_TEST_SWITCH"
+    monkeypatch.delenv(name, raising=False)
+    assert switch_on(name, True) is True and switch_on(name, False) is False
+    monkeypatch.setenv(name, "  ")
+    assert switch_on(name, True) is True and switch_on(name, False) is False
+    for off in SWITCH_OFF + (" Stock ", "OFF"):
+        monkeypatch.setenv(name, off)
+        assert switch_on(name, True) is False
+    for on in ("1", "ours", "yes", "force"):
+        monkeypatch.setenv(name, on)
+        assert switch_on(name, False) is True
