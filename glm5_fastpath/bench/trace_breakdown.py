@@ -458,7 +458,8 @@ def step_timeline(steps: Sequence[tuple[float, float, Sequence[GpuOp]]], layer_m
         rows.append({"pos": pos, "name": k[0], "category": category(o.name, o.cat),
                      "stream": streams.index(str(o.stream)), **{f"{c}_us": med[c][k] for c in med}})
     return {"steps_used": len(used), "steps_given": len(steps), "activities": len(keys),
-            "streams": len(streams), "rows": rows, "segments": timeline_segments(rows, layer_marker)}
+            "streams": len(streams), "rows": rows, "layer_marker": layer_marker,
+            "segments": timeline_segments(rows, layer_marker)}
 
 
 def _clip(iv: list[list[float]], starts: list[float], lo: float, hi: float) -> list[list[float]]:
@@ -849,6 +850,9 @@ def render_timeline(res: dict, title: str | None = None) -> str | None:
     tot_idle = sum(r["idle_us"] for r in tl["rows"])
     lines += ["", f"Sum of exposed: {tot_exp:.1f} us; sum of idle before: {tot_idle:.1f} us."]
     sg = tl.get("segments")
+    if not sg:
+        lines += ["", f"No repeating segments: the layer marker `{tl['layer_marker']}` is not in the step."
+                  if tl.get("layer_marker") else "No repeating segments: no activity occurs twice per step."]
     if sg:
         lines += ["", f"## Repeating segments (layers), cut at `{_short(sg['marker'], 70)}`", "",
                   f"Step head before the first marker: {sg['head_activities']} activities, {sg['head_exposed_us']:.1f} us "

@@ -360,8 +360,11 @@ def test_timeline_segments_in_the_report():
     assert sg["marker"] == GRAPH[1][0] and sg["head_activities"] == 2 and sg["kinds"][0]["segments"] == 1
     md = tb.render_timeline(r)
     assert "## Repeating segments" in md and "### Kind 0 (1 segment(s))" in md
-    auto = tb.analyze(sglang_like(4))["timeline"]["segments"]
-    assert auto is None  # every activity occurs once per step: nothing repeats
+    r_auto = tb.analyze(sglang_like(4))
+    assert r_auto["timeline"]["segments"] is None  # every activity occurs once per step: nothing repeats
+    assert "No repeating segments: no activity occurs twice per step." in tb.render_timeline(r_auto)
+    r_bad = tb.analyze(sglang_like(4), layer_marker="not_a_kernel")
+    assert "the layer marker `not_a_kernel` is not in the step" in tb.render_timeline(r_bad)
 
 
 def test_timeline_segments_concurrent_reorder_is_one_kind():
