@@ -734,7 +734,7 @@ def test_phase_build_same_outputs_and_ordered_marks(m, decode, glm5_router):
         got = moe_route(h, gate, bias, cfg, decode=decode)
     torch.cuda.synchronize()
     for a, b in zip(got, want):
-        assert_equal(a, b)
+        assert_equal(OP, a, b, context=f"phase build vs production {decode=} {m=}")
     marks = R.read_phases(rcfg, ctas, "cuda", function).cpu()
     assert (marks[:, 0] > 0).all() and (marks[:, 1] >= marks[:, 0]).all() and (marks[:, 2] >= marks[:, 1]).all()
     winners = marks[marks[:, 3] > 0]

@@ -10,9 +10,9 @@ mkdir -p build/h200parts && cp .carry/h200site.part.aa build/h200parts/
 source scripts/h200_lib.sh
 DEADLINE=460
 SITE=/tmp/nosite h200_setup "$OUT/r" /dev/null .carry/jit_s36.tar.xz; export GLM5_FASTPATH_COMMIT=$C
-step moe-layer 150 glm5-fastpath bench moe-layer --tokens 1,8 --no-stock --out "$H200_OUT/moe_layer"
-step moe-trace 120 glm5-fastpath bench moe --out "$H200_OUT/moe_trace" --settings b --tokens 1,8 --no-deepgemm --trace
+step moe-layer 150 python3 -m glm5_fastpath.cli bench moe-layer --tokens 1,8 --no-stock --out "$H200_OUT/moe_layer"
+step moe-trace 120 python3 -m glm5_fastpath.cli bench moe --out "$H200_OUT/moe_trace" --settings b --tokens 1,8 --no-deepgemm --trace
 # the router's phases (written in session 36: GPU test first, then the bench with its phase-mark build)
 run_tests router-phases 60 tests/ops/test_moe_router.py -k phase
-step router 60 glm5-fastpath bench router --out "$H200_OUT/router" --tokens 1,2,4,8,16 --phases
+step router 60 python3 -m glm5_fastpath.cli bench router --out "$H200_OUT/router" --tokens 1,2,4,8,16 --phases
 h200_pack
