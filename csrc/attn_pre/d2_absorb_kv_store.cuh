@@ -70,9 +70,12 @@ namespace attn_pre {
 
 struct D2Ptrs {
     const uint16_t* q_nope;  // [M, heads, kNope] bf16 (the producer's output)
-    uint16_t* q_lat;         // [M, heads, kKvLora] bf16
+    uint16_t* q_lat;         // [M, heads, q_lat_head_stride] bf16: columns [0, kKvLora) of each head row written
     int32_t num_tokens;      // M
-    int32_t num_heads;       // heads (token stride of q_nope / q_lat)
+    int32_t num_heads;       // heads (token stride of q_nope / q_lat, in head rows)
+    // Elements from one head row of q_lat to the next (0: kKvLora, a packed q_lat). kKvLora + kRope: q_lat is the
+    // first kKvLora columns of the sparse MLA's q = [q_lat | q_pe] (the QCAT build of the standalone kernel).
+    int32_t q_lat_head_stride = 0;
 };
 
 template <int kNope, int kKvLora, int kMT, int kNT, int kBarrierId = 1, bool kW8 = false>
@@ -285,14 +288,15 @@ struct D2AbsorbTile {
             }
             __syncwarp();
             constexpr int kChunksPerRow = kMT * 2;  // 16-byte chunks per staged token row
-            uint16_t* out_col = p.q_lat + static_cast<int64_t>(head) * kKvLora + ntile * kNTile + mg * kMT * 16;
+            const int64_t hs = p.q_lat_head_stride > 0 ? p.q_lat_head_stride : kKvLora;
+            uint16_t* out_col = p.q_lat + static_cast<int64_t>(head) * hs + ntile * kNTile + mg * kMT * 16;
 #pragma unroll
             for (int i = lane; i < kChunkTok * kChunksPerRow; i += 32) {
                 const int tk = i / kChunksPerRow, c = i % kChunksPerRow;
                 const int tok = tok0 + tk;
                 if (tok < m) {
                     const ptx::u32x4 v = *reinterpret_cast<const ptx::u32x4*>(stage + tk * kStagePitch + c * 16);
-                    ptx::st_global_v4(out_col + static_cast<int64_t>(tok) * p.num_heads * kKvLora + c * 8, v);
+                    ptx::st_global_v4(out_col + static_cast<int64_t>(tok) * p.num_heads * hs + c * 8, v);
                 }
             }
             __syncwarp();
@@ -311,11 +315,14 @@ struct D2KvStoreWarp {
     static_assert(kRope % 2 == 0 && kPairs <= 32, "rope dims: even, at most 64 (one pair per lane)");
 
     // One warp stores token `token`'s row. positions / out_cache_loc are int64 (idx64 != 0) or int32.
+    // kv2 (optional): the same row also into kv2[loc2[token]] (int64 slots, skipped outside [0, num_slots2)): the QCAT
+    // build writes SGLang's latent-KV pool in place next to the per-call scratch, so SGLang's own store can be skipped.
     static GLM5_DEVICE void run(const uint16_t* __restrict__ c_kv, const uint16_t* __restrict__ k_pe,
                                 const void* positions, const void* out_cache_loc, int idx64,
                                 const double* __restrict__ inv_freq, uint16_t* kv_cache, int64_t num_slots, int token,
-                                int lane) {
-        int64_t pos, slot;
+                                int lane, uint16_t* kv2 = nullptr, const int64_t* loc2 = nullptr,
+                                int64_t num_slots2 = 0) {
+        int64_t pos, slot, slot2 = -1;
         if (idx64) {
             pos = ptx::ld_global_s64(static_cast<const int64_t*>(positions) + token);
             slot = ptx::ld_global_s64(static_cast<const int64_t*>(out_cache_loc) + token);
@@ -323,6 +330,7 @@ struct D2KvStoreWarp {
             pos = ptx::ld_global_s32(static_cast<const int32_t*>(positions) + token);
             slot = ptx::ld_global_s32(static_cast<const int32_t*>(out_cache_loc) + token);
         }
+        if (kv2 != nullptr) slot2 = ptx::ld_global_s64(loc2 + token);
         ptx::u32x4 ckv[kCkvIters];
 #pragma unroll
         for (int j = 0; j < kCkvIters; ++j) {
@@ -335,13 +343,10 @@ struct D2KvStoreWarp {
             kp = ptx::ld_global_u32(k_pe + static_cast<int64_t>(token) * kRope + 2 * lane);
             freq = inv_freq[lane];
         }
-        if (slot < 0 || slot >= num_slots) return;  // warp-uniform
-        uint16_t* row = kv_cache + slot * kRow;
-#pragma unroll
-        for (int j = 0; j < kCkvIters; ++j) {
-            const int c = lane + 32 * j;
-            if (c < kCkvChunks) ptx::st_global_v4(row + c * 8, ckv[j]);
-        }
+        const bool ok1 = slot >= 0 && slot < num_slots;             // warp-uniform
+        const bool ok2 = kv2 != nullptr && slot2 >= 0 && slot2 < num_slots2;
+        if (!ok1 && !ok2) return;
+        uint32_t roped = 0;
         if (lane < kPairs) {
             double sd, cd;
             sincos(static_cast<double>(pos) * freq, &sd, &cd);
@@ -349,8 +354,19 @@ struct D2KvStoreWarp {
             const float x0 = ptx::bf16lo_to_f32(kp), x1 = ptx::bf16hi_to_f32(kp);
             const float o0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
             const float o1 = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
-            ptx::st_global_u32(row + kKvLora + 2 * lane, ptx::f32x2_to_bf16x2_rn(o0, o1));
+            roped = ptx::f32x2_to_bf16x2_rn(o0, o1);
         }
+        if (ok1) store_row(kv_cache + slot * kRow, ckv, roped, lane);
+        if (ok2) store_row(kv2 + slot2 * kRow, ckv, roped, lane);
+    }
+
+    static GLM5_DEVICE void store_row(uint16_t* row, const ptx::u32x4 (&ckv)[kCkvIters], uint32_t roped, int lane) {
+#pragma unroll
+        for (int j = 0; j < kCkvIters; ++j) {
+            const int c = lane + 32 * j;
+            if (c < kCkvChunks) ptx::st_global_v4(row + c * 8, ckv[j]);
+        }
+        if (lane < kPairs) ptx::st_global_u32(row + kKvLora + 2 * lane, roped);
     }
 };
 

@@ -42,7 +42,7 @@ from . import sparse_mla as _sparse_mla
 from .act_quant import ActQuantResult, act_quant_fp8
 from .add_rmsnorm_quant import A0Result, add_rmsnorm_quant
 from .c0_head_gate import c0_head_gate
-from .d2_absorb import d2_absorb_and_kv_store
+from .d2_absorb import d2_absorb_and_kv_store, d2_absorb_qcat
 from .dsa_metadata import dsa_decode_metadata
 from .e1_indexer_logits import e1_indexer_logits
 from .e2_topk import e2_topk
@@ -60,12 +60,13 @@ _MODULES = (_a0, _c0, _d2, _e1, _e2, _fp8, _fp8_chain, _moe_router, _act_quant, 
 
 
 def precompile(cfg=None, device: object = None, indexer_rotate: bool = False,
-               pdl_waits: tuple[str | None, ...] = (None,)) -> None:
+               pdl_waits: tuple[str | None, ...] = (None,), d2_qcat: bool = False) -> None:
     """Compile and load every kernel the ops need for `cfg` (default GLM-5) on `device` (default: current),
     and allocate their workspaces / RoPE tables: call before CUDA-graph capture, never inside it.
     indexer_rotate: also D1 / B1 with the Hadamard rotation (rotate=True: SGLang 0.5.14's indexer format).
     pdl_waits: the PDL wait points to build every kernel for (None = native; "entry" / "after_prologue" are
-    separate cubins, launched by the CMP modes that wait early: attn_pre/cmp/modes.py)."""
+    separate cubins, launched by the CMP modes that wait early: attn_pre/cmp/modes.py).
+    d2_qcat: also D2's q_cat form (d2_absorb_qcat; the SGLang seam's GLM5_FASTPATH_QCAT route)."""
     from ._device import pdl_wait_code
     from ..config import Glm5Config
 
@@ -73,7 +74,8 @@ def precompile(cfg=None, device: object = None, indexer_rotate: bool = False,
     w = tuple(dict.fromkeys(pdl_wait_code("precompile", p) for p in (pdl_waits or (None,))))
     _a0.precompile((c.hidden_size,), device, wait_ats=w)
     _c0.precompile(device, ((c.hidden_size, c.index_n_heads),), wait_ats=w)
-    _d2.precompile(device, ((c.qk_nope_head_dim, c.kv_lora_rank, c.qk_rope_head_dim, c.rope_theta),), wait_ats=w)
+    _d2.precompile(device, ((c.qk_nope_head_dim, c.kv_lora_rank, c.qk_rope_head_dim, c.rope_theta),), wait_ats=w,
+                   qcat=(False, True) if d2_qcat else (False,))
     _e1.precompile(device, ((c.index_n_heads, c.index_head_dim),), wait_ats=w)
     _e2.precompile(device, wait_ats=w)
     _fp8.precompile(device, c, rotate=indexer_rotate, wait_ats=w)
@@ -96,6 +98,6 @@ def compile_check_specs() -> list:
 
 
 __all__ = ["A0Result", "ActQuantResult", "a0_add_rmsnorm_quant", "act_quant_fp8", "add_rmsnorm_quant", "b0_qkv_a", "b1_indexer_k", "c0_head_gate", "d0_q_b", "d1_indexer_q",
-           "fp8_gemm_skinny", "l2_prefetch", "mla_v_up_quant", "VUpResult", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "dsa_decode_metadata", "e1_indexer_logits",
+           "fp8_gemm_skinny", "l2_prefetch", "mla_v_up_quant", "VUpResult", "moe_route", "moe_route_scaled", "compile_check_specs", "d2_absorb_and_kv_store", "d2_absorb_qcat", "dsa_decode_metadata", "e1_indexer_logits",
            "e2_topk",
            "precompile", "sparse_mla_decode"]

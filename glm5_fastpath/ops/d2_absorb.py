@@ -93,6 +93,7 @@ from ..jit import KernelSpec, env
 
 OP = "glm5_fastpath.d2_absorb_and_kv_store"
 OP_W8 = "glm5_fastpath.d2_absorb_kv_store_w8"  # the W8A16 path's errors name its op
+OP_QCAT = "glm5_fastpath.d2_absorb_kv_store_qcat"  # the q_cat form (bf16 or W8A16 weights)
 SOURCE = "attn_pre/d2_absorb_kv_store.cu"
 FUNCTION = "glm5_d2_absorb_kv_store"
 FUNCTION_W8 = "glm5_d2_absorb_kv_store_w8"  # the GLM5_D2_W8=1 build of the same source
@@ -116,6 +117,7 @@ class D2Config:
     wait_at: int = PDL_WAIT_NATIVE  # GLM5_PDL_WAIT_AT (csrc/common/pdl.cuh); native: no define
     evict_first: bool = False  # W_UK loads with an L2 evict-first hint (_device.weights_evict_first at config_for's m)
     w8: bool = False  # W8A16 build (GLM5_D2_W8=1, kernel FUNCTION_W8): W_UK as e4m3 + per-row fp32 scales
+    qcat: bool = False  # QCAT build (GLM5_D2_QCAT=1, kernel name + "_qcat"): q_cat output, q_pe copy, pool store
 
     @property
     def n_tiles(self) -> int:
@@ -130,7 +132,7 @@ class D2Config:
 
     @property
     def function(self) -> str:
-        return FUNCTION_W8 if self.w8 else FUNCTION
+        return (FUNCTION_W8 if self.w8 else FUNCTION) + ("_qcat" if self.qcat else "")
 
     @functools.cached_property
     def spec(self) -> KernelSpec:
@@ -138,7 +140,8 @@ class D2Config:
         return KernelSpec(self.function, source=SOURCE, defines=(
             ("GLM5_D2_NOPE", str(self.nope)), ("GLM5_D2_KV_LORA", str(self.kv_lora)), ("GLM5_D2_ROPE", str(self.rope)),
             ("GLM5_D2_MT", str(self.mt)), ("GLM5_D2_NT", str(self.nt))) + wait_defines(self.wait_at)
-            + (WEIGHTS_HINT_DEFINES if self.evict_first else ()) + ((("GLM5_D2_W8", "1"),) if self.w8 else ()))
+            + (WEIGHTS_HINT_DEFINES if self.evict_first else ()) + ((("GLM5_D2_W8", "1"),) if self.w8 else ())
+            + ((("GLM5_D2_QCAT", "1"),) if self.qcat else ()))
 
 
 def _fail(msg: str) -> ValueError:
@@ -149,7 +152,11 @@ def _fail_w8(msg: str) -> ValueError:
     return ValueError(f"{OP_W8}: {msg}")
 
 
-def config_for(nope: int, kv_lora: int, rope: int, m: int, w8: bool = False) -> D2Config:
+def _fail_qcat(msg: str) -> ValueError:
+    return ValueError(f"{OP_QCAT}: {msg}")
+
+
+def config_for(nope: int, kv_lora: int, rope: int, m: int, w8: bool = False, qcat: bool = False) -> D2Config:
     fail = _fail_w8 if w8 else _fail
     if nope <= 0 or nope % 32 or nope > 256:
         raise fail(f"qk_nope_head_dim={nope} is not supported: a multiple of 32, at most 256 (GLM-5: 192)")
@@ -157,8 +164,10 @@ def config_for(nope: int, kv_lora: int, rope: int, m: int, w8: bool = False) -> 
         raise fail(f"kv_lora_rank={kv_lora} is not supported: a multiple of {N_TILE} (GLM-5: 512)")
     if rope <= 0 or rope % 2 or rope > 64:
         raise fail(f"qk_rope_head_dim={rope} is not supported: even, at most 64 (GLM-5: 64)")
+    if qcat and rope % 8:
+        raise fail(f"qk_rope_head_dim={rope} is not supported by the q_cat form: a multiple of 8 (GLM-5: 64)")
     return D2Config(int(nope), int(kv_lora), int(rope), 1 if m <= SMALL_M_MAX else 2,
-                    evict_first=weights_evict_first(int(m)), w8=bool(w8))
+                    evict_first=weights_evict_first(int(m)), w8=bool(w8), qcat=bool(qcat))
 
 
 # ---- validation (shared by the real and the fake implementation) ---------------------------------
@@ -228,8 +237,12 @@ def _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, 
 
 
 
-def _check_device(ins: dict[str, torch.Tensor], kv_cache: torch.Tensor, w8: bool = False) -> None:
-    op, fail = (OP_W8, _fail_w8) if w8 else (OP, _fail)
+def _check_device(ins: dict[str, torch.Tensor], kv_cache: torch.Tensor, w8: bool = False, fail=None) -> None:
+    op, base_fail = (OP_W8, _fail_w8) if w8 else (OP, _fail)
+    if fail is None:
+        fail = base_fail
+    else:  # the q_cat op names itself in its errors
+        op = OP_QCAT
     dev = kv_cache.device
     require_hopper(op, dev, fail)
     if w8:  # the scales are read as single floats (4-byte alignment is all they need); the rest as 16-byte vectors
@@ -358,6 +371,108 @@ def _d2_absorb_kv_store_w8_fake(q_nope, c_kv, k_pe, w_kc8, w_kc_scale, positions
     return q_nope.new_empty((m, heads, cfg.kv_lora))
 
 
+# ---- the q_cat form: q_cat = [q_lat | q_pe] for the sparse MLA, and the latent-KV row into SGLang's pool too ----------
+
+def _check_qcat(q_nope, c_kv, k_pe, w_kc, w_kc_scale, positions, out_cache_loc, kv_cache, q_pe, pool_loc, kv_pool,
+                rope_theta) -> D2Config:
+    """The q_cat op's checks: the base op's (bf16 w_kc, or W8A16 when w_kc_scale is given), then q_pe [M, heads,
+    rope] bf16, pool_loc [M] int64 and kv_pool [pool_slots, kv_lora + rope] bf16, all contiguous on one device."""
+    w8 = w_kc_scale is not None
+    try:
+        cfg = _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, w_kc_scale,
+                            w8=w8)
+    except ValueError as e:  # the same check, reported under this op's name
+        raise _fail_qcat(str(e).split(": ", 1)[-1]) from None
+    m, heads, _ = q_nope.shape
+    rope = k_pe.shape[1]
+    _check_tensor("q_pe", q_pe, (torch.bfloat16,), 3, _fail_qcat)
+    _check_tensor("pool_loc", pool_loc, (torch.int64,), 1, _fail_qcat)
+    _check_tensor("kv_pool", kv_pool, (torch.bfloat16,), 2, _fail_qcat)
+    if tuple(q_pe.shape) != (m, heads, rope):
+        raise _fail_qcat(f"q_pe must be [M={m}, heads={heads}, rope={rope}], got {tuple(q_pe.shape)}")
+    if pool_loc.shape[0] != m:
+        raise _fail_qcat(f"pool_loc must be [M={m}], got {tuple(pool_loc.shape)}")
+    if kv_pool.shape[1] != cfg.kv_lora + rope:
+        raise _fail_qcat(f"kv_pool must be [pool_slots, kv_lora + rope = {cfg.kv_lora + rope}], got "
+                         f"{tuple(kv_pool.shape)}")
+    devices = {t.device for t in (q_nope, q_pe, pool_loc, kv_pool)}
+    if len(devices) != 1:
+        raise _fail_qcat(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    if rope % 8:
+        raise _fail_qcat(f"qk_rope_head_dim={rope} is not supported by the q_cat form: a multiple of 8 (GLM-5: 64)")
+    return config_for(cfg.nope, cfg.kv_lora, cfg.rope, m, w8=w8, qcat=True)
+
+
+@torch.library.custom_op("glm5_fastpath::d2_absorb_kv_store_qcat", mutates_args=("kv_cache", "kv_pool"))
+def _d2_absorb_kv_store_qcat(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, w_kc: torch.Tensor,
+                             w_kc_scale: torch.Tensor | None, positions: torch.Tensor, out_cache_loc: torch.Tensor,
+                             kv_cache: torch.Tensor, q_pe: torch.Tensor, pool_loc: torch.Tensor,
+                             kv_pool: torch.Tensor, rope_theta: float, pdl: bool = True,
+                             pdl_wait_at: int = PDL_WAIT_NATIVE) -> torch.Tensor:
+    cfg = _check_qcat(q_nope, c_kv, k_pe, w_kc, w_kc_scale, positions, out_cache_loc, kv_cache, q_pe, pool_loc,
+                      kv_pool, rope_theta)
+    check_wait_at(OP_QCAT, pdl_wait_at)
+    m, heads, _ = q_nope.shape
+    q_cat = torch.empty((m, heads, cfg.kv_lora + cfg.rope), dtype=torch.bfloat16, device=q_nope.device)
+    weights = {"w_kc": w_kc} if w_kc_scale is None else {"w_kc8": w_kc, "w_kc_scale": w_kc_scale}
+    ins = {"q_nope": q_nope, "c_kv": c_kv, "k_pe": k_pe, **weights, "positions": positions,
+           "out_cache_loc": out_cache_loc, "q_cat": q_cat, "q_pe": q_pe, "pool_loc": pool_loc}
+    _check_device(ins, kv_cache, w8=cfg.w8, fail=_fail_qcat)
+    require_aligned(_fail_qcat, {"kv_pool": kv_pool})
+    if _overlaps(kv_pool, kv_cache):
+        raise _fail_qcat("kv_pool overlaps kv_cache in memory (the scratch and the pool must be distinct)")
+    for name, t in ins.items():
+        if _overlaps(kv_pool, t):
+            raise _fail_qcat(f"kv_pool overlaps input {name} in memory")
+    if m == 0:
+        return q_cat
+    if pdl_wait_at != PDL_WAIT_NATIVE:
+        cfg = replace(cfg, wait_at=pdl_wait_at)
+    kernel = _kernel(cfg, q_nope.device)
+    inv_freq = _inv_freq_on(q_nope.device, cfg.rope, rope_theta)
+    args = _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_cat, w_kc_scale)
+    kernel.launch((heads * cfg.n_tiles, 1, 1), (THREADS, 1, 1),
+                  args + (q_pe, kv_pool, pool_loc, ctypes.c_int64(kv_pool.shape[0])), smem=cfg.smem_bytes, pdl=pdl)
+    return q_cat
+
+
+@_d2_absorb_kv_store_qcat.register_fake
+def _d2_absorb_kv_store_qcat_fake(q_nope, c_kv, k_pe, w_kc, w_kc_scale, positions, out_cache_loc, kv_cache, q_pe,
+                                  pool_loc, kv_pool, rope_theta, pdl=True, pdl_wait_at=PDL_WAIT_NATIVE):
+    cfg = _check_qcat(q_nope, c_kv, k_pe, w_kc, w_kc_scale, positions, out_cache_loc, kv_cache, q_pe, pool_loc,
+                      kv_pool, rope_theta)
+    check_wait_at(OP_QCAT, pdl_wait_at)
+    m, heads, _ = q_nope.shape
+    return q_nope.new_empty((m, heads, cfg.kv_lora + cfg.rope))
+
+
+def d2_absorb_qcat(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, w, positions: torch.Tensor,
+                   out_cache_loc: torch.Tensor, kv_cache: torch.Tensor, q_pe: torch.Tensor, pool_loc: torch.Tensor,
+                   kv_pool: torch.Tensor, cfg, *, pdl: bool = True, pdl_wait: str | None = None) -> torch.Tensor:
+    """q_cat [M, heads, kv_lora + rope] bf16 = [q_lat | q_pe] (q_lat as d2_absorb_and_kv_store's, bitwise), writing
+    the latent-KV rows IN PLACE into kv_cache[out_cache_loc] AND kv_pool[pool_loc] (ref.prefix.d2_absorb_qcat).
+
+    Why: SGLang's DSA decode concatenates q_nope and q_pe for the sparse MLA (one kernel per layer) and stores the
+    latent-KV row (another) unless it is handed one [T, H, 576] q and no k (what its own fused tilelang path does);
+    this form lets the SGLang seam do that (integrations/sglang/qcat_route.py). Weights as d2_absorb_and_kv_store
+    (w.w_kc bf16, or the W8A16 form when uses_w8(w)). pool_loc is int64 (SGLang's out_cache_loc).
+    """
+    w8 = uses_w8(w)
+    wait_at = pdl_wait_code(OP_QCAT, pdl_wait, _fail_qcat)
+    weight, scale = (w.w_kc_fp8, getattr(w, "w_kc_scale", None)) if w8 else (getattr(w, "w_kc", None), None)
+    if w8 and scale is None:
+        raise _fail_qcat("w.w_kc_fp8 is set but w.w_kc_scale is None")
+    _check_qcat(q_nope, c_kv, k_pe, weight, scale, positions, out_cache_loc, kv_cache, q_pe, pool_loc, kv_pool,
+                getattr(cfg, "rope_theta", None))
+    h, nope, r, kvl = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+    got = (q_nope.shape[1], q_nope.shape[2], k_pe.shape[1], weight.shape[2])
+    if got != (h, nope, r, kvl):
+        raise _fail_qcat(f"tensor dims (heads, nope, rope, kv_lora) = {got} do not match the config's {(h, nope, r, kvl)}")
+    return torch.ops.glm5_fastpath.d2_absorb_kv_store_qcat(q_nope, c_kv, k_pe, weight, scale, positions, out_cache_loc,
+                                                           kv_cache, q_pe, pool_loc, kv_pool, float(cfg.rope_theta),
+                                                           pdl, wait_at)
+
+
 def uses_w8(w) -> bool:
     """Whether d2_absorb_and_kv_store takes the W8A16 path for weights `w`: no bf16 w_kc, an FP8 w_kc_fp8."""
     return getattr(w, "w_kc", None) is None and getattr(w, "w_kc_fp8", None) is not None
@@ -397,12 +512,14 @@ def d2_absorb_and_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch
 
 
 def precompile(device: object = None, dims: tuple[tuple[int, int, int, float], ...] = ((192, 512, 64, 1e6),),
-               wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,), w8: tuple[bool, ...] | None = None) -> None:
+               wait_ats: tuple[int, ...] = (PDL_WAIT_NATIVE,), w8: tuple[bool, ...] | None = None,
+               qcat: tuple[bool, ...] = (False,)) -> None:
     """Compile (or fetch from cache) and load both M variants for these (nope, kv_lora, rope, rope_theta) on
     `device`, for each PDL wait point in `wait_ats` and each weight form in `w8` (False: bf16 w_kc, True: the
     W8A16 build of d2_absorb_kv_store_w8; None: the W8A16 build too only when GLM5_FASTPATH_D2_WEIGHTS asks for
     fp8 / auto, since it is opt-in), and upload the RoPE table, ahead of first use (and outside any CUDA-graph
-    capture)."""
+    capture). qcat: the forms to load (True: d2_absorb_kv_store_qcat's build, which the SGLang seam's q_cat route
+    uses)."""
     if w8 is None:
         from ..graph.prefix_graph import d2_weights_request
 
@@ -414,11 +531,14 @@ def precompile(device: object = None, dims: tuple[tuple[int, int, int, float], .
         for m in (1, MAX_TOKENS):
             for w in wait_ats:
                 for q8 in dict.fromkeys(bool(x) for x in w8):
-                    _kernel(replace(config_for(nope, kvl, r, m, w8=q8), wait_at=w), dev)
+                    for qc in dict.fromkeys(bool(x) for x in qcat):
+                        _kernel(replace(config_for(nope, kvl, r, m, w8=q8, qcat=qc), wait_at=w), dev)
         _inv_freq_on(dev, r, theta)
 
 
 def compile_check_specs() -> list[KernelSpec]:
-    """GLM-5 (192, 512, 64) and the small preset (64, 128, 32), each in both M variants, bf16 then W8A16."""
-    return [config_for(n, k, r, m, w8=q8).spec for q8 in (False, True) for n, k, r in ((192, 512, 64), (64, 128, 32))
-            for m in (1, MAX_TOKENS)]
+    """GLM-5 (192, 512, 64) and the small preset (64, 128, 32), each in both M variants, bf16 then W8A16; then the
+    q_cat form of GLM-5 (bf16, W8A16) at both M variants."""
+    return ([config_for(n, k, r, m, w8=q8).spec for q8 in (False, True) for n, k, r in ((192, 512, 64), (64, 128, 32))
+             for m in (1, MAX_TOKENS)]
+            + [config_for(192, 512, 64, m, w8=q8, qcat=True).spec for q8 in (False, True) for m in (1, MAX_TOKENS)])

@@ -377,6 +377,23 @@ def d2_absorb_and_kv_store(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch
     return q_lat
 
 
+def d2_absorb_qcat(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, w: AttnWeights,
+                   positions: torch.Tensor, out_cache_loc: torch.Tensor, kv_cache: torch.Tensor, q_pe: torch.Tensor,
+                   pool_loc: torch.Tensor, kv_pool: torch.Tensor, cfg: Glm5Config) -> torch.Tensor:
+    """-> q_cat [M, H, kv_lora + rope] = [q_lat | q_pe] bf16; writes the latent-KV rows IN PLACE into kv_cache at
+    out_cache_loc and into kv_pool at pool_loc (the same rows: d2_absorb_and_kv_store's)."""
+    op = "D2 absorb_qcat"
+    c = cfg
+    h, r, kvl = c.num_attention_heads, c.qk_rope_head_dim, c.kv_lora_rank
+    m = q_nope.shape[0]
+    _check(op, "q_pe", q_pe, BF16, (m, h, r))
+    _check(op, "kv_pool", kv_pool, BF16, (None, c.kv_cache_dim))
+    _check_slots(op, "pool_loc", pool_loc, m, kv_pool.shape[0])
+    q_lat = d2_absorb_and_kv_store(q_nope, c_kv, k_pe, w, positions, out_cache_loc, kv_cache, cfg)
+    kv_pool[pool_loc.long()] = kv_cache[out_cache_loc.long()]
+    return torch.cat([q_lat, q_pe], dim=-1)
+
+
 # ---- E1: paged MQA indexer logits -------------------------------------------------------------------------
 
 def _logical_to_pages(seq_lens: torch.Tensor, block_table: torch.Tensor, ctx: int

@@ -213,7 +213,9 @@ def test_compile_check_specs_and_precompile_cover_w8(monkeypatch):
     from glm5_fastpath import ops
     specs = D.compile_check_specs()
     w8 = [s for s in specs if s.name == D.FUNCTION_W8]
-    assert len(w8) == 4 and len(specs) == 8  # both dims x both M variants, bf16 and W8
+    qcat = [s for s in specs if s.name.endswith("_qcat")]
+    assert len(w8) == 4 and len(specs) == 12  # both dims x both M variants, bf16 and W8; + the q_cat form's 4
+    assert sorted(s.name for s in qcat) == [D.FUNCTION + "_qcat"] * 2 + [D.FUNCTION_W8 + "_qcat"] * 2
     assert {(dict(s.defines)["GLM5_D2_NOPE"], dict(s.defines)["GLM5_D2_MT"]) for s in w8} == \
         {("192", "1"), ("192", "2"), ("64", "1"), ("64", "2")}
     assert all(s in ops.compile_check_specs() for s in w8)

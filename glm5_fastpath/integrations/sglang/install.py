@@ -148,7 +148,9 @@ def _precompile(model_cfg: Any, metrics: Any, log: logging.Logger, table: Any = 
              "(first run compiles with nvcc and caches; later runs load from the cache)...")
     t0 = time.perf_counter()
     waits = table_pdl_waits(table)  # the early-wait cubins the table's CMP modes launch, besides the native ones
-    ops.precompile(cfg, pdl_waits=waits)
+    from .qcat_route import enabled as qcat_enabled
+
+    ops.precompile(cfg, pdl_waits=waits, d2_qcat=qcat_enabled())  # D2's q_cat form too when GLM5_FASTPATH_QCAT=1
     dt = time.perf_counter() - t0
     if metrics is not None:
         metrics.observe_jit("attn_prefix_ops", dt)
@@ -207,6 +209,9 @@ def install_model(model: Any, facts: ModelFacts, model_runner: Any = None, metri
         from .dsa_metadata_route import install_dsa_metadata
 
         install_dsa_metadata(metrics, log)  # default on (GLM5_FASTPATH_DSA_METADATA=0: off): per-step DSA metadata, one kernel
+        from .qcat_route import install_qcat
+
+        install_qcat(metrics, log)  # opt-in (GLM5_FASTPATH_QCAT=1): no q concat / latent-KV store kernels (qcat_route.py)
         from .norm_route import install_norms
 
         install_norms(model, metrics, log)  # A0 for the norms whose quant a route consumes (norm_route.py)

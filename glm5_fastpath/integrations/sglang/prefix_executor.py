@@ -52,6 +52,7 @@ from ...graph.prefix_graph import build_prefix_graph, weight_tensors
 from ...metrics import PREFIX_LAYER_TOTAL as METRIC, seam_counter  # listed in metrics.METRICS
 from ...ref import fp8 as ref_fp8
 from . import prefix_adapter as A
+from . import qcat_route as QC
 
 logger = logging.getLogger("glm5_fastpath")
 
@@ -115,12 +116,48 @@ def _no_tiles(ctx) -> list:
     return []
 
 
+def _qcat_d2(op: OpDef, impl: Any, cfg: Glm5Config) -> OpDef:
+    """D2 in its q_cat form (ops.d2_absorb.d2_absorb_qcat; qcat_route.py): q_lat written as the first kv_lora
+    columns of q_cat [M, H, kv_lora + rope], D0's q_pe copied into the rest, and each latent-KV row stored both into
+    the scratch (kv_slots) and into SGLang's pool (pool_loc). Same op name, inputs and schedule position as D2 (its
+    extra inputs q_pe / pool_loc / kv_pool come from D0 and the caller), so every CMP mode treats it as D2."""
+    kvl = cfg.kv_lora_rank
+    w_names = tuple(t for t in op.inputs if t.startswith("w."))
+
+    def ref(i):
+        from ...graph.prefix_graph import _weights_view
+
+        q_cat = impl.d2_absorb_qcat(i["q_nope"], i["c_kv"], i["k_pe"], _weights_view(i), i["positions"],
+                                    i["kv_slots"], i["kv_cache"], i["q_pe"], i["pool_loc"], i["kv_pool"], cfg)
+        return {"q_cat": q_cat, "kv_cache_written": i["kv_cache"], "kv_pool_written": i["kv_pool"]}
+
+    def tiles(ctx):
+        out = []
+        for t in op.tiles(ctx):
+            w, r = dict(t.writes), dict(t.reads)
+            rows, head, (n0, n1) = w.pop("q_lat")
+            if n1 == kvl:  # the last latent tile of a head also copies that head's q_pe rows (the kernel's rule)
+                n1 = kvl + cfg.qk_rope_head_dim
+                r["q_pe"] = (rows, head, (0, cfg.qk_rope_head_dim))
+            w["q_cat"] = (rows, head, (n0, n1))
+            if "kv_cache_written" in w:
+                w["kv_pool_written"] = w["kv_cache_written"]
+                r["pool_loc"] = (rows,)
+            out.append(dataclasses.replace(t, writes=w, reads=r))
+        return out
+
+    inputs = ("q_nope", "c_kv", "k_pe", *w_names, "positions", "kv_slots", "kv_cache", "q_pe", "pool_loc", "kv_pool")
+    return dataclasses.replace(op, inputs=inputs, outputs=("q_cat", "kv_cache_written", "kv_pool_written"), ref=ref,
+                               tiles=tiles, doc=op.doc + "; q_cat form: [q_lat | q_pe] and the pool row")
+
+
 def seam_graph(cfg: Glm5Config, kind: str, impl: Any, quant: Callable, rotate: bool = False,
-               d2_weights: str = "bf16") -> OpGraph:
+               d2_weights: str = "bf16", qcat: bool = False) -> OpGraph:
     """The prefix graph as the forward_absorb_prepare seam sees it (module doc): Q0 instead of A0; D2
     stores into the caller's scratch at `kv_slots`; E1 is as wide as the block table; E2 maps through
     `topk_table` (the page table for physical slots, an identity table for logical positions).
-    rotate: B1 / D1 Hadamard-rotate (the index-K format of SGLang 0.5.14's indexer; full route only)."""
+    rotate: B1 / D1 Hadamard-rotate (the index-K format of SGLang 0.5.14's indexer; full route only).
+    qcat: D2 in its q_cat form (_qcat_d2): outputs q_cat and the pool rows instead of q_lat."""
     full = kind == "full"
     base = build_prefix_graph(cfg, full_indexer=full, impl=impl, indexer_rotate=bool(rotate and full),
                               d2_weights=d2_weights)
@@ -142,6 +179,8 @@ def seam_graph(cfg: Glm5Config, kind: str, impl: Any, quant: Callable, rotate: b
         if name == "D2":
             op = dataclasses.replace(op, inputs=tuple("kv_slots" if t == "out_cache_loc" else t for t in op.inputs),
                                      ref=_remap(op.ref, {"out_cache_loc": "kv_slots"}))
+            if qcat:
+                op = _qcat_d2(op, impl, cfg)
         elif name == "E1":
             op = dataclasses.replace(op, ref=ref_e1)
         elif name == "E2":
@@ -150,12 +189,20 @@ def seam_graph(cfg: Glm5Config, kind: str, impl: Any, quant: Callable, rotate: b
         ops.append(op)
     extra = [TensorDef("x_in", ("M", cfg.hidden_size), BF16, "input", doc="hidden_states of the seam (normed)"),
              TensorDef("kv_slots", ("M",), I64, "input", doc="rows of the KV scratch: 0..M-1")]
+    if qcat:
+        kvd, nh = cfg.kv_cache_dim, cfg.num_attention_heads
+        extra += [TensorDef("q_cat", ("M", nh, kvd), BF16, "output", doc="[q_lat | q_pe]: the sparse MLA's q"),
+                  TensorDef("pool_loc", ("M",), I64, "input", doc="SGLang's out_cache_loc (pool rows)"),
+                  TensorDef("kv_pool", ("pool_slots", kvd), BF16, "cache", doc="SGLang's latent-KV pool rows"),
+                  TensorDef("kv_pool_written", ("pool_slots", kvd), BF16, "cache", inplace_of="kv_pool",
+                            region_shape=("M", kvd))]
     if full:
         extra.append(TensorDef("topk_table", ("M", "max_pages"), I32, "input"))
     used = {t for o in ops for t in o.inputs + o.outputs}
     tensors = [t for t in base.tensors.values() if t.name in used] + extra
     return OpGraph(ops, tensors, name=f"glm5_prefix_seam[{kind}{',rotated' if rotate and full else ''}"
-                                         f"{',d2fp8' if d2_weights == 'fp8' else ''}]").validate()
+                                         f"{',d2fp8' if d2_weights == 'fp8' else ''}{',qcat' if qcat else ''}]"
+                   ).validate()
 
 
 def _record(t: Any, stream: Any) -> None:
@@ -340,26 +387,31 @@ class PrefixExecutor:
         choice = getattr(look, "choice", None)
         return get_mode(choice.cmp_mode) if choice is not None and choice.prefix == "cmp" else self.mode
 
-    def plan(self, kind: str, mode: Any = None, rotate: bool = False, d2_weights: str = "bf16") -> _Plan:
+    def plan(self, kind: str, mode: Any = None, rotate: bool = False, d2_weights: str = "bf16",
+             qcat: bool = False) -> _Plan:
         mode = self.mode if mode is None else mode
         rotate = bool(rotate and kind == "full")
-        p = self._plans.get((kind, mode.name, rotate, d2_weights))
+        key = (kind, mode.name, rotate, d2_weights, bool(qcat))
+        p = self._plans.get(key)
         if p is not None:
             return p
         from ...attn_pre.cmp.executor import BoundOps, l2_prefetch_names
         from ...attn_pre.cmp.modes import NATIVE_WAIT_POINTS, OP_FUNCTIONS, WaitPlan, resolve_wait_points, wait_support
         from ...attn_pre.cmp.streams import build_schedule
 
-        probe = seam_graph(self.cfg, kind, self.impl, self.quant, rotate, d2_weights)  # op names only
+        probe = seam_graph(self.cfg, kind, self.impl, self.quant, rotate, d2_weights, qcat)  # op names only
         known = [o for o in probe.topo_order() if o in NATIVE_WAIT_POINTS]
         plans = dict(resolve_wait_points(mode, known, wait_support(self.impl, known)))
         plans["Q0"] = WaitPlan("Q0", mode.wait_point, None, {})
-        bound = BoundOps(self.impl, {OP_FUNCTIONS[o]: {"pdl": mode.pdl, **plans[o].kwargs} for o in known})
-        graph = seam_graph(self.cfg, kind, bound, self.quant, rotate, d2_weights)
+        kw = {OP_FUNCTIONS[o]: {"pdl": mode.pdl, **plans[o].kwargs} for o in known}
+        if "d2_absorb_and_kv_store" in kw:  # D2's q_cat form launches with D2's PDL arguments
+            kw["d2_absorb_qcat"] = kw["d2_absorb_and_kv_store"]
+        bound = BoundOps(self.impl, kw)
+        graph = seam_graph(self.cfg, kind, bound, self.quant, rotate, d2_weights, qcat)
         sched = build_schedule(graph, mode, wait_plans=plans) if mode.multistream else None
         l2_prefetch_names(mode, graph)  # an l2:OP=F naming an op without 2-D weights raises here, not mid-launch
         p = _Plan(graph, sched, sched.num_streams if sched is not None else 1)
-        self._plans[(kind, mode.name, rotate, d2_weights)] = p
+        self._plans[key] = p
         return p
 
     # -- logging / metrics --------------------------------------------------------------------------------------
@@ -597,8 +649,15 @@ class PrefixExecutor:
             table = v.block_table if v.topk_physical else self._iota[dev][: v.block_table.shape[1]].expand(m, -1)
             env.update(out_cache_loc=v.out_cache_loc, seq_lens=v.seq_lens, block_table=v.block_table,
                        index_k_cache=v.index_k_cache, topk_table=table)
+        # q_cat route (qcat_route.py, opt-in): D2 writes the sparse MLA's q and SGLang's pool row itself
+        target = QC.ROUTE.pool_target(route.layer_id, b["forward_batch"], cfg.kv_cache_dim) if QC.enabled() else "off"
+        qcat = not isinstance(target, str)
+        if qcat:
+            env.update(pool_loc=target[1], kv_pool=target[0])
+        elif target != "off":
+            QC.ROUTE.note("stock", target)
         mode = self.mode_for(m)
-        plan = self.plan(route.kind, mode, route.rotate, route.d2_weights)
+        plan = self.plan(route.kind, mode, route.rotate, route.d2_weights, qcat)
         env = {k: t for k, t in env.items() if k in plan.graph.tensors}
         l2_stream = self._l2_streams.get(dev)
         if plan.schedule is None:
@@ -613,7 +672,12 @@ class PrefixExecutor:
         else:
             out = enqueue(plan.graph, plan.schedule, env, self.streams_for(dev, plan.num_streams), l2_stream=l2_stream,
                           l2_bulk=self.l2_bulk)
-        q_lat, q_pe = out["q_lat"], out["q_pe"]
+        if qcat:  # the two column views of one [M, H, 576] buffer, handed to the DSA backend's forward_decode
+            q_cat = out["q_cat"]
+            q_lat, q_pe = q_cat[..., :kvl], q_cat[..., kvl:]
+            QC.ROUTE.hand_off(route.layer_id, q_cat, kvl, pool_written=True)
+        else:
+            q_lat, q_pe = out["q_lat"], out["q_pe"]
         k_nope, k_pe = scratch[:, :kvl].unsqueeze(1), scratch[:, kvl:].unsqueeze(1)
         if route.kind == "full":
             topk = _capture_topk(route.layer_id, out["topk_slots"])
