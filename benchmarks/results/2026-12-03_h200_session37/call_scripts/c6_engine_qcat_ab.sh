@@ -1,7 +1,7 @@
 #!/bin/bash
-# Session 37 c7: the q_cat route in the engine, A B at batch 1 / 8 (three timed calls each): base = the defaults,
+# Session 37 c6: the q_cat route in the engine, A B at batch 1 / 8 (three timed calls each): base = the defaults,
 # qcat = GLM5_FASTPATH_QCAT=1 (no concat_mla_absorb_q / set_mla_kv_buffer per layer). The worker log says
-# "DSA decode q / KV store -> ours" when the route took a call. Same machine as c6 (part aa staged there).
+# "DSA decode q / KV store -> ours" when the route took a call. Same machine as c5 (part aa staged there).
 # run: C=<commit> bash this   (carry .carry/h200site.part.ab .carry/jit_s37.tar.xz)
 export JIT_CACHE=.carry/jit_s37.tar.xz C=${C:?C=<commit>} BS=${BS:-1,8} CALLS=${CALLS:-3}
 RUNS=${RUNS:-"base qcat:GLM5_FASTPATH_QCAT=1"} timeout ${T:-500} \

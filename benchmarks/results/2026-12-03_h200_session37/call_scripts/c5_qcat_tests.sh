@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 37 c6: stage part aa of the SGLang site (for c7 right after, same machine), then the GPU tests of D2's
+# Session 37 c5: stage part aa of the SGLang site (for c6 right after, same machine), then the GPU tests of D2's
 # q_cat form (new) and of the plain D2 op (its header changed: D2Ptrs head stride, D2KvStoreWarp's second target).
 # run: C=<commit> bash this   (carry .carry/jit_s37.tar.xz .carry/h200site.part.aa)
 mkdir -p build/h200parts && cp .carry/h200site.part.aa build/h200parts/
