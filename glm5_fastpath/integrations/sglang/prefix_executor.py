@@ -11,7 +11,10 @@ and the cache writes SGLang's pools expect from the prepare: the index-K entry o
 the layer's DSATokenToKVPool page (full route). The latent KV (k_nope | k_pe) is written by SGLang's
 DSA backend inside forward_absorb_core (`save_kv_cache=True` is hard-coded there), from the k_nope /
 k_pe we return: D2 stores that row into a per-call [M, 576] scratch (identity slots) whose views we
-return, so the pool is written once, by SGLang, in its own layout (bf16 or FP8).
+return, so the pool is written once, by SGLang, in its own layout (bf16 or FP8). With the q_cat route
+(qcat_route.py, opt-in GLM5_FASTPATH_QCAT=1, bf16 pools only) D2 also stores the row into the pool itself and writes
+q_nope_out / q_pe as the two column views of one [M, H, 576] buffer, which the route hands to the DSA backend's
+forward_decode as its q, with no k: SGLang's concat and store kernels do not run.
 
 The prefix is the op graph of graph/prefix_graph.py with its first op A0 (residual add + RMSNorm +
 quant: done by SGLang's layer boundary before this seam) replaced by Q0 (1x128 FP8 quant of the
