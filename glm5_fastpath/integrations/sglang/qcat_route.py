@@ -57,6 +57,7 @@ REASONS = {
     "not_installed": "the forward_decode wrapper is not installed (another SGLang layout)",
     "impl": "the DSA decode implementation is not flashmla_sparse / flashmla_kv",
     "hisparse": "a hisparse coordinator swaps KV pages",
+    "kpool": "an index K-pool tail (dsa_index_kpool > 1) may switch the decode kernel per call",
     "pool": "the latent-KV pool is not SGLang's plain bf16 [slots, 1, 576] MLA layout",
     "loc": "out_cache_loc is not an int64 vector",
     "no_handoff": "forward_decode got q / q_rope that are not a pending q_cat hand-off: SGLang's concat and store",
@@ -110,6 +111,8 @@ class QcatRoute:
             return "impl"
         if getattr(backend, "hisparse_coordinator", None) is not None:
             return "hisparse"
+        if int(getattr(backend, "dsa_index_kpool", 1) or 1) > 1:  # 0.5.23 may pick another kernel per call there
+            return "kpool"
         pool = getattr(backend, "token_to_kv_pool", None) or getattr(forward_batch, "token_to_kv_pool", None)
         if pool is None or getattr(pool, "dtype", None) != torch.bfloat16 or \
                 getattr(pool, "store_dtype", torch.bfloat16) != torch.bfloat16 or \

@@ -138,11 +138,15 @@ def test_pool_target_refusals_keep_the_split_outputs(route, change, reason, capl
     assert (fb.token_to_kv_pool.kv_buffer[a.layer_id] == -3.0).all(), "no pool store without the hand-off"
 
 
-def test_hisparse_and_off_and_not_installed(route, monkeypatch):
+def test_hisparse_kpool_off_and_not_installed(route, monkeypatch):
     step, x, fb = qcat_batch()
     fb.attn_backend.hisparse_coordinator = object()
     assert route.route.pool_target(1, fb, CFG.kv_cache_dim) == "hisparse"
     fb.attn_backend.hisparse_coordinator = None
+    fb.attn_backend.dsa_index_kpool = 2
+    assert route.route.pool_target(1, fb, CFG.kv_cache_dim) == "kpool"
+    fb.attn_backend.dsa_index_kpool = 1
+    assert not isinstance(route.route.pool_target(1, fb, CFG.kv_cache_dim), str)
     route.route.installed = False
     assert route.route.pool_target(1, fb, CFG.kv_cache_dim) == "not_installed"
     route.route.installed = True
