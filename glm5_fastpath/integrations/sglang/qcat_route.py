@@ -179,6 +179,21 @@ def _backend_class() -> Any:
         return None
 
 
+SIGNATURE = ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache")
+
+
+def signature_ok(fn: Any) -> bool:
+    """forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache, ..., q_rope=, k_rope=, ...): the layout
+    SGLang 0.5.14 and 0.5.23 have (the wrapper passes q / k / v positionally and q_rope by keyword)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+    return tuple(params[:len(SIGNATURE)]) == SIGNATURE and "q_rope" in params
+
+
 def install_qcat(metrics: Any = None, log: logging.Logger = logger, backend_cls: Any = None,
                  route: QcatRoute | None = None) -> bool:
     """Wrap the DSA backend's forward_decode when GLM5_FASTPATH_QCAT is on. Returns whether it is installed."""
@@ -196,6 +211,10 @@ def install_qcat(metrics: Any = None, log: logging.Logger = logger, backend_cls:
     if getattr(fn, ORIGINAL_ATTR, None) is not None:
         route.installed = True
         return True
+    if not signature_ok(fn):
+        log.info("glm5_fastpath: DSA decode q / KV store: %s.%s has another signature in this SGLang; SGLang's "
+                 "concat + store stay", BACKEND_CLASS, METHOD)
+        return False
     original = fn
     route.metrics = metrics if metrics is not None else route.metrics
     route.log = log

@@ -168,3 +168,36 @@ def test_install_is_opt_in_and_idempotent(monkeypatch, caplog):
     assert QC.unpatch_qcat(backend_cls=cls, route=r) and cls.forward_decode is FakeDsaBackend.forward_decode
     assert not QC.install_qcat(backend_cls=type("NoDecode", (), {}), route=r)
     assert "not found in this SGLang" in caplog.text
+
+
+def test_installed_sglangs_forward_decode_has_what_the_route_relies_on():
+    """On the installed SGLang (CI: 0.5.23, CPU-only; the H200 runs 0.5.14): forward_decode's signature, its store
+    only when k is given, and its zero-copy view of a q passed with q_rope=None."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(QC.BACKEND_MODULE) if importlib.util.find_spec("sglang") else None
+    if spec is None or spec.origin is None:
+        pytest.skip(f"{QC.BACKEND_MODULE} not installed")
+    src = Path(spec.origin).read_text(errors="replace")
+    cls = next(n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ClassDef) and n.name == QC.BACKEND_CLASS)
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == QC.METHOD)
+    names = [a.arg for a in fn.args.args]
+    assert tuple(names[:len(QC.SIGNATURE)]) == QC.SIGNATURE and "q_rope" in names, names
+    body = ast.get_source_segment(src, fn)
+    assert "if k is not None:" in body and "set_mla_kv_buffer" in body
+    assert "q.contiguous().view(" in body and "if q_rope is not None:" in body
+
+
+def test_install_refuses_another_signature(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="glm5_fastpath")
+    monkeypatch.setenv(QC.ENV, "1")
+
+    class Other:
+        def forward_decode(self, q, layer, forward_batch, **kw):
+            return None
+
+    r = QC.QcatRoute()
+    assert not QC.install_qcat(backend_cls=Other, route=r) and not r.installed
+    assert "another signature" in caplog.text
