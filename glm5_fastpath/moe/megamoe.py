@@ -263,9 +263,11 @@ class MegaMoEConfig:
         return num_sms - num_sms % 2 if self.pair else num_sms
 
     def spec(self, hidden: int, inter: int, ep: bool = False) -> KernelSpec:
-        """ep: the expert-parallel build of this config (moe/ep/kernel.py; pool builds only)."""
+        """ep: the expert-parallel build of this config (moe/ep/kernel.py; pool builds only). The plan kernel's
+        warm-up build (GLM5_FASTPATH_MOE_WARM_CODE=1, read here) for single-GPU builds."""
+        warm = env.flag("GLM5_FASTPATH_MOE_WARM_CODE") and not ep
         return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences, self.pool, self.diag,
-                           self.token_major, ep, self.pair)
+                           self.token_major, ep, self.pair, warm)
 
     @property
     def name(self) -> str:
@@ -294,7 +296,7 @@ class MegaMoEConfig:
 @functools.lru_cache(maxsize=None)
 def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
                 pool: bool = False, diag: int = 0, token_major: bool = False, ep: bool = False,
-                pair: bool = False) -> KernelSpec:
+                pair: bool = False, warm: bool = False) -> KernelSpec:
     defines = (("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
                ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages)))
     if lean_fences:  # absent otherwise: the default build's cache key and cubin are unchanged
@@ -311,6 +313,8 @@ def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences:
         defines += (("GLM5_MEGAMOE_EP", "1"),)
     if pair:
         defines += (("GLM5_MEGAMOE_PAIR", "1"),)
+    if warm:  # the plan kernel's dry warm-up before its PDL wait (megamoe.cuh MegaMoE::plan)
+        defines += (("GLM5_WARM_CODE", "1"),)
     return KernelSpec(FUNCTION, source=SOURCE, defines=defines, functions=(FUNCTION, PLAN_FUNCTION))
 
 
