@@ -1035,8 +1035,10 @@ DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed
 
 def trace_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
                pool: bool = False, diag: int = 0, token_major: bool = False, pair: bool = False) -> KernelSpec:
-    """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace."""
-    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool, diag, token_major, pair=pair)
+    """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace; the plan's
+    warm-up too under GLM5_FASTPATH_MOE_WARM_CODE=1 (its phase stamps then time the warm body)."""
+    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool, diag, token_major, pair=pair,
+                       warm=env.flag("GLM5_FASTPATH_MOE_WARM_CODE"))
     return KernelSpec(TRACE_FUNCTION, source=SOURCE, defines=tuple(base.defines) + (("GLM5_MEGAMOE_TRACE", "1"),),
                       functions=(TRACE_FUNCTION, PLAN_FUNCTION))
 
