@@ -104,8 +104,10 @@ struct RouterTile {
     // All 256 threads call this for one (split, group, token tile); needs tile * 32 < M. Returns true in every thread
     // of the CTA that ran the tile's top-k epilogue (its ids / weights are then written and visible to this CTA after
     // a CTA barrier: the fused router + MoE plan kernel, router_plan.cu, plans there).
+    // epilogue = false: return whether this CTA is the tile's last arrival without running the epilogue (the warm-up
+    // build's caller runs it from its own single call site, router_kernels.cuh).
     static GLM5_DEVICE bool run(const Weights& wr, const RouterPtrs& p, int split, int group, int tile, float* scratch,
-                                int tid) {
+                                int tid, bool epilogue = true) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         const int tok_base = tile * kTokTile;
         const int valid = min(kTokTile, p.num_tokens - tok_base);  // >= 1
@@ -206,6 +208,7 @@ struct RouterTile {
             ptx::named_barrier_sync<kBarrierId, kThreads>();
         }
         GLM5_ROUTER_MARK(3);
+        if (!epilogue) return true;
         topk_epilogue(p, tok_base, valid, warp, lane);
         GLM5_ROUTER_MARK(4);
         return true;

@@ -19,32 +19,18 @@
 namespace glm5 {
 namespace moe {
 
-// Split-K router: grid (H / 256, E / 32 (or 1), ceil(M / 32)), block 256. PDL-ready: the gate weights are loaded
-// before griddepcontrol.wait. x8 != nullptr: h's per-token 1x128 FP8 quant rides along (act_quant.cuh's group tile).
+// The split-K router after griddepcontrol.wait (router_splitk_body): h's quant share, this CTA's partial, the two
+// arrival levels and (epilogue, in the tile's last CTA) the top-k epilogue. Returns true in that last CTA.
 template <int kHidden, int kExperts, int kTopK>
-GLM5_DEVICE bool router_splitk_body(const uint16_t* __restrict__ h, const uint16_t* __restrict__ gate,
-                                    const float* __restrict__ bias, float* __restrict__ logits,
-                                    int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights,
-                                    float* __restrict__ scaled_weights, float* __restrict__ partials,
-                                    uint32_t* __restrict__ counters, int32_t num_tokens, float routed_scaling,
-                                    uint8_t* __restrict__ x8, float* __restrict__ x_scale, float quant_eps,
-                                    float* scratch) {
+GLM5_DEVICE bool splitk_own_part(const typename RouterTile<kHidden, kExperts, kTopK>::Weights& wr, const RouterPtrs& p,
+                                 uint8_t* __restrict__ x8, float* __restrict__ x_scale, float quant_eps, float* scratch,
+                                 int tid, bool epilogue = true) {
     using Tile = RouterTile<kHidden, kExperts, kTopK>;
     using Quant = ActQuantGroupTile;
-    const int tid = threadIdx.x;
     const int split = blockIdx.x, group = blockIdx.y;
-    GLM5_ROUTER_MARK(0);
-
-    // Prologue that does not depend on the previous kernel: this lane's gate-weight fragments.
-    typename Tile::Weights wr;
-    Tile::load_weights(wr, gate, split, group, tid);
-
-    ptx::griddep_launch_dependents();
-    // h, the outputs and the workspace are touched only after this.
-    ptx::griddep_wait();
-    GLM5_ROUTER_MARK(1);
-
     const int tile = blockIdx.z;
+    const int num_tokens = p.num_tokens;
+    const uint16_t* h = p.h;
     if (tile * Tile::kTokTile >= num_tokens) return false;  // whole CTA leaves together
     // The MoE's input quant rides along: the tile's rows over the split's 256 columns (2 quant groups each) are
     // dealt over the split's expert-group CTAs (q = group + kGroups * j), one aligned half-warp per quant group,
@@ -63,9 +49,63 @@ GLM5_DEVICE bool router_splitk_body(const uint16_t* __restrict__ h, const uint16
                        tid & (Quant::kLanesPerGroup - 1), valid, quant_eps);
         }
     }
+    return Tile::run(wr, p, split, group, tile, scratch, tid, epilogue);
+}
+
+// Split-K router: grid (H / 256, E / 32 (or 1), ceil(M / 32)), block 256. PDL-ready: the gate weights are loaded
+// before griddepcontrol.wait. x8 != nullptr: h's per-token 1x128 FP8 quant rides along (act_quant.cuh's group tile).
+template <int kHidden, int kExperts, int kTopK>
+GLM5_DEVICE bool router_splitk_body(const uint16_t* __restrict__ h, const uint16_t* __restrict__ gate,
+                                    const float* __restrict__ bias, float* __restrict__ logits,
+                                    int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights,
+                                    float* __restrict__ scaled_weights, float* __restrict__ partials,
+                                    uint32_t* __restrict__ counters, int32_t num_tokens, float routed_scaling,
+                                    uint8_t* __restrict__ x8, float* __restrict__ x_scale, float quant_eps,
+                                    float* scratch) {
+    using Tile = RouterTile<kHidden, kExperts, kTopK>;
+    const int tid = threadIdx.x;
+    const int split = blockIdx.x, group = blockIdx.y;
+    GLM5_ROUTER_MARK(0);
     const RouterPtrs p{h, bias, logits, topk_ids, topk_weights, scaled_weights,
                        partials, counters, num_tokens, routed_scaling};
-    return Tile::run(wr, p, split, group, tile, scratch, tid);
+    typename Tile::Weights wr;
+#if GLM5_WARM_CODE
+    // As the decode kernel (below): pass 0 runs the epilogue dry (both pass widths: warp 0 two tokens, warps 1.. one;
+    // logits row 0; no stores) before anything else, pass 1 is the kernel and, in the tile's last CTA, the real
+    // epilogue, through the one call site.
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass) {
+        int opaque;
+        asm volatile("mov.b32 %0, %1;" : "=r"(opaque) : "r"(pass));
+        const bool dry = opaque == 0;
+        int tok_base = 0, valid = Tile::kWarps + 1;
+        if (!dry) {
+            Tile::load_weights(wr, gate, split, group, tid);
+            ptx::griddep_launch_dependents();
+            ptx::griddep_wait();
+            GLM5_ROUTER_MARK(1);
+            if (!splitk_own_part<kHidden, kExperts, kTopK>(wr, p, x8, x_scale, quant_eps, scratch, tid, false))
+                return false;
+            tok_base = static_cast<int>(blockIdx.z) * Tile::kTokTile;
+            valid = min(Tile::kTokTile, num_tokens - tok_base);
+        }
+        Tile::topk_epilogue(p, tok_base, valid, tid >> 5, tid & 31, dry);
+        if (!dry) {
+            GLM5_ROUTER_MARK(4);
+            return true;
+        }
+    }
+    return false;
+#else
+    // Prologue that does not depend on the previous kernel: this lane's gate-weight fragments.
+    Tile::load_weights(wr, gate, split, group, tid);
+
+    ptx::griddep_launch_dependents();
+    // h, the outputs and the workspace are touched only after this.
+    ptx::griddep_wait();
+    GLM5_ROUTER_MARK(1);
+    return splitk_own_part<kHidden, kExperts, kTopK>(wr, p, x8, x_scale, quant_eps, scratch, tid);
+#endif
 }
 
 // The decode router after griddepcontrol.wait (router_decode_body): launch checks, h's 1x128 quant, this CTA's logits,
