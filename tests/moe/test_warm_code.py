@@ -68,22 +68,24 @@ def _h(m, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 2, 4, 16])
-def test_gpu_warm_decode_router_equals_the_default_build(m, seed, glm5_router, monkeypatch, no_pdl_override):
+@pytest.mark.parametrize("m, decode", [(1, True), (2, True), (4, True), (16, True), (1, False), (8, False),
+                                       (33, False), (64, False)])
+def test_gpu_warm_router_equals_the_default_build(m, decode, seed, glm5_router, monkeypatch, no_pdl_override):
+    """Both router kernels (decode: one arrival level; split-K: two, several token tiles from 33 tokens)."""
     gate, bias = glm5_router
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(R, "_kernels", {})
     hs = [_h(m, seed + i) for i in range(4)]
-    want = [R.moe_route_scaled(h, gate, bias, GLM5, decode=True) for h in hs]
+    want = [R.moe_route_scaled(h, gate, bias, GLM5, decode=decode) for h in hs]
     torch.cuda.synchronize()
     monkeypatch.setenv(ENV, "1")
     monkeypatch.setattr(R, "_kernels", {})  # the next launch loads the warm build
     for rep in range(5):
         for i, h in enumerate(hs):
-            got = R.moe_route_scaled(h, gate, bias, GLM5, decode=True)
+            got = R.moe_route_scaled(h, gate, bias, GLM5, decode=decode)
             torch.cuda.synchronize()
             for a, b, name in zip(got, want[i], ("ids", "weights", "logits", "scaled")):
-                assert_equal("moe_route (warm build)", a, b, context=f"{name} {m=} input {i} rep {rep}")
+                assert_equal("moe_route (warm build)", a, b, context=f"{name} {m=} {decode=} input {i} rep {rep}")
 
 
 @pytest.mark.gpu
