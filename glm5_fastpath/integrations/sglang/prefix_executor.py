@@ -122,8 +122,9 @@ def _no_tiles(ctx) -> list:
 def _qcat_d2(op: OpDef, impl: Any, cfg: Glm5Config) -> OpDef:
     """D2 in its q_cat form (ops.d2_absorb.d2_absorb_qcat; qcat_route.py): q_lat written as the first kv_lora
     columns of q_cat [M, H, kv_lora + rope], D0's q_pe copied into the rest, and each latent-KV row stored both into
-    the scratch (kv_slots) and into SGLang's pool (pool_loc). Same op name, inputs and schedule position as D2 (its
-    extra inputs q_pe / pool_loc / kv_pool come from D0 and the caller), so every CMP mode treats it as D2."""
+    the scratch (kv_slots) and into SGLang's pool (pool_loc). Same op name and dependencies as D2 (its extra inputs:
+    q_pe from D0, which D2 already follows, and pool_loc / kv_pool from the caller), so every CMP mode schedules it
+    as D2."""
     kvl = cfg.kv_lora_rank
     w_names = tuple(t for t in op.inputs if t.startswith("w."))
 
