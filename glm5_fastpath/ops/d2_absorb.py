@@ -416,9 +416,11 @@ def _d2_absorb_kv_store_qcat(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: tor
     q_cat = torch.empty((m, heads, cfg.kv_lora + cfg.rope), dtype=torch.bfloat16, device=q_nope.device)
     weights = {"w_kc": w_kc} if w_kc_scale is None else {"w_kc8": w_kc, "w_kc_scale": w_kc_scale}
     ins = {"q_nope": q_nope, "c_kv": c_kv, "k_pe": k_pe, **weights, "positions": positions,
-           "out_cache_loc": out_cache_loc, "q_cat": q_cat, "q_pe": q_pe, "pool_loc": pool_loc}
+           "out_cache_loc": out_cache_loc, "q_cat": q_cat, "q_pe": q_pe}
     _check_device(ins, kv_cache, w8=cfg.w8, fail=_fail_qcat)
     require_aligned(_fail_qcat, {"kv_pool": kv_pool})
+    require_aligned(_fail_qcat, {"pool_loc": pool_loc}, align=8)  # read as single int64 (SGLang's out_cache_loc)
+    ins["pool_loc"] = pool_loc
     if _overlaps(kv_pool, kv_cache):
         raise _fail_qcat("kv_pool overlaps kv_cache in memory (the scratch and the pool must be distinct)")
     for name, t in ins.items():
