@@ -2,7 +2,8 @@
 # For the next session (written in session 37, not run): stage part aa of the SGLang site for the engine calls right
 # after (same machine), then GLM5_FASTPATH_MOE_WARM_CODE (the router decode kernel's / MegaMoE plan kernel's dry warm-up
 # before their PDL wait): its GPU tests, the router / plan phase marks cold against warm (does the top-k epilogue's
-# 3.4 us and the plan body's 5.3 us at 1 token shrink when the code is warm?), and the decode MoE layer A B A B.
+# 3.4 us and the plan body's 5.3 us at 1 token shrink when the code is warm?), the decode MoE layer A B A B, and
+# benchmarks/cold_code.py (each short op after an L2 flush against back to back) with and without the warm-up builds.
 # run: C=<commit> bash this   (carry .carry/jit_s38.tar.xz .carry/h200site.part.aa)
 mkdir -p build/h200parts && cp .carry/h200site.part.aa build/h200parts/
 source scripts/h200_lib.sh
@@ -19,5 +20,10 @@ done
 for r in a b; do for w in 0 1; do
   GLM5_FASTPATH_MOE_WARM_CODE=$w step moe-layer-$r-w$w 45 $B moe-layer --tokens 1,8 --no-stock --out "$H200_OUT/moe_layer_${r}_w$w"
 done; done
+# what a cold L2 / cold code costs the short ops, with and without the warm-up builds (benchmarks/cold_code.py)
+for w in 0 1; do
+  GLM5_FASTPATH_MOE_WARM_CODE=$w step cold-code-w$w 90 python3 benchmarks/cold_code.py --ops router,router8,a0,d2,moe \
+    --out "$H200_OUT/cold_code_w$w"
+done
 grep -h "M=1\|M=8" "$H200_OUT"/moe-layer-*.log | cut -c1-220
 h200_pack
