@@ -78,6 +78,7 @@ def test_gpu_warm_router_equals_the_default_build(m, decode, seed, glm5_router, 
     hs = [_h(m, seed + i) for i in range(4)]
     want = [R.moe_route_scaled(h, gate, bias, GLM5, decode=decode) for h in hs]
     torch.cuda.synchronize()
+    assert R._kernels and not any(WARM in k.module.compiled.spec.defines for k in R._kernels.values())
     monkeypatch.setenv(ENV, "1")
     monkeypatch.setattr(R, "_kernels", {})  # the next launch loads the warm build
     for rep in range(5):
@@ -86,6 +87,7 @@ def test_gpu_warm_router_equals_the_default_build(m, decode, seed, glm5_router, 
             torch.cuda.synchronize()
             for a, b, name in zip(got, want[i], ("ids", "weights", "logits", "scaled")):
                 assert_equal("moe_route (warm build)", a, b, context=f"{name} {m=} {decode=} input {i} rep {rep}")
+    assert R._kernels and all(WARM in k.module.compiled.spec.defines for k in R._kernels.values()), "not the warm build"
 
 
 @pytest.mark.gpu
@@ -149,6 +151,7 @@ def test_gpu_warm_plan_equals_the_default_build_over_many_launches(m, pad, exper
             got = M.mega_moe(*x, wt, config=cfg)
             torch.cuda.synchronize()
             assert_equal("mega_moe (warm plan build)", got, want[i], context=f"{m=} {pad=} input {i} rep {rep}")
+    assert any(WARM in spec.defines for spec, _ in M._kernels), "the warm plan build never loaded"
 
 
 @pytest.mark.gpu
