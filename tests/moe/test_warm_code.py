@@ -113,6 +113,7 @@ def test_gpu_warm_decode_router_behind_a_late_producer(seed, glm5_router, monkey
         torch.cuda.synchronize()
         for a, b in zip(got, want):
             assert_equal("moe_route (warm build, late producer)", a, b)
+    assert all(WARM in k.module.compiled.spec.defines for k in R._kernels.values()), "not the warm build"
 
 
 def _moe_inputs(m, e, seed, pad_rows=()):
