@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -90,31 +89,11 @@ def make_op(name: str, torch):
     raise ValueError(name)
 
 
-def graph_us(body, launches: int, rounds: int, torch) -> float:
-    """Median over rounds of one CUDA-graph replay's GPU time (events) divided by `launches`."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        body(1)  # JIT loads and workspaces outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        body(launches)
-    gr.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        gr.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / launches)
-    return statistics.median(times)
-
-
 def measure(name: str, launches: int, rounds: int, flush_mb: int, torch) -> dict:
+    """hot / flush / flush + op, each timed by bench.timing.time_launches (one CUDA graph of `launches` launches,
+    replayed `rounds` times, median per launch)."""
+    from glm5_fastpath.bench.timing import time_launches
+
     op, keep = make_op(name, torch)
     buf = torch.empty(flush_mb * 2**20 // 4, dtype=torch.float32, device="cuda").uniform_()
     sink = torch.empty((), device="cuda")
@@ -122,25 +101,16 @@ def measure(name: str, launches: int, rounds: int, flush_mb: int, torch) -> dict
     def flush():
         torch.sum(buf, dim=0, out=sink)  # reads the whole buffer: evicts code and data from L2
 
-    def hot(n):
-        for _ in range(n):
-            op()
+    def flushed():
+        flush()
+        return op()
 
-    def flushed(n):
-        for _ in range(n):
-            flush()
-            op()
-
-    def flush_only(n):
-        for _ in range(n):
-            flush()
-
-    t_hot = graph_us(hot, launches, rounds, torch)
-    t_flush = graph_us(flush_only, launches, rounds, torch)
-    t_both = graph_us(flushed, launches, rounds, torch)
+    t = {k: time_launches(lambda i, f=f: f(), launches, device="cuda", replays=rounds)
+         for k, f in (("hot", op), ("flush", flush), ("both", flushed))}
     del keep
-    return {"op": name, "hot_us": t_hot, "flush_us": t_flush, "cold_us": t_both - t_flush,
-            "cold_minus_hot_us": t_both - t_flush - t_hot}
+    cold = t["both"].median_us - t["flush"].median_us
+    return {"op": name, "hot_us": t["hot"].median_us, "flush_us": t["flush"].median_us, "cold_us": cold,
+            "cold_minus_hot_us": cold - t["hot"].median_us, "method": t["both"].method}
 
 
 def render(res: dict) -> str:
