@@ -245,7 +245,8 @@ def counter(registry: Any) -> Any:
                         "and reason; host-side, so under CUDA graphs a call is a capture, not a replay.")
 
 
-def _backend_class() -> Any:
+def backend_class() -> Any:
+    """SGLang's DeepseekSparseAttnBackend class, or None in a release without it (shared by the q_cat route)."""
     import importlib
 
     try:
@@ -262,7 +263,7 @@ def install_sparse_mla(metrics: Any = None, log: logging.Logger = logger, device
     route is installed."""
     if not enabled():
         return False
-    cls = backend_cls if backend_cls is not None else _backend_class()
+    cls = backend_cls if backend_cls is not None else backend_class()
     fn = getattr(cls, METHOD, None) if cls is not None else None
     if fn is None:
         log.info("glm5_fastpath: sparse MLA: %s.%s not found in this SGLang; FlashMLA stays", BACKEND_CLASS, METHOD)
@@ -295,7 +296,7 @@ def install_sparse_mla(metrics: Any = None, log: logging.Logger = logger, device
 
 
 def unpatch_sparse_mla(backend_cls: Any = None) -> bool:
-    cls = backend_cls if backend_cls is not None else _backend_class()
+    cls = backend_cls if backend_cls is not None else backend_class()
     fn = getattr(cls, METHOD, None) if cls is not None else None
     original = getattr(fn, ORIGINAL_ATTR, None)
     if original is None:

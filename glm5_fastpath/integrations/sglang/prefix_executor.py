@@ -654,7 +654,7 @@ class PrefixExecutor:
             env.update(out_cache_loc=v.out_cache_loc, seq_lens=v.seq_lens, block_table=v.block_table,
                        index_k_cache=v.index_k_cache, topk_table=table)
         # q_cat route (qcat_route.py, opt-in): D2 writes the sparse MLA's q and SGLang's pool row itself
-        target = QC.ROUTE.pool_target(route.layer_id, b["forward_batch"], cfg.kv_cache_dim) if QC.enabled() else "off"
+        target = QC.ROUTE.pool_target(route.layer_id, b["forward_batch"], cfg.kv_cache_dim)  # "off" unless enabled
         qcat = not isinstance(target, str)
         if qcat:
             env.update(pool_loc=target[1], kv_pool=target[0])

@@ -38,6 +38,7 @@ import torch
 
 from ...metrics import seam_counter
 from . import decision
+from .attn_core import BACKEND_CLASS, BACKEND_MODULE, backend_class
 from .prefix_adapter import attn_backend
 
 logger = logging.getLogger("glm5_fastpath")
@@ -45,8 +46,6 @@ logger = logging.getLogger("glm5_fastpath")
 ENV = "GLM5_FASTPATH_QCAT"
 DEFAULT = False
 METRIC = "glm5_fastpath_qcat_total"
-BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
-BACKEND_CLASS = "DeepseekSparseAttnBackend"
 METHOD = "forward_decode"
 ORIGINAL_ATTR = "__glm5_fastpath_original__"
 IMPLS = ("flashmla_sparse", "flashmla_kv")  # the decode kernels that take SGLang's q_all
@@ -170,15 +169,6 @@ class QcatRoute:
 ROUTE = QcatRoute()
 
 
-def _backend_class() -> Any:
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(BACKEND_MODULE), BACKEND_CLASS, None)
-    except Exception:  # noqa: BLE001 - a release without the DSA backend: nothing to patch
-        return None
-
-
 SIGNATURE = ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache")
 
 
@@ -202,7 +192,7 @@ def install_qcat(metrics: Any = None, log: logging.Logger = logger, backend_cls:
         log.info("glm5_fastpath: DSA decode q / KV store: SGLang's concat + store (%s=1 hands it one q_cat buffer "
                  "from D2, which stores the latent KV)", ENV)
         return False
-    cls = backend_cls if backend_cls is not None else _backend_class()
+    cls = backend_cls if backend_cls is not None else backend_class()
     fn = getattr(cls, METHOD, None) if cls is not None else None
     if fn is None:
         log.info("glm5_fastpath: DSA decode q / KV store: %s.%s not found in this SGLang; SGLang's concat + store "
@@ -234,7 +224,7 @@ def install_qcat(metrics: Any = None, log: logging.Logger = logger, backend_cls:
 
 def unpatch_qcat(backend_cls: Any = None, route: QcatRoute | None = None) -> bool:
     route = ROUTE if route is None else route
-    cls = backend_cls if backend_cls is not None else _backend_class()
+    cls = backend_cls if backend_cls is not None else backend_class()
     fn = getattr(cls, METHOD, None) if cls is not None else None
     original = getattr(fn, ORIGINAL_ATTR, None)
     route.installed = False
