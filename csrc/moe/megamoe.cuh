@@ -59,6 +59,7 @@
 
 #include "../common/arch.cuh"
 #include "../common/cluster.cuh"
+#include "../common/opaque.cuh"
 #include "../common/convert.cuh"
 #include "../common/pdl.cuh"
 #include "../common/ptx_cp_async.cuh"
@@ -626,9 +627,7 @@ struct MegaMoE {
     // of the loop, the dry pass warming the wrong one).
     static GLM5_DEVICE bool opaque_flag(bool b) {
 #if GLM5_WARM_CODE
-        int v;
-        asm volatile("mov.b32 %0, %1;" : "=r"(v) : "r"(static_cast<int>(b)));
-        return v != 0;
+        return ptx::opaque(static_cast<int>(b)) != 0;
 #else
         return b;  // no dry run in this build: dry is the constant false, folded away as before
 #endif
@@ -744,9 +743,7 @@ struct MegaMoE {
         if constexpr (!kEP) {
 #pragma unroll 1
             for (int pass = 0; pass < 2; ++pass) {
-                int opaque;
-                asm volatile("mov.b32 %0, %1;" : "=r"(opaque) : "r"(pass));
-                const bool dry = opaque == 0;
+                const bool dry = ptx::opaque(pass) == 0;
                 if (!dry) ptx::griddep_wait();  // topk_ids come from the router; the previous MoE launch is done
                 plan_body<kPlanThreads>(p, s, dry);
                 if (dry) __syncthreads();  // the real body re-zeroes the shared counters the dry one used

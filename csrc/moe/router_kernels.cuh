@@ -4,6 +4,7 @@
 // the plan); it returns true in every thread of the CTA that ran the top-k epilogue (the last to arrive).
 #pragma once
 
+#include "../common/opaque.cuh"
 #include "act_quant.cuh"
 #include "router.cuh"
 
@@ -75,9 +76,7 @@ GLM5_DEVICE bool router_splitk_body(const uint16_t* __restrict__ h, const uint16
     // epilogue, through the one call site.
 #pragma unroll 1
     for (int pass = 0; pass < 2; ++pass) {
-        int opaque;
-        asm volatile("mov.b32 %0, %1;" : "=r"(opaque) : "r"(pass));
-        const bool dry = opaque == 0;
+        const bool dry = ptx::opaque(pass) == 0;
         int tok_base = 0, valid = Tile::kWarps + 1;
         if (!dry) {
             Tile::load_weights(wr, gate, split, group, tid);
@@ -166,9 +165,7 @@ GLM5_DEVICE bool router_decode_body(const uint16_t* __restrict__ h, const uint16
                            partials, counters, num_tokens, routed_scaling};
 #pragma unroll 1
         for (int pass = 0; pass < 2; ++pass) {
-            int opaque;
-            asm volatile("mov.b32 %0, %1;" : "=r"(opaque) : "r"(pass));
-            const bool dry = opaque == 0;
+            const bool dry = ptx::opaque(pass) == 0;
             if (!dry) {
                 Tile::load_weights(w, gate, blockIdx.x, tid);  // before the wait: never written
                 ptx::griddep_launch_dependents();
