@@ -306,12 +306,29 @@ def _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, k
 
 
 def _launch(cfg: D2Config, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, q_lat,
-            pdl: bool, wait_at: int = PDL_WAIT_NATIVE, w_kc_scale: torch.Tensor | None = None) -> None:
-    """w_kc_scale given (cfg.w8): w_kc is w_kc8 (e4m3) and the W8 kernel runs."""
-    assert cfg.w8 == (w_kc_scale is not None)
+            pdl: bool, wait_at: int = PDL_WAIT_NATIVE, w_kc_scale: torch.Tensor | None = None,
+            qcat: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+    """w_kc_scale given (cfg.w8): w_kc is w_kc8 (e4m3) and the W8 kernel runs. qcat = (q_pe, pool_loc, kv_pool)
+    (cfg.qcat): q_lat is q_cat, and the q_cat build's four extra parameters follow (errors name the q_cat op)."""
+    assert cfg.w8 == (w_kc_scale is not None) and cfg.qcat == (qcat is not None)
+    fail = _fail_qcat if qcat is not None else None
     weights = {"w_kc": w_kc} if w_kc_scale is None else {"w_kc8": w_kc, "w_kc_scale": w_kc_scale}
-    _check_device({"q_nope": q_nope, "c_kv": c_kv, "k_pe": k_pe, **weights, "positions": positions,
-                   "out_cache_loc": out_cache_loc, "q_lat": q_lat}, kv_cache, w8=cfg.w8)
+    ins = {"q_nope": q_nope, "c_kv": c_kv, "k_pe": k_pe, **weights, "positions": positions,
+           "out_cache_loc": out_cache_loc, ("q_cat" if qcat is not None else "q_lat"): q_lat}
+    extra: tuple = ()
+    if qcat is not None:
+        q_pe, pool_loc, kv_pool = qcat
+        ins["q_pe"] = q_pe
+    _check_device(ins, kv_cache, w8=cfg.w8, fail=fail)
+    if qcat is not None:
+        require_aligned(_fail_qcat, {"kv_pool": kv_pool})
+        require_aligned(_fail_qcat, {"pool_loc": pool_loc}, align=8)  # read as single int64 (SGLang's out_cache_loc)
+        if _overlaps(kv_pool, kv_cache):
+            raise _fail_qcat("kv_pool overlaps kv_cache in memory (the scratch and the pool must be distinct)")
+        for name, t in {**ins, "pool_loc": pool_loc}.items():
+            if _overlaps(kv_pool, t):
+                raise _fail_qcat(f"kv_pool overlaps input {name} in memory")
+        extra = (q_pe, kv_pool, pool_loc, ctypes.c_int64(kv_pool.shape[0]))
     m, heads, _ = q_nope.shape
     if m == 0:
         return
@@ -321,7 +338,7 @@ def _launch(cfg: D2Config, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, k
     inv_freq = _inv_freq_on(q_nope.device, cfg.rope, rope_theta)
     kernel.launch((heads * cfg.n_tiles, 1, 1), (THREADS, 1, 1),
                   _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_lat,
-                               w_kc_scale),
+                               w_kc_scale) + extra,
                   smem=cfg.smem_bytes, pdl=pdl)
 
 
@@ -414,27 +431,8 @@ def _d2_absorb_kv_store_qcat(q_nope: torch.Tensor, c_kv: torch.Tensor, k_pe: tor
     check_wait_at(OP_QCAT, pdl_wait_at)
     m, heads, _ = q_nope.shape
     q_cat = torch.empty((m, heads, cfg.kv_lora + cfg.rope), dtype=torch.bfloat16, device=q_nope.device)
-    weights = {"w_kc": w_kc} if w_kc_scale is None else {"w_kc8": w_kc, "w_kc_scale": w_kc_scale}
-    ins = {"q_nope": q_nope, "c_kv": c_kv, "k_pe": k_pe, **weights, "positions": positions,
-           "out_cache_loc": out_cache_loc, "q_cat": q_cat, "q_pe": q_pe}
-    _check_device(ins, kv_cache, w8=cfg.w8, fail=_fail_qcat)
-    require_aligned(_fail_qcat, {"kv_pool": kv_pool})
-    require_aligned(_fail_qcat, {"pool_loc": pool_loc}, align=8)  # read as single int64 (SGLang's out_cache_loc)
-    ins["pool_loc"] = pool_loc
-    if _overlaps(kv_pool, kv_cache):
-        raise _fail_qcat("kv_pool overlaps kv_cache in memory (the scratch and the pool must be distinct)")
-    for name, t in ins.items():
-        if _overlaps(kv_pool, t):
-            raise _fail_qcat(f"kv_pool overlaps input {name} in memory")
-    if m == 0:
-        return q_cat
-    if pdl_wait_at != PDL_WAIT_NATIVE:
-        cfg = replace(cfg, wait_at=pdl_wait_at)
-    kernel = _kernel(cfg, q_nope.device)
-    inv_freq = _inv_freq_on(q_nope.device, cfg.rope, rope_theta)
-    args = _kernel_args(q_nope, w_kc, c_kv, k_pe, positions, out_cache_loc, inv_freq, kv_cache, q_cat, w_kc_scale)
-    kernel.launch((heads * cfg.n_tiles, 1, 1), (THREADS, 1, 1),
-                  args + (q_pe, kv_pool, pool_loc, ctypes.c_int64(kv_pool.shape[0])), smem=cfg.smem_bytes, pdl=pdl)
+    _launch(cfg, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, rope_theta, q_cat, pdl, pdl_wait_at,
+            w_kc_scale=w_kc_scale, qcat=(q_pe, pool_loc, kv_pool))
     return q_cat
 
 
