@@ -48,6 +48,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from .attn_core import BACKEND_CLASS, BACKEND_MODULE  # one definition of where SGLang's DSA backend lives
 from .decision import switch_on
 
 logger = logging.getLogger("glm5_fastpath")
@@ -58,8 +59,6 @@ ENV_SCHEDULE = "GLM5_FASTPATH_DSA_METADATA_SCHEDULE"  # refresh (default) | skip
 INDEXER_MODULE = "sglang.srt.layers.attention.dsa.dsa_indexer"
 INDEXER_CLASS = "Indexer"
 INDEXER_METHOD = "_get_topk_paged"  # the DeepGEMM schedule's only reader (SGLang 0.5.14)
-BACKEND_MODULE = "sglang.srt.layers.attention.dsa_backend"
-BACKEND_CLASS = "DeepseekSparseAttnBackend"
 METHOD = "_apply_cuda_graph_metadata"
 ORIGINAL_ATTR = "__glm5_fastpath_original__"
 METRIC = "glm5_fastpath_dsa_metadata_total"
