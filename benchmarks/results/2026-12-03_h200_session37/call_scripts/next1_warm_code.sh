@@ -11,6 +11,8 @@ DEADLINE=540
 SITE=/tmp/nosite h200_setup "$OUT/r" /dev/null .carry/jit_s38.tar.xz; export GLM5_FASTPATH_COMMIT=$C
 B="python3 -m glm5_fastpath.cli bench"
 run_tests warm 150 tests/moe/test_warm_code.py
+# D2's q_cat op again: its launch moved into ops.d2_absorb._launch after session 37's GPU run (review)
+run_tests d2-qcat 90 tests/ops/test_d2_absorb_qcat.py
 GLM5_FASTPATH_MOE_WARM_CODE=1 run_tests warm-router-decode 90 tests/ops/test_moe_router.py -k "decode or phase"
 for w in 0 1; do
   GLM5_FASTPATH_MOE_WARM_CODE=$w step router-w$w 60 $B router --out "$H200_OUT/router_w$w" --tokens 1,2,4,8 --phases
