@@ -5,8 +5,9 @@ In the engine every layer streams ~340 MB of MoE weights (batch 1) between two l
 starts cold. This probe times each op twice in CUDA-graph replays: `hot` = N launches back to back; `cold` = each launch
 right after a flush kernel that reads a buffer several times the L2 (its own time, measured alone, subtracted). cold - hot
 is what the op loses to a cold L2 and cold instruction caches: code for latency-bound ops with little data (the MegaMoE
-plan, the router's top-k epilogue), code and weights for the rest. Run it with and without GLM5_FASTPATH_MOE_WARM_CODE=1
-(the router / plan warm-up builds) to see how much of the router's and the plan's share the warm-up takes back.
+plan, the router's top-k epilogue), code and weights for the rest. (Session 38 measured it with and without a warm-up
+build that ran the router's / plan's post-wait code dry before their PDL wait: the warm-up did not pay and was removed;
+benchmarks/results/2026-12-03_h200_session38/.)
 
 Ops (--ops): router (decode router, 1 token, GLM-5 gate), router8 (split-K router, 8 tokens), a0 (add + RMSNorm + 1x128
 quant, 1 token), d2 (W_UK absorption + KV store, 1 token), moe (MegaMoE plan + persistent kernel, 1 token, 256 + 1
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -115,7 +115,7 @@ def measure(name: str, launches: int, rounds: int, flush_mb: int, torch) -> dict
 
 def render(res: dict) -> str:
     lines = [f"# Cold L2 / code cost of short ops ({res['gpu']}, {res['date']}, commit {res['commit']})", "",
-             f"GLM5_FASTPATH_MOE_WARM_CODE={res['warm_code']}; {res['launches']} launches per graph, median of "
+             f"{res['launches']} launches per graph, median of "
              f"{res['rounds']} replays; flush = a {res['flush_mb']} MB read before each cold launch, its own time "
              "subtracted (benchmarks/cold_code.py).", "",
              "| op | hot us | cold us | cold - hot us | flush us |", "|---|---:|---:|---:|---:|"]
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from glm5_fastpath.bench.meta import git_commit, utc_now
 
     res = {"gpu": torch.cuda.get_device_name(), "date": utc_now(), "commit": git_commit(),
-           "warm_code": os.environ.get("GLM5_FASTPATH_MOE_WARM_CODE", "0"), "launches": a.launches,
+           "launches": a.launches,
            "rounds": a.rounds, "flush_mb": a.flush_mb, "rows": rows}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

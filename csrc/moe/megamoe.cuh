@@ -59,7 +59,6 @@
 
 #include "../common/arch.cuh"
 #include "../common/cluster.cuh"
-#include "../common/opaque.cuh"
 #include "../common/convert.cuh"
 #include "../common/pdl.cuh"
 #include "../common/ptx_cp_async.cuh"
@@ -68,11 +67,6 @@
 #include "../common/sm90_wgmma.cuh"
 #include "../common/vec_io.cuh"
 
-// GLM5_WARM_CODE=1 (GLM5_FASTPATH_MOE_WARM_CODE=1): the plan kernel runs its body once, dry, before griddepcontrol.wait
-// (MegaMoE::plan). Unset / 0: the build of before.
-#ifndef GLM5_WARM_CODE
-#define GLM5_WARM_CODE 0
-#endif
 #ifndef GLM5_MEGAMOE_SPIN_LIMIT_CYCLES
 #define GLM5_MEGAMOE_SPIN_LIMIT_CYCLES (1ull << 34)  // ~9 s: a lost fc1_done arrival fails loudly
 #endif
@@ -550,9 +544,9 @@ struct MegaMoE {
     // Trace build only: the plan's phase boundaries as thread 0's clock64 offsets from the plan's start (cycles) in
     // ctrl[kPlanStampBase + k], k = 1..kPlanStamps-1 (ctrl[kPlanStampBase] = the start's globaltimer, low 32 bits, so
     // the plan can be placed against the persistent kernel's task stamps). The normal build compiles none of it.
-    static GLM5_DEVICE void plan_stamp(const Params& p, int k, int64_t t0, bool dry = false) {
+    static GLM5_DEVICE void plan_stamp(const Params& p, int k, int64_t t0) {
         if constexpr (kTrace) {
-            if (threadIdx.x == 0 && !dry) p.ctrl[kPlanStampBase + k] = static_cast<int32_t>(clock_cycles() - t0);
+            if (threadIdx.x == 0) p.ctrl[kPlanStampBase + k] = static_cast<int32_t>(clock_cycles() - t0);
         }
     }
 
@@ -621,21 +615,6 @@ struct MegaMoE {
             __trap();
         }
         return static_cast<int>(e);
-    }
-
-    // dry's value through an opaque move: inside a loop the compiler can then not unswitch the loop on it (two copies
-    // of the loop, the dry pass warming the wrong one).
-    static GLM5_DEVICE bool opaque_flag(bool b) {
-#if GLM5_WARM_CODE
-        return ptx::opaque(static_cast<int>(b)) != 0;
-#else
-        return b;  // no dry run in this build: dry is the constant false, folded away as before
-#endif
-    }
-
-    // The plan's dry run (GLM5_WARM_CODE): pair (t, j) -> a made-up routed expert (or the shared one), no memory read.
-    static GLM5_DEVICE int dry_expert(const Params& p, int t, int j) {
-        return j >= p.topk ? p.e_local : (t * p.num_slots + j) % max(1, p.e_local);
     }
 
     // Expert of order position q: the shared expert first (largest token count), then routed ids ascending.
@@ -735,22 +714,6 @@ struct MegaMoE {
 
     static GLM5_DEVICE void plan(const Params& p, PlanSmem& s) {
         ptx::griddep_launch_dependents();  // the persistent kernel may start its setup now
-#if GLM5_WARM_CODE
-        // The body once, dry, while the router runs: its ~40 KB of code is cold at every launch (the MoE weights
-        // streamed since the previous layer evicted it from L2), which is most of its ~5 us at 1 token (session 37).
-        // One call site in a loop the compiler may neither unroll nor peel (the pass number goes through an opaque
-        // move), so the dry pass runs the very instructions the real one runs next, not a specialised copy.
-        if constexpr (!kEP) {
-#pragma unroll 1
-            for (int pass = 0; pass < 2; ++pass) {
-                const bool dry = ptx::opaque(pass) == 0;
-                if (!dry) ptx::griddep_wait();  // topk_ids come from the router; the previous MoE launch is done
-                plan_body<kPlanThreads>(p, s, dry);
-                if (dry) __syncthreads();  // the real body re-zeroes the shared counters the dry one used
-            }
-            return;
-        }
-#endif
         ptx::griddep_wait();               // topk_ids come from the router; the previous MoE launch is done
         plan_body<kPlanThreads>(p, s);
     }
@@ -759,11 +722,8 @@ struct MegaMoE {
     // (1024 threads) and the fused router + plan kernel's last CTA (csrc/moe/router_plan.cu, 256 threads, after its
     // own griddepcontrol.wait). Outputs do not depend on kPT except the order of pairs inside an expert's list (the
     // shared-memory atomics' order), which only decides the column a pair takes in its token block.
-    // dry (GLM5_WARM_CODE's warm-up in plan(), before griddepcontrol.wait): the same instructions on made-up pairs
-    // (pair i of token t -> routed expert i % e_local, no token padding; the router may still be writing the ids) with
-    // every global store and the workspace check skipped; only shared memory is written.
     template <int kPT>
-    static GLM5_DEVICE void plan_body(const Params& p, PlanSmem& s, bool dry = false) {
+    static GLM5_DEVICE void plan_body(const Params& p, PlanSmem& s) {
         static_assert(kPT % 32 == 0 && kPT >= 64 && kPT <= kPlanThreads, "plan threads: whole warps, 64..1024");
         static_assert(!kEP || kPT == kPlanThreads, "the EP gather runs with the plan kernel's 1024 threads");
         const int tid = threadIdx.x;
@@ -772,7 +732,7 @@ struct MegaMoE {
 
         [[maybe_unused]] const int64_t t0 = kTrace ? clock_cycles() : 0;
         if constexpr (kTrace) {
-            if (tid == 0 && !dry) p.ctrl[kPlanStampBase] = static_cast<int32_t>(globaltimer_ns());
+            if (tid == 0) p.ctrl[kPlanStampBase] = static_cast<int32_t>(globaltimer_ns());
         }
         int ntok = p.num_tokens;           // tokens whose pairs are planned (kEP: every rank's)
         if constexpr (kEP) ntok = ep_gather(p);
@@ -781,22 +741,21 @@ struct MegaMoE {
         for (int e = tid; e < kMaxExperts; e += kPT) s.cnt[e] = 0, s.cursor[e] = 0;
         if (tid == 0) s.totals[0] = 0;  // "some token is padding" until the scan below reuses the word
         __syncthreads();
-        plan_stamp(p, 1, t0, dry);
+        plan_stamp(p, 1, t0);
         for (int i = tid; i < pairs; i += kPT) {
             if constexpr (kEP) {
                 if (gtok_masked(p, i / S)) continue;
                 const int e = gpair_expert(p, i / S, i % S);
                 if (e >= 0) atomicAdd(&s.cnt[e], 1);
             } else {
-                const bool d = opaque_flag(dry);  // per iteration: keeps the compiler from unswitching on dry
-                if (slot_in_launch(p, i % S) && (d || !plan_token_masked(p, i / S)))
-                    atomicAdd(&s.cnt[d ? dry_expert(p, i / S, i % S) : pair_expert(p, i / S, i % S)], 1);
+                if (slot_in_launch(p, i % S) && !plan_token_masked(p, i / S))
+                    atomicAdd(&s.cnt[pair_expert(p, i / S, i % S)], 1);
             }
         }
         for (int t = tid; t < p.num_tokens; t += kPT)
-            if (!opaque_flag(dry) && plan_token_masked(p, t)) s.totals[0] = 1;
+            if (plan_token_masked(p, t)) s.totals[0] = 1;
         __syncthreads();
-        plan_stamp(p, 2, t0, dry);
+        plan_stamp(p, 2, t0);
         // Padding tokens: zero output rows (nothing else writes them); 16-byte stores. Skipped (block-uniform) when no
         // token is padding, the decode case: the loop is M x H/8 iterations.
         if (s.totals[0] != 0) {
@@ -806,7 +765,7 @@ struct MegaMoE {
             }
         }
         __syncthreads();  // the flag word is rewritten by warp 0's scan below
-        plan_stamp(p, 3, t0, dry);
+        plan_stamp(p, 3, t0);
 
         // Warp 0: exclusive scans in order position q over pair rows (8-aligned), token blocks, active rank.
         if (tid < 32) {
@@ -841,7 +800,7 @@ struct MegaMoE {
             }
         }
         __syncthreads();
-        plan_stamp(p, 4, t0, dry);
+        plan_stamp(p, 4, t0);
         const int n_active = s.totals[2];
         const int G = max(1, p.group_size);
         const int n_groups = (n_active + G - 1) / G;
@@ -849,7 +808,7 @@ struct MegaMoE {
             if (s.rank[e] >= 0 && s.rank[e] % G == 0) s.gbb[s.rank[e] / G] = s.bb[e];
         if (tid == 0) s.gbb[n_groups] = s.totals[1];
         __syncthreads();
-        plan_stamp(p, 5, t0, dry);
+        plan_stamp(p, 5, t0);
         // Few FC1 tiles (small batches): split each in two K halves so the tail of the FC1 phase is
         // finer-grained (the second finisher adds the first one's partial and runs the epilogue).
         const int split = kBN <= kSplitMaxBN && s.totals[1] * kT1 <= p.split_max_tiles ? 2 : 1;
@@ -870,8 +829,8 @@ struct MegaMoE {
                 cur += (s.gbb[n_groups] - s.gbb[n_groups - 1]) * kT2;
             }
             s.totals[3] = cur;
-            if (!dry && (s.totals[0] > p.pairs_cap || cur > p.tasks_cap || s.totals[1] > p.blocks_cap ||
-                         s.totals[1] > kMaxBlocks)) {
+            if (s.totals[0] > p.pairs_cap || cur > p.tasks_cap || s.totals[1] > p.blocks_cap ||
+                s.totals[1] > kMaxBlocks) {
                 printf("glm5 megamoe: workspace too small: rows %d > %d or tasks %d > %d or blocks %d > %d\n",
                        s.totals[0], p.pairs_cap, cur, p.tasks_cap, s.totals[1], p.blocks_cap);
                 __trap();
@@ -879,7 +838,7 @@ struct MegaMoE {
         }
         __syncthreads();
 
-        plan_stamp(p, 6, t0, dry);
+        plan_stamp(p, 6, t0);
         // Pair lists (order within an expert is the atomics' order: it only decides which columns of a
         // token block a pair lands in; every column is computed independently, so results do not depend on it).
         for (int i = tid; i < pairs; i += kPT) {
@@ -896,15 +855,14 @@ struct MegaMoE {
                 if (p.ep_mode)  // mode B: tell the source where (rank, pair row) its slot (tl, j) will be
                     sym_ptr<int32_t>(p, src, p.sym_loc)[static_cast<int64_t>(tl) * S + j] = p.rank << 24 | (s.off[e] + pos);
             } else {
-                const bool d = opaque_flag(dry);
-                if (!slot_in_launch(p, j) || (!d && plan_token_masked(p, t))) continue;
-                const int e = d ? dry_expert(p, t, j) : pair_expert(p, t, j);
+                if (!slot_in_launch(p, j) || plan_token_masked(p, t)) continue;
+                const int e = pair_expert(p, t, j);
                 const int pos = atomicAdd(&s.cursor[e], 1);
-                if (!d) p.pair_list[s.off[e] + pos] = encode_pair(t, j);
+                p.pair_list[s.off[e] + pos] = encode_pair(t, j);
             }
         }
         if constexpr (kTrace) __syncthreads();  // (trace build: the stamp covers every thread's phase)
-        plan_stamp(p, 7, t0, dry);
+        plan_stamp(p, 7, t0);
         // Tasks: one warp per active expert; FC1 (rt, b) and FC2 (rt, b) with the token block innermost,
         // so the blocks of one weight tile are claimed back to back (the second reads it from L2).
         const int warp = tid >> 5, lane = tid & 31;
@@ -916,20 +874,15 @@ struct MegaMoE {
             const int s1 = s.f1s[g] + within * kT1 * split;
             for (int i = lane; i < nb * kT1 * split; i += 32) {
                 const int h = i % split, rb = i / split;  // (rt, b, half), half innermost
-                const int32_t task = encode_task(0, e, rb / nb, rb % nb, split - 1, h);
-                if (!opaque_flag(dry)) p.tasks[s1 + i] = task;
+                p.tasks[s1 + i] = encode_task(0, e, rb / nb, rb % nb, split - 1, h);
             }
             if (!fc1_only) {
                 const int s2 = s.f2s[g] + within * kT2;
-                for (int i = lane; i < nb * kT2; i += 32) {
-                    const int32_t task = encode_task(1, e, i / nb, i % nb);
-                    if (!opaque_flag(dry)) p.tasks[s2 + i] = task;
-                }
+                for (int i = lane; i < nb * kT2; i += 32) p.tasks[s2 + i] = encode_task(1, e, i / nb, i % nb);
             }
         }
         if constexpr (kTrace) __syncthreads();
-        plan_stamp(p, 8, t0, dry);
-        if (dry) return;  // the rest is global stores only (the dry run's caller synchronises the CTA)
+        plan_stamp(p, 8, t0);
         for (int i = tid; i < s.totals[1]; i += kPT) p.fc1_done[i] = 0;
         for (int e = tid; e < kMaxExperts; e += kPT) {
             const bool in = e < E;
@@ -951,7 +904,7 @@ struct MegaMoE {
             if (tid == 0) p.ctrl[4] = s.totals[0], p.ctrl[5] = 0, p.ctrl[6] = 0;
         }
         if constexpr (kTrace) __syncthreads();
-        plan_stamp(p, 9, t0, dry);
+        plan_stamp(p, 9, t0);
     }
 
     // ================================ persistent kernel ================================================

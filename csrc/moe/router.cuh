@@ -104,10 +104,8 @@ struct RouterTile {
     // All 256 threads call this for one (split, group, token tile); needs tile * 32 < M. Returns true in every thread
     // of the CTA that ran the tile's top-k epilogue (its ids / weights are then written and visible to this CTA after
     // a CTA barrier: the fused router + MoE plan kernel, router_plan.cu, plans there).
-    // epilogue = false: return whether this CTA is the tile's last arrival without running the epilogue (the warm-up
-    // build's caller runs it from its own single call site, router_kernels.cuh).
     static GLM5_DEVICE bool run(const Weights& wr, const RouterPtrs& p, int split, int group, int tile, float* scratch,
-                                int tid, bool epilogue = true) {
+                                int tid) {
         const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         const int tok_base = tile * kTokTile;
         const int valid = min(kTokTile, p.num_tokens - tok_base);  // >= 1
@@ -208,7 +206,6 @@ struct RouterTile {
             ptx::named_barrier_sync<kBarrierId, kThreads>();
         }
         GLM5_ROUTER_MARK(3);
-        if (!epilogue) return true;
         topk_epilogue(p, tok_base, valid, warp, lane);
         GLM5_ROUTER_MARK(4);
         return true;
@@ -258,17 +255,14 @@ struct RouterTile {
     // tokens' chains interleave. (The loop it replaced took ~4.5 us of one warp per token: data-dependent
     // branches around every shuffle; router bench, H200 2026-11-30.) Output: w = s / (sum + eps), sum in
     // selection order, s the unbiased sigmoid score.
-    // dry (GLM5_WARM_CODE's warm-up before griddepcontrol.wait): the same instructions on logits row 0 (any values,
-    // even a row being written: nothing is indexed by them) with every global store skipped, so the winning CTA later
-    // runs this code from a warm instruction cache.
     template <int kT>
     static GLM5_DEVICE void topk_pass(const RouterPtrs& p, int64_t tok0, int stride, const float (&bias)[kPerLane],
-                                      int lane, bool dry = false) {
+                                      int lane) {
         float score[kT][kPerLane];
         uint64_t key[kT][kPerLane];
 #pragma unroll
         for (int u = 0; u < kT; ++u) {
-            const int64_t tok = dry ? 0 : tok0 + static_cast<int64_t>(u) * stride;
+            const int64_t tok = tok0 + static_cast<int64_t>(u) * stride;
 #pragma unroll
             for (int j = 0; j < kPerLane; ++j) {
                 const int e = lane + 32 * j;
@@ -317,7 +311,7 @@ struct RouterTile {
                 my_s[u] = lane == r ? ws : my_s[u];
             }
         }
-        if (lane < kTopK && !dry) {
+        if (lane < kTopK) {
 #pragma unroll
             for (int u = 0; u < kT; ++u) {
                 const int64_t tok = tok0 + static_cast<int64_t>(u) * stride;
@@ -332,10 +326,8 @@ struct RouterTile {
     // Warp w takes tokens w, w + kWarps, ... of [tok_base, tok_base + valid), kMaxPass (1 or 2) of them per pass
     // while it has that many left. 2 in the split-K kernel (4 needed 148 registers: one CTA per SM), 1 in the
     // decode kernel (85-register cap, 3 CTAs per SM).
-    // dry: topk_pass's warm-up form (no stores).
     template <int kMaxPass = 2>
-    static GLM5_DEVICE void topk_epilogue(const RouterPtrs& p, int tok_base, int valid, int warp, int lane,
-                                          bool dry = false) {
+    static GLM5_DEVICE void topk_epilogue(const RouterPtrs& p, int tok_base, int valid, int warp, int lane) {
         static_assert(kMaxPass == 1 || kMaxPass == 2, "pass sizes 1, 2");
         float bias[kPerLane];
 #pragma unroll
@@ -347,10 +339,10 @@ struct RouterTile {
         while (tk < valid) {
             const int left = (valid - tk + kWarps - 1) / kWarps;  // warp-uniform
             if (kMaxPass == 2 && left >= 2) {
-                topk_pass<kMaxPass>(p, tok_base + tk, kWarps, bias, lane, dry);
+                topk_pass<kMaxPass>(p, tok_base + tk, kWarps, bias, lane);
                 tk += 2 * kWarps;
             } else {
-                topk_pass<1>(p, tok_base + tk, kWarps, bias, lane, dry);
+                topk_pass<1>(p, tok_base + tk, kWarps, bias, lane);
                 tk += kWarps;
             }
         }
@@ -428,10 +420,8 @@ struct RouterDecodeTile {
     // `arrivals` = every CTA of the grid (the last one runs the top-k of all M tokens). Per token the summation
     // order does not depend on the slice: the logits are bitwise those of a one-slice launch. Returns true in the
     // CTA that ran the top-k epilogue (as RouterTile::run).
-    // epilogue = false: return whether this CTA arrived last without running the epilogue (the warm-up build's caller
-    // runs it from its own single call site, router_kernels.cuh).
     static GLM5_DEVICE bool run(const Weights& w, const RouterPtrs& p, int cta, float* scratch, int tid, int m0 = 0,
-                                int m1 = -1, int arrivals = kCtas, bool epilogue = true) {
+                                int m1 = -1, int arrivals = kCtas) {
         const int warp = tid >> 5, lane = tid & 31;
         const int el = warp % kEpc, part = warp / kEpc;
         const int m_n = m1 < 0 ? p.num_tokens : m1;
@@ -472,7 +462,6 @@ struct RouterDecodeTile {
         GLM5_ROUTER_MARK(2);
         if (!Base::arrive_last(p.counters + kCounter, arrivals, scratch, tid)) return false;
         GLM5_ROUTER_MARK(3);
-        if (!epilogue) return true;
         Base::template topk_epilogue<1>(p, 0, p.num_tokens, warp, lane);
         GLM5_ROUTER_MARK(4);
         return true;

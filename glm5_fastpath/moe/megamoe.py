@@ -263,11 +263,9 @@ class MegaMoEConfig:
         return num_sms - num_sms % 2 if self.pair else num_sms
 
     def spec(self, hidden: int, inter: int, ep: bool = False) -> KernelSpec:
-        """ep: the expert-parallel build of this config (moe/ep/kernel.py; pool builds only). The plan kernel's
-        warm-up build (GLM5_FASTPATH_MOE_WARM_CODE=1, read here) for single-GPU builds."""
-        warm = env.flag("GLM5_FASTPATH_MOE_WARM_CODE") and not ep
+        """ep: the expert-parallel build of this config (moe/ep/kernel.py; pool builds only)."""
         return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences, self.pool, self.diag,
-                           self.token_major, ep, self.pair, warm)
+                           self.token_major, ep, self.pair)
 
     @property
     def name(self) -> str:
@@ -296,7 +294,7 @@ class MegaMoEConfig:
 @functools.lru_cache(maxsize=None)
 def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
                 pool: bool = False, diag: int = 0, token_major: bool = False, ep: bool = False,
-                pair: bool = False, warm: bool = False) -> KernelSpec:
+                pair: bool = False) -> KernelSpec:
     defines = (("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
                ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages)))
     if lean_fences:  # absent otherwise: the default build's cache key and cubin are unchanged
@@ -313,8 +311,6 @@ def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences:
         defines += (("GLM5_MEGAMOE_EP", "1"),)
     if pair:
         defines += (("GLM5_MEGAMOE_PAIR", "1"),)
-    if warm:  # the plan kernel's dry warm-up before its PDL wait (megamoe.cuh MegaMoE::plan)
-        defines += (("GLM5_WARM_CODE", "1"),)
     return KernelSpec(FUNCTION, source=SOURCE, defines=defines, functions=(FUNCTION, PLAN_FUNCTION))
 
 
@@ -1035,10 +1031,8 @@ DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed
 
 def trace_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
                pool: bool = False, diag: int = 0, token_major: bool = False, pair: bool = False) -> KernelSpec:
-    """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace; the plan's
-    warm-up too under GLM5_FASTPATH_MOE_WARM_CODE=1 (its phase stamps then time the warm body)."""
-    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool, diag, token_major, pair=pair,
-                       warm=env.flag("GLM5_FASTPATH_MOE_WARM_CODE"))
+    """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace."""
+    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool, diag, token_major, pair=pair)
     return KernelSpec(TRACE_FUNCTION, source=SOURCE, defines=tuple(base.defines) + (("GLM5_MEGAMOE_TRACE", "1"),),
                       functions=(TRACE_FUNCTION, PLAN_FUNCTION))
 

@@ -147,12 +147,9 @@ class RouterConfig:
 
     @functools.cached_property
     def spec(self) -> KernelSpec:
-        """GLM5_FASTPATH_MOE_WARM_CODE=1 (read when first built): the decode kernel's dry top-k warm-up before its PDL
-        wait (router_kernels.cuh GLM5_WARM_CODE)."""
-        warm = (("GLM5_WARM_CODE", "1"),) if env.flag("GLM5_FASTPATH_MOE_WARM_CODE") else ()
         return KernelSpec(FUNCTION, source=SOURCE, functions=(FUNCTION, FUNCTION_DECODE),
                           defines=(("GLM5_ROUTER_HIDDEN", str(self.hidden)), ("GLM5_ROUTER_EXPERTS", str(self.experts)),
-                                   ("GLM5_ROUTER_TOPK", str(self.topk))) + warm)
+                                   ("GLM5_ROUTER_TOPK", str(self.topk))))
 
     @functools.cached_property
     def phase_spec(self) -> KernelSpec:

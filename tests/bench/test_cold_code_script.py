@@ -31,11 +31,11 @@ def test_bad_numbers(probe):
 
 
 def test_render(probe):
-    res = {"gpu": "G", "date": "D", "commit": "c", "warm_code": "1", "launches": 20, "rounds": 5, "flush_mb": 512,
+    res = {"gpu": "G", "date": "D", "commit": "c", "launches": 20, "rounds": 5, "flush_mb": 512,
            "rows": [{"op": "router", "hot_us": 7.0, "cold_us": 10.5, "cold_minus_hot_us": 3.5, "flush_us": 130.0}]}
     md = probe.render(res)
     assert md.startswith("# Cold L2 / code cost of short ops (G, D, commit c)")
-    assert "| router | 7.00 | 10.50 | 3.50 | 130.0 |" in md and "GLM5_FASTPATH_MOE_WARM_CODE=1" in md
+    assert "| router | 7.00 | 10.50 | 3.50 | 130.0 |" in md and "20 launches per graph" in md
 
 
 def test_no_gpu_exits_2(probe, monkeypatch, tmp_path):
