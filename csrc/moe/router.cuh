@@ -48,6 +48,10 @@
 #ifndef GLM5_ROUTER_MARK
 #define GLM5_ROUTER_MARK(i) ((void)0)
 #endif
+// GLM5_ROUTER_TOPK_ROUNDS=1 (diagnostic): the top-k epilogue's round loop instead of the bitonic merge (topk_pass).
+#ifndef GLM5_ROUTER_TOPK_ROUNDS
+#define GLM5_ROUTER_TOPK_ROUNDS 0
+#endif
 
 namespace glm5 {
 namespace moe {
@@ -250,11 +254,79 @@ struct RouterTile {
     }
     static GLM5_DEVICE uint64_t umax64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
-    // Top-k of kT tokens at once, one warp (lane L holds experts L + 32j): kTopK rounds of (per-lane max key ->
-    // warp butterfly max -> the owner zeroes the winner's key). Branch-free selects throughout, and the kT
-    // tokens' chains interleave. (The loop it replaced took ~4.5 us of one warp per token: data-dependent
-    // branches around every shuffle; router bench, H200 2026-11-30.) Output: w = s / (sum + eps), sum in
-    // selection order, s the unbiased sigmoid score.
+    // Per-lane list lengths of the bitonic top-k: kLocal keys per lane (kPerLane padded to a power of two), kList the
+    // merged list (kTopK padded to a power of two).
+    static constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
+    static constexpr int kLocal = pow2_at_least(kPerLane);
+    static constexpr int kList = pow2_at_least(kTopK);
+
+    // Compare-exchange on keys: a gets the larger, b the smaller (keys are distinct but for the 0 padding).
+    static GLM5_DEVICE void cx_desc(uint64_t& a, uint64_t& b) {
+        const bool swap = a < b;
+        const uint64_t hi = swap ? b : a;
+        b = swap ? a : b;
+        a = hi;
+    }
+
+    // The selected keys of kT tokens, in selection order (descending key), in every lane: the classic warp top-k by
+    // bitonic merging. Each lane sorts its kPerLane keys (a bitonic sorting network, padded with 0 keys to kLocal),
+    // keeps its top kList, then 5 butterfly steps (xor 1, 2, 4, 8, 16) each merge the lane's sorted list with its
+    // partner's: c_i = max(a_i, b_{kList-1-i}) holds the top kList of both (a bitonic sequence), a half-cleaner
+    // network sorts it. Both partners hold the same multiset, hence the same sorted list; after the 5 steps every
+    // lane holds the warp's top kList. Why: the round loop it replaced (kTopK rounds of a per-lane max, a 5-shuffle
+    // max and the owner zeroing its key) is a serial chain of ~kTopK x 6 dependent shuffles: 3.5-4 us of the winning
+    // router CTA at 1 token even with its code warm (H200 phase marks, session 38); this is 5 dependent exchanges.
+    // The keys are unique (id in the low word), so the list, and everything derived from it, equals the round loop's.
+    template <int kT>
+    static GLM5_DEVICE void topk_keys(uint64_t (&key)[kT][kPerLane], uint64_t (&top)[kT][kList]) {
+#pragma unroll
+        for (int u = 0; u < kT; ++u) {
+            uint64_t x[kLocal];
+#pragma unroll
+            for (int j = 0; j < kLocal; ++j) x[j] = j < kPerLane ? key[u][j] : 0ull;
+            // bitonic sort of x, descending (blocks with (i & k) == 0 descending, the others ascending)
+#pragma unroll
+            for (int k = 2; k <= kLocal; k <<= 1) {
+#pragma unroll
+                for (int j = k >> 1; j > 0; j >>= 1) {
+#pragma unroll
+                    for (int i = 0; i < kLocal; ++i) {
+                        const int l = i ^ j;
+                        if (l > i) {
+                            if ((i & k) == 0) cx_desc(x[i], x[l]);
+                            else cx_desc(x[l], x[i]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kList; ++i) top[u][i] = i < kLocal ? x[i] : 0ull;
+        }
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+#pragma unroll
+            for (int u = 0; u < kT; ++u) {
+                uint64_t other[kList];
+#pragma unroll
+                for (int i = 0; i < kList; ++i) other[i] = __shfl_xor_sync(0xffffffffu, top[u][i], off);
+#pragma unroll
+                for (int i = 0; i < kList; ++i) top[u][i] = umax64(top[u][i], other[kList - 1 - i]);
+#pragma unroll
+                for (int j = kList >> 1; j > 0; j >>= 1) {
+#pragma unroll
+                    for (int i = 0; i < kList; ++i) {
+                        const int l = i ^ j;
+                        if (l > i) cx_desc(top[u][i], top[u][l]);
+                    }
+                }
+            }
+        }
+    }
+
+    // Top-k of kT tokens at once, one warp (lane L holds experts L + 32j): the keys' top kTopK (topk_keys), then lane
+    // r < kTopK fetches the r-th winner's score from its owner lane, and every lane sums the kTopK scores in selection
+    // order. Output: w = s / (sum + eps), s the unbiased sigmoid score. GLM5_ROUTER_TOPK_ROUNDS=1 (a diagnostic build
+    // for A/B and bitwise tests) selects the round loop topk_keys replaced.
     template <int kT>
     static GLM5_DEVICE void topk_pass(const RouterPtrs& p, int64_t tok0, int stride, const float (&bias)[kPerLane],
                                       int lane) {
@@ -279,6 +351,7 @@ struct RouterTile {
         }
         int my_id[kT];
         float my_s[kT], sum[kT];
+#if GLM5_ROUTER_TOPK_ROUNDS
 #pragma unroll
         for (int u = 0; u < kT; ++u) my_id[u] = 0, my_s[u] = 0.0f, sum[u] = 0.0f;
 #pragma unroll 1
@@ -311,6 +384,29 @@ struct RouterTile {
                 my_s[u] = lane == r ? ws : my_s[u];
             }
         }
+#else
+        uint64_t top[kT][kList];
+        topk_keys<kT>(key, top);
+#pragma unroll
+        for (int u = 0; u < kT; ++u) {
+            uint64_t mine = top[u][0];  // lane r < kTopK: the r-th winner (others: any, unused)
+#pragma unroll
+            for (int r = 1; r < kTopK; ++r) mine = lane == r ? top[u][r] : mine;
+            my_id[u] = static_cast<int>(~static_cast<uint32_t>(mine));
+            // the winner's score from its owner: lane id & 31, slot id >> 5 (one shuffle per slot, the slot selected)
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kPerLane; ++j) {
+                const float v = __shfl_sync(0xffffffffu, score[u][j], my_id[u] & 31);
+                s = (my_id[u] >> 5) == j ? v : s;
+            }
+            my_s[u] = s;
+            float acc = 0.0f;  // selection order, from 0 (as the round loop's running sum)
+#pragma unroll
+            for (int r = 0; r < kTopK; ++r) acc += __shfl_sync(0xffffffffu, s, r);
+            sum[u] = acc;
+        }
+#endif
         if (lane < kTopK) {
 #pragma unroll
             for (int u = 0; u < kT; ++u) {

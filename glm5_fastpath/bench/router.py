@@ -13,11 +13,14 @@ ids, as sets per token; near-ties may differ) and our logits' max relative error
 --phases: also one launch of each of our kernels per M in the phase-mark build (ops.moe_router.phase_build: %globaltimer
 per CTA at entry, past griddepcontrol.wait, part stored, won the last arrival, top-k done), summarised by
 moe_router.phase_summary: where the router's microseconds go (standalone launches: no PDL predecessor to wait for).
+--topk-rounds: also both kernels in the GLM5_ROUTER_TOPK_ROUNDS build (ops.moe_router.topk_rounds_build: the top-k
+epilogue's round loop that the bitonic merge replaced), timed (and, with --phases, phase-marked) in the same run.
 Output: OUT/router.json, OUT/router.md.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -34,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--phases", action="store_true",
                    help="also one launch per kernel and M in the phase-mark build (where the time goes)")
+    p.add_argument("--topk-rounds", action="store_true",
+                   help="also the round-loop top-k build of both kernels (A/B against the default bitonic merge)")
 
 
 def parse_tokens(s: str) -> list[int]:
@@ -81,6 +86,11 @@ def _stock(cfg) -> tuple[Callable, str]:
         return stock, f"ref.moe.route in PyTorch (sglang's GPU top-k not importable: {type(e).__name__})"
 
 
+def _in_rounds_build(R, fn: Callable, h):
+    with R.topk_rounds_build():
+        return fn(h)
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -108,6 +118,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         paths: dict[str, Callable] = {"split": lambda h: R.moe_route(h, gate, bias, cfg, decode=False)}
         if m <= R.DECODE_MAX_TOKENS:
             paths["decode"] = lambda h: R.moe_route(h, gate, bias, cfg, decode=True)
+        if getattr(a, "topk_rounds", False):
+            for name in [n for n in paths]:
+                paths[f"{name}_rounds"] = lambda h, fn=paths[name]: _in_rounds_build(R, fn, h)
         paths["stock"] = lambda h: stock(h, gate, bias)
         for name, fn in paths.items():
             try:
@@ -128,9 +141,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             if m <= R.DECODE_MAX_TOKENS:
                 kernels.append(("decode", True, R.FUNCTION_DECODE,
                                 rcfg.decode_ctas * -(-m // R.decode_tokens_per_cta(m))))
+            if getattr(a, "topk_rounds", False):
+                kernels += [(f"{k[0]}_rounds", *k[1:]) for k in kernels]
             for name, decode, function, ctas in kernels:
                 try:
-                    with R.phase_build():
+                    with R.phase_build(), (R.topk_rounds_build() if name.endswith("_rounds")
+                                           else contextlib.nullcontext()):
                         for _ in range(2):  # the second launch is read: the first loads the cubin's code
                             R.reset_phases(rcfg, dev, function)
                             R.moe_route(hs[0], gate, bias, cfg, decode=decode)
@@ -158,7 +174,17 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {r['M']} | {f(r.get('floor_us'))} | {f(r.get('split_us'))} | {f(r.get('decode_us'))} | "
                      f"{f(r.get('stock_us'))} | {f(r.get('split_over_decode'))} | {f(r.get('split_ids_agree'), 3)} / "
                      f"{f(r.get('decode_ids_agree'), 3)} / {f(r.get('stock_ids_agree'), 3)} |")
-    ph = [(r["M"], name, r[f"{name}_phases"]) for r in res.get("rows", []) for name in ("split", "decode")
+    if any(r.get("split_rounds_us") or r.get("decode_rounds_us") for r in res.get("rows", [])):
+        lines += ["", "Top-k epilogue A/B, same run: the default build (bitonic merge) against the round-loop build "
+                  "(GLM5_ROUTER_TOPK_ROUNDS); ids agree as above.", "",
+                  "| M | split us | split rounds us | decode us | decode rounds us | ids agree split / decode rounds |",
+                  "|---:|---:|---:|---:|---:|---|"]
+        for r in res.get("rows", []):
+            lines.append(f"| {r['M']} | {f(r.get('split_us'))} | {f(r.get('split_rounds_us'))} | "
+                         f"{f(r.get('decode_us'))} | {f(r.get('decode_rounds_us'))} | "
+                         f"{f(r.get('split_rounds_ids_agree'), 3)} / {f(r.get('decode_rounds_ids_agree'), 3)} |")
+    ph = [(r["M"], name, r[f"{name}_phases"]) for r in res.get("rows", [])
+          for name in ("split", "decode", "split_rounds", "decode_rounds")
           if isinstance(r.get(f"{name}_phases"), dict) and r[f"{name}_phases"].get("ctas")]
     if ph:
         lines += ["", "Phase marks (one standalone launch each, the phase-mark build; us from the first CTA's entry): "

@@ -30,6 +30,7 @@ Flags accept 1/true/yes/on and 0/false/no/off/empty (case-insensitive); anything
 | `GLM5_FASTPATH_MRTP_CLAIM_LEAD_US` | 1.5 | MegaRTP plans with the `dynamic` scheduler (the CTAs claim instructions from one list at run time): claim the next instruction this many us before the current one's estimated end; `ready`: as soon as it has its inputs; `done`: when it is done. Read when a plan is built (`bench --claim-lead`). |
 | `GLM5_FASTPATH_MRTP_CLAIM_TERMS` | run | What that estimated end includes: `run` the cost model's run time, `cold` + its first-of-a-run cost, `finish` + its split-K group's finish (session 23: `run` fastest). |
 | `GLM5_FASTPATH_MRTP_W_EVICT_FIRST` | 1 | The MegaRTP megakernel's weight loads (GEMM families B0 / B1 / D1 / D0, D2's W_UK) carry an L2 evict-first hint, so the ~70 MB of weights streamed per step do not push the kernel's code and the step's activations out of L2 (session 22: 87 -> 66 us at 1 token, 113 -> 92 at 16). 0: plain loads. Changes the kernel build (set it before the first plan runs). |
+| `GLM5_FASTPATH_ROUTER_TOPK_ROUNDS` | 0 | 1: the MoE router kernels (`ops.moe_router`, split-K and decode) select with the top-k epilogue's round loop (kTopK rounds of a warp max) instead of the default bitonic merge; the same ids and weights bit for bit, for A/B measurements (`bench router --topk-rounds` times both in one run). Read when a router kernel is first loaded. |
 """
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ _VARS: tuple[EnvVar, ...] = (
     EnvVar("GLM5_FASTPATH_MRTP_GEMM_STAGES", "text", "", "MegaRTP megakernel GEMM weight stages 4..8 (unset: 6)."),
     EnvVar("GLM5_FASTPATH_MRTP_E1_EVICT_FIRST", "flag", "0",
            "MegaRTP megakernel: E1's index-K cache pages with an L2 evict-first hint."),
+    EnvVar("GLM5_FASTPATH_ROUTER_TOPK_ROUNDS", "flag", "0",
+           "MoE router kernels: the top-k round loop instead of the bitonic merge (A/B; same outputs)."),
     EnvVar("GLM5_FASTPATH_W_EVICT_FIRST", "text", "auto",
            "Standalone FP8 GEMMs and D2: evict-first weight loads (auto: M <= 16; 1 always; 0 never)."),
     EnvVar("GLM5_FASTPATH_MRTP_CLAIM_LEAD_US", "text", "1.5",

@@ -154,8 +154,17 @@ class RouterConfig:
     @functools.cached_property
     def phase_spec(self) -> KernelSpec:
         """The diagnostic build with per-CTA phase marks (GLM5_ROUTER_PHASES; phase_build / read_phases)."""
+        return self.variant_spec(phases=True)
+
+    def variant_spec(self, phases: bool = False, rounds: bool = False) -> KernelSpec:
+        """Diagnostic builds: phases = per-CTA phase marks (GLM5_ROUTER_PHASES); rounds = the top-k epilogue's round
+        loop instead of the bitonic merge (GLM5_ROUTER_TOPK_ROUNDS, router.cuh topk_pass), for A/B and bitwise tests."""
+        extra = (("GLM5_ROUTER_PHASES", "1"),) if phases else ()
+        extra += (("GLM5_ROUTER_TOPK_ROUNDS", "1"),) if rounds else ()
+        if not extra:
+            return self.spec
         return KernelSpec(FUNCTION, source=SOURCE, functions=(FUNCTION, FUNCTION_DECODE),
-                          defines=self.spec.defines + (("GLM5_ROUTER_PHASES", "1"),))
+                          defines=self.spec.defines + extra)
 
 
 def _fail(msg: str) -> ValueError:
@@ -275,17 +284,20 @@ def _workspace(cfg: RouterConfig, device: torch.device) -> _Workspace:
 
 
 def _kernel(cfg: RouterConfig, device: torch.device, function: str = FUNCTION, phases: bool | None = None):
-    """phases None: this thread's phase_build setting."""
+    """phases None: this thread's phase_build setting; the top-k variant: this thread's topk_rounds_build setting or
+    GLM5_FASTPATH_ROUTER_TOPK_ROUNDS=1."""
     idx = _device_index(device)
     ph = bool(getattr(_phase, "on", False)) if phases is None else phases
-    k = _kernels.get((cfg, idx, function + ("+phases" if ph else "")))
+    rounds = bool(getattr(_phase, "rounds", False)) or env.flag("GLM5_FASTPATH_ROUTER_TOPK_ROUNDS")
+    tag = function + ("+phases" if ph else "") + ("+rounds" if rounds else "")
+    k = _kernels.get((cfg, idx, tag))
     if k is None:
         env.print_config("moe_router", {"H": cfg.hidden, "experts": cfg.experts, "topk": cfg.topk},
                          {"threads": THREADS, "k_chunk": K_CHUNK, "splits": cfg.splits, "groups": cfg.groups,
                           "tok_tile": TOK_TILE, "grid": f"({cfg.splits}, {cfg.groups}, ceil(M/{TOK_TILE}))"})
         from ..jit.runtime import get_kernel
-        k = get_kernel(cfg.phase_spec if ph else cfg.spec, function, device=torch.device("cuda", idx))
-        _kernels[(cfg, idx, function + ("+phases" if ph else ""))] = k
+        k = get_kernel(cfg.variant_spec(phases=ph, rounds=rounds), function, device=torch.device("cuda", idx))
+        _kernels[(cfg, idx, tag)] = k
     return k
 
 
@@ -308,6 +320,20 @@ class phase_build:
 
     def __exit__(self, *exc: object) -> None:
         _phase.on = self._prev
+
+
+class topk_rounds_build:
+    """Context manager (diagnostics): router launches of this thread inside run the GLM5_ROUTER_TOPK_ROUNDS build, the
+    top-k epilogue's round loop that the bitonic merge replaced (same ids, weights, logits: the GPU tests check it
+    bitwise; `glm5-fastpath bench router --topk-rounds` times it against the default). Composes with phase_build."""
+
+    def __enter__(self) -> "topk_rounds_build":
+        self._prev = getattr(_phase, "rounds", False)
+        _phase.rounds = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _phase.rounds = self._prev
 
 
 def reset_phases(cfg: RouterConfig, device=None, function: str = FUNCTION_DECODE) -> None:

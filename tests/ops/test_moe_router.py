@@ -158,6 +158,94 @@ def _emulate_epilogue(logits: torch.Tensor, bias: torch.Tensor, k: int):
     return torch.tensor(ids, dtype=torch.int32), s / (tot + 1e-20)
 
 
+def _pow2_at_least(n: int) -> int:
+    return 1 if n <= 1 else 2 * _pow2_at_least((n + 1) // 2)
+
+
+def _cx_desc(x: list, a: int, b: int) -> None:
+    if x[a] < x[b]:
+        x[a], x[b] = x[b], x[a]
+
+
+def _emulate_bitonic_epilogue(logits: torch.Tensor, bias: torch.Tensor, k: int):
+    """Python mirror of RouterTile::topk_keys + topk_pass (the default build): each lane sorts its keys with the same
+    bitonic network (0-padded to a power of two) and keeps its top kList; five butterfly steps merge partner lists
+    (c_i = max(a_i, b_{L-1-i}), then the half-cleaner); lane r takes the r-th key, its score from lane id & 31, slot
+    id >> 5; the sum in selection order from 0."""
+    E = logits.shape[0]
+    per_lane = -(-E // 32)
+    n_local, n_list = _pow2_at_least(per_lane), _pow2_at_least(k)
+    score = torch.sigmoid(logits)
+    choice = score + bias
+    top = []
+    for lane in range(32):
+        x = [_select_key(float(choice[lane + 32 * j]), lane + 32 * j) if j < per_lane and lane + 32 * j < E else 0
+             for j in range(n_local)]
+        kk = 2
+        while kk <= n_local:
+            j = kk >> 1
+            while j:
+                for i in range(n_local):
+                    lo = i ^ j
+                    if lo > i:
+                        if i & kk == 0:
+                            _cx_desc(x, i, lo)
+                        else:
+                            _cx_desc(x, lo, i)
+                j >>= 1
+            kk <<= 1
+        top.append([x[i] if i < n_local else 0 for i in range(n_list)])
+    off = 1
+    while off < 32:
+        new = []
+        for lane in range(32):
+            a, b = top[lane], top[lane ^ off]
+            c = [max(a[i], b[n_list - 1 - i]) for i in range(n_list)]
+            j = n_list >> 1
+            while j:
+                for i in range(n_list):
+                    if i ^ j > i:
+                        _cx_desc(c, i, i ^ j)
+                j >>= 1
+            new.append(c)
+        top = new
+        off <<= 1
+    assert all(t == top[0] for t in top), "every lane must end with the same list"
+    assert top[0] == sorted(top[0], reverse=True), "the merged list is sorted"
+    ids = [~top[0][r] & 0xFFFFFFFF for r in range(k)]
+    ss = [float(score[i]) for i in ids]  # lane id & 31, slot id >> 5 holds expert id's score
+    tot = torch.zeros((), dtype=torch.float32)
+    for v in ss:
+        tot = tot + torch.tensor(v, dtype=torch.float32)
+    s = torch.tensor(ss, dtype=torch.float32)
+    return torch.tensor(ids, dtype=torch.int32), s / (tot + 1e-20)
+
+
+@pytest.mark.parametrize("E, k", [(256, 8), (16, 4), (64, 6), (256, 1), (40, 3), (1024, 32)])
+def test_bitonic_epilogue_equals_the_round_loop(E, k):
+    """The default build's bitonic merge selects the same ids in the same order as the round loop (the diagnostic
+    GLM5_ROUTER_TOPK_ROUNDS build), so the weights are bitwise the same: random rows, exact ties, negative choices."""
+    torch.manual_seed(E * 31 + k)
+    for trial in range(6):
+        logits = torch.randn(E) * 2
+        bias = (torch.randn(E) * 0.01).float() - (torch.rand(E) * 1.2 if trial >= 3 else 0.0)
+        if trial % 2:
+            logits[:: max(1, E // 8)] = 20.0
+            bias[:: max(1, E // 8)] = 0.0
+        a_ids, a_w = _emulate_bitonic_epilogue(logits, bias, k)
+        b_ids, b_w = _emulate_epilogue(logits, bias, k)
+        assert a_ids.tolist() == b_ids.tolist(), (trial, a_ids.tolist(), b_ids.tolist())
+        assert torch.equal(a_w, b_w)
+
+
+def test_bitonic_epilogue_nan_choices_keep_valid_ids():
+    E, k = 64, 8
+    logits = torch.full((E,), float("nan"))
+    logits[[5, 40, 17]] = torch.tensor([0.5, 2.0, -1.0])
+    ids, _ = _emulate_bitonic_epilogue(logits, torch.zeros(E), k)
+    assert ids.tolist() == [40, 5, 17, 0, 1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("E, k", [(256, 8), (16, 4), (64, 6)])
 def test_epilogue_emulation_matches_reference_with_ties(E, k):
     torch.manual_seed(E + k)
@@ -747,3 +835,55 @@ def test_phase_build_same_outputs_and_ordered_marks(m, decode, glm5_router):
     moe_route(h, gate, bias, cfg, decode=decode)
     torch.cuda.synchronize()
     assert int(R.read_phases(rcfg, ctas, "cuda", function).abs().sum()) == 0
+
+
+# ---- the bitonic top-k against the round loop it replaced ------------------------------------------------------
+
+def _route_both_builds(h, gate, bias, cfg, decode):
+    out = moe_route_scaled(h, gate, bias, cfg, decode=decode)
+    with R.topk_rounds_build():
+        old = moe_route_scaled(h, gate, bias, cfg, decode=decode)
+    torch.cuda.synchronize()
+    rcfg = config_for(cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok)
+    fn = R.FUNCTION_DECODE if R.use_decode(h.shape[0], decode, rcfg) else R.FUNCTION
+    dev = torch.cuda.current_device()
+    assert (rcfg, dev, fn) in R._kernels and (rcfg, dev, fn + "+rounds") in R._kernels, "both builds were launched"
+    assert R._kernels[(rcfg, dev, fn)] is not R._kernels[(rcfg, dev, fn + "+rounds")]
+    return out, old
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decode", [True, False])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 17, 32, 33, 100, 256])
+def test_gpu_bitonic_topk_equals_the_round_loop(m, decode, seed, glm5_router, no_pdl_override):
+    """Default build (bitonic merge) and GLM5_ROUTER_TOPK_ROUNDS build: bitwise the same ids, weights, logits, scaled
+    weights, with exact ties (three identical gate rows with a large bias) and a row of NaN-free negative choices."""
+    if decode and m > R.DECODE_MAX_TOKENS:
+        pytest.skip("the decode kernel takes at most DECODE_MAX_TOKENS tokens")
+    gate, bias = (t.clone() for t in glm5_router)
+    gate[7] = gate[3]
+    gate[250] = gate[3]
+    bias[[3, 7, 250]] = 5.0
+    bias[100:140] -= 2.0
+    h = make_h(m, GLM5.hidden_size, seed + m)
+    out, old = _route_both_builds(h, gate, bias, GLM5, decode)
+    for a, b, name in zip(out, old, ("ids", "weights", "logits", "scaled")):
+        assert_equal(OP, a, b, context=f"bitonic vs rounds {name} {m=} {decode=}")
+    assert out[0][:, :3].cpu().tolist() == [[3, 7, 250]] * m
+    check_route(h, gate, bias, GLM5, out[:3], f"bitonic {m=} {decode=}", scaled=out[3])
+    _counters_are_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decode", [True, False])
+@pytest.mark.parametrize("m", [1, 7, 40])
+def test_gpu_bitonic_topk_small_preset(m, decode, seed, small_router):
+    """16 experts, top-4: one key per lane, lists padded to 4 (the padding paths of topk_keys)."""
+    if decode and m > R.DECODE_MAX_TOKENS:
+        pytest.skip("the decode kernel takes at most DECODE_MAX_TOKENS tokens")
+    gate, bias = small_router
+    h = make_h(m, SMALL.hidden_size, seed + m)
+    out, old = _route_both_builds(h, gate, bias, SMALL, decode)
+    for a, b, name in zip(out, old, ("ids", "weights", "logits", "scaled")):
+        assert_equal(OP, a, b, context=f"small bitonic vs rounds {name} {m=} {decode=}")
+    check_route(h, gate, bias, SMALL, out[:3], f"small bitonic {m=} {decode=}")
