@@ -44,7 +44,8 @@
 
 // Phase marks (diagnostic build only: router.cu with GLM5_ROUTER_PHASES defines the macro to record %globaltimer per
 // CTA; compiled out otherwise). Marks: 0 entry, 1 past griddepcontrol.wait, 2 this CTA's part stored (arriving), 3 this
-// CTA won the last arrival (top-k epilogue starts), 4 top-k epilogue done, 5 split-K level-1 reduce done.
+// CTA won the last arrival (top-k epilogue starts), 4 top-k epilogue done, 5 split-K level-1 reduce done, 6 the top-k
+// keys built (logits and bias loaded; the last pass of warp 0).
 #ifndef GLM5_ROUTER_MARK
 #define GLM5_ROUTER_MARK(i) ((void)0)
 #endif
@@ -349,6 +350,9 @@ struct RouterTile {
                 }
             }
         }
+        // phase mark 6 (diagnostic build): the keys are built, i.e. the logits / bias loads have landed (the branch
+        // on a key makes the mark wait for them)
+        if (key[0][0] != 1ull) GLM5_ROUTER_MARK(6);
         int my_id[kT];
         float my_s[kT], sum[kT];
 #if GLM5_ROUTER_TOPK_ROUNDS

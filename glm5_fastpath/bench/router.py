@@ -145,12 +145,13 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 kernels += [(f"{k[0]}_rounds", *k[1:]) for k in kernels]
             for name, decode, function, ctas in kernels:
                 try:
+                    # the marks live in the build that ran: reset and read them inside the same context
                     with R.phase_build(), (R.topk_rounds_build() if name.endswith("_rounds")
                                            else contextlib.nullcontext()):
                         for _ in range(2):  # the second launch is read: the first loads the cubin's code
                             R.reset_phases(rcfg, dev, function)
                             R.moe_route(hs[0], gate, bias, cfg, decode=decode)
-                    row[f"{name}_phases"] = R.phase_summary(R.read_phases(rcfg, ctas, dev, function))
+                        row[f"{name}_phases"] = R.phase_summary(R.read_phases(rcfg, ctas, dev, function))
                 except Exception as e:  # noqa: BLE001 - a diagnostic must not lose the timed rows
                     row[f"{name}_phases_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)
@@ -189,16 +190,17 @@ def markdown(res: dict[str, Any]) -> str:
     if ph:
         lines += ["", "Phase marks (one standalone launch each, the phase-mark build; us from the first CTA's entry): "
                   "last entry = launch spread; own work = median per CTA from past the wait to its part stored; "
-                  "last part = the last CTA's part stored (the last arrival); top-k = the winner's epilogue.", "",
+                  "last part = the last CTA's part stored (the last arrival); top-k = the winner's epilogue; top-k loads = its "
+                  "part until the logits and bias have landed (keys built).", "",
                   "| M | kernel | CTAs | SMs | last entry | wait released (median / last) | own work median | "
-                  "last part | level-1 done (last) | top-k start | top-k us | end |",
-                  "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+                  "last part | level-1 done (last) | top-k start | top-k us | top-k loads us | end |",
+                  "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         for m, name, d in ph:
             lines.append(f"| {m} | {name} | {d['ctas']} | {d['sms']} | {f(d.get('last_entry_us'))} | "
                          f"{f(d.get('wait_released_median_us'))} / {f(d.get('wait_released_last_us'))} | "
                          f"{f(d.get('own_work_median_us'))} | {f(d.get('last_part_stored_us'))} | "
                          f"{f(d.get('level1_done_last_us'))} | {f(d.get('topk_start_us'))} | {f(d.get('topk_us'))} | "
-                         f"{f(d.get('topk_end_us'))} |")
+                         f"{f(d.get('topk_loads_us'))} | {f(d.get('topk_end_us'))} |")
     errs = [f"- M={r['M']} {k}: {v}" for r in res.get("rows", []) for k, v in r.items() if k.endswith("_error")]
     if errs:
         lines += ["", "Errors:", *errs]

@@ -304,7 +304,8 @@ def _kernel(cfg: RouterConfig, device: torch.device, function: str = FUNCTION, p
 # ---- phase marks (diagnostics) ----------------------------------------------------------------------------------
 
 _phase = threading.local()
-PHASE_NAMES = ("entry", "past_wait", "part_stored", "won_last", "topk_done", "level1_done")  # router.cuh's marks
+PHASE_NAMES = ("entry", "past_wait", "part_stored", "won_last", "topk_done", "level1_done",
+               "topk_keys_built")  # router.cuh's marks
 MAX_PHASE_CTAS = 1024  # kMaxPhaseCtas of router.cu
 
 
@@ -337,14 +338,16 @@ class topk_rounds_build:
 
 
 def reset_phases(cfg: RouterConfig, device=None, function: str = FUNCTION_DECODE) -> None:
-    """Zero the phase build's marks (before the launch read_phases will read)."""
+    """Zero the phase build's marks (before the launch read_phases will read); the build this thread's
+    topk_rounds_build setting selects."""
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     _kernel(cfg, dev, function, phases=True).module.copy_global("router_phase_ns")
 
 
 def read_phases(cfg: RouterConfig, ctas: int, device=None, function: str = FUNCTION_DECODE) -> torch.Tensor:
     """[min(ctas, MAX_PHASE_CTAS), 8] int64 of the phase build's last launch: columns PHASE_NAMES in ns of
-    %globaltimer (0 where a CTA did not reach a mark), column 7 the SM id."""
+    %globaltimer (0 where a CTA did not reach a mark), column 7 the SM id; from the build this thread's topk_rounds_build
+    setting selects (call it inside the same context as the launch)."""
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     out = torch.zeros(min(ctas, MAX_PHASE_CTAS), 8, dtype=torch.int64, device=dev)
     _kernel(cfg, dev, function, phases=True).module.copy_global("router_phase_ns", out)
@@ -355,7 +358,8 @@ def phase_summary(marks) -> dict:
     """Where one router launch's time went, from read_phases' rows (a [ctas, 8] tensor or nested lists; us, relative
     to the first CTA's entry): launch spread (last entry), wait released (median / last past_wait), the CTAs' own work
     (median of part_stored - past_wait), the last arrival (the latest part_stored), the winner's start and end of
-    the top-k epilogue, and the whole launch (top-k end). Rows that never reached entry are ignored."""
+    the top-k epilogue, its load part (topk_loads_us: won_last to keys built), and the whole launch (top-k end). Rows
+    that never reached entry are ignored."""
     rows = [list(map(int, r)) for r in (marks.tolist() if hasattr(marks, "tolist") else marks)]
     rows = [r for r in rows if r[0] > 0]
     if not rows:
@@ -382,6 +386,9 @@ def phase_summary(marks) -> dict:
                  "topk_end_us": max((us(r[4]) for r in done), default=None)}
     if out["topk_start_us"] is not None and out["topk_end_us"] is not None:
         out["topk_us"] = out["topk_end_us"] - out["topk_start_us"]
+    keys = [r for r in won if len(r) > 6 and r[6] > 0]
+    if keys:  # the winner's load part of the epilogue (mark 6: logits and bias loaded, keys built)
+        out["topk_loads_us"] = (keys[0][6] - keys[0][3]) / 1e3
     return out
 
 

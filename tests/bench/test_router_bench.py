@@ -67,7 +67,7 @@ def test_markdown_phases_and_flag():
     res = {"gpu": "g", "date": "d", "commit": "c", "stock": "x",
            "rows": [{"M": 1, "decode_phases": d, "split_phases_error": "RuntimeError: no"}]}
     md = B.markdown(res)
-    assert "| 1 | decode | 128 | 128 | 0.90 | 1.00 / 1.20 | 2.50 | 4.10 | - | 5.00 | 1.70 | 6.70 |" in md
+    assert "| 1 | decode | 128 | 128 | 0.90 | 1.00 / 1.20 | 2.50 | 4.10 | - | 5.00 | 1.70 | - | 6.70 |" in md
     assert "split_phases_error: RuntimeError: no" in md
 
 
@@ -77,11 +77,11 @@ def test_markdown_topk_rounds_ab():
     assert a.topk_rounds is True and a.phases is True
     d = {"ctas": 128, "sms": 128, "last_entry_us": 0.1, "wait_released_median_us": 0.3, "wait_released_last_us": 0.4,
          "own_work_median_us": 1.3, "last_part_stored_us": 1.8, "level1_done_last_us": None, "topk_start_us": 3.0,
-         "topk_us": 3.5, "topk_end_us": 6.5}
+         "topk_us": 3.5, "topk_loads_us": 1.25, "topk_end_us": 6.5}
     res = {"gpu": "g", "date": "d", "commit": "c", "stock": "x",
            "rows": [{"M": 1, "split_us": 8.0, "split_rounds_us": 9.0, "decode_us": 6.0, "decode_rounds_us": 7.5,
                      "split_rounds_ids_agree": 1.0, "decode_rounds_ids_agree": 1.0, "decode_rounds_phases": d}]}
     md = B.markdown(res)
     assert "| 1 | 8.00 | 9.00 | 6.00 | 7.50 | 1.000 / 1.000 |" in md
-    assert "| 1 | decode_rounds | 128 | 128 | 0.10 | 0.30 / 0.40 | 1.30 | 1.80 | - | 3.00 | 3.50 | 6.50 |" in md
+    assert "| 1 | decode_rounds | 128 | 128 | 0.10 | 0.30 / 0.40 | 1.30 | 1.80 | - | 3.00 | 3.50 | 1.25 | 6.50 |" in md
     assert "Top-k epilogue A/B" not in B.markdown({"rows": [{"M": 1, "split_us": 8.0}]})

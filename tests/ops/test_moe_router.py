@@ -420,7 +420,7 @@ def test_phase_summary():
     """phase_summary on hand-made marks (ns): three CTAs, one winner; rows that never reached entry are ignored."""
     t = 1_000_000
     marks = [[t, t + 2000, t + 5000, 0, 0, 0, 0, 3],
-             [t + 400, t + 2100, t + 6000, t + 7000, t + 9500, 0, 0, 5],
+             [t + 400, t + 2100, t + 6000, t + 7000, t + 9500, 0, t + 8200, 5],
              [t + 100, t + 2050, t + 5500, 0, 0, 0, 0, 3],
              [0] * 8]
     d = R.phase_summary(torch.tensor(marks))
@@ -429,7 +429,8 @@ def test_phase_summary():
     assert d["own_work_median_us"] == pytest.approx(3.45)  # 3.0, 3.9, 3.45
     assert d["last_part_stored_us"] == pytest.approx(6.0) and d["topk_start_us"] == pytest.approx(7.0)
     assert d["topk_us"] == pytest.approx(2.5) and d["topk_end_us"] == pytest.approx(9.5)
-    assert d["level1_done_last_us"] is None
+    assert d["level1_done_last_us"] is None and d["topk_loads_us"] == pytest.approx(1.2)
+    assert "topk_loads_us" not in R.phase_summary([[t, t, t, t + 1, t + 2, 0, 0, 1]])  # no mark 6: no load split
     assert R.phase_summary([[0] * 8]) == {"ctas": 0}
     assert R.PHASE_NAMES[:3] == ("entry", "past_wait", "part_stored")
 
