@@ -67,6 +67,15 @@
 #include "../common/sm90_wgmma.cuh"
 #include "../common/vec_io.cuh"
 
+// GLM5_MEGAMOE_PLAN_ACTIVE=1 (GLM5_FASTPATH_MOE_PLAN_ACTIVE=1, opt-in, its own cubin): the plan's task phase deals the
+// active experts over the warps (a compact list the scan writes) instead of every expert id (warp w: ids w, w + 32, ...),
+// so no warp gets more than ceil(active / warps) experts. Why: at 8 tokens (58 active of 257) the task phase took
+// 3.97-4.15 us against 1.09 at 1 token (session 38 trace builds): with ids dealt round-robin some warp draws 4-5 active
+// experts, each a chain of shared-memory reads and divisions. The task list is the same either way (each expert's
+// tasks go to positions fixed by the scan), so the outputs are bitwise the same.
+#ifndef GLM5_MEGAMOE_PLAN_ACTIVE
+#define GLM5_MEGAMOE_PLAN_ACTIVE 0
+#endif
 #ifndef GLM5_MEGAMOE_SPIN_LIMIT_CYCLES
 #define GLM5_MEGAMOE_SPIN_LIMIT_CYCLES (1ull << 34)  // ~9 s: a lost fc1_done arrival fails loudly
 #endif
@@ -538,6 +547,9 @@ struct MegaMoE {
         int gbb[kMaxExperts + 1];
         int f1s[kMaxExperts];
         int f2s[kMaxExperts];
+#if GLM5_MEGAMOE_PLAN_ACTIVE
+        int active[kMaxExperts];  // active rank -> expert (the scan's order)
+#endif
         int totals[4];  // 0 pairs rows, 1 blocks, 2 active experts, 3 tasks
     };
 
@@ -794,6 +806,9 @@ struct MegaMoE {
                 s.bb[e] = xblk;
                 s.nblk[e] = (c + kBN - 1) / kBN;
                 s.rank[e] = c > 0 ? xact : -1;
+#if GLM5_MEGAMOE_PLAN_ACTIVE
+                if (c > 0) s.active[xact] = e;
+#endif
                 xrow += (c + kPairAlign - 1) / kPairAlign * kPairAlign;
                 xblk += s.nblk[e];
                 xact += c > 0;
@@ -867,9 +882,14 @@ struct MegaMoE {
         // so the blocks of one weight tile are claimed back to back (the second reads it from L2).
         const int warp = tid >> 5, lane = tid & 31;
         const bool fc1_only = p.flags & kFlagFc1Only;
+#if GLM5_MEGAMOE_PLAN_ACTIVE
+        for (int r = warp; r < n_active; r += kPT / 32) {
+            const int e = s.active[r];
+#else
         for (int e = warp; e < E; e += kPT / 32) {
             const int r = s.rank[e];
             if (r < 0) continue;
+#endif
             const int g = r / G, nb = s.nblk[e], within = s.bb[e] - s.gbb[g];
             const int s1 = s.f1s[g] + within * kT1 * split;
             for (int i = lane; i < nb * kT1 * split; i += 32) {

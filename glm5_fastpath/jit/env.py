@@ -31,6 +31,7 @@ Flags accept 1/true/yes/on and 0/false/no/off/empty (case-insensitive); anything
 | `GLM5_FASTPATH_MRTP_CLAIM_TERMS` | run | What that estimated end includes: `run` the cost model's run time, `cold` + its first-of-a-run cost, `finish` + its split-K group's finish (session 23: `run` fastest). |
 | `GLM5_FASTPATH_MRTP_W_EVICT_FIRST` | 1 | The MegaRTP megakernel's weight loads (GEMM families B0 / B1 / D1 / D0, D2's W_UK) carry an L2 evict-first hint, so the ~70 MB of weights streamed per step do not push the kernel's code and the step's activations out of L2 (session 22: 87 -> 66 us at 1 token, 113 -> 92 at 16). 0: plain loads. Changes the kernel build (set it before the first plan runs). |
 | `GLM5_FASTPATH_ROUTER_TOPK_ROUNDS` | 0 | 1: the MoE router kernels (`ops.moe_router`, split-K and decode) select with the top-k epilogue's round loop (kTopK rounds of a warp max) instead of the default bitonic merge; the same ids and weights bit for bit, for A/B measurements (`bench router --topk-rounds` times both in one run). Read when a router kernel is first loaded. |
+| `GLM5_FASTPATH_MOE_PLAN_ACTIVE` | 0 | 1: MegaMoE's plan kernel deals the active experts (a compact list its scan writes) over its warps in the task phase, instead of every expert id round-robin (`GLM5_MEGAMOE_PLAN_ACTIVE`, single-GPU builds; the same task list and outputs). Opt-in, written in session 38 and not yet GPU-run: the task phase took 4 us at 8 tokens against 1.1 at 1. Read when a launch looks its kernels up. |
 """
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ _VARS: tuple[EnvVar, ...] = (
            "MegaRTP megakernel: E1's index-K cache pages with an L2 evict-first hint."),
     EnvVar("GLM5_FASTPATH_ROUTER_TOPK_ROUNDS", "flag", "0",
            "MoE router kernels: the top-k round loop instead of the bitonic merge (A/B; same outputs)."),
+    EnvVar("GLM5_FASTPATH_MOE_PLAN_ACTIVE", "flag", "0",
+           "MegaMoE plan: the task phase over a compact active-expert list (opt-in; same outputs)."),
     EnvVar("GLM5_FASTPATH_W_EVICT_FIRST", "text", "auto",
            "Standalone FP8 GEMMs and D2: evict-first weight loads (auto: M <= 16; 1 always; 0 never)."),
     EnvVar("GLM5_FASTPATH_MRTP_CLAIM_LEAD_US", "text", "1.5",

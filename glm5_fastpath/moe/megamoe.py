@@ -263,9 +263,10 @@ class MegaMoEConfig:
         return num_sms - num_sms % 2 if self.pair else num_sms
 
     def spec(self, hidden: int, inter: int, ep: bool = False) -> KernelSpec:
-        """ep: the expert-parallel build of this config (moe/ep/kernel.py; pool builds only)."""
+        """ep: the expert-parallel build of this config (moe/ep/kernel.py; pool builds only). GLM5_FASTPATH_MOE_PLAN_ACTIVE
+        is read here (each launch looks its kernels up by this spec, so the variable takes effect at the next launch)."""
         return kernel_spec(hidden, inter, self.block_n, self.stages, self.lean_fences, self.pool, self.diag,
-                           self.token_major, ep, self.pair)
+                           self.token_major, ep, self.pair, env.flag("GLM5_FASTPATH_MOE_PLAN_ACTIVE"))
 
     @property
     def name(self) -> str:
@@ -294,7 +295,10 @@ class MegaMoEConfig:
 @functools.lru_cache(maxsize=None)
 def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
                 pool: bool = False, diag: int = 0, token_major: bool = False, ep: bool = False,
-                pair: bool = False) -> KernelSpec:
+                pair: bool = False, plan_active: bool = False) -> KernelSpec:
+    """plan_active: the plan's task phase over a compact list of the active experts (megamoe.cuh
+    GLM5_MEGAMOE_PLAN_ACTIVE; single-GPU builds only: ignored with ep). MegaMoEConfig.spec passes
+    GLM5_FASTPATH_MOE_PLAN_ACTIVE (this function is cached: it must not read the environment itself)."""
     defines = (("GLM5_MEGAMOE_HIDDEN", str(hidden)), ("GLM5_MEGAMOE_INTER", str(inter)),
                ("GLM5_MEGAMOE_BN", str(block_n)), ("GLM5_MEGAMOE_STAGES", str(stages)))
     if lean_fences:  # absent otherwise: the default build's cache key and cubin are unchanged
@@ -311,6 +315,8 @@ def kernel_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences:
         defines += (("GLM5_MEGAMOE_EP", "1"),)
     if pair:
         defines += (("GLM5_MEGAMOE_PAIR", "1"),)
+    if plan_active and not ep:
+        defines += (("GLM5_MEGAMOE_PLAN_ACTIVE", "1"),)  # absent otherwise: the default build's key is unchanged
     return KernelSpec(FUNCTION, source=SOURCE, defines=defines, functions=(FUNCTION, PLAN_FUNCTION))
 
 
@@ -986,7 +992,8 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
     and nothing else (no combine counters, `out` stays NaN). Returns
       out [M, H] bf16, slots [M, S, H] bf16 (routing-weighted FC2 outputs, slot S-1 = shared expert),
       a8 [M, S, I] e4m3 + a_scale [M, S, I/128] fp32 (FC1 output per pair), counts / offsets [E_tot],
-      fc1_done [blocks] (each must be I/128), ctrl {num_tasks, claims (the claim counter's final value: one per CTA
+      fc1_done [blocks] (each must be I/128), tasks [num_tasks] (the plan's task descriptors, in list order),
+      ctrl {num_tasks, claims (the claim counter's final value: one per CTA
       claim, two per cluster claim in the pair build), tasks_done, tiles_combined},
       combine_ctr_sum (must be 0 at rest), grid (CTAs) and the config name.
     """
@@ -1008,6 +1015,7 @@ def debug_run(x_fp8, x_scale, topk_ids, topk_weights, weights: MegaMoEWeights, *
     ctrl = [int(v) for v in ws.ctrl.cpu()]
     blocks = sum(_cdiv(int(c), cfg.block_n) for c in got["counts"])
     got.update(out=out, slots=ws.slots[:m].clone(), fc1_done=ws.fc1_done[:blocks].cpu().clone(),
+               tasks=ws.tasks[:ctrl[CTRL_NUM_TASKS]].cpu().clone(),
                ctrl={"num_tasks": ctrl[CTRL_NUM_TASKS], "claims": ctrl[CTRL_CLAIMS],
                      "tasks_done": ctrl[CTRL_TASKS_DONE], "tiles_combined": ctrl[CTRL_TILES_COMBINED],
                      "pool_rows": ctrl[CTRL_POOL_ROWS], "pool_done": ctrl[CTRL_POOL_DONE],
@@ -1031,8 +1039,10 @@ DEFAULT_SM_GHZ = 1.98  # H200 boost clock; used only when the trace has no timed
 
 def trace_spec(hidden: int, inter: int, block_n: int, stages: int, lean_fences: bool = False,
                pool: bool = False, diag: int = 0, token_major: bool = False, pair: bool = False) -> KernelSpec:
-    """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace."""
-    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool, diag, token_major, pair=pair)
+    """The trace build: the same kernel with GLM5_MEGAMOE_TRACE=1 (its own cubin) plus glm5_megamoe_trace; the plan's
+    active-list task phase under GLM5_FASTPATH_MOE_PLAN_ACTIVE=1 (its stamps then time that build)."""
+    base = kernel_spec(hidden, inter, block_n, stages, lean_fences, pool, diag, token_major, pair=pair,
+                       plan_active=env.flag("GLM5_FASTPATH_MOE_PLAN_ACTIVE"))
     return KernelSpec(TRACE_FUNCTION, source=SOURCE, defines=tuple(base.defines) + (("GLM5_MEGAMOE_TRACE", "1"),),
                       functions=(TRACE_FUNCTION, PLAN_FUNCTION))
 
@@ -1268,6 +1278,8 @@ def compile_check_specs() -> list[KernelSpec]:
     specs.append(trace_spec(6144, 2048, 64, max_stages(64)))  # the trace build compiles too
     specs += [kernel_spec(6144, 2048, bn, max_stages(bn, True), lean_fences=True, pair=True) for bn in (8, 16)]
     specs.append(kernel_spec(512, 128, 16, max_stages(16, True), lean_fences=True, pair=True))
+    # the opt-in active-list plan (GLM5_FASTPATH_MOE_PLAN_ACTIVE), at the decode buckets' token block
+    specs.append(kernel_spec(6144, 2048, 8, max_stages(8), lean_fences=True, plan_active=True))
     specs += [kernel_spec(6144, 2048, bn, max_stages(bn), lean_fences=True, pool=True, token_major=tm, ep=True)
               for bn, tm in ((8, False), (64, True))]
     return specs

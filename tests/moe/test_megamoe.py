@@ -1380,3 +1380,46 @@ def test_wide_mode_hidden_size_limit_is_checked_on_the_host():
     with pytest.raises(M.MegaMoEInputError, match="row tiles"):
         M._check_inputs(x8, xs, ids, wts, w13, s13, w2, s2, 1, 2.5, 128, M.max_stages(128), 8)
     M._check_inputs(x8, xs, ids, wts, w13, s13, w2, s2, 1, 2.5, 64, M.max_stages(64), 8)  # 256-row tiles: 32 fit
+
+
+# ---- the plan's task phase over a compact active-expert list (GLM5_FASTPATH_MOE_PLAN_ACTIVE) --------------------
+
+def test_plan_active_spec_define(monkeypatch):
+    """The opt-in build carries GLM5_MEGAMOE_PLAN_ACTIVE; without it (and for EP builds) the key is unchanged."""
+    monkeypatch.delenv("GLM5_FASTPATH_MOE_PLAN_ACTIVE", raising=False)
+    cfg = M.MegaMoEConfig(8, M.max_stages(8))
+    base = cfg.spec(6144, 2048)
+    assert all(k != "GLM5_MEGAMOE_PLAN_ACTIVE" for k, _ in base.defines)
+    assert ("GLM5_MEGAMOE_PLAN_ACTIVE", "1") in M.kernel_spec(6144, 2048, 8, M.max_stages(8), plan_active=True).defines
+    monkeypatch.setenv("GLM5_FASTPATH_MOE_PLAN_ACTIVE", "1")
+    on = cfg.spec(6144, 2048)
+    assert ("GLM5_MEGAMOE_PLAN_ACTIVE", "1") in on.defines and on != base
+    pool = M.MegaMoEConfig(64, M.max_stages(64), pool=True)
+    assert all(k != "GLM5_MEGAMOE_PLAN_ACTIVE" for k, _ in pool.spec(6144, 2048, ep=True).defines)
+    assert M.kernel_spec(6144, 2048, 8, M.max_stages(8), plan_active=False) == base
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, experts, kind", [(1, 256, "uniform"), (3, 32, "uniform"), (8, 256, "uniform"),
+                                              (16, 256, "skewed"), (33, 32, "uniform"), (64, 256, "uniform"),
+                                              (128, 256, "uniform")])
+def test_gpu_plan_active_equals_the_default_build(m, experts, kind, monkeypatch):
+    """The active-list task phase writes the default build's task list entry for entry, and the outputs are bitwise
+    the same, launch after launch (default_config per size: split-K FC1 tiles at small sizes, several groups and
+    token blocks at larger ones)."""
+    _, wt = _weights(experts)
+    x8, xs, ids, wts = _inputs(m, experts, 8, kind, 71 + m)
+    cfg = M.default_config(m, experts, 8, 1)
+    monkeypatch.delenv("GLM5_FASTPATH_MOE_PLAN_ACTIVE", raising=False)
+    want = M.debug_run(x8, xs, ids, wts, wt, config=cfg)
+    monkeypatch.setenv("GLM5_FASTPATH_MOE_PLAN_ACTIVE", "1")
+    assert ("GLM5_MEGAMOE_PLAN_ACTIVE", "1") in cfg.spec(wt.hidden, wt.inter).defines
+    got = M.debug_run(x8, xs, ids, wts, wt, config=cfg)
+    assert got["tasks"].tolist() == want["tasks"].tolist()
+    assert_equal(OP + " plan-active out", got["out"], want["out"])
+    assert_equal(OP + " plan-active fc1_done", got["fc1_done"], want["fc1_done"])
+    assert got["ctrl"]["tasks_done"] == got["ctrl"]["num_tasks"] and got["combine_ctr_sum"] == 0, got["ctrl"]
+    for i in range(10):
+        again = M.mega_moe(x8, xs, ids, wts, wt, config=cfg)
+        torch.cuda.synchronize()
+        assert_equal(OP + f" plan-active launch {i}", again, want["out"])
