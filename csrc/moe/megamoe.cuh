@@ -68,11 +68,11 @@
 #include "../common/vec_io.cuh"
 
 // GLM5_MEGAMOE_PLAN_ACTIVE=1 (GLM5_FASTPATH_MOE_PLAN_ACTIVE=1, opt-in, its own cubin): the plan's task phase deals the
-// active experts over the warps (a compact list the scan writes) instead of every expert id (warp w: ids w, w + 32, ...),
-// so no warp gets more than ceil(active / warps) experts. Why: at 8 tokens (58 active of 257) the task phase took
-// 3.97-4.15 us against 1.09 at 1 token (session 38 trace builds): with ids dealt round-robin some warp draws 4-5 active
-// experts, each a chain of shared-memory reads and divisions. The task list is the same either way (each expert's
-// tasks go to positions fixed by the scan), so the outputs are bitwise the same.
+// active experts over the warps (a compact list the scan writes) instead of every expert id (warp w: ids w, w + 32,
+// ...), so no warp gets more than ceil(active / warps) experts. Why: at 8 tokens (58 active of 257) the task phase took
+// 3.97-4.15 us against 1.09 at 1 token (session 38 trace builds); the guess: with ids dealt round-robin the busiest of
+// the 32 warps draws 4-5 active experts, each a chain of shared-memory reads and divisions. The task list is the same
+// either way (each expert's tasks go to positions fixed by the scan), so the outputs are bitwise the same.
 #ifndef GLM5_MEGAMOE_PLAN_ACTIVE
 #define GLM5_MEGAMOE_PLAN_ACTIVE 0
 #endif
