@@ -40,3 +40,10 @@ def nvcc_jit(tmp_path, monkeypatch):
     monkeypatch.setenv("GLM5_FASTPATH_CACHE_DIR", str(tmp_path / "jit"))
     monkeypatch.setenv("GLM5_FASTPATH_PTXAS_VERBOSE", "1")
     return lambda spec, arch="sm_90a": compile_kernel(spec, arch)
+
+
+@pytest.fixture
+def no_pdl_override(monkeypatch):
+    """PDL on, whatever GLM5_FASTPATH_DISABLE_PDL says in the environment (the PDL tests need it). Here rather than in
+    tests/ops/conftest.py so tests in any directory can ask for it (session 37's tests/moe file could not)."""
+    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)

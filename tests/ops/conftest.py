@@ -1,13 +1,7 @@
-"""Fixtures shared by the op tests."""
+"""Fixtures shared by the op tests (no_pdl_override is in tests/conftest.py, for every test directory)."""
 import pytest
 
 from glm5_fastpath.ops import fp8_gemm as _fp8_gemm
-
-
-@pytest.fixture
-def no_pdl_override(monkeypatch):
-    """PDL on, whatever GLM5_FASTPATH_DISABLE_PDL says in the environment (the PDL tests need it)."""
-    monkeypatch.delenv("GLM5_FASTPATH_DISABLE_PDL", raising=False)
 
 
 @pytest.fixture(params=_fp8_gemm.IMPLS)
