@@ -119,7 +119,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         if m <= R.DECODE_MAX_TOKENS:
             paths["decode"] = lambda h: R.moe_route(h, gate, bias, cfg, decode=True)
         if getattr(a, "topk_rounds", False):
-            for name in [n for n in paths]:
+            for name in list(paths):
                 paths[f"{name}_rounds"] = lambda h, fn=paths[name]: _in_rounds_build(R, fn, h)
         paths["stock"] = lambda h: stock(h, gate, bias)
         for name, fn in paths.items():

@@ -157,7 +157,7 @@ def _fail_qcat(msg: str) -> ValueError:
 
 
 def config_for(nope: int, kv_lora: int, rope: int, m: int, w8: bool = False, qcat: bool = False) -> D2Config:
-    fail = _fail_w8 if w8 else _fail
+    fail = _fail_qcat if qcat else (_fail_w8 if w8 else _fail)
     if nope <= 0 or nope % 32 or nope > 256:
         raise fail(f"qk_nope_head_dim={nope} is not supported: a multiple of 32, at most 256 (GLM-5: 192)")
     if kv_lora <= 0 or kv_lora % N_TILE:
@@ -237,12 +237,9 @@ def _check_inputs(q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, kv_cache, 
 
 
 
-def _check_device(ins: dict[str, torch.Tensor], kv_cache: torch.Tensor, w8: bool = False, fail=None) -> None:
-    op, base_fail = (OP_W8, _fail_w8) if w8 else (OP, _fail)
-    if fail is None:
-        fail = base_fail
-    else:  # the q_cat op names itself in its errors
-        op = OP_QCAT
+def _check_device(ins: dict[str, torch.Tensor], kv_cache: torch.Tensor, w8: bool = False, qcat: bool = False) -> None:
+    """qcat: the q_cat op's launch (its errors name that op, whatever the weight form)."""
+    op, fail = (OP_QCAT, _fail_qcat) if qcat else ((OP_W8, _fail_w8) if w8 else (OP, _fail))
     dev = kv_cache.device
     require_hopper(op, dev, fail)
     if w8:  # the scales are read as single floats (4-byte alignment is all they need); the rest as 16-byte vectors
@@ -311,7 +308,6 @@ def _launch(cfg: D2Config, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, k
     """w_kc_scale given (cfg.w8): w_kc is w_kc8 (e4m3) and the W8 kernel runs. qcat = (q_pe, pool_loc, kv_pool)
     (cfg.qcat): q_lat is q_cat, and the q_cat build's four extra parameters follow (errors name the q_cat op)."""
     assert cfg.w8 == (w_kc_scale is not None) and cfg.qcat == (qcat is not None)
-    fail = _fail_qcat if qcat is not None else None
     weights = {"w_kc": w_kc} if w_kc_scale is None else {"w_kc8": w_kc, "w_kc_scale": w_kc_scale}
     ins = {"q_nope": q_nope, "c_kv": c_kv, "k_pe": k_pe, **weights, "positions": positions,
            "out_cache_loc": out_cache_loc, ("q_cat" if qcat is not None else "q_lat"): q_lat}
@@ -319,7 +315,7 @@ def _launch(cfg: D2Config, q_nope, c_kv, k_pe, w_kc, positions, out_cache_loc, k
     if qcat is not None:
         q_pe, pool_loc, kv_pool = qcat
         ins["q_pe"] = q_pe
-    _check_device(ins, kv_cache, w8=cfg.w8, fail=fail)
+    _check_device(ins, kv_cache, w8=cfg.w8, qcat=cfg.qcat)
     if qcat is not None:
         require_aligned(_fail_qcat, {"kv_pool": kv_pool})
         require_aligned(_fail_qcat, {"pool_loc": pool_loc}, align=8)  # read as single int64 (SGLang's out_cache_loc)
@@ -415,9 +411,7 @@ def _check_qcat(q_nope, c_kv, k_pe, w_kc, w_kc_scale, positions, out_cache_loc, 
     devices = {t.device for t in (q_nope, q_pe, pool_loc, kv_pool)}
     if len(devices) != 1:
         raise _fail_qcat(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    if rope % 8:
-        raise _fail_qcat(f"qk_rope_head_dim={rope} is not supported by the q_cat form: a multiple of 8 (GLM-5: 64)")
-    return config_for(cfg.nope, cfg.kv_lora, cfg.rope, m, w8=w8, qcat=True)
+    return config_for(cfg.nope, cfg.kv_lora, cfg.rope, m, w8=w8, qcat=True)  # (+ the q_cat form's rope % 8 rule)
 
 
 @torch.library.custom_op("glm5_fastpath::d2_absorb_kv_store_qcat", mutates_args=("kv_cache", "kv_pool"))
